@@ -1,0 +1,70 @@
+"""Shared fixtures: tiny enumerable problems, brute-force oracles, paths to the real data."""
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import pytest
+import torch
+
+from torch_bcfw.data import MulticlassData, SequenceData
+from torch_bcfw.models import Chain, Multiclass
+
+DATA_ROOT = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+
+CUDA = torch.cuda.is_available()
+requires_cuda = pytest.mark.skipif(not CUDA, reason="CUDA is not available on this machine")
+
+
+def shared_data(*parts) -> Path:
+    """Path below ../shared/data; a clear failure (not a skip) when the data is missing."""
+    p = DATA_ROOT.joinpath(*parts)
+    if not p.exists():
+        pytest.fail(f"real data missing: {p} (the repository expects ../shared/data beside it)")
+    return p
+
+
+def random_chain_problem(n=6, F=4, K=3, max_len=4, seed=0, min_len=1):
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(min_len, max_len + 1, (n,), generator=g)
+    xs = [torch.randn(int(L), F, generator=g, dtype=torch.float64) for L in lengths]
+    ys = [torch.randint(0, K, (int(L),), generator=g) for L in lengths]
+    return Chain(F, K), SequenceData.from_sequences(xs, ys)
+
+
+def random_multiclass_problem(n=8, F=3, K=4, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, F, generator=g, dtype=torch.float64)
+    y = torch.randint(0, K, (n,), generator=g)
+    return Multiclass(F, K), MulticlassData(x, y)
+
+
+def enumerate_labelings(model, data, i):
+    """All labelings of example ``i`` as a list of label tensors (brute force)."""
+    if isinstance(model, Multiclass):
+        return [torch.tensor([c]) for c in range(model.n_classes)]
+    L = int(data.lengths[i])
+    return [torch.tensor(c) for c in itertools.product(range(model.n_labels), repeat=L)]
+
+
+def brute_force_max(model, data, w, i, loss_augmented=True):
+    """``(best value, argmax labeling)`` of ``[L_i(y)] + <w, phi(x_i, y)>`` by enumeration."""
+    blk = data[[i]]
+    best, arg = -float("inf"), None
+    for y in enumerate_labelings(model, data, i):
+        v = float(model.joint_feature(blk, y)[0] @ w)
+        if loss_augmented:
+            v += float(model.loss(blk, y)[0])
+        if v > best + 1e-12:
+            best, arg = v, y
+    return best, arg
+
+
+def brute_force_primal(model, data, w, lam):
+    """``P(w)`` by enumerating every labeling of every example."""
+    total = 0.0
+    for i in range(len(data)):
+        blk = data[[i]]
+        best, _ = brute_force_max(model, data, w, i)
+        total += best - float(model.joint_feature(blk, blk.y)[0] @ w)
+    return 0.5 * lam * float(w @ w) + total / len(data)

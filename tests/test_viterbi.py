@@ -1,0 +1,90 @@
+"""Viterbi against brute force, torch-struct, and the compiled decoder."""
+import itertools
+
+import numpy as np
+import pytest
+import torch
+
+from torch_bcfw.inference import viterbi_numba, viterbi_packed, viterbi_padded
+
+
+def brute_force(unary, trans):
+    L, K = unary.shape
+    best, arg = -float("inf"), None
+    for y in itertools.product(range(K), repeat=L):
+        v = sum(float(unary[t, y[t]]) for t in range(L)) + sum(float(trans[y[t - 1], y[t]]) for t in range(1, L))
+        if v > best:
+            best, arg = v, y
+    return best, list(arg)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_packed_viterbi_equals_brute_force(seed):
+    g = torch.Generator().manual_seed(seed)
+    K = 3
+    lengths = torch.tensor([1, 2, 3, 4, 5, 3, 1])
+    offsets = torch.zeros(len(lengths) + 1, dtype=torch.long)
+    offsets[1:] = torch.cumsum(lengths, 0)
+    unary = torch.randn(int(lengths.sum()), K, generator=g, dtype=torch.float64)
+    trans = torch.randn(K, K, generator=g, dtype=torch.float64)
+    labels, scores = viterbi_packed(unary, offsets, trans)
+    for i in range(len(lengths)):
+        s, e = int(offsets[i]), int(offsets[i + 1])
+        best, arg = brute_force(unary[s:e], trans)
+        assert labels[s:e].tolist() == arg
+        assert scores[i].item() == pytest.approx(best, abs=1e-12)
+
+
+def test_padded_matches_packed_and_pads_with_minus_one():
+    g = torch.Generator().manual_seed(3)
+    B, T, K = 5, 6, 4
+    unary = torch.randn(B, T, K, generator=g)
+    lengths = torch.tensor([6, 1, 3, 6, 2])
+    trans = torch.randn(K, K, generator=g)
+    labels, scores = viterbi_padded(unary, lengths, trans)
+    for b in range(B):
+        L = int(lengths[b])
+        best, arg = brute_force(unary[b, :L], trans)
+        assert labels[b, :L].tolist() == arg
+        assert (labels[b, L:] == -1).all()
+        assert scores[b].item() == pytest.approx(best, rel=1e-5)
+
+
+def test_viterbi_matches_torch_struct_argmax():
+    torch_struct = pytest.importorskip("torch_struct")
+    g = torch.Generator().manual_seed(7)
+    B, N, C = 6, 7, 4
+    lengths = torch.tensor([7, 5, 2, 7, 3, 6])
+    unary = torch.randn(B, N, C, generator=g, dtype=torch.float64)
+    trans = torch.randn(C, C, generator=g, dtype=torch.float64)
+    # torch-struct's LinearChainCRF potentials: [B, N-1, C(next), C(prev)]; fold unary into edges
+    edge = trans.T[None, None].repeat(B, N - 1, 1, 1).clone()
+    edge = edge + unary[:, 1:, :, None]
+    edge[:, 0] += unary[:, 0, None, :]
+    dist = torch_struct.LinearChainCRF(edge, lengths=lengths)
+    parts = dist.argmax  # [B, N-1, C, C] one-hot edges
+    ours, score = viterbi_padded(unary, lengths, trans)
+    for b in range(B):
+        L = int(lengths[b])
+        if L == 1:
+            continue
+        seq = [None] * L
+        for t in range(L - 1):
+            nz = torch.nonzero(parts[b, t])
+            assert nz.shape[0] == 1
+            seq[t + 1], seq[t] = int(nz[0, 0]), int(nz[0, 1])
+        assert ours[b, :L].tolist() == seq
+    assert torch.allclose(dist.max, score)
+
+
+def test_numba_viterbi_matches_torch_including_ties():
+    rng = np.random.default_rng(0)
+    for L in (1, 2, 5, 9):
+        for K in (2, 5):
+            unary = rng.integers(-2, 3, size=(L, K)).astype(np.float64)  # integer scores create ties
+            trans = rng.integers(-1, 2, size=(K, K)).astype(np.float64)
+            out = np.empty(L, dtype=np.int64)
+            score = viterbi_numba(unary, trans, out, np.empty((2, K)), np.empty((L, K), dtype=np.int64))
+            labels, s2 = viterbi_packed(torch.from_numpy(unary), torch.tensor([0, L]), torch.from_numpy(trans))
+            assert out.tolist() == labels.tolist()
+            assert score == pytest.approx(float(s2[0]))

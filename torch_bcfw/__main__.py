@@ -1,0 +1,6 @@
+"""``python -m torch_bcfw`` = the ``torch-bcfw`` command."""
+import sys
+
+from .cli import main
+
+sys.exit(main())

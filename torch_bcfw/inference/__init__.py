@@ -1,0 +1,4 @@
+"""Decoders (max-product / max-sum inference) used by the models' oracles."""
+from .viterbi import viterbi_numba, viterbi_packed, viterbi_padded
+
+__all__ = ["viterbi_packed", "viterbi_padded", "viterbi_numba"]

@@ -1,0 +1,359 @@
+"""Exact max-sum on a tree of grid-valued nodes (pictorial structures for human pose).
+
+Model
+-----
+Every node ``j`` (a body joint) takes a position ``l_j = (y_j, x_j)`` on a
+``G_y x G_x`` grid (``P = G_y * G_x`` states); positions are always stored in
+``(y, x)`` = (row, column) order, as integer grid coordinates. The score of a
+configuration ``l`` is::
+
+    score(l) = sum_j unary[j, y_j, x_j] + sum_{e = (parent, child)} score_e(l_child, l_parent)
+
+    score_e = -<w_e, deformation_features(l_child, l_parent, mu_e)>
+            = -(w_e[0] dx + w_e[1] dx^2 + w_e[2] dy + w_e[3] dy^2)
+    dx = x_child - x_parent - mu_e[1],   dy = y_child - y_parent - mu_e[0]
+
+so ``w_e`` in R^4 pairs with the features ``(dx, dx^2, dy, dy^2)`` (the order of
+Chen & Yuille 2014 and of Osokin et al. 2016, section 3.5), and the offset
+``mu_e = (mu_y, mu_x)`` is the expected displacement ``l_child - l_parent`` in the
+same ``(y, x)`` order as positions. The pairwise term is a *penalty* subtracted
+from the score: ``w_e[1]`` and ``w_e[3]`` (the quadratic weights) must be ``>= 0``,
+otherwise the penalty is not convex, the generalized distance transform does not
+apply, and :func:`tree_max_sum` raises ``ValueError``. A linear SSVM head that
+learns ``w_e`` as part of its weight vector reproduces this score with the joint
+feature ``-deformation_features(...)`` and must keep the quadratic weights
+``>= 0`` with its box constraints; the linear weights ``w_e[0], w_e[2]`` are free.
+
+Inference
+---------
+:func:`tree_max_sum` passes messages from the leaves to the root; the message of
+a child to its parent is a 2D distance transform (``distance_transform_2d``) of the
+child's belief with ``a_x = w_e[1], b_x = -w_e[0], mu_x -> -mu_e[1]`` (and the same
+for y), because the transform penalises ``q - p - mu`` with ``q`` the parent
+(query) and ``p`` the child (source) position. It then takes the best root
+position and backtracks the stored argmax tables from the root to the leaves.
+Cost: O(J * P) per image.
+
+The LSP skeleton
+----------------
+``LSP_JOINTS`` lists the 14 joints in the order of the LSP / LSP Extended
+``joints.mat``. ``LSP_TREE_EDGES`` (13 (parent, child) pairs, root ``LSP_ROOT`` =
+neck) is the tree::
+
+    neck -> head top
+    neck -> right shoulder -> right elbow -> right wrist
+    neck -> left shoulder  -> left elbow  -> left wrist
+    right shoulder -> right hip -> right knee -> right ankle
+    left shoulder  -> left hip  -> left knee  -> left ankle
+
+(each hip hangs from the shoulder on its side: the two torso sides are nearly
+rigid, which the quadratic deformation models well).
+
+Loss
+----
+:func:`pose_loss` is the loss of Osokin et al. (2016), section 3.5, with the
+printed ``max`` corrected to ``min``: the mean over the visible joints of
+``min(1, ||l_j - l*_j||^2 / s^2)``. It decomposes over joints, so
+:func:`pose_loss_unaries` returns it as per-position unary terms and
+loss-augmented decoding is ``tree_max_sum(unary + pose_loss_unaries(...), w, mu)``.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+from torch_bcfw.inference.distance_transform import Method, distance_transform_2d_packed
+
+__all__ = [
+    "LSP_JOINTS",
+    "LSP_ROOT",
+    "LSP_TREE_EDGES",
+    "TreeMaxSum",
+    "brute_force_max_sum",
+    "deformation_features",
+    "pose_loss",
+    "pose_loss_unaries",
+    "tree_max_sum",
+    "tree_score",
+]
+
+LSP_JOINTS: tuple[str, ...] = (
+    "right_ankle", "right_knee", "right_hip", "left_hip", "left_knee", "left_ankle",
+    "right_wrist", "right_elbow", "right_shoulder", "left_shoulder", "left_elbow", "left_wrist",
+    "neck", "head_top",
+)
+LSP_ROOT: int = 12  # neck
+
+LSP_TREE_EDGES: tuple[tuple[int, int], ...] = (
+    (12, 13),  # neck -> head top
+    (12, 8),   # neck -> right shoulder
+    (12, 9),   # neck -> left shoulder
+    (8, 7),    # right shoulder -> right elbow
+    (7, 6),    # right elbow -> right wrist
+    (9, 10),   # left shoulder -> left elbow
+    (10, 11),  # left elbow -> left wrist
+    (8, 2),    # right shoulder -> right hip
+    (2, 1),    # right hip -> right knee
+    (1, 0),    # right knee -> right ankle
+    (9, 3),    # left shoulder -> left hip
+    (3, 4),    # left hip -> left knee
+    (4, 5),    # left knee -> left ankle
+)
+
+Edges = Sequence[tuple[int, int]]
+
+
+class TreeMaxSum(NamedTuple):
+    """Result of max-sum: ``positions`` LongTensor [B, J, 2] in (y, x) grid coordinates, ``score`` [B]."""
+
+    positions: Tensor
+    score: Tensor
+
+
+def deformation_features(child_pos: Tensor, parent_pos: Tensor, mu: Tensor | Sequence[float]) -> Tensor:
+    """Deformation features ``(dx, dx^2, dy, dy^2)`` of an edge; the pairwise score is ``-<w_e, features>``.
+
+    Args:
+        child_pos, parent_pos: positions [..., 2] in (y, x) order (integer or float).
+        mu: expected displacement ``child - parent`` [..., 2] in (y, x) order, broadcastable.
+
+    Returns:
+        Float tensor [..., 4] with ``dx = x_child - x_parent - mu_x`` and
+        ``dy = y_child - y_parent - mu_y``; the dtype is that of ``mu`` when it is a
+        float tensor, else the default dtype.
+    """
+    mu = torch.as_tensor(mu)
+    dtype = mu.dtype if mu.is_floating_point() else torch.get_default_dtype()
+    d = child_pos.to(dtype) - parent_pos.to(dtype) - mu.to(device=child_pos.device, dtype=dtype)
+    dy, dx = d[..., 0], d[..., 1]
+    return torch.stack((dx, dx * dx, dy, dy * dy), dim=-1)
+
+
+def _tree_order(edges: Edges, num_nodes: int) -> tuple[int, list[int]]:
+    """Validate that ``edges`` (parent, child) form a tree over ``num_nodes`` nodes.
+
+    Returns:
+        The root and the indices of ``edges`` in top-down order (every edge after
+        the edge that reaches its parent).
+    """
+    if len(edges) != num_nodes - 1:
+        raise ValueError(f"a tree over {num_nodes} nodes has {num_nodes - 1} edges, got {len(edges)}")
+    children: dict[int, list[int]] = {j: [] for j in range(num_nodes)}
+    has_parent = [False] * num_nodes
+    for e, (parent, child) in enumerate(edges):
+        if not (0 <= parent < num_nodes and 0 <= child < num_nodes) or parent == child:
+            raise ValueError(f"edge {e} = {(parent, child)} is not a pair of distinct nodes in [0, {num_nodes})")
+        if has_parent[child]:
+            raise ValueError(f"node {child} has more than one parent (edge {e})")
+        has_parent[child] = True
+        children[parent].append(e)
+    root = has_parent.index(False)
+    order: list[int] = []
+    stack = [root]
+    while stack:
+        for e in children[stack.pop()]:
+            order.append(e)
+            stack.append(edges[e][1])
+    if len(order) != len(edges):
+        raise ValueError("edges are not connected: they do not form a tree")
+    return root, order
+
+
+def _edge_parameters(w: Tensor, mu: Tensor, batch: int, num_edges: int) -> tuple[Tensor, Tensor]:
+    """Broadcast ``w`` ([E, 4] or [B, E, 4]) and ``mu`` ([E, 2] or [B, E, 2]) to [B, E, 4] and [B, E, 2]."""
+    w, mu = torch.as_tensor(w), torch.as_tensor(mu)
+    for name, t, k in (("w", w, 4), ("mu", mu, 2)):
+        if t.dim() not in (2, 3) or tuple(t.shape[-2:]) != (num_edges, k) or (t.dim() == 3 and t.shape[0] != batch):
+            raise ValueError(f"{name} must have shape [{num_edges}, {k}] or [{batch}, {num_edges}, {k}], "
+                             f"got {tuple(t.shape)}")
+        if not torch.isfinite(t).all():
+            raise ValueError(f"{name} must be finite")
+    return w.expand(batch, num_edges, 4), mu.expand(batch, num_edges, 2)
+
+
+def _check_unary(unary: Tensor) -> None:
+    if unary.dim() != 4 or not unary.is_floating_point():
+        raise ValueError(f"unary must be a float tensor [B, J, G_y, G_x], got {unary.dtype} {tuple(unary.shape)}")
+
+
+def _check_convex(w: Tensor) -> None:
+    """Raise ``ValueError`` if a quadratic weight ``w[..., e, 1]`` or ``w[..., e, 3]`` is negative."""
+    bad = (w[..., [1, 3]] < 0).any(dim=-1).reshape(-1, w.shape[-2]).any(dim=0)
+    if bad.any():
+        raise ValueError(f"quadratic deformation weights w[e, 1], w[e, 3] must be >= 0 for the distance "
+                         f"transform; negative on edges {bad.nonzero().flatten().tolist()}")
+
+
+def _message_coefficients(w: Tensor, mu: Tensor) -> Tensor:
+    """Packed distance-transform coefficients [E, B, 6] of the child-to-parent messages.
+
+    The transform penalises ``d = q - p - mu'`` (``q`` parent, ``p`` child) while the
+    edge features use ``child - parent - mu = -d`` with ``mu' = -mu``, so
+    ``w1 dx^2 + w0 dx = w1 d^2 - w0 d``: ``(a, b, mu') = (w1, -w0, -mu_x)`` and
+    ``(w3, -w2, -mu_y)``, in the column order ``PACKED_2D``.
+    """
+    w, mu = w.detach().to("cpu", torch.float64), mu.detach().to("cpu", torch.float64)
+    packed = torch.stack((w[..., 1], -w[..., 0], -mu[..., 1], w[..., 3], -w[..., 2], -mu[..., 0]), dim=-1)
+    return packed.transpose(0, 1).contiguous()
+
+
+def tree_max_sum(
+    unary: Tensor,
+    w: Tensor,
+    mu: Tensor,
+    edges: Edges = LSP_TREE_EDGES,
+    method: Method = "auto",
+) -> TreeMaxSum:
+    """Exact MAP configuration of the tree model (see the module docstring for the score).
+
+    Args:
+        unary: unary scores [B, J, G_y, G_x], finite.
+        w: deformation weights [E, 4] or [B, E, 4], row ``e`` for ``edges[e]``, in the
+            order ``(dx, dx^2, dy, dy^2)``; ``w[..., 1], w[..., 3] >= 0``.
+        mu: expected displacements child - parent [E, 2] or [B, E, 2], in (y, x) order.
+        edges: (parent, child) pairs forming a tree over the J nodes (default: the LSP skeleton).
+        method: distance-transform method, see :mod:`torch_bcfw.inference.distance_transform`.
+
+    Returns:
+        ``TreeMaxSum(positions [B, J, 2] long (y, x), score [B])``; the score is the max
+        of the objective, in the dtype of ``unary``.
+
+    Raises:
+        ValueError: bad shapes, an invalid tree, or a negative quadratic weight.
+    """
+    _check_unary(unary)
+    batch, num_nodes, _, gx = unary.shape
+    root, order = _tree_order(edges, num_nodes)
+    w, mu = _edge_parameters(w, mu, batch, len(edges))
+    _check_convex(w)
+    coeffs = _message_coefficients(w, mu)
+    belief = list(unary.unbind(dim=1))
+    argmax: dict[int, Tensor] = {}  # edge -> flat child position [B, P] for every flat parent position
+    for e in reversed(order):  # leaves first: a child's belief is complete before it is sent
+        parent, child = edges[e]
+        message, arg_y, arg_x = distance_transform_2d_packed(belief[child], coeffs[e], method)
+        belief[parent] = belief[parent] + message
+        argmax[e] = (arg_y * gx + arg_x).reshape(batch, -1)
+    score, root_flat = belief[root].reshape(batch, -1).max(dim=1)
+    flat = torch.empty(batch, num_nodes, dtype=torch.long, device=unary.device)
+    flat[:, root] = root_flat
+    for e in order:  # root to leaves
+        parent, child = edges[e]
+        flat[:, child] = argmax[e].gather(1, flat[:, parent, None]).squeeze(1)
+    positions = torch.stack((flat // gx, flat % gx), dim=-1)
+    return TreeMaxSum(positions, score)
+
+
+def tree_score(unary: Tensor, positions: Tensor, w: Tensor, mu: Tensor, edges: Edges = LSP_TREE_EDGES) -> Tensor:
+    """Score of given configurations (valid for any edge list, tree or not).
+
+    Args:
+        unary: [B, J, G_y, G_x]; positions: long [B, J, 2] in (y, x) order;
+        w: [E, 4] or [B, E, 4]; mu: [E, 2] or [B, E, 2] (as in :func:`tree_max_sum`).
+
+    Returns:
+        Tensor [B]: ``sum_j unary[j, l_j] - sum_e <w_e, deformation_features(l_child, l_parent, mu_e)>``.
+    """
+    _check_unary(unary)
+    batch, num_nodes, _, gx = unary.shape
+    if positions.shape != (batch, num_nodes, 2):
+        raise ValueError(f"positions must have shape [{batch}, {num_nodes}, 2], got {tuple(positions.shape)}")
+    w, mu = _edge_parameters(w, mu, batch, len(edges))
+    flat = (positions[..., 0] * gx + positions[..., 1]).unsqueeze(-1)
+    score = unary.reshape(batch, num_nodes, -1).gather(2, flat).squeeze(-1).sum(dim=1)
+    parents = torch.tensor([p for p, _ in edges], dtype=torch.long, device=unary.device)
+    children = torch.tensor([c for _, c in edges], dtype=torch.long, device=unary.device)
+    feats = deformation_features(positions[:, children], positions[:, parents], mu.to(unary.dtype))
+    return score - (w.to(unary.dtype) * feats).sum(dim=(1, 2))
+
+
+def brute_force_max_sum(
+    unary: Tensor, w: Tensor, mu: Tensor, edges: Edges, max_configurations: int = 2_000_000,
+) -> TreeMaxSum:
+    """Reference MAP by enumerating all ``P**J`` configurations (tiny problems only; any edge list).
+
+    Same arguments and result as :func:`tree_max_sum`; no convexity requirement.
+
+    Raises:
+        ValueError: if ``P**J`` exceeds ``max_configurations``.
+    """
+    _check_unary(unary)
+    batch, num_nodes, gy, gx = unary.shape
+    count = (gy * gx) ** num_nodes
+    if count > max_configurations:
+        raise ValueError(f"{count} configurations exceed max_configurations={max_configurations}")
+    flat = torch.tensor(list(itertools.product(range(gy * gx), repeat=num_nodes)), dtype=torch.long,
+                        device=unary.device).reshape(count, num_nodes)
+    configs = torch.stack((flat // gx, flat % gx), dim=-1)  # [count, J, 2]
+    w, mu = _edge_parameters(w, mu, batch, len(edges))
+    best_scores, best_positions = [], []
+    for b in range(batch):
+        scores = tree_score(unary[b].expand(count, -1, -1, -1), configs, w[b], mu[b], edges)
+        value, index = scores.max(dim=0)
+        best_scores.append(value)
+        best_positions.append(configs[index])
+    return TreeMaxSum(torch.stack(best_positions), torch.stack(best_scores))
+
+
+def _check_loss_inputs(true_pos: Tensor, visible: Tensor, torso_size: Tensor) -> None:
+    if true_pos.dim() != 3 or true_pos.shape[-1] != 2:
+        raise ValueError(f"true_pos must have shape [B, J, 2], got {tuple(true_pos.shape)}")
+    if visible.dtype != torch.bool or visible.shape != true_pos.shape[:2]:
+        raise ValueError(f"visible must be a bool tensor [B, J] = {tuple(true_pos.shape[:2])}, "
+                         f"got {visible.dtype} {tuple(visible.shape)}")
+    if torso_size.shape != true_pos.shape[:1] or not (torch.isfinite(torso_size) & (torso_size > 0)).all():
+        raise ValueError(f"torso_size must be a finite positive tensor [B] = [{true_pos.shape[0]}]")
+
+
+def pose_loss(pred_pos: Tensor, true_pos: Tensor, visible: Tensor, torso_size: Tensor) -> Tensor:
+    """Per-image loss ``mean_{visible j} min(1, ||l_j - l*_j||^2 / s^2)`` (0 if no joint is visible).
+
+    Units are free but must agree: positions and ``torso_size`` both in grid units
+    (for loss-augmented decoding, consistent with :func:`pose_loss_unaries`) or both
+    in pixels. Coordinates of invisible joints are ignored (they may be NaN).
+
+    Args:
+        pred_pos: predicted positions [B, J, 2]; true_pos: ground truth [B, J, 2]
+            (same coordinate order, e.g. (y, x)); visible: bool [B, J];
+            torso_size: ``s`` per image [B], finite and > 0.
+
+    Returns:
+        Tensor [B] in [0, 1], zero when ``pred_pos == true_pos``.
+    """
+    _check_loss_inputs(true_pos, visible, torso_size)
+    d2 = (pred_pos.to(true_pos.dtype) - true_pos).square().sum(dim=-1)
+    term = torch.where(visible, (d2 / torso_size[:, None].square()).clamp(max=1.0), 0.0)
+    return term.sum(dim=1) / visible.sum(dim=1).clamp(min=1)
+
+
+def pose_loss_unaries(true_pos: Tensor, visible: Tensor, torso_size: Tensor, grid_size: int) -> Tensor:
+    """The loss of :func:`pose_loss` as unary terms on the grid, for loss-augmented decoding.
+
+    ``out[b, j, y, x]`` is the contribution of joint ``j`` at grid position ``(y, x)``,
+    so ``pose_loss(positions, ...) = sum_j out[b, j, positions[b, j]]`` and
+    ``tree_max_sum(unary + out, w, mu)`` maximises score + loss.
+
+    Args:
+        true_pos: ground truth [B, J, 2] in (y, x) grid coordinates (may be fractional).
+        visible: bool [B, J]; invisible joints contribute 0.
+        torso_size: ``s`` per image [B] in grid units, finite and > 0.
+        grid_size: ``G`` (the grid is G x G).
+
+    Returns:
+        Tensor [B, J, G, G] in the dtype of ``true_pos`` (float).
+    """
+    _check_loss_inputs(true_pos, visible, torso_size)
+    if not true_pos.is_floating_point():
+        true_pos = true_pos.to(torch.get_default_dtype())
+    grid = torch.arange(grid_size, dtype=true_pos.dtype, device=true_pos.device)
+    dy2 = (grid - true_pos[..., 0, None]).square()[..., :, None]  # [B, J, G, 1]
+    dx2 = (grid - true_pos[..., 1, None]).square()[..., None, :]  # [B, J, 1, G]
+    s2 = torso_size.to(true_pos.dtype)[:, None, None, None].square()
+    count = visible.sum(dim=1).clamp(min=1)[:, None, None, None]
+    term = ((dy2 + dx2) / s2).clamp(max=1.0) / count
+    return torch.where(visible[..., None, None], term, 0.0)

@@ -1,0 +1,290 @@
+"""Linear-chain SSVM (the OCR / CoNLL model of the BCFW paper).
+
+Joint features of a sequence ``x_1..x_L`` (``x_t in R^F``) with labels ``y_1..y_L`` in ``[0, K)``:
+
+* emission ``sum_t x_t (x) e_{y_t}`` (``F*K``, stored feature-major ``We[F, K]``);
+* per-label bias ``sum_t e_{y_t}`` (``K``), start bias ``e_{y_1}`` and end bias ``e_{y_L}`` (``K`` each);
+* transitions ``sum_t e_{y_t} (x) e_{y_{t+1}}`` (``K*K``, ``trans[a, b]`` for ``a`` followed by ``b``).
+
+``d = F K + 3 K + K^2`` (4082 on OCR: F = 128 pixels, K = 26).  Loss: Hamming distance
+normalised by the sequence length, so ``L_i in [0, 1]``; loss-augmented decoding adds ``1/L``
+to every wrong label's unary score and runs the same Viterbi.
+
+The dual state (:class:`ChainDualState`) stores per-position label marginals and per-sequence
+transition marginals instead of a dense ``w_i`` per example: memory grows with the number of
+tokens, not with ``n * d``.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from ..data import SequenceData
+from ..inference.viterbi import viterbi_packed
+from .base import StructuredModel
+from .dual import DualState
+
+__all__ = ["Chain", "ChainDualState"]
+
+
+class Chain(StructuredModel):
+    """Linear chain with emission, transition and start/end/per-label biases.
+
+    Args:
+        n_features: token feature dimension ``F``.
+        n_labels: number of labels ``K`` (>= 2).
+    """
+
+    def __init__(self, n_features: int, n_labels: int):
+        if n_labels < 2:
+            raise ValueError(f"n_labels must be >= 2, got {n_labels}")
+        if n_features < 1:
+            raise ValueError(f"n_features must be >= 1, got {n_features}")
+        self.n_inputs = int(n_features)
+        self.n_labels = int(n_labels)
+        F, K = self.n_inputs, self.n_labels
+        self.n_features = F * K + 3 * K + K * K
+
+    def config(self) -> dict:
+        return {"n_features": self.n_inputs, "n_labels": self.n_labels}
+
+    # ------------------------------------------------------------ layout
+    def unpack(self, w: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+        """Views ``(We [F, K], bias [K], start [K], end [K], trans [K, K])`` into ``w: [d]``."""
+        F, K = self.n_inputs, self.n_labels
+        o = F * K
+        return (
+            w[:o].view(F, K),
+            w[o : o + K],
+            w[o + K : o + 2 * K],
+            w[o + 2 * K : o + 3 * K],
+            w[o + 3 * K :].view(K, K),
+        )
+
+    # ------------------------------------------------------------ checks
+    def check_data(self, data, require_labels: bool = True) -> None:
+        if not isinstance(data, SequenceData):
+            raise TypeError(f"Chain expects SequenceData, got {type(data).__name__}")
+        if data.x.shape[1] != self.n_inputs:
+            raise ValueError(f"token features have dimension {data.x.shape[1]} but the model expects {self.n_inputs}")
+        if data.y is None:
+            if require_labels:
+                raise ValueError("training data needs labels (y is None)")
+            return
+        lo, hi = int(data.y.min()), int(data.y.max())
+        if lo < 0 or hi >= self.n_labels:
+            raise ValueError(f"labels must lie in [0, {self.n_labels - 1}], got range [{lo}, {hi}]")
+
+    def _check_y(self, data: SequenceData, y: Tensor) -> Tensor:
+        y = torch.as_tensor(y, device=data.device).long().reshape(-1)
+        if y.shape[0] != data.n_tokens:
+            raise ValueError(f"expected {data.n_tokens} token labels, got {y.shape[0]}")
+        return y
+
+    # ------------------------------------------------------------ scores
+    def unary_scores(self, w: Tensor, data: SequenceData) -> Tensor:
+        """Per-token label scores ``[N_tok, K]`` with the bias, start and end terms folded in."""
+        self.check_weights(w, data)
+        We, b, s, e, _ = self.unpack(w)
+        U = data.x.to(w.dtype) @ We + b
+        U[data.offsets[:-1]] += s
+        U[data.offsets[1:] - 1] += e
+        return U
+
+    def loss_unaries(self, data: SequenceData, dtype=torch.float64) -> Tensor:
+        """``[N_tok, K]``: ``1/L_i`` for every wrong label of a token of sequence ``i``, 0 for the true one."""
+        inv_len = (1.0 / data.lengths.to(dtype)).repeat_interleave(data.lengths)
+        aug = inv_len[:, None].expand(-1, self.n_labels).clone()
+        aug[torch.arange(data.n_tokens, device=data.device), data.y] = 0.0
+        return aug
+
+    def oracle(self, w: Tensor, data: SequenceData, loss_augmented: bool = True) -> Tensor:
+        U = self.unary_scores(w, data)
+        if loss_augmented:
+            U = U + self.loss_unaries(data, U.dtype)
+        labels, _ = viterbi_packed(U, data.offsets, self.unpack(w)[4])
+        return labels
+
+    def _pairs(self, data: SequenceData) -> Tensor:
+        """Indices ``j`` of tokens followed by a token of the same sequence (``LongTensor[N_tok - n]``)."""
+        keep = torch.ones(data.n_tokens, dtype=torch.bool, device=data.device)
+        keep[data.offsets[1:] - 1] = False
+        return torch.nonzero(keep)[:, 0]
+
+    def score(self, w: Tensor, data: SequenceData, y: Tensor) -> Tensor:
+        y = self._check_y(data, y)
+        w = w.to(torch.float64)
+        U = self.unary_scores(w, data)
+        per_tok = U.gather(1, y[:, None])[:, 0]
+        j = self._pairs(data)
+        seq = data.token_sequence_ids()
+        out = torch.zeros(len(data), dtype=torch.float64, device=data.device)
+        out.index_add_(0, seq, per_tok)
+        out.index_add_(0, seq[j], self.unpack(w)[4][y[j], y[j + 1]])
+        return out
+
+    def loss(self, data: SequenceData, y: Tensor) -> Tensor:
+        y = self._check_y(data, y)
+        wrong = torch.zeros(len(data), dtype=torch.float64, device=data.device)
+        wrong.index_add_(0, data.token_sequence_ids(), (y != data.y).to(torch.float64))
+        return wrong / data.lengths.to(torch.float64)
+
+    # ------------------------------------------------------------ joint features
+    def transition_counts(self, data: SequenceData, y: Tensor) -> Tensor:
+        """Per-sequence transition counts ``[n, K, K]`` (float64)."""
+        K = self.n_labels
+        j = self._pairs(data)
+        seq = data.token_sequence_ids()[j]
+        out = torch.zeros(len(data), K, K, dtype=torch.float64, device=data.device)
+        out.index_put_((seq, y[j], y[j + 1]), torch.ones(j.numel(), dtype=torch.float64, device=data.device), accumulate=True)
+        return out
+
+    def features_from_marginals(self, data: SequenceData, mu: Tensor, trans: Tensor) -> Tensor:
+        """``sum_i phi(x_i, mu_i)`` for unary marginals ``mu: [N_tok, K]`` and summed transition marginals ``trans: [K, K]``.
+
+        ``phi`` is linear in the marginals, so one-hot ``mu`` gives the joint feature of labelings.
+        """
+        x = data.x.to(torch.float64)
+        return torch.cat(
+            [
+                (x.T @ mu).reshape(-1),
+                mu.sum(0),
+                mu[data.offsets[:-1]].sum(0),
+                mu[data.offsets[1:] - 1].sum(0),
+                trans.reshape(-1),
+            ]
+        )
+
+    def one_hot(self, y: Tensor) -> Tensor:
+        return torch.nn.functional.one_hot(y, self.n_labels).to(torch.float64)
+
+    def joint_feature_sum(self, data: SequenceData, y: Tensor) -> Tensor:
+        y = self._check_y(data, y)
+        return self.features_from_marginals(data, self.one_hot(y), self.transition_counts(data, y).sum(0))
+
+    def joint_feature(self, data: SequenceData, y: Tensor) -> Tensor:
+        y = self._check_y(data, y)
+        xp, lengths, yp = SequenceData(data.x, y, data.offsets).padded(pad_label=0)
+        mask = (torch.arange(xp.shape[1], device=data.device)[None, :] < lengths[:, None]).to(torch.float64)
+        onehot = self.one_hot(yp) * mask[..., None]
+        n = len(data)
+        idx = torch.arange(n, device=data.device)
+        emission = torch.bmm(xp.to(torch.float64).transpose(1, 2), onehot).reshape(n, -1)
+        start = onehot[:, 0]
+        end = onehot[idx, lengths - 1]
+        return torch.cat(
+            [emission, onehot.sum(1), start, end, self.transition_counts(data, y).reshape(n, -1)], 1
+        )
+
+    def dual_state(self, data: SequenceData, lam: float) -> "ChainDualState":
+        return ChainDualState(self, data, lam)
+
+
+class ChainDualState(DualState):
+    """Marginal dual state of the chain: ``mu [N_tok, K]`` and ``T [n, K, K]``.
+
+    ``w_i = (phi_i(y_i) - phi_i(mu_i, T_i)) / (lam n)``; the initial state is the ground truth
+    (``mu`` one-hot, ``T`` the true transition counts), i.e. ``w_i = 0``.  On CPU the steps run in
+    the compiled kernel :func:`~torch_bcfw.models.chain_kernels.chain_bcfw_steps`; elsewhere in
+    torch through :meth:`DualState.block_step`.
+    """
+
+    def __init__(self, model: Chain, data: SequenceData, lam: float):
+        super().__init__(model, data, lam)
+        self.mu = model.one_hot(data.y)
+        self.T = model.transition_counts(data, data.y)
+        self._phi_true_sum = model.joint_feature_sum(data, data.y)
+        self._kernel_inputs = None
+
+    # ------------------------------------------------------------ storage hooks
+    def _block_marginal_direction(self, i: int, y: Tensor) -> tuple[Tensor, Tensor]:
+        blk = self.block_data(i)
+        s, e = int(self.data.offsets[i]), int(self.data.offsets[i + 1])
+        D = self.model.one_hot(y) - self.mu[s:e]
+        dT = self.model.transition_counts(blk, y)[0] - self.T[i]
+        return D, dT
+
+    def block_direction(self, i: int, y: Tensor) -> tuple[Tensor, float]:
+        blk = self.block_data(i)
+        D, dT = self._block_marginal_direction(i, y)
+        v = self.model.features_from_marginals(blk, D, dT) / (self.lam * self.n)
+        return v, float(self.model.loss(blk, y)[0]) / self.n
+
+    def _move_block(self, i: int, y: Tensor, gamma: float, v: Tensor) -> None:
+        D, dT = self._block_marginal_direction(i, y)
+        s, e = int(self.data.offsets[i]), int(self.data.offsets[i + 1])
+        self.mu[s:e] += gamma * D
+        self.T[i] += gamma * dT
+
+    def _move_all(self, y: Tensor, gamma: float) -> None:
+        self.mu.mul_(1.0 - gamma).add_(self.model.one_hot(y), alpha=gamma)
+        self.T.mul_(1.0 - gamma).add_(self.model.transition_counts(self.data, y), alpha=gamma)
+
+    def block_w(self, i: int) -> Tensor:
+        blk = self.block_data(i)
+        s, e = int(self.data.offsets[i]), int(self.data.offsets[i + 1])
+        true = self.model.joint_feature_sum(blk, blk.y)
+        return (true - self.model.features_from_marginals(blk, self.mu[s:e], self.T[i])) / (self.lam * self.n)
+
+    def _w_from_blocks(self) -> Tensor:
+        cur = self.model.features_from_marginals(self.data, self.mu, self.T.sum(0))
+        return (self._phi_true_sum - cur) / (self.lam * self.n)
+
+    # ------------------------------------------------------------ compiled path
+    def _prepare_kernel(self) -> dict:
+        """CSR token features and per-sequence Gram matrices ``X_i X_i^T + 1`` (built once)."""
+        if self._kernel_inputs is None:
+            x = self.data.x.to(torch.float64)
+            nz = torch.nonzero(x)
+            indptr = torch.zeros(x.shape[0] + 1, dtype=torch.long)
+            indptr[1:] = torch.cumsum(torch.bincount(nz[:, 0], minlength=x.shape[0]), 0)
+            lengths = self.data.lengths
+            gram_sizes = lengths**2
+            gram_off = torch.zeros(self.n + 1, dtype=torch.long)
+            gram_off[1:] = torch.cumsum(gram_sizes, 0)
+            gram = torch.empty(int(gram_off[-1]), dtype=torch.float64)
+            off = self.data.offsets
+            for L in torch.unique(lengths).tolist():
+                seqs = torch.nonzero(lengths == L)[:, 0]
+                tok = off[:-1][seqs][:, None] + torch.arange(L)[None, :]
+                xb = x[tok]
+                G = torch.bmm(xb, xb.transpose(1, 2)) + 1.0
+                pos = gram_off[:-1][seqs][:, None] + torch.arange(L * L)[None, :]
+                gram[pos.reshape(-1)] = G.reshape(-1)
+            self._kernel_inputs = {
+                "indptr": indptr.numpy(),
+                "indices": nz[:, 1].contiguous().numpy(),
+                "values": x[nz[:, 0], nz[:, 1]].contiguous().numpy(),
+                "y": self.data.y.numpy(),
+                "offsets": off.numpy(),
+                "gram": gram.numpy(),
+                "gram_off": gram_off.numpy(),
+            }
+        return self._kernel_inputs
+
+    def run_steps(self, order: np.ndarray, step_code: int, averaging: bool = True) -> np.ndarray:
+        if self.w.device.type != "cpu":
+            return super().run_steps(order, step_code, averaging)
+        from .chain_kernels import chain_bcfw_steps
+
+        kin = self._prepare_kernel()
+        gaps = np.empty(len(order), dtype=np.float64)
+        ells = np.array([self.ell, self.avg_ell_u])
+        w_views = [t.numpy() for t in self.model.unpack(self.w)]
+        u_views = [t.numpy() for t in self.model.unpack(self.avg_u)]
+        self.k = chain_bcfw_steps(
+            np.ascontiguousarray(order, dtype=np.int64), step_code, averaging, self.lam, self.k,
+            kin["indptr"], kin["indices"], kin["values"], kin["y"], kin["offsets"], kin["gram"], kin["gram_off"],
+            *w_views, *u_views, self.mu.numpy(), self.T.numpy(), self.block_ell.numpy(), ells, gaps,
+        )
+        self.ell, self.avg_ell_u = float(ells[0]), float(ells[1])
+        return gaps
+
+    def _storage_dict(self) -> dict:
+        return {"mu": self.mu.cpu().clone(), "T": self.T.cpu().clone()}
+
+    def _load_storage(self, sd: dict) -> None:
+        dev = self.w.device
+        self.mu = sd["mu"].to(dev, torch.float64).clone()
+        self.T = sd["T"].to(dev, torch.float64).clone()

@@ -1,0 +1,260 @@
+"""Per-block dual state of the BCFW family.
+
+The SSVM dual variable ``alpha`` has one simplex block per example.  BCFW never needs
+``alpha`` itself, only its images ``w_i = A alpha_[i]`` and ``l_i = b^T alpha_[i]``
+(Lacoste-Julien et al. 2013, Alg. 4), with ``w = sum_i w_i`` and ``l = sum_i l_i``.
+
+:class:`DualState` holds the bookkeeping every storage shares: ``w`` (float64), ``l``, the
+per-block ``l_i``, the global step counter ``k`` and the lazy weighted-average accumulators
+(see :func:`torch_bcfw.stepsize.average_weight`).  Subclasses decide how ``w_i`` is stored:
+
+* :class:`DenseDualState` keeps a dense ``Tensor[n, d]`` table (generic, any model, any device);
+* a model can supply a compact state (:class:`torch_bcfw.models.chain.ChainDualState` keeps
+  label marginals) as long as it implements :meth:`DualState.block_direction`,
+  :meth:`DualState._move_block` and :meth:`DualState.block_w`.
+
+A solver talks to the state through :meth:`block_step`, :meth:`run_steps`,
+:meth:`batch_step`, :meth:`averaged`, :meth:`refresh` and :meth:`state_dict`.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from ..stepsize import average_weight, step_size
+
+__all__ = ["DualState", "DenseDualState"]
+
+
+def check_lam(lam: float) -> float:
+    lam = float(lam)
+    if not np.isfinite(lam) or lam <= 0.0:
+        raise ValueError(f"lam must be a finite number > 0, got {lam}")
+    return lam
+
+
+class DualState:
+    """Shared bookkeeping of a primal-dual BCFW state (see the module docstring).
+
+    Attributes:
+        w: ``Tensor[d]`` float64, ``sum_i w_i``.
+        ell: float, ``sum_i l_i`` (the linear part of the dual).
+        block_ell: ``Tensor[n]`` float64, ``l_i``.
+        k: int, number of block steps taken (the global counter of the step size and averaging).
+        avg_u, avg_ell_u: lazy weighted-average accumulators.
+    """
+
+    def __init__(self, model, data, lam: float):
+        model.check_data(data)
+        self.model = model
+        self.data = data
+        self.lam = check_lam(lam)
+        self.n = len(data)
+        self.d = model.n_features
+        dev = data.device
+        self.w = torch.zeros(self.d, dtype=torch.float64, device=dev)
+        self.ell = 0.0
+        self.block_ell = torch.zeros(self.n, dtype=torch.float64, device=dev)
+        self.k = 0
+        self.avg_u = torch.zeros(self.d, dtype=torch.float64, device=dev)
+        self.avg_ell_u = 0.0
+
+    # ------------------------------------------------------------ storage hooks
+    def block_direction(self, i: int, y: Tensor) -> tuple[Tensor, float]:
+        """``(v, l_s)``: ``v = w_i - w_s`` (``Tensor[d]``) and ``l_s = L_i(y)/n`` for labeling ``y`` of block ``i``."""
+        raise NotImplementedError
+
+    def _move_block(self, i: int, y: Tensor, gamma: float, v: Tensor) -> None:
+        """Move block ``i``'s stored state: ``alpha_i <- (1 - gamma) alpha_i + gamma e_y``.
+
+        ``v = w_i - w_s`` is the direction :meth:`block_direction` returned for ``y``.
+        """
+        raise NotImplementedError
+
+    def block_w(self, i: int) -> Tensor:
+        """``w_i`` as a dense ``Tensor[d]``."""
+        raise NotImplementedError
+
+    def _move_all(self, y: Tensor, gamma: float) -> None:
+        """Batch move: ``alpha <- (1 - gamma) alpha + gamma s`` with ``s`` the corners ``y`` (all blocks)."""
+        raise NotImplementedError
+
+    def _w_from_blocks(self) -> Tensor:
+        """``sum_i w_i`` recomputed from the stored blocks (``Tensor[d]``)."""
+        raise NotImplementedError
+
+    # ------------------------------------------------------------ solver API
+    def block_step(self, i: int, y: Tensor, step_code: int, averaging: bool = True) -> tuple[float, float]:
+        """One Frank-Wolfe step on block ``i`` towards the corner of labeling ``y``.
+
+        Returns ``(num, gamma)``: ``num = lam <w_i - w_s, w> - l_i + l_s`` is the block gap when
+        ``y`` is an exact oracle answer at the current ``w``; ``gamma`` is the step taken.
+        """
+        v, ell_s = self.block_direction(i, y)
+        ell_i = float(self.block_ell[i])
+        num = self.lam * float(v @ self.w) - ell_i + ell_s
+        den = self.lam * float(v @ v)
+        gamma = step_size(step_code, num, den, self.k, self.n)
+        if gamma != 0.0:
+            delta = v * (-gamma)
+            self._move_block(i, y, gamma, v)
+            new_ell_i = (1.0 - gamma) * ell_i + gamma * ell_s
+            self.block_ell[i] = new_ell_i
+            self.w += delta
+            self.ell += new_ell_i - ell_i
+            if averaging:
+                c = average_weight(self.k)
+                self.avg_u.add_(delta, alpha=c)
+                self.avg_ell_u += c * (new_ell_i - ell_i)
+        self.k += 1
+        return num, gamma
+
+    def run_steps(self, order: np.ndarray, step_code: int, averaging: bool = True) -> np.ndarray:
+        """Sequential BCFW steps on the blocks in ``order`` (``int64[m]``), each after an exact oracle call.
+
+        Returns the ``m`` block gaps observed (``float64[m]``).  Compact states override this with
+        a fused kernel; the result must be identical.
+        """
+        gaps = np.empty(len(order), dtype=np.float64)
+        for j, i in enumerate(order):
+            i = int(i)
+            y = self.model.oracle(self.w, self.block_data(i), loss_augmented=True)
+            gaps[j], _ = self.block_step(i, y, step_code, averaging)
+        return gaps
+
+    def batch_step(self, y: Tensor, step_code: int, fw_iter: int, averaging: bool = True) -> tuple[float, float]:
+        """One batch Frank-Wolfe step towards the corners ``y`` (oracle answers for all blocks).
+
+        Returns ``(gap, gamma)``, ``gap`` being the exact duality gap of the state *before* the step
+        (when ``y`` are exact oracle answers at the current ``w``).
+        """
+        n, lam = self.n, self.lam
+        w_s = (self.model.joint_feature_sum(self.data, self.data.y) - self.model.joint_feature_sum(self.data, y)) / (lam * n)
+        ell_s = float(self.model.loss(self.data, y).sum()) / n
+        v = self.w - w_s
+        gap = lam * float(v @ self.w) - self.ell + ell_s
+        den = lam * float(v @ v)
+        gamma = step_size(step_code, gap, den, fw_iter, 1)
+        if gamma != 0.0:
+            delta = v * (-gamma)
+            old_ell = self.ell
+            self._move_all(y, gamma)
+            self.block_ell.mul_(1.0 - gamma).add_(self.model.loss(self.data, y) / n, alpha=gamma)
+            self.w += delta
+            self.ell = (1.0 - gamma) * old_ell + gamma * ell_s
+            if averaging:
+                c = average_weight(fw_iter)
+                self.avg_u.add_(delta, alpha=c)
+                self.avg_ell_u += c * (self.ell - old_ell)
+        self.k += n
+        return gap, gamma
+
+    def averaged(self, counter: int | None = None) -> tuple[Tensor, float]:
+        """The weighted average ``(wbar, lbar)`` of the iterates (weights ``t``, eq. 14 of the BCFW paper).
+
+        ``counter`` is the number of averaged updates (defaults to ``k``; batch FW passes its own count).
+        """
+        K = self.k if counter is None else counter
+        if K == 0:
+            return self.w.clone(), self.ell
+        s = 2.0 / (K * (K + 1.0))
+        return self.w - s * self.avg_u, self.ell - s * self.avg_ell_u
+
+    def refresh(self) -> float:
+        """Recompute ``w = sum_i w_i`` and ``l = sum_i l_i`` from the blocks; return the drift removed."""
+        w = self._w_from_blocks()
+        drift = float((w - self.w).abs().max()) if self.d else 0.0
+        self.w = w
+        self.ell = float(self.block_ell.sum())
+        return drift
+
+    def block_data(self, i: int):
+        """Example ``i`` as a one-example dataset (cached)."""
+        cache = self.__dict__.setdefault("_block_cache", {})
+        if i not in cache:
+            cache[i] = self.data[[i]]
+        return cache[i]
+
+    # ------------------------------------------------------------ checkpointing
+    def _storage_dict(self) -> dict:
+        raise NotImplementedError
+
+    def _load_storage(self, sd: dict) -> None:
+        raise NotImplementedError
+
+    def state_dict(self) -> dict:
+        """Everything needed to continue exactly (tensors on CPU)."""
+        sd = {
+            "kind": type(self).__name__,
+            "lam": self.lam,
+            "n": self.n,
+            "d": self.d,
+            "w": self.w.cpu().clone(),
+            "ell": self.ell,
+            "block_ell": self.block_ell.cpu().clone(),
+            "k": self.k,
+            "avg_u": self.avg_u.cpu().clone(),
+            "avg_ell_u": self.avg_ell_u,
+        }
+        sd["storage"] = self._storage_dict()
+        return sd
+
+    def load_state_dict(self, sd: dict) -> None:
+        if sd["kind"] != type(self).__name__:
+            raise ValueError(f"cannot load a {sd['kind']} state into a {type(self).__name__}")
+        if sd["n"] != self.n or sd["d"] != self.d:
+            raise ValueError(
+                f"state was saved for n = {sd['n']}, d = {sd['d']} but this problem has n = {self.n}, d = {self.d}"
+            )
+        dev = self.w.device
+        self.lam = float(sd["lam"])
+        self.w = sd["w"].to(dev, torch.float64).clone()
+        self.ell = float(sd["ell"])
+        self.block_ell = sd["block_ell"].to(dev, torch.float64).clone()
+        self.k = int(sd["k"])
+        self.avg_u = sd["avg_u"].to(dev, torch.float64).clone()
+        self.avg_ell_u = float(sd["avg_ell_u"])
+        self._load_storage(sd["storage"])
+
+
+class DenseDualState(DualState):
+    """Stores ``w_i`` as a dense ``Tensor[n, d]`` (float64).  Works for any model and device."""
+
+    def __init__(self, model, data, lam: float):
+        super().__init__(model, data, lam)
+        self.w_blocks = torch.zeros(self.n, self.d, dtype=torch.float64, device=data.device)
+        self._phi_true = None
+
+    def _true_features(self, i: int) -> Tensor:
+        if self._phi_true is None:
+            self._phi_true = self.model.joint_feature(self.data, self.data.y)
+        return self._phi_true[i]
+
+    def block_direction(self, i: int, y: Tensor) -> tuple[Tensor, float]:
+        blk = self.block_data(i)
+        phi_y = self.model.joint_feature(blk, y)[0]
+        w_s = (self._true_features(i) - phi_y) / (self.lam * self.n)
+        ell_s = float(self.model.loss(blk, y)[0]) / self.n
+        return self.w_blocks[i] - w_s, ell_s
+
+    def _move_block(self, i: int, y: Tensor, gamma: float, v: Tensor) -> None:
+        self.w_blocks[i] -= gamma * v
+
+    def _move_all(self, y: Tensor, gamma: float) -> None:
+        w_s = (self.model.joint_feature(self.data, self.data.y) - self.model.joint_feature(self.data, y)) / (
+            self.lam * self.n
+        )
+        self.w_blocks.mul_(1.0 - gamma).add_(w_s, alpha=gamma)
+
+    def block_w(self, i: int) -> Tensor:
+        return self.w_blocks[i].clone()
+
+    def _w_from_blocks(self) -> Tensor:
+        return self.w_blocks.sum(0)
+
+    def _storage_dict(self) -> dict:
+        return {"w_blocks": self.w_blocks.cpu().clone()}
+
+    def _load_storage(self, sd: dict) -> None:
+        self.w_blocks = sd["w_blocks"].to(self.w.device, torch.float64).clone()

@@ -1,0 +1,102 @@
+"""Multiclass SVM of Crammer and Singer as an SSVM.
+
+``phi(x, y) = e_y (x) [x, 1]``: the feature vector copied into the block of class ``y``
+(with an optional constant feature for a per-class bias).  ``w`` is laid out class-major,
+``w.view(n_classes, F')``.  Loss: 0-1 (the normalised Hamming loss of a length-1 sequence).
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from ..data import MulticlassData
+from .base import StructuredModel
+
+__all__ = ["Multiclass"]
+
+
+class Multiclass(StructuredModel):
+    """Crammer-Singer multiclass model.
+
+    Args:
+        n_features: input dimension ``F``.
+        n_classes: number of classes ``K`` (>= 2).
+        bias: append a constant feature so every class has a bias weight.
+
+    ``d = K * (F + bias)``.
+    """
+
+    def __init__(self, n_features: int, n_classes: int, bias: bool = True):
+        if n_classes < 2:
+            raise ValueError(f"n_classes must be >= 2, got {n_classes}")
+        if n_features < 1:
+            raise ValueError(f"n_features must be >= 1, got {n_features}")
+        self.n_inputs = int(n_features)
+        self.n_classes = int(n_classes)
+        self.bias = bool(bias)
+        self.n_features = self.n_classes * (self.n_inputs + int(self.bias))
+
+    def config(self) -> dict:
+        return {"n_features": self.n_inputs, "n_classes": self.n_classes, "bias": self.bias}
+
+    def check_data(self, data, require_labels: bool = True) -> None:
+        if not isinstance(data, MulticlassData):
+            raise TypeError(f"Multiclass expects MulticlassData, got {type(data).__name__}")
+        if data.x.shape[1] != self.n_inputs:
+            raise ValueError(f"features have dimension {data.x.shape[1]} but the model expects {self.n_inputs}")
+        if data.y is None:
+            if require_labels:
+                raise ValueError("training data needs labels (y is None)")
+            return
+        if int(data.y.min()) < 0 or int(data.y.max()) >= self.n_classes:
+            raise ValueError(
+                f"labels must lie in [0, {self.n_classes - 1}], got range [{int(data.y.min())}, {int(data.y.max())}]"
+            )
+
+    def _inputs(self, data: MulticlassData, dtype=torch.float64) -> Tensor:
+        x = data.x.to(dtype)
+        if self.bias:
+            x = torch.cat([x, x.new_ones(x.shape[0], 1)], 1)
+        return x
+
+    def _check_y(self, data, y: Tensor) -> Tensor:
+        y = torch.as_tensor(y, device=data.device).long().reshape(-1)
+        if y.shape[0] != len(data):
+            raise ValueError(f"expected {len(data)} labels, got {y.shape[0]}")
+        return y
+
+    def joint_feature(self, data: MulticlassData, y: Tensor) -> Tensor:
+        y = self._check_y(data, y)
+        x = self._inputs(data)
+        out = x.new_zeros(len(data), self.n_classes, x.shape[1])
+        out[torch.arange(len(data), device=x.device), y] = x
+        return out.reshape(len(data), -1)
+
+    def joint_feature_sum(self, data: MulticlassData, y: Tensor) -> Tensor:
+        y = self._check_y(data, y)
+        x = self._inputs(data)
+        out = x.new_zeros(self.n_classes, x.shape[1])
+        out.index_add_(0, y, x)
+        return out.reshape(-1)
+
+    def loss(self, data: MulticlassData, y: Tensor) -> Tensor:
+        y = self._check_y(data, y)
+        return (y != data.y).to(torch.float64)
+
+    def scores(self, w: Tensor, data: MulticlassData) -> Tensor:
+        """Class scores ``Tensor[n, K]``."""
+        self.check_weights(w, data)
+        x = self._inputs(data, w.dtype)
+        return x @ w.view(self.n_classes, -1).T
+
+    def oracle(self, w: Tensor, data: MulticlassData, loss_augmented: bool = True) -> Tensor:
+        s = self.scores(w, data)
+        if loss_augmented:
+            s = s + 1.0
+            s[torch.arange(len(data), device=s.device), data.y] -= 1.0
+        return s.argmax(1)
+
+    def score(self, w: Tensor, data: MulticlassData, y: Tensor) -> Tensor:
+        y = self._check_y(data, y)
+        s = self.scores(w.to(torch.float64), data)
+        return s.gather(1, y[:, None])[:, 0]

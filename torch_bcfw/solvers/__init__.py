@@ -1,0 +1,1 @@
+"""Solvers of the SSVM dual: the BCFW family, batch Frank-Wolfe and stochastic subgradient."""

@@ -1,0 +1,82 @@
+"""Callbacks of a solver run: history, progress bar, logging."""
+from __future__ import annotations
+
+import math
+import time
+
+__all__ = ["Callback", "ProgressBar", "PrintLogger", "format_record"]
+
+
+class Callback:
+    """Hooks called by :func:`torch_bcfw.solvers.loop.run_solver`. All are optional."""
+
+    def on_start(self, info: dict) -> None:
+        """``info``: solver name, n, lam, max_passes, options."""
+
+    def on_chunk(self, passes: float, elapsed: float) -> None:
+        """After each chunk of steps (usually one effective pass)."""
+
+    def on_check(self, record: dict) -> None:
+        """After each exact gap check, with the new history record."""
+
+    def on_end(self, record: dict | None, stopped_by: str) -> None:
+        """When the run ends (``record`` is the last history record)."""
+
+
+def _fmt(v) -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "-"
+    return f"{v:.3e}" if isinstance(v, float) else str(v)
+
+
+def format_record(r: dict) -> str:
+    return (
+        f"pass {r['passes']:7.2f}  gap {_fmt(r.get('gap'))}  primal {_fmt(r.get('primal'))}  "
+        f"dual {_fmt(r.get('dual'))}  gap(avg) {_fmt(r.get('gap_avg'))}  "
+        f"train {_fmt(r.get('train_loss'))}  test {_fmt(r.get('test_loss'))}  "
+        f"t {r['solver_time'] + r['gap_time']:.1f}s"
+    )
+
+
+class ProgressBar(Callback):
+    """A tqdm bar over effective passes showing pass, gap, primal and elapsed time."""
+
+    def __init__(self, leave: bool = True):
+        self.leave = leave
+        self.bar = None
+        self.last = 0.0
+
+    def on_start(self, info: dict) -> None:
+        from tqdm.auto import tqdm
+
+        self.bar = tqdm(total=float(info["max_passes"]), unit="pass", desc=info["solver"], leave=self.leave,
+                        bar_format="{desc} {n:.1f}/{total:.0f} passes |{bar}| {elapsed} {postfix}")
+        self.t0 = time.perf_counter()
+
+    def on_chunk(self, passes: float, elapsed: float) -> None:
+        if self.bar is not None:
+            self.bar.update(passes - self.last)
+            self.last = passes
+
+    def on_check(self, record: dict) -> None:
+        if self.bar is not None:
+            self.bar.set_postfix_str(f"gap={_fmt(record.get('gap') if record.get('gap') is not None else None)} "
+                                     f"primal={_fmt(record.get('primal'))}")
+
+    def on_end(self, record, stopped_by: str) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+
+class PrintLogger(Callback):
+    """Prints one line per gap check."""
+
+    def __init__(self, print_fn=print):
+        self.print_fn = print_fn
+
+    def on_check(self, record: dict) -> None:
+        self.print_fn(format_record(record))
+
+    def on_end(self, record, stopped_by: str) -> None:
+        self.print_fn(f"stopped: {stopped_by}")

@@ -1,0 +1,47 @@
+"""Batch Frank-Wolfe on the SSVM dual (Lacoste-Julien et al. 2013, Alg. 2).
+
+Each iteration makes one batched oracle call over all ``n`` examples at the current ``w`` and
+moves every block towards its corner with one common step (line search or ``2/(k+2)``).  With
+line search it equals the batch subgradient method with an adaptive step ``gamma / lam``.
+"""
+from __future__ import annotations
+
+from ..stepsize import FIXED, LINE_SEARCH
+from .algorithm import Algorithm
+
+__all__ = ["FrankWolfe"]
+
+
+class FrankWolfe(Algorithm):
+    name = "fw"
+
+    def __init__(self, model, data, lam, options, state=None):
+        super().__init__(model, data, lam, options)
+        self.state = state if state is not None else model.dual_state(data, lam)
+        self.step_code = LINE_SEARCH if options.step == "line_search" else FIXED
+        self.iteration = 0
+        self.last_gap = None
+
+    def advance(self, m: int) -> None:
+        for _ in range(max(1, m // self.n)):
+            y = self.model.oracle(self.state.w, self.data, loss_augmented=True)
+            self.last_gap, _ = self.state.batch_step(y, self.step_code, self.iteration, self.options.averaging)
+            self.iteration += 1
+            self.oracle_calls += self.n
+
+    def iterate(self):
+        return self.state.w, self.state.ell
+
+    def averaged(self):
+        return self.state.averaged(counter=self.iteration) if self.options.averaging else None
+
+    def on_scheduled_check(self) -> None:
+        self.state.refresh()
+
+    def state_dict(self) -> dict:
+        return {"state": self.state.state_dict(), "iteration": self.iteration, "oracle_calls": self.oracle_calls}
+
+    def load_state_dict(self, sd: dict) -> None:
+        self.state.load_state_dict(sd["state"])
+        self.iteration = int(sd["iteration"])
+        self.oracle_calls = int(sd["oracle_calls"])

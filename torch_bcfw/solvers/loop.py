@@ -1,0 +1,121 @@
+"""The solver loop shared by every algorithm: chunks of steps, exact gap checks, stopping rules.
+
+Stopping rules: ``max_passes`` more effective passes, a certified gap ``<= gap_tol``, the
+``time_budget`` (wall-clock seconds, steps and checks together) or Ctrl-C.  In every case the
+loop ends with an exact certificate of the model it returns.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+
+from .certificate import certify, task_loss
+
+__all__ = ["run_solver", "RunOutput"]
+
+
+@dataclass
+class RunOutput:
+    history: list = field(default_factory=list)
+    stopped_by: str = ""
+
+
+def _check(alg, options, test_data, counters: dict) -> dict:
+    """Exact certificate of the last (and averaged) iterate; returns the history record."""
+    t0 = time.perf_counter()
+    model, data, lam = alg.model, alg.data, alg.lam
+    w, ell = alg.iterate()
+    cert = certify(model, data, w, ell, lam)
+    rec = {
+        "passes": alg.oracle_calls / alg.n,
+        "oracle_calls": alg.oracle_calls,
+        "primal": cert.primal,
+        "dual": cert.dual,
+        "gap": cert.gap,
+        "primal_avg": None,
+        "dual_avg": None,
+        "gap_avg": None,
+    }
+    avg = alg.averaged()
+    if avg is not None and options.check_averaged:
+        c2 = certify(model, data, avg[0], avg[1], lam)
+        rec.update(primal_avg=c2.primal, dual_avg=c2.dual, gap_avg=c2.gap)
+    # any dual-feasible point bounds P* from below: certify the better primal against the better dual
+    primals = [(rec["primal"], "last")] + ([(rec["primal_avg"], "averaged")] if rec["primal_avg"] is not None else [])
+    duals = [d for d in (rec["dual"], rec["dual_avg"]) if d is not None]
+    best_primal, rec["selected"] = min(primals)
+    rec["gap_best"] = best_primal - max(duals) if duals else None
+    w_model = avg[0] if rec["selected"] == "averaged" else w
+    rec["train_loss"] = task_loss(model, data, w_model) if options.track_train_loss else None
+    rec["test_loss"] = task_loss(model, test_data, w_model) if test_data is not None else None
+    counters["gap_time"] += time.perf_counter() - t0
+    counters["gap_oracle_calls"] += len(data) * (2 if rec["gap_avg"] is not None else 1)
+    rec["solver_time"] = counters["solver_time"]
+    rec["gap_time"] = counters["gap_time"]
+    rec["gap_oracle_calls"] = counters["gap_oracle_calls"]
+    return rec
+
+
+def _certified_gap(rec: dict) -> float:
+    return rec["gap_best"] if rec.get("gap_best") is not None else math.inf
+
+
+def run_solver(alg, options, test_data=None, callbacks=(), counters: dict | None = None,
+               history: list | None = None) -> RunOutput:
+    """Run ``alg`` for ``options.max_passes`` more effective passes (or until another stopping rule).
+
+    ``counters`` (``solver_time``, ``gap_time``, ``gap_oracle_calls``) and ``history`` continue a
+    previous run when given (warm start); they are updated in place.
+    """
+    counters = counters if counters is not None else {}
+    for key in ("solver_time", "gap_time", "gap_oracle_calls"):
+        counters.setdefault(key, 0.0 if key != "gap_oracle_calls" else 0)
+    out = RunOutput(history=history if history is not None else [])
+    n = alg.n
+    start_calls = alg.oracle_calls
+    target_calls = start_calls + int(round(options.max_passes * n))
+    for cb in callbacks:
+        cb.on_start({"solver": alg.name, "n": n, "lam": alg.lam, "max_passes": options.max_passes,
+                     "options": options.to_dict()})
+    wall0 = time.perf_counter()
+    last_rec = None
+    checked_at = None
+    try:
+        while True:
+            if alg.oracle_calls >= target_calls:
+                out.stopped_by = "max_passes"
+                break
+            m = min(alg.chunk_size(), target_calls - alg.oracle_calls)
+            t0 = time.perf_counter()
+            alg.advance(m)
+            counters["solver_time"] += time.perf_counter() - t0
+            passes = alg.oracle_calls / n
+            for cb in callbacks:
+                cb.on_chunk(passes - start_calls / n, time.perf_counter() - wall0)
+            if alg.oracle_calls % (options.gap_check * n) == 0:
+                alg.on_scheduled_check()
+                last_rec = _check(alg, options, test_data, counters)
+                checked_at = alg.oracle_calls
+                out.history.append(last_rec)
+                for cb in callbacks:
+                    cb.on_check(last_rec)
+                if options.gap_tol is not None and _certified_gap(last_rec) <= options.gap_tol:
+                    out.stopped_by = "gap_tol"
+                    break
+            if options.time_budget is not None and time.perf_counter() - wall0 >= options.time_budget:
+                out.stopped_by = "time_budget"
+                break
+    except KeyboardInterrupt:
+        out.stopped_by = "interrupted"
+    if checked_at != alg.oracle_calls:
+        try:
+            last_rec = _check(alg, options, test_data, counters)
+            out.history.append(last_rec)
+            for cb in callbacks:
+                cb.on_check(last_rec)
+        except KeyboardInterrupt:
+            out.stopped_by = "interrupted"
+    for cb in callbacks:
+        cb.on_end(last_rec, out.stopped_by)
+    return out
