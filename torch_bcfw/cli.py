@@ -2,7 +2,7 @@
 
 A config is a YAML file::
 
-    data: {name: ocr, path: ../shared/data/ocr, split: large, fold: 0}
+    data: {name: ocr, path: path/to/ocr, split: large, fold: 0}
     lam: 0.01
     solver: bcfw
     options: {max_passes: 100, gap_check: 10, gap_tol: 0.01}

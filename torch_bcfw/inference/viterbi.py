@@ -92,16 +92,20 @@ def viterbi_numba(unary: np.ndarray, transition: np.ndarray, out: np.ndarray, de
         delta[0, c] = unary[0, c]
     for t in range(1, L):
         nxt = 1 - cur
+        # vectorised over the current label c: scan previous labels a in increasing order,
+        # keeping the first maximum (strict >), the same tie rule as torch.max
         for c in range(K):
-            best = delta[cur, 0] + transition[0, c]
-            arg = 0
-            for a in range(1, K):
-                v = delta[cur, a] + transition[a, c]
-                if v > best:
-                    best = v
-                    arg = a
-            delta[nxt, c] = best + unary[t, c]
-            bp[t, c] = arg
+            delta[nxt, c] = delta[cur, 0] + transition[0, c]
+            bp[t, c] = 0
+        for a in range(1, K):
+            da = delta[cur, a]
+            for c in range(K):
+                v = da + transition[a, c]
+                better = v > delta[nxt, c]
+                delta[nxt, c] = v if better else delta[nxt, c]
+                bp[t, c] = a if better else bp[t, c]
+        for c in range(K):
+            delta[nxt, c] += unary[t, c]
         cur = nxt
     best = delta[cur, 0]
     arg = 0

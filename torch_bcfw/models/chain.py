@@ -194,6 +194,8 @@ class ChainDualState(DualState):
         super().__init__(model, data, lam)
         self.mu = model.one_hot(data.y)
         self.T = model.transition_counts(data, data.y)
+        self.mu_acc = torch.zeros_like(self.mu)
+        self.T_acc = torch.zeros_like(self.T)
         self._phi_true_sum = model.joint_feature_sum(data, data.y)
         self._kernel_inputs = None
 
@@ -230,6 +232,20 @@ class ChainDualState(DualState):
     def _w_from_blocks(self) -> Tensor:
         cur = self.model.features_from_marginals(self.data, self.mu, self.T.sum(0))
         return (self._phi_true_sum - cur) / (self.lam * self.n)
+
+    def _avg_accumulate(self, i, S) -> None:
+        if i is None:
+            self.mu_acc.add_(S.repeat_interleave(self.data.lengths)[:, None] * self.mu)
+            self.T_acc.add_(S[:, None, None] * self.T)
+        else:
+            s, e = int(self.data.offsets[i]), int(self.data.offsets[i + 1])
+            self.mu_acc[s:e].add_(self.mu[s:e], alpha=S)
+            self.T_acc[i].add_(self.T[i], alpha=S)
+
+    def _avg_w(self, S: Tensor, total: float) -> Tensor:
+        mu = (self.mu_acc + S.repeat_interleave(self.data.lengths)[:, None] * self.mu) / total
+        T = (self.T_acc.sum(0) + (S[:, None, None] * self.T).sum(0)) / total
+        return (self._phi_true_sum - self.model.features_from_marginals(self.data, mu, T)) / (self.lam * self.n)
 
     # ------------------------------------------------------------ compiled path
     def _prepare_kernel(self) -> dict:
@@ -272,19 +288,19 @@ class ChainDualState(DualState):
         gaps = np.empty(len(order), dtype=np.float64)
         ells = np.array([self.ell, self.avg_ell_u])
         w_views = [t.numpy() for t in self.model.unpack(self.w)]
-        u_views = [t.numpy() for t in self.model.unpack(self.avg_u)]
-        self.k = chain_bcfw_steps(
+        self.k, self.avg_t = chain_bcfw_steps(
             np.ascontiguousarray(order, dtype=np.int64), step_code, averaging, self.lam, self.k,
             kin["indptr"], kin["indices"], kin["values"], kin["y"], kin["offsets"], kin["gram"], kin["gram_off"],
-            *w_views, *u_views, self.mu.numpy(), self.T.numpy(), self.block_ell.numpy(), ells, gaps,
+            *w_views, self.mu.numpy(), self.T.numpy(), self.block_ell.numpy(), ells, gaps,
+            self.avg_t, self.mu_acc.numpy(), self.T_acc.numpy(), self.avg_last.numpy(),
         )
         self.ell, self.avg_ell_u = float(ells[0]), float(ells[1])
         return gaps
 
     def _storage_dict(self) -> dict:
-        return {"mu": self.mu.cpu().clone(), "T": self.T.cpu().clone()}
+        return {name: getattr(self, name).cpu().clone() for name in ("mu", "T", "mu_acc", "T_acc")}
 
     def _load_storage(self, sd: dict) -> None:
         dev = self.w.device
-        self.mu = sd["mu"].to(dev, torch.float64).clone()
-        self.T = sd["T"].to(dev, torch.float64).clone()
+        for name in ("mu", "T", "mu_acc", "T_acc"):
+            setattr(self, name, sd[name].to(dev, torch.float64).clone())

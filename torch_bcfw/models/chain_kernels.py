@@ -45,56 +45,90 @@ def _unary_scores(s, L, indptr, indices, values, We, bias, start, end, U):
 
 
 @njit(cache=True, fastmath=True)
-def _add_direction(a, b, s, L, i, indptr, indices, values, D, dT, We, bias, start, end, trans,
-                   uWe, ubias, ustart, uend, utrans):
-    """``w += a * phi_i(delta)`` and, when ``b != 0``, ``u += b * phi_i(delta)`` in the same sweep.
-
-    The direction is ``D[L, K]`` (unary marginals) and ``dT[K, K]`` (transition marginals).
-    """
+def _add_direction(a, s, L, indptr, indices, values, D, We, bias, start, end):
+    """``w += a * phi_i(delta)`` for the unary part ``D[L, K]`` of the direction (emission and biases)."""
     K = We.shape[1]
     for t in range(L):
         tok = s + t
+        Dt = D[t]
         for p in range(indptr[tok], indptr[tok + 1]):
-            f = indices[p]
+            row = We[indices[p]]
             v = a * values[p]
             for c in range(K):
-                We[f, c] += v * D[t, c]
-            if b != 0.0:
-                vb = b * values[p]
-                for c in range(K):
-                    uWe[f, c] += vb * D[t, c]
+                row[c] += v * Dt[c]
         for c in range(K):
-            bias[c] += a * D[t, c]
-            ubias[c] += b * D[t, c]
+            bias[c] += a * Dt[c]
     for c in range(K):
         start[c] += a * D[0, c]
         end[c] += a * D[L - 1, c]
-        ustart[c] += b * D[0, c]
-        uend[c] += b * D[L - 1, c]
-    for p in range(K):
-        for c in range(K):
-            trans[p, c] += a * dT[p, c]
-            utrans[p, c] += b * dT[p, c]
 
 
 @njit(cache=True, fastmath=True)
-def _direction_sqnorm(i, L, D, dT, gram, gram_off):
-    """``||phi_i(delta)||^2`` from the Gram matrix ``G_i = X_i X_i^T + 1`` (see the module docstring)."""
+def _direction_sqnorm(i, L, D, gram, gram_off):
+    """Unary part of ``||phi_i(delta)||^2`` from ``G_i = X_i X_i^T + 1`` plus the start/end terms."""
     K = D.shape[1]
     sq = 0.0
     g0 = gram_off[i]
     for t in range(L):
-        for t2 in range(L):
+        Dt = D[t]
+        dot = 0.0
+        for c in range(K):
+            dot += Dt[c] * Dt[c]
+        sq += gram[g0 + t * L + t] * dot
+        for t2 in range(t + 1, L):
+            Dt2 = D[t2]
             dot = 0.0
             for c in range(K):
-                dot += D[t, c] * D[t2, c]
-            sq += gram[g0 + t * L + t2] * dot
+                dot += Dt[c] * Dt2[c]
+            sq += 2.0 * gram[g0 + t * L + t2] * dot
     for c in range(K):
         sq += D[0, c] * D[0, c] + D[L - 1, c] * D[L - 1, c]
+    return sq
+
+
+@njit(cache=True, fastmath=True)
+def _transition_stats(Ti, trans, ystar):
+    """``(<T_i, trans>, ||counts(y*) - T_i||^2)`` in one sweep over ``T_i`` (``dT`` is never formed)."""
+    K = trans.shape[0]
+    L = ystar.shape[0]
+    score = 0.0
+    sq = 0.0
     for p in range(K):
         for c in range(K):
-            sq += dT[p, c] * dT[p, c]
-    return sq
+            v = Ti[p, c]
+            score += v * trans[p, c]
+            sq += v * v
+    # - 2 <T_i, counts> + ||counts||^2, counting repeated pairs once per pair of occurrences
+    for t in range(1, L):
+        a, b = ystar[t - 1], ystar[t]
+        sq -= 2.0 * Ti[a, b]
+        for u in range(1, L):
+            if ystar[u - 1] == a and ystar[u] == b:
+                sq += 1.0
+    return score, sq
+
+
+@njit(cache=True, fastmath=True)
+def _transition_update(Ti, trans, Ta, ystar, a, gamma, S):
+    """``trans += a (counts - T_i)``, ``Ta += S T_i`` (when ``S != 0``), ``T_i <- (1-gamma) T_i + gamma counts``."""
+    K = trans.shape[0]
+    keep = 1.0 - gamma
+    if S != 0.0:
+        for p in range(K):
+            for c in range(K):
+                v = Ti[p, c]
+                trans[p, c] -= a * v
+                Ta[p, c] += S * v
+                Ti[p, c] = keep * v
+    else:
+        for p in range(K):
+            for c in range(K):
+                v = Ti[p, c]
+                trans[p, c] -= a * v
+                Ti[p, c] = keep * v
+    for t in range(1, ystar.shape[0]):
+        trans[ystar[t - 1], ystar[t]] += a
+        Ti[ystar[t - 1], ystar[t]] += gamma
 
 
 @njit(cache=True)
@@ -102,13 +136,16 @@ def chain_bcfw_steps(
     order, step_code, averaging, lam, k0,
     indptr, indices, values, y, offsets, gram, gram_off,
     We, bias, start, end, trans,
-    uWe, ubias, ustart, uend, utrans,
     mu, T, block_ell, ells, gaps,
+    t0, mu_acc, T_acc, last,
 ):
     """Run BCFW steps on the blocks ``order[j]``; write block gaps to ``gaps[j]``.
 
     ``ells = [l, l_u]`` (dual linear part and its averaging accumulator) is updated in place;
-    ``k0`` is the global step counter before the first step.  Returns the new counter.
+    ``k0`` is the global step counter and ``t0`` the averaging clock before the first step.
+    With ``averaging``, a block about to change first adds ``sum_{t=last_i+1..t} t`` times its
+    state to ``mu_acc``/``T_acc`` (the lazy per-block weighted average of
+    :mod:`torch_bcfw.models.dual`).  Returns the new ``(k, t)``.
     """
     n = offsets.shape[0] - 1
     K = We.shape[1]
@@ -119,12 +156,12 @@ def chain_bcfw_steps(
     U = np.empty((Lmax, K))
     Ua = np.empty((Lmax, K))
     D = np.empty((Lmax, K))
-    dT = np.empty((K, K))
     ystar = np.empty(Lmax, dtype=np.int64)
     delta = np.empty((2, K))
     bp = np.empty((Lmax, K), dtype=np.int64)
     lam_n = lam * n
     k = k0
+    clock = t0
     for j in range(order.shape[0]):
         i = order[j]
         s = offsets[i]
@@ -148,43 +185,39 @@ def chain_bcfw_steps(
                 score_mu += U[t, c] * mu[s + t, c]
         for t in range(1, L):
             score_star += trans[ystar[t - 1], ystar[t]]
-        for p in range(K):
-            for c in range(K):
-                score_mu += T[i, p, c] * trans[p, c]
         ell_s = mistakes * inv_L / n
         ell_i = block_ell[i]
-        num = (score_star - score_mu) / n - ell_i + ell_s
-        # direction delta = e_{y*} - mu_i and its squared feature norm
+        # direction delta = e_{y*} - mu_i (unary D, transitions dT) and its squared feature norm
         for t in range(L):
             for c in range(K):
                 D[t, c] = -mu[s + t, c]
             D[t, ystar[t]] += 1.0
-        for p in range(K):
-            for c in range(K):
-                dT[p, c] = -T[i, p, c]
-        for t in range(1, L):
-            dT[ystar[t - 1], ystar[t]] += 1.0
-        sq = _direction_sqnorm(i, L, D, dT, gram, gram_off)
+        score_T, sq_T = _transition_stats(T[i], trans, ystar[:L])
+        score_mu += score_T
+        sq = _direction_sqnorm(i, L, D, gram, gram_off) + sq_T
+        num = (score_star - score_mu) / n - ell_i + ell_s
         den = sq / (lam_n * n)
         gaps[j] = num
         gamma = step_size(step_code, num, den, k, n)
         if gamma != 0.0:
             a = -gamma / lam_n
             new_ell_i = (1.0 - gamma) * ell_i + gamma * ell_s
-            b = 0.0
+            S = 0.0
             if averaging:
-                cw = average_weight(k)
-                b = a * cw
-                ells[1] += cw * (new_ell_i - ell_i)
-            _add_direction(a, b, s, L, i, indptr, indices, values, D, dT, We, bias, start, end, trans,
-                           uWe, ubias, ustart, uend, utrans)
+                lst = last[i]
+                S = 0.5 * (clock * (clock + 1.0) - lst * (lst + 1.0))
+                last[i] = clock
+            ells[1] += average_weight(clock) * (new_ell_i - ell_i)
+            _add_direction(a, s, L, indptr, indices, values, D, We, bias, start, end)
+            _transition_update(T[i], trans, T_acc[i], ystar[:L], a, gamma, S)
             for t in range(L):
+                if S != 0.0:
+                    for c in range(K):
+                        mu_acc[s + t, c] += S * mu[s + t, c]
                 for c in range(K):
                     mu[s + t, c] += gamma * D[t, c]
-            for p in range(K):
-                for c in range(K):
-                    T[i, p, c] += gamma * dT[p, c]
             ells[0] += new_ell_i - ell_i
             block_ell[i] = new_ell_i
         k += 1
-    return k
+        clock += 1
+    return k, clock

@@ -5,8 +5,16 @@ The SSVM dual variable ``alpha`` has one simplex block per example.  BCFW never 
 (Lacoste-Julien et al. 2013, Alg. 4), with ``w = sum_i w_i`` and ``l = sum_i l_i``.
 
 :class:`DualState` holds the bookkeeping every storage shares: ``w`` (float64), ``l``, the
-per-block ``l_i``, the global step counter ``k`` and the lazy weighted-average accumulators
-(see :func:`torch_bcfw.stepsize.average_weight`).  Subclasses decide how ``w_i`` is stored:
+per-block ``l_i``, the global step counter ``k`` and the weighted average of the iterates.
+
+Weighted averaging (``wbar_T = 2/(T(T+1)) sum_{t=1..T} t w_t``, eq. 14 of the BCFW paper) is done
+*in the dual, per block and lazily*: block ``i``'s state is constant between two visits, so its
+contribution to ``sum_t t w_t`` over such a stretch is its state times ``sum t`` over the
+stretch.  Each block keeps an accumulator and the clock of its last change; a step only touches
+the visited block (``O(size of block i)``, not ``O(d)``), and ``wbar`` is assembled on demand.
+``lbar`` uses the scalar identity ``lbar_T = l_T - 2/(T(T+1)) sum_t t(t+1)/2 (l_{t+1} - l_t)``.
+
+Subclasses decide how ``w_i`` (and its average accumulator) is stored:
 
 * :class:`DenseDualState` keeps a dense ``Tensor[n, d]`` table (generic, any model, any device);
 * a model can supply a compact state (:class:`torch_bcfw.models.chain.ChainDualState` keeps
@@ -41,8 +49,10 @@ class DualState:
         w: ``Tensor[d]`` float64, ``sum_i w_i``.
         ell: float, ``sum_i l_i`` (the linear part of the dual).
         block_ell: ``Tensor[n]`` float64, ``l_i``.
-        k: int, number of block steps taken (the global counter of the step size and averaging).
-        avg_u, avg_ell_u: lazy weighted-average accumulators.
+        k: int, number of block steps taken (the global counter of the fixed step size).
+        avg_t: int, number of iterates produced so far (the clock of the weighted average).
+        avg_last: ``LongTensor[n]`` (CPU), clock of each block's last change.
+        avg_ell_u: scalar accumulator of the averaged ``l``.
     """
 
     def __init__(self, model, data, lam: float):
@@ -57,7 +67,8 @@ class DualState:
         self.ell = 0.0
         self.block_ell = torch.zeros(self.n, dtype=torch.float64, device=dev)
         self.k = 0
-        self.avg_u = torch.zeros(self.d, dtype=torch.float64, device=dev)
+        self.avg_t = 0
+        self.avg_last = torch.zeros(self.n, dtype=torch.long)
         self.avg_ell_u = 0.0
 
     # ------------------------------------------------------------ storage hooks
@@ -84,6 +95,23 @@ class DualState:
         """``sum_i w_i`` recomputed from the stored blocks (``Tensor[d]``)."""
         raise NotImplementedError
 
+    def _avg_accumulate(self, i: int | None, S) -> None:
+        """Add ``S`` times block ``i``'s current state to its average accumulator (``i=None``: all
+        blocks, ``S: Tensor[n]``)."""
+        raise NotImplementedError
+
+    def _avg_w(self, S: Tensor, total: float) -> Tensor:
+        """``sum_i (acc_i + S_i state_i) / total`` mapped to weights: the averaged ``w`` (``Tensor[d]``)."""
+        raise NotImplementedError
+
+    def _avg_touch(self, i: int) -> None:
+        """Block ``i`` is about to change at clock ``avg_t``: bring its accumulator up to date."""
+        last = int(self.avg_last[i])
+        S = 0.5 * (self.avg_t * (self.avg_t + 1.0) - last * (last + 1.0))
+        if S != 0.0:
+            self._avg_accumulate(i, S)
+        self.avg_last[i] = self.avg_t
+
     # ------------------------------------------------------------ solver API
     def block_step(self, i: int, y: Tensor, step_code: int, averaging: bool = True) -> tuple[float, float]:
         """One Frank-Wolfe step on block ``i`` towards the corner of labeling ``y``.
@@ -97,17 +125,16 @@ class DualState:
         den = self.lam * float(v @ v)
         gamma = step_size(step_code, num, den, self.k, self.n)
         if gamma != 0.0:
-            delta = v * (-gamma)
+            if averaging:
+                self._avg_touch(i)
             self._move_block(i, y, gamma, v)
             new_ell_i = (1.0 - gamma) * ell_i + gamma * ell_s
             self.block_ell[i] = new_ell_i
-            self.w += delta
+            self.w.add_(v, alpha=-gamma)
             self.ell += new_ell_i - ell_i
-            if averaging:
-                c = average_weight(self.k)
-                self.avg_u.add_(delta, alpha=c)
-                self.avg_ell_u += c * (new_ell_i - ell_i)
+            self.avg_ell_u += average_weight(self.avg_t) * (new_ell_i - ell_i)
         self.k += 1
+        self.avg_t += 1
         return num, gamma
 
     def run_steps(self, order: np.ndarray, step_code: int, averaging: bool = True) -> np.ndarray:
@@ -137,29 +164,33 @@ class DualState:
         den = lam * float(v @ v)
         gamma = step_size(step_code, gap, den, fw_iter, 1)
         if gamma != 0.0:
-            delta = v * (-gamma)
             old_ell = self.ell
+            if averaging:
+                last = self.avg_last.to(torch.float64)
+                S = 0.5 * (self.avg_t * (self.avg_t + 1.0) - last * (last + 1.0))
+                self._avg_accumulate(None, S.to(self.w.device))
+                self.avg_last.fill_(self.avg_t)
             self._move_all(y, gamma)
             self.block_ell.mul_(1.0 - gamma).add_(self.model.loss(self.data, y) / n, alpha=gamma)
-            self.w += delta
+            self.w.add_(v, alpha=-gamma)
             self.ell = (1.0 - gamma) * old_ell + gamma * ell_s
-            if averaging:
-                c = average_weight(fw_iter)
-                self.avg_u.add_(delta, alpha=c)
-                self.avg_ell_u += c * (self.ell - old_ell)
+            self.avg_ell_u += average_weight(self.avg_t) * (self.ell - old_ell)
         self.k += n
+        self.avg_t += 1
         return gap, gamma
 
-    def averaged(self, counter: int | None = None) -> tuple[Tensor, float]:
+    def averaged(self) -> tuple[Tensor, float]:
         """The weighted average ``(wbar, lbar)`` of the iterates (weights ``t``, eq. 14 of the BCFW paper).
 
-        ``counter`` is the number of averaged updates (defaults to ``k``; batch FW passes its own count).
+        Only meaningful when every step ran with ``averaging=True``.
         """
-        K = self.k if counter is None else counter
-        if K == 0:
+        T = self.avg_t
+        if T == 0:
             return self.w.clone(), self.ell
-        s = 2.0 / (K * (K + 1.0))
-        return self.w - s * self.avg_u, self.ell - s * self.avg_ell_u
+        total = 0.5 * T * (T + 1.0)
+        last = self.avg_last.to(torch.float64)
+        S = (total - 0.5 * last * (last + 1.0)).to(self.w.device)
+        return self._avg_w(S, total), self.ell - self.avg_ell_u / total
 
     def refresh(self) -> float:
         """Recompute ``w = sum_i w_i`` and ``l = sum_i l_i`` from the blocks; return the drift removed."""
@@ -194,7 +225,8 @@ class DualState:
             "ell": self.ell,
             "block_ell": self.block_ell.cpu().clone(),
             "k": self.k,
-            "avg_u": self.avg_u.cpu().clone(),
+            "avg_t": self.avg_t,
+            "avg_last": self.avg_last.clone(),
             "avg_ell_u": self.avg_ell_u,
         }
         sd["storage"] = self._storage_dict()
@@ -213,7 +245,8 @@ class DualState:
         self.ell = float(sd["ell"])
         self.block_ell = sd["block_ell"].to(dev, torch.float64).clone()
         self.k = int(sd["k"])
-        self.avg_u = sd["avg_u"].to(dev, torch.float64).clone()
+        self.avg_t = int(sd["avg_t"])
+        self.avg_last = sd["avg_last"].to(torch.long).clone()
         self.avg_ell_u = float(sd["avg_ell_u"])
         self._load_storage(sd["storage"])
 
@@ -224,6 +257,7 @@ class DenseDualState(DualState):
     def __init__(self, model, data, lam: float):
         super().__init__(model, data, lam)
         self.w_blocks = torch.zeros(self.n, self.d, dtype=torch.float64, device=data.device)
+        self.w_blocks_acc = torch.zeros_like(self.w_blocks)
         self._phi_true = None
 
     def _true_features(self, i: int) -> Tensor:
@@ -253,8 +287,18 @@ class DenseDualState(DualState):
     def _w_from_blocks(self) -> Tensor:
         return self.w_blocks.sum(0)
 
+    def _avg_accumulate(self, i, S) -> None:
+        if i is None:
+            self.w_blocks_acc.add_(S[:, None] * self.w_blocks)
+        else:
+            self.w_blocks_acc[i].add_(self.w_blocks[i], alpha=S)
+
+    def _avg_w(self, S: Tensor, total: float) -> Tensor:
+        return (self.w_blocks_acc.sum(0) + S @ self.w_blocks) / total
+
     def _storage_dict(self) -> dict:
-        return {"w_blocks": self.w_blocks.cpu().clone()}
+        return {"w_blocks": self.w_blocks.cpu().clone(), "w_blocks_acc": self.w_blocks_acc.cpu().clone()}
 
     def _load_storage(self, sd: dict) -> None:
         self.w_blocks = sd["w_blocks"].to(self.w.device, torch.float64).clone()
+        self.w_blocks_acc = sd["w_blocks_acc"].to(self.w.device, torch.float64).clone()

@@ -33,7 +33,7 @@ class FrankWolfe(Algorithm):
         return self.state.w, self.state.ell
 
     def averaged(self):
-        return self.state.averaged(counter=self.iteration) if self.options.averaging else None
+        return self.state.averaged() if self.options.averaging else None
 
     def on_scheduled_check(self) -> None:
         self.state.refresh()

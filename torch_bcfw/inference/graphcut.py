@@ -1,0 +1,486 @@
+"""Exact MAP inference for binary pairwise (Potts) models by graph cuts.
+
+Energy convention
+-----------------
+Labels are ``y_p in {0, 1}`` for ``N`` nodes. A problem is given by
+
+* ``unary``: ``Tensor[N, 2]``, the score ``u_p[k]`` of giving node ``p`` label ``k``;
+* ``edges``: ``LongTensor[M, 2]``, undirected edges ``(p, q)`` with ``p != q``;
+* ``pairwise``: ``Tensor[M]``, a Potts *penalty* ``c_pq`` paid when the labels differ.
+
+The **score** that is *maximised* is::
+
+    S(y) = sum_p u_p[y_p]  -  sum_{(p, q) in E} c_pq [y_p != y_q].
+
+The problem is submodular (min-cut solvable exactly) iff every ``c_pq >= 0``, i.e. the
+pairwise term is attractive. Penalties below ``-NEGATIVE_TOLERANCE`` are rejected with a
+``ValueError`` (PyMaxflow itself silently accepts negative capacities and then returns a
+wrong answer); values in ``[-NEGATIVE_TOLERANCE, 0)`` are treated as ``0``.
+Duplicate edges are allowed: their penalties add up.
+
+Loss-augmented decoding (``argmax_y S(y) + L(y)``) for the Hamming losses is done by adding
+:func:`hamming_unary_augment` to ``unary``; the augmented problem stays submodular.
+
+Dependencies
+------------
+The solver uses PyMaxflow (Boykov-Kolmogorov max-flow), imported lazily. Install it with
+``pip install torch_bcfw[graphcut]``. Note that PyMaxflow is licensed under the **GPL**
+(version 3 or later): a program that distributes it must comply with its licence.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
+from types import ModuleType, TracebackType
+
+import numpy as np
+import torch
+from torch import Tensor
+
+NEGATIVE_TOLERANCE = 1e-12
+"""Penalties in ``[-NEGATIVE_TOLERANCE, 0)`` are clamped to 0; anything lower is an error."""
+
+Problem = tuple[Tensor, Tensor, Tensor]
+"""One graph-cut problem: ``(unary[N, 2], edges[M, 2], pairwise[M])``."""
+
+_CompactProblem = tuple[np.ndarray, np.ndarray, np.ndarray]
+"""A validated problem as CPU arrays: ``(u1 - u0 float64[N], edges int32|int64[M, 2],
+pairwise float64[M])``; only the unary difference matters for the argmax, and the compact
+form halves what a process pool has to pickle."""
+
+
+def _import_maxflow() -> ModuleType:
+    """Import PyMaxflow, or raise an ImportError that says how to install it."""
+    try:
+        import maxflow
+    except ImportError as err:
+        raise ImportError(
+            "Graph-cut inference needs PyMaxflow: pip install torch_bcfw[graphcut] "
+            "(or pip install PyMaxflow). Note that PyMaxflow is GPL-licensed."
+        ) from err
+    return maxflow
+
+
+# ----------------------------------------------------------------------------------------
+# Validation
+# ----------------------------------------------------------------------------------------
+
+
+def _check_finite(name: str, values: np.ndarray) -> None:
+    """Raise ValueError if ``values`` holds NaN or +-inf."""
+    if not np.all(np.isfinite(values)):
+        raise ValueError(f"{name} contains NaN or infinite values")
+
+
+def _validate_edges(edges: Tensor, n: int) -> np.ndarray:
+    """Check ``edges: LongTensor[M, 2]`` of an ``n``-node graph; return CPU ``int32[M, 2]``
+    (``int64`` if ``n >= 2**31``)."""
+    if edges.dim() != 2 or edges.shape[1] != 2:
+        raise ValueError(f"edges must have shape [M, 2], got {tuple(edges.shape)}")
+    if edges.dtype.is_floating_point or edges.dtype.is_complex or edges.dtype == torch.bool:
+        raise ValueError(f"edges must be an integer tensor, got {edges.dtype}")
+    e = edges.detach().to("cpu", torch.int64).numpy()
+    if e.size and (e.min() < 0 or e.max() >= n):
+        raise ValueError(f"edges reference nodes outside [0, {n}): min {e.min()}, max {e.max()}")
+    loops = e[:, 0] == e[:, 1]
+    if np.any(loops):
+        raise ValueError(f"edges contain self-loops, e.g. edge {int(np.argmax(loops))}")
+    return e.astype(np.int32 if n < 2**31 else np.int64)
+
+
+def _validate_problem(
+    unary: Tensor,
+    edges: Tensor,
+    pairwise: Tensor,
+    edge_cache: dict[tuple[int, int], np.ndarray] | None = None,
+) -> _CompactProblem:
+    """Check a problem and convert it to its compact CPU form.
+
+    Args:
+        unary: ``Tensor[N, 2]`` finite unary scores.
+        edges: integer ``Tensor[M, 2]`` with entries in ``[0, N)`` and no self-loops.
+        pairwise: ``Tensor[M]`` finite Potts penalties, ``>= -NEGATIVE_TOLERANCE``.
+        edge_cache: optional dict, keyed by ``(id(edges), N)``, that lets problems sharing
+            one ``edges`` tensor share one checked array (checked once, pickled once per
+            pool chunk). Only valid while those tensors are alive, i.e. within one call.
+
+    Returns:
+        ``(u1 - u0 float64[N], edges int32[M, 2], pairwise float64[M])`` with tiny negative
+        penalties clamped to 0.
+    """
+    if unary.dim() != 2 or unary.shape[1] != 2:
+        raise ValueError(f"unary must have shape [N, 2], got {tuple(unary.shape)}")
+    n = unary.shape[0]
+    if edge_cache is None:
+        e = _validate_edges(edges, n)
+    else:
+        key = (id(edges), n)
+        if key not in edge_cache:
+            edge_cache[key] = _validate_edges(edges, n)
+        e = edge_cache[key]
+    if pairwise.shape != (e.shape[0],):
+        raise ValueError(
+            f"pairwise must have shape [M] = [{e.shape[0]}], got {tuple(pairwise.shape)}"
+        )
+    u = unary.detach().to("cpu", torch.float64).numpy()
+    c = pairwise.detach().to("cpu", torch.float64).numpy()
+    _check_finite("unary", u)
+    _check_finite("pairwise", c)
+    if c.size and c.min() < -NEGATIVE_TOLERANCE:
+        raise ValueError(
+            f"pairwise penalties must be >= 0 for an exact graph cut (submodular energy); "
+            f"got minimum {c.min():.6g} at edge {int(np.argmin(c))}"
+        )
+    return u[:, 1] - u[:, 0], e, np.maximum(c, 0.0)
+
+
+# ----------------------------------------------------------------------------------------
+# Exact MAP
+# ----------------------------------------------------------------------------------------
+
+
+def _solve_compact(problem: _CompactProblem) -> np.ndarray:
+    """Exact argmax of ``S(y)`` for a validated problem.
+
+    Min-cut encoding: a node in the sink segment gets label 1 and pays its source capacity,
+    a node in the source segment gets label 0 and pays its sink capacity. Minimising
+    ``-S(y)`` up to a constant therefore needs source cap ``max(u0 - u1, 0)`` and sink cap
+    ``max(u1 - u0, 0)``; each Potts edge becomes a pair of arcs of capacity ``c_pq``.
+
+    Args:
+        problem: ``(u1 - u0 float64[N], edges int[M, 2], pairwise float64[M])``.
+
+    Returns:
+        ``bool[N]``, True where the label is 1 (bool keeps the pool's result traffic small).
+    """
+    maxflow = _import_maxflow()
+    gain, edges, pairwise = problem
+    n, m = gain.shape[0], edges.shape[0]
+    if n == 0:
+        return np.zeros(0, dtype=bool)
+    graph = maxflow.Graph[float](n, m)
+    nodes = graph.add_nodes(n)
+    graph.add_grid_tedges(nodes, np.maximum(-gain, 0.0), np.maximum(gain, 0.0))
+    if m:
+        graph.add_edges(edges[:, 0], edges[:, 1], pairwise, pairwise)
+    graph.maxflow()
+    return graph.get_grid_segments(nodes)
+
+
+def _to_labels(segments: np.ndarray, device: torch.device) -> Tensor:
+    """``bool[N]`` min-cut segments -> ``LongTensor[N]`` labels on ``device``."""
+    return torch.from_numpy(segments.astype(np.int64)).to(device)
+
+
+def graphcut_map(unary: Tensor, edges: Tensor, pairwise: Tensor) -> Tensor:
+    """Exact ``argmax_y S(y)`` of a submodular binary Potts model (see module docstring).
+
+    Args:
+        unary: ``Tensor[N, 2]`` unary scores.
+        edges: ``LongTensor[M, 2]`` undirected edges.
+        pairwise: ``Tensor[M]`` non-negative Potts penalties.
+
+    Returns:
+        ``LongTensor[N]`` with labels in ``{0, 1}``, on ``unary.device``. Ties between
+        maximisers are broken arbitrarily (but deterministically).
+
+    Raises:
+        ValueError: bad shapes, NaN/inf, out-of-range edges, self-loops, negative penalties.
+        ImportError: PyMaxflow is not installed.
+    """
+    return _to_labels(_solve_compact(_validate_problem(unary, edges, pairwise)), unary.device)
+
+
+def energy_score(unary: Tensor, edges: Tensor, pairwise: Tensor, labels: Tensor) -> float:
+    """Score ``S(y) = sum_p u_p[y_p] - sum_pq c_pq [y_p != y_q]`` of a labelling, in float64.
+
+    Args:
+        unary: ``Tensor[N, 2]`` unary scores.
+        edges: ``LongTensor[M, 2]`` undirected edges.
+        pairwise: ``Tensor[M]`` Potts penalties (any sign: no submodularity check here).
+        labels: ``LongTensor[N]`` with values in ``{0, 1}``.
+
+    Returns:
+        The score as a Python float.
+    """
+    if labels.shape != (unary.shape[0],):
+        raise ValueError(f"labels must have shape [{unary.shape[0]}], got {tuple(labels.shape)}")
+    y = labels.to(unary.device, torch.int64)
+    if y.numel() and (y.min() < 0 or y.max() > 1):
+        raise ValueError("labels must be in {0, 1}")
+    e = edges.to(unary.device, torch.int64)
+    unary_part = unary.to(torch.float64).gather(1, y[:, None]).sum()
+    cut = (y[e[:, 0]] != y[e[:, 1]]).to(torch.float64)
+    return float(unary_part - (pairwise.to(unary.device, torch.float64) * cut).sum())
+
+
+# ----------------------------------------------------------------------------------------
+# Batches and the reusable process pool
+# ----------------------------------------------------------------------------------------
+
+
+def _available_cpus() -> int:
+    """Number of CPUs this process may run on (affinity-aware where the OS supports it)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+class GraphCutPool:
+    """Reusable solver for many graph-cut problems, in worker processes when ``processes > 1``.
+
+    PyMaxflow holds the GIL during max-flow, so threads do not help; this class keeps a
+    ``ProcessPoolExecutor`` alive across calls so that repeated batches (e.g. an exact
+    duality-gap pass every few epochs) pay the worker start-up only once. Problems are
+    validated in the calling process (errors surface there) and shipped as numpy arrays;
+    problems that share one ``edges`` tensor (e.g. same-size grids) share its transfer.
+
+    Use as a context manager, or call :meth:`close` when done::
+
+        with GraphCutPool(processes=4) as pool:
+            labels = pool.map(problems)
+
+    With the ``"forkserver"`` or ``"spawn"`` start methods, a script that creates a pool must
+    guard its entry point with ``if __name__ == "__main__":`` (standard multiprocessing rule).
+
+    Args:
+        processes: number of worker processes; ``1`` solves in the calling process and starts
+            nothing; ``None`` uses every CPU this process may run on.
+        start_method: multiprocessing start method of the workers. The default
+            ``"forkserver"`` avoids forking a process that may run torch threads; ``"spawn"``
+            works everywhere, ``"fork"`` starts fastest on Linux.
+    """
+
+    def __init__(self, processes: int | None = None, start_method: str = "forkserver"):
+        if processes is None:
+            processes = _available_cpus()
+        if processes < 1:
+            raise ValueError(f"processes must be >= 1, got {processes}")
+        self.processes = processes
+        self._executor: ProcessPoolExecutor | None = None
+        if processes > 1:
+            context = multiprocessing.get_context(start_method)
+            self._executor = ProcessPoolExecutor(max_workers=processes, mp_context=context)
+
+    def map(self, problems: Sequence[Problem]) -> list[Tensor]:
+        """Solve every ``(unary[N_i, 2], edges[M_i, 2], pairwise[M_i])`` problem exactly.
+
+        Returns:
+            ``list`` of ``LongTensor[N_i]`` labellings, in input order, each on the device
+            of its ``unary``.
+        """
+        edge_cache: dict[tuple[int, int], np.ndarray] = {}
+        compact = [_validate_problem(*problem, edge_cache) for problem in problems]
+        if self._executor is None:
+            solutions = [_solve_compact(problem) for problem in compact]
+        else:
+            chunksize = max(1, len(compact) // (4 * self.processes))
+            solutions = list(self._executor.map(_solve_compact, compact, chunksize=chunksize))
+        devices = [problem[0].device for problem in problems]
+        return [
+            _to_labels(labels, device) for labels, device in zip(solutions, devices, strict=True)
+        ]
+
+    def close(self) -> None:
+        """Shut the worker processes down (idempotent)."""
+        if self._executor is not None:
+            self._executor.shutdown()
+            self._executor = None
+
+    def __enter__(self) -> GraphCutPool:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+def graphcut_map_batch(problems: Sequence[Problem], processes: int | None = None) -> list[Tensor]:
+    """Solve a list of problems with a throw-away :class:`GraphCutPool` (see there).
+
+    For repeated batches create one :class:`GraphCutPool` and reuse it instead: this
+    function starts (and stops) ``processes`` workers on every call when ``processes > 1``.
+
+    Args:
+        problems: sequence of ``(unary[N_i, 2], edges[M_i, 2], pairwise[M_i])``.
+        processes: ``1`` solves sequentially; ``> 1`` uses that many processes; ``None``
+            (default) uses every CPU this process may run on.
+
+    Returns:
+        ``list`` of ``LongTensor[N_i]`` labellings in input order.
+    """
+    with GraphCutPool(processes) as pool:
+        return pool.map(problems)
+
+
+# ----------------------------------------------------------------------------------------
+# Grid graphs and contrast-sensitive edge features
+# ----------------------------------------------------------------------------------------
+
+
+def grid_edges(height: int, width: int) -> Tensor:
+    """4-connected edges of an ``height x width`` pixel grid, nodes numbered ``r * width + c``.
+
+    Returns:
+        ``LongTensor[M, 2]`` with ``M = height * (width - 1) + width * (height - 1)``: first
+        all horizontal edges ``(r, c)-(r, c+1)`` in row-major order, then all vertical edges
+        ``(r, c)-(r+1, c)``.
+    """
+    ids = torch.arange(height * width).reshape(height, width)
+    horizontal = torch.stack([ids[:, :-1].reshape(-1), ids[:, 1:].reshape(-1)], dim=1)
+    vertical = torch.stack([ids[:-1, :].reshape(-1), ids[1:, :].reshape(-1)], dim=1)
+    return torch.cat([horizontal, vertical], dim=0)
+
+
+def _pixels(image: Tensor, layout: str) -> Tensor:
+    """Flatten ``image`` to ``Tensor[H * W, C]`` in row-major pixel order.
+
+    Args:
+        image: ``Tensor[H, W]``, ``Tensor[H, W, C]`` or ``Tensor[C, H, W]``.
+        layout: ``"hwc"``, ``"chw"`` or ``"auto"`` (channels-first iff the first dimension is
+            1 or 3 and the last is not; ambiguous shapes raise ``ValueError``).
+    """
+    if image.dim() == 2:
+        return image.reshape(-1, 1)
+    if image.dim() != 3:
+        raise ValueError(f"image must be [H, W], [H, W, C] or [C, H, W]; got {tuple(image.shape)}")
+    if layout == "auto":
+        first, last = image.shape[0] in (1, 3), image.shape[2] in (1, 3)
+        if first == last:
+            raise ValueError(
+                f"cannot tell channels-first from channels-last for shape {tuple(image.shape)}; "
+                "pass layout='chw' or layout='hwc'"
+            )
+        layout = "chw" if first else "hwc"
+    if layout == "chw":
+        image = image.permute(1, 2, 0)
+    elif layout != "hwc":
+        raise ValueError(f"layout must be 'auto', 'hwc' or 'chw', got {layout!r}")
+    return image.reshape(-1, image.shape[2])
+
+
+def edge_features(
+    image: Tensor, edges: Tensor, beta: float | None = None, layout: str = "auto"
+) -> Tensor:
+    """Contrast-sensitive Potts edge features (GrabCut, Rother et al. 2004).
+
+    Args:
+        image: ``Tensor[H, W, C]``, ``Tensor[C, H, W]`` or ``Tensor[H, W]``; pixel ``(r, c)``
+            is node ``r * W + c`` as in :func:`grid_edges`.
+        edges: ``LongTensor[M, 2]`` of pixel indices.
+        beta: contrast scale; default ``1 / (2 mean_pq ||I_p - I_q||^2)`` over ``edges``
+            (``0`` when that mean is 0, i.e. a constant image).
+        layout: ``"auto"``, ``"hwc"`` or ``"chw"`` (see :func:`_pixels`).
+
+    Returns:
+        ``Tensor[M, 2]`` (floating dtype of ``image``, float32 for integer images): column 0
+        is 1, column 1 is ``exp(-beta ||I_p - I_q||^2)``.
+    """
+    pixels = _pixels(image, layout)
+    if not pixels.dtype.is_floating_point:
+        pixels = pixels.to(torch.float32)
+    sq_dist = (pixels[edges[:, 0]] - pixels[edges[:, 1]]).pow(2).sum(dim=1)
+    if beta is None:
+        mean = float(sq_dist.mean()) if sq_dist.numel() else 0.0
+        beta = 1.0 / (2.0 * mean) if mean > 0 else 0.0
+    return torch.stack([torch.ones_like(sq_dist), torch.exp(-beta * sq_dist)], dim=1)
+
+
+# ----------------------------------------------------------------------------------------
+# Hamming losses and loss augmentation
+# ----------------------------------------------------------------------------------------
+
+
+def hamming_node_weights(
+    y_true: Tensor, weights: Tensor | None = None, balanced: bool = False
+) -> Tensor:
+    """Per-node loss weights ``omega_p`` so that ``L(y) = sum_p omega_p [y_p != y_true_p]``.
+
+    * ``balanced=False`` (normalised Hamming): ``omega_p = a_p / sum_q a_q``.
+    * ``balanced=True`` (class-balanced Hamming, Osokin et al. 2016, App. I, as in the
+      authors' code): ``omega_p = a_p / (2 A_c)`` with ``A_c`` the total mass of the true
+      class ``c = y_true_p``, i.e. ``L = (FN / A_1 + FP / A_0) / 2``. The weights are
+      *inversely* proportional to the class area (the paper's "proportional" is a slip).
+      If only one class is present, ``omega_p = a_p / A_c``: the loss is the error rate of
+      that class (the authors' convention), still in ``[0, 1]``.
+
+    Here ``a_p`` is the node mass: ``weights`` (e.g. superpixel areas) or 1 per node.
+    Both losses lie in ``[0, 1]`` and vanish at ``y = y_true``.
+
+    Args:
+        y_true: ``LongTensor[N]`` in ``{0, 1}``.
+        weights: optional non-negative ``Tensor[N]`` node masses with positive total.
+        balanced: class-balanced (True) or normalised (False) Hamming.
+
+    Returns:
+        ``Tensor[N]`` (float64, on ``y_true.device``).
+    """
+    if y_true.dim() != 1:
+        raise ValueError(f"y_true must have shape [N], got {tuple(y_true.shape)}")
+    if y_true.numel() and (y_true.min() < 0 or y_true.max() > 1):
+        raise ValueError("y_true must be in {0, 1}")
+    if weights is None:
+        mass = torch.ones(y_true.shape, dtype=torch.float64, device=y_true.device)
+    else:
+        if weights.shape != y_true.shape:
+            raise ValueError(f"weights must have shape {tuple(y_true.shape)}")
+        mass = weights.to(y_true.device, torch.float64)
+        if not bool(torch.isfinite(mass).all()) or bool((mass < 0).any()):
+            raise ValueError("weights must be finite and non-negative")
+    if float(mass.sum()) <= 0:
+        raise ValueError("Hamming loss needs at least one node with positive weight")
+    if not balanced:
+        return mass / mass.sum()
+    class_mass = torch.zeros(2, dtype=torch.float64, device=y_true.device)
+    class_mass.index_add_(0, y_true, mass)
+    present = int((class_mass > 0).sum())
+    safe_class_mass = torch.where(class_mass > 0, class_mass, torch.ones_like(class_mass))
+    return mass / (present * safe_class_mass[y_true])
+
+
+def hamming_unary_augment(
+    y_true: Tensor, weights: Tensor | None = None, balanced: bool = False
+) -> Tensor:
+    """Unary terms that turn score maximisation into loss-augmented decoding.
+
+    ``energy_score(unary + aug, ...)(y) == energy_score(unary, ...)(y) + hamming_loss(y_true, y)``
+    for every labelling ``y``, so ``graphcut_map(unary + aug, edges, pairwise)`` returns
+    ``argmax_y S(y) + L(y)``. Add it to the *scores* (the sign is +: we maximise).
+
+    Args:
+        y_true: ``LongTensor[N]`` ground truth in ``{0, 1}``.
+        weights, balanced: see :func:`hamming_node_weights`.
+
+    Returns:
+        ``Tensor[N, 2]`` (float64): entry ``[p, k]`` is ``omega_p [k != y_true_p]``.
+    """
+    omega = hamming_node_weights(y_true, weights, balanced)
+    wrong = torch.ones(y_true.shape[0], 2, dtype=torch.float64, device=y_true.device)
+    wrong.scatter_(1, y_true[:, None], 0.0)
+    return wrong * omega[:, None]
+
+
+def hamming_loss(
+    y_true: Tensor, y_pred: Tensor, weights: Tensor | None = None, balanced: bool = False
+) -> float:
+    """Normalised or class-balanced Hamming loss ``sum_p omega_p [y_pred_p != y_true_p]``.
+
+    Args:
+        y_true: ``LongTensor[N]`` ground truth in ``{0, 1}``.
+        y_pred: ``LongTensor[N]`` prediction in ``{0, 1}``.
+        weights, balanced: see :func:`hamming_node_weights`.
+
+    Returns:
+        The loss in ``[0, 1]`` as a Python float.
+    """
+    if y_pred.shape != y_true.shape:
+        raise ValueError(f"y_pred shape {tuple(y_pred.shape)} != y_true {tuple(y_true.shape)}")
+    omega = hamming_node_weights(y_true, weights, balanced)
+    return float((omega * (y_pred.to(y_true.device) != y_true)).sum())
