@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from torch_bcfw.inference import viterbi_numba, viterbi_packed, viterbi_padded
+from torch_bcfw.inference.viterbi import viterbi_numba, viterbi_packed, viterbi_packed_torch, viterbi_padded
 
 
 def brute_force(unary, trans):
@@ -18,8 +18,9 @@ def brute_force(unary, trans):
     return best, list(arg)
 
 
+@pytest.mark.parametrize("decoder", [viterbi_packed, viterbi_packed_torch])
 @pytest.mark.parametrize("seed", range(5))
-def test_packed_viterbi_equals_brute_force(seed):
+def test_packed_viterbi_equals_brute_force(seed, decoder):
     g = torch.Generator().manual_seed(seed)
     K = 3
     lengths = torch.tensor([1, 2, 3, 4, 5, 3, 1])
@@ -27,7 +28,7 @@ def test_packed_viterbi_equals_brute_force(seed):
     offsets[1:] = torch.cumsum(lengths, 0)
     unary = torch.randn(int(lengths.sum()), K, generator=g, dtype=torch.float64)
     trans = torch.randn(K, K, generator=g, dtype=torch.float64)
-    labels, scores = viterbi_packed(unary, offsets, trans)
+    labels, scores = decoder(unary, offsets, trans)
     for i in range(len(lengths)):
         s, e = int(offsets[i]), int(offsets[i + 1])
         best, arg = brute_force(unary[s:e], trans)
@@ -88,3 +89,16 @@ def test_numba_viterbi_matches_torch_including_ties():
             labels, s2 = viterbi_packed(torch.from_numpy(unary), torch.tensor([0, L]), torch.from_numpy(trans))
             assert out.tolist() == labels.tolist()
             assert score == pytest.approx(float(s2[0]))
+
+
+def test_cpu_and_torch_paths_agree_on_ties():
+    """Integer scores make many ties: the compiled CPU path and the torch path pick the same labels."""
+    g = torch.Generator().manual_seed(1)
+    lengths = torch.randint(1, 8, (40,), generator=g)
+    offsets = torch.zeros(41, dtype=torch.long)
+    offsets[1:] = torch.cumsum(lengths, 0)
+    unary = torch.randint(-2, 3, (int(lengths.sum()), 4), generator=g).double()
+    trans = torch.randint(-1, 2, (4, 4), generator=g).double()
+    a, sa = viterbi_packed(unary, offsets, trans)
+    b, sb = viterbi_packed_torch(unary, offsets, trans)
+    assert torch.equal(a, b) and torch.equal(sa, sb)

@@ -112,17 +112,29 @@ class Chain(StructuredModel):
         keep[data.offsets[1:] - 1] = False
         return torch.nonzero(keep)[:, 0]
 
-    def score(self, w: Tensor, data: SequenceData, y: Tensor) -> Tensor:
-        y = self._check_y(data, y)
-        w = w.to(torch.float64)
-        U = self.unary_scores(w, data)
+    def _score_from_unary(self, U: Tensor, trans: Tensor, data: SequenceData, y: Tensor) -> Tensor:
+        """Per-sequence ``<w, phi(x_i, y_i)>`` from unary scores ``U [N_tok, K]`` and ``trans [K, K]``."""
         per_tok = U.gather(1, y[:, None])[:, 0]
         j = self._pairs(data)
         seq = data.token_sequence_ids()
-        out = torch.zeros(len(data), dtype=torch.float64, device=data.device)
+        out = torch.zeros(len(data), dtype=U.dtype, device=data.device)
         out.index_add_(0, seq, per_tok)
-        out.index_add_(0, seq[j], self.unpack(w)[4][y[j], y[j + 1]])
+        out.index_add_(0, seq[j], trans[y[j], y[j + 1]])
         return out
+
+    def score(self, w: Tensor, data: SequenceData, y: Tensor) -> Tensor:
+        y = self._check_y(data, y)
+        w = w.to(torch.float64)
+        return self._score_from_unary(self.unary_scores(w, data), self.unpack(w)[4], data, y)
+
+    def hinge_terms(self, w: Tensor, data: SequenceData) -> tuple[Tensor, Tensor]:
+        """As :meth:`StructuredModel.hinge_terms`, computing the unary scores once."""
+        w = w.to(torch.float64)
+        U = self.unary_scores(w, data)
+        trans = self.unpack(w)[4]
+        y_star, _ = viterbi_packed(U + self.loss_unaries(data, U.dtype), data.offsets, trans)
+        H = self.loss(data, y_star) + self._score_from_unary(U, trans, data, y_star) - self._score_from_unary(U, trans, data, data.y)
+        return y_star, H
 
     def loss(self, data: SequenceData, y: Tensor) -> Tensor:
         y = self._check_y(data, y)
