@@ -1,0 +1,59 @@
+"""The core checks again on a CUDA device (skipped only when CUDA is absent)."""
+import numpy as np
+import pytest
+import torch
+
+from conftest import brute_force_max, random_chain_problem, random_multiclass_problem, requires_cuda, shared_data
+from torch_bcfw import fit
+from torch_bcfw.inference.viterbi import viterbi_packed, viterbi_packed_torch
+from torch_bcfw.models import ChainDualState
+from torch_bcfw.solvers.certificate import certify
+from torch_bcfw.stepsize import LINE_SEARCH
+
+pytestmark = [pytest.mark.cuda, requires_cuda]
+
+
+def test_viterbi_on_cuda_equals_cpu():
+    g = torch.Generator().manual_seed(0)
+    lengths = torch.randint(1, 9, (50,), generator=g)
+    offsets = torch.zeros(51, dtype=torch.long)
+    offsets[1:] = torch.cumsum(lengths, 0)
+    unary = torch.randn(int(lengths.sum()), 5, generator=g, dtype=torch.float64)
+    trans = torch.randn(5, 5, generator=g, dtype=torch.float64)
+    a, sa = viterbi_packed(unary, offsets, trans)
+    b, sb = viterbi_packed(unary.cuda(), offsets.cuda(), trans.cuda())
+    assert torch.equal(a, b.cpu()) and torch.allclose(sa, sb.cpu())
+
+
+@pytest.mark.parametrize("make", [random_chain_problem, random_multiclass_problem])
+def test_oracle_on_cuda_equals_enumeration(make):
+    model, data = make(seed=3)
+    w = torch.randn(model.n_features, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    y = model.oracle(w.cuda(), data.to("cuda")).cpu()
+    for i in range(len(data)):
+        best, _ = brute_force_max(model, data, w, i)
+        blk = data[[i]]
+        yi = y[data.offsets[i]:data.offsets[i + 1]] if hasattr(data, "offsets") else y[i:i + 1]
+        assert float(model.joint_feature(blk, yi)[0] @ w + model.loss(blk, yi)[0]) == pytest.approx(best, abs=1e-9)
+
+
+def test_bcfw_on_cuda_matches_cpu_trajectory():
+    model, data = random_chain_problem(n=10, F=4, K=3, max_len=5, seed=1)
+    cpu = fit(model, data, 0.05, max_passes=5, gap_check=5, seed=7)
+    gpu = fit(model, data.to("cuda"), 0.05, max_passes=5, gap_check=5, seed=7)
+    assert torch.allclose(cpu.w, gpu.w.cpu(), atol=1e-10)
+    assert gpu.history[-1]["gap"] == pytest.approx(cpu.history[-1]["gap"], abs=1e-10)
+    c = certify(model, data.to("cuda"), gpu.w, gpu.history[-1]["dual"] + 0.025 * float(gpu.w @ gpu.w), 0.05)
+    assert c.gap == pytest.approx(gpu.history[-1]["gap"], abs=1e-10)
+
+
+def test_ocr_gap_pass_on_cuda():
+    from torch_bcfw.datasets.ocr import load_ocr_split
+    from torch_bcfw.models import Chain
+
+    train, _ = load_ocr_split(shared_data("ocr"), "large", 0)
+    model = Chain(128, 26)
+    w = torch.randn(model.n_features, dtype=torch.float64, generator=torch.Generator().manual_seed(0)) * 0.05
+    c_cpu = certify(model, train, w, 0.0, 0.01)
+    c_gpu = certify(model, train.to("cuda"), w.cuda(), 0.0, 0.01)
+    assert c_gpu.primal == pytest.approx(c_cpu.primal, rel=1e-10)
