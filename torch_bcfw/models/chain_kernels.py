@@ -51,6 +51,13 @@ def _add_direction(a, s, L, indptr, indices, values, D, We, bias, start, end):
     for t in range(L):
         tok = s + t
         Dt = D[t]
+        zero = True
+        for c in range(K):
+            if Dt[c] != 0.0:
+                zero = False
+                break
+        if zero:
+            continue
         for p in range(indptr[tok], indptr[tok + 1]):
             row = We[indices[p]]
             v = a * values[p]
@@ -177,21 +184,20 @@ def chain_bcfw_steps(
         score_star = 0.0
         score_mu = 0.0
         mistakes = 0
+        # and the direction delta = e_{y*} - mu_i (unary part D; transitions handled below)
         for t in range(L):
             score_star += U[t, ystar[t]]
             if ystar[t] != y[s + t]:
                 mistakes += 1
             for c in range(K):
-                score_mu += U[t, c] * mu[s + t, c]
+                m = mu[s + t, c]
+                score_mu += U[t, c] * m
+                D[t, c] = -m
+            D[t, ystar[t]] += 1.0
         for t in range(1, L):
             score_star += trans[ystar[t - 1], ystar[t]]
         ell_s = mistakes * inv_L / n
         ell_i = block_ell[i]
-        # direction delta = e_{y*} - mu_i (unary D, transitions dT) and its squared feature norm
-        for t in range(L):
-            for c in range(K):
-                D[t, c] = -mu[s + t, c]
-            D[t, ystar[t]] += 1.0
         score_T, sq_T = _transition_stats(T[i], trans, ystar[:L])
         score_mu += score_T
         sq = _direction_sqnorm(i, L, D, gram, gram_off) + sq_T
