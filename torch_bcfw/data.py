@@ -10,8 +10,19 @@ Two containers cover the models of the core package:
   :meth:`SequenceData.from_padded`, or from a list of per-sequence tensors with
   :meth:`SequenceData.from_sequences`.
 
-Both check their inputs eagerly (shapes, finiteness, non-empty) so that a bad dataset fails
-with a clear message instead of producing a silently wrong model.
+Token features of a :class:`SequenceData` are either a dense ``Tensor[N_tok, F]`` or a
+:class:`SparseFeatures` matrix (compressed sparse rows: ``indptr``, ``indices``, ``values``) for
+large sparse attribute sets such as the ~75k indicator attributes of CoNLL-2000 chunking, where
+a dense ``[211k, 75k]`` matrix is out of the question.  Build a sparse one from per-token
+attribute ids with :meth:`SequenceData.from_attribute_ids` (or pass a ``SparseFeatures`` /
+torch sparse COO or CSR tensor as ``x``).  Models never branch on the layout: they use
+:meth:`SequenceData.x_matmul` (``X W``, a gather-and-sum for sparse rows),
+:meth:`SequenceData.xt_matmul` (``X^T M``, a gather-and-sum over the column-major entries) and
+:meth:`SequenceData.x_csr` (the CSR arrays of either layout).
+
+Both containers check their inputs eagerly (shapes, finiteness, non-empty, attribute ids in
+range) so that a bad dataset fails with a clear message instead of producing a silently wrong
+model.
 """
 from __future__ import annotations
 
@@ -21,7 +32,7 @@ from typing import Sequence
 import torch
 from torch import Tensor
 
-__all__ = ["MulticlassData", "SequenceData", "check_finite"]
+__all__ = ["MulticlassData", "SequenceData", "SparseFeatures", "check_finite"]
 
 
 def check_finite(x: Tensor, name: str) -> None:
@@ -36,6 +47,255 @@ def _as_index(idx, n: int) -> Tensor:
     if idx.numel() and (int(idx.min()) < -n or int(idx.max()) >= n):
         raise IndexError(f"example index out of range for {n} examples")
     return torch.where(idx < 0, idx + n, idx)
+
+
+#: largest dense padded feature tensor :meth:`SequenceData.padded` builds from sparse features
+_PADDED_SPARSE_LIMIT = 1 << 27
+
+
+def _sparse_err(msg: str) -> ValueError:
+    return ValueError(f"SparseFeatures: {msg}")
+
+
+class SparseFeatures:
+    """A sparse ``[n_rows, n_features]`` feature matrix in compressed sparse row (CSR) form.
+
+    Row ``t`` is ``sum_p values[p] * e_{indices[p]}`` over ``p in indptr[t] : indptr[t+1]``.  A
+    row may be empty and may name the same column more than once (the entries add up, as in
+    :meth:`to_dense`).  Indicator attributes (CoNLL) have all values 1.
+
+    This is the sparse layout of :attr:`SequenceData.x`; it supports exactly what the models
+    need: ``X W`` (:meth:`matmul`, a gather-and-sum with
+    :func:`torch.nn.functional.embedding_bag`), ``X^T M`` (:meth:`t_matmul`, the same over the
+    column-major entries, never densified), row selection ``X[rows]``, :meth:`to` (device or
+    dtype) and :meth:`to_dense`.  Treat it as immutable: ``X^T M`` caches the transposed entries.
+
+    Args:
+        indptr: ``LongTensor[n_rows + 1]``: non-decreasing, ``indptr[0] = 0``, ``indptr[-1] = nnz``.
+        indices: ``LongTensor[nnz]``: column (attribute) ids in ``[0, n_features)``.
+        values: ``Tensor[nnz]``, floating point (integers are converted to float64); ``None``
+            means all ones (float64).
+        n_features: the number of columns ``F``.
+        check: validate the arrays (default; matrices derived from a valid one skip it).
+
+    Raises:
+        ValueError: malformed ``indptr``, an attribute id outside ``[0, n_features)``, a NaN or
+            infinite value, or arrays on different devices.
+    """
+
+    def __init__(self, indptr, indices, values, n_features: int, check: bool = True):
+        self.indptr = torch.as_tensor(indptr)
+        self.indices = torch.as_tensor(indices)
+        if values is None:
+            values = torch.ones(self.indices.shape, dtype=torch.float64, device=self.indices.device)
+        self.values = torch.as_tensor(values)
+        self.n_features = int(n_features)
+        if check:
+            self._validate()
+
+    # ----------------------------------------------------------------- validation
+    def _validate(self) -> None:
+        for name in ("indptr", "indices"):
+            t = getattr(self, name)
+            if t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
+                raise _sparse_err(f"{name} must hold integers, got {t.dtype}")
+            setattr(self, name, t.long())
+        if not self.values.is_floating_point():
+            if self.values.is_complex():
+                raise _sparse_err("values must be real")
+            self.values = self.values.double()
+        devices = {self.indptr.device, self.indices.device, self.values.device}
+        if len(devices) != 1:
+            raise _sparse_err(f"indptr, indices and values are on different devices: {sorted(map(str, devices))}")
+        if self.n_features < 1:
+            raise _sparse_err(f"n_features must be >= 1, got {self.n_features}")
+        if self.indptr.dim() != 1 or self.indptr.numel() < 1:
+            raise _sparse_err(f"indptr must be 1-D with n_rows + 1 >= 1 entries, got shape {tuple(self.indptr.shape)}")
+        if self.indices.dim() != 1 or self.values.shape != self.indices.shape:
+            raise _sparse_err(
+                f"indices and values must be 1-D of the same length, got shapes "
+                f"{tuple(self.indices.shape)} and {tuple(self.values.shape)}"
+            )
+        nnz = self.indices.numel()
+        if int(self.indptr[0]) != 0 or int(self.indptr[-1]) != nnz:
+            raise _sparse_err(f"indptr must start at 0 and end at nnz = {nnz}, got {int(self.indptr[0])} .. {int(self.indptr[-1])}")
+        if bool((self.indptr[1:] < self.indptr[:-1]).any()):
+            raise _sparse_err("indptr must be non-decreasing")
+        if nnz:
+            lo, hi = int(self.indices.min()), int(self.indices.max())
+            if lo < 0 or hi >= self.n_features:
+                bad = int(((self.indices < 0) | (self.indices >= self.n_features)).sum())
+                raise _sparse_err(
+                    f"attribute ids must lie in [0, {self.n_features - 1}] (n_features = {self.n_features}); "
+                    f"found {bad} id(s) outside, range [{lo}, {hi}]"
+                )
+        check_finite(self.values, "SparseFeatures.values")
+
+    # ----------------------------------------------------------------- constructors
+    @classmethod
+    def from_dense(cls, x: Tensor) -> "SparseFeatures":
+        """The non-zeros of a dense ``[n_rows, F]`` tensor, row by row in column order."""
+        x = torch.as_tensor(x)
+        if x.dim() != 2:
+            raise _sparse_err(f"from_dense needs a 2-D tensor, got shape {tuple(x.shape)}")
+        nz = torch.nonzero(x)
+        indptr = torch.zeros(x.shape[0] + 1, dtype=torch.long, device=x.device)
+        indptr[1:] = torch.cumsum(torch.bincount(nz[:, 0], minlength=x.shape[0]), 0)
+        values = x[nz[:, 0], nz[:, 1]]
+        return cls(indptr, nz[:, 1].contiguous(), values if values.is_floating_point() else values.double(),
+                   x.shape[1], check=False)
+
+    @classmethod
+    def from_attribute_ids(cls, ids: Tensor, n_features: int, values: Tensor | None = None,
+                           pad_id: int = -1) -> "SparseFeatures":
+        """Rows from a padded id matrix ``ids: LongTensor[n_rows, A]`` (``A`` attribute slots per row).
+
+        Slots equal to ``pad_id`` (the ``PAD_ID = -1`` of :mod:`torch_bcfw.features.chunking`:
+        attribute not in the vocabulary) are dropped; ``values: [n_rows, A]`` gives the slots'
+        values (default 1: indicator attributes).  Any other id outside ``[0, n_features)``
+        raises ``ValueError``.
+        """
+        ids = torch.as_tensor(ids)
+        if ids.dim() != 2 or ids.is_floating_point():
+            raise _sparse_err(f"attribute ids must be an integer [n_rows, A] tensor, got {ids.dtype} of shape {tuple(ids.shape)}")
+        ids = ids.long()
+        keep = ids != pad_id
+        bad = keep & ((ids < 0) | (ids >= int(n_features)))
+        if bool(bad.any()):
+            r, c = (int(v) for v in torch.nonzero(bad)[0])
+            raise _sparse_err(
+                f"attribute id {int(ids[r, c])} at row {r}, slot {c} is outside [0, {int(n_features) - 1}] "
+                f"(n_features = {int(n_features)}; pad_id {pad_id} marks an empty slot); {int(bad.sum())} bad id(s) in all"
+            )
+        indptr = torch.zeros(ids.shape[0] + 1, dtype=torch.long, device=ids.device)
+        indptr[1:] = torch.cumsum(keep.sum(1), 0)
+        if values is not None:
+            values = torch.as_tensor(values, device=ids.device)
+            if values.shape != ids.shape:
+                raise _sparse_err(f"values must have the shape of ids {tuple(ids.shape)}, got {tuple(values.shape)}")
+            values = values[keep]
+        return cls(indptr, ids[keep], values, n_features)
+
+    @classmethod
+    def from_torch(cls, x: Tensor) -> "SparseFeatures":
+        """From a torch sparse 2-D tensor (COO, CSR or any layout :meth:`torch.Tensor.to_sparse_csr` accepts)."""
+        if x.dim() != 2:
+            raise _sparse_err(f"sparse token features must be 2-D [N_tok, F], got shape {tuple(x.shape)}")
+        if x.layout == torch.sparse_coo:
+            x = x.coalesce()
+            rows, cols = x.indices()
+            indptr = torch.zeros(x.shape[0] + 1, dtype=torch.long, device=x.device)
+            indptr[1:] = torch.cumsum(torch.bincount(rows, minlength=x.shape[0]), 0)
+            return cls(indptr, cols, x.values(), x.shape[1])
+        if x.layout != torch.sparse_csr:
+            x = x.to_sparse_csr()
+        return cls(x.crow_indices(), x.col_indices(), x.values(), x.shape[1])
+
+    # ----------------------------------------------------------------- views
+    @property
+    def shape(self) -> torch.Size:
+        return torch.Size((self.indptr.numel() - 1, self.n_features))
+
+    @property
+    def n_rows(self) -> int:
+        return self.indptr.numel() - 1
+
+    @property
+    def nnz(self) -> int:
+        return self.indices.numel()
+
+    @property
+    def device(self) -> torch.device:
+        return self.values.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.values.dtype
+
+    def __repr__(self) -> str:
+        return f"SparseFeatures(shape={tuple(self.shape)}, nnz={self.nnz}, dtype={self.dtype}, device={self.device})"
+
+    def row_ids(self) -> Tensor:
+        """``LongTensor[nnz]``: the row of every stored entry."""
+        return torch.repeat_interleave(torch.arange(self.n_rows, device=self.device), self.indptr.diff())
+
+    def __getitem__(self, rows) -> "SparseFeatures":
+        """The rows ``rows`` (a ``LongTensor`` or list of row indices, repeats allowed), in that order."""
+        rows = torch.as_tensor(rows, dtype=torch.long, device=self.device).reshape(-1)
+        start, count = self.indptr[:-1][rows], self.indptr.diff()[rows]
+        indptr = torch.zeros(rows.numel() + 1, dtype=torch.long, device=self.device)
+        indptr[1:] = torch.cumsum(count, 0)
+        # stored entry j of the selection: start of its row + position inside the row
+        pos = torch.repeat_interleave(start - indptr[:-1], count) + torch.arange(int(indptr[-1]), device=self.device)
+        return SparseFeatures(indptr, self.indices[pos], self.values[pos], self.n_features, check=False)
+
+    def to(self, *args, **kwargs) -> "SparseFeatures":
+        """Move to a device and/or cast the values (``to(device)``, ``to(dtype)``, ``to(device, dtype)``)."""
+        values = self.values.to(*args, **kwargs)
+        if values is self.values:
+            return self
+        dev = values.device
+        return SparseFeatures(self.indptr.to(dev), self.indices.to(dev), values, self.n_features, check=False)
+
+    def to_dense(self) -> Tensor:
+        """The dense ``Tensor[n_rows, n_features]`` (duplicate entries of a row add up)."""
+        out = torch.zeros(self.n_rows, self.n_features, dtype=self.dtype, device=self.device)
+        out.index_put_((self.row_ids(), self.indices), self.values, accumulate=True)
+        return out
+
+    # ----------------------------------------------------------------- products
+    def matmul(self, W: Tensor) -> Tensor:
+        """``X W`` for ``W: [n_features, K]``: each row gathers and sums its rows of ``W`` (``[n_rows, K]``, ``W``'s dtype)."""
+        if W.dim() != 2 or W.shape[0] != self.n_features:
+            raise ValueError(f"SparseFeatures.matmul: expected W of shape [{self.n_features}, K], got {tuple(W.shape)}")
+        if self.nnz == 0:
+            return W.new_zeros(self.n_rows, W.shape[1])
+        return torch.nn.functional.embedding_bag(
+            self.indices, W, self.indptr, mode="sum", per_sample_weights=self.values.to(W.dtype),
+            include_last_offset=True,
+        )
+
+    def t_matmul(self, M: Tensor) -> Tensor:
+        """``X^T M`` for ``M: [n_rows, K]`` (``[n_features, K]``, ``M``'s dtype), never densifying ``X``.
+
+        Runs as a gather-and-sum over the transposed (column-major) entries, built once and
+        cached (the matrix is treated as immutable): column ``f`` sums ``values * M[row]``
+        over its entries.
+        """
+        if M.dim() != 2 or M.shape[0] != self.n_rows:
+            raise ValueError(f"SparseFeatures.t_matmul: expected M of shape [{self.n_rows}, K], got {tuple(M.shape)}")
+        if self.nnz == 0:
+            return M.new_zeros(self.n_features, M.shape[1])
+        indptr_t, rows_t, values_t = self._transposed()
+        return torch.nn.functional.embedding_bag(
+            rows_t, M, indptr_t, mode="sum", per_sample_weights=values_t.to(M.dtype), include_last_offset=True,
+        )
+
+    def _transposed(self) -> tuple[Tensor, Tensor, Tensor]:
+        """CSC form ``(indptr [F + 1], row ids [nnz], values [nnz])``: the entries sorted by column (cached)."""
+        cache = self.__dict__.get("_csc")
+        if cache is None:
+            order = torch.sort(self.indices, stable=True).indices
+            indptr = torch.zeros(self.n_features + 1, dtype=torch.long, device=self.device)
+            indptr[1:] = torch.cumsum(torch.bincount(self.indices, minlength=self.n_features), 0)
+            cache = (indptr, self.row_ids()[order], self.values[order])
+            self._csc = cache
+        return cache
+
+
+def _as_token_features(x) -> Tensor | SparseFeatures:
+    """Normalise ``SequenceData.x``: a validated dense floating tensor or a :class:`SparseFeatures`."""
+    if isinstance(x, SparseFeatures):
+        return x
+    if isinstance(x, Tensor) and x.layout != torch.strided:
+        return SparseFeatures.from_torch(x)
+    x = torch.as_tensor(x)
+    if not x.is_floating_point():
+        x = x.double()
+    if x.dim() != 2:
+        raise ValueError(f"SequenceData.x must be 2-D [N_tok, F], got shape {tuple(x.shape)}")
+    check_finite(x, "SequenceData.x")
+    return x
 
 
 @dataclass
@@ -91,22 +351,19 @@ class SequenceData:
     """Variable-length sequences in packed form.
 
     Attributes:
-        x: ``Tensor[N_tok, F]`` token features, sequences concatenated.
+        x: token features of all sequences concatenated, ``[N_tok, F]``: a dense ``Tensor`` or a
+            :class:`SparseFeatures` (a torch sparse COO/CSR tensor given here is converted to one).
         y: ``LongTensor[N_tok]`` token labels (or ``None`` for prediction-only data).
         offsets: ``LongTensor[n + 1]``; sequence ``i`` is ``x[offsets[i]:offsets[i+1]]``.
     """
 
-    x: Tensor
+    x: Tensor | SparseFeatures
     y: Tensor | None
     offsets: Tensor
 
     def __post_init__(self) -> None:
-        self.x = torch.as_tensor(self.x)
-        if not self.x.is_floating_point():
-            self.x = self.x.double()
+        self.x = _as_token_features(self.x)
         self.offsets = torch.as_tensor(self.offsets, dtype=torch.long, device=self.x.device)
-        if self.x.dim() != 2:
-            raise ValueError(f"SequenceData.x must be 2-D [N_tok, F], got shape {tuple(self.x.shape)}")
         if self.offsets.dim() != 1 or self.offsets.numel() < 2:
             raise ValueError("SequenceData is empty (needs at least one sequence)")
         lengths = self.offsets[1:] - self.offsets[:-1]
@@ -117,7 +374,6 @@ class SequenceData:
             )
         if bool((lengths <= 0).any()):
             raise ValueError("every sequence must have length >= 1 (found an empty sequence)")
-        check_finite(self.x, "SequenceData.x")
         if self.y is not None:
             self.y = torch.as_tensor(self.y)
             if self.y.is_floating_point():
@@ -156,6 +412,47 @@ class SequenceData:
         return cls(torch.cat(xs), y, offsets.to(xs[0].device))
 
     @classmethod
+    def from_attribute_ids(
+        cls,
+        ids: Sequence[Tensor],
+        n_attributes: int,
+        ys: Sequence[Tensor] | None = None,
+        values: Sequence[Tensor] | None = None,
+        pad_id: int = -1,
+    ) -> "SequenceData":
+        """Sparse token features from per-sequence attribute ids ``ids[i]: LongTensor[L_i, A]``.
+
+        Token ``t`` gets the attributes ``ids[i][t, :]`` other than ``pad_id`` (value 1, or
+        ``values[i][t, :]``), out of ``n_attributes`` columns: ``x`` is a :class:`SparseFeatures`
+        ``[N_tok, n_attributes]``.  This is the output format of
+        :meth:`torch_bcfw.features.chunking.AttributeVocabulary.transform`.
+        """
+        if len(ids) == 0:
+            raise ValueError("SequenceData is empty (no sequences given)")
+        ids = [torch.as_tensor(a) for a in ids]
+        for i, a in enumerate(ids):
+            if a.dim() != 2 or a.shape[1] != ids[0].shape[1]:
+                raise ValueError(f"sequence {i}: attribute ids must be [L, A] with a common A, got shape {tuple(a.shape)}")
+        lengths = torch.tensor([a.shape[0] for a in ids], dtype=torch.long)
+        offsets = torch.zeros(len(ids) + 1, dtype=torch.long)
+        offsets[1:] = torch.cumsum(lengths, 0)
+        if values is not None:
+            if len(values) != len(ids):
+                raise ValueError(f"got {len(ids)} id sequences but {len(values)} value sequences")
+            values = torch.cat([torch.as_tensor(v) for v in values])
+        x = SparseFeatures.from_attribute_ids(torch.cat(ids), n_attributes, values, pad_id)
+        y = None
+        if ys is not None:
+            if len(ys) != len(ids):
+                raise ValueError(f"got {len(ids)} id sequences but {len(ys)} label sequences")
+            ys = [torch.as_tensor(v).reshape(-1) for v in ys]
+            for i, (a, v) in enumerate(zip(ids, ys)):
+                if v.shape[0] != a.shape[0]:
+                    raise ValueError(f"sequence {i}: {a.shape[0]} tokens but {v.shape[0]} labels")
+            y = torch.cat(ys).to(x.device)
+        return cls(x, y, offsets.to(x.device))
+
+    @classmethod
     def from_padded(cls, x: Tensor, lengths: Tensor, y: Tensor | None = None) -> "SequenceData":
         """Build from a padded batch ``x: [B, T, F]``, ``lengths: [B]`` and ``y: [B, T]``."""
         x = torch.as_tensor(x)
@@ -192,6 +489,44 @@ class SequenceData:
     def n_tokens(self) -> int:
         return self.x.shape[0]
 
+    @property
+    def n_inputs(self) -> int:
+        """Token feature dimension ``F``."""
+        return self.x.shape[1]
+
+    @property
+    def is_sparse(self) -> bool:
+        """Whether the token features are a :class:`SparseFeatures` matrix."""
+        return isinstance(self.x, SparseFeatures)
+
+    # ----------------------------------------------------------------- feature products
+    def x_matmul(self, W: Tensor) -> Tensor:
+        """``X W`` for ``W: [F, K]``: ``Tensor[N_tok, K]`` in ``W``'s dtype (sparse rows: gather-and-sum)."""
+        if self.is_sparse:
+            return self.x.matmul(W)
+        return self.x.to(W.dtype) @ W
+
+    def xt_matmul(self, M: Tensor) -> Tensor:
+        """``X^T M`` for ``M: [N_tok, K]``: ``Tensor[F, K]`` in ``M``'s dtype (sparse: a gather-and-sum over the
+        cached column-major entries, never densified)."""
+        if self.is_sparse:
+            return self.x.t_matmul(M)
+        return self.x.to(M.dtype).T @ M
+
+    def x_csr(self) -> tuple[Tensor, Tensor, Tensor]:
+        """``(indptr [N_tok + 1], indices [nnz], values [nnz])``: the token features in CSR form.
+
+        Sparse features are returned as stored; dense ones give their non-zeros in column order.
+        """
+        x = self.x if self.is_sparse else SparseFeatures.from_dense(self.x)
+        return x.indptr, x.indices, x.values
+
+    def to_dense(self) -> "SequenceData":
+        """The same data with dense token features (a no-op for dense data; ``N_tok * F`` numbers, so small data only)."""
+        if not self.is_sparse:
+            return self
+        return SequenceData(self.x.to_dense(), self.y, self.offsets)
+
     def token_sequence_ids(self) -> Tensor:
         """``LongTensor[N_tok]``: the sequence index of every token."""
         return torch.repeat_interleave(torch.arange(len(self), device=self.device), self.lengths)
@@ -215,11 +550,22 @@ class SequenceData:
         )
 
     def padded(self, pad_label: int = -1) -> tuple[Tensor, Tensor, Tensor | None]:
-        """Return ``(x [B, T, F], lengths [B], y [B, T] or None)`` padded with zeros / ``pad_label``."""
+        """Return ``(x [B, T, F], lengths [B], y [B, T] or None)`` padded with zeros / ``pad_label``.
+
+        ``x`` is always dense; for sparse features this raises ``ValueError`` when the padded
+        tensor would exceed ``2**27`` numbers (1 GiB in float64).
+        """
         n, T = len(self), int(self.lengths.max())
+        F = self.n_inputs
+        if self.is_sparse and n * T * F > _PADDED_SPARSE_LIMIT:
+            raise ValueError(
+                f"padded() would materialise dense token features [{n}, {T}, {F}] ({n * T * F:,} numbers) "
+                "from sparse data; select fewer sequences (data[idx]) or use x_matmul / xt_matmul"
+            )
+        x = self.x.to_dense() if self.is_sparse else self.x
         mask = torch.arange(T, device=self.device)[None, :] < self.lengths[:, None]
-        xp = self.x.new_zeros(n, T, self.x.shape[1])
-        xp[mask] = self.x
+        xp = x.new_zeros(n, T, F)
+        xp[mask] = x
         yp = None
         if self.y is not None:
             yp = torch.full((n, T), pad_label, dtype=torch.long, device=self.device)

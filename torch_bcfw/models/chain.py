@@ -13,11 +13,20 @@ to every wrong label's unary score and runs the same Viterbi.
 The dual state (:class:`ChainDualState`) stores per-position label marginals and per-sequence
 transition marginals instead of a dense ``w_i`` per example: memory grows with the number of
 tokens, not with ``n * d``.
+
+Token features may be dense (OCR pixels) or sparse (:class:`~torch_bcfw.data.SparseFeatures`,
+e.g. the ~75k indicator attributes of CoNLL-2000 chunking, ``d = 1,643,026``).  The model never
+branches on the layout: unary scores are ``X We`` (:meth:`SequenceData.x_matmul`, a
+gather-and-sum over each token's attributes when sparse), the emission block of a feature sum
+is ``X^T mu`` (:meth:`SequenceData.xt_matmul`, summed per attribute), joint features are scattered
+from the CSR entries (:meth:`SequenceData.x_csr`), and the compiled BCFW kernel takes the CSR
+arrays of either layout.
 """
 from __future__ import annotations
 
 import numpy as np
 import torch
+from numba import njit
 from torch import Tensor
 
 from ..data import SequenceData
@@ -25,7 +34,10 @@ from ..inference.viterbi import viterbi_packed
 from .base import StructuredModel
 from .dual import DualState
 
-__all__ = ["Chain", "ChainDualState"]
+__all__ = ["Chain", "ChainDualState", "sequence_grams"]
+
+#: largest ``[n, d]`` table :meth:`Chain.joint_feature` builds (2 GiB of float64)
+_JOINT_FEATURE_LIMIT = 1 << 28
 
 
 class Chain(StructuredModel):
@@ -66,8 +78,8 @@ class Chain(StructuredModel):
     def check_data(self, data, require_labels: bool = True) -> None:
         if not isinstance(data, SequenceData):
             raise TypeError(f"Chain expects SequenceData, got {type(data).__name__}")
-        if data.x.shape[1] != self.n_inputs:
-            raise ValueError(f"token features have dimension {data.x.shape[1]} but the model expects {self.n_inputs}")
+        if data.n_inputs != self.n_inputs:
+            raise ValueError(f"token features have dimension {data.n_inputs} but the model expects {self.n_inputs}")
         if data.y is None:
             if require_labels:
                 raise ValueError("training data needs labels (y is None)")
@@ -84,10 +96,14 @@ class Chain(StructuredModel):
 
     # ------------------------------------------------------------ scores
     def unary_scores(self, w: Tensor, data: SequenceData) -> Tensor:
-        """Per-token label scores ``[N_tok, K]`` with the bias, start and end terms folded in."""
+        """Per-token label scores ``[N_tok, K]`` with the bias, start and end terms folded in.
+
+        The emission part is ``X We`` (:meth:`SequenceData.x_matmul`): a dense product, or for
+        sparse token features a gather-and-sum of the rows of ``We`` named by each token's attributes.
+        """
         self.check_weights(w, data)
         We, b, s, e, _ = self.unpack(w)
-        U = data.x.to(w.dtype) @ We + b
+        U = data.x_matmul(We) + b
         U[data.offsets[:-1]] += s
         U[data.offsets[1:] - 1] += e
         return U
@@ -156,11 +172,12 @@ class Chain(StructuredModel):
         """``sum_i phi(x_i, mu_i)`` for unary marginals ``mu: [N_tok, K]`` and summed transition marginals ``trans: [K, K]``.
 
         ``phi`` is linear in the marginals, so one-hot ``mu`` gives the joint feature of labelings.
+        The emission block ``X^T mu`` sums, per attribute, the marginals of the tokens holding it
+        (sparse features are never densified).
         """
-        x = data.x.to(torch.float64)
         return torch.cat(
             [
-                (x.T @ mu).reshape(-1),
+                data.xt_matmul(mu.to(torch.float64)).reshape(-1),
                 mu.sum(0),
                 mu[data.offsets[:-1]].sum(0),
                 mu[data.offsets[1:] - 1].sum(0),
@@ -176,18 +193,34 @@ class Chain(StructuredModel):
         return self.features_from_marginals(data, self.one_hot(y), self.transition_counts(data, y).sum(0))
 
     def joint_feature(self, data: SequenceData, y: Tensor) -> Tensor:
+        """``phi(x_i, y_i')`` for every sequence: ``Tensor[n, d]`` (float64), scattered from the CSR entries.
+
+        The output is dense, ``n * d`` numbers (13 MB per sequence on CoNLL); a request for more
+        than ``2**28`` numbers (2 GiB) raises ``ValueError`` -- use :meth:`joint_feature_sum`,
+        :meth:`score` or :meth:`features_from_marginals`, which never build it.
+        """
         y = self._check_y(data, y)
-        xp, lengths, yp = SequenceData(data.x, y, data.offsets).padded(pad_label=0)
-        mask = (torch.arange(xp.shape[1], device=data.device)[None, :] < lengths[:, None]).to(torch.float64)
-        onehot = self.one_hot(yp) * mask[..., None]
-        n = len(data)
-        idx = torch.arange(n, device=data.device)
-        emission = torch.bmm(xp.to(torch.float64).transpose(1, 2), onehot).reshape(n, -1)
-        start = onehot[:, 0]
-        end = onehot[idx, lengths - 1]
-        return torch.cat(
-            [emission, onehot.sum(1), start, end, self.transition_counts(data, y).reshape(n, -1)], 1
-        )
+        n, K, d = len(data), self.n_labels, self.n_features
+        if n * d > _JOINT_FEATURE_LIMIT:
+            raise ValueError(
+                f"joint_feature would materialise a dense [{n}, {d}] table ({n * d:,} numbers); use it on "
+                "fewer sequences (data[idx]) or use joint_feature_sum / score, which stay O(d)"
+            )
+        dev = data.device
+        seq = data.token_sequence_ids()
+        out = torch.zeros(n, d, dtype=torch.float64, device=dev)
+        indptr, indices, values = data.x_csr()
+        tok = torch.repeat_interleave(torch.arange(data.n_tokens, device=dev), indptr.diff())
+        out.index_put_((seq[tok], indices * K + y[tok]), values.to(torch.float64), accumulate=True)
+        o = self.n_inputs * K
+        ones = torch.ones(data.n_tokens, dtype=torch.float64, device=dev)
+        out.index_put_((seq, o + y), ones, accumulate=True)
+        first, last = data.offsets[:-1], data.offsets[1:] - 1
+        idx = torch.arange(n, device=dev)
+        out[idx, o + K + y[first]] = 1.0
+        out[idx, o + 2 * K + y[last]] = 1.0
+        out[:, o + 3 * K :] = self.transition_counts(data, y).reshape(n, -1)
+        return out
 
     def dual_state(self, data: SequenceData, lam: float) -> "ChainDualState":
         return ChainDualState(self, data, lam)
@@ -261,30 +294,23 @@ class ChainDualState(DualState):
 
     # ------------------------------------------------------------ compiled path
     def _prepare_kernel(self) -> dict:
-        """CSR token features and per-sequence Gram matrices ``X_i X_i^T + 1`` (built once)."""
+        """CSR token features and per-sequence Gram matrices ``X_i X_i^T + 1`` (built once).
+
+        The CSR arrays come straight from :meth:`SequenceData.x_csr` (stored sparse features,
+        or the non-zeros of dense ones), and the Gram matrices are computed from them by
+        :func:`sequence_grams`, so dense data and the same data stored sparse give identical
+        kernel inputs.
+        """
         if self._kernel_inputs is None:
-            x = self.data.x.to(torch.float64)
-            nz = torch.nonzero(x)
-            indptr = torch.zeros(x.shape[0] + 1, dtype=torch.long)
-            indptr[1:] = torch.cumsum(torch.bincount(nz[:, 0], minlength=x.shape[0]), 0)
-            lengths = self.data.lengths
-            gram_sizes = lengths**2
-            gram_off = torch.zeros(self.n + 1, dtype=torch.long)
-            gram_off[1:] = torch.cumsum(gram_sizes, 0)
-            gram = torch.empty(int(gram_off[-1]), dtype=torch.float64)
-            off = self.data.offsets
-            for L in torch.unique(lengths).tolist():
-                seqs = torch.nonzero(lengths == L)[:, 0]
-                tok = off[:-1][seqs][:, None] + torch.arange(L)[None, :]
-                xb = x[tok]
-                G = torch.bmm(xb, xb.transpose(1, 2)) + 1.0
-                pos = gram_off[:-1][seqs][:, None] + torch.arange(L * L)[None, :]
-                gram[pos.reshape(-1)] = G.reshape(-1)
+            indptr, indices, values = (t.cpu().contiguous() for t in self.data.x_csr())
+            values = values.to(torch.float64)
+            off = self.data.offsets.cpu()
+            gram, gram_off = sequence_grams(indptr, indices, values, off, self.data.n_inputs)
             self._kernel_inputs = {
                 "indptr": indptr.numpy(),
-                "indices": nz[:, 1].contiguous().numpy(),
-                "values": x[nz[:, 0], nz[:, 1]].contiguous().numpy(),
-                "y": self.data.y.numpy(),
+                "indices": indices.numpy(),
+                "values": values.numpy(),
+                "y": self.data.y.cpu().numpy(),
                 "offsets": off.numpy(),
                 "gram": gram.numpy(),
                 "gram_off": gram_off.numpy(),
@@ -316,3 +342,47 @@ class ChainDualState(DualState):
         dev = self.w.device
         for name in ("mu", "T", "mu_acc", "T_acc"):
             setattr(self, name, sd[name].to(dev, torch.float64).clone())
+
+
+def sequence_grams(indptr: Tensor, indices: Tensor, values: Tensor, offsets: Tensor, n_features: int) -> tuple[Tensor, Tensor]:
+    """Per-sequence Gram matrices ``G_i = X_i X_i^T + 1`` of CSR token features (CPU).
+
+    ``G_i`` is ``L_i x L_i``, stored row-major at ``gram[gram_off[i] : gram_off[i+1]]``.  Each
+    entry is a sparse dot product (the ``+1`` is the per-label bias feature), so the cost is
+    ``sum_i L_i^2 * nnz per token`` and the features are never densified.
+
+    Returns:
+        ``(gram Tensor[sum_i L_i^2] float64, gram_off LongTensor[n + 1])``.
+    """
+    offsets = offsets.cpu().long()
+    lengths = offsets.diff()
+    gram_off = torch.zeros(lengths.numel() + 1, dtype=torch.long)
+    gram_off[1:] = torch.cumsum(lengths**2, 0)
+    gram = torch.empty(int(gram_off[-1]), dtype=torch.float64)
+    _sequence_grams(
+        indptr.cpu().long().numpy(), indices.cpu().long().numpy(), values.cpu().to(torch.float64).numpy(),
+        offsets.numpy(), gram_off.numpy(), int(n_features), gram.numpy(),
+    )
+    return gram, gram_off
+
+
+@njit(cache=True)
+def _sequence_grams(indptr, indices, values, offsets, gram_off, n_features, gram):
+    scratch = np.zeros(n_features)
+    for i in range(offsets.shape[0] - 1):
+        s = offsets[i]
+        L = offsets[i + 1] - s
+        g0 = gram_off[i]
+        for t in range(L):
+            a = s + t
+            for p in range(indptr[a], indptr[a + 1]):
+                scratch[indices[p]] += values[p]
+            for t2 in range(t, L):
+                b = s + t2
+                dot = 0.0
+                for p in range(indptr[b], indptr[b + 1]):
+                    dot += scratch[indices[p]] * values[p]
+                gram[g0 + t * L + t2] = dot + 1.0
+                gram[g0 + t2 * L + t] = dot + 1.0
+            for p in range(indptr[a], indptr[a + 1]):
+                scratch[indices[p]] = 0.0

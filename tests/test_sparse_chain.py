@@ -1,0 +1,275 @@
+"""Sparse token features for the chain: same model, same answers, same BCFW trajectory as dense.
+
+Every comparison builds one random sparse problem and the *same* features densified; the sparse
+path must give the dense path's unary scores, oracle answers, joint features, gaps and BCFW
+iterates.  The compiled kernel gets identical CSR/Gram inputs from both layouts, so its
+trajectory is compared bit for bit.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import brute_force_max, shared_data
+from torch_bcfw import fit
+from torch_bcfw.data import SequenceData, SparseFeatures
+from torch_bcfw.datasets.conll import CHUNK_TAGS, Sentence
+from torch_bcfw.datasets.conll_chain import (
+    TAG_IDS, chunk_f1_from_ids, ids_to_tags, load_conll_problem, predictions_to_tags, tags_to_ids,
+)
+from torch_bcfw.datasets.registry import load_problem
+from torch_bcfw.models import Chain, ChainDualState, DenseDualState
+from torch_bcfw.models.chain import sequence_grams
+from torch_bcfw.models.dual import DualState
+from torch_bcfw.stepsize import FIXED, LINE_SEARCH
+
+
+def random_sparse_problem(n=8, F=30, K=3, max_len=5, min_len=1, per_token=4, seed=0, binary=False):
+    """A chain problem with sparse token features (sorted, distinct ids per token; some tokens empty)
+    and the same problem with the features densified."""
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(min_len, max_len + 1, (n,), generator=g)
+    ids, vals, ys = [], [], []
+    for L in lengths.tolist():
+        a = torch.full((L, per_token), -1, dtype=torch.long)
+        v = torch.zeros(L, per_token, dtype=torch.float64)
+        for t in range(L):
+            m = int(torch.randint(0, per_token + 1, (1,), generator=g))  # 0..per_token attributes
+            cols = torch.randperm(F, generator=g)[:m].sort().values
+            a[t, :m] = cols
+            v[t, :m] = 1.0 if binary else torch.randn(m, generator=g, dtype=torch.float64)
+        ids.append(a)
+        vals.append(v)
+        ys.append(torch.randint(0, K, (L,), generator=g))
+    sparse = SequenceData.from_attribute_ids(ids, F, ys, values=vals)
+    return Chain(F, K), sparse, sparse.to_dense()
+
+
+# ------------------------------------------------------------------ the container
+
+
+@pytest.mark.filterwarnings("ignore:Sparse CSR tensor support is in beta")
+def test_sparse_features_construction_and_views():
+    ids = torch.tensor([[2, -1, 0], [-1, -1, -1], [4, 4, 1]])
+    vals = torch.tensor([[1.5, 9.0, -2.0], [7.0, 7.0, 7.0], [1.0, 2.0, 0.5]], dtype=torch.float64)
+    X = SparseFeatures.from_attribute_ids(ids, 5, vals)
+    assert X.shape == (3, 5) and X.nnz == 5 and X.indptr.tolist() == [0, 2, 2, 5]
+    dense = torch.tensor([[-2.0, 0, 1.5, 0, 0], [0, 0, 0, 0, 0], [0, 0.5, 0, 0, 3.0]], dtype=torch.float64)
+    assert torch.equal(X.to_dense(), dense)  # the duplicate id 4 of row 2 adds up
+    assert torch.equal(X[torch.tensor([2, 0, 2])].to_dense(), dense[[2, 0, 2]])
+    assert torch.equal(SparseFeatures.from_dense(dense).to_dense(), dense)
+    assert torch.equal(SparseFeatures.from_torch(dense.to_sparse()).to_dense(), dense)
+    assert torch.equal(SparseFeatures.from_torch(dense.to_sparse_csr()).to_dense(), dense)
+    assert X.to(torch.float32).dtype == torch.float32 and X.to("cpu") is X
+    W = torch.randn(5, 3, dtype=torch.float64)
+    M = torch.randn(3, 4, dtype=torch.float64)
+    assert torch.allclose(X.matmul(W), dense @ W, atol=1e-14)
+    assert torch.allclose(X.t_matmul(M), dense.T @ M, atol=1e-14)
+    assert torch.equal(SparseFeatures.from_attribute_ids(ids, 5).to_dense(), (dense != 0).double() + torch.tensor(
+        [[0.0] * 5, [0.0] * 5, [0, 0, 0, 0, 1.0]], dtype=torch.float64))  # default values 1 (id 4 twice)
+    # a torch sparse tensor given as SequenceData.x becomes a SparseFeatures
+    data = SequenceData(dense.to_sparse(), torch.tensor([0, 1, 0]), torch.tensor([0, 1, 3]))
+    assert data.is_sparse and data.n_inputs == 5 and torch.equal(data.x.to_dense(), dense)
+
+
+def test_bad_attribute_ids_and_malformed_csr_raise_clearly():
+    with pytest.raises(ValueError, match=r"attribute id 7 at row 1, slot 0 is outside \[0, 4\]"):
+        SparseFeatures.from_attribute_ids(torch.tensor([[0, -1], [7, 1]]), 5)
+    with pytest.raises(ValueError, match=r"attribute id -3 .* outside"):
+        SparseFeatures.from_attribute_ids(torch.tensor([[0, -3]]), 5)
+    with pytest.raises(ValueError, match=r"attribute ids must lie in \[0, 4\] \(n_features = 5\); found 1 id"):
+        SparseFeatures(torch.tensor([0, 1, 2]), torch.tensor([0, 5]), None, 5)
+    with pytest.raises(ValueError, match="indptr must start at 0 and end at nnz"):
+        SparseFeatures(torch.tensor([0, 1]), torch.tensor([0, 1]), None, 5)
+    with pytest.raises(ValueError, match="non-decreasing"):
+        SparseFeatures(torch.tensor([0, 2, 1, 2]), torch.tensor([0, 1]), None, 5)
+    with pytest.raises(ValueError, match="NaN or infinite"):
+        SparseFeatures(torch.tensor([0, 2]), torch.tensor([0, 1]), torch.tensor([1.0, float("nan")]), 5)
+    with pytest.raises(ValueError, match="integers"):
+        SparseFeatures(torch.tensor([0, 1]), torch.tensor([0.5]), None, 5)
+    with pytest.raises(ValueError, match="sequence 1: 1 tokens but 3 labels"):
+        SequenceData.from_attribute_ids([torch.zeros(1, 2, dtype=torch.long)] * 2, 3, [torch.zeros(1), torch.zeros(3)])
+    X = SparseFeatures.from_attribute_ids(torch.tensor([[0], [1]]), 4)
+    with pytest.raises(ValueError, match="offsets must start at 0 and end at N_tok = 2"):
+        SequenceData(X, None, torch.tensor([0, 3]))
+    model, sparse, _ = random_sparse_problem(F=30)
+    with pytest.raises(ValueError, match="dimension 30 but the model expects 31"):
+        Chain(31, 3).check_data(sparse)
+    with pytest.raises(ValueError, match="padded\\(\\) would materialise"):
+        SequenceData(SparseFeatures.from_attribute_ids(torch.zeros(40, 1, dtype=torch.long), 1 << 23),
+                     None, torch.tensor([0, 20, 40])).padded()
+    big = Chain(1 << 23, 3)  # d ~ 25M: a joint-feature table of 20 sequences would be 4 GB
+    data = SequenceData(SparseFeatures.from_attribute_ids(torch.zeros(20, 1, dtype=torch.long), 1 << 23),
+                        torch.zeros(20, dtype=torch.long), torch.arange(21))
+    with pytest.raises(ValueError, match="joint_feature would materialise a dense"):
+        big.joint_feature(data, data.y)
+    assert big.joint_feature(data[[0]], data[[0]].y).shape == (1, big.n_features)
+
+
+def test_indexing_device_and_padding_follow_the_dense_data():
+    _, sparse, dense = random_sparse_problem(n=9, seed=2)
+    idx = [4, 0, 7, 4]
+    sub = sparse[idx]
+    assert sub.is_sparse
+    assert torch.equal(sub.x.to_dense(), dense[idx].x)
+    assert torch.equal(sub.y, dense[idx].y) and torch.equal(sub.offsets, dense[idx].offsets)
+    moved = sparse.to("cpu")
+    assert moved.is_sparse and torch.equal(moved.x.to_dense(), dense.x)
+    for a, b in zip(sparse.padded(), dense.padded()):
+        assert torch.equal(a, b)
+    for a, b in zip(sparse.x_csr(), dense.x_csr()):
+        assert torch.equal(a, b)  # sorted distinct ids: the stored entries are the dense non-zeros
+
+
+# ------------------------------------------------------------------ model: sparse == dense
+
+
+@pytest.mark.parametrize("seed,binary", [(0, False), (1, True), (2, False)])
+def test_scores_oracles_and_joint_features_match_dense(seed, binary):
+    model, sparse, dense = random_sparse_problem(n=10, F=25, K=4, max_len=6, seed=seed, binary=binary)
+    g = torch.Generator().manual_seed(seed)
+    for scale in (0.3, 2.0):
+        w = torch.randn(model.n_features, generator=g, dtype=torch.float64) * scale
+        assert torch.allclose(model.unary_scores(w, sparse), model.unary_scores(w, dense), atol=1e-12)
+        for aug in (True, False):
+            assert torch.equal(model.oracle(w, sparse, aug), model.oracle(w, dense, aug))
+        y = model.oracle(w, dense)
+        assert torch.equal(model.joint_feature(sparse, y), model.joint_feature(dense, y))
+        assert torch.allclose(model.joint_feature_sum(sparse, y), model.joint_feature_sum(dense, y), atol=1e-12)
+        assert torch.allclose(model.score(w, sparse, y), model.score(w, dense, y), atol=1e-12)
+        ys, Hs = model.hinge_terms(w, sparse)
+        yd, Hd = model.hinge_terms(w, dense)
+        assert torch.equal(ys, yd) and torch.allclose(Hs, Hd, atol=1e-12)
+    # the joint feature map itself, checked entry by entry on one sequence
+    i = int(torch.argmax(dense.lengths))
+    blk = dense[[i]]
+    phi = model.joint_feature(sparse[[i]], blk.y)[0]
+    We, b, s, e, tr = model.unpack(phi)
+    X = blk.x
+    onehot = torch.nn.functional.one_hot(blk.y, model.n_labels).double()
+    assert torch.allclose(We, X.T @ onehot, atol=1e-14)
+    assert torch.equal(b, onehot.sum(0)) and torch.equal(s, onehot[0]) and torch.equal(e, onehot[-1])
+    assert float(tr.sum()) == blk.n_tokens - 1
+
+
+def test_sparse_oracle_equals_enumeration():
+    model, sparse, _ = random_sparse_problem(n=5, F=12, K=3, max_len=4, seed=7)
+    w = torch.randn(model.n_features, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    y = model.oracle(w, sparse)
+    for i in range(len(sparse)):
+        best, _ = brute_force_max(model, sparse, w, i)
+        blk, yi = sparse[[i]], y[sparse.offsets[i]:sparse.offsets[i + 1]]
+        assert float(model.joint_feature(blk, yi)[0] @ w) + float(model.loss(blk, yi)[0]) == pytest.approx(best, abs=1e-10)
+
+
+def test_csr_and_gram_construction():
+    model, sparse, dense = random_sparse_problem(n=7, F=20, K=3, max_len=6, seed=4)
+    ks = ChainDualState(model, sparse, 0.1)._prepare_kernel()
+    kd = ChainDualState(model, dense, 0.1)._prepare_kernel()
+    assert ks.keys() == kd.keys()
+    for key in ks:
+        assert np.array_equal(ks[key], kd[key]), key
+    for i in range(len(dense)):
+        Xi = dense[[i]].x
+        L = Xi.shape[0]
+        G = ks["gram"][ks["gram_off"][i]:ks["gram_off"][i + 1]].reshape(L, L)
+        np.testing.assert_allclose(G, (Xi @ Xi.T + 1.0).numpy(), atol=1e-13)
+    # duplicate ids inside a token add up in the Gram matrix as in the dense product
+    X = SparseFeatures.from_attribute_ids(torch.tensor([[1, 1, 3], [3, -1, -1], [0, 2, 1]]), 4,
+                                          torch.tensor([[2.0, 0.5, 1.0], [4.0, 0, 0], [1.0, 1.0, -1.0]]))
+    gram, off = sequence_grams(X.indptr, X.indices, X.values, torch.tensor([0, 2, 3]), 4)
+    D = X.to_dense()
+    assert off.tolist() == [0, 4, 5]
+    np.testing.assert_allclose(gram[:4].reshape(2, 2).numpy(), (D[:2] @ D[:2].T + 1).numpy())
+    np.testing.assert_allclose(gram[4:].numpy(), (D[2] @ D[2] + 1).reshape(1).numpy())
+
+
+# ------------------------------------------------------------------ BCFW: sparse == dense
+
+
+def test_compact_state_trajectory_is_identical():
+    model, sparse, dense = random_sparse_problem(n=14, F=40, K=4, max_len=7, seed=5)
+    order = np.random.default_rng(0).integers(0, len(dense), 120)
+    for code in (LINE_SEARCH, FIXED):
+        s, d = ChainDualState(model, sparse, 0.03), ChainDualState(model, dense, 0.03)
+        gs, gd = s.run_steps(order, code), d.run_steps(order, code)
+        assert np.array_equal(gs, gd)  # identical kernel inputs: bit-identical steps
+        assert torch.equal(s.w, d.w) and torch.equal(s.mu, d.mu) and torch.equal(s.T, d.T)
+        assert s.ell == d.ell
+        (wa, la), (wb, lb) = s.averaged(), d.averaged()
+        assert torch.allclose(wa, wb, atol=1e-12) and la == lb
+        # torch step path (the one off-CPU devices take) and the dense w_i table on sparse data
+        generic = ChainDualState(model, sparse, 0.03)
+        table = DenseDualState(model, sparse, 0.03)
+        np.testing.assert_allclose(DualState.run_steps(generic, order, code), gs, atol=1e-12)
+        np.testing.assert_allclose(table.run_steps(order, code), gs, atol=1e-12)
+        assert torch.allclose(generic.w, s.w, atol=1e-12) and torch.allclose(table.w, s.w, atol=1e-12)
+        assert s.refresh() < 1e-12
+
+
+@pytest.mark.parametrize("solver", ["bcfw", "fw", "ssg"])
+def test_fit_history_matches_dense(solver):
+    model, sparse, dense = random_sparse_problem(n=12, F=30, K=3, max_len=6, seed=8)
+    kw = dict(max_passes=6, gap_check=2, seed=3)
+    rs = fit(model, sparse, 0.05, solver, test_data=sparse[[0, 1, 2]], **kw)
+    rd = fit(model, dense, 0.05, solver, test_data=dense[[0, 1, 2]], **kw)
+    assert len(rs.history) == len(rd.history) == 3
+    for a, b in zip(rs.history, rd.history):
+        for key in ("passes", "primal", "dual", "gap", "primal_avg", "gap_avg", "gap_best", "train_loss", "test_loss"):
+            if a[key] is None:
+                assert b[key] is None
+            else:
+                assert a[key] == pytest.approx(b[key], abs=1e-10), key
+    assert torch.allclose(rs.w, rd.w, atol=1e-10)
+    assert torch.allclose(rs.weights, rd.weights, atol=1e-10)
+    if solver != "ssg":
+        assert rs.gap >= -1e-12 and rs.gap < rs.history[0]["gap_best"] + 1e-12
+
+
+# ------------------------------------------------------------------ CoNLL
+
+
+def test_tag_mapping_and_f1_use_gold_strings():
+    assert len(TAG_IDS) == 22 and ids_to_tags(tags_to_ids(CHUNK_TAGS)) == list(CHUNK_TAGS)
+    gold = Sentence(["(", "1", ")", "the", "dog"], ["(", "CD", ")", "DT", "NN"], ["B-LST", "I-LST", "O", "B-NP", "I-NP"])
+    ids = tags_to_ids(gold.chunks)
+    assert ids[1] == TAG_IDS["O"]  # unseen I-LST: O's id, for the loss only
+    # predicting the mapped ids does not reproduce the LST chunk: F1 is scored on the gold strings
+    scores = chunk_f1_from_ids(ids, torch.tensor([0, 5]), [gold])
+    assert (scores["n_true"], scores["n_pred"], scores["n_correct"]) == (2, 2, 1)
+    assert predictions_to_tags(ids, torch.tensor([0, 2, 5])) == [["B-LST", "O"], ["O", "B-NP", "I-NP"]]
+    with pytest.raises(ValueError, match="label id 22 is not a chunk tag id"):
+        ids_to_tags([22])
+    with pytest.raises(ValueError, match="offsets cover 4 tokens"):
+        predictions_to_tags(ids, torch.tensor([0, 4]))
+
+
+def test_conll_200_sentences_end_to_end():
+    root = shared_data("conll2000")
+    prob = load_conll_problem(root, min_count=1, limit=200, test_limit=100)
+    F = len(prob.vocab)
+    assert "bias" not in prob.vocab and prob.train.is_sparse and prob.test.is_sparse
+    assert prob.model.n_features == F * 22 + 3 * 22 + 22 * 22
+    assert len(prob.train) == 200 and len(prob.test) == 100
+    # every token holds at most the 19 non-bias template attributes, indicator values
+    assert int(prob.train.x.indptr.diff().max()) <= 19 and bool((prob.train.x.values == 1).all())
+    assert chunk_f1_from_ids(prob.test.y, prob.test.offsets, prob.test_sentences)["f1"] == 1.0  # no I-LST here
+    res = fit(prob.model, prob.train, 1.0 / 200, max_passes=10, gap_check=5, test_data=prob.test)
+    gaps = [r["gap_best"] for r in res.history]
+    assert all(np.isfinite(gaps)) and min(gaps) >= 0 and gaps[-1] < gaps[0]
+    test_f1 = prob.f1(res.weights)
+    train_f1 = prob.f1(res.weights, "train")
+    assert 0.0 <= test_f1["f1"] <= 1.0 and test_f1["n_true"] > 1000
+    assert test_f1["f1"] > 0.75 and train_f1["f1"] > 0.95  # learns from 200 sentences
+    # the registry builds the same problem for configs
+    model, train, test = load_problem({"name": "conll", "path": str(root), "min_count": 1, "limit": 200, "test_limit": 100})
+    assert model.n_features == prob.model.n_features and train.is_sparse
+    assert torch.equal(train.x.indices, prob.train.x.indices) and torch.equal(test.y, prob.test.y)
+
+
+@pytest.mark.slow
+def test_full_conll_dimension_is_the_papers():
+    prob = load_conll_problem(shared_data("conll2000"), min_count=3)
+    assert len(prob.vocab) == 74_658 and prob.model.n_features == 1_643_026
+    assert (len(prob.train), prob.train.n_tokens, len(prob.test), prob.test.n_tokens) == (8936, 211_727, 2012, 47_377)
