@@ -1,4 +1,6 @@
-"""Command line: ``torch-bcfw fit --config configs/ocr.yaml`` and ``torch-bcfw evaluate``.
+"""Command line: ``torch-bcfw fit --config configs/ocr.yaml``, ``torch-bcfw evaluate`` and
+``torch-bcfw train --config configs/ocr_cnn.yaml`` (a Lightning experiment, see
+:mod:`torch_bcfw.lightning.cli`; needs the ``lightning`` extra).
 
 A config is a YAML file::
 
@@ -130,10 +132,30 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     e.add_argument("--json", help="also write the figures to this JSON file")
     e.set_defaults(func=cmd_evaluate)
+    # the arguments of `train` are LightningCLI's: main() hands them over before argparse sees them
+    sub.add_parser("train", add_help=False,
+                   help="train a backbone + structured head with Lightning from a LightningCLI YAML config "
+                        "(torch-bcfw train --help lists the options)")
     return p
 
 
+def cmd_train(argv) -> int:
+    try:
+        from .lightning.cli import train_main
+    except ImportError as exc:
+        print(f"torch-bcfw: error: {exc}", file=sys.stderr)
+        return 2
+    try:
+        return train_main(list(argv))
+    except (ValueError, FileNotFoundError, TypeError) as exc:
+        print(f"torch-bcfw: error: {exc}", file=sys.stderr)
+        return 2
+
+
 def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "train":
+        return cmd_train(argv[1:])
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)

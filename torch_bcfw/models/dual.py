@@ -23,8 +23,23 @@ Subclasses decide how ``w_i`` (and its average accumulator) is stored:
 
 A solver talks to the state through :meth:`block_step`, :meth:`run_steps`,
 :meth:`batch_step`, :meth:`averaged`, :meth:`refresh` and :meth:`state_dict`.
+
+Moving a state to new features (:meth:`DualState.rebind`, :meth:`DualState.from_state_dict`).
+When the token / example features ``x`` change (a backbone network is being trained under a
+structured head), the same dual variables ``alpha`` map to a different ``w = A(x) alpha``: every
+stored ``w_i`` is stale.  A state whose storage holds the dual variables themselves (label
+marginals for the chain, the labelings of the active set for :class:`ActiveSetDualState`) can be
+re-bound: the blocks are kept, ``w``, the dense caches and the averaged iterate are recomputed from
+them under the new features, and ``l = b^T alpha`` is unchanged because the task loss does not
+depend on the features.  So after a rebind ``w = A(x_new) alpha`` holds exactly, ``(w, l)`` is a
+feasible primal-dual pair *of the problem at the new features*, and the certificate computed from it
+is the exact duality gap at those features.  :class:`DenseDualState` stores only ``w_i = A(x_old)
+alpha_[i]``, from which ``alpha`` cannot be recovered: it refuses to rebind (use
+:class:`ActiveSetDualState`, which also keeps the labelings).
 """
 from __future__ import annotations
+
+import hashlib
 
 import numpy as np
 import torch
@@ -32,7 +47,7 @@ from torch import Tensor
 
 from ..stepsize import average_weight, step_size
 
-__all__ = ["DualState", "DenseDualState"]
+__all__ = ["DualState", "DenseDualState", "ActiveSetDualState", "labels_fingerprint"]
 
 
 def check_lam(lam: float) -> float:
@@ -40,6 +55,21 @@ def check_lam(lam: float) -> float:
     if not np.isfinite(lam) or lam <= 0.0:
         raise ValueError(f"lam must be a finite number > 0, got {lam}")
     return lam
+
+
+def labels_fingerprint(data) -> str:
+    """A short hash of ``data``'s labels and (for sequences) its sequence boundaries.
+
+    Saved with a state so a state is never loaded onto other examples (or the same examples in
+    another order) without an error.
+    """
+    h = hashlib.sha1()
+    h.update(np.ascontiguousarray(data.y.detach().cpu().numpy().astype(np.int64)).tobytes())
+    offsets = getattr(data, "offsets", None)
+    if offsets is not None:
+        h.update(b"|")
+        h.update(np.ascontiguousarray(offsets.detach().cpu().numpy().astype(np.int64)).tobytes())
+    return h.hexdigest()[:16]
 
 
 class DualState:
@@ -54,6 +84,13 @@ class DualState:
         avg_last: ``LongTensor[n]`` (CPU), clock of each block's last change.
         avg_ell_u: scalar accumulator of the averaged ``l``.
     """
+
+    #: True when the stored blocks are the dual variables themselves (label marginals, active
+    #: sets) and not feature-space images ``w_i``, so that the state can be moved to new features
+    #: (:meth:`rebind`).  A subclass storing feature-space vectors must set this to False.  The
+    #: ``_load_storage`` of a rebindable state must derive any feature-space cache at ``self.data``'s
+    #: features (a label-marginal storage has none: :meth:`_w_from_blocks` evaluates the marginals).
+    rebindable = True
 
     def __init__(self, model, data, lam: float):
         model.check_data(data)
@@ -200,6 +237,55 @@ class DualState:
         self.ell = float(self.block_ell.sum())
         return drift
 
+    # ------------------------------------------------------------ new features
+    @classmethod
+    def _check_rebindable(cls) -> None:
+        if not cls.rebindable:
+            raise NotImplementedError(
+                f"{cls.__name__} stores w_i = A(x) alpha_[i] in feature space and not the dual variables "
+                "alpha, so it cannot be moved to new features; use a state that keeps the dual variables "
+                "(ChainDualState for chains, ActiveSetDualState for any model)"
+            )
+
+    @classmethod
+    def from_state_dict(cls, model, data, lam: float, sd: dict) -> "DualState":
+        """A state on ``data`` carrying the dual variables saved in ``sd`` (from :meth:`state_dict`).
+
+        ``data`` must hold the same examples with the same labels in the same order as the data the
+        state was saved from, but its *features* may differ: ``w``, the dense caches and the average
+        are re-derived from the stored blocks under ``data``'s features (see the module docstring),
+        so ``w = A(x) alpha`` holds exactly for the current ``x``.
+        """
+        cls._check_rebindable()
+        state = cls(model, data, lam)
+        state.load_state_dict(sd)  # a rebindable storage derives its feature-space caches at data's features
+        state.refresh()
+        return state
+
+    def rebind(self, data) -> float:
+        """Move this state to new features ``data`` (same examples and labels, in the same order).
+
+        The dual variables (blocks), the per-block ``l_i``, the step counter, the averaging clocks and
+        the averaged dual variables are kept; ``w = sum_i w_i`` and every feature-dependent cache are
+        recomputed under ``data``'s features.  Returns ``max |w_new - w_old|``, the staleness removed.
+        Raises ``NotImplementedError`` for states that do not store the dual variables
+        (:class:`DenseDualState`) and ``ValueError`` when ``data`` holds other examples.
+        """
+        self._check_rebindable()
+        self.model.check_data(data)
+        if len(data) != self.n:
+            raise ValueError(f"rebind: the state has n = {self.n} examples but the new data has {len(data)}")
+        if labels_fingerprint(data) != labels_fingerprint(self.data):
+            raise ValueError(
+                "rebind: the new data has other labels or sequence boundaries than the state's data "
+                "(same examples in the same order are required; only the features may change)"
+            )
+        old_w = self.w.to(data.device)
+        fresh = type(self).from_state_dict(self.model, data, self.lam, self.state_dict())
+        self.__dict__.clear()
+        self.__dict__.update(fresh.__dict__)
+        return float((self.w - old_w).abs().max()) if self.d else 0.0
+
     def block_data(self, i: int):
         """Example ``i`` as a one-example dataset (cached)."""
         cache = self.__dict__.setdefault("_block_cache", {})
@@ -228,6 +314,7 @@ class DualState:
             "avg_t": self.avg_t,
             "avg_last": self.avg_last.clone(),
             "avg_ell_u": self.avg_ell_u,
+            "labels": labels_fingerprint(self.data),
         }
         sd["storage"] = self._storage_dict()
         return sd
@@ -238,6 +325,10 @@ class DualState:
         if sd["n"] != self.n or sd["d"] != self.d:
             raise ValueError(
                 f"state was saved for n = {sd['n']}, d = {sd['d']} but this problem has n = {self.n}, d = {self.d}"
+            )
+        if "labels" in sd and sd["labels"] != labels_fingerprint(self.data):
+            raise ValueError(
+                "state was saved for other examples (labels or sequence boundaries differ, or their order changed)"
             )
         dev = self.w.device
         self.lam = float(sd["lam"])
@@ -252,7 +343,13 @@ class DualState:
 
 
 class DenseDualState(DualState):
-    """Stores ``w_i`` as a dense ``Tensor[n, d]`` (float64).  Works for any model and device."""
+    """Stores ``w_i`` as a dense ``Tensor[n, d]`` (float64).  Works for any model and device.
+
+    Not :attr:`~DualState.rebindable`: the table holds ``A(x) alpha_[i]`` for the features it was
+    built with, and ``alpha`` is not kept (see :class:`ActiveSetDualState`).
+    """
+
+    rebindable = False
 
     def __init__(self, model, data, lam: float):
         super().__init__(model, data, lam)
@@ -302,3 +399,123 @@ class DenseDualState(DualState):
     def _load_storage(self, sd: dict) -> None:
         self.w_blocks = sd["w_blocks"].to(self.w.device, torch.float64).clone()
         self.w_blocks_acc = sd["w_blocks_acc"].to(self.w.device, torch.float64).clone()
+
+
+def _block_labels(data, i: int) -> Tensor:
+    """Labels of example ``i`` (a slice for sequences, a length-1 tensor otherwise)."""
+    offsets = getattr(data, "offsets", None)
+    if offsets is not None:
+        return data.y[int(offsets[i]) : int(offsets[i + 1])]
+    return data.y[i : i + 1]
+
+
+class ActiveSetDualState(DenseDualState):
+    """Dense ``w_i`` plus the dual variables themselves: per block, the labelings with non-zero
+    weight (the active set) and their weights.  Works for any model; can be re-bound to new features.
+
+    ``alpha_i`` is a dict ``labeling -> [labels (CPU LongTensor), weight, averaged weight]``; the dense
+    ``w_i`` table of :class:`DenseDualState` is kept as a cache for the solver steps and recomputed from
+    the active sets by :meth:`_rebuild_blocks` (``w_i = sum_y alpha_i(y) psi_i(y) / (lam n)``, one
+    batched :meth:`~torch_bcfw.models.base.StructuredModel.joint_feature` call).  A BCFW step adds at
+    most one labeling to one block, so the memory grows with the number of distinct oracle answers
+    (at most ``K`` per example for a multiclass model).
+    """
+
+    rebindable = True
+
+    def __init__(self, model, data, lam: float):
+        super().__init__(model, data, lam)
+        ycpu = data.y.detach().cpu()
+        self.active = []
+        for i in range(self.n):
+            y = _block_labels(SimpleLabels(ycpu, getattr(data, "offsets", None)), i).clone()
+            self.active.append({tuple(y.tolist()): [y, 1.0, 0.0]})
+
+    def _add(self, i: int, y: Tensor, gamma: float) -> None:
+        blk = self.active[i]
+        for e in blk.values():
+            e[1] *= 1.0 - gamma
+        y = y.detach().cpu().reshape(-1)
+        key = tuple(y.tolist())
+        if key in blk:
+            blk[key][1] += gamma
+        else:
+            blk[key] = [y.clone(), gamma, 0.0]
+        for k in [k for k, e in blk.items() if e[1] == 0.0 and e[2] == 0.0]:
+            del blk[k]
+
+    def _move_block(self, i: int, y: Tensor, gamma: float, v: Tensor) -> None:
+        super()._move_block(i, y, gamma, v)
+        self._add(i, y, gamma)
+
+    def _move_all(self, y: Tensor, gamma: float) -> None:
+        super()._move_all(y, gamma)
+        ycpu = y.detach().cpu()
+        lab = SimpleLabels(ycpu, getattr(self.data, "offsets", None))
+        for i in range(self.n):
+            self._add(i, _block_labels(lab, i), gamma)
+
+    def _avg_accumulate(self, i, S) -> None:
+        super()._avg_accumulate(i, S)
+        if i is None:
+            Sc = S.detach().cpu().tolist()
+            for j, blk in enumerate(self.active):
+                for e in blk.values():
+                    e[2] += Sc[j] * e[1]
+        else:
+            for e in self.active[i].values():
+                e[2] += float(S) * e[1]
+
+    def active_set_sizes(self) -> Tensor:
+        """``LongTensor[n]``: number of stored labelings per block."""
+        return torch.tensor([len(b) for b in self.active], dtype=torch.long)
+
+    def _flat(self):
+        blocks, labels, weights, accs = [], [], [], []
+        for i, blk in enumerate(self.active):
+            for y, a, acc in blk.values():
+                blocks.append(i)
+                labels.append(y)
+                weights.append(a)
+                accs.append(acc)
+        return (torch.tensor(blocks, dtype=torch.long), labels,
+                torch.tensor(weights, dtype=torch.float64), torch.tensor(accs, dtype=torch.float64))
+
+    def _rebuild_blocks(self, chunk: int = 4096) -> None:
+        blocks, labels, weights, accs = self._flat()
+        dev = self.w.device
+        self._phi_true = None
+        self.w_blocks = torch.zeros(self.n, self.d, dtype=torch.float64, device=dev)
+        self.w_blocks_acc = torch.zeros_like(self.w_blocks)
+        scale = 1.0 / (self.lam * self.n)
+        for s in range(0, blocks.numel(), chunk):
+            idx = blocks[s : s + chunk]
+            sub = self.data[idx]
+            y = torch.cat(labels[s : s + chunk]).to(dev)
+            psi = self.model.joint_feature(sub, sub.y) - self.model.joint_feature(sub, y)
+            ii = idx.to(dev)
+            self.w_blocks.index_add_(0, ii, psi * (weights[s : s + chunk].to(dev) * scale)[:, None])
+            self.w_blocks_acc.index_add_(0, ii, psi * (accs[s : s + chunk].to(dev) * scale)[:, None])
+
+    def _storage_dict(self) -> dict:
+        blocks, labels, weights, accs = self._flat()
+        return {
+            "blocks": blocks, "weights": weights, "accs": accs,
+            "labels": torch.cat(labels) if labels else torch.zeros(0, dtype=torch.long),
+            "label_lengths": torch.tensor([y.numel() for y in labels], dtype=torch.long),
+        }
+
+    def _load_storage(self, sd: dict) -> None:
+        self.active = [{} for _ in range(self.n)]
+        parts = torch.split(sd["labels"].long(), sd["label_lengths"].tolist())
+        for i, y, a, acc in zip(sd["blocks"].tolist(), parts, sd["weights"].tolist(), sd["accs"].tolist()):
+            self.active[i][tuple(y.tolist())] = [y.clone(), float(a), float(acc)]
+        self._rebuild_blocks()
+
+
+class SimpleLabels:
+    """Labels plus (optional) sequence boundaries: enough for :func:`_block_labels`."""
+
+    def __init__(self, y: Tensor, offsets: Tensor | None):
+        self.y = y
+        self.offsets = None if offsets is None else offsets.detach().cpu()

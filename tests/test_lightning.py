@@ -1,0 +1,273 @@
+"""BCFWCallback on tiny problems: exact logged certificate, checkpoint/resume, several instances, errors."""
+import json
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("lightning", reason="the [lightning] extra is not installed")
+
+import lightning.pytorch as pl
+import torch
+from conftest import (
+    brute_force_primal,
+    random_chain_problem,
+    random_multiclass_problem,
+    requires_cuda,
+)
+from torch import nn
+
+from torch_bcfw.data import MulticlassData, SequenceData
+from torch_bcfw.lightning import BCFWCallback
+from torch_bcfw.models import ActiveSetDualState, Chain, Multiclass
+from torch_bcfw.nn import StructuredHead, StructuredHingeLoss
+from torch_bcfw.solvers.certificate import certify
+
+
+def _batches(raw, size, order=None):
+    """Packed batches (x, y, offsets) / (x, y) of ``raw`` in a fixed order."""
+    idx = list(range(len(raw))) if order is None else list(order)
+    out = []
+    for s in range(0, len(idx), size):
+        sub = raw[idx[s:s + size]]
+        out.append((sub.x, sub.y, sub.offsets) if isinstance(sub, SequenceData) else (sub.x, sub.y))
+    return out
+
+
+class Toy(pl.LightningModule):
+    """A float64 linear backbone under a chain (or multiclass) head, trained with the structured hinge."""
+
+    def __init__(self, raw, F=3, K=3, heads=("head",), lr=0.05, shuffle_bcfw=False, seed=0):
+        super().__init__()
+        torch.manual_seed(seed)
+        self.raw = raw
+        self.seq = isinstance(raw, SequenceData)
+        self.backbone = nn.Linear(raw.x.shape[1], F).double()
+        self.head_names = heads
+        for h in heads:
+            setattr(self, h, StructuredHead(Chain(F, K) if self.seq else Multiclass(F, K)))
+        self.lr = lr
+        self.shuffle_bcfw = shuffle_bcfw
+        self.bcfw_calls = 0
+        self.val_weights = []
+
+    def train_dataloader(self):
+        return torch.utils.data.DataLoader(_batches(self.raw, 4), batch_size=None)
+
+    def bcfw_dataloader(self):
+        self.bcfw_calls += 1
+        if self.shuffle_bcfw and self.bcfw_calls > 1:
+            return _batches(self.raw, 4, order=reversed(range(len(self.raw))))
+        return _batches(self.raw, 5)
+
+    def bcfw_features(self, batch):
+        return (self.backbone(batch[0]),) + tuple(batch[1:])
+
+    def validation_step(self, batch, _):
+        self.val_weights.append(getattr(self, self.head_names[0]).w.clone())
+
+    def training_step(self, batch, _):
+        feats = self.backbone(batch[0])
+        loss = sum(StructuredHingeLoss(getattr(self, h))(feats, *batch[1:]) for h in self.head_names)
+        return loss + 0.01 * (feats ** 2).mean()  # keeps the features bounded
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.backbone.parameters(), lr=self.lr)
+
+
+def _trainer(tmp_path, callbacks, epochs, accelerator="cpu", **kw):
+    return pl.Trainer(accelerator=accelerator, devices=1, max_epochs=epochs, callbacks=callbacks, logger=False,
+                      enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                      default_root_dir=tmp_path, **kw)
+
+
+def _features(module, raw):
+    with torch.no_grad():
+        x = module.backbone(raw.x.to(module.device)).cpu().double()
+    return SequenceData(x, raw.y, raw.offsets) if isinstance(raw, SequenceData) else MulticlassData(x, raw.y)
+
+
+def test_logged_gap_is_the_exact_gap_at_the_current_features(tmp_path):
+    _, raw = random_chain_problem(n=8, F=4, K=3, max_len=3, seed=1)
+    lam = 0.1
+    cb = BCFWCallback(lam=lam, passes_per_call=3, averaging=False)
+    module = Toy(raw)
+    _trainer(tmp_path, [cb], epochs=2).fit(module)
+    rec = cb.last_record
+    logged = {k: float(v) for k, v in _trainer_metrics(module).items()}
+    assert logged["ssvm/gap"] == pytest.approx(rec["gap_best"], rel=1e-12, abs=1e-15)
+    # independent computation at the features the backbone gives now (the callback ran after the last update)
+    data = _features(module, raw)
+    model, w_head = module.head.model, module.head.w
+    primal = brute_force_primal(model, data, w_head, lam)  # enumeration of every labeling
+    st = cb.dual_sd["storage"]
+    n = len(data)
+    w_alpha = (model.joint_feature_sum(data, data.y)
+               - model.features_from_marginals(data, st["mu"], st["T"].sum(0))) / (lam * n)
+    assert torch.allclose(w_alpha, w_head, atol=1e-12)  # head = A(x_now) alpha (last iterate)
+    dual = float(cb.dual_sd["block_ell"].sum()) - 0.5 * lam * float(w_alpha @ w_alpha)
+    assert logged["ssvm/primal"] == pytest.approx(primal, abs=1e-10)
+    assert logged["ssvm/dual"] == pytest.approx(dual, abs=1e-10)
+    assert logged["ssvm/gap"] == pytest.approx(primal - dual, abs=1e-10)
+    assert logged["ssvm/gap"] >= 0
+    # the features did change between calls: a state not re-bound would have been stale
+    assert rec["stale"] > 1e-6
+    assert logged["ssvm/passes"] == pytest.approx(3 + 2 * 3)
+    assert logged["ssvm/oracle_calls"] == 9 * n
+    assert len(cb.history) == 3 and [h["epoch"] for h in cb.history] == [0, 0, 1]
+
+
+def _trainer_metrics(module):
+    return {k: v for k, v in module.trainer.callback_metrics.items() if k.startswith("ssvm/")}
+
+
+def test_multiclass_with_averaging_matches_certify(tmp_path):
+    _, raw = random_multiclass_problem(n=12, F=4, K=3, seed=2)
+    lam = 0.05
+    cb = BCFWCallback(lam=lam, passes_per_call=2, every_n_epochs=2, solver_options={"sampling": "perm"})
+    module = Toy(raw)
+    _trainer(tmp_path, [cb], epochs=4).fit(module)
+    assert cb.dual_sd["kind"] == "ActiveSetDualState"  # the dense state cannot follow the features
+    data = _features(module, raw)
+    state = ActiveSetDualState.from_state_dict(module.head.model, data, lam, cb.dual_sd)
+    last = certify(module.head.model, data, state.w, state.ell, lam)
+    w_avg, ell_avg = state.averaged()
+    avg = certify(module.head.model, data, w_avg, ell_avg, lam)
+    logged = {k: float(v) for k, v in _trainer_metrics(module).items()}
+    assert logged["ssvm/gap"] == pytest.approx(min(last.primal, avg.primal) - max(last.dual, avg.dual), abs=1e-10)
+    best = w_avg if avg.primal < last.primal else state.w
+    assert torch.allclose(module.head.w, best, atol=1e-12)
+    assert len(cb.history) == 3  # initial solve + epochs 2 and 4
+    assert logged["ssvm/passes"] == pytest.approx(6)
+
+
+def test_checkpoint_resume_equals_uninterrupted_run(tmp_path):
+    _, raw = random_chain_problem(n=10, F=4, K=3, max_len=4, seed=3)
+    kw = dict(lam=0.05, passes_per_call=2, seed=5)
+    full_cb = BCFWCallback(**kw)
+    full = Toy(raw)
+    _trainer(tmp_path / "a", [full_cb], epochs=4).fit(full)
+
+    first_cb = BCFWCallback(**kw)
+    first = Toy(raw)
+    t1 = _trainer(tmp_path / "b", [first_cb], epochs=2)
+    t1.fit(first)
+    ckpt = tmp_path / "mid.ckpt"
+    t1.save_checkpoint(ckpt)
+    second_cb = BCFWCallback(**kw)
+    second = Toy(raw, seed=123)  # other initial weights: everything must come from the checkpoint
+    _trainer(tmp_path / "c", [second_cb], epochs=4).fit(second, ckpt_path=ckpt)
+
+    assert torch.equal(second.head.w, full.head.w)
+    assert torch.equal(second.backbone.weight, full.backbone.weight)
+    assert second_cb.last_record["gap_best"] == full_cb.last_record["gap_best"]
+    assert [h["gap_best"] for h in second_cb.history] == [h["gap_best"] for h in full_cb.history]
+    assert second_cb.alg_sd == full_cb.alg_sd
+    assert float(second.trainer.callback_metrics["ssvm/gap"]) == float(full.trainer.callback_metrics["ssvm/gap"])
+
+
+def test_several_callbacks_in_one_trainer(tmp_path):
+    _, raw = random_chain_problem(n=8, F=4, K=3, max_len=3, seed=4)
+    a = BCFWCallback(lam=0.1, head_attr="head_a", log_prefix="ssvm_a", passes_per_call=2)
+    b = BCFWCallback(lam=0.01, head_attr="head_b", log_prefix="ssvm_b", passes_per_call=1, every_n_epochs=2)
+    assert a.state_key != b.state_key
+    module = Toy(raw, heads=("head_a", "head_b"))
+    trainer = _trainer(tmp_path, [a, b], epochs=2)
+    trainer.fit(module)
+    m = trainer.callback_metrics
+    assert "ssvm_a/gap" in m and "ssvm_b/gap" in m
+    assert float(m["ssvm_a/passes"]) == pytest.approx(6) and float(m["ssvm_b/passes"]) == pytest.approx(2)
+    assert not torch.equal(module.head_a.w, module.head_b.w)
+    ckpt = tmp_path / "two.ckpt"
+    trainer.save_checkpoint(ckpt)
+    saved = torch.load(ckpt, weights_only=True)["callbacks"]  # loads without pickled objects
+    assert saved[a.state_key]["config"]["lam"] == 0.1 and saved[b.state_key]["config"]["lam"] == 0.01
+    # two instances that would share a state key (Lightning refuses) or a log prefix (we refuse)
+    with pytest.raises(RuntimeError, match="state_key"):
+        _trainer(tmp_path, [BCFWCallback(lam=0.1, head_attr="head_a"), BCFWCallback(lam=0.2, head_attr="head_a")],
+                 epochs=1)
+    same_prefix = [BCFWCallback(lam=0.1, head_attr="head_a"), BCFWCallback(lam=0.2, head_attr="head_b")]
+    with pytest.raises(ValueError, match="distinct"):
+        _trainer(tmp_path, same_prefix, epochs=1).fit(Toy(raw, heads=("head_a", "head_b")))
+
+
+def test_bad_configuration_is_reported(tmp_path):
+    _, raw = random_chain_problem(n=6, F=4, K=3, max_len=3, seed=5)
+    with pytest.raises(TypeError, match="unknown solver option"):
+        BCFWCallback(lam=0.1, max_pases=3)
+    with pytest.raises(ValueError, match="passes_per_call"):
+        BCFWCallback(lam=0.1, max_passes=3)
+    with pytest.raises(ValueError, match="lam"):
+        BCFWCallback(lam=0.0)
+    with pytest.raises(ValueError, match="unknown solver"):
+        BCFWCallback(lam=0.1, solver="ssg")
+    # callback attached to a module without the named head
+    with pytest.raises(ValueError, match="no StructuredHead attribute 'classifier'"):
+        _trainer(tmp_path, [BCFWCallback(lam=0.1, head_attr="classifier")], epochs=1).fit(Toy(raw))
+    # head size does not match the feature dimension
+    bad = Toy(raw)
+    bad.head = StructuredHead(Chain(5, 3))
+    with pytest.raises(ValueError, match="dimension 3 but head 'head' \\(Chain\\) expects 5"):
+        _trainer(tmp_path, [BCFWCallback(lam=0.1)], epochs=1).fit(bad)
+    # a bcfw_dataloader that changes the order of the examples between calls
+    with pytest.raises(ValueError, match="same training examples in the same order"):
+        _trainer(tmp_path, [BCFWCallback(lam=0.1, passes_per_call=1)], epochs=1).fit(Toy(raw, shuffle_bcfw=True))
+    # a checkpoint written at another lam
+    cb = BCFWCallback(lam=0.1)
+    with pytest.raises(ValueError, match="lam"):
+        BCFWCallback(lam=0.2).load_state_dict(cb.state_dict())
+
+
+@requires_cuda
+@pytest.mark.cuda
+def test_callback_on_cuda(tmp_path):
+    _, raw = random_chain_problem(n=8, F=4, K=3, max_len=3, seed=6)
+    lam = 0.1
+    cb = BCFWCallback(lam=lam, passes_per_call=2, averaging=False)
+    module = Toy(raw)
+    _trainer(tmp_path, [cb], epochs=2, accelerator="cuda").fit(module)
+    assert module.head.w.is_cuda
+    data = _features(module, raw)
+    primal = brute_force_primal(module.head.model, data, module.head.w.cpu(), lam)
+    assert float(module.trainer.callback_metrics["ssvm/primal"]) == pytest.approx(primal, abs=1e-6)
+
+
+def test_end_of_epoch_validation_sees_the_fresh_head(tmp_path):
+    _, raw = random_chain_problem(n=8, F=4, K=3, max_len=3, seed=7)
+    cb = BCFWCallback(lam=0.1, passes_per_call=2)
+    module = Toy(raw)
+    val = torch.utils.data.DataLoader(_batches(raw, 8), batch_size=None)
+    _trainer(tmp_path, [cb], epochs=3, num_sanity_val_steps=0).fit(module, val_dataloaders=val)
+    assert len(cb.history) == 4  # initial solve + one per epoch, not two
+    assert len(module.val_weights) == 3
+    heads = [h for h in module.val_weights]
+    assert torch.equal(heads[-1], module.head.w)  # the last validation decoded with the final solve
+    assert not torch.equal(heads[0], heads[1])
+
+
+def test_train_command_runs_the_yaml_experiment(tmp_path, capsys):
+    from conftest import shared_data
+
+    from torch_bcfw.cli import main
+
+    data = str(shared_data("ocr"))
+    common = ["--config", "configs/ocr_cnn.yaml", f"--data.init_args.path={data}", "--data.init_args.limit=40",
+              "--data.init_args.test_limit=20", f"--trainer.default_root_dir={tmp_path}",
+              f"--trainer.logger.init_args.save_dir={tmp_path}"]
+    import os
+
+    cwd = os.getcwd()
+    os.chdir(Path(__file__).resolve().parents[1])
+    try:
+        rc = main(["train", *common, "--trainer.max_epochs=1", f"--report={tmp_path / 'report.json'}"])
+        assert rc == 0
+        rep = json.loads((tmp_path / "report.json").read_text())
+        assert rep["ssvm/calls"] == 2 and rep["ssvm/passes"] == pytest.approx(20)
+        assert 0 <= rep["ssvm/gap"] <= rep["ssvm/primal"] and 0 <= rep["test/letter_error"] <= 1
+        bad = tmp_path / "bad.yaml"
+        cfg = (Path("configs") / "ocr_cnn.yaml").read_text().replace("seed: 1}", "seed: 1, max_pases: 3}")
+        assert "max_pases" in cfg
+        bad.write_text(cfg)
+        rc = main(["train", *common, "--config", str(bad), "--trainer.max_epochs=1"])
+        assert rc == 2 and "unknown solver option(s) ['max_pases']" in capsys.readouterr().err
+    finally:
+        os.chdir(cwd)

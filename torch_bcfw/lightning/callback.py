@@ -1,0 +1,410 @@
+"""``BCFWCallback``: solve the structured head of a LightningModule with BCFW on the current features."""
+from __future__ import annotations
+
+import copy
+import math
+import time
+
+import numpy as np
+import torch
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.utilities import rank_zero_info
+
+from ..data import MulticlassData, SequenceData
+from ..models.dual import ActiveSetDualState, check_lam
+from ..nn import StructuredHead
+from ..solvers.bcfw import BCFW
+from ..solvers.fw import FrankWolfe
+from ..solvers.loop import run_solver
+from ..solvers.options import SolverOptions
+
+__all__ = ["BCFWCallback", "collect_features", "make_dual_state"]
+
+_ALGORITHMS = {"bcfw": BCFW, "fw": FrankWolfe}
+_STATE_CLASSES = {}
+
+
+def make_dual_state(model, data, lam: float):
+    """The model's own dual state when it can be re-bound to new features, else an :class:`ActiveSetDualState`.
+
+    (A model that keeps the default dense state gets the active-set state directly: it is dense too, with
+    an ``[n, d]`` table of ``w_i``, so it suits small and medium problems.)
+    """
+    from ..models.base import StructuredModel
+
+    if type(model).dual_state is StructuredModel.dual_state:
+        state = ActiveSetDualState(model, data, lam)
+    else:
+        state = model.dual_state(data, lam)
+        if not state.rebindable:
+            state = ActiveSetDualState(model, data, lam)
+    _STATE_CLASSES[type(state).__name__] = type(state)
+    return state
+
+
+def _state_class(name: str):
+    from ..models import ChainDualState
+
+    known = {c.__name__: c for c in (ActiveSetDualState, ChainDualState)}
+    known.update(_STATE_CLASSES)
+    if name not in known:
+        raise ValueError(f"BCFWCallback: unknown dual state class {name!r} in the saved state")
+    return known[name]
+
+
+def _to_primitive(obj):
+    """Checkpoint-safe copy: numpy arrays / scalars become lists / Python numbers (loads with weights_only=True)."""
+    if isinstance(obj, dict):
+        return {k: _to_primitive(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_to_primitive(v) for v in obj)
+    if isinstance(obj, np.ndarray):
+        return obj.tolist()
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().cpu().clone()
+    return obj
+
+
+def _find(trainer, pl_module, name: str):
+    if callable(getattr(pl_module, name, None)):
+        return getattr(pl_module, name)
+    dm = getattr(trainer, "datamodule", None)
+    if dm is not None and callable(getattr(dm, name, None)):
+        return getattr(dm, name)
+    return None
+
+
+def collect_features(pl_module, batches, device="cpu", to_device=None):
+    """Run ``pl_module.bcfw_features`` over ``batches`` in eval mode without gradient; concatenate.
+
+    ``bcfw_features(batch)`` returns a :class:`~torch_bcfw.data.SequenceData` /
+    :class:`~torch_bcfw.data.MulticlassData`, or a tuple ``(x, y)`` (one row per example) or
+    ``(x, y, offsets)`` (packed sequences).  The result is float64 on ``device``.  The train/eval
+    mode of every submodule is restored afterwards.
+    """
+    modes = [(m, m.training) for m in pl_module.modules()]
+    pl_module.eval()
+    xs, ys, lengths, seq = [], [], [], None
+    try:
+        with torch.no_grad():
+            for batch in batches:
+                if to_device is not None:
+                    batch = to_device(batch)
+                out = pl_module.bcfw_features(batch)
+                if isinstance(out, SequenceData):
+                    out = (out.x, out.y, out.offsets)
+                elif isinstance(out, MulticlassData):
+                    out = (out.x, out.y)
+                if not isinstance(out, (tuple, list)) or len(out) not in (2, 3):
+                    raise TypeError(
+                        "bcfw_features(batch) must return SequenceData, MulticlassData, (x, y) or (x, y, offsets); "
+                        f"got {type(out).__name__}"
+                    )
+                is_seq = len(out) == 3
+                if seq is None:
+                    seq = is_seq
+                elif seq != is_seq:
+                    raise TypeError("bcfw_features returned sequences for some batches and single examples for others")
+                if out[1] is None:
+                    raise ValueError("bcfw_features must return the labels of the training examples")
+                xs.append(out[0].detach().to(device, torch.float64))
+                ys.append(out[1].detach().to(device).long())
+                if is_seq:
+                    off = torch.as_tensor(out[2]).detach().cpu().long()
+                    lengths.append(off[1:] - off[:-1])
+    finally:
+        for m, mode in modes:
+            m.training = mode
+    if not xs:
+        raise ValueError("bcfw_dataloader yielded no batch")
+    x, y = torch.cat(xs), torch.cat(ys)
+    if seq:
+        lens = torch.cat(lengths)
+        offsets = torch.zeros(lens.numel() + 1, dtype=torch.long)
+        offsets[1:] = torch.cumsum(lens, 0)
+        return SequenceData(x, y, offsets.to(device))
+    return MulticlassData(x, y)
+
+
+class BCFWCallback(Callback):
+    """Solve the linear structured head of a LightningModule with BCFW every ``every_n_epochs`` epochs.
+
+    At the end of every ``every_n_epochs``-th training epoch (before the end-of-epoch validation, so that
+    it decodes with the fresh head; and once before the first epoch, ``initial_passes``) the callback
+
+    1. computes the training features with the module in eval mode and without gradient
+       (the *feature protocol* below),
+    2. re-binds its dual state to these features (:meth:`~torch_bcfw.models.dual.DualState.from_state_dict`:
+       the stored dual variables -- label marginals for a chain, active sets of labelings otherwise --
+       are kept and ``w = A(x) alpha`` is recomputed under the new features),
+    3. runs ``passes_per_call`` effective passes of BCFW (or batch FW) from there, ends with an exact
+       duality-gap check, writes the certified model (the last or the averaged iterate, whichever has
+       the lower primal) into the head, and
+    4. logs ``{log_prefix}/gap`` (certified gap of the head's weights at the current features),
+       ``/primal``, ``/dual``, ``/oracle_calls``, ``/passes`` (cumulative), ``/stale`` (``max |w_new -
+       w_old|`` removed by the rebind) and ``/train_loss`` through ``pl_module.log``, so
+       ``ModelCheckpoint`` / ``EarlyStopping`` can monitor them.
+
+    **Feature protocol** (the LightningModule, or its datamodule, provides):
+
+    * ``bcfw_dataloader()`` -- an iterable over *all* training examples in a fixed order (no shuffling,
+      no dropped batches), the same examples on every call;
+    * ``bcfw_features(batch)`` (on the LightningModule) -- the head's input for one batch: a
+      ``SequenceData`` / ``MulticlassData``, ``(x, y)`` or ``(x, y, offsets)`` (packed tokens).
+      Batches are moved to the module's device by the trainer's strategy first.
+
+    **Warm starting after a feature change.**  The dual variables ``alpha`` (which labelings carry
+    which weight) are what is warm-started; the weights are not: ``w`` is re-derived as ``A(x) alpha``
+    from the new features, so the primal-dual pair is feasible for the *current* problem and the
+    logged gap is its exact duality gap.  ``alpha`` is a good start when the features moved little
+    (the oracle answers stay similar); the first passes after a large change repair it.  The averaged
+    iterate is re-derived the same way (the averaged dual variables are stored).
+
+    Args:
+        lam: regularisation ``lam > 0`` of the SSVM on the head.
+        head_attr: attribute of the LightningModule holding the :class:`~torch_bcfw.nn.StructuredHead`.
+        every_n_epochs: solve after every ``k``-th training epoch.
+        passes_per_call: effective passes of the solver per call.
+        initial_passes: passes of the solve before the first training epoch (on the initial features;
+            ``0``: none; default ``passes_per_call``).  Skipped when resuming from a checkpoint.
+        solver: ``"bcfw"`` (default) or ``"fw"`` (batch Frank-Wolfe).
+        device: where the solver runs (``"cpu"``, default, uses the compiled chain kernel;
+            ``None``: the module's device).
+        log_prefix: prefix of the logged names; give every instance its own.
+        name: distinguishes several instances in one Trainer (part of :attr:`state_key`; default:
+            ``head_attr``).
+        verbose: print one line per call.
+        solver_options: :class:`~torch_bcfw.solvers.options.SolverOptions` fields (``step``,
+            ``sampling``, ``averaging``, ``gap_check``, ``gap_tol``, ``time_budget``, ``seed`` ...);
+            also accepted as keyword arguments.  ``max_passes`` is ``passes_per_call``.
+    """
+
+    def __init__(self, lam: float, head_attr: str = "head", every_n_epochs: int = 1, passes_per_call: float = 5.0,
+                 initial_passes: float | None = None, solver: str = "bcfw", device: str | None = "cpu",
+                 log_prefix: str = "ssvm", name: str | None = None, verbose: bool = False,
+                 solver_options: dict | None = None, **options):
+        super().__init__()
+        self.lam = check_lam(lam)
+        if solver not in _ALGORITHMS:
+            raise ValueError(f"unknown solver {solver!r} for BCFWCallback; choose from {sorted(_ALGORITHMS)}")
+        if int(every_n_epochs) < 1:
+            raise ValueError(f"every_n_epochs must be >= 1, got {every_n_epochs}")
+        if not passes_per_call > 0:
+            raise ValueError(f"passes_per_call must be > 0, got {passes_per_call}")
+        initial_passes = passes_per_call if initial_passes is None else initial_passes
+        if initial_passes < 0:
+            raise ValueError(f"initial_passes must be >= 0, got {initial_passes}")
+        opts = dict(solver_options or {})
+        dup = sorted(set(opts) & set(options))
+        if dup:
+            raise ValueError(f"solver option(s) {dup} given both in solver_options and as keywords")
+        opts.update(options)
+        for bad, use in (("max_passes", "passes_per_call"), ("progress", "verbose")):
+            if bad in opts:
+                raise ValueError(f"BCFWCallback sets {bad!r} itself; use {use!r}")
+        opts.setdefault("gap_check", max(1, math.ceil(passes_per_call)))
+        self.options = SolverOptions.from_kwargs(max_passes=passes_per_call, **opts)  # unknown options: TypeError
+        if initial_passes:
+            SolverOptions.from_kwargs(**{**self.options.to_dict(), "max_passes": initial_passes})
+        self.head_attr = str(head_attr)
+        self.every_n_epochs = int(every_n_epochs)
+        self.passes_per_call = float(passes_per_call)
+        self.initial_passes = float(initial_passes)
+        self.solver = solver
+        self.device = device
+        self.log_prefix = str(log_prefix)
+        self.name = str(name) if name is not None else self.head_attr
+        self.verbose = bool(verbose)
+        self._reset()
+
+    def _reset(self) -> None:
+        self.dual_sd = None  # dual state dict after the last call (CPU tensors)
+        self.alg_sd = None  # sampler / iteration and oracle counters
+        self.counters = {}
+        self.history = []  # the solver's record of every call's final check (plus "epoch", "stale")
+        self.calls = 0
+        self.solved_epoch = None  # the epoch whose end-of-epoch solve is done
+        self.last_record = None
+        self.last_data = None
+
+    # ------------------------------------------------------------------ Lightning plumbing
+    @property
+    def state_key(self) -> str:
+        return self._generate_state_key(name=self.name, log_prefix=self.log_prefix)
+
+    def _head(self, pl_module) -> StructuredHead:
+        head = getattr(pl_module, self.head_attr, None)
+        if not isinstance(head, StructuredHead):
+            found = "nothing" if head is None else type(head).__name__
+            raise ValueError(
+                f"BCFWCallback: {type(pl_module).__name__} has no StructuredHead attribute {self.head_attr!r} "
+                f"(found {found}); set head_attr to the attribute holding the torch_bcfw.nn.StructuredHead"
+            )
+        return head
+
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        if stage != "fit":
+            return
+        self._head(pl_module)
+        if not callable(getattr(pl_module, "bcfw_features", None)):
+            raise ValueError(f"BCFWCallback: {type(pl_module).__name__} must define bcfw_features(batch) "
+                             "(the head's input for one batch)")
+        if _find(trainer, pl_module, "bcfw_dataloader") is None:
+            raise ValueError(f"BCFWCallback: neither {type(pl_module).__name__} nor its datamodule defines "
+                             "bcfw_dataloader() (all training examples in a fixed order)")
+        mine = [c for c in trainer.callbacks if isinstance(c, BCFWCallback)]
+        keys = [c.state_key for c in mine]
+        prefixes = [c.log_prefix for c in mine]
+        if len(set(keys)) != len(keys) or len(set(prefixes)) != len(prefixes):
+            raise ValueError("several BCFWCallbacks in one Trainer need distinct `name`s and `log_prefix`es "
+                             f"(got names {[c.name for c in mine]}, prefixes {prefixes})")
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        if self.calls == 0 and self.initial_passes > 0:
+            self.solve(trainer, pl_module, self.initial_passes, log=False)
+
+    def _due(self, trainer) -> bool:
+        return (trainer.current_epoch + 1) % self.every_n_epochs == 0 and self.solved_epoch != trainer.current_epoch
+
+    def on_validation_epoch_start(self, trainer, pl_module) -> None:
+        # the end-of-epoch validation runs before on_train_epoch_end: solve first, so that it decodes with
+        # the head solved on the features it evaluates (the backbone does not change in between)
+        if trainer.sanity_checking or trainer.state.fn != "fit":
+            return
+        if not trainer.fit_loop.epoch_loop.batch_progress.is_last_batch:
+            return  # a validation in the middle of an epoch
+        if self._due(trainer):
+            self.solve(trainer, pl_module, self.passes_per_call, log=True)
+            self.solved_epoch = trainer.current_epoch
+
+    def on_train_epoch_end(self, trainer, pl_module) -> None:
+        if self._due(trainer):
+            self.solve(trainer, pl_module, self.passes_per_call, log=True)
+            self.solved_epoch = trainer.current_epoch
+
+    # ------------------------------------------------------------------ the solve
+    def training_data(self, trainer, pl_module):
+        """The current training features (float64, on the solver's device) via the feature protocol."""
+        loader = _find(trainer, pl_module, "bcfw_dataloader")
+        device = self.device if self.device is not None else pl_module.device
+        to_device = trainer.strategy.batch_to_device if trainer is not None else None
+        data = collect_features(pl_module, loader(), device=device, to_device=to_device)
+        head = self._head(pl_module)
+        F = data.x.shape[1]
+        if F != head.n_inputs:
+            raise ValueError(
+                f"BCFWCallback: the features from bcfw_features have dimension {F} but head {self.head_attr!r} "
+                f"({type(head.model).__name__}) expects {head.n_inputs}"
+            )
+        head.model.check_data(data)
+        return data
+
+    def _dual_state(self, model, data):
+        if self.dual_sd is None:
+            return make_dual_state(model, data, self.lam)
+        cls = _state_class(self.dual_sd["kind"])
+        try:
+            return cls.from_state_dict(model, data, self.lam, self.dual_sd)
+        except ValueError as exc:
+            raise ValueError(
+                f"BCFWCallback: {exc}; bcfw_dataloader must yield the same training examples in the same order "
+                "on every call (no shuffling, no dropped batches)"
+            ) from exc
+
+    def solve(self, trainer, pl_module, passes: float, log: bool = True) -> dict:
+        """One call: features, rebind, ``passes`` solver passes, exact check, write the head, log."""
+        # validation hooks run under torch.inference_mode: keep the solver's tensors ordinary ones
+        with torch.inference_mode(False):
+            return self._solve(trainer, pl_module, passes, log)
+
+    def _solve(self, trainer, pl_module, passes: float, log: bool) -> dict:
+        t0 = time.perf_counter()
+        head = self._head(pl_module)
+        model = head.model
+        data = self.training_data(trainer, pl_module)
+        t_feat = time.perf_counter() - t0
+        state = self._dual_state(model, data)
+        stale = 0.0
+        if self.dual_sd is not None:
+            stale = float((state.w - self.dual_sd["w"].to(state.w.device)).abs().max()) if state.d else 0.0
+        opts = SolverOptions.from_kwargs(**{**self.options.to_dict(), "max_passes": passes})
+        alg = _ALGORITHMS[self.solver](model, data, self.lam, opts, state=state)
+        if self.alg_sd is not None:
+            if "sampler" in self.alg_sd and hasattr(alg, "sampler"):
+                alg.sampler.load_state_dict(self.alg_sd["sampler"])
+            if "iteration" in self.alg_sd and hasattr(alg, "iteration"):
+                alg.iteration = int(self.alg_sd["iteration"])
+            alg.oracle_calls = int(self.alg_sd["oracle_calls"])
+        n_hist = len(self.history)
+        run_solver(alg, opts, callbacks=(), counters=self.counters, history=self.history)
+        rec = self.history[-1]
+        del self.history[n_hist:-1]  # keep one record per call
+        w, _ = alg.iterate()
+        if rec["selected"] == "averaged":
+            w = alg.averaged()[0]
+        head.set_weights(w)
+        epoch = trainer.current_epoch if trainer is not None else None
+        rec.update(epoch=epoch, stale=stale, call=self.calls, feature_time=t_feat, wall=time.perf_counter() - t0)
+        sd = alg.state_dict()
+        self.dual_sd = _to_primitive(sd.pop("state"))
+        self.alg_sd = _to_primitive(sd)
+        self.calls += 1
+        self.last_record = rec
+        self.last_data = data
+        if log:
+            self._log(pl_module, rec)
+        if self.verbose:
+            rank_zero_info(
+                f"[{self.log_prefix}] epoch {epoch}: gap {rec['gap_best']:.4g} primal "
+                f"{min(p for p in (rec['primal'], rec['primal_avg']) if p is not None):.4g} passes {rec['passes']:.1f} "
+                f"stale {stale:.3g} train loss {rec.get('train_loss')} ({rec['wall']:.1f} s)"
+            )
+        return rec
+
+    @staticmethod
+    def figures(rec: dict) -> dict:
+        """The logged figures of a record: certified gap, primal of the head's weights, best dual."""
+        primal = rec["primal_avg"] if rec["selected"] == "averaged" else rec["primal"]
+        duals = [d for d in (rec["dual"], rec["dual_avg"]) if d is not None]
+        out = {"gap": rec["gap_best"], "primal": primal, "dual": max(duals), "oracle_calls": rec["oracle_calls"],
+               "passes": rec["passes"], "stale": rec["stale"]}
+        if rec.get("train_loss") is not None:
+            out["train_loss"] = rec["train_loss"]
+        return out
+
+    def _log(self, pl_module, rec: dict) -> None:
+        for k, v in self.figures(rec).items():
+            pl_module.log(f"{self.log_prefix}/{k}", torch.tensor(float(v), dtype=torch.float64),
+                          on_step=False, on_epoch=True, prog_bar=(k == "gap"), add_dataloader_idx=False)
+
+    # ------------------------------------------------------------------ checkpoint
+    def state_dict(self) -> dict:
+        return {
+            "version": 1,
+            "config": {"lam": self.lam, "solver": self.solver, "head_attr": self.head_attr,
+                       "options": self.options.to_dict()},
+            "dual_state": copy.deepcopy(self.dual_sd),
+            "alg": copy.deepcopy(self.alg_sd),
+            "counters": dict(self.counters),
+            "history": _to_primitive(copy.deepcopy(self.history)),
+            "calls": self.calls,
+            "solved_epoch": self.solved_epoch,
+        }
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        cfg = state_dict.get("config", {})
+        if cfg.get("lam") != self.lam or cfg.get("solver") != self.solver:
+            raise ValueError(
+                f"BCFWCallback: the checkpoint was written with lam = {cfg.get('lam')}, solver = {cfg.get('solver')!r} "
+                f"but this callback has lam = {self.lam}, solver = {self.solver!r}"
+            )
+        self._reset()
+        self.dual_sd = state_dict["dual_state"]
+        self.alg_sd = state_dict["alg"]
+        self.counters = dict(state_dict["counters"])
+        self.history = list(state_dict["history"])
+        self.calls = int(state_dict["calls"])
+        self.solved_epoch = state_dict.get("solved_epoch")
+        self.last_record = self.history[-1] if self.history else None

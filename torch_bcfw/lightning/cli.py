@@ -1,0 +1,74 @@
+"""``torch-bcfw train --config configs/ocr_cnn.yaml``: a whole Lightning experiment from one YAML file.
+
+The file is a :class:`~lightning.pytorch.cli.LightningCLI` config without subcommand: top-level
+``seed_everything``, ``trainer`` (with its ``callbacks``, e.g. a :class:`~torch_bcfw.lightning.BCFWCallback`),
+``model`` and ``data`` (``class_path`` + ``init_args``), plus ``test`` (run ``trainer.test`` after
+fitting, default true), ``report`` (a JSON file for the final figures, optional) and ``ckpt_path`` (resume
+from a checkpoint: the module, the optimiser and every callback's state, the BCFW dual state included).  Any entry can
+be overridden on the command line, e.g. ``--trainer.max_epochs=3 --data.init_args.limit=300``;
+``torch-bcfw train --help`` lists them all.
+"""
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import lightning.pytorch as pl
+from lightning.pytorch.cli import LightningCLI
+
+from .callback import BCFWCallback
+
+__all__ = ["TrainCLI", "summarize", "train_main"]
+
+
+class TrainCLI(LightningCLI):
+    def add_arguments_to_parser(self, parser) -> None:
+        parser.add_argument("--test", type=bool, default=True, help="run trainer.test after fitting")
+        parser.add_argument("--report", type=str | None, default=None, help="write the final figures to this JSON file")
+        parser.add_argument("--ckpt_path", type=str | None, default=None,
+                            help="resume from this Lightning checkpoint (weights, optimiser, BCFW dual state)")
+
+
+def summarize(trainer, wall: float, test_metrics: dict | None = None) -> dict:
+    """Final figures of a run: the certificate of every BCFWCallback, test metrics and wall time."""
+    out = {"epochs": trainer.current_epoch, "wall_time_s": wall}
+    for cb in trainer.callbacks:
+        if isinstance(cb, BCFWCallback) and cb.last_record is not None:
+            figs = cb.figures(cb.last_record)
+            out.update({f"{cb.log_prefix}/{k}": v for k, v in figs.items()})
+            out[f"{cb.log_prefix}/calls"] = cb.calls
+    for k, v in (test_metrics or {}).items():
+        out[k] = float(v)
+    return out
+
+
+def train_main(args=None) -> int:
+    """Entry point of ``torch-bcfw train`` (``args``: the arguments after ``train``)."""
+    argv0 = sys.argv
+    if args is not None:  # LightningCLI warns when both args and sys.argv carry arguments
+        sys.argv = [f"{Path(argv0[0]).name} train"]
+    try:
+        cli = TrainCLI(
+            model_class=pl.LightningModule, datamodule_class=pl.LightningDataModule, subclass_mode_model=True,
+            subclass_mode_data=True, run=False, args=args, seed_everything_default=0,
+            save_config_kwargs={"overwrite": True},
+        )
+    finally:
+        sys.argv = argv0
+    t0 = time.perf_counter()
+    cli.trainer.fit(cli.model, datamodule=cli.datamodule, ckpt_path=cli.config.get("ckpt_path"))
+    wall = time.perf_counter() - t0
+    test_metrics = None
+    if cli.config.get("test", True):
+        res = cli.trainer.test(cli.model, datamodule=cli.datamodule)
+        test_metrics = res[0] if res else None
+    summary = summarize(cli.trainer, wall, test_metrics)
+    width = max(len(k) for k in summary)
+    print("\n".join(f"{k:<{width}}  {v:.6g}" if isinstance(v, float) else f"{k:<{width}}  {v}" for k, v in summary.items()))
+    report = cli.config.get("report")
+    if report:
+        Path(report).parent.mkdir(parents=True, exist_ok=True)
+        Path(report).write_text(json.dumps(summary, indent=1))
+    return 0

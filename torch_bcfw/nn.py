@@ -1,0 +1,326 @@
+"""``torch.nn`` building blocks: a structured linear head and the structured hinge loss.
+
+A backbone network ``f_theta`` maps the raw inputs to features ``x = f_theta(raw)`` (one row per
+token for a chain, one row per example for a multiclass model).  On top of it sits the linear
+structured model of :mod:`torch_bcfw.models` with weights ``w``:
+
+* :class:`StructuredHead` holds ``w`` and decodes in :meth:`StructuredHead.forward`
+  (``argmax_y <w, phi(x, y)>``: batched max-plus Viterbi for :class:`~torch_bcfw.models.Chain`,
+  an argmax for :class:`~torch_bcfw.models.Multiclass`), on the device of the features;
+* :class:`StructuredHingeLoss` is the SSVM loss of a batch,
+  ``1/B sum_i max_y [L_i(y) + <w, phi(x_i, y)>] - <w, phi(x_i, y_i)>`` (plus ``lam/2 ||w||^2`` when
+  asked).  The maximisation (loss-augmented decoding) runs without gradient; the hinge value is then
+  rebuilt from ``x`` and ``w`` with differentiable torch ops, so autograd returns a subgradient with
+  respect to the features (and to ``w``): a backbone can be trained end to end by (stochastic)
+  subgradient descent on the SSVM objective, and :class:`torch_bcfw.lightning.BCFWCallback` can solve
+  ``w`` exactly on the current features with BCFW.
+
+Weights: ``w`` is stored as a **float64 buffer** by default (``trainable=False``): it is written by
+BCFW (whose dual state is float64), it is not a parameter an optimiser should touch, and it is saved
+in the module's ``state_dict`` (so in Lightning checkpoints) bit for bit.  The head keeps its dtype
+when the module is cast (``.float()``, ``.half()``, Lightning precision plugins); scores are computed
+in the dtype of the features (``w`` is cast to it on the fly).  With ``trainable=True`` ``w`` is an
+``nn.Parameter`` instead (float64 unless ``dtype`` says otherwise) and the loss's gradient reaches it.
+
+Input layouts (chains): *packed* features ``x: [N_tok, F]`` with ``offsets: LongTensor[n + 1]`` (as
+in :class:`~torch_bcfw.data.SequenceData`), or *padded* ``x: [B, T, F]`` with ``lengths: [B]``
+(``None``: all of length ``T``).  Labels follow the same layout (``[N_tok]`` or ``[B, T]``, padding
+ignored).  Multiclass: ``x: [B, F]``, labels ``[B]``.
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from .inference.viterbi import viterbi_packed
+from .models.base import StructuredModel
+from .models.chain import Chain
+from .models.multiclass import Multiclass
+
+__all__ = ["StructuredHead", "StructuredHingeLoss", "structured_hinge"]
+
+
+# ---------------------------------------------------------------------------- model operations
+class _ChainOps:
+    """Differentiable scores, decoding and loss of a :class:`Chain` on packed token features."""
+
+    def __init__(self, model: Chain):
+        self.model = model
+        self.n_inputs = model.n_inputs
+
+    def unaries(self, w: Tensor, x: Tensor, offsets: Tensor) -> Tensor:
+        We, b, s, e, _ = self.model.unpack(w)
+        U = x @ We + b
+        n = offsets.numel() - 1
+        U = U.index_add(0, offsets[:-1], s.expand(n, -1))
+        return U.index_add(0, offsets[1:] - 1, e.expand(n, -1))
+
+    def loss_unaries(self, y: Tensor, offsets: Tensor, dtype) -> Tensor:
+        lengths = offsets[1:] - offsets[:-1]
+        inv_len = (1.0 / lengths.to(dtype)).repeat_interleave(lengths)
+        aug = inv_len[:, None].expand(-1, self.model.n_labels).clone()
+        aug[torch.arange(y.numel(), device=y.device), y] = 0.0
+        return aug
+
+    def decode(self, w: Tensor, x: Tensor, offsets: Tensor, y: Tensor | None = None) -> Tensor:
+        U = self.unaries(w, x, offsets)
+        if y is not None:
+            U = U + self.loss_unaries(y, offsets, U.dtype)
+        labels, _ = viterbi_packed(U, offsets, self.model.unpack(w)[4])
+        return labels
+
+    def scores(self, w: Tensor, x: Tensor, offsets: Tensor, y: Tensor) -> Tensor:
+        """``<w, phi(x_i, y_i)>`` per sequence, differentiable in ``w`` and ``x``: ``[n]``."""
+        U = self.unaries(w, x, offsets)
+        n = offsets.numel() - 1
+        lengths = offsets[1:] - offsets[:-1]
+        seq = torch.repeat_interleave(torch.arange(n, device=x.device), lengths)
+        out = U.new_zeros(n).index_add(0, seq, U.gather(1, y[:, None])[:, 0])
+        keep = torch.ones(y.numel(), dtype=torch.bool, device=x.device)
+        keep[offsets[1:] - 1] = False
+        j = torch.nonzero(keep)[:, 0]
+        trans = self.model.unpack(w)[4]
+        return out.index_add(0, seq[j], trans[y[j], y[j + 1]])
+
+    def loss(self, y_pred: Tensor, y: Tensor, offsets: Tensor, dtype) -> Tensor:
+        n = offsets.numel() - 1
+        lengths = offsets[1:] - offsets[:-1]
+        seq = torch.repeat_interleave(torch.arange(n, device=y.device), lengths)
+        wrong = torch.zeros(n, dtype=dtype, device=y.device).index_add(0, seq, (y_pred != y).to(dtype))
+        return wrong / lengths.to(dtype)
+
+
+class _MulticlassOps:
+    def __init__(self, model: Multiclass):
+        self.model = model
+        self.n_inputs = model.n_inputs
+
+    def class_scores(self, w: Tensor, x: Tensor) -> Tensor:
+        W = w.view(self.model.n_classes, -1)
+        s = x @ W[:, : self.n_inputs].T
+        return s + W[:, self.n_inputs] if self.model.bias else s
+
+    def decode(self, w: Tensor, x: Tensor, offsets=None, y: Tensor | None = None) -> Tensor:
+        s = self.class_scores(w, x)
+        if y is not None:
+            s = s + 1.0 - nn.functional.one_hot(y, self.model.n_classes).to(s.dtype)
+        return s.argmax(1)
+
+    def scores(self, w: Tensor, x: Tensor, offsets, y: Tensor) -> Tensor:
+        return self.class_scores(w, x).gather(1, y[:, None])[:, 0]
+
+    def loss(self, y_pred: Tensor, y: Tensor, offsets, dtype) -> Tensor:
+        return (y_pred != y).to(dtype)
+
+
+def _ops_for(model: StructuredModel):
+    if isinstance(model, Chain):
+        return _ChainOps(model)
+    if isinstance(model, Multiclass):
+        return _MulticlassOps(model)
+    raise TypeError(f"StructuredHead supports Chain and Multiclass models, got {type(model).__name__}")
+
+
+# ---------------------------------------------------------------------------- layouts
+def _pack(ops, x: Tensor, offsets, lengths, y: Tensor | None):
+    """Bring the inputs to the packed layout: ``(x [N, F], offsets or None, y or None, unpack fn)``."""
+    if x.dim() not in (2, 3):
+        raise ValueError(f"features must be [N, F] (packed) or [B, T, F] (padded), got shape {tuple(x.shape)}")
+    if x.shape[-1] != ops.n_inputs:
+        raise ValueError(
+            f"features have dimension {x.shape[-1]} but the head's {type(ops.model).__name__} model expects "
+            f"{ops.n_inputs} (d = {ops.model.n_features})"
+        )
+    if not x.is_floating_point():
+        raise ValueError(f"features must be floating point, got {x.dtype}")
+    if isinstance(ops, _MulticlassOps):
+        if x.dim() != 2:
+            raise ValueError(f"a multiclass head expects features [B, F], got shape {tuple(x.shape)}")
+        if y is not None and y.shape != (x.shape[0],):
+            raise ValueError(f"labels must have shape [{x.shape[0]}], got {tuple(y.shape)}")
+        return x, None, y, lambda lab: lab
+    if x.dim() == 3:
+        if offsets is not None:
+            raise ValueError("padded features [B, T, F] take lengths=..., not offsets=...")
+        B, T, _ = x.shape
+        if lengths is None:
+            lengths = torch.full((B,), T, dtype=torch.long, device=x.device)
+        lengths = torch.as_tensor(lengths, dtype=torch.long, device=x.device)
+        if lengths.shape != (B,) or (B and (int(lengths.min()) < 1 or int(lengths.max()) > T)):
+            raise ValueError(f"lengths must be [B] = [{B}] with values in [1, {T}]")
+        mask = torch.arange(T, device=x.device)[None, :] < lengths[:, None]
+        offsets = torch.zeros(B + 1, dtype=torch.long, device=x.device)
+        offsets[1:] = torch.cumsum(lengths, 0)
+        if y is not None:
+            if y.shape != (B, T):
+                raise ValueError(f"padded labels must be [B, T] = {(B, T)}, got {tuple(y.shape)}")
+            y = y[mask]
+
+        def unpack(lab: Tensor) -> Tensor:
+            out = torch.full((B, T), -1, dtype=torch.long, device=x.device)
+            out[mask] = lab
+            return out
+
+        return x[mask], offsets, y, unpack
+    if offsets is None:
+        raise ValueError("packed chain features [N_tok, F] need offsets=LongTensor[n + 1]")
+    offsets = torch.as_tensor(offsets, dtype=torch.long, device=x.device)
+    if offsets.dim() != 1 or offsets.numel() < 2 or int(offsets[0]) != 0 or int(offsets[-1]) != x.shape[0]:
+        raise ValueError(f"offsets must be [n + 1], start at 0 and end at N_tok = {x.shape[0]}")
+    if bool((offsets[1:] <= offsets[:-1]).any()):
+        raise ValueError("every sequence must have length >= 1")
+    if y is not None and y.shape != (x.shape[0],):
+        raise ValueError(f"packed labels must be [N_tok] = [{x.shape[0]}], got {tuple(y.shape)}")
+    return x, offsets, y, lambda lab: lab
+
+
+def _check_labels(model, y: Tensor) -> Tensor:
+    y = y.long()
+    K = model.n_labels if isinstance(model, Chain) else model.n_classes
+    if y.numel() and (int(y.min()) < 0 or int(y.max()) >= K):
+        raise ValueError(f"labels must lie in [0, {K - 1}], got range [{int(y.min())}, {int(y.max())}]")
+    return y
+
+
+def structured_hinge(model: StructuredModel, w: Tensor, x: Tensor, y: Tensor, offsets=None, lengths=None,
+                     reduction: str = "mean") -> Tensor:
+    """Structured hinge ``H_i = max_y [L_i(y) + <w, phi(x_i, y)>] - <w, phi(x_i, y_i)>`` of a batch.
+
+    The loss-augmented argmax ``y*`` is found without gradient; ``H_i = L_i(y*) + <w, phi(x_i, y*)> -
+    <w, phi(x_i, y_i)>`` is then computed with differentiable ops in ``x`` and ``w`` (a subgradient;
+    the gradient where ``y*`` is unique).  Computed in ``x``'s dtype.  ``reduction``: ``"mean"``
+    (default), ``"sum"`` or ``"none"`` (``Tensor[n]``).
+    """
+    if reduction not in ("mean", "sum", "none"):
+        raise ValueError(f"reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
+    ops = _ops_for(model)
+    x, offsets, y, _ = _pack(ops, x, offsets, lengths, torch.as_tensor(y, device=x.device))
+    y = _check_labels(model, y)
+    if w.shape != (model.n_features,):
+        raise ValueError(f"weights must have shape [{model.n_features}], got {tuple(w.shape)}")
+    w = w.to(device=x.device, dtype=x.dtype)
+    with torch.no_grad():
+        y_star = ops.decode(w.detach(), x.detach(), offsets, y)
+    H = ops.loss(y_star, y, offsets, x.dtype) + ops.scores(w, x, offsets, y_star) - ops.scores(w, x, offsets, y)
+    if reduction == "mean":
+        return H.mean()
+    if reduction == "sum":
+        return H.sum()
+    return H
+
+
+# ---------------------------------------------------------------------------- modules
+class StructuredHead(nn.Module):
+    """The linear weights of a structured model, as a module that decodes.
+
+    Args:
+        model: a :class:`~torch_bcfw.models.Chain` or :class:`~torch_bcfw.models.Multiclass`;
+            its input dimension ``model.n_inputs`` is the backbone's feature dimension.
+        trainable: ``False`` (default): ``w`` is a buffer written by BCFW
+            (:class:`torch_bcfw.lightning.BCFWCallback` or :meth:`set_weights`); ``True``: an
+            ``nn.Parameter`` trained by the optimiser together with the backbone.
+        dtype: storage dtype of ``w`` (default float64, kept across module casts).
+
+    ``forward(x, offsets=None, lengths=None)`` returns the decoded labels in the layout of ``x``
+    (packed ``[N_tok]``, padded ``[B, T]`` with -1 beyond each length, or ``[B]``).
+    """
+
+    def __init__(self, model: StructuredModel, trainable: bool = False, dtype: torch.dtype = torch.float64):
+        super().__init__()
+        self.ops = _ops_for(model)
+        self.model = model
+        self.trainable = bool(trainable)
+        self.w_dtype = dtype
+        w = torch.zeros(model.n_features, dtype=dtype)
+        if self.trainable:
+            self.w = nn.Parameter(w)
+        else:
+            self.register_buffer("w", w)
+
+    @property
+    def n_inputs(self) -> int:
+        """Feature dimension ``F`` expected from the backbone."""
+        return self.ops.n_inputs
+
+    @property
+    def n_features(self) -> int:
+        """Dimension ``d`` of ``w``."""
+        return self.model.n_features
+
+    def extra_repr(self) -> str:
+        return (f"{type(self.model).__name__}({self.model.config()}), d={self.n_features}, "
+                f"{'parameter' if self.trainable else 'buffer'}, dtype={self.w_dtype}")
+
+    def _apply(self, fn, recurse=True):
+        # keep w's storage dtype (and its bits) across .float() / .half() / .double(); follow device moves
+        store = self._parameters if self.trainable else self._buffers
+        w = store.pop("w")
+        try:
+            out = super()._apply(fn, recurse)
+        finally:
+            with torch.no_grad():
+                dev = fn(w.detach()).device
+            if dev != w.device:
+                if self.trainable:
+                    w.data = w.data.to(dev)
+                else:
+                    w = w.to(dev)
+            store["w"] = w
+        return out
+
+    @torch.no_grad()
+    def set_weights(self, w: Tensor) -> None:
+        """Copy ``w: [d]`` into the head (device and dtype of the head)."""
+        w = torch.as_tensor(w)
+        if w.shape != (self.n_features,):
+            raise ValueError(f"weights must have shape [{self.n_features}], got {tuple(w.shape)}")
+        if not bool(torch.isfinite(w).all()):
+            raise ValueError("weights contain NaN or infinite values")
+        self.w.copy_(w.to(self.w.device, self.w.dtype))
+
+    def forward(self, x: Tensor, offsets: Tensor | None = None, lengths: Tensor | None = None) -> Tensor:
+        x, offsets, _, unpack = _pack(self.ops, x, offsets, lengths, None)
+        with torch.no_grad():
+            labels = self.ops.decode(self.w.detach().to(x.device, x.dtype), x.detach(), offsets)
+        return unpack(labels)
+
+    def score(self, x: Tensor, y: Tensor, offsets: Tensor | None = None, lengths: Tensor | None = None) -> Tensor:
+        """``<w, phi(x_i, y_i)>`` per example (differentiable in ``x`` and ``w``)."""
+        x, offsets, y, _ = _pack(self.ops, x, offsets, lengths, torch.as_tensor(y, device=x.device))
+        y = _check_labels(self.model, y)
+        return self.ops.scores(self.w.to(x.device, x.dtype), x, offsets, y)
+
+
+class StructuredHingeLoss(nn.Module):
+    """The SSVM loss of a batch at the weights of ``head``: :func:`structured_hinge` plus ``lam/2 ||w||^2``.
+
+    Args:
+        head: the :class:`StructuredHead` whose weights score the labelings.
+        lam: regularisation added as ``lam/2 ||w||^2`` (default 0: with a buffer head ``w`` is
+            constant for the optimiser and the term would only shift the value).
+        reduction: ``"mean"`` (default; then the value is the SSVM objective on the batch),
+            ``"sum"`` or ``"none"``.
+
+    ``loss(x, y, offsets=None, lengths=None)``: features and labels in the layouts of the module
+    docstring.  The gradient flows into ``x`` (the backbone) and, for a trainable head, into ``w``.
+    """
+
+    def __init__(self, head: StructuredHead, lam: float = 0.0, reduction: str = "mean"):
+        super().__init__()
+        if not isinstance(head, StructuredHead):
+            raise TypeError(f"StructuredHingeLoss needs a StructuredHead, got {type(head).__name__}")
+        if lam < 0:
+            raise ValueError(f"lam must be >= 0, got {lam}")
+        if reduction not in ("mean", "sum", "none"):
+            raise ValueError(f"reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
+        self.head = [head]  # a list: do not register the head as a submodule of the loss
+        self.lam = float(lam)
+        self.reduction = reduction
+
+    def forward(self, x: Tensor, y: Tensor, offsets: Tensor | None = None, lengths: Tensor | None = None) -> Tensor:
+        head = self.head[0]
+        H = structured_hinge(head.model, head.w, x, y, offsets, lengths, reduction=self.reduction)
+        if self.lam:
+            w = head.w.to(x.device, x.dtype)
+            H = H + 0.5 * self.lam * (w @ w)
+        return H
