@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from torch import Tensor
 
-__all__ = ["Algorithm"]
+__all__ = ["Algorithm", "DualAlgorithm"]
 
 
 class Algorithm:
@@ -46,3 +46,20 @@ class Algorithm:
 
     def load_state_dict(self, sd: dict) -> None:
         raise NotImplementedError
+
+
+class DualAlgorithm(Algorithm):
+    """An algorithm that works on a model's dual state (BCFW, batch FW): iterates come from the state."""
+
+    def __init__(self, model, data, lam: float, options, state=None):
+        super().__init__(model, data, lam, options)
+        self.state = state if state is not None else model.dual_state(data, lam)
+
+    def iterate(self):
+        return self.state.w, self.state.ell
+
+    def averaged(self):
+        return self.state.averaged() if self.options.averaging else None
+
+    def on_scheduled_check(self) -> None:
+        self.state.refresh()

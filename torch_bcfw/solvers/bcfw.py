@@ -2,13 +2,13 @@
 from __future__ import annotations
 
 from ..stepsize import FIXED, LINE_SEARCH
-from .algorithm import Algorithm
+from .algorithm import DualAlgorithm
 from .sampling import make_sampler
 
 __all__ = ["BCFW"]
 
 
-class BCFW(Algorithm):
+class BCFW(DualAlgorithm):
     """BCFW with line search or the fixed step ``2n/(k+2n)``, uniform or permutation sampling.
 
     The per-block state (``w_i``, ``l_i``) lives in ``model.dual_state(data, lam)``; a pass is
@@ -18,8 +18,7 @@ class BCFW(Algorithm):
     name = "bcfw"
 
     def __init__(self, model, data, lam, options, state=None):
-        super().__init__(model, data, lam, options)
-        self.state = state if state is not None else model.dual_state(data, lam)
+        super().__init__(model, data, lam, options, state)
         self.sampler = make_sampler(options.sampling, self.n, options.seed)
         self.step_code = LINE_SEARCH if options.step == "line_search" else FIXED
         self.last_block_gaps = None
@@ -28,15 +27,6 @@ class BCFW(Algorithm):
         order = self.sampler.draw(m)
         self.last_block_gaps = self.state.run_steps(order, self.step_code, self.options.averaging)
         self.oracle_calls += m
-
-    def iterate(self):
-        return self.state.w, self.state.ell
-
-    def averaged(self):
-        return self.state.averaged() if self.options.averaging else None
-
-    def on_scheduled_check(self) -> None:
-        self.state.refresh()
 
     def state_dict(self) -> dict:
         return {"state": self.state.state_dict(), "sampler": self.sampler.state_dict(), "oracle_calls": self.oracle_calls}

@@ -7,17 +7,16 @@ line search it equals the batch subgradient method with an adaptive step ``gamma
 from __future__ import annotations
 
 from ..stepsize import FIXED, LINE_SEARCH
-from .algorithm import Algorithm
+from .algorithm import DualAlgorithm
 
 __all__ = ["FrankWolfe"]
 
 
-class FrankWolfe(Algorithm):
+class FrankWolfe(DualAlgorithm):
     name = "fw"
 
     def __init__(self, model, data, lam, options, state=None):
-        super().__init__(model, data, lam, options)
-        self.state = state if state is not None else model.dual_state(data, lam)
+        super().__init__(model, data, lam, options, state)
         self.step_code = LINE_SEARCH if options.step == "line_search" else FIXED
         self.iteration = 0
         self.last_gap = None
@@ -28,15 +27,6 @@ class FrankWolfe(Algorithm):
             self.last_gap, _ = self.state.batch_step(y, self.step_code, self.iteration, self.options.averaging)
             self.iteration += 1
             self.oracle_calls += self.n
-
-    def iterate(self):
-        return self.state.w, self.state.ell
-
-    def averaged(self):
-        return self.state.averaged() if self.options.averaging else None
-
-    def on_scheduled_check(self) -> None:
-        self.state.refresh()
 
     def state_dict(self) -> dict:
         return {"state": self.state.state_dict(), "iteration": self.iteration, "oracle_calls": self.oracle_calls}
