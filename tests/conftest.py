@@ -1,6 +1,10 @@
 """Shared fixtures: tiny enumerable problems, brute-force oracles, paths to the real data."""
 from __future__ import annotations
 
+import os
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch: see torch_bcfw/__init__.py
+
 import itertools
 from pathlib import Path
 

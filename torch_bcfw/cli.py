@@ -1,6 +1,7 @@
-"""Command line: ``torch-bcfw fit --config configs/ocr.yaml``, ``torch-bcfw evaluate`` and
-``torch-bcfw train --config configs/ocr_cnn.yaml`` (a Lightning experiment, see
-:mod:`torch_bcfw.lightning.cli`; needs the ``lightning`` extra).
+"""Command line: ``torch-bcfw fit --config configs/ocr.yaml``, ``torch-bcfw evaluate``,
+``torch-bcfw compare --config configs/ocr_variants.yaml`` (several solvers x seeds, see
+:mod:`torch_bcfw.compare`) and ``torch-bcfw train --config configs/ocr_cnn.yaml`` (a Lightning
+experiment, see :mod:`torch_bcfw.lightning.cli`; needs the ``lightning`` extra).
 
 A config is a YAML file::
 
@@ -100,6 +101,28 @@ def cmd_fit(args) -> int:
     return 0
 
 
+def cmd_compare(args) -> int:
+    from .compare import plot_comparison, run_comparison, summarise, write_results
+
+    cfg = load_config(args.config, args.set)
+    log = (lambda *a: None) if args.quiet else print
+    results = run_comparison(cfg, log=log)
+    out = Path(args.output or cfg.get("output") or "runs/compare")
+    path = write_results(results, out)
+    name = cfg.get("data", {}).get("name", "")
+    plot_comparison(results, out / "comparison.png",
+                    title=f"{name} lam = {results['lam']:g}, n = {results['n']}: median and min-max over "
+                          f"{len(results['seeds'])} seeds")
+    rows = summarise(results)
+    width = max(len(r["solver"]) for r in rows)
+    print(f"{'solver':<{width}}  {'gap':>10}  {'gap/primal':>10}  {'passes':>8}  {'time s':>8}  {'oracle':>9}  {'hits':>9}")
+    for r in rows:
+        print(f"{r['solver']:<{width}}  {r['gap']:10.3e}  {r['gap/primal']:10.3e}  {r['passes']:8.1f}  {r['time']:8.1f}  "
+              f"{r['oracle_calls']:9d}  {r['cache_hits']:9d}")
+    print(f"wrote {path} and {out / 'comparison.png'}")
+    return 0
+
+
 def cmd_evaluate(args) -> int:
     from .datasets.registry import load_problem
     from .fit import FitResult
@@ -132,6 +155,13 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     e.add_argument("--json", help="also write the figures to this JSON file")
     e.set_defaults(func=cmd_evaluate)
+    c = sub.add_parser("compare", help="run several solvers x seeds on one problem; JSON of the histories and "
+                                       "gap plots (median and min-max band over seeds)")
+    c.add_argument("--config", required=True)
+    c.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config entry")
+    c.add_argument("--output", help="output folder (default: the config's 'output')")
+    c.add_argument("--quiet", action="store_true", help="no per-run log lines")
+    c.set_defaults(func=cmd_compare)
     # the arguments of `train` are LightningCLI's: main() hands them over before argparse sees them
     sub.add_parser("train", add_help=False,
                    help="train a backbone + structured head with Lightning from a LightningCLI YAML config "

@@ -27,7 +27,7 @@ _ALGORITHMS = {"bcfw": BCFW, "fw": FrankWolfe, "ssg": SSG}
 
 #: columns of a history record, in CSV order
 HISTORY_COLUMNS = (
-    "passes", "oracle_calls", "solver_time", "gap_time", "gap_oracle_calls",
+    "passes", "oracle_calls", "cache_hits", "steps", "solver_time", "gap_time", "gap_oracle_calls",
     "primal", "dual", "gap", "primal_avg", "dual_avg", "gap_avg", "gap_best", "selected",
     "train_loss", "test_loss",
 )
@@ -45,7 +45,8 @@ class FitResult:
         w: ``Tensor[d]`` float64, the last iterate.
         w_avg: ``Tensor[d]`` the weighted average of the iterates (``None`` without averaging).
         history: one dict per exact gap check (see ``HISTORY_COLUMNS``).
-        stopped_by: ``"max_passes"``, ``"gap_tol"``, ``"time_budget"`` or ``"interrupted"``.
+        stopped_by: ``"max_passes"``, ``"gap_tol"``, ``"time_budget"``, ``"converged"`` (every exact block
+            gap is zero) or ``"interrupted"``.
         solver_state: the algorithm's state (dual blocks, sampler, counters) for warm starts.
         counters: cumulative solver time, gap-check time and gap-check oracle calls.
     """
@@ -175,6 +176,7 @@ def fit(
     test_data=None,
     init: FitResult | None = None,
     callbacks: list[Callback] | None = None,
+    bounds=None,
     **options,
 ) -> FitResult:
     """Train ``model`` on ``data`` by minimising ``lam/2 ||w||^2 + 1/n sum_i max_y [L_i(y) - <w, psi_i(y)>]``.
@@ -188,9 +190,14 @@ def fit(
         init: a previous :class:`FitResult` of the same solver, model, data and ``lam``: continue from
             its dual state, sampler and counters (``fit(20 passes)`` = ``fit(10)`` then ``fit(10, init=...)``).
         callbacks: :class:`~torch_bcfw.solvers.callbacks.Callback` objects (history, logging...).
+        bounds: box constraints ``(lower, upper)`` on the weights (``Tensor[d]`` each, +-inf where free, or
+            ``None``), for ``"bcfw"`` and ``"fw"`` (Osokin et al. 2016, App. H); default: the model's
+            :meth:`~torch_bcfw.models.base.StructuredModel.weight_bounds`.  The returned weights satisfy
+            them and the certified gap is the gap of the constrained problem.
         **options: fields of :class:`~torch_bcfw.solvers.options.SolverOptions` (``max_passes``,
             ``gap_check``, ``gap_tol``, ``time_budget``, ``step``, ``sampling``, ``averaging``, ``seed``,
-            ``progress``...).
+            ``progress``, ``step_rule``, ``cache``, ``preset``...).  ``preset="gap-pairwise-cache"`` (or any
+            combination, or ``"auto"``) selects the refinements of Osokin et al. 2016.
 
     Returns:
         A :class:`FitResult`; ``result.weights`` is the model, ``result.gap`` its certified gap.
@@ -205,7 +212,8 @@ def fit(
     if test_data is not None:
         model.check_data(test_data)
     _check_same_device(data, test_data)
-    alg = _ALGORITHMS[solver](model, data, lam, opts)
+    alg = _ALGORITHMS[solver](model, data, lam, opts, bounds=bounds)
+    opts = alg.options  # preset="auto" is resolved by the algorithm
     history, counters = [], {}
     if init is not None:
         if init.solver != solver:

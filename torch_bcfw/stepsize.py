@@ -5,6 +5,7 @@ behave like ordinary functions.  Codes used by kernels: ``LINE_SEARCH = 0``, ``F
 """
 from __future__ import annotations
 
+import numpy as np
 from numba import njit
 
 LINE_SEARCH = 0
@@ -53,3 +54,50 @@ def average_weight(k: int) -> float:
     ``u`` receives the same (sparse) updates as ``w``, scaled by this coefficient.
     """
     return 0.5 * k * (k + 1.0)
+
+
+# ---------------------------------------------------------------------- step rules (Osokin et al. 2016)
+#: step-rule codes of the BCFW family: Frank-Wolfe (Alg. 1), pairwise (Alg. 3), away (Alg. 4)
+FW_RULE = 0
+PAIRWISE_RULE = 1
+AWAY_RULE = 2
+STEP_RULES = {"fw": FW_RULE, "pairwise": PAIRWISE_RULE, "away": AWAY_RULE}
+
+
+@njit(cache=True)
+def clipped_step(num: float, den: float, gmax: float):
+    """Exact line search clipped to ``[0, gmax]``; returns ``(gamma, hit)`` with ``hit`` when the clip bound
+    was reached (a *drop step* for pairwise / away steps: the away atom leaves the active set).
+
+    ``den <= 0`` (a zero direction in feature space): the dual is linear in gamma, so the step is
+    ``gmax`` when ``num > 0`` and 0 otherwise (never a division by machine epsilon).
+    """
+    if den <= 0.0:
+        if num > 0.0:
+            return gmax, True
+        return 0.0, False
+    g = num / den
+    if not (g > 0.0):
+        return 0.0, False
+    if g >= gmax:
+        return gmax, True
+    return g, False
+
+
+@njit(cache=True)
+def away_max_step(alpha_a: float) -> float:
+    """Largest away step ``alpha_a / (1 - alpha_a)`` keeping ``(1 + gamma) alpha - gamma e_a`` feasible."""
+    if alpha_a >= 1.0:
+        return np.inf
+    return alpha_a / (1.0 - alpha_a)
+
+
+@njit(cache=True)
+def away_choice(g_fw: float, g_away: float, n_active: int) -> int:
+    """Alg. 4's choice: the FW step when ``g_FW > g_A`` (strict), else the away step; -1: no step
+    (``g_A <= 0``, or a single active atom, whose away direction is zero)."""
+    if g_fw > g_away:
+        return FW_RULE
+    if n_active <= 1 or not (g_away > 0.0):
+        return -1
+    return AWAY_RULE

@@ -3,8 +3,9 @@
 The file is a :class:`~lightning.pytorch.cli.LightningCLI` config without subcommand: top-level
 ``seed_everything``, ``trainer`` (with its ``callbacks``, e.g. a :class:`~torch_bcfw.lightning.BCFWCallback`),
 ``model`` and ``data`` (``class_path`` + ``init_args``), plus ``test`` (run ``trainer.test`` after
-fitting, default true), ``report`` (a JSON file for the final figures, optional) and ``ckpt_path`` (resume
-from a checkpoint: the module, the optimiser and every callback's state, the BCFW dual state included).  Any entry can
+fitting, default true), ``report`` (a JSON file for the final figures, optional), ``ckpt_path`` (resume
+from a checkpoint: the module, the optimiser and every callback's state, the BCFW dual state included) and
+``threads`` (``torch.set_num_threads``; 1 on a CPU shared with other jobs).  Any entry can
 be overridden on the command line, e.g. ``--trainer.max_epochs=3 --data.init_args.limit=300``;
 ``torch-bcfw train --help`` lists them all.
 """
@@ -16,6 +17,7 @@ import time
 from pathlib import Path
 
 import lightning.pytorch as pl
+import torch
 from lightning.pytorch.cli import LightningCLI
 
 from .callback import BCFWCallback
@@ -29,6 +31,9 @@ class TrainCLI(LightningCLI):
         parser.add_argument("--report", type=str | None, default=None, help="write the final figures to this JSON file")
         parser.add_argument("--ckpt_path", type=str | None, default=None,
                             help="resume from this Lightning checkpoint (weights, optimiser, BCFW dual state)")
+        parser.add_argument("--threads", type=int | None, default=None,
+                            help="torch.set_num_threads before fitting (None: torch's default; 1 avoids the "
+                                 "oversubscription slowdowns of a CPU shared with other jobs)")
 
 
 def summarize(trainer, wall: float, test_metrics: dict | None = None) -> dict:
@@ -57,13 +62,22 @@ def train_main(args=None) -> int:
         )
     finally:
         sys.argv = argv0
-    t0 = time.perf_counter()
-    cli.trainer.fit(cli.model, datamodule=cli.datamodule, ckpt_path=cli.config.get("ckpt_path"))
-    wall = time.perf_counter() - t0
-    test_metrics = None
-    if cli.config.get("test", True):
-        res = cli.trainer.test(cli.model, datamodule=cli.datamodule)
-        test_metrics = res[0] if res else None
+    threads = cli.config.get("threads")
+    if threads is not None and int(threads) < 1:
+        raise ValueError(f"threads must be >= 1, got {threads}")
+    threads_before = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(int(threads))
+    try:
+        t0 = time.perf_counter()
+        cli.trainer.fit(cli.model, datamodule=cli.datamodule, ckpt_path=cli.config.get("ckpt_path"))
+        wall = time.perf_counter() - t0
+        test_metrics = None
+        if cli.config.get("test", True):
+            res = cli.trainer.test(cli.model, datamodule=cli.datamodule)
+            test_metrics = res[0] if res else None
+    finally:
+        torch.set_num_threads(threads_before)
     summary = summarize(cli.trainer, wall, test_metrics)
     width = max(len(k) for k in summary)
     print("\n".join(f"{k:<{width}}  {v:.6g}" if isinstance(v, float) else f"{k:<{width}}  {v}" for k, v in summary.items()))

@@ -80,6 +80,12 @@ class StructuredModel(ABC):
         """``max_y L_i(y)`` per example (``Tensor[n]``); 1 for normalised losses."""
         return torch.ones(len(data), dtype=torch.float64, device=data.device)
 
+    def weight_bounds(self):
+        """Box constraints the model needs on its weights, ``(lower, upper)`` (``Tensor[d]`` each, +-inf where
+        free), or ``None`` (default).  E.g. a graph-cut model needs its pairwise weights ``>= 0`` for the
+        oracle to be exact.  The solvers keep ``w`` inside the box (Osokin et al. 2016, App. H)."""
+        return None
+
     def dual_state(self, data, lam: float):
         """The per-block dual state for BCFW-type solvers (dense ``w_i`` by default)."""
         from .dual import DenseDualState

@@ -264,6 +264,41 @@ class ChainDualState(DualState):
         self.mu[s:e] += gamma * D
         self.T[i] += gamma * dT
 
+    def _move_block_general(self, i, y_s, y_a, coeffs, gamma, d, drop) -> None:
+        p, q, r = coeffs
+        blk = self.block_data(i)
+        s, e = int(self.data.offsets[i]), int(self.data.offsets[i + 1])
+        D = r * self.mu[s:e] + p * self.model.one_hot(y_s) + q * self.model.one_hot(y_a)
+        dT = r * self.T[i] + p * self.model.transition_counts(blk, y_s)[0] + q * self.model.transition_counts(blk, y_a)[0]
+        self.mu[s:e] += gamma * D
+        self.T[i] += gamma * dT
+
+    def block_value(self, i: int) -> float:
+        """``l_i - lam <w_i, w> = l_i + (score(mu_i) - score(y_i)) / n`` from the block's unary scores."""
+        blk = self.block_data(i)
+        s, e = int(self.data.offsets[i]), int(self.data.offsets[i + 1])
+        U = self.model.unary_scores(self.w, blk)
+        trans = self.model.unpack(self.w)[4]
+        s_mu = float((U * self.mu[s:e]).sum() + (self.T[i] * trans).sum())
+        s_true = float(self.model._score_from_unary(U, trans, blk, blk.y)[0])
+        return float(self.block_ell[i]) + (s_mu - s_true) / self.n
+
+    def block_gaps(self) -> tuple[Tensor, Tensor, Tensor]:
+        """All exact block gaps ``(score(y*) - score(mu_i)) / n - l_i + l_s`` from one unary pass and one
+        batched Viterbi (see :meth:`DualState.block_gaps`)."""
+        model, data = self.model, self.data
+        w = self.w
+        U = model.unary_scores(w, data)
+        trans = model.unpack(w)[4]
+        y_star, _ = viterbi_packed(U + model.loss_unaries(data, U.dtype), data.offsets, trans)
+        s_true = model._score_from_unary(U, trans, data, data.y)
+        H = model.loss(data, y_star) + model._score_from_unary(U, trans, data, y_star) - s_true
+        s_mu = torch.zeros(self.n, dtype=torch.float64, device=w.device)
+        s_mu.index_add_(0, data.token_sequence_ids(), (U * self.mu).sum(1))
+        s_mu += (self.T * trans).sum((1, 2))
+        dots = (s_true - s_mu) / self.n  # lam <w_i, w>
+        return H / self.n - (self.block_ell - dots), H, y_star
+
     def _move_all(self, y: Tensor, gamma: float) -> None:
         self.mu.mul_(1.0 - gamma).add_(self.model.one_hot(y), alpha=gamma)
         self.T.mul_(1.0 - gamma).add_(self.model.transition_counts(self.data, y), alpha=gamma)
@@ -318,14 +353,14 @@ class ChainDualState(DualState):
         return self._kernel_inputs
 
     def run_steps(self, order: np.ndarray, step_code: int, averaging: bool = True) -> np.ndarray:
-        if self.w.device.type != "cpu":
+        if self.w.device.type != "cpu" or self.has_bounds:  # box constraints: the generic (torch) steps
             return super().run_steps(order, step_code, averaging)
         from .chain_kernels import chain_bcfw_steps
 
         kin = self._prepare_kernel()
         gaps = np.empty(len(order), dtype=np.float64)
         ells = np.array([self.ell, self.avg_ell_u])
-        w_views = [t.numpy() for t in self.model.unpack(self.w)]
+        w_views = [t.numpy() for t in self.model.unpack(self.v)]
         self.k, self.avg_t = chain_bcfw_steps(
             np.ascontiguousarray(order, dtype=np.int64), step_code, averaging, self.lam, self.k,
             kin["indptr"], kin["indices"], kin["values"], kin["y"], kin["offsets"], kin["gram"], kin["gram_off"],
@@ -334,6 +369,51 @@ class ChainDualState(DualState):
         )
         self.ell, self.avg_ell_u = float(ells[0]), float(ells[1])
         return gaps
+
+    def can_run_plan(self) -> bool:
+        """The fused kernel :meth:`run_plan` applies: CPU tensors and no box constraints."""
+        return self.w.device.type == "cpu" and not self.has_bounds
+
+    def run_plan(self, plan) -> "PlanResult":
+        """Run a :class:`~torch_bcfw.models.plan.StepPlan` in the compiled loop
+        :func:`~torch_bcfw.models.chain_variant_kernels.chain_plan_steps` (same trajectory as the generic
+        step loop; only when :meth:`can_run_plan`)."""
+        from .chain_variant_kernels import NEED_GAP_PASS, chain_plan_steps
+        from .plan import PlanResult
+
+        kin = self._prepare_kernel()
+        m = int(plan.m)
+        gaps = np.full(m, np.nan)
+        blocks = np.full(m, -1, dtype=np.int64)
+        ells = np.array([self.ell, self.avg_ell_u])
+        counters = np.zeros(6, dtype=np.int64)
+        w_views = [t.numpy() for t in self.model.unpack(self.v)]
+        ws = self.working_set if plan.use_ws else None
+        if ws is not None:
+            wsa = ws.arrays()
+        else:
+            z = np.zeros(1, dtype=np.int64)
+            wsa = (z, z.copy(), z.copy(), z.copy(), z.copy(), np.zeros(2, dtype=np.int64), np.zeros(1, dtype=np.uint64),
+                   np.zeros((1, 3)), np.zeros(1, dtype=np.int32), np.zeros(1, dtype=np.uint8))
+        order = plan.order if plan.order is not None else np.zeros(0, dtype=np.int64)
+        uniforms = plan.uniforms if plan.uniforms is not None else np.zeros(0)
+        key, fl, lab = chain_plan_steps(
+            m, int(plan.sample_mode), np.ascontiguousarray(order, dtype=np.int64), np.ascontiguousarray(uniforms, dtype=np.float64),
+            plan.queue, plan.smeta, plan.est, plan.tree, int(plan.tsize), float(plan.power), bool(plan.track_est),
+            int(plan.rule), bool(plan.use_ws), bool(plan.cache), float(plan.F), float(plan.glob_thr), int(plan.max_size),
+            bool(plan.keep_inactive), *wsa,
+            int(plan.step_code), bool(plan.averaging), self.lam, self.k,
+            kin["indptr"], kin["indices"], kin["values"], kin["y"], kin["offsets"], kin["gram"], kin["gram_off"],
+            *w_views, self.mu.numpy(), self.T.numpy(), self.block_ell.numpy(), ells, gaps, blocks,
+            self.avg_t, self.mu_acc.numpy(), self.T_acc.numpy(), self.avg_last.numpy(), counters,
+        )
+        if ws is not None:
+            ws.set_pool(key, fl, lab)
+        self.ell, self.avg_ell_u = float(ells[0]), float(ells[1])
+        done = int(counters[0])
+        self.k, self.avg_t = int(counters[4]), int(counters[5])
+        return PlanResult(steps=done, oracle_calls=int(counters[1]), cache_hits=int(counters[2]),
+                          need_gap_pass=int(counters[3]) == NEED_GAP_PASS, blocks=blocks[:done], gaps=gaps[:done])
 
     def _storage_dict(self) -> dict:
         return {name: getattr(self, name).cpu().clone() for name in ("mu", "T", "mu_acc", "T_acc")}

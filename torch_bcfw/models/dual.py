@@ -22,7 +22,11 @@ Subclasses decide how ``w_i`` (and its average accumulator) is stored:
   :meth:`DualState._move_block` and :meth:`DualState.block_w`.
 
 A solver talks to the state through :meth:`block_step`, :meth:`run_steps`,
-:meth:`batch_step`, :meth:`averaged`, :meth:`refresh` and :meth:`state_dict`.
+:meth:`batch_step`, :meth:`averaged`, :meth:`refresh` and :meth:`state_dict`; the refinements of
+Osokin et al. 2016 also use :meth:`block_move` (pairwise / away steps), :meth:`block_value`,
+:meth:`corner_values`, :meth:`block_oracle`, :meth:`block_gaps` (all exact block gaps in one batched
+pass), :meth:`set_bounds` and, when a state has a fused kernel for them, ``run_plan``
+(:class:`~torch_bcfw.models.plan.StepPlan`).
 
 Moving a state to new features (:meth:`DualState.rebind`, :meth:`DualState.from_state_dict`).
 When the token / example features ``x`` change (a backbone network is being trained under a
@@ -36,6 +40,22 @@ feasible primal-dual pair *of the problem at the new features*, and the certific
 is the exact duality gap at those features.  :class:`DenseDualState` stores only ``w_i = A(x_old)
 alpha_[i]``, from which ``alpha`` cannot be recovered: it refuses to rebind (use
 :class:`ActiveSetDualState`, which also keeps the labelings).
+
+Box constraints (Osokin et al. 2016, App. H).  After :meth:`DualState.set_bounds` the state keeps the
+*untruncated* sums ``v_i = A alpha_[i]`` and ``v = sum_i v_i`` (attribute ``v``) and exposes the feasible
+weights ``w = clip(v, lower, upper)`` (attribute ``w``): the oracle and every inner product use ``w``,
+step directions and their norms use ``v``.  The dual objective gains the box multipliers
+``beta_u = [v - u]_+``, ``beta_l = [l - v]_+``: ``D = l - lam/2 ||w||^2 - lam (beta_u^T u - beta_l^T l)``
+(:meth:`DualState.dual_ell` returns the linear part ``l - lam (...)``), and the block gaps
+``g_i = lam <v_i - v_s, w> - l_i + l_s`` sum to the exact duality gap of the constrained problem.
+Without bounds ``w`` and ``v`` are the same tensor and nothing changes.
+
+Explicit dual variables for the BCFW refinements.  Pairwise and away steps, the cache and the
+multi-plane variants need the labelings of each block with their weights: a state carries them in an
+optional :class:`~torch_bcfw.models.working_set.WorkingSet` (attribute ``working_set``, saved with the
+state and kept by :meth:`DualState.rebind`, since labelings do not depend on the features).  The state
+moves its storage along general directions of the simplex (:meth:`DualState.block_move`), so that
+``w = A alpha`` holds for the weights listed there.
 """
 from __future__ import annotations
 
@@ -45,9 +65,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..stepsize import average_weight, step_size
+from ..stepsize import PAIRWISE_RULE, average_weight, clipped_step, step_size
+from .working_set import WorkingSet
 
-__all__ = ["DualState", "DenseDualState", "ActiveSetDualState", "labels_fingerprint"]
+__all__ = ["DualState", "DenseDualState", "ActiveSetDualState", "labels_fingerprint", "check_bounds"]
 
 
 def check_lam(lam: float) -> float:
@@ -55,6 +76,32 @@ def check_lam(lam: float) -> float:
     if not np.isfinite(lam) or lam <= 0.0:
         raise ValueError(f"lam must be a finite number > 0, got {lam}")
     return lam
+
+
+def check_bounds(lower, upper, d: int, device) -> tuple[Tensor, Tensor]:
+    """Validate box bounds: ``Tensor[d]`` (or scalars, or ``None`` = unbounded), no NaN, ``lower <= upper``.
+
+    Returns float64 tensors on ``device`` (``-inf`` / ``+inf`` where unbounded).
+    """
+    def one(b, fill, name):
+        if b is None:
+            return torch.full((d,), fill, dtype=torch.float64, device=device)
+        b = torch.as_tensor(b, dtype=torch.float64)
+        if b.dim() == 0:
+            b = b.expand(d)
+        if b.shape != (d,):
+            raise ValueError(f"{name} bound must have shape [{d}] (one entry per weight), got {tuple(b.shape)}")
+        if bool(torch.isnan(b).any()):
+            raise ValueError(f"{name} bound contains NaN")
+        return b.to(device).clone()
+
+    lo, hi = one(lower, -np.inf, "lower"), one(upper, np.inf, "upper")
+    if bool((lo > hi).any()):
+        j = int(torch.nonzero(lo > hi)[0, 0])
+        raise ValueError(f"lower bound exceeds upper bound at weight {j}: {float(lo[j])} > {float(hi[j])}")
+    if bool((lo == np.inf).any()) or bool((hi == -np.inf).any()):
+        raise ValueError("a lower bound of +inf or an upper bound of -inf leaves no feasible weight")
+    return lo, hi
 
 
 def labels_fingerprint(data) -> str:
@@ -76,8 +123,11 @@ class DualState:
     """Shared bookkeeping of a primal-dual BCFW state (see the module docstring).
 
     Attributes:
-        w: ``Tensor[d]`` float64, ``sum_i w_i``.
+        w: ``Tensor[d]`` float64, ``sum_i w_i`` (with box constraints: ``clip(v, lower, upper)``).
+        v: ``Tensor[d]`` float64, the untruncated ``sum_i w_i`` (the same tensor as ``w`` without bounds).
         ell: float, ``sum_i l_i`` (the linear part of the dual).
+        working_set: optional :class:`~torch_bcfw.models.working_set.WorkingSet` of explicit
+            ``alpha_i`` (active sets, caches), or ``None``.
         block_ell: ``Tensor[n]`` float64, ``l_i``.
         k: int, number of block steps taken (the global counter of the fixed step size).
         avg_t: int, number of iterates produced so far (the clock of the weighted average).
@@ -100,7 +150,11 @@ class DualState:
         self.n = len(data)
         self.d = model.n_features
         dev = data.device
-        self.w = torch.zeros(self.d, dtype=torch.float64, device=dev)
+        self.v = torch.zeros(self.d, dtype=torch.float64, device=dev)
+        self.w = self.v  # clip(v, lower, upper) once bounds are set (see the module docstring)
+        self.lower = self.upper = None
+        self._box = False
+        self.working_set = None
         self.ell = 0.0
         self.block_ell = torch.zeros(self.n, dtype=torch.float64, device=dev)
         self.k = 0
@@ -167,13 +221,155 @@ class DualState:
             self._move_block(i, y, gamma, v)
             new_ell_i = (1.0 - gamma) * ell_i + gamma * ell_s
             self.block_ell[i] = new_ell_i
-            self.w.add_(v, alpha=-gamma)
+            self.v.add_(v, alpha=-gamma)
+            if self._box:
+                self._sync_w()
             self.ell += new_ell_i - ell_i
             self.avg_ell_u += average_weight(self.avg_t) * (new_ell_i - ell_i)
         self.k += 1
         self.avg_t += 1
         return num, gamma
 
+    def block_move(self, i: int, y_s: Tensor, y_a: Tensor, rule: int, gmax: float, drop_exact: bool = True,
+                   averaging: bool = True) -> tuple[float, float, bool]:
+        """A pairwise or away step on block ``i`` (Osokin et al. 2016, Algs. 3 and 4), exact line search.
+
+        ``rule = PAIRWISE_RULE``: ``alpha_i <- alpha_i + gamma (e_s - e_a)``, direction ``w_s - w_a``;
+        ``rule = AWAY_RULE``: ``alpha_i <- (1 + gamma) alpha_i - gamma e_a``, direction ``w_i - w_a``.
+        ``gamma`` is clipped to ``[0, gmax]`` (``alpha_i(a)`` resp. ``alpha_i(a) / (1 - alpha_i(a))``).
+        Returns ``(num, gamma, drop)``: ``num`` is the step's numerator (``H_s - H_a`` resp.
+        ``sum_y alpha(y) H(y) - H_a``, over ``n``) and ``drop`` says the clip bound was hit (then
+        ``alpha_i(a)`` becomes exactly 0 in the stored dual variables).  With box constraints the
+        directions are untruncated and the inner products use the truncated ``w``.
+        """
+        v_s, ell_s = self.block_direction(i, y_s)  # v_i - w_s
+        v_a, ell_a = self.block_direction(i, y_a)  # v_i - w_a
+        ell_i = float(self.block_ell[i])
+        if rule == PAIRWISE_RULE:
+            d, dl, coeffs = v_a - v_s, ell_s - ell_a, (1.0, -1.0, 0.0)
+        else:
+            d, dl, coeffs = v_a, ell_i - ell_a, (0.0, -1.0, 1.0)
+        num = dl - self.lam * float(d @ self.w)
+        den = self.lam * float(d @ d)
+        gamma, drop = clipped_step(num, den, gmax)
+        if gamma != 0.0:
+            if averaging:
+                self._avg_touch(i)
+            self._move_block_general(i, y_s, y_a, coeffs, gamma, d, drop and drop_exact)
+            new_ell_i = ell_i + gamma * dl
+            self.block_ell[i] = new_ell_i
+            self.v.add_(d, alpha=gamma)
+            if self._box:
+                self._sync_w()
+            self.ell += new_ell_i - ell_i
+            self.avg_ell_u += average_weight(self.avg_t) * (new_ell_i - ell_i)
+        self.k += 1
+        self.avg_t += 1
+        return num, gamma, drop
+
+    def skip_step(self) -> None:
+        """Count a block iteration that made no move (keeps the step counter and averaging clock in step)."""
+        self.k += 1
+        self.avg_t += 1
+
+    def _move_block_general(self, i: int, y_s: Tensor, y_a: Tensor, coeffs: tuple, gamma: float, d: Tensor,
+                            drop: bool) -> None:
+        """Move block ``i``'s storage: ``alpha_i <- alpha_i + gamma (p e_s + q e_a + r alpha_i)`` with
+        ``(p, q, r) = coeffs``; ``d = p w_s + q w_a + r w_i`` is the feature-space direction.  ``drop``: the
+        step removes ``y_a`` (its weight must become exactly 0)."""
+        raise NotImplementedError
+
+    # ------------------------------------------------------------ explicit corners (generic step loop)
+    def block_value(self, i: int) -> float:
+        """``sum_y alpha_i(y) H_i(y; w) / n = l_i - lam <v_i, w>`` (up to the per-block constant of
+        :meth:`corner_values`)."""
+        return float(self.block_ell[i]) - self.lam * float(self.block_w(i) @ self.w)
+
+    def corner_values(self, i: int, ys: list) -> np.ndarray:
+        """``H_i(y; w) / n = (L_i(y) - <w, phi(x_i, y_i) - phi(x_i, y)>) / n`` for labelings ``ys`` of block ``i``.
+
+        ``ys`` holds labelings as 1-D integer arrays or tensors (the layout of the block's labels).
+        Returns ``float64[len(ys)]``; consistent with :meth:`block_value` (corner minus block value is a
+        block gap).  One batched :meth:`~torch_bcfw.models.base.StructuredModel.score` call.
+        """
+        m = len(ys)
+        blk = self.block_data(i)
+        rep = self.data[[i] * m]
+        y = torch.cat([torch.as_tensor(np.asarray(t), dtype=torch.long).reshape(-1) for t in ys]).to(self.w.device)
+        w = self.w
+        H = self.model.loss(rep, y) + self.model.score(w, rep, y) - self.model.score(w, blk, blk.y)[0]
+        return (H / self.n).cpu().numpy().astype(np.float64)
+
+    def block_oracle(self, i: int) -> Tensor:
+        """Loss-augmented decoding of example ``i`` at the current (truncated) ``w``."""
+        return self.model.oracle(self.w, self.block_data(i), loss_augmented=True)
+
+    def block_gaps(self) -> tuple[Tensor, Tensor, Tensor]:
+        """Exact block gaps at the current ``w`` in one batched oracle pass (no step is taken).
+
+        Returns ``(g, H, y_star)``: ``g_i = lam <v_i - v_s, w> - l_i + l_s = H_i / n - (l_i - lam <v_i, w>)``
+        (``Tensor[n]``, float64; ``sum_i g_i`` is the duality gap, box terms included), the hinge values
+        ``H_i = max_y L_i(y) - <w, psi_i(y)>`` and the oracle answers.
+        """
+        y_star, H = self.model.hinge_terms(self.w, self.data)
+        dots = self._block_dots()
+        return H / self.n - (self.block_ell - dots), H, y_star
+
+    def _block_dots(self) -> Tensor:
+        """``lam <v_i, w>`` for every block (``Tensor[n]``)."""
+        return torch.stack([self.lam * (self.block_w(i) @ self.w) for i in range(self.n)])
+
+    # ------------------------------------------------------------ box constraints (App. H)
+    def set_bounds(self, lower: Tensor | None, upper: Tensor | None) -> None:
+        """Constrain the weights to ``lower <= w <= upper`` (``Tensor[d]``, +-inf allowed, or ``None``).
+
+        Must be called on a fresh state or one whose ``v`` is the untruncated sum (every state of this
+        package).  ``w`` becomes ``clip(v, lower, upper)``; see the module docstring.
+        """
+        lo, hi = check_bounds(lower, upper, self.d, self.v.device)
+        self.lower, self.upper = lo, hi
+        self._box = True
+        self._sync_w()
+
+    @property
+    def has_bounds(self) -> bool:
+        return self._box
+
+    def _sync_w(self) -> None:
+        self.w = torch.clamp(self.v, self.lower, self.upper) if self._box else self.v
+
+    def box_term(self, v: Tensor | None = None) -> float:
+        """``lam (beta_u^T u - beta_l^T l)`` with ``beta_u = [v - u]_+``, ``beta_l = [l - v]_+`` (0 without bounds)."""
+        if not self._box:
+            return 0.0
+        v = self.v if v is None else v
+        fin_u = torch.isfinite(self.upper)
+        fin_l = torch.isfinite(self.lower)
+        t = float(((v - self.upper).clamp_min(0.0)[fin_u] * self.upper[fin_u]).sum())
+        t -= float(((self.lower - v).clamp_min(0.0)[fin_l] * self.lower[fin_l]).sum())
+        return self.lam * t
+
+    def dual_ell(self) -> float:
+        """The linear part of the dual value: ``l`` minus the box term (``D = dual_ell - lam/2 ||w||^2``)."""
+        return self.ell - self.box_term() if self._box else self.ell
+
+    # ------------------------------------------------------------ working set
+    def ensure_working_set(self) -> WorkingSet:
+        """The state's :class:`WorkingSet`, created at the ground truth if the state has none.
+
+        Creating one is only consistent at the initial point ``alpha_i = e_{y_i}`` (``k == 0``); a state
+        that has moved without one cannot list its dual variables and raises ``ValueError``.
+        """
+        if self.working_set is None:
+            moved = self.k != 0 or (self.d > 0 and float(self.v.abs().max()) != 0.0)
+            if moved:
+                raise ValueError(
+                    "this dual state has moved without a working set, so its dual variables alpha are not "
+                    "listed; pairwise / away steps and caching must start from a fresh state (or one saved "
+                    "with its working set)"
+                )
+            self.working_set = WorkingSet.for_data(self.data)
+        return self.working_set
     def run_steps(self, order: np.ndarray, step_code: int, averaging: bool = True) -> np.ndarray:
         """Sequential BCFW steps on the blocks in ``order`` (``int64[m]``), each after an exact oracle call.
 
@@ -196,7 +392,7 @@ class DualState:
         n, lam = self.n, self.lam
         w_s = (self.model.joint_feature_sum(self.data, self.data.y) - self.model.joint_feature_sum(self.data, y)) / (lam * n)
         ell_s = float(self.model.loss(self.data, y).sum()) / n
-        v = self.w - w_s
+        v = self.v - w_s
         gap = lam * float(v @ self.w) - self.ell + ell_s
         den = lam * float(v @ v)
         gamma = step_size(step_code, gap, den, fw_iter, 1)
@@ -209,7 +405,9 @@ class DualState:
                 self.avg_last.fill_(self.avg_t)
             self._move_all(y, gamma)
             self.block_ell.mul_(1.0 - gamma).add_(self.model.loss(self.data, y) / n, alpha=gamma)
-            self.w.add_(v, alpha=-gamma)
+            self.v.add_(v, alpha=-gamma)
+            if self._box:
+                self._sync_w()
             self.ell = (1.0 - gamma) * old_ell + gamma * ell_s
             self.avg_ell_u += average_weight(self.avg_t) * (self.ell - old_ell)
         self.k += n
@@ -219,21 +417,26 @@ class DualState:
     def averaged(self) -> tuple[Tensor, float]:
         """The weighted average ``(wbar, lbar)`` of the iterates (weights ``t``, eq. 14 of the BCFW paper).
 
-        Only meaningful when every step ran with ``averaging=True``.
+        Only meaningful when every step ran with ``averaging=True``.  With box constraints ``wbar`` is the
+        truncation of the averaged ``v`` and ``lbar`` includes its box term (a feasible primal-dual pair).
         """
         T = self.avg_t
         if T == 0:
-            return self.w.clone(), self.ell
+            return self.w.clone(), self.dual_ell()
         total = 0.5 * T * (T + 1.0)
         last = self.avg_last.to(torch.float64)
         S = (total - 0.5 * last * (last + 1.0)).to(self.w.device)
-        return self._avg_w(S, total), self.ell - self.avg_ell_u / total
+        v_avg, ell_avg = self._avg_w(S, total), self.ell - self.avg_ell_u / total
+        if self._box:  # the averaged alpha gives v_avg; its feasible pair is (clip(v_avg), l_avg - box term)
+            return torch.clamp(v_avg, self.lower, self.upper), ell_avg - self.box_term(v_avg)
+        return v_avg, ell_avg
 
     def refresh(self) -> float:
         """Recompute ``w = sum_i w_i`` and ``l = sum_i l_i`` from the blocks; return the drift removed."""
-        w = self._w_from_blocks()
-        drift = float((w - self.w).abs().max()) if self.d else 0.0
-        self.w = w
+        v = self._w_from_blocks()
+        drift = float((v - self.v).abs().max()) if self.d else 0.0
+        self.v = v
+        self._sync_w()
         self.ell = float(self.block_ell.sum())
         return drift
 
@@ -307,7 +510,7 @@ class DualState:
             "lam": self.lam,
             "n": self.n,
             "d": self.d,
-            "w": self.w.cpu().clone(),
+            "w": self.v.cpu().clone(),  # untruncated (equal to w without bounds)
             "ell": self.ell,
             "block_ell": self.block_ell.cpu().clone(),
             "k": self.k,
@@ -317,6 +520,10 @@ class DualState:
             "labels": labels_fingerprint(self.data),
         }
         sd["storage"] = self._storage_dict()
+        if self._box:
+            sd["bounds"] = (self.lower.cpu().clone(), self.upper.cpu().clone())
+        if self.working_set is not None:
+            sd["working_set"] = self.working_set.state_dict()
         return sd
 
     def load_state_dict(self, sd: dict) -> None:
@@ -332,7 +539,12 @@ class DualState:
             )
         dev = self.w.device
         self.lam = float(sd["lam"])
-        self.w = sd["w"].to(dev, torch.float64).clone()
+        self.v = sd["w"].to(dev, torch.float64).clone()
+        if sd.get("bounds") is not None:
+            self.lower, self.upper = (b.to(dev, torch.float64).clone() for b in sd["bounds"])
+            self._box = True
+        self._sync_w()
+        self.working_set = WorkingSet.from_state_dict(sd["working_set"]) if sd.get("working_set") is not None else None
         self.ell = float(sd["ell"])
         self.block_ell = sd["block_ell"].to(dev, torch.float64).clone()
         self.k = int(sd["k"])
@@ -371,6 +583,12 @@ class DenseDualState(DualState):
 
     def _move_block(self, i: int, y: Tensor, gamma: float, v: Tensor) -> None:
         self.w_blocks[i] -= gamma * v
+
+    def _move_block_general(self, i, y_s, y_a, coeffs, gamma, d, drop) -> None:
+        self.w_blocks[i] += gamma * d
+
+    def _block_dots(self) -> Tensor:
+        return self.lam * (self.w_blocks @ self.w)
 
     def _move_all(self, y: Tensor, gamma: float) -> None:
         w_s = (self.model.joint_feature(self.data, self.data.y) - self.model.joint_feature(self.data, y)) / (
@@ -447,6 +665,26 @@ class ActiveSetDualState(DenseDualState):
     def _move_block(self, i: int, y: Tensor, gamma: float, v: Tensor) -> None:
         super()._move_block(i, y, gamma, v)
         self._add(i, y, gamma)
+
+    def _move_block_general(self, i, y_s, y_a, coeffs, gamma, d, drop) -> None:
+        super()._move_block_general(i, y_s, y_a, coeffs, gamma, d, drop)
+        p, q, r = coeffs
+        blk = self.active[i]
+        if r != 0.0:
+            for e in blk.values():
+                e[1] *= 1.0 + gamma * r
+        for y, c in ((y_s, p), (y_a, q)):
+            if c == 0.0:
+                continue
+            y = y.detach().cpu().reshape(-1)
+            key = tuple(y.tolist())
+            if key not in blk:
+                blk[key] = [y.clone(), 0.0, 0.0]
+            blk[key][1] += gamma * c
+        if drop:
+            blk[tuple(y_a.detach().cpu().reshape(-1).tolist())][1] = 0.0
+        for k in [k for k, e in blk.items() if e[1] <= 0.0 and e[2] == 0.0]:
+            del blk[k]
 
     def _move_all(self, y: Tensor, gamma: float) -> None:
         super()._move_all(y, gamma)

@@ -1,17 +1,25 @@
 """The interface between the solver loop and one algorithm (BCFW, FW, SSG)."""
 from __future__ import annotations
 
+import torch
 from torch import Tensor
 
-__all__ = ["Algorithm", "DualAlgorithm"]
+from .certificate import Certificate, certify
+
+__all__ = ["Algorithm", "DualAlgorithm", "normalise_bounds"]
 
 
 class Algorithm:
-    """One optimisation algorithm on the SSVM: advances by chunks of oracle calls.
+    """One optimisation algorithm on the SSVM: advances by chunks of block iterations.
 
     Attributes:
         name: solver name.
         oracle_calls: training oracle calls made so far (gap checks are not counted).
+        cache_hits: iterations served by a cache instead of the oracle (BCFW with ``cache``).
+        check_requested: set by :meth:`advance` when the algorithm needs an exact gap pass now
+            (gap sampling with every estimate zero); the loop runs the check and clears it.
+        converged: set when the algorithm can certify that no further progress is possible (every exact
+            block gap is zero); the loop stops.
     """
 
     name = "base"
@@ -21,22 +29,36 @@ class Algorithm:
         self.model, self.data, self.lam, self.options = model, data, lam, options
         self.n = len(data)
         self.oracle_calls = 0
+        self.cache_hits = 0
+        self.check_requested = False
+        self.converged = False
+
+    @property
+    def work(self) -> int:
+        """Block iterations done (the unit of ``max_passes`` and of the gap-check schedule): oracle calls,
+        unless an algorithm also counts cache hits."""
+        return self.oracle_calls
 
     def chunk_size(self) -> int:
-        """Oracle calls per chunk (one effective pass by default)."""
+        """Iterations per chunk (one pass by default)."""
         return self.n
 
     def advance(self, m: int) -> None:
-        """Do about ``m`` oracle calls worth of optimisation."""
+        """Do about ``m`` iterations worth of optimisation."""
         raise NotImplementedError
 
     def iterate(self) -> tuple[Tensor, float | None]:
-        """The last iterate ``(w, l)`` (``l = None`` without a dual)."""
+        """The last iterate ``(w, l)`` (``l = None`` without a dual): ``dual = l - lam/2 ||w||^2``."""
         raise NotImplementedError
 
     def averaged(self) -> tuple[Tensor, float | None] | None:
         """The averaged iterate, or ``None`` when averaging is off."""
         return None
+
+    def certificate(self) -> Certificate:
+        """Exact primal, dual and gap of the last iterate (one oracle pass at fixed ``w``)."""
+        w, ell = self.iterate()
+        return certify(self.model, self.data, w, ell, self.lam)
 
     def on_scheduled_check(self) -> None:
         """Called before a scheduled gap check (e.g. to remove floating-point drift)."""
@@ -48,15 +70,38 @@ class Algorithm:
         raise NotImplementedError
 
 
-class DualAlgorithm(Algorithm):
-    """An algorithm that works on a model's dual state (BCFW, batch FW): iterates come from the state."""
+def normalise_bounds(bounds, model):
+    """``(lower, upper)`` of the problem: ``bounds`` if given, else ``model.weight_bounds()``; ``None`` when
+    there are none or every bound is infinite (then the unconstrained path, which gives the same iterates)."""
+    if bounds is None:
+        getter = getattr(model, "weight_bounds", None)
+        bounds = getter() if getter is not None else None
+    if bounds is None:
+        return None
+    lower, upper = bounds
+    lo = None if lower is None else torch.as_tensor(lower, dtype=torch.float64)
+    hi = None if upper is None else torch.as_tensor(upper, dtype=torch.float64)
+    if (lo is None or bool(torch.isneginf(lo).all())) and (hi is None or bool(torch.isposinf(hi).all())):
+        return None
+    return lo, hi
 
-    def __init__(self, model, data, lam: float, options, state=None):
+
+class DualAlgorithm(Algorithm):
+    """An algorithm that works on a model's dual state (BCFW, batch FW): iterates come from the state.
+
+    ``bounds = (lower, upper)`` constrains the weights (box constraints, Osokin et al. 2016, App. H); by
+    default the model's :meth:`~torch_bcfw.models.base.StructuredModel.weight_bounds`.
+    """
+
+    def __init__(self, model, data, lam: float, options, state=None, bounds=None):
         super().__init__(model, data, lam, options)
         self.state = state if state is not None else model.dual_state(data, lam)
+        b = normalise_bounds(bounds, model)
+        if b is not None:
+            self.state.set_bounds(*b)
 
     def iterate(self):
-        return self.state.w, self.state.ell
+        return self.state.w, self.state.dual_ell()
 
     def averaged(self):
         return self.state.averaged() if self.options.averaging else None

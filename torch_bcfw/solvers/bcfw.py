@@ -1,37 +1,185 @@
-"""Block-Coordinate Frank-Wolfe (Lacoste-Julien et al. 2013, Alg. 4) on a model's dual state."""
+"""Block-Coordinate Frank-Wolfe (Lacoste-Julien et al. 2013, Alg. 4) and its refinements (Osokin et al.
+2016: gap sampling, pairwise and away steps, caching), on a model's dual state.
+
+Plain BCFW (uniform or permutation sampling, FW steps, no cache) runs ``state.run_steps`` exactly as
+before (the compiled chain kernel on CPU).  Any refinement runs a composed iteration
+(:mod:`torch_bcfw.solvers.variants`): a sampling policy, the oracle with the state's working set and an
+optional cache test, and a step rule, in chunks of :class:`~torch_bcfw.models.plan.StepPlan` (a state's
+fused kernel when it has one, else the generic loop).
+"""
 from __future__ import annotations
 
-from ..stepsize import FIXED, LINE_SEARCH
-from .algorithm import DualAlgorithm
-from .sampling import make_sampler
+import dataclasses
+import time
 
-__all__ = ["BCFW"]
+import numpy as np
+import torch
+
+from ..models.plan import GAP_SAMPLING, ORDER_SAMPLING, StepPlan
+from ..stepsize import FIXED, FW_RULE, LINE_SEARCH, STEP_RULES
+from .algorithm import DualAlgorithm
+from .certificate import Certificate
+from .options import parse_preset
+from .sampling import GapEstimates, GapSampler, make_sampler
+from .variants import run_plan
+
+__all__ = ["BCFW", "measure_oracle_time", "resolve_auto_preset"]
+
+
+def measure_oracle_time(model, data, max_examples: int = 64, repeat: int = 3, seed: int = 0) -> float:
+    """Seconds per example of the batched loss-augmented oracle at ``w = 0`` (median of ``repeat`` runs
+    over up to ``max_examples`` random examples, after one warm-up call)."""
+    n = len(data)
+    idx = np.random.default_rng(seed).choice(n, size=min(n, max_examples), replace=False)
+    sub = data[torch.as_tensor(np.sort(idx))]
+    w = torch.zeros(model.n_features, dtype=torch.float64, device=data.device)
+    model.oracle(w, sub)
+    ts = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        model.oracle(w, sub)
+        ts.append(time.perf_counter() - t0)
+    return float(np.median(ts)) / len(idx)
+
+
+def resolve_auto_preset(model, data, options):
+    """``preset="auto"``: BCPFW + gap sampling + cache when the oracle costs at least
+    ``options.auto_oracle_threshold`` seconds per example, else BCFW + gap sampling (Osokin et al. 2016,
+    Sec. 5.1).  Returns the resolved options (``extra["auto"]`` records the measurement)."""
+    t = measure_oracle_time(model, data)
+    name = "gap-pairwise-cache" if t >= options.auto_oracle_threshold else "gap-fw"
+    extra = dict(options.extra)
+    extra["auto"] = {"oracle_seconds": t, "threshold": options.auto_oracle_threshold, "chosen": name}
+    return dataclasses.replace(options, **parse_preset(name), extra=extra)
 
 
 class BCFW(DualAlgorithm):
-    """BCFW with line search or the fixed step ``2n/(k+2n)``, uniform or permutation sampling.
+    """BCFW and its refinements; see the module docstring and :class:`~torch_bcfw.solvers.options.SolverOptions`.
 
-    The per-block state (``w_i``, ``l_i``) lives in ``model.dual_state(data, lam)``; a pass is
-    ``n`` sampled block steps, each with one exact loss-augmented oracle call.
+    Attributes (refined runs):
+        estimates: :class:`GapEstimates`, the per-block gap estimates (gap sampling and the cache test).
+        glob_gap: the last exact duality gap ``g^(k0)`` (the global term of the cache test).
+        steps: block iterations (oracle calls + cache hits).
+        fused: use the state's compiled loop when it has one (tests set False to run the generic loop).
+        last_block_gaps / last_blocks: the oracle block gaps (``nan`` on cache hits) and blocks of the last chunk.
     """
 
     name = "bcfw"
 
-    def __init__(self, model, data, lam, options, state=None):
-        super().__init__(model, data, lam, options, state)
-        self.sampler = make_sampler(options.sampling, self.n, options.seed)
+    def __init__(self, model, data, lam, options, state=None, bounds=None):
+        if options.preset == "auto":
+            options = resolve_auto_preset(model, data, options)
+        super().__init__(model, data, lam, options, state, bounds)
         self.step_code = LINE_SEARCH if options.step == "line_search" else FIXED
+        self.rule = STEP_RULES[options.step_rule]
+        self.refined = options.refined
+        self.steps = 0
+        self.fused = True
         self.last_block_gaps = None
+        self.last_blocks = None
+        self.estimates = None
+        self.glob_gap = np.inf
+        self._since_refresh = -1  # iterations since the last exact gap pass (-1: none yet)
+        if options.sampling == "gap":
+            self.estimates = GapEstimates(self.n, options.gap_power)
+            self.sampler = GapSampler(self.n, options.seed, self.estimates)
+        else:
+            self.sampler = make_sampler(options.sampling, self.n, options.seed)
+        if self.refined:
+            if self.estimates is None:
+                self.estimates = GapEstimates(self.n, options.gap_power)
+            self.use_ws = options.cache or self.rule != FW_RULE
+            if self.use_ws:
+                self.state.ensure_working_set()
+            st = self.state
+            fresh = st.k == 0 and not st.has_bounds and (st.d == 0 or float(st.v.abs().max()) == 0.0)
+            if fresh:  # exact gap at alpha_i = e_{y_i}: P(0) - D(0) = mean_i max_y L_i(y)
+                self.glob_gap = float(model.max_loss(data).mean())
+
+    @property
+    def work(self) -> int:
+        return self.steps if self.refined else self.oracle_calls
+
+    def chunk_size(self) -> int:
+        if not self.refined:
+            return self.n
+        r = self.steps % self.n
+        return self.n - r  # realign to whole passes after an early gap pass
+
+    def _plan(self, m: int) -> StepPlan:
+        o = self.options
+        est = self.estimates
+        plan = StepPlan(
+            m=m, rule=self.rule, step_code=self.step_code, averaging=o.averaging,
+            est=est.est, tree=est.tree, tsize=est.size, power=est.power, track_est=True,
+            use_ws=self.use_ws, cache=o.cache, F=o.cache_F, max_size=o.cache_size if o.cache else 0,
+            keep_inactive=o.cache,
+        )
+        if o.cache:
+            g = self.glob_gap
+            plan.glob_thr = np.inf if (o.cache_nu == np.inf or g == np.inf) else o.cache_nu / self.n * g
+        if isinstance(self.sampler, GapSampler):
+            plan.sample_mode = GAP_SAMPLING
+            plan.uniforms = self.sampler.uniforms(m)
+            plan.queue, plan.smeta = self.sampler.queue, self.sampler.smeta
+        else:
+            plan.sample_mode = ORDER_SAMPLING
+            plan.order = self.sampler.draw(m)
+        return plan
 
     def advance(self, m: int) -> None:
-        order = self.sampler.draw(m)
-        self.last_block_gaps = self.state.run_steps(order, self.step_code, self.options.averaging)
-        self.oracle_calls += m
+        if not self.refined:
+            order = self.sampler.draw(m)
+            self.last_block_gaps = self.state.run_steps(order, self.step_code, self.options.averaging)
+            self.last_blocks = order
+            self.oracle_calls += m
+            self.steps += m
+            return
+        res = run_plan(self.state, self._plan(m), generic=not self.fused)
+        self.steps += res.steps
+        self.oracle_calls += res.oracle_calls
+        self.cache_hits += res.cache_hits
+        self.last_block_gaps, self.last_blocks = res.gaps, res.blocks
+        if res.need_gap_pass:
+            if self._since_refresh == 0 and res.steps == 0:
+                self.converged = True  # the exact block gaps just computed are all zero: optimal
+            self.check_requested = True
+        if self._since_refresh >= 0:
+            self._since_refresh += res.steps
+
+    def certificate(self) -> Certificate:
+        if not self.refined:
+            return super().certificate()
+        st = self.state
+        g, H, y_star = st.block_gaps()
+        self.estimates.refresh(g.detach().cpu().numpy())
+        if isinstance(self.sampler, GapSampler):
+            self.sampler.end_first_visits()
+        w = st.w
+        sq = float(w @ w)
+        primal = 0.5 * self.lam * sq + float(H.mean())
+        dual = st.dual_ell() - 0.5 * self.lam * sq
+        self.glob_gap = max(primal - dual, 0.0)
+        self._since_refresh = 0
+        return Certificate(primal, dual, primal - dual, y_star)
 
     def state_dict(self) -> dict:
-        return {"state": self.state.state_dict(), "sampler": self.sampler.state_dict(), "oracle_calls": self.oracle_calls}
+        sd = {"state": self.state.state_dict(), "sampler": self.sampler.state_dict(), "oracle_calls": self.oracle_calls,
+              "steps": self.steps, "cache_hits": self.cache_hits, "glob_gap": self.glob_gap,
+              "since_refresh": self._since_refresh}
+        if self.estimates is not None:
+            sd["estimates"] = self.estimates.state_dict()
+        return sd
 
     def load_state_dict(self, sd: dict) -> None:
         self.state.load_state_dict(sd["state"])
         self.sampler.load_state_dict(sd["sampler"])
         self.oracle_calls = int(sd["oracle_calls"])
+        self.steps = int(sd.get("steps", self.oracle_calls))
+        self.cache_hits = int(sd.get("cache_hits", 0))
+        self.glob_gap = float(sd.get("glob_gap", np.inf))
+        self._since_refresh = int(sd.get("since_refresh", -1))
+        if self.estimates is not None and "estimates" in sd:
+            self.estimates.load_state_dict(sd["estimates"])
+        if self.refined and self.use_ws:
+            self.state.ensure_working_set()

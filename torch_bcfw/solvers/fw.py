@@ -3,6 +3,8 @@
 Each iteration makes one batched oracle call over all ``n`` examples at the current ``w`` and
 moves every block towards its corner with one common step (line search or ``2/(k+2)``).  With
 line search it equals the batch subgradient method with an adaptive step ``gamma / lam``.
+With box constraints this is Alg. 8 of Osokin et al. 2016 (App. H): the dual state keeps the untruncated
+``v`` and the oracle runs at ``w = clip(v)``.
 """
 from __future__ import annotations
 
@@ -15,8 +17,10 @@ __all__ = ["FrankWolfe"]
 class FrankWolfe(DualAlgorithm):
     name = "fw"
 
-    def __init__(self, model, data, lam, options, state=None):
-        super().__init__(model, data, lam, options, state)
+    def __init__(self, model, data, lam, options, state=None, bounds=None):
+        if options.refined:
+            raise ValueError("gap sampling, pairwise / away steps and caching are BCFW refinements (solver='bcfw')")
+        super().__init__(model, data, lam, options, state, bounds)
         self.step_code = LINE_SEARCH if options.step == "line_search" else FIXED
         self.iteration = 0
         self.last_gap = None

@@ -1,8 +1,14 @@
 """The solver loop shared by every algorithm: chunks of steps, exact gap checks, stopping rules.
 
-Stopping rules: ``max_passes`` more effective passes, a certified gap ``<= gap_tol``, the
-``time_budget`` (wall-clock seconds, steps and checks together) or Ctrl-C.  In every case the
-loop ends with an exact certificate of the model it returns.
+Stopping rules: ``max_passes`` more passes (``n`` block iterations each: oracle calls, plus cache hits
+for a cached BCFW), a certified gap ``<= gap_tol`` (or ``gap / primal <= rel_gap_tol``), the ``time_budget`` (wall-clock seconds, steps and
+checks together), Ctrl-C, or an algorithm that certifies it cannot progress (``converged``: every exact
+block gap is zero).  In every case the loop ends with an exact certificate of the model it returns.
+
+The exact gap check (the algorithm's :meth:`~torch_bcfw.solvers.algorithm.Algorithm.certificate`) runs
+every ``gap_check`` passes, and at once when the algorithm asks for it (gap sampling whose estimates are
+all zero).  For the refined BCFW the check is also the batch gap pass that refreshes the block-gap
+estimates and the global gap of the cache test (Osokin et al. 2016, Alg. 2).
 """
 from __future__ import annotations
 
@@ -26,10 +32,12 @@ def _check(alg, options, test_data, counters: dict) -> dict:
     t0 = time.perf_counter()
     model, data, lam = alg.model, alg.data, alg.lam
     w, ell = alg.iterate()
-    cert = certify(model, data, w, ell, lam)
+    cert = alg.certificate()
     rec = {
         "passes": alg.oracle_calls / alg.n,
         "oracle_calls": alg.oracle_calls,
+        "cache_hits": alg.cache_hits,
+        "steps": alg.work,
         "primal": cert.primal,
         "dual": cert.dual,
         "gap": cert.gap,
@@ -61,6 +69,12 @@ def _certified_gap(rec: dict) -> float:
     return rec["gap_best"] if rec.get("gap_best") is not None else math.inf
 
 
+def _relative_gap(rec: dict) -> float:
+    g = _certified_gap(rec)
+    primal = min(p for p in (rec["primal"], rec.get("primal_avg")) if p is not None)
+    return g / primal if primal > 0 else (0.0 if g <= 0 else math.inf)
+
+
 def run_solver(alg, options, test_data=None, callbacks=(), counters: dict | None = None,
                history: list | None = None) -> RunOutput:
     """Run ``alg`` for ``options.max_passes`` more effective passes (or until another stopping rule).
@@ -73,8 +87,8 @@ def run_solver(alg, options, test_data=None, callbacks=(), counters: dict | None
         counters.setdefault(key, 0.0 if key != "gap_oracle_calls" else 0)
     out = RunOutput(history=history if history is not None else [])
     n = alg.n
-    start_calls = alg.oracle_calls
-    target_calls = start_calls + int(round(options.max_passes * n))
+    start_work = alg.work
+    target_work = start_work + int(round(options.max_passes * n))
     for cb in callbacks:
         cb.on_start({"solver": alg.name, "n": n, "lam": alg.lam, "max_passes": options.max_passes,
                      "options": options.to_dict()})
@@ -83,32 +97,39 @@ def run_solver(alg, options, test_data=None, callbacks=(), counters: dict | None
     checked_at = None
     try:
         while True:
-            if alg.oracle_calls >= target_calls:
+            if alg.work >= target_work:
                 out.stopped_by = "max_passes"
                 break
-            m = min(alg.chunk_size(), target_calls - alg.oracle_calls)
+            m = min(alg.chunk_size(), target_work - alg.work)
             t0 = time.perf_counter()
             alg.advance(m)
             counters["solver_time"] += time.perf_counter() - t0
-            passes = alg.oracle_calls / n
+            if alg.converged:
+                out.stopped_by = "converged"
+                break
+            passes = alg.work / n
             for cb in callbacks:
-                cb.on_chunk(passes - start_calls / n, time.perf_counter() - wall0)
-            if alg.oracle_calls % (options.gap_check * n) == 0:
+                cb.on_chunk(passes - start_work / n, time.perf_counter() - wall0)
+            if alg.work % (options.gap_check * n) == 0 or alg.check_requested:
+                alg.check_requested = False
                 alg.on_scheduled_check()
                 last_rec = _check(alg, options, test_data, counters)
-                checked_at = alg.oracle_calls
+                checked_at = (alg.work, alg.oracle_calls)
                 out.history.append(last_rec)
                 for cb in callbacks:
                     cb.on_check(last_rec)
                 if options.gap_tol is not None and _certified_gap(last_rec) <= options.gap_tol:
                     out.stopped_by = "gap_tol"
                     break
+                if options.rel_gap_tol is not None and _relative_gap(last_rec) <= options.rel_gap_tol:
+                    out.stopped_by = "rel_gap_tol"
+                    break
             if options.time_budget is not None and time.perf_counter() - wall0 >= options.time_budget:
                 out.stopped_by = "time_budget"
                 break
     except KeyboardInterrupt:
         out.stopped_by = "interrupted"
-    if checked_at != alg.oracle_calls:
+    if checked_at != (alg.work, alg.oracle_calls):
         try:
             last_rec = _check(alg, options, test_data, counters)
             out.history.append(last_rec)

@@ -1,9 +1,17 @@
-"""Block sampling policies: which blocks a pass of BCFW visits, in which order."""
+"""Block sampling policies: which blocks a pass of BCFW visits, in which order.
+
+``uniform`` and ``perm`` draw a chunk's blocks in advance.  ``gap`` (adaptive gap sampling, Alg. 2 of
+Osokin et al. 2016) draws each block from the current gap estimates, so it hands the step loop what it
+needs to draw inside the loop: the estimates with their sum tree (:class:`GapEstimates`, updated after
+every oracle call), the queue of never-visited blocks and pre-drawn uniforms.
+"""
 from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["Sampler", "UniformSampler", "PermutationSampler", "make_sampler"]
+from ..sumtree import tree_build, tree_size
+
+__all__ = ["Sampler", "UniformSampler", "PermutationSampler", "GapSampler", "GapEstimates", "make_sampler"]
 
 
 class Sampler:
@@ -68,8 +76,82 @@ class PermutationSampler(Sampler):
         self._queue = np.asarray(sd["queue"], dtype=np.int64).copy()
 
 
+class GapEstimates:
+    """Per-block gap estimates ``g_i^(k_i)`` (the block gap measured at the last oracle call or exact gap
+    pass on block ``i``, clipped at 0) and a sum tree over ``g_i^power`` for sampling.
+
+    ``+inf`` marks a block never measured (its tree leaf is 0).  Used by gap sampling and by the local
+    term of the cache-hit test.
+    """
+
+    def __init__(self, n: int, power: float = 1.0):
+        self.n = int(n)
+        self.power = float(power)
+        self.est = np.full(self.n, np.inf)
+        self.size = tree_size(self.n)
+        self.tree = np.zeros(2 * self.size)
+
+    def refresh(self, gaps) -> None:
+        """Overwrite every estimate with exact block gaps (clipped at 0) and rebuild the tree."""
+        g = np.asarray(gaps, dtype=np.float64)
+        self.est[:] = np.where(g > 0.0, g, 0.0)
+        tree_build(self.tree, self.size, self.est, self.power)
+
+    def total(self) -> float:
+        """Sum of the finite estimates (the heuristic gap)."""
+        e = self.est[np.isfinite(self.est)]
+        return float(e.sum())
+
+    def state_dict(self) -> dict:
+        return {"est": self.est.copy(), "power": self.power}
+
+    def load_state_dict(self, sd: dict) -> None:
+        self.est = np.asarray(sd["est"], dtype=np.float64).copy()
+        self.power = float(sd["power"])
+        tree_build(self.tree, self.size, self.est, self.power)
+
+
+class GapSampler(Sampler):
+    """Adaptive gap sampling: ``i ~ g_i^p / sum_j g_j^p`` over the current estimates, with replacement.
+
+    Rule for the start (the paper's ``g_i = +inf``): every block is visited once first, in the order of
+    a random permutation drawn from the seed; only then are blocks drawn from the estimates.  A block
+    whose estimate is 0 is not drawn until an exact gap pass refreshes it; when all estimates are 0 the
+    step loop stops the chunk and asks for the exact gap pass.  An exact gap pass makes every estimate
+    exact, so it also ends the first-visit queue.  The draws themselves happen inside the step loop (after
+    each oracle call the tree is updated), from uniforms pre-drawn here: :meth:`uniforms`.
+    """
+
+    name = "gap"
+
+    def __init__(self, n: int, seed: int, estimates: GapEstimates | None = None):
+        super().__init__(n, seed)
+        self.estimates = estimates if estimates is not None else GapEstimates(n)
+        self.queue = self.rng.permutation(self.n).astype(np.int64)
+        self.smeta = np.zeros(1, dtype=np.int64)  # position in the queue
+
+    def uniforms(self, m: int) -> np.ndarray:
+        return self.rng.random(m)
+
+    def draw(self, m: int) -> np.ndarray:
+        raise NotImplementedError("gap sampling draws inside the step loop (see GapSampler.uniforms)")
+
+    def end_first_visits(self) -> None:
+        self.smeta[0] = self.queue.shape[0]
+
+    def state_dict(self) -> dict:
+        sd = super().state_dict()
+        sd.update(queue=self.queue.copy(), qpos=int(self.smeta[0]))  # the estimates are saved by their owner
+        return sd
+
+    def load_state_dict(self, sd: dict) -> None:
+        super().load_state_dict(sd)
+        self.queue = np.asarray(sd["queue"], dtype=np.int64).copy()
+        self.smeta[0] = int(sd["qpos"])
+
+
 def make_sampler(name: str, n: int, seed: int) -> Sampler:
-    samplers = {"uniform": UniformSampler, "perm": PermutationSampler}
+    samplers = {"uniform": UniformSampler, "perm": PermutationSampler, "gap": GapSampler}
     if name not in samplers:
         raise ValueError(f"unknown sampling {name!r}; choose from {sorted(samplers)}")
     return samplers[name](n, seed)

@@ -18,8 +18,14 @@ class SSG(Algorithm):
     name = "ssg"
     has_dual = False
 
-    def __init__(self, model, data, lam, options, state=None):
+    def __init__(self, model, data, lam, options, state=None, bounds=None):
         super().__init__(model, data, lam, options)
+        if options.refined:
+            raise ValueError("gap sampling, pairwise / away steps and caching need a dual: use solver='bcfw'")
+        from .algorithm import normalise_bounds
+
+        if normalise_bounds(bounds, model) is not None:
+            raise ValueError("box constraints are supported by solver='bcfw' and solver='fw', not by 'ssg'")
         model.check_data(data)
         d, dev = model.n_features, data.device
         self.w = torch.zeros(d, dtype=torch.float64, device=dev)

@@ -1,0 +1,207 @@
+"""``torch-bcfw compare``: several solvers x several seeds on one problem, in the style of Fig. 3 of
+Osokin et al. 2016 (duality gap, log scale, against effective passes and against time; median over the
+seeds with the min-max band).
+
+A config is a YAML file::
+
+    data: {name: ocr, path: ../shared/data/ocr, split: large, fold: 0}
+    lam: 0.001
+    seeds: [1, 2, 3, 4, 5]
+    options: {max_passes: 100, gap_check: 10, averaging: false, check_averaged: false}   # shared
+    solvers:
+      - {label: BCFW, preset: uniform-fw}
+      - {label: BCPFW + gap + cache, preset: gap-pairwise-cache}
+      - {label: batch FW, solver: fw, options: {max_passes: 50}}                       # per-solver options
+    output: runs/ocr_variants
+
+Effective passes count every oracle call, the exact gap passes included (one pass per check, as in the
+authors' code); cache hits are free.  Time is solver time plus gap-check time.  Writes
+``comparison.json`` (the options and full history of every run) and ``comparison.png``.
+"""
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+
+import numpy as np
+
+__all__ = ["run_comparison", "plot_comparison", "curve", "summarise", "COMPARE_KEYS"]
+
+COMPARE_KEYS = {"data", "lam", "seeds", "options", "solvers", "output"}
+
+
+def effective_passes(rec: dict, n: int) -> float:
+    """(training oracle calls + gap-check oracle calls) / n."""
+    return (rec["oracle_calls"] + rec.get("gap_oracle_calls", 0)) / n
+
+
+def run_comparison(cfg: dict, model=None, train=None, log=print) -> dict:
+    """Run every solver of ``cfg`` with every seed; returns the JSON-serialisable results.
+
+    ``model`` / ``train`` may be given directly (then ``cfg["data"]`` is not loaded).
+    """
+    from .datasets.registry import load_problem
+    from .fit import fit
+
+    unknown = sorted(set(cfg) - COMPARE_KEYS)
+    if unknown:
+        raise ValueError(f"unknown compare config section(s) {unknown}; expected {sorted(COMPARE_KEYS)}")
+    if "lam" not in cfg:
+        raise ValueError("the config needs a 'lam' entry (regularisation, > 0)")
+    solvers = cfg.get("solvers") or []
+    if not solvers:
+        raise ValueError("the config needs a non-empty 'solvers' list")
+    seeds = [int(s) for s in (cfg.get("seeds") or [1])]
+    if model is None:
+        model, train, _ = load_problem(cfg.get("data", {}))
+    lam = float(cfg["lam"])
+    shared = dict(cfg.get("options") or {})
+    out = {"lam": lam, "n": len(train), "seeds": seeds, "data": cfg.get("data", {}), "runs": {}}
+    warm = train[list(range(min(len(train), 32)))]
+    for spec in solvers:
+        spec = dict(spec)
+        label = spec.pop("label", None) or spec.get("preset") or spec.get("solver", "bcfw")
+        solver = spec.pop("solver", "bcfw")
+        opts = {**shared, **dict(spec.pop("options", None) or {})}
+        opts.update(spec)  # preset and any option given at the solver's top level
+        # warm-up on a few examples so that compilation and first-call costs are not timed
+        fit(model, warm, lam, solver, **{**opts, "max_passes": 2, "gap_check": 1, "progress": False})
+        runs = {}
+        for seed in seeds:
+            t0 = time.perf_counter()
+            r = fit(model, train, lam, solver, seed=seed, **opts)
+            runs[str(seed)] = {"history": r.history, "stopped_by": r.stopped_by, "wall": time.perf_counter() - t0}
+            last = r.history[-1]
+            log(f"{label:28s} seed {seed}: gap {last['gap']:.3e}  passes {effective_passes(last, len(train)):7.1f}  "
+                f"oracle {last['oracle_calls']}  hits {last.get('cache_hits', 0)}  "
+                f"time {last['solver_time'] + last['gap_time']:.1f}s")
+        out["runs"][label] = {"solver": solver, "options": r.options.to_dict(), "seeds": runs}
+    return out
+
+
+def curve(history: list, n: int, x: str = "passes", y: str = "gap") -> tuple[np.ndarray, np.ndarray]:
+    """``(x, y)`` of one run: ``x`` effective passes (``"passes"``) or seconds (``"time"``)."""
+    xs, ys = [], []
+    for r in history:
+        v = r.get(y)
+        if v is None:
+            continue
+        xs.append(effective_passes(r, n) if x == "passes" else r["solver_time"] + r["gap_time"])
+        ys.append(v)
+    return np.asarray(xs, dtype=float), np.asarray(ys, dtype=float)
+
+
+def _band(curves: list, npts: int = 200):
+    """Median and min / max over seeds of ``log10(gap)``, interpolated on a common grid (the x range all
+    seeds cover)."""
+    curves = [(x, y) for x, y in curves if len(x)]
+    if not curves:
+        return None
+    lo = max(x[0] for x, _ in curves)
+    hi = min(x[-1] for x, _ in curves)
+    if hi <= lo:
+        hi = max(x[-1] for x, _ in curves)
+    grid = np.linspace(lo, hi, npts)
+    tiny = 1e-300
+    ys = np.stack([np.interp(grid, x, np.log10(np.maximum(y, tiny))) for x, y in curves])
+    return grid, 10 ** np.median(ys, 0), 10 ** ys.min(0), 10 ** ys.max(0)
+
+
+def _style(opts: dict, j: int) -> dict:
+    """Fig. 5's legend: cache blue / no cache orange, gap sampling solid / uniform dashed, pairwise circle,
+    FW square, away triangle."""
+    if opts.get("sampling") not in ("uniform", "perm", "gap"):
+        return {"color": f"C{j % 10}", "linestyle": "-", "marker": None}
+    return {
+        "color": "tab:blue" if opts.get("cache") else "tab:orange",
+        "linestyle": "-" if opts.get("sampling") == "gap" else "--",
+        "marker": {"pairwise": "o", "away": "^"}.get(opts.get("step_rule"), "s"),
+    }
+
+
+def plot_comparison(results: dict, path, title: str | None = None) -> Path:
+    """Two panels (gap against effective passes, gap against seconds), one median line and min-max band per solver."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    n = results["n"]
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.6))
+    for j, (label, run) in enumerate(results["runs"].items()):
+        st = _style(run.get("options", {}), j)
+        if run.get("solver", "bcfw") != "bcfw":
+            st = {"color": "black", "linestyle": ":", "marker": None}
+        for ax, x in zip(axes, ("passes", "time")):
+            band = _band([curve(s["history"], n, x) for s in run["seeds"].values()])
+            if band is None:
+                continue
+            grid, med, lo, hi = band
+            every = max(1, len(grid) // 8)
+            ax.plot(grid, med, color=st["color"], linestyle=st["linestyle"], marker=st["marker"], markevery=every,
+                    markersize=4, linewidth=1.6, label=label)
+            ax.fill_between(grid, lo, hi, color=st["color"], alpha=0.15, linewidth=0)
+    for ax, xlabel in zip(axes, ("effective passes (oracle calls / n, gap passes included)", "time (s)")):
+        ax.set_yscale("log")
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel("duality gap")
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0].legend(fontsize=7)
+    seeds = len(results.get("seeds", []))
+    fig.suptitle(title or f"lam = {results['lam']:g}, n = {n}: median and min-max over {seeds} seeds")
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def first_reaching(history: list, n: int, target: float, relative: bool = True):
+    """Effective passes and seconds at the first check whose gap (``/ primal`` if ``relative``) is ``<= target``;
+    ``(None, None)`` if never."""
+    for r in history:
+        g = r.get("gap")
+        if g is None:
+            continue
+        v = g / r["primal"] if relative else g
+        if v <= target:
+            return effective_passes(r, n), r["solver_time"] + r["gap_time"]
+    return None, None
+
+
+def summarise(results: dict) -> list[dict]:
+    """One row per solver: medians over seeds of the final gap, effective passes, time, oracle calls, hits."""
+    n = results["n"]
+    rows = []
+    for label, run in results["runs"].items():
+        last = [s["history"][-1] for s in run["seeds"].values()]
+        rows.append({
+            "solver": label,
+            "gap": float(np.median([r["gap"] for r in last])),
+            "gap/primal": float(np.median([r["gap"] / r["primal"] for r in last])),
+            "passes": float(np.median([effective_passes(r, n) for r in last])),
+            "time": float(np.median([r["solver_time"] + r["gap_time"] for r in last])),
+            "oracle_calls": int(np.median([r["oracle_calls"] for r in last])),
+            "cache_hits": int(np.median([r.get("cache_hits", 0) for r in last])),
+        })
+    return rows
+
+
+def write_results(results: dict, out: Path) -> Path:
+    out.mkdir(parents=True, exist_ok=True)
+    p = out / "comparison.json"
+
+    def clean(o):
+        if isinstance(o, float) and not math.isfinite(o):
+            return None
+        if isinstance(o, dict):
+            return {k: clean(v) for k, v in o.items()}
+        if isinstance(o, (list, tuple)):
+            return [clean(v) for v in o]
+        return o
+
+    p.write_text(json.dumps(clean(results), indent=1))
+    return p

@@ -1,0 +1,341 @@
+"""Compiled step loop of the BCFW refinements (gap sampling, pairwise / away steps, caching) for the chain.
+
+:func:`chain_plan_steps` runs a whole chunk of block iterations without returning to Python, composed
+from the same small compiled parts as the generic step loop of
+:func:`torch_bcfw.solvers.variants.generic_plan_steps` (which it must reproduce; tests compare them):
+
+* **sampling** (:mod:`torch_bcfw.sumtree`): a pre-drawn order (uniform / permutation), or gap sampling
+  from a sum tree over the block-gap estimates, updated right after every oracle call, with the
+  never-visited blocks served first from a random permutation;
+* **oracle with a working set** (:mod:`.working_set`): all planes of the block are scored from the unary
+  scores the oracle needs anyway (``O(L)`` per plane); with a cache, the best plane is taken instead of
+  calling the oracle when ``g_hat_i >= max(F g_i, (nu/n) g_global)`` (Alg. 5); otherwise Viterbi, and the
+  answer joins the working set;
+* **step rule** (:mod:`torch_bcfw.stepsize`): FW (the exact arithmetic of
+  :func:`.chain_kernels.chain_bcfw_steps`), pairwise (``mu_i += gamma (e_s - e_a)``) or away
+  (``mu_i += gamma (mu_i - e_a)``) with the clipped exact line search and drop steps.
+
+The marginal state ``mu_i, T_i`` equals ``sum_y alpha_i(y) (onehot(y), counts(y))`` for the weights in the
+working set (up to round-off), because every move of the marginals is the same combination of corners as
+the move of ``alpha``.  Box constraints are not handled here (the state falls back to the generic loop).
+
+All scores are kept shifted by the block constant ``-<w, phi(x_i, y_i)>/n``: ``h(y) = L_i(y)/n +
+score(y)/n`` and ``h_i = l_i + score(mu_i)/n``, so ``h(y) - h_i`` is a block gap.
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from ..inference.viterbi import viterbi_numba
+from ..stepsize import AWAY_RULE, FW_RULE, PAIRWISE_RULE, average_weight, away_choice, away_max_step, clipped_step, step_size
+from ..sumtree import est_set, gap_draw
+from .chain_kernels import _add_direction, _direction_sqnorm, _transition_stats, _transition_update, _unary_scores
+from .working_set import ALPHA, LOSS, SCORE, label_hash, ws_away_update, ws_corners, ws_drop_inactive, ws_find, ws_fw_update, ws_insert, ws_pairwise_update
+
+#: status codes returned in ``counters[3]``
+DONE, NEED_GAP_PASS = 0, 1
+
+
+@njit(cache=True, fastmath=True)
+def _plane_score(U, trans, lab, base, L):
+    sc = 0.0
+    for t in range(L):
+        sc += U[t, lab[base + t]]
+    for t in range(1, L):
+        sc += trans[lab[base + t - 1], lab[base + t]]
+    return sc
+
+
+@njit(cache=True, fastmath=True)
+def _labels_score(U, trans, ys, L):
+    sc = 0.0
+    for t in range(L):
+        sc += U[t, ys[t]]
+    for t in range(1, L):
+        sc += trans[ys[t - 1], ys[t]]
+    return sc
+
+
+@njit(cache=True, fastmath=True)
+def _general_direction(s, L, p, ys, q, ya, r, mu, Ti, D, dT):
+    """``D = r mu_i + p onehot(ys) + q onehot(ya)``, ``dT = r T_i + p counts(ys) + q counts(ya)``; returns ``||dT||^2``."""
+    K = D.shape[1]
+    for t in range(L):
+        for c in range(K):
+            D[t, c] = r * mu[s + t, c]
+        D[t, ys[t]] += p
+        D[t, ya[t]] += q
+    for a in range(K):
+        for b in range(K):
+            dT[a, b] = r * Ti[a, b]
+    for t in range(1, L):
+        dT[ys[t - 1], ys[t]] += p
+        dT[ya[t - 1], ya[t]] += q
+    sq = 0.0
+    for a in range(K):
+        for b in range(K):
+            sq += dT[a, b] * dT[a, b]
+    return sq
+
+
+@njit(cache=True, fastmath=True)
+def _general_move(gamma, lam_n, s, L, indptr, indices, values, D, dT, We, bias, start, end, trans, mu, Ti):
+    """``mu_i += gamma D``, ``T_i += gamma dT`` and the matching ``w -= gamma phi(D, dT) / (lam n)``."""
+    a = -gamma / lam_n
+    _add_direction(a, s, L, indptr, indices, values, D, We, bias, start, end)
+    K = trans.shape[0]
+    for p in range(K):
+        for c in range(K):
+            v = dT[p, c]
+            if v != 0.0:
+                trans[p, c] += a * v
+                Ti[p, c] += gamma * v
+    for t in range(L):
+        for c in range(K):
+            mu[s + t, c] += gamma * D[t, c]
+
+
+@njit(cache=True, fastmath=True)
+def _avg_accumulate(i, s, L, clock, last, mu, T, mu_acc, T_acc):
+    lst = last[i]
+    S = 0.5 * (clock * (clock + 1.0) - lst * (lst + 1.0))
+    last[i] = clock
+    if S != 0.0:
+        K = mu.shape[1]
+        for t in range(L):
+            for c in range(K):
+                mu_acc[s + t, c] += S * mu[s + t, c]
+        for p in range(K):
+            for c in range(K):
+                T_acc[i, p, c] += S * T[i, p, c]
+
+
+@njit(cache=True, fastmath=True)
+def _fw_step(i, s, L, n, lam, k, step_code, averaging, clock, score_star, score_mu, ell_i, ell_s, ystar,
+             indptr, indices, values, gram, gram_off, We, bias, start, end, trans,
+             mu, T, block_ell, ells, mu_acc, T_acc, last, D):
+    """The FW step of :func:`.chain_kernels.chain_bcfw_steps` towards the labeling ``ystar``; returns gamma."""
+    K = We.shape[1]
+    lam_n = lam * n
+    for t in range(L):
+        for c in range(K):
+            D[t, c] = -mu[s + t, c]
+        D[t, ystar[t]] += 1.0
+    score_T, sq_T = _transition_stats(T[i], trans, ystar[:L])
+    sq = _direction_sqnorm(i, L, D, gram, gram_off) + sq_T
+    num = (score_star - score_mu) / n - ell_i + ell_s
+    den = sq / (lam_n * n)
+    gamma = step_size(step_code, num, den, k, n)
+    if gamma != 0.0:
+        a = -gamma / lam_n
+        new_ell_i = (1.0 - gamma) * ell_i + gamma * ell_s
+        S = 0.0
+        if averaging:
+            lst = last[i]
+            S = 0.5 * (clock * (clock + 1.0) - lst * (lst + 1.0))
+            last[i] = clock
+        ells[1] += average_weight(clock) * (new_ell_i - ell_i)
+        _add_direction(a, s, L, indptr, indices, values, D, We, bias, start, end)
+        _transition_update(T[i], trans, T_acc[i], ystar[:L], a, gamma, S)
+        for t in range(L):
+            if S != 0.0:
+                for c in range(K):
+                    mu_acc[s + t, c] += S * mu[s + t, c]
+            for c in range(K):
+                mu[s + t, c] += gamma * D[t, c]
+        ells[0] += new_ell_i - ell_i
+        block_ell[i] = new_ell_i
+    return gamma
+
+
+@njit(cache=True)
+def chain_plan_steps(
+    m, sample_mode, order, uniforms, queue, smeta, est, tree, tsize, power, track_est,
+    rule, use_ws, cache, F, glob_thr, max_size, keep_inactive,
+    ws_start, ws_cap, ws_size, ws_labstart, ws_lablen, ws_meta, ws_key, ws_fl, ws_lab, ws_incomplete,
+    step_code, averaging, lam, k0,
+    indptr, indices, values, y, offsets, gram, gram_off,
+    We, bias, start, end, trans,
+    mu, T, block_ell, ells, gaps, blocks,
+    t0, mu_acc, T_acc, last, counters,
+):
+    """Run up to ``m`` block iterations; see the module docstring.
+
+    ``sample_mode`` 0: block ``order[j]``; 1: gap sampling (``queue``/``smeta``, ``tree`` of size ``tsize``
+    over ``est``, uniforms ``uniforms[j]``).  ``track_est``: store the oracle's block gap as the block's
+    estimate (and update the tree when gap sampling).  ``rule``: FW / pairwise / away code; ``use_ws``: keep
+    the working set (``ws_*`` arrays); ``cache``: cache-hit test with ``F`` and ``glob_thr = nu/n g_global``;
+    ``max_size``: cache size (0: unbounded); ``keep_inactive``: keep planes with ``alpha = 0`` (the cache).
+
+    Per iteration ``j``: ``blocks[j]`` the block, ``gaps[j]`` its exact block gap when the oracle was called
+    (``nan`` on a cache hit).  ``counters`` (out): ``[iterations, oracle calls, cache hits, status, k, clock]``
+    with status ``NEED_GAP_PASS`` when gap sampling found every estimate zero.  Returns the (possibly
+    reallocated) working-set pool ``(key, fl, lab)``.
+    """
+    n = offsets.shape[0] - 1
+    K = We.shape[1]
+    Lmax = 0
+    for i in range(n):
+        if offsets[i + 1] - offsets[i] > Lmax:
+            Lmax = offsets[i + 1] - offsets[i]
+    U = np.empty((Lmax, K))
+    Ua = np.empty((Lmax, K))
+    D = np.empty((Lmax, K))
+    dT = np.empty((K, K))
+    ystar = np.empty(Lmax, dtype=np.int64)
+    ya = np.empty(Lmax, dtype=np.int64)
+    yh = np.empty(Lmax, dtype=np.int32)
+    delta = np.empty((2, K))
+    bp = np.empty((Lmax, K), dtype=np.int64)
+    lam_n = lam * n
+    k = k0
+    clock = t0
+    status = DONE
+    n_oracle = 0
+    n_hits = 0
+    done = 0
+    for j in range(m):
+        # ---- sampling policy
+        if sample_mode == 0:
+            i = order[j]
+        else:
+            i = gap_draw(queue, smeta, tree, tsize, uniforms[j])
+            if i < 0:
+                status = NEED_GAP_PASS
+                break
+        blocks[j] = i
+        s = offsets[i]
+        L = offsets[i + 1] - s
+        _unary_scores(s, L, indptr, indices, values, We, bias, start, end, U)
+        inv_L = 1.0 / L
+        score_mu = 0.0
+        for t in range(L):
+            for c in range(K):
+                score_mu += U[t, c] * mu[s + t, c]
+        score_T = 0.0
+        Ti = T[i]
+        for p in range(K):
+            for c in range(K):
+                score_T += Ti[p, c] * trans[p, c]
+        score_mu += score_T
+        ell_i = block_ell[i]
+        h_i = ell_i + score_mu / n
+        # ---- oracle with the working set
+        jmax = -1
+        jmin = -1
+        nact = 0
+        hit = False
+        if use_ws:
+            s0 = ws_start[i]
+            l0 = ws_labstart[i]
+            for q in range(ws_size[i]):
+                ws_fl[s0 + q, SCORE] = ws_fl[s0 + q, LOSS] + _plane_score(U, trans, ws_lab, l0 + q * L, L) / n
+            jmax, jmin, nact = ws_corners(i, ws_start, ws_size, ws_key, ws_fl)
+            if cache:
+                ghat = ws_fl[s0 + jmax, SCORE] - h_i
+                thr = glob_thr
+                if est[i] == np.inf or (F == np.inf and est[i] > 0.0):
+                    thr = np.inf
+                elif F * est[i] > thr:
+                    thr = F * est[i]
+                hit = ghat >= thr
+        if hit:
+            n_hits += 1
+            j_s = jmax
+            base = ws_labstart[i] + j_s * L
+            for t in range(L):
+                ystar[t] = ws_lab[base + t]
+            ell_s = ws_fl[ws_start[i] + j_s, LOSS]
+            score_star = _labels_score(U, trans, ystar, L)
+            gaps[j] = np.nan
+        else:
+            n_oracle += 1
+            for t in range(L):
+                for c in range(K):
+                    Ua[t, c] = U[t, c] + inv_L
+                Ua[t, y[s + t]] = U[t, y[s + t]]
+            viterbi_numba(Ua[:L], trans, ystar[:L], delta, bp)
+            score_star = 0.0
+            mistakes = 0
+            for t in range(L):
+                score_star += U[t, ystar[t]]
+                if ystar[t] != y[s + t]:
+                    mistakes += 1
+            for t in range(1, L):
+                score_star += trans[ystar[t - 1], ystar[t]]
+            ell_s = mistakes * inv_L / n
+            g = (score_star - score_mu) / n - ell_i + ell_s
+            gaps[j] = g
+            if track_est:
+                est_set(est, tree, tsize, i, g, power, sample_mode == 1)
+            j_s = -1
+            if use_ws:
+                for t in range(L):
+                    yh[t] = ystar[t]
+                hkey = label_hash(yh[:L])
+                j_s = ws_find(i, hkey, yh[:L], ws_start, ws_size, ws_labstart, ws_lablen, ws_key, ws_lab)
+                if j_s < 0:
+                    j_s, ws_key, ws_fl, ws_lab = ws_insert(
+                        i, hkey, yh[:L], ell_s, max_size, rule != FW_RULE,
+                        ws_start, ws_cap, ws_size, ws_labstart, ws_lablen, ws_meta, ws_key, ws_fl, ws_lab, ws_incomplete)
+                    ws_fl[ws_start[i] + j_s, SCORE] = ell_s + score_star / n
+        # ---- step rule
+        kind = rule
+        h_s = ell_s + score_star / n
+        if rule == AWAY_RULE:
+            g_fw = (score_star - score_mu) / n - ell_i + ell_s
+            g_a = h_i - ws_fl[ws_start[i] + jmin, SCORE]
+            kind = away_choice(g_fw, g_a, nact)
+        if kind == FW_RULE:
+            gamma = _fw_step(i, s, L, n, lam, k, step_code, averaging, clock, score_star, score_mu, ell_i, ell_s,
+                             ystar, indptr, indices, values, gram, gram_off, We, bias, start, end, trans,
+                             mu, T, block_ell, ells, mu_acc, T_acc, last, D)
+            if use_ws and gamma != 0.0:
+                ws_fw_update(i, j_s, gamma, ws_start, ws_size, ws_fl)
+        elif kind == PAIRWISE_RULE or kind == AWAY_RULE:
+            j_a = jmin
+            if not (kind == PAIRWISE_RULE and j_a == j_s):
+                sa = ws_start[i] + j_a
+                base = ws_labstart[i] + j_a * L
+                for t in range(L):
+                    ya[t] = ws_lab[base + t]
+                alpha_a = ws_fl[sa, ALPHA]
+                ell_a = ws_fl[sa, LOSS]
+                h_a = ws_fl[sa, SCORE]
+                if kind == PAIRWISE_RULE:
+                    num = h_s - h_a
+                    sqT = _general_direction(s, L, 1.0, ystar, -1.0, ya, 0.0, mu, Ti, D, dT)
+                    gmax = alpha_a
+                    dl = ell_s - ell_a
+                else:
+                    num = h_i - h_a
+                    sqT = _general_direction(s, L, 0.0, ystar, -1.0, ya, 1.0, mu, Ti, D, dT)
+                    gmax = away_max_step(alpha_a)
+                    dl = ell_i - ell_a
+                den = (_direction_sqnorm(i, L, D, gram, gram_off) + sqT) / (lam_n * n)
+                gamma, drop = clipped_step(num, den, gmax)
+                if gamma != 0.0:
+                    if averaging:
+                        _avg_accumulate(i, s, L, clock, last, mu, T, mu_acc, T_acc)
+                    new_ell_i = ell_i + gamma * dl
+                    ells[1] += average_weight(clock) * (new_ell_i - ell_i)
+                    _general_move(gamma, lam_n, s, L, indptr, indices, values, D, dT, We, bias, start, end, trans, mu, Ti)
+                    ells[0] += new_ell_i - ell_i
+                    block_ell[i] = new_ell_i
+                    if kind == PAIRWISE_RULE:
+                        ws_pairwise_update(i, j_s, j_a, gamma, drop, ws_start, ws_fl)
+                    else:
+                        ws_away_update(i, j_a, gamma, drop, ws_start, ws_size, ws_fl)
+        if use_ws and not keep_inactive:
+            ws_drop_inactive(i, ws_start, ws_size, ws_labstart, ws_lablen, ws_key, ws_fl, ws_lab)
+        k += 1
+        clock += 1
+        done += 1
+    counters[0] = done
+    counters[1] = n_oracle
+    counters[2] = n_hits
+    counters[3] = status
+    counters[4] = k
+    counters[5] = clock
+    return ws_key, ws_fl, ws_lab

@@ -1,0 +1,420 @@
+"""Per-block working sets of labelings: one structure for the cache, the active set and (later) MP-BCFW planes.
+
+Block ``i`` of the SSVM dual has one simplex variable ``alpha_i`` over all labelings ``Y_i``.  The
+refinements of BCFW (Osokin et al. 2016) need a small explicit part of it per block:
+
+* the **active set** ``S_i = {y : alpha_i(y) > 0}`` with the weights ``alpha_i(y)`` (pairwise and away
+  steps, Algs. 3-4: the away corner is the active labeling with the lowest loss-augmented score);
+* the **cache** ``C_i`` of past oracle answers (Alg. 5: the cache corner is the best cached labeling);
+* the **planes** of the multi-plane BCFW of Shah et al. 2015 (the same labelings, scored at ``w``).
+
+One :class:`WorkingSet` serves all three: per block a list of *planes*, each a labeling with
+
+* ``key``: a 64-bit FNV-1a hash of the labeling (lookups compare the key, then the labels exactly);
+* ``alpha``: its dual weight ``alpha_i(y)`` (0 for a cached labeling that is not active);
+* ``loss``: ``L_i(y) / n`` (the ``b`` entry of the dual; losses do not depend on the features);
+* ``score``: scratch for its last loss-augmented value ``H_i(y; w) / n`` (up to a per-block shift),
+  written when the block is scored (used to pick corners and the plane to evict);
+* the labels themselves (``int32``), from which a model's state scores the plane cheaply (the chain
+  scores a labeling from the unary scores it computes anyway: ``O(L)`` per plane).
+
+Everything stored is independent of the features, so a working set survives
+:meth:`~torch_bcfw.models.dual.DualState.rebind`.  The invariant the solvers keep is
+``alpha_i`` on the simplex with ``w_i = sum_y alpha_i(y) psi_i(y) / (lam n)`` (``w = A alpha``), the
+active set always inside the working set.  Initially every block holds its ground truth with
+``alpha = 1`` (the BCFW starting point ``w = 0``).
+
+Storage is a pool of numpy arrays so that compiled step kernels (:mod:`.chain_variant_kernels`) and the
+generic Python step loop share the same helpers (``ws_*`` below, compiled with numba): a block owns a
+contiguous region of ``cap[i]`` plane slots (and ``cap[i] * lab_len[i]`` label slots); a full region is
+moved to the end of the pool with twice the capacity; a full pool is reallocated at twice the size
+(the kernels return the possibly new arrays).  Planes of a block keep their insertion order (removal
+shifts), so argmax / argmin ties are broken the same way by every step loop.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+from numba import njit
+
+__all__ = ["WorkingSet", "label_hash", "ALPHA", "LOSS", "SCORE"]
+
+#: columns of the float pool ``fl[P, 3]``
+ALPHA, LOSS, SCORE = 0, 1, 2
+#: entries of ``meta``: first free plane slot, first free label slot
+TOP_SLOT, TOP_LAB = 0, 1
+
+_FNV_OFFSET = np.uint64(14695981039346656037)
+_FNV_PRIME = np.uint64(1099511628211)
+
+
+@njit(cache=True)
+def label_hash(y) -> np.uint64:
+    """64-bit FNV-1a hash of an integer labeling (each label folded in as 4 bytes)."""
+    h = _FNV_OFFSET
+    for t in range(y.shape[0]):
+        v = np.uint64(np.int64(y[t]) & np.int64(0xFFFFFFFF))
+        for b in range(4):
+            h = h ^ ((v >> np.uint64(8 * b)) & np.uint64(0xFF))
+            h = h * _FNV_PRIME
+    return h
+
+
+@njit(cache=True)
+def ws_find(i, h, y, start, size, lab_start, lab_len, key, lab) -> int:
+    """Position (0-based inside block ``i``) of the plane with labeling ``y`` (hash ``h``), or -1."""
+    L = lab_len[i]
+    s0 = start[i]
+    l0 = lab_start[i]
+    for j in range(size[i]):
+        if key[s0 + j] == h:
+            same = True
+            base = l0 + j * L
+            for t in range(L):
+                if lab[base + t] != y[t]:
+                    same = False
+                    break
+            if same:
+                return j
+    return -1
+
+
+@njit(cache=True)
+def ws_grow(i, start, cap, lab_start, lab_len, size, meta, key, fl, lab):
+    """Give block ``i`` a region of twice its capacity at the end of the pool (reallocating the pool if needed).
+
+    Returns the (possibly new) ``key, fl, lab`` arrays.
+    """
+    L = lab_len[i]
+    newcap = 2 * cap[i] if cap[i] > 0 else 4
+    need_s = meta[TOP_SLOT] + newcap
+    if need_s > key.shape[0]:
+        P = max(2 * key.shape[0], need_s)
+        k2 = np.zeros(P, dtype=key.dtype)
+        f2 = np.zeros((P, fl.shape[1]), dtype=fl.dtype)
+        k2[: key.shape[0]] = key
+        f2[: fl.shape[0]] = fl
+        key, fl = k2, f2
+    need_l = meta[TOP_LAB] + newcap * L
+    if need_l > lab.shape[0]:
+        Q = max(2 * lab.shape[0], need_l)
+        l2 = np.zeros(Q, dtype=lab.dtype)
+        l2[: lab.shape[0]] = lab
+        lab = l2
+    s_new = meta[TOP_SLOT]
+    l_new = meta[TOP_LAB]
+    s_old = start[i]
+    l_old = lab_start[i]
+    for j in range(size[i]):
+        key[s_new + j] = key[s_old + j]
+        for c in range(fl.shape[1]):
+            fl[s_new + j, c] = fl[s_old + j, c]
+    for t in range(size[i] * L):
+        lab[l_new + t] = lab[l_old + t]
+    start[i] = s_new
+    lab_start[i] = l_new
+    cap[i] = newcap
+    meta[TOP_SLOT] = s_new + newcap
+    meta[TOP_LAB] = l_new + newcap * L
+    return key, fl, lab
+
+
+@njit(cache=True)
+def ws_write(i, j, h, y, loss, alpha, start, lab_start, lab_len, key, fl, lab):
+    """Overwrite plane ``j`` of block ``i`` with labeling ``y``."""
+    s = start[i] + j
+    key[s] = h
+    fl[s, ALPHA] = alpha
+    fl[s, LOSS] = loss
+    fl[s, SCORE] = 0.0
+    L = lab_len[i]
+    base = lab_start[i] + j * L
+    for t in range(L):
+        lab[base + t] = y[t]
+
+
+@njit(cache=True)
+def ws_remove(i, j, start, size, lab_start, lab_len, key, fl, lab) -> None:
+    """Remove plane ``j`` of block ``i`` (later planes shift down: the order is kept)."""
+    s0 = start[i]
+    L = lab_len[i]
+    l0 = lab_start[i]
+    for q in range(j, size[i] - 1):
+        key[s0 + q] = key[s0 + q + 1]
+        for c in range(fl.shape[1]):
+            fl[s0 + q, c] = fl[s0 + q + 1, c]
+        for t in range(L):
+            lab[l0 + q * L + t] = lab[l0 + (q + 1) * L + t]
+    size[i] -= 1
+
+
+@njit(cache=True)
+def ws_drop_inactive(i, start, size, lab_start, lab_len, key, fl, lab) -> None:
+    """Remove every plane of block ``i`` with ``alpha == 0`` (keeping the order of the others)."""
+    j = 0
+    while j < size[i]:
+        if fl[start[i] + j, ALPHA] == 0.0:
+            ws_remove(i, j, start, size, lab_start, lab_len, key, fl, lab)
+        else:
+            j += 1
+
+
+@njit(cache=True)
+def ws_insert(i, h, y, loss, max_size, allow_grow_active,
+              start, cap, size, lab_start, lab_len, meta, key, fl, lab, incomplete):
+    """Add labeling ``y`` (hash ``h``, ``alpha = 0``) to block ``i``; return ``(j, key, fl, lab)``.
+
+    ``y`` must not be stored yet.  When the block already holds ``max_size`` planes (``max_size > 0``):
+
+    1. the inactive plane (``alpha == 0``) with the lowest stored score is replaced, if there is one;
+    2. otherwise, if ``allow_grow_active`` (pairwise / away steps: active labelings are never dropped),
+       the block grows beyond ``max_size``;
+    3. otherwise (FW steps with a cache) the active plane with the lowest stored score is replaced and
+       ``incomplete[i]`` is set: its mass stays in the state's ``w_i`` but is no longer listed.
+
+    Scores are those written by the last scoring of the block (the current step's, for the solvers).
+    """
+    if max_size > 0 and size[i] >= max_size:
+        s0 = start[i]
+        best = -1
+        for j in range(size[i]):
+            if fl[s0 + j, ALPHA] == 0.0 and (best < 0 or fl[s0 + j, SCORE] < fl[s0 + best, SCORE]):
+                best = j
+        if best < 0 and not allow_grow_active:
+            for j in range(size[i]):
+                if best < 0 or fl[s0 + j, SCORE] < fl[s0 + best, SCORE]:
+                    best = j
+            incomplete[i] = 1
+        if best >= 0:
+            ws_write(i, best, h, y, loss, 0.0, start, lab_start, lab_len, key, fl, lab)
+            return best, key, fl, lab
+    if size[i] >= cap[i]:
+        key, fl, lab = ws_grow(i, start, cap, lab_start, lab_len, size, meta, key, fl, lab)
+    j = size[i]
+    size[i] += 1
+    ws_write(i, j, h, y, loss, 0.0, start, lab_start, lab_len, key, fl, lab)
+    return j, key, fl, lab
+
+
+@njit(cache=True)
+def ws_fw_update(i, j_s, gamma, start, size, fl) -> None:
+    """``alpha_i <- (1 - gamma) alpha_i + gamma e_s`` (a full step ``gamma = 1`` leaves exactly ``e_s``)."""
+    s0 = start[i]
+    if gamma >= 1.0:
+        for j in range(size[i]):
+            fl[s0 + j, ALPHA] = 0.0
+        fl[s0 + j_s, ALPHA] = 1.0
+        return
+    keep = 1.0 - gamma
+    for j in range(size[i]):
+        fl[s0 + j, ALPHA] *= keep
+    fl[s0 + j_s, ALPHA] += gamma
+
+
+@njit(cache=True)
+def ws_pairwise_update(i, j_s, j_a, gamma, drop, start, fl) -> None:
+    """``alpha_i <- alpha_i + gamma (e_s - e_a)``; a drop step sets ``alpha(a) = 0`` exactly."""
+    s0 = start[i]
+    if drop:
+        fl[s0 + j_a, ALPHA] = 0.0
+    else:
+        fl[s0 + j_a, ALPHA] -= gamma
+    fl[s0 + j_s, ALPHA] += gamma
+
+
+@njit(cache=True)
+def ws_away_update(i, j_a, gamma, drop, start, size, fl) -> None:
+    """``alpha_i <- (1 + gamma) alpha_i - gamma e_a``; a drop step sets ``alpha(a) = 0`` exactly."""
+    s0 = start[i]
+    grow = 1.0 + gamma
+    for j in range(size[i]):
+        fl[s0 + j, ALPHA] *= grow
+    if drop:
+        fl[s0 + j_a, ALPHA] = 0.0
+    else:
+        fl[s0 + j_a, ALPHA] -= gamma
+
+
+#: relative tolerance under which two plane scores count as tied in :func:`ws_corners`
+TIE_TOL = 1e-11
+
+
+@njit(cache=True)
+def ws_corners(i, start, size, key, fl):
+    """``(j_max, j_min_active, n_active)``: the best plane by score and the worst *active* plane.
+
+    Scores within ``TIE_TOL * (1 + max |score|)`` of the extreme count as tied, and among tied planes the
+    one with the smallest key (hash of the labeling) is taken.  Ties are structural, not accidental: an
+    exact pairwise line search equalises the scores of its two atoms, and at a block's optimum all active
+    atoms score the same.  The rule makes the choice independent of the last bits of floating point and of
+    the storage order, so equivalent step loops (compiled / generic, with a cache that never hits / without
+    a cache) take the same steps.
+    """
+    s0 = start[i]
+    hi = -np.inf
+    lo = np.inf
+    scale = 0.0
+    nact = 0
+    for j in range(size[i]):
+        sc = fl[s0 + j, SCORE]
+        if sc > hi:
+            hi = sc
+        if abs(sc) > scale:
+            scale = abs(sc)
+        if fl[s0 + j, ALPHA] > 0.0:
+            nact += 1
+            if sc < lo:
+                lo = sc
+    tol = TIE_TOL * (1.0 + scale)
+    jmax = -1
+    jmin = -1
+    for j in range(size[i]):
+        sc = fl[s0 + j, SCORE]
+        if sc >= hi - tol and (jmax < 0 or key[s0 + j] < key[s0 + jmax]):
+            jmax = j
+        if fl[s0 + j, ALPHA] > 0.0 and sc <= lo + tol and (jmin < 0 or key[s0 + j] < key[s0 + jmin]):
+            jmin = j
+    return jmax, jmin, nact
+
+
+class WorkingSet:
+    """Per-block planes (labelings with ``alpha``, ``L/n`` and a score slot); see the module docstring.
+
+    Args:
+        true_labels: a list of ``n`` 1-D integer arrays, the ground-truth labeling of each block (all
+            planes of block ``i`` have ``len(true_labels[i])`` labels).
+        n: number of examples (losses are stored divided by ``n``).
+        init_cap: initial plane capacity per block (regions double when full).
+    """
+
+    def __init__(self, true_labels, init_cap: int = 4):
+        nb = len(true_labels)
+        self.n = nb
+        self.lab_len = np.array([len(y) for y in true_labels], dtype=np.int64)
+        c0 = max(1, int(init_cap))
+        self.cap = np.full(nb, c0, dtype=np.int64)
+        self.start = np.arange(nb, dtype=np.int64) * c0
+        self.lab_start = np.zeros(nb, dtype=np.int64)
+        self.lab_start[1:] = np.cumsum(self.lab_len[:-1] * c0)
+        self.size = np.ones(nb, dtype=np.int64)
+        P = nb * c0
+        Q = int(self.lab_len.sum()) * c0
+        self.key = np.zeros(P, dtype=np.uint64)
+        self.fl = np.zeros((P, 3), dtype=np.float64)
+        self.lab = np.zeros(max(Q, 1), dtype=np.int32)
+        self.meta = np.array([P, Q], dtype=np.int64)
+        self.incomplete = np.zeros(nb, dtype=np.uint8)
+        for i, y in enumerate(true_labels):
+            y = np.asarray(y, dtype=np.int32)
+            ws_write(i, 0, np.uint64(label_hash(y)), y, 0.0, 1.0, self.start, self.lab_start, self.lab_len,
+                     self.key, self.fl, self.lab)
+
+    @classmethod
+    def for_data(cls, data, init_cap: int = 4) -> "WorkingSet":
+        """Ground-truth working set of ``data`` (packed sequences or one label per example)."""
+        y = data.y.detach().cpu().numpy()
+        offsets = getattr(data, "offsets", None)
+        if offsets is not None:
+            off = offsets.detach().cpu().numpy()
+            labels = [y[off[i]:off[i + 1]] for i in range(len(off) - 1)]
+        else:
+            labels = [y[i:i + 1] for i in range(len(y))]
+        return cls(labels, init_cap)
+
+    # ------------------------------------------------------------------ kernel arguments
+    def arrays(self) -> tuple:
+        """``(start, cap, size, lab_start, lab_len, meta, key, fl, lab, incomplete)`` for the ``ws_*`` helpers."""
+        return (self.start, self.cap, self.size, self.lab_start, self.lab_len, self.meta, self.key, self.fl,
+                self.lab, self.incomplete)
+
+    def set_pool(self, key, fl, lab) -> None:
+        """Adopt the pool arrays a kernel returned (they may have been reallocated)."""
+        self.key, self.fl, self.lab = key, fl, lab
+
+    # ------------------------------------------------------------------ per-block views
+    def slots(self, i: int) -> slice:
+        return slice(int(self.start[i]), int(self.start[i] + self.size[i]))
+
+    def alphas(self, i: int) -> np.ndarray:
+        """``alpha_i`` of the planes of block ``i`` (a view)."""
+        return self.fl[self.slots(i), ALPHA]
+
+    def losses(self, i: int) -> np.ndarray:
+        return self.fl[self.slots(i), LOSS]
+
+    def scores(self, i: int) -> np.ndarray:
+        return self.fl[self.slots(i), SCORE]
+
+    def labeling(self, i: int, j: int) -> np.ndarray:
+        L = int(self.lab_len[i])
+        b = int(self.lab_start[i]) + j * L
+        return self.lab[b:b + L]
+
+    def labelings(self, i: int) -> list[np.ndarray]:
+        return [self.labeling(i, j) for j in range(int(self.size[i]))]
+
+    def find(self, i: int, y) -> int:
+        y = np.asarray(y, dtype=np.int32)
+        return int(ws_find(i, np.uint64(label_hash(y)), y, self.start, self.size, self.lab_start, self.lab_len, self.key, self.lab))
+
+    def insert(self, i: int, y, loss: float, max_size: int, allow_grow_active: bool) -> int:
+        """Add labeling ``y`` with ``alpha = 0`` (see :func:`ws_insert`); returns its position in the block."""
+        y = np.asarray(y, dtype=np.int32)
+        j, key, fl, lab = ws_insert(i, np.uint64(label_hash(y)), y, float(loss), int(max_size), bool(allow_grow_active), self.start, self.cap, self.size, self.lab_start,
+                                    self.lab_len, self.meta, self.key, self.fl, self.lab, self.incomplete)
+        self.set_pool(key, fl, lab)
+        return int(j)
+
+    def drop_inactive(self, i: int) -> None:
+        ws_drop_inactive(i, self.start, self.size, self.lab_start, self.lab_len, self.key, self.fl, self.lab)
+
+    def sizes(self) -> np.ndarray:
+        return self.size.copy()
+
+    def n_active(self) -> np.ndarray:
+        return np.array([int((self.alphas(i) > 0).sum()) for i in range(self.n)], dtype=np.int64)
+
+    # ------------------------------------------------------------------ persistence
+    def state_dict(self) -> dict:
+        """Compact copy: per block its planes in order (labels concatenated)."""
+        idx = np.concatenate([np.arange(self.start[i], self.start[i] + self.size[i]) for i in range(self.n)])
+        labs = np.concatenate([self.lab[self.lab_start[i]:self.lab_start[i] + self.size[i] * self.lab_len[i]]
+                               for i in range(self.n)])
+        return {"size": torch.from_numpy(self.size.copy()), "lab_len": torch.from_numpy(self.lab_len.copy()),
+                "key": torch.from_numpy(self.key[idx].view(np.int64).copy()),
+                "fl": torch.from_numpy(self.fl[idx].copy()), "lab": torch.from_numpy(labs.astype(np.int32)),
+                "incomplete": torch.from_numpy(self.incomplete.copy())}
+
+    @classmethod
+    def from_state_dict(cls, sd: dict) -> "WorkingSet":
+        ws = cls.__new__(cls)
+        size = np.asarray(sd["size"], dtype=np.int64).copy()
+        lab_len = np.asarray(sd["lab_len"], dtype=np.int64).copy()
+        ws.n = size.shape[0]
+        ws.lab_len = lab_len
+        ws.size = size
+        ws.cap = np.maximum(size, 4).astype(np.int64)
+        ws.start = np.zeros(ws.n, dtype=np.int64)
+        ws.start[1:] = np.cumsum(ws.cap[:-1])
+        ws.lab_start = np.zeros(ws.n, dtype=np.int64)
+        ws.lab_start[1:] = np.cumsum((ws.cap * lab_len)[:-1])
+        P = int(ws.cap.sum())
+        Q = int((ws.cap * lab_len).sum())
+        ws.key = np.zeros(P, dtype=np.uint64)
+        ws.fl = np.zeros((P, 3), dtype=np.float64)
+        ws.lab = np.zeros(max(Q, 1), dtype=np.int32)
+        ws.meta = np.array([P, Q], dtype=np.int64)
+        ws.incomplete = np.asarray(sd["incomplete"], dtype=np.uint8).copy()
+        key = np.asarray(sd["key"], dtype=np.int64).view(np.uint64)
+        fl = np.asarray(sd["fl"], dtype=np.float64)
+        lab = np.asarray(sd["lab"], dtype=np.int32)
+        p = q = 0
+        for i in range(ws.n):
+            m, L = int(size[i]), int(lab_len[i])
+            s, ls = int(ws.start[i]), int(ws.lab_start[i])
+            ws.key[s:s + m] = key[p:p + m]
+            ws.fl[s:s + m] = fl[p:p + m]
+            ws.lab[ls:ls + m * L] = lab[q:q + m * L]
+            p += m
+            q += m * L
+        return ws

@@ -1,0 +1,97 @@
+"""Sum tree over per-block gap estimates: exact sampling ``i ~ g_i^p / sum_j g_j^p`` in ``O(log n)``.
+
+Shared by the gap sampler of the solvers (:class:`torch_bcfw.solvers.sampling.GapSampler`) and the
+compiled step kernels, which update the estimate of a block right after its oracle call and draw the
+next block from the updated tree (gap sampling is exact at every step, never stale by a chunk).
+
+Layout: ``tree[1]`` is the total, node ``p`` has children ``2p`` and ``2p + 1``, leaf of block ``i`` is
+``tree[size + i]`` with ``size`` the smallest power of two ``>= n``.  Inner nodes are always recomputed
+as the sum of their two children (no incremental drift).
+
+Estimates ``est[i] = +inf`` mark blocks never visited: their leaf is 0 and they are served first, in
+the order of a random permutation (``queue``, position ``smeta[0]``), before any proportional draw
+(Alg. 2 of Osokin et al. 2016 initialises the estimates to +inf; see the reference note, 1.2).
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+__all__ = ["tree_size", "tree_set", "tree_build", "tree_sample", "est_set", "gap_draw"]
+
+
+def tree_size(n: int) -> int:
+    size = 1
+    while size < n:
+        size *= 2
+    return size
+
+
+@njit(cache=True)
+def tree_set(tree, size, i, val) -> None:
+    p = size + i
+    tree[p] = val
+    p //= 2
+    while p >= 1:
+        tree[p] = tree[2 * p] + tree[2 * p + 1]
+        p //= 2
+
+
+@njit(cache=True)
+def _leaf(g, power):
+    if not (g < np.inf):
+        return 0.0
+    if power == 1.0:
+        return g
+    return g ** power
+
+
+@njit(cache=True)
+def tree_build(tree, size, est, power) -> None:
+    tree[:] = 0.0
+    for i in range(est.shape[0]):
+        tree[size + i] = _leaf(est[i], power)
+    for p in range(size - 1, 0, -1):
+        tree[p] = tree[2 * p] + tree[2 * p + 1]
+
+
+@njit(cache=True)
+def tree_sample(tree, size, u) -> int:
+    """Leaf index drawn with probability ``leaf / total`` for a uniform ``u in [0, 1)`` (total must be > 0).
+
+    Never returns a zero-weight leaf: a child is entered only if its weight is positive.
+    """
+    x = u * tree[1]
+    p = 1
+    while p < size:
+        left = tree[2 * p]
+        right = tree[2 * p + 1]
+        if (x < left and left > 0.0) or not (right > 0.0):
+            p = 2 * p
+        else:
+            x -= left
+            p = 2 * p + 1
+    return p - size
+
+
+@njit(cache=True)
+def est_set(est, tree, size, i, g, power, use_tree) -> None:
+    """Store the block gap ``g`` of block ``i`` as its estimate (clipped at 0) and update its leaf."""
+    if g < 0.0 or g != g:
+        g = 0.0
+    est[i] = g
+    if use_tree:
+        tree_set(tree, size, i, _leaf(g, power))
+
+
+@njit(cache=True)
+def gap_draw(queue, smeta, tree, size, u) -> int:
+    """Next block of gap sampling: the unvisited blocks first (``queue``), then ``i ~ tree``; -1 when all
+    estimates are zero (the caller must refresh them with an exact gap pass)."""
+    if smeta[0] < queue.shape[0]:
+        i = queue[smeta[0]]
+        smeta[0] += 1
+        return i
+    if not (tree[1] > 0.0):
+        return -1
+    return tree_sample(tree, size, u)
