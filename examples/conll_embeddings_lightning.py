@@ -28,12 +28,14 @@ import json
 import time
 from pathlib import Path
 
+import torch_bcfw  # noqa: F401  (before torch: sets OMP_WAIT_POLICY=PASSIVE, see README "Benchmarks")
+
+# isort: split
 import lightning.pytorch as pl
-import torch
 from lightning.pytorch.loggers import CSVLogger
 
 from torch_bcfw.lightning import BCFWCallback
-from torch_bcfw.lightning.cli import summarize
+from torch_bcfw.lightning.cli import set_threads, summarize
 from torch_bcfw.lightning.conll import ConllChainTagger, ConllChunkingDataModule
 
 _SPARSE = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "conll_full.json"
@@ -62,11 +64,11 @@ def main() -> None:
     ap.add_argument("--output", default="runs/conll_embeddings_example")
     ap.add_argument("--baseline", action="store_true", help="also retrain the sparse linear chain SSVM")
     ap.add_argument("--threads", type=int, default=1,
-                    help="torch CPU threads (1: no oversubscription slowdowns on a shared machine)")
+                    help="CPU threads of torch and numba (1: no oversubscription slowdowns on a shared machine)")
     args = ap.parse_args()
 
     if args.threads:
-        torch.set_num_threads(args.threads)
+        set_threads(args.threads)
 
     pl.seed_everything(0)
     data = ConllChunkingDataModule(path=args.data, batch_size=32, eval_batch_size=256, limit=args.limit,
@@ -84,6 +86,7 @@ def main() -> None:
     t0 = time.perf_counter()
     trainer.fit(model, datamodule=data)
     wall = time.perf_counter() - t0
+    trainer.save_checkpoint(Path(args.output) / "final.ckpt")
     test = trainer.test(model, datamodule=data)[0]
     summary = summarize(trainer, wall, test)
     summary.update({"lam": args.lam, "encoder": args.encoder, "n_train": len(data.train),

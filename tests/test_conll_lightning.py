@@ -26,7 +26,7 @@ from torch_bcfw.models import ChainDualState
 from torch_bcfw.solvers.certificate import certify
 
 ROOT = Path(__file__).resolve().parents[1]
-SMALL = dict(word_dim=8, pos_dim=4, char_dim=4, char_channels=6, hidden=8, feature_dim=6, dropout=0.1)
+SMALL = {"word_dim": 8, "pos_dim": 4, "char_dim": 4, "char_channels": 6, "hidden": 8, "feature_dim": 6, "dropout": 0.1}
 LAM = 0.1
 
 
@@ -141,7 +141,7 @@ def test_one_epoch_logs_the_certified_gap_at_the_final_features(trained):
 
 
 def test_chunk_f1_of_the_heads_predictions(trained):
-    dm, module, cb, trainer, _ = trained
+    dm, module, _, trainer, _ = trained
     res = trainer.test(module, datamodule=dm, verbose=False)[0]
     test = collect_features(module, dm.test_dataloader())
     pred = module.head.model.decode(module.head.w, test)

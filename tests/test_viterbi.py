@@ -102,3 +102,16 @@ def test_cpu_and_torch_paths_agree_on_ties():
     a, sa = viterbi_packed(unary, offsets, trans)
     b, sb = viterbi_packed_torch(unary, offsets, trans)
     assert torch.equal(a, b) and torch.equal(sa, sb)
+
+
+def test_packed_viterbi_keeps_the_callers_torch_thread_count():
+    # numba's OpenMP layer shares libgomp with torch; its parallel region must not undo torch.set_num_threads
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        unary = torch.randn(40, 4, dtype=torch.float64)
+        offsets = torch.tensor([0, 10, 25, 40])
+        viterbi_packed(unary, offsets, torch.randn(4, 4, dtype=torch.float64))
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)

@@ -56,7 +56,12 @@ def viterbi_packed(unary: Tensor, offsets: Tensor, transition: Tensor) -> tuple[
         u = unary.detach().contiguous().numpy()
         labels = np.empty(u.shape[0], dtype=np.int64)
         scores = np.empty(offsets.numel() - 1, dtype=u.dtype)
+        threads = torch.get_num_threads()
         _viterbi_batch_numba(u, offsets.contiguous().numpy(), transition.detach().contiguous().numpy(), labels, scores)
+        if torch.get_num_threads() != threads:
+            # numba's OpenMP threading layer shares libgomp with torch, and its parallel region resets the
+            # process-wide OpenMP thread count: keep the caller's torch.set_num_threads
+            torch.set_num_threads(threads)
         return torch.from_numpy(labels), torch.from_numpy(scores)
     return viterbi_packed_torch(unary, offsets, transition)
 

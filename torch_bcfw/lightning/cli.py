@@ -5,7 +5,7 @@ The file is a :class:`~lightning.pytorch.cli.LightningCLI` config without subcom
 ``model`` and ``data`` (``class_path`` + ``init_args``), plus ``test`` (run ``trainer.test`` after
 fitting, default true), ``report`` (a JSON file for the final figures, optional), ``ckpt_path`` (resume
 from a checkpoint: the module, the optimiser and every callback's state, the BCFW dual state included) and
-``threads`` (``torch.set_num_threads``; 1 on a CPU shared with other jobs).  Any entry can
+``threads`` (CPU threads of torch and numba; 1 on a CPU shared with other jobs).  Any entry can
 be overridden on the command line, e.g. ``--trainer.max_epochs=3 --data.init_args.limit=300``;
 ``torch-bcfw train --help`` lists them all.
 """
@@ -22,7 +22,7 @@ from lightning.pytorch.cli import LightningCLI
 
 from .callback import BCFWCallback
 
-__all__ = ["TrainCLI", "summarize", "train_main"]
+__all__ = ["TrainCLI", "set_threads", "summarize", "train_main"]
 
 
 class TrainCLI(LightningCLI):
@@ -32,8 +32,23 @@ class TrainCLI(LightningCLI):
         parser.add_argument("--ckpt_path", type=str | None, default=None,
                             help="resume from this Lightning checkpoint (weights, optimiser, BCFW dual state)")
         parser.add_argument("--threads", type=int | None, default=None,
-                            help="torch.set_num_threads before fitting (None: torch's default; 1 avoids the "
+                            help="CPU threads of torch and numba while fitting (None: their defaults; 1 avoids the "
                                  "oversubscription slowdowns of a CPU shared with other jobs)")
+
+
+def set_threads(torch_threads: int, numba_threads: int | None = None) -> tuple[int, int]:
+    """Set the CPU threads of torch and of the compiled (numba) decoders; return the previous ``(torch, numba)``.
+
+    ``numba_threads`` defaults to ``torch_threads`` (capped at numba's maximum).  One thread each avoids
+    the oversubscription slowdowns of a CPU shared with other jobs.
+    """
+    import numba
+
+    before = (torch.get_num_threads(), numba.get_num_threads())
+    torch.set_num_threads(int(torch_threads))
+    n = int(torch_threads if numba_threads is None else numba_threads)
+    numba.set_num_threads(max(1, min(n, numba.config.NUMBA_NUM_THREADS)))
+    return before
 
 
 def summarize(trainer, wall: float, test_metrics: dict | None = None) -> dict:
@@ -65,9 +80,7 @@ def train_main(args=None) -> int:
     threads = cli.config.get("threads")
     if threads is not None and int(threads) < 1:
         raise ValueError(f"threads must be >= 1, got {threads}")
-    threads_before = torch.get_num_threads()
-    if threads is not None:
-        torch.set_num_threads(int(threads))
+    restore = set_threads(threads) if threads is not None else None
     try:
         t0 = time.perf_counter()
         cli.trainer.fit(cli.model, datamodule=cli.datamodule, ckpt_path=cli.config.get("ckpt_path"))
@@ -77,7 +90,8 @@ def train_main(args=None) -> int:
             res = cli.trainer.test(cli.model, datamodule=cli.datamodule)
             test_metrics = res[0] if res else None
     finally:
-        torch.set_num_threads(threads_before)
+        if restore is not None:
+            set_threads(*restore)
     summary = summarize(cli.trainer, wall, test_metrics)
     width = max(len(k) for k in summary)
     print("\n".join(f"{k:<{width}}  {v:.6g}" if isinstance(v, float) else f"{k:<{width}}  {v}" for k, v in summary.items()))

@@ -83,7 +83,7 @@ class ConllVocab:
 
     @classmethod
     def fit(cls, sentences: Sequence[Sentence], min_word_count: int = 2, lowercase: bool = True,
-            normalize_digits: bool = True, max_word_chars: int = 20) -> "ConllVocab":
+            normalize_digits: bool = True, max_word_chars: int = 20) -> ConllVocab:
         """Words seen at least ``min_word_count`` times (after normalisation), all characters and POS tags."""
         if int(min_word_count) < 1:
             raise ValueError(f"min_word_count must be >= 1, got {min_word_count}")
@@ -124,7 +124,7 @@ class ConllVocab:
                 "normalize_digits": self.normalize_digits, "max_word_chars": self.max_word_chars}
 
     @classmethod
-    def from_state_dict(cls, sd: dict) -> "ConllVocab":
+    def from_state_dict(cls, sd: dict) -> ConllVocab:
         return cls(sd["words"], sd["chars"], sd["pos"], sd["lowercase"], sd["normalize_digits"], sd["max_word_chars"])
 
     def __repr__(self) -> str:
