@@ -109,7 +109,8 @@ def main() -> None:
     out = Path(args.output)
     out.mkdir(parents=True, exist_ok=True)
     (out / "report.json").write_text(json.dumps(summary, indent=1))
-    print(f"\nembeddings + BiLSTM + BCFW chain head: test chunk F1 {100 * summary['test/f1']:.2f} "
+    enc = {"bilstm": "BiLSTM", "cnn": "CNN"}[args.encoder]
+    print(f"\nembeddings + {enc} + BCFW chain head: test chunk F1 {100 * summary['test/f1']:.2f} "
           f"(P {100 * summary['test/precision']:.2f}, R {100 * summary['test/recall']:.2f}), certified gap "
           f"{summary['ssvm/gap']:.3g} (primal {summary['ssvm/primal']:.4g}) after {summary['ssvm/passes']:.0f} "
           f"BCFW passes, {summary['epochs']} epochs, wall time {wall:.0f} s (fit) on CPU")

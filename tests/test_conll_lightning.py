@@ -198,7 +198,7 @@ def test_train_command_runs_the_yaml_experiment_and_resumes(tmp_path):
     cwd = os.getcwd()
     os.chdir(ROOT)
     try:
-        rc = main(["train", *common, "--trainer.max_epochs=1", "--test=false"])
+        rc = main(["train", *common, "--trainer.max_epochs=1", "--test=false", f"--report={tmp_path / 'first.json'}"])
         assert rc == 0
         ckpts = sorted(tmp_path.rglob("last.ckpt"))
         assert len(ckpts) == 1
@@ -212,6 +212,7 @@ def test_train_command_runs_the_yaml_experiment_and_resumes(tmp_path):
         torch.set_num_threads(1)
     finally:
         os.chdir(cwd)
+    assert json.loads((tmp_path / "first.json").read_text())["ssvm/calls"] == 2
     rep = json.loads((tmp_path / "report.json").read_text())
     assert rep["epochs"] == 2 and rep["ssvm/calls"] == 3 and rep["ssvm/passes"] == pytest.approx(6)
     assert 0 <= rep["ssvm/gap"] <= rep["ssvm/primal"] and 0 <= rep["test/f1"] <= 1
