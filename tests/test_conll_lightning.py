@@ -162,9 +162,9 @@ def test_bad_configuration_is_reported(tmp_path):
     with pytest.raises(ValueError, match="feature_dim must be >= 1"):
         ConllChainTagger(feature_dim=0)
     with pytest.raises(ValueError, match="batch_size must be >= 1"):
-        ConllChunkingDataModule(batch_size=0)
+        ConllChunkingDataModule("unused", batch_size=0)
     with pytest.raises(ValueError, match="holdout > 0 or validate_on_test"):
-        ConllChunkingDataModule(holdout=10, validate_on_test=True)
+        ConllChunkingDataModule("unused", holdout=10, validate_on_test=True)
     with pytest.raises(ValueError, match="min_word_count must be >= 1"):
         ConllVocab.fit([Sentence(["a"], ["DT"], ["O"])], min_word_count=0)
     with pytest.raises(FileNotFoundError, match="CoNLL-2000 'train' split not found"):

@@ -4,7 +4,7 @@ seeds with the min-max band).
 
 A config is a YAML file::
 
-    data: {name: ocr, path: ../shared/data/ocr, split: large, fold: 0}
+    data: {name: ocr, path: path/to/ocr, split: large, fold: 0}
     lam: 0.001
     seeds: [1, 2, 3, 4, 5]
     options: {max_passes: 100, gap_check: 10, averaging: false, check_averaged: false}   # shared

@@ -19,13 +19,15 @@ def _ocr(cfg: dict):
 def _conll(cfg: dict):
     """CoNLL-2000 chunking: sparse template attributes (``min_count``, default 3: d = 1,643,026).
 
-    Options: ``path`` (the zip or a folder with it / the .txt files; default ``../shared/data/conll2000``),
+    Options: ``path`` (required: the zip or a folder with it / the .txt files),
     ``min_count``, ``drop_bias`` (default true), ``limit`` / ``test_limit`` (first sentences only).
     """
     from .conll_chain import load_conll_problem
 
+    if not cfg.get("path"):
+        raise ValueError("the conll dataset needs data.path: conll2000.zip or a folder with it or train.txt/test.txt")
     prob = load_conll_problem(
-        cfg.get("path") or "../shared/data/conll2000", min_count=int(cfg.get("min_count", 3)),
+        cfg["path"], min_count=int(cfg.get("min_count", 3)),
         drop_bias=bool(cfg.get("drop_bias", True)),
         limit=None if cfg.get("limit") is None else int(cfg["limit"]),
         test_limit=None if cfg.get("test_limit") is None else int(cfg["test_limit"]),

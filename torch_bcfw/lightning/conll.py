@@ -189,7 +189,7 @@ class ConllChunkingDataModule(pl.LightningDataModule):
             CoNLL-2000 has no separate validation split); not together with ``holdout``.
     """
 
-    def __init__(self, path: str = "../shared/data/conll2000", batch_size: int = 32, eval_batch_size: int = 256,
+    def __init__(self, path: str, batch_size: int = 32, eval_batch_size: int = 256,
                  limit: int | None = None, test_limit: int | None = None, holdout: int = 0, min_word_count: int = 2,
                  lowercase: bool = True, normalize_digits: bool = True, max_word_chars: int = 20, seed: int = 0,
                  validate_on_test: bool = False):
