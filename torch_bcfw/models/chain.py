@@ -240,7 +240,8 @@ class ChainDualState(DualState):
         self.mu = model.one_hot(data.y)
         self.T = model.transition_counts(data, data.y)
         self.mu_acc = torch.zeros_like(self.mu)
-        self.T_acc = torch.zeros_like(self.T)
+        # only the sum over blocks of the averaged transition marginals enters wbar: one K x K accumulator
+        self.T_acc = torch.zeros_like(self.T[0])
         self._phi_true_sum = model.joint_feature_sum(data, data.y)
         self._kernel_inputs = None
 
@@ -316,15 +317,15 @@ class ChainDualState(DualState):
     def _avg_accumulate(self, i, S) -> None:
         if i is None:
             self.mu_acc.add_(S.repeat_interleave(self.data.lengths)[:, None] * self.mu)
-            self.T_acc.add_(S[:, None, None] * self.T)
+            self.T_acc.add_((S[:, None, None] * self.T).sum(0))
         else:
             s, e = int(self.data.offsets[i]), int(self.data.offsets[i + 1])
             self.mu_acc[s:e].add_(self.mu[s:e], alpha=S)
-            self.T_acc[i].add_(self.T[i], alpha=S)
+            self.T_acc.add_(self.T[i], alpha=S)
 
     def _avg_w(self, S: Tensor, total: float) -> Tensor:
         mu = (self.mu_acc + S.repeat_interleave(self.data.lengths)[:, None] * self.mu) / total
-        T = (self.T_acc.sum(0) + (S[:, None, None] * self.T).sum(0)) / total
+        T = (self.T_acc + (S[:, None, None] * self.T).sum(0)) / total
         return (self._phi_true_sum - self.model.features_from_marginals(self.data, mu, T)) / (self.lam * self.n)
 
     # ------------------------------------------------------------ compiled path

@@ -151,7 +151,7 @@ def chain_bcfw_steps(
     ``ells = [l, l_u]`` (dual linear part and its averaging accumulator) is updated in place;
     ``k0`` is the global step counter and ``t0`` the averaging clock before the first step.
     With ``averaging``, a block about to change first adds ``sum_{t=last_i+1..t} t`` times its
-    state to ``mu_acc``/``T_acc`` (the lazy per-block weighted average of
+    state to ``mu_acc`` (per token) / ``T_acc`` (one ``K x K`` sum over blocks) (the lazy per-block weighted average of
     :mod:`torch_bcfw.models.dual`).  Returns the new ``(k, t)``.
     """
     n = offsets.shape[0] - 1
@@ -215,7 +215,7 @@ def chain_bcfw_steps(
                 last[i] = clock
             ells[1] += average_weight(clock) * (new_ell_i - ell_i)
             _add_direction(a, s, L, indptr, indices, values, D, We, bias, start, end)
-            _transition_update(T[i], trans, T_acc[i], ystar[:L], a, gamma, S)
+            _transition_update(T[i], trans, T_acc, ystar[:L], a, gamma, S)
             for t in range(L):
                 if S != 0.0:
                     for c in range(K):

@@ -108,7 +108,7 @@ def _avg_accumulate(i, s, L, clock, last, mu, T, mu_acc, T_acc):
                 mu_acc[s + t, c] += S * mu[s + t, c]
         for p in range(K):
             for c in range(K):
-                T_acc[i, p, c] += S * T[i, p, c]
+                T_acc[p, c] += S * T[i, p, c]
 
 
 @njit(cache=True, fastmath=True)
@@ -137,7 +137,7 @@ def _fw_step(i, s, L, n, lam, k, step_code, averaging, clock, score_star, score_
             last[i] = clock
         ells[1] += average_weight(clock) * (new_ell_i - ell_i)
         _add_direction(a, s, L, indptr, indices, values, D, We, bias, start, end)
-        _transition_update(T[i], trans, T_acc[i], ystar[:L], a, gamma, S)
+        _transition_update(T[i], trans, T_acc, ystar[:L], a, gamma, S)
         for t in range(L):
             if S != 0.0:
                 for c in range(K):
