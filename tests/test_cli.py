@@ -40,3 +40,28 @@ def test_bad_config_is_reported(tmp_path):
     assert "unknown solver option" in p.stderr or "OCR data not found" in p.stderr
     p = run("fit", "--config", str(tmp_path / "missing.yaml"))
     assert p.returncode == 2 and "not found" in p.stderr
+
+
+def test_path_command_writes_the_path_and_selects_lambda(tmp_path):
+    data = str(shared_data("ocr"))
+    out = tmp_path / "path"
+    p = run("path", "--config", "configs/ocr_path.yaml", "--set", f"data.path={data}", "--set", "data.limit=100",
+            "--set", "path.lam_min=0.05", "--set", "grid.warm=true", "--set", "grid.lams=[4.0, 1.0, 0.25, 0.0625]",
+            "--output", str(out), "--quiet")
+    assert p.returncode == 0, p.stderr
+    assert "selected lam" in p.stdout and "test error" in p.stdout
+    path = json.loads((out / "path.json").read_text())
+    pts = path["points"]
+    assert path["kind"] == "path" and len(pts) >= 2 and path["lam_inf"] == pts[0]["lam"]
+    assert all(pt["gap"] <= 0.09 + 1e-12 for pt in pts) and all(pt["val_loss"] is not None for pt in pts)
+    assert path["lower_limit"] is not None and path["lower_limit"] <= 0.05
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["selected_val_loss"] == min(pt["val_loss"] for pt in pts)
+    assert 0 < summary["test_loss"] < 1
+    grid = json.loads((out / "grid_warm.json").read_text())
+    assert [pt["lam"] for pt in grid["points"]] == [4.0, 1.0, 0.25, 0.0625]
+    assert (out / "path.png").read_bytes()[:4] == b"\x89PNG"
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("data: {name: ocr}\npath: {epsilon: 0.1}\n")
+    p = run("path", "--config", str(bad), "--quiet")
+    assert p.returncode == 2 and "unknown path option" in p.stderr

@@ -1,6 +1,7 @@
 """Command line: ``torch-bcfw fit --config configs/ocr.yaml``, ``torch-bcfw evaluate``,
 ``torch-bcfw compare --config configs/ocr_variants.yaml`` (several solvers x seeds, see
-:mod:`torch_bcfw.compare`) and ``torch-bcfw train --config configs/ocr_cnn.yaml`` (a Lightning
+:mod:`torch_bcfw.compare`), ``torch-bcfw path --config configs/ocr_path.yaml`` (the regularization path with
+model selection, see :mod:`torch_bcfw.solvers.path`) and ``torch-bcfw train --config configs/ocr_cnn.yaml`` (a Lightning
 experiment, see :mod:`torch_bcfw.lightning.cli`; needs the ``lightning`` extra).
 
 A config is a YAML file::
@@ -123,6 +124,71 @@ def cmd_compare(args) -> int:
     return 0
 
 
+def cmd_path(args) -> int:
+    """The eps-approximate regularization path (and optionally the grid searches) of a config's data; model
+    selection on the validation set; JSON + PNG."""
+    from .datasets.registry import load_problem_with_validation
+    from .solvers.certificate import task_loss
+    from .solvers.path import grid_search, plot_sweep, regularization_path
+
+    cfg = load_config(args.config, args.set)
+    known = {"data", "path", "grid", "options", "output"}
+    unknown = sorted(set(cfg) - known)
+    if unknown:
+        raise ValueError(f"unknown config section(s) {unknown}; expected {sorted(known)}")
+    pcfg = dict(cfg.get("path") or {})
+    bad = sorted(set(pcfg) - {"eps", "kappa", "lam_min", "time_budget", "max_breakpoints"})
+    if bad:
+        raise ValueError(f"unknown path option(s) {bad}; expected eps, kappa, lam_min, time_budget, max_breakpoints")
+    gcfg = dict(cfg.get("grid") or {})
+    bad = sorted(set(gcfg) - {"warm", "cold", "lams", "time_budget"})
+    if bad:
+        raise ValueError(f"unknown grid option(s) {bad}; expected warm, cold, lams, time_budget")
+    model, train, val, test = load_problem_with_validation(cfg.get("data", {}))
+    if val is None:
+        print("torch-bcfw: note: no data.validation entry: lambda is selected on the training loss", file=sys.stderr)
+    options = dict(cfg.get("options") or {})
+    eps = float(pcfg.get("eps", 0.1))
+    log = not args.quiet
+    path = regularization_path(model, train, eps=eps, kappa=float(pcfg.get("kappa", 0.9)),
+                               lam_min=float(pcfg.get("lam_min", 1e-5)), val_data=val,
+                               time_budget=pcfg.get("time_budget"), max_breakpoints=pcfg.get("max_breakpoints"),
+                               progress=log, **options)
+    out = Path(args.output or cfg.get("output") or "runs/path")
+    out.mkdir(parents=True, exist_ok=True)
+    sweeps = {"path": path}
+    path.save_json(out / "path.json", with_weights=bool(args.weights))
+    for kind in ("warm", "cold"):
+        if gcfg.get(kind):
+            sw = grid_search(model, train, gcfg.get("lams"), eps=eps, warm_start=kind == "warm", val_data=val,
+                             time_budget=gcfg.get("time_budget"), progress=log, **options)
+            sw.save_json(out / f"grid_{kind}.json")
+            sweeps[f"grid ({kind})"] = sw
+    key = "val_loss" if val is not None else "train_loss"
+    best = path.best(key)
+    test_loss = task_loss(model, test, best.w.to(test.device)) if test is not None else None
+    summary = {"lam_inf": path.lam_inf, "breakpoints": len(path.points), "lower_limit": path.lower_limit,
+               "stopped_by": path.stopped_by, "passes": path.points[-1].passes, "time": path.points[-1].time,
+               "selected_lam": best.lam, "selected_by": key, "selected_val_loss": best.val_loss,
+               "selected_train_loss": best.train_loss, "selected_gap": best.gap, "test_loss": test_loss}
+    for name, sw in sweeps.items():
+        if name != "path":
+            b = sw.best(key)
+            summary[name] = {"passes": sw.points[-1].passes if sw.points else 0.0,
+                             "time": sw.points[-1].time if sw.points else 0.0, "selected_lam": b.lam,
+                             "test_loss": task_loss(model, test, b.w.to(test.device)) if test is not None else None}
+    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    name = cfg.get("data", {}).get("name", "")
+    plot_sweep(sweeps, out / "path.png", title=f"{name}: loss along the regularization path (eps = {eps:g})")
+    rows = [("breakpoints", str(len(path.points))), ("lam_inf", _fmt(path.lam_inf)),
+            ("covered down to", _fmt(path.lower_limit)), ("stopped by", path.stopped_by),
+            ("effective passes", _fmt(path.points[-1].passes)), ("time (s)", _fmt(path.points[-1].time)),
+            ("selected lam", _fmt(best.lam)), (key.replace("_", " "), _fmt(getattr(best, key))),
+            ("certified gap there", _fmt(best.gap)), ("test error", _fmt(test_loss)), ("output", str(out))]
+    print(_table(rows))
+    return 0
+
+
 def cmd_evaluate(args) -> int:
     from .datasets.registry import load_problem
     from .fit import FitResult
@@ -162,6 +228,14 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--output", help="output folder (default: the config's 'output')")
     c.add_argument("--quiet", action="store_true", help="no per-run log lines")
     c.set_defaults(func=cmd_compare)
+    pa = sub.add_parser("path", help="eps-approximate regularization path (Osokin et al. 2016) with model selection on "
+                                     "a validation set; optional warm / cold grid searches; JSON and a PNG")
+    pa.add_argument("--config", required=True)
+    pa.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config entry")
+    pa.add_argument("--output", help="output folder (default: the config's 'output')")
+    pa.add_argument("--weights", action="store_true", help="also store every breakpoint's weights in path.json")
+    pa.add_argument("--quiet", action="store_true", help="no per-breakpoint log lines")
+    pa.set_defaults(func=cmd_path)
     # the arguments of `train` are LightningCLI's: main() hands them over before argparse sees them
     sub.add_parser("train", add_help=False,
                    help="train a backbone + structured head with Lightning from a LightningCLI YAML config "

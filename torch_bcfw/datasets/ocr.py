@@ -178,6 +178,28 @@ def ocr_split(words: OCRWords, split: str = "large", fold: int = 0) -> tuple[Seq
     return words.subset(train), words.subset(test)
 
 
+def ocr_split_with_validation(words: OCRWords, split: str = "large", fold: int = 0,
+                              val_fold: int = 1) -> tuple[SequenceData, SequenceData, SequenceData]:
+    """``(train, validation, test)``: :func:`ocr_split` with the words of ``val_fold`` moved out of the other part
+    into a validation set.  OCR-small (fold 0, val_fold 1): train on fold 0 (626 words), validate on fold 1,
+    test on folds 2-9; OCR-large: train on the folds other than both, test on ``fold``."""
+    folds = words.folds
+    known = set(folds.tolist())
+    for f in (fold, val_fold):
+        if f not in known:
+            raise ValueError(f"fold {f} does not exist (folds are {sorted(known)})")
+    if val_fold == fold:
+        raise ValueError(f"val_fold must differ from fold (both are {fold})")
+    val = folds == val_fold
+    if split == "large":
+        train, test = (folds != fold) & ~val, folds == fold
+    elif split == "small":
+        train, test = folds == fold, (folds != fold) & ~val
+    else:
+        raise ValueError(f"split must be 'large' or 'small', got {split!r}")
+    return words.subset(train), words.subset(val), words.subset(test)
+
+
 def load_ocr_split(path=None, split: str = "large", fold: int = 0, *, cache_dir=None,
                    download: bool = False) -> tuple[SequenceData, SequenceData]:
     """:func:`load_ocr` then :func:`ocr_split`."""

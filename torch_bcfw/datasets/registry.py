@@ -1,7 +1,7 @@
 """Named datasets for configs and the command line: ``name -> (model, train, test)``."""
 from __future__ import annotations
 
-__all__ = ["load_problem", "DATASETS"]
+__all__ = ["load_problem", "load_problem_with_validation", "DATASETS"]
 
 
 def _ocr(cfg: dict):
@@ -36,6 +36,61 @@ def _conll(cfg: dict):
 
 
 DATASETS = {"ocr": _ocr, "conll": _conll}
+
+
+def load_problem_with_validation(cfg: dict):
+    """``(model, train, validation, test)`` for a ``data:`` section with a ``validation:`` entry:
+
+    * ``validation: {fold: k}`` (OCR): the words of fold ``k`` (see :func:`~torch_bcfw.datasets.ocr.ocr_split_with_validation`);
+    * ``validation: {fraction: f, seed: s}`` (any dataset): a random fraction ``f`` of the training examples
+      (default seed 0) is held out.
+
+    Without a ``validation`` entry the validation set is ``None``.
+    """
+    cfg = dict(cfg)
+    spec = cfg.pop("validation", None)
+    if spec is None:
+        return _no_validation(cfg)
+    if not isinstance(spec, dict):
+        raise ValueError(f"data.validation must be a mapping such as {{fold: 1}} or {{fraction: 0.2}}, got {spec!r}")
+    unknown = sorted(set(spec) - {"fold", "fraction", "seed"})
+    if unknown:
+        raise ValueError(f"unknown data.validation key(s) {unknown}; use fold (OCR) or fraction and seed")
+    if "fold" in spec:
+        if cfg.get("name") != "ocr":
+            raise ValueError("data.validation.fold is only defined for the ocr dataset; use fraction for others")
+        from ..models import Chain
+        from .ocr import N_LETTERS, load_ocr, ocr_split_with_validation
+
+        words = load_ocr(cfg.get("path"), cache_dir=cfg.get("cache_dir"), download=bool(cfg.get("download", False)))
+        train, val, test = ocr_split_with_validation(words, cfg.get("split", "large"), int(cfg.get("fold", 0)),
+                                                     int(spec["fold"]))
+        model = Chain(train.x.shape[1], N_LETTERS)
+        if cfg.get("limit") is not None:
+            train = train[list(range(min(int(cfg["limit"]), len(train))))]
+    else:
+        import torch
+
+        frac = float(spec.get("fraction", 0.2))
+        if not 0 < frac < 1:
+            raise ValueError(f"data.validation.fraction must lie in (0, 1), got {frac}")
+        model, full, test = load_problem(cfg)
+        n = len(full)
+        perm = torch.randperm(n, generator=torch.Generator().manual_seed(int(spec.get("seed", 0))))
+        k = int(round(frac * n))
+        if k < 1 or k >= n:
+            raise ValueError(f"validation fraction {frac} of n = {n} leaves an empty part")
+        val, train = full[perm[:k].sort().values], full[perm[k:].sort().values]
+        return model, train, val, test
+    device = cfg.get("device")
+    if device is not None:
+        train, val, test = train.to(device), val.to(device), test.to(device)
+    return model, train, val, test
+
+
+def _no_validation(cfg: dict):
+    model, train, test = load_problem(cfg)
+    return model, train, None, test
 
 
 def load_problem(cfg: dict):

@@ -328,6 +328,15 @@ class ChainDualState(DualState):
         T = (self.T_acc + (S[:, None, None] * self.T).sum(0)) / total
         return (self._phi_true_sum - self.model.features_from_marginals(self.data, mu, T)) / (self.lam * self.n)
 
+    def _rescale_storage(self, rho: float) -> None:
+        """``mu <- rho mu + (1 - rho) onehot(y)``, ``T <- rho T + (1 - rho) T(y)`` (see :meth:`DualState.rescale_lam`)."""
+        self.mu.mul_(rho).add_(self.model.one_hot(self.data.y), alpha=1.0 - rho)
+        self.T.mul_(rho).add_(self.model.transition_counts(self.data, self.data.y), alpha=1.0 - rho)
+
+    def _avg_reset_storage(self) -> None:
+        self.mu_acc.zero_()
+        self.T_acc.zero_()
+
     # ------------------------------------------------------------ compiled path
     def _prepare_kernel(self) -> dict:
         """CSR token features and per-sequence Gram matrices ``X_i X_i^T + 1`` (built once).

@@ -370,6 +370,92 @@ class DualState:
                 )
             self.working_set = WorkingSet.for_data(self.data)
         return self.working_set
+
+    # ------------------------------------------------------------ moving along lambda (regularization path)
+    def set_corners(self, y: Tensor) -> None:
+        """Put every block on one corner: ``alpha_i = e_{y_i'}`` for the labelings ``y`` (all blocks, laid out
+        like ``data.y``).  The averages restart; a working set (if any) lists exactly these corners.
+
+        Used by the regularization path (Osokin et al. 2016, Alg. 6: ``alpha_i = e_{y~_i}``, the max-loss
+        labelings) so that ``w = A alpha``, ``l = b^T alpha`` hold exactly at the state's ``lam``.
+        """
+        self._move_all(y, 1.0)
+        self.block_ell = self.model.loss(self.data, y).to(self.block_ell) / self.n
+        self.v = self._w_from_blocks()
+        self._sync_w()
+        self.ell = float(self.block_ell.sum())
+        self._restart_average()
+        ws = self.working_set
+        if ws is not None:
+            from .working_set import ALPHA
+
+            lab = SimpleLabels(y.detach().cpu(), getattr(self.data, "offsets", None))
+            losses = self.block_ell.detach().cpu().numpy()
+            for i in range(self.n):
+                ws.alphas(i)[:] = 0.0
+                yi = _block_labels(lab, i).numpy()
+                j = ws.find(i, yi)
+                if j < 0:
+                    j = ws.insert(i, yi, float(losses[i]), 0, True)
+                ws.fl[ws.start[i] + j, ALPHA] = 1.0
+                ws.incomplete[i] = 0
+
+    def rescale_lam(self, lam_new: float) -> float:
+        """Move the state to a smaller ``lam_new = rho lam`` keeping ``w`` (Osokin et al. 2016, Prop. 1).
+
+        The dual variables become ``alpha_i <- rho alpha_i + (1 - rho) e_{y_i}`` (mass moves to the ground
+        truth, whose ``psi_i(y_i) = 0`` and ``L_i(y_i) = 0``), so with ``A_new = A_old / rho``:
+        ``w_i`` and ``w`` (and ``v``) are unchanged and ``l_i <- rho l_i``.  The duality gap at ``lam_new``
+        is ``g_old + (1 - rho) Delta`` with ``Delta = l - lam <v, w>`` (:meth:`path_delta`).  The weighted
+        averages restart (an average over iterates of another ``lam`` is not a point of the new problem).
+        Returns ``rho``.  ``rho`` must lie in ``(0, 1]``: a larger ``lam`` would need negative weights.
+        """
+        lam_new = check_lam(lam_new)
+        rho = lam_new / self.lam
+        if not rho <= 1.0:
+            raise ValueError(
+                f"rescale_lam keeps w and moves dual mass to the ground truth, which only works for a smaller lam "
+                f"(lam_new = {lam_new} > lam = {self.lam}); start a new state for a larger lam"
+            )
+        self._rescale_storage(rho)
+        ws = self.working_set
+        if ws is not None:
+            from .working_set import ALPHA
+
+            ylab = SimpleLabels(self.data.y.detach().cpu(), getattr(self.data, "offsets", None))
+            for i in range(self.n):
+                ws.alphas(i)[:] *= rho
+                yi = _block_labels(ylab, i).numpy()
+                j = ws.find(i, yi)
+                if j < 0:
+                    j = ws.insert(i, yi, 0.0, 0, True)
+                ws.fl[ws.start[i] + j, ALPHA] += 1.0 - rho
+        self.block_ell.mul_(rho)
+        self.ell = float(self.block_ell.sum())
+        self.lam = lam_new
+        self._restart_average()
+        return rho
+
+    def path_delta(self) -> float:
+        """``Delta = sum_i (l_i - lam <v_i, w>) = l - lam <v, w>``: the growth rate of the duality gap under
+        :meth:`rescale_lam`, ``g(lam rho) = g(lam) + (1 - rho) Delta`` (Osokin et al. 2016, Prop. 1; with box
+        constraints the box multipliers are included, since ``<v - w, w>`` is their term)."""
+        return self.ell - self.lam * float(self.v @ self.w)
+
+    def _rescale_storage(self, rho: float) -> None:
+        """Storage hook of :meth:`rescale_lam`: ``alpha_i <- rho alpha_i + (1 - rho) e_{y_i}`` in the stored
+        blocks (a storage of ``w_i = A alpha_i`` has nothing to do: ``w_i`` is unchanged)."""
+
+    def _restart_average(self) -> None:
+        """Forget the weighted average (its accumulators restart at the current iterate)."""
+        self.avg_t = 0
+        self.avg_last.zero_()
+        self.avg_ell_u = 0.0
+        self._avg_reset_storage()
+
+    def _avg_reset_storage(self) -> None:
+        """Zero the storage's average accumulators."""
+        raise NotImplementedError
     def run_steps(self, order: np.ndarray, step_code: int, averaging: bool = True) -> np.ndarray:
         """Sequential BCFW steps on the blocks in ``order`` (``int64[m]``), each after an exact oracle call.
 
@@ -611,6 +697,9 @@ class DenseDualState(DualState):
     def _avg_w(self, S: Tensor, total: float) -> Tensor:
         return (self.w_blocks_acc.sum(0) + S @ self.w_blocks) / total
 
+    def _avg_reset_storage(self) -> None:
+        self.w_blocks_acc.zero_()
+
     def _storage_dict(self) -> dict:
         return {"w_blocks": self.w_blocks.cpu().clone(), "w_blocks_acc": self.w_blocks_acc.cpu().clone()}
 
@@ -703,6 +792,25 @@ class ActiveSetDualState(DenseDualState):
         else:
             for e in self.active[i].values():
                 e[2] += float(S) * e[1]
+
+    def _rescale_storage(self, rho: float) -> None:
+        ycpu = SimpleLabels(self.data.y.detach().cpu(), getattr(self.data, "offsets", None))
+        for i, blk in enumerate(self.active):
+            for e in blk.values():
+                e[1] *= rho
+            y = _block_labels(ycpu, i).clone()
+            key = tuple(y.tolist())
+            if key not in blk:
+                blk[key] = [y, 0.0, 0.0]
+            blk[key][1] += 1.0 - rho
+            for k in [k for k, e in blk.items() if e[1] <= 0.0]:
+                del blk[k]
+
+    def _avg_reset_storage(self) -> None:
+        super()._avg_reset_storage()
+        for blk in self.active:
+            for e in blk.values():
+                e[2] = 0.0
 
     def active_set_sizes(self) -> Tensor:
         """``LongTensor[n]``: number of stored labelings per block."""

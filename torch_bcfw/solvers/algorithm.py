@@ -55,6 +55,10 @@ class Algorithm:
         """The averaged iterate, or ``None`` when averaging is off."""
         return None
 
+    def estimated_gap(self) -> float | None:
+        """The heuristic duality gap (sum of the block-gap estimates), or ``None`` when the algorithm keeps none."""
+        return None
+
     def certificate(self) -> Certificate:
         """Exact primal, dual and gap of the last iterate (one oracle pass at fixed ``w``)."""
         w, ell = self.iterate()

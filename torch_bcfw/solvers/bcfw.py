@@ -80,6 +80,7 @@ class BCFW(DualAlgorithm):
         self.estimates = None
         self.glob_gap = np.inf
         self._since_refresh = -1  # iterations since the last exact gap pass (-1: none yet)
+        self.exact_block_gaps = None  # (g, H) of the last exact gap pass (refined runs)
         if options.sampling == "gap":
             self.estimates = GapEstimates(self.n, options.gap_power)
             self.sampler = GapSampler(self.n, options.seed, self.estimates)
@@ -152,6 +153,7 @@ class BCFW(DualAlgorithm):
             return super().certificate()
         st = self.state
         g, H, y_star = st.block_gaps()
+        self.exact_block_gaps = (g, H)
         self.estimates.refresh(g.detach().cpu().numpy())
         if isinstance(self.sampler, GapSampler):
             self.sampler.end_first_visits()
@@ -162,6 +164,24 @@ class BCFW(DualAlgorithm):
         self.glob_gap = max(primal - dual, 0.0)
         self._since_refresh = 0
         return Certificate(primal, dual, primal - dual, y_star)
+
+    def estimated_gap(self) -> float | None:
+        if self.estimates is None:
+            return None
+        return float(self.estimates.est.sum())  # +inf while some block was never measured
+
+    def set_exact_block_gaps(self, g) -> None:
+        """Start from known exact block gaps ``g`` (``float64[n]``, e.g. those a rescaling of ``lam`` predicts):
+        they become the estimates (the first-visit pass is skipped) and their sum the global gap of the cache
+        test, as after an exact gap pass.  Refined runs only."""
+        if self.estimates is None:
+            raise ValueError("set_exact_block_gaps needs a refined BCFW (gap sampling or cache)")
+        g = np.asarray(g, dtype=np.float64)
+        self.estimates.refresh(g)
+        if isinstance(self.sampler, GapSampler):
+            self.sampler.end_first_visits()
+        self.glob_gap = max(float(np.clip(g, 0.0, None).sum()), 0.0)
+        self._since_refresh = 0
 
     def state_dict(self) -> dict:
         sd = {"state": self.state.state_dict(), "sampler": self.sampler.state_dict(), "oracle_calls": self.oracle_calls,

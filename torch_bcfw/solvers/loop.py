@@ -110,6 +110,10 @@ def run_solver(alg, options, test_data=None, callbacks=(), counters: dict | None
             passes = alg.work / n
             for cb in callbacks:
                 cb.on_chunk(passes - start_work / n, time.perf_counter() - wall0)
+            early = getattr(options, "early_gap_check", None)
+            if early is not None and options.gap_tol is not None and not alg.check_requested:
+                est = alg.estimated_gap()
+                alg.check_requested = est is not None and est <= early * options.gap_tol
             if alg.work % (options.gap_check * n) == 0 or alg.check_requested:
                 alg.check_requested = False
                 alg.on_scheduled_check()

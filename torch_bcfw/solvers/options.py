@@ -97,6 +97,10 @@ class SolverOptions:
         cache_F: local factor ``F`` of the cache-hit test (default 0.25).
         cache_nu: global factor ``nu`` of the cache-hit test (default 0.01); ``inf`` disables hits.
         gap_power: exponent ``p`` of gap sampling, ``i ~ g_i^p`` (default 1).
+        early_gap_check: with ``gap_tol`` and block-gap estimates (gap sampling or cache), run the exact gap
+            pass as soon as the sum of the estimates is ``<= early_gap_check * gap_tol`` instead of waiting for
+            the next ``gap_check`` pass (the gapBCFW code does this with 0.8; the regularization path uses it).
+            ``None`` (default): only the scheduled checks.
         preset: a named combination of ``sampling``, ``step_rule`` and ``cache`` (overrides them):
             ``"gap-pairwise-cache"``, ``"gap"``, ``"uniform-fw-cache"``... (:func:`parse_preset`), or
             ``"auto"``: the paper's recommendation from the measured oracle time per example:
@@ -134,6 +138,7 @@ class SolverOptions:
     cache_F: float = 0.25
     cache_nu: float = 0.01
     gap_power: float = 1.0
+    early_gap_check: float | None = None
     preset: str | None = None
     auto_oracle_threshold: float = AUTO_ORACLE_THRESHOLD
     extra: dict = field(default_factory=dict, repr=False)
@@ -159,6 +164,10 @@ class SolverOptions:
             if not v > 0:
                 raise ValueError(f"{name} must be > 0, got {v}")
             setattr(self, name, v)
+        if self.early_gap_check is not None:
+            self.early_gap_check = float(self.early_gap_check)
+            if not self.early_gap_check > 0:
+                raise ValueError(f"early_gap_check must be > 0 (a fraction of gap_tol), got {self.early_gap_check}")
         if not self.max_passes > 0:
             raise ValueError(f"max_passes must be > 0, got {self.max_passes}")
         if int(self.gap_check) < 1:
