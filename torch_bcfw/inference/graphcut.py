@@ -156,16 +156,36 @@ def _solve_compact(problem: _CompactProblem) -> np.ndarray:
     Returns:
         ``bool[N]``, True where the label is 1 (bool keeps the pool's result traffic small).
     """
-    maxflow = _import_maxflow()
-    gain, edges, pairwise = problem
-    n, m = gain.shape[0], edges.shape[0]
-    if n == 0:
+    gain = problem[0]
+    if gain.shape[0] == 0:
         return np.zeros(0, dtype=bool)
+    graph, nodes = build_graph(*problem)
+    return cut_graph(graph, nodes)
+
+
+def build_graph(gain: np.ndarray, edges: np.ndarray, pairwise: np.ndarray):
+    """The PyMaxflow graph of a validated problem (see :func:`_solve_compact` for the encoding).
+
+    Args:
+        gain: ``float64[N]``, ``u1 - u0`` per node.
+        edges: ``int32[M, 2]`` endpoints.
+        pairwise: ``float64[M]`` non-negative Potts penalties.
+
+    Returns:
+        ``(graph, nodes)``: a ``maxflow.Graph[float]`` and its node ids (``int[N]``).
+    """
+    maxflow = _import_maxflow()
+    n, m = gain.shape[0], edges.shape[0]
     graph = maxflow.Graph[float](n, m)
     nodes = graph.add_nodes(n)
     graph.add_grid_tedges(nodes, np.maximum(-gain, 0.0), np.maximum(gain, 0.0))
     if m:
         graph.add_edges(edges[:, 0], edges[:, 1], pairwise, pairwise)
+    return graph, nodes
+
+
+def cut_graph(graph, nodes) -> np.ndarray:
+    """Run the max-flow of a graph from :func:`build_graph`; ``bool[N]``, True where the label is 1."""
     graph.maxflow()
     return graph.get_grid_segments(nodes)
 

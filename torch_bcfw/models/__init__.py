@@ -2,9 +2,10 @@
 from .base import StructuredModel
 from .chain import Chain, ChainDualState
 from .dual import ActiveSetDualState, DenseDualState, DualState
+from .graphcut import GraphCut
 from .multiclass import Multiclass
 from .table import TableModel, app_c_toy
 from .working_set import WorkingSet
 
 __all__ = ["StructuredModel", "Chain", "ChainDualState", "Multiclass", "DualState", "DenseDualState", "ActiveSetDualState",
-           "TableModel", "app_c_toy", "WorkingSet"]
+           "TableModel", "app_c_toy", "WorkingSet", "GraphCut"]

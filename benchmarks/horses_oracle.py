@@ -1,0 +1,195 @@
+"""Graph-cut oracle on the Weizmann horses: where the time goes, solver overhead, worker-pool speed-up.
+
+Usage:  python benchmarks/horses_oracle.py [--size 48 64] [--repeat 7] [--passes 5] [--processes 2]
+Writes benchmarks/results/horses_oracle.json and prints a table.
+
+Problem: the 200 training images at the working resolution, 4-connected grid (``H (W-1) + W (H-1)`` edges),
+contrast-sensitive Potts edge features ``[1, exp(-beta ||I_p - I_q||^2)]``, and fixed hand-made node features
+(RGB, a 5x5 box-filtered RGB, pixel coordinates and their squares, a constant: ``F = 11``; the benchmark
+needs no trained network).  The weights are those of a short BCFW run (``--warm-passes``) so that the
+energies are realistic (the max-flow time depends on them), with the pairwise weights >= 0.
+
+Measured:
+  1. one loss-augmented oracle call per image, in this process, split into feature computation (node gains
+     ``x_p w_U`` plus the loss augmentation, edge penalties ``f_pq w_P``, conversion to numpy), graph
+     construction (PyMaxflow nodes, terminal and pairwise arcs) and max-flow (incl. reading the cut);
+  2. solver overhead: BCFW's time outside the oracle per oracle time, over ``--passes`` passes of plain BCFW
+     (line search, averaging; the fused step loop of ``GraphCutDualState``), after one warm-up pass;
+  3. the exact gap pass over the training set (``model.hinge_terms``: oracle on all images, losses, scores)
+     in one process vs the :class:`~torch_bcfw.inference.graphcut_pool.ResidentGraphCutPool` (graphs resident
+     in the workers, warm) and vs the older :class:`~torch_bcfw.inference.graphcut.GraphCutPool` (every
+     problem shipped on every call).  Runs are interleaved; min and median over ``--repeat``.  The machine's
+     load average is recorded: on a CPU shared with other jobs the speed-up is bounded by the share we get.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+
+import numpy as np
+import torch
+from torch.nn import functional as F
+
+from common import DATA, print_table, write_json
+from torch_bcfw import fit
+from torch_bcfw.datasets.horses import load_weizmann_horses
+from torch_bcfw.graph_data import grid_graph_data
+from torch_bcfw.inference.graphcut import GraphCutPool, build_graph, cut_graph, graphcut_map_batch
+from torch_bcfw.inference.graphcut_pool import _penalties
+from torch_bcfw.models import GraphCut
+from torch_bcfw.solvers.bcfw import BCFW
+from torch_bcfw.solvers.options import SolverOptions
+
+
+def horse_graphs(size):
+    """GraphData of the 200 training images with hand-made node features (``F = 11``)."""
+    horses = load_weizmann_horses(DATA / "weizmann_horse", size=tuple(size), split="train")
+    images = torch.stack([h.image for h in horses]).to(torch.float64)
+    masks = torch.stack([h.mask for h in horses])
+    B, _, H, W = images.shape
+    ys = torch.linspace(-1, 1, H, dtype=torch.float64)[:, None].expand(H, W)
+    xs = torch.linspace(-1, 1, W, dtype=torch.float64)[None, :].expand(H, W)
+    coords = torch.stack([ys, xs, ys**2, xs**2]).expand(B, 4, H, W)
+    smooth = F.avg_pool2d(images, 5, stride=1, padding=2, count_include_pad=False)
+    feats = torch.cat([images, smooth, coords, torch.ones(B, 1, H, W, dtype=torch.float64)], 1)
+    return grid_graph_data(feats, images, masks)
+
+
+def breakdown(model: GraphCut, data, w: torch.Tensor) -> dict:
+    """Seconds per image of the three stages of one in-process loss-augmented oracle call."""
+    t = {"features": 0.0, "graph": 0.0, "maxflow": 0.0, "oracle_call": 0.0}
+    blocks = [data[[i]] for i in range(len(data))]
+    for blk in blocks:  # warm the per-block caches, as BCFW's cached block data does
+        model.oracle(w, blk)
+    for blk in blocks:
+        t0 = time.perf_counter()
+        gain = model.unary_gains(w, blk, True).numpy()
+        w_e = model.pairwise_weights(w).numpy()
+        edges, edge_x = blk.cpu_graphs()[0]
+        c = _penalties(edge_x, w_e, float(1.0 / blk.mass()[0]))
+        t1 = time.perf_counter()
+        graph, nodes = build_graph(gain, edges, c)
+        t2 = time.perf_counter()
+        cut_graph(graph, nodes)
+        t3 = time.perf_counter()
+        model.oracle(w, blk)
+        t4 = time.perf_counter()
+        t["features"] += t1 - t0
+        t["graph"] += t2 - t1
+        t["maxflow"] += t3 - t2
+        t["oracle_call"] += t4 - t3
+    return {k: v / len(blocks) for k, v in t.items()}
+
+
+def solver_overhead(data, lam: float, passes: int) -> dict:
+    """BCFW time outside the oracle per oracle time, over ``passes`` passes after one warm-up pass (which
+    builds the per-block caches: reported separately)."""
+    model = GraphCut(data.n_inputs, 2, loss="balanced", processes=1)
+    alg = BCFW(model, data, lam, SolverOptions.from_kwargs(max_passes=passes + 1, seed=0))
+    n = len(data)
+    t0 = time.perf_counter()
+    alg.advance(n)
+    first = time.perf_counter() - t0
+    first_oracle = alg.state.oracle_seconds
+    t0 = time.perf_counter()
+    for _ in range(passes):
+        alg.advance(n)
+    total = time.perf_counter() - t0
+    oracle = alg.state.oracle_seconds - first_oracle
+    return {"passes": passes, "steps": passes * n, "solver_time_s": total, "oracle_time_s": oracle,
+            "overhead_fraction": (total - oracle) / oracle, "first_pass_s": first,
+            "first_pass_overhead_fraction": (first - first_oracle) / first_oracle}
+
+
+def gap_pass_speedup(data, w: torch.Tensor, repeat: int, processes: int) -> dict:
+    seq = GraphCut(data.n_inputs, 2, loss="balanced", processes=1)
+    par = GraphCut(data.n_inputs, 2, loss="balanced", processes=processes)
+    t0 = time.perf_counter()
+    y_par, _ = par.hinge_terms(w, data)
+    first = time.perf_counter() - t0  # worker start-up + shipping the graphs
+    gains = seq.unary_gains(w, data, True)
+    problems = [(torch.stack([torch.zeros_like(g), g], 1), blk_e, c) for g, blk_e, c in zip(
+        data.split_labels(gains), torch.split(data.edges, data.edge_counts.tolist()),
+        torch.split(seq.penalties(w, data), data.edge_counts.tolist()))]
+    old_pool = GraphCutPool(processes)
+    old_pool.map(problems)  # start its workers
+    times = {"sequential": [], "resident_pool": [], "old_pool": [], "old_sequential": []}
+    cpu_main = []
+    try:
+        for _ in range(repeat):
+            t0 = time.perf_counter()
+            y_seq, _ = seq.hinge_terms(w, data)
+            times["sequential"].append(time.perf_counter() - t0)
+            t0, c0 = time.perf_counter(), time.process_time()
+            y_par, _ = par.hinge_terms(w, data)
+            times["resident_pool"].append(time.perf_counter() - t0)
+            cpu_main.append(time.process_time() - c0)
+            assert torch.equal(y_seq, y_par)
+            t0 = time.perf_counter()
+            old_pool.map(problems)
+            times["old_pool"].append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            graphcut_map_batch(problems, processes=1)
+            times["old_sequential"].append(time.perf_counter() - t0)
+    finally:
+        old_pool.close()
+        par.close()
+    out = {k: {"min": min(v), "median": statistics.median(v), "runs": v} for k, v in times.items()}
+    out["pool_first_call_s"] = first
+    out["pool_main_cpu_s_median"] = statistics.median(cpu_main)
+    out["speedup_min"] = out["sequential"]["min"] / out["resident_pool"]["min"]
+    out["speedup_median"] = out["sequential"]["median"] / out["resident_pool"]["median"]
+    out["old_pool_speedup_median"] = out["old_sequential"]["median"] / out["old_pool"]["median"]
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--size", type=int, nargs=2, default=(48, 64))
+    ap.add_argument("--repeat", type=int, default=7)
+    ap.add_argument("--passes", type=int, default=5, help="BCFW passes of the overhead measurement")
+    ap.add_argument("--warm-passes", type=int, default=5, help="BCFW passes giving the benchmark's weights")
+    ap.add_argument("--processes", type=int, default=2)
+    ap.add_argument("--lam", type=float, default=1e-3)
+    ap.add_argument("--threads", type=int, default=1)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    load_before = os.getloadavg()
+    data = horse_graphs(args.size)
+    warm = fit(GraphCut(data.n_inputs, 2, loss="balanced", processes=1), data, args.lam,
+               max_passes=args.warm_passes, gap_check=args.warm_passes, seed=0)
+    w = warm.w
+    br = breakdown(GraphCut(data.n_inputs, 2, loss="balanced", processes=1), data, w)
+    ov = solver_overhead(data, args.lam, args.passes)
+    sp = gap_pass_speedup(data, w, args.repeat, args.processes)
+    load_after = os.getloadavg()
+
+    stage_total = br["features"] + br["graph"] + br["maxflow"]
+    rows = [{"measure": f"oracle: {k}", "value": br[k] * 1e3, "unit": "ms/image",
+             "share": br[k] / stage_total} for k in ("features", "graph", "maxflow")]
+    rows.append({"measure": "oracle: model.oracle call", "value": br["oracle_call"] * 1e3, "unit": "ms/image"})
+    rows.append({"measure": "solver overhead / oracle time", "value": ov["overhead_fraction"], "unit": "fraction",
+                 "target": "<= 0.10"})
+    for k in ("sequential", "resident_pool", "old_sequential", "old_pool"):
+        rows.append({"measure": f"gap pass: {k}", "value": sp[k]["median"], "unit": "s (median)",
+                     "share": sp[k]["min"]})
+    rows.append({"measure": "resident pool speed-up", "value": sp["speedup_median"], "unit": "x (median)",
+                 "share": sp["speedup_min"], "target": ">= 1.7"})
+    rows.append({"measure": "old GraphCutPool speed-up", "value": sp["old_pool_speedup_median"], "unit": "x (median)"})
+    print(f"\n{len(data)} images at {args.size[0]} x {args.size[1]} ({data.n_nodes // len(data)} nodes, "
+          f"{data.edges.shape[0] // len(data)} edges each); {args.processes} processes; "
+          f"load average {load_before[0]:.2f} before, {load_after[0]:.2f} after ({os.cpu_count()} CPUs)")
+    print("(column 'share': stage share of the oracle for the breakdown, min-over-runs for the timings)\n")
+    print_table(rows, ["measure", "value", "unit", "share", "target"])
+    write_json("horses_oracle.json", {
+        "config": {**vars(args), "size": list(args.size), "n_images": len(data), "nodes_per_image": data.n_nodes // len(data),
+                   "edges_per_image": data.edges.shape[0] // len(data)},
+        "load_average_before": load_before, "load_average_after": load_after,
+        "weights": w.tolist(), "breakdown_s_per_image": br, "solver_overhead": ov, "gap_pass": sp, "table": rows,
+    })
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,377 @@
+"""GraphCut model (torch_bcfw.models.graphcut), its GraphData container and the resident worker pool."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+pytest.importorskip("maxflow", reason="PyMaxflow is the optional [graphcut] dependency")
+
+from torch_bcfw import fit  # noqa: E402
+from torch_bcfw.graph_data import GraphData, grid_graph_data  # noqa: E402
+from torch_bcfw.inference.graphcut import grid_edges  # noqa: E402
+from torch_bcfw.inference.graphcut_pool import solve_resident  # noqa: E402
+from torch_bcfw.models import GraphCut  # noqa: E402
+
+LOSSES = ["hamming", "balanced"]
+
+
+# ------------------------------------------------------------------ independent reference implementation
+def all_labelings(n: int) -> torch.Tensor:
+    """LongTensor[2**n, n]: row k is the binary expansion of k."""
+    return (torch.arange(2**n)[:, None] >> torch.arange(n)[None, :]) & 1
+
+
+def reference_loss(y_true: torch.Tensor, y: torch.Tensor, mass: torch.Tensor, loss: str) -> torch.Tensor:
+    """Loss of every row of ``y: [K, N]`` from the definitions (not from the package's loss code)."""
+    wrong = (y != y_true).double()
+    if loss == "hamming":
+        return (wrong * mass).sum(1) / mass.sum()
+    fg, bg = mass[y_true == 1].sum(), mass[y_true == 0].sum()
+    fn = (wrong * mass * (y_true == 1)).sum(1)
+    fp = (wrong * mass * (y_true == 0)).sum(1)
+    if fg > 0 and bg > 0:
+        return 0.5 * (fn / fg + fp / bg)
+    return (fn + fp) / mass.sum()  # one class only: its error rate
+
+
+def reference_scores(x, edges, edge_x, mass, w, F, y):
+    """``<w, phi(x, y)>`` for every row of ``y: [K, N]`` from the module docstring's formula."""
+    Z = mass.sum()
+    unary = (y.double() * (mass * (x.double() @ w[:F]))).sum(1)
+    if edges.shape[0] == 0 or w.shape[0] == F:
+        return unary / Z
+    cut = (y[:, edges[:, 0]] != y[:, edges[:, 1]]).double()
+    return (unary - cut @ (edge_x.double() @ w[F:])) / Z
+
+
+def random_graphs(gen, n_graphs, F=3, E=2, max_nodes=9, weights=False, min_nodes=1):
+    xs, es, exs, ys, ws = [], [], [], [], []
+    for _ in range(n_graphs):
+        n = int(torch.randint(min_nodes, max_nodes + 1, (1,), generator=gen))
+        m = int(torch.randint(0, 2 * n + 1, (1,), generator=gen)) if n > 1 else 0
+        p = torch.randint(0, n, (m,), generator=gen)
+        q = (p + torch.randint(1, max(n, 2), (m,), generator=gen)) % n
+        xs.append(torch.randn(n, F, generator=gen, dtype=torch.float64))
+        es.append(torch.stack([p, q], 1))
+        exs.append(torch.rand(m, E, generator=gen, dtype=torch.float64))
+        ys.append(torch.randint(0, 2, (n,), generator=gen))
+        ws.append(torch.rand(n, generator=gen, dtype=torch.float64) + 0.2)
+    return GraphData.from_graphs(xs, es, exs, ys, ws if weights else None)
+
+
+def brute_force(model: GraphCut, data: GraphData, w: torch.Tensor, i: int, loss_augmented: bool):
+    """``(best value, all values)`` of ``[L_i(y)] + <w, phi(x_i, y)>`` over every labelling of graph ``i``."""
+    blk = data[[i]]
+    Y = all_labelings(blk.n_nodes)
+    vals = reference_scores(blk.x, blk.edges, blk.edge_x, blk.node_mass(), w.double(), model.n_inputs, Y)
+    if loss_augmented:
+        vals = vals + reference_loss(blk.y, Y, blk.node_mass(), model.loss_name)
+    return float(vals.max()), vals, Y
+
+
+# ------------------------------------------------------------------ the oracle is exact
+@pytest.mark.parametrize("loss", LOSSES)
+@pytest.mark.parametrize("loss_augmented", [False, True])
+def test_oracle_equals_brute_force(loss, loss_augmented):
+    gen = torch.Generator().manual_seed(10 + LOSSES.index(loss) + 2 * loss_augmented)
+    for weights in (False, True):
+        data = random_graphs(gen, 12, max_nodes=12, weights=weights)
+        model = GraphCut(3, 2, loss=loss, processes=1)
+        for trial in range(3):
+            w = torch.randn(5, generator=gen, dtype=torch.float64)
+            w[3:] = w[3:].abs() * (3.0 * trial)  # trial 0: no pairwise term (the threshold path)
+            y = model.oracle(w, data, loss_augmented=loss_augmented)
+            assert y.dtype == torch.long and y.shape == (data.n_nodes,)
+            found = model.score(w, data, y) + (model.loss(data, y) if loss_augmented else 0.0)
+            for i, y_i in enumerate(data.split_labels(y)):
+                best, vals, Y = brute_force(model, data, w, i, loss_augmented)
+                assert float(found[i]) == pytest.approx(best, abs=1e-12)
+                k = int((y_i << torch.arange(y_i.numel())).sum())
+                assert float(vals[k]) == pytest.approx(best, abs=1e-12)
+
+
+@pytest.mark.parametrize("loss", LOSSES)
+def test_joint_feature_loss_and_score_match_the_definitions(loss):
+    gen = torch.Generator().manual_seed(20)
+    data = random_graphs(gen, 6, max_nodes=8, weights=True)
+    model = GraphCut(3, 2, loss=loss, processes=1)
+    y = torch.randint(0, 2, (data.n_nodes,), generator=gen)
+    w = torch.randn(5, generator=gen, dtype=torch.float64)  # any sign: score is linear in w
+    phi = model.joint_feature(data, y)
+    assert phi.shape == (6, 5) and phi.dtype == torch.float64
+    torch.testing.assert_close(model.score(w, data, y), phi @ w, rtol=0, atol=1e-12)
+    for i, y_i in enumerate(data.split_labels(y)):
+        blk = data[[i]]
+        ref = reference_scores(blk.x, blk.edges, blk.edge_x, blk.node_mass(), w, 3, y_i[None])[0]
+        assert float(phi[i] @ w) == pytest.approx(float(ref), abs=1e-12)
+        ref_loss = reference_loss(blk.y, y_i[None], blk.node_mass(), loss)[0]
+        assert float(model.loss(data, y)[i]) == pytest.approx(float(ref_loss), abs=1e-12)
+    assert bool((model.loss(data, data.y) == 0).all())
+    unary_only = GraphCut(3, loss=loss, pairwise=False)
+    torch.testing.assert_close(unary_only.joint_feature(data, y), phi[:, :3])
+    assert unary_only.weight_bounds() is None
+    lower, upper = model.weight_bounds()
+    assert lower.tolist()[3:] == [0.0, 0.0] and bool(torch.isneginf(lower[:3]).all()) and bool(torch.isposinf(upper).all())
+
+
+# ------------------------------------------------------------------ BCFW on the model
+def tiny_problem(seed=0, n=4, hw=(3, 3), checkerboard=False):
+    """``n`` grid graphs of ``hw`` pixels (2**9 labelings each): noisy unary features, contrast edges."""
+    gen = torch.Generator().manual_seed(seed)
+    H, W = hw
+    if checkerboard:
+        lab = ((torch.arange(H)[:, None] + torch.arange(W)[None, :]) % 2).expand(n, H, W).clone()
+    else:
+        lab = torch.zeros(n, H, W, dtype=torch.long)
+        lab[:, 1:, 1:] = 1
+        lab[1, 0, 0] = 1
+    img = lab[:, None].double() + 0.3 * torch.randn(n, 1, H, W, generator=gen, dtype=torch.float64)
+    feat = torch.cat([lab[:, None].double() + 1.5 * torch.randn(n, 1, H, W, generator=gen, dtype=torch.float64),
+                      torch.ones(n, 1, H, W, dtype=torch.float64)], 1)
+    return grid_graph_data(feat, img, lab)
+
+
+def reference_primal(model, data, w, lam):
+    total = 0.0
+    for i in range(len(data)):
+        blk = data[[i]]
+        best, _, _ = brute_force(model, data, w, i, loss_augmented=True)
+        truth = reference_scores(blk.x, blk.edges, blk.edge_x, blk.node_mass(), w, model.n_inputs, blk.y[None])[0]
+        total += best - float(truth)
+    return 0.5 * lam * float(w @ w) + total / len(data)
+
+
+@pytest.mark.parametrize("loss", LOSSES)
+def test_certified_gap_is_primal_minus_dual(loss):
+    data = tiny_problem(1)
+    model = GraphCut(2, 2, loss=loss, processes=1)
+    lam = 0.01
+    res = fit(model, data, lam, solver="bcfw", max_passes=60, gap_check=20, seed=0)
+    rec = res.history[-1]
+    assert rec["gap"] == pytest.approx(rec["primal"] - rec["dual"], abs=1e-12)
+    assert rec["primal"] == pytest.approx(reference_primal(model, data, res.w, lam), abs=1e-10)
+    assert -1e-12 <= rec["gap"] < 0.05 * rec["primal"]
+    assert bool((res.w[2:] >= 0).all())
+    # weak duality against independent primal values: the dual bounds P(w) for every feasible w
+    gen = torch.Generator().manual_seed(2)
+    for _ in range(5):
+        w = torch.randn(4, generator=gen, dtype=torch.float64)
+        w[2:] = w[2:].abs()
+        assert rec["dual"] <= reference_primal(model, data, w, lam) + 1e-12
+
+
+class EnumeratedGraphCut(GraphCut):
+    """The same model decoded by enumeration, for any sign of the pairwise weights (tests only)."""
+
+    def oracle(self, w, data, loss_augmented=True):
+        out = []
+        for i in range(len(data)):
+            _, vals, Y = brute_force(self, data, w, i, loss_augmented)
+            out.append(Y[int(vals.argmax())])
+        return torch.cat(out)
+
+
+def test_positivity_constraint_holds_where_the_optimum_is_repulsive():
+    data = tiny_problem(3, checkerboard=True)  # every true neighbour pair differs: a repulsive term would help
+    lam = 0.01
+    free = fit(EnumeratedGraphCut(2, 2, processes=1), data, lam, bounds=(None, None), max_passes=40, gap_check=20)
+    assert float(free.w[2:].min()) < -1e-3, "the unconstrained optimum should want a negative pairwise weight"
+    model = GraphCut(2, 2, processes=1)
+    res = None
+    for _ in range(4):  # every chunk of BCFW steps keeps w_P >= 0 (the oracle would raise otherwise)
+        res = fit(model, data, lam, max_passes=5, gap_check=5, init=res, seed=0)
+        assert bool((res.w[2:] >= 0).all()) and bool((res.w_avg[2:] >= 0).all())
+    fw = fit(model, data, lam, solver="fw", max_passes=10, gap_check=5)
+    assert bool((fw.w[2:] >= 0).all())
+    assert res.history[-1]["primal"] > free.history[-1]["primal"]  # the constraint binds
+
+
+def test_non_submodular_weights_raise():
+    data = tiny_problem(4)
+    model = GraphCut(2, 2, processes=1)
+    w = torch.tensor([1.0, 0.0, 0.5, -0.2], dtype=torch.float64)
+    with pytest.raises(ValueError, match="pairwise weights must be >= 0"):
+        model.oracle(w, data)
+    with pytest.raises(ValueError, match="pairwise weights must be >= 0"):
+        model.decode(w, data[[0]])
+    with pytest.raises(ValueError, match="NaN"):
+        model.oracle(torch.tensor([1.0, math.nan, 0.5, 0.2], dtype=torch.float64), data)
+
+
+# ------------------------------------------------------------------ the container and bad input
+def test_graph_data_indexing_and_caches():
+    gen = torch.Generator().manual_seed(5)
+    data = random_graphs(gen, 5, weights=True)
+    keys = data.graph_keys()
+    sub = data[[3, 0, 3]]
+    assert len(sub) == 3 and sub.graph_keys() == [keys[3], keys[0], keys[3]]
+    for j, i in enumerate([3, 0, 3]):
+        a, b = sub[[j]], data[[i]]
+        for name in ("x", "y", "edges", "edge_x", "node_weight"):
+            assert torch.equal(getattr(a, name), getattr(b, name))
+    model = GraphCut(3, 2, processes=1)
+    y = torch.randint(0, 2, (data.n_nodes,), generator=gen)
+    ys = data.split_labels(y)
+    torch.testing.assert_close(model.joint_feature(sub, torch.cat([ys[3], ys[0], ys[3]])),
+                               model.joint_feature(data, y)[[3, 0, 3]])
+    assert data[[0]].graph_keys() == [keys[0]] and len(set(keys)) == 5
+
+
+def _valid_parts():
+    x = torch.randn(4, 2, dtype=torch.float64)
+    return dict(x=x, y=torch.tensor([0, 1, 1, 0]), offsets=torch.tensor([0, 4]), edges=torch.tensor([[0, 1], [2, 3]]),
+                edge_x=torch.ones(2, 2, dtype=torch.float64), edge_offsets=torch.tensor([0, 2]))
+
+
+@pytest.mark.parametrize("change, message", [
+    (dict(x=torch.tensor([[0.0, math.nan]] * 4)), "NaN"),
+    (dict(x=torch.zeros(4, 2, dtype=torch.long)), "floating"),
+    (dict(x=torch.zeros(4)), r"\[N_tot, F\]"),
+    (dict(y=torch.tensor([0, 1, 2, 0])), r"in \{0, 1\}"),
+    (dict(y=torch.tensor([0, 1, -1, 0])), r"in \{0, 1\}"),
+    (dict(y=torch.tensor([0.0, 1.0, 1.0, 0.0])), "integer"),
+    (dict(y=torch.tensor([0, 1, 1])), "one label per node"),
+    (dict(offsets=torch.tensor([0, 3])), "end at 4"),
+    (dict(edges=torch.tensor([[0, 1], [2, 4]])), "outside its graph"),
+    (dict(edges=torch.tensor([[0, 1], [2, 2]])), "self-loop"),
+    (dict(edges=torch.tensor([0, 1, 2, 3])), r"\[M_tot, 2\]"),
+    (dict(edge_x=-torch.ones(2, 2, dtype=torch.float64)), ">= 0"),
+    (dict(edge_x=torch.ones(3, 2, dtype=torch.float64)), "M_tot = 2"),
+    (dict(edge_x=torch.tensor([[1.0, math.inf], [1.0, 1.0]])), "NaN or infinite"),
+    (dict(edge_offsets=torch.tensor([0, 1])), "end at 2"),
+])
+def test_bad_graph_data_raises(change, message):
+    parts = _valid_parts()
+    parts.update(change)
+    with pytest.raises(ValueError, match=message):
+        GraphData(**parts)
+
+
+def test_model_rejects_mismatched_data_and_labelings():
+    data = GraphData(**_valid_parts())
+    with pytest.raises(ValueError, match="node features have dimension 2"):
+        GraphCut(3, 2).check_data(data)
+    with pytest.raises(ValueError, match="edge features have dimension 2"):
+        GraphCut(2, 1).check_data(data)
+    with pytest.raises(TypeError, match="GraphData"):
+        GraphCut(2, 2).check_data(data.x)
+    model = GraphCut(2, 2)
+    with pytest.raises(ValueError, match=r"in \{0, 1\}"):
+        model.loss(data, torch.tensor([0, 1, 2, 0]))
+    with pytest.raises(ValueError, match="expected 4 node labels"):
+        model.joint_feature(data, torch.tensor([0, 1]))
+    with pytest.raises(ValueError, match="weights must have shape"):
+        model.oracle(torch.zeros(3, dtype=torch.float64), data)
+    with pytest.raises(ValueError, match="loss must be one of"):
+        GraphCut(2, 2, loss="hinge")
+    with pytest.raises(ValueError, match="labels"):
+        model.check_data(GraphData(**{**_valid_parts(), "y": None}))
+
+
+def test_grid_graph_data_layout():
+    feats, img = torch.randn(2, 3, 4, 5), torch.rand(2, 3, 4, 5)
+    lab = torch.randint(0, 2, (2, 4, 5))
+    data = grid_graph_data(feats, img, lab)
+    assert len(data) == 2 and data.n_nodes == 40 and data.n_edge_inputs == 2
+    assert torch.equal(data[[1]].edges, grid_edges(4, 5))
+    assert torch.equal(data.x[20 + 7], feats[1, :, 1, 2]) and int(data.y[20 + 7]) == int(lab[1, 1, 2])
+    assert grid_graph_data(feats, img, lab, contrast=False).n_edge_inputs == 1
+    with pytest.raises(ValueError, match="must agree"):
+        grid_graph_data(feats, img[:, :, :3], lab)
+
+
+# ------------------------------------------------------------------ the resident pool
+def test_resident_pool_matches_in_process_and_ships_graphs_once():
+    gen = torch.Generator().manual_seed(6)
+    H, W = 10, 12
+    data = grid_graph_data(torch.randn(7, 3, H, W, generator=gen, dtype=torch.float64),
+                           torch.rand(7, 3, H, W, generator=gen, dtype=torch.float64),
+                           torch.randint(0, 2, (7, H, W), generator=gen))
+    w = torch.tensor([0.5, -0.3, 0.1, 2.0, 6.0], dtype=torch.float64)
+    serial = GraphCut(3, 2, processes=1)
+    pooled = GraphCut(3, 2, processes=2, pool_min_nodes=1)
+    try:
+        for loss_augmented in (True, False, True):
+            ref = serial.oracle(w, data, loss_augmented)
+            assert torch.equal(pooled.oracle(w, data, loss_augmented), ref)
+        pool = pooled._pool
+        assert pool is not None and pool.calls == 3
+        shipped = pool.shipped_graphs
+        assert 0 < shipped < len(data)  # the caller keeps its share; each worker graph went over once
+        sub = data[[4, 2, 6]]
+        assert torch.equal(pooled.oracle(w, sub), serial.oracle(w, sub))
+        assert pool.shipped_graphs == shipped
+        pool.max_resident = 1  # eviction: workers keep one graph each, the rest is re-sent when needed
+        for idx in ([0, 1], [2, 3], [4, 5, 6], list(range(7))) * 2:
+            assert torch.equal(pooled.oracle(w, data[idx]), serial.oracle(w, data[idx]))
+        assert pool.shipped_graphs > shipped
+        graphs = data.cpu_graphs()
+        gains = serial.unary_gains(w, data, True).numpy()
+        scales = (1.0 / data.mass()).numpy()
+        out = pool.solve(data.graph_keys(), graphs.__getitem__, gains, data.offsets.numpy(), scales, w[3:].numpy())
+        ref = solve_resident(graphs, gains, data.lengths.tolist(), scales.tolist(), w[3:].numpy())
+        assert (out == ref).all()
+    finally:
+        pooled.close()
+
+
+# ------------------------------------------------------------------ the compact (re-bindable) dual state
+class DenseGraphCut(GraphCut):
+    """The same model on the generic dense dual state (reference for GraphCutDualState)."""
+
+    def dual_state(self, data, lam):
+        from torch_bcfw.models.dual import DenseDualState
+
+        return DenseDualState(self, data, lam)
+
+
+@pytest.mark.parametrize("opts", [
+    dict(solver="bcfw"), dict(solver="bcfw", preset="gap-pairwise-cache"), dict(solver="bcfw", preset="uniform-away"),
+    dict(solver="fw"),
+])
+def test_compact_state_follows_the_dense_state(opts):
+    """Same iterates as the generic dense state: the fused numpy step loop (plain BCFW), the generic loop with
+    pairwise / away steps and the cache, and batch FW."""
+    data = tiny_problem(7)
+    runs = [fit(cls(2, 2, loss="balanced", processes=1), data, 0.01, max_passes=12, gap_check=4, seed=3, **opts)
+            for cls in (GraphCut, DenseGraphCut)]
+    torch.testing.assert_close(runs[0].w, runs[1].w, rtol=0, atol=1e-10)
+    torch.testing.assert_close(runs[0].w_avg, runs[1].w_avg, rtol=0, atol=1e-10)
+    assert runs[0].gap == pytest.approx(runs[1].gap, abs=1e-10)
+
+
+def test_compact_state_rebinds_to_new_features_exactly():
+    from torch_bcfw.models.dual import ActiveSetDualState
+    from torch_bcfw.solvers.bcfw import BCFW
+    from torch_bcfw.solvers.options import SolverOptions
+
+    data = tiny_problem(8)
+    model = GraphCut(2, 2, processes=1)
+    opts = SolverOptions.from_kwargs(max_passes=6, seed=1)
+    states = []
+    for make in (model.dual_state, lambda d, lam: ActiveSetDualState(model, d, lam)):
+        alg = BCFW(model, data, 0.01, opts, state=make(data, 0.01))
+        alg.advance(6 * len(data))
+        states.append(alg.state)
+    compact, active = states
+    torch.testing.assert_close(compact.w, active.w, rtol=0, atol=1e-12)
+    new = data.with_features(data.x * torch.tensor([2.0, 1.0], dtype=torch.float64) + 0.5)
+    stale = compact.rebind(new)
+    active.rebind(new)
+    assert stale > 1e-3
+    torch.testing.assert_close(compact.v, active.v, rtol=0, atol=1e-12)
+    torch.testing.assert_close(compact.averaged()[0], active.averaged()[0], rtol=0, atol=1e-12)
+    assert compact.dual_ell() == pytest.approx(active.dual_ell(), abs=1e-12)
+
+
+def test_hinge_terms_match_the_generic_definition():
+    gen = torch.Generator().manual_seed(9)
+    data = random_graphs(gen, 6, max_nodes=10, weights=True)
+    model = GraphCut(3, 2, loss="balanced", processes=1)
+    w = torch.tensor([0.7, -0.4, 0.2, 0.9, 2.0], dtype=torch.float64)
+    y, H = model.hinge_terms(w, data)
+    ref = model.loss(data, y) + (model.joint_feature(data, y) - model.joint_feature(data, data.y)) @ w
+    torch.testing.assert_close(H, ref, rtol=0, atol=1e-12)
+    assert bool((H >= -1e-12).all())

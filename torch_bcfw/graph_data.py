@@ -1,0 +1,404 @@
+"""A batch of graphs with binary node labels: the data container of :class:`~torch_bcfw.models.GraphCut`.
+
+Storage is *packed*, as in :class:`~torch_bcfw.data.SequenceData`: the nodes of all graphs are concatenated
+and ``offsets`` marks where each graph starts; the edges of all graphs are concatenated too and
+``edge_offsets`` marks where each graph's edges start.  Edge endpoints are *local* node numbers of their
+graph (``0 .. N_i - 1``), so a sub-batch ``data[idx]`` only gathers rows.
+
+============  ==========================  ==========================================================
+field         shape                       meaning
+============  ==========================  ==========================================================
+``x``         ``Tensor[N_tot, F]``        node (unary) features, finite
+``y``         ``LongTensor[N_tot]``       node labels in ``{0, 1}`` (``None`` for prediction only)
+``offsets``   ``LongTensor[n + 1]``       graph ``i`` owns nodes ``offsets[i] : offsets[i + 1]``
+``edges``     ``LongTensor[M_tot, 2]``    undirected edges, local node numbers, no self-loops
+``edge_x``    ``Tensor[M_tot, E]``        edge (pairwise) features, finite and ``>= 0``
+``edge_offsets``  ``LongTensor[n + 1]``   graph ``i`` owns edges ``edge_offsets[i] : edge_offsets[i+1]``
+``node_weight``   ``Tensor[N_tot]``       optional node masses (e.g. superpixel areas), ``>= 0``,
+                                          positive total per graph; ``None``: 1 per node
+============  ==========================  ==========================================================
+
+Build one from per-graph tensors with :meth:`GraphData.from_graphs`, or from images on a pixel grid with
+:func:`grid_graph_data`.  The container checks its inputs eagerly (shapes, finiteness, label range, edge
+range, non-negative edge features) and treats its tensors as immutable afterwards: derived arrays (graph
+ids, global edge numbers, CPU copies for the min-cut, content keys for the worker pool) are cached on it.
+"""
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from .data import _as_index, check_finite
+
+__all__ = ["GraphData", "grid_graph_data"]
+
+
+def _check_offsets(offsets: Tensor, total: int, name: str, allow_empty: bool) -> None:
+    if offsets.dim() != 1 or offsets.numel() < 2:
+        raise ValueError(f"GraphData.{name} must be 1-D with n + 1 >= 2 entries, got shape {tuple(offsets.shape)}")
+    if int(offsets[0]) != 0 or int(offsets[-1]) != total:
+        raise ValueError(f"GraphData.{name} must start at 0 and end at {total}, got {int(offsets[0])} .. {int(offsets[-1])}")
+    steps = offsets[1:] - offsets[:-1]
+    if bool((steps < (0 if allow_empty else 1)).any()):
+        what = "non-decreasing" if allow_empty else "strictly increasing (every graph needs >= 1 node)"
+        raise ValueError(f"GraphData.{name} must be {what}")
+
+
+def _check_integer(t: Tensor, name: str) -> Tensor:
+    if t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
+        raise ValueError(f"GraphData.{name} must hold integers, got {t.dtype}")
+    return t.long()
+
+
+class GraphData:
+    """Packed batch of binary-labelled graphs (see the module docstring for the fields and shapes).
+
+    Args:
+        x: ``Tensor[N_tot, F]`` floating node features.
+        y: ``LongTensor[N_tot]`` labels in ``{0, 1}``, or ``None``.
+        offsets: ``LongTensor[n + 1]`` node offsets (every graph has at least one node).
+        edges: integer ``Tensor[M_tot, 2]`` local endpoints.
+        edge_x: ``Tensor[M_tot, E]`` non-negative edge features (``E`` may be 0).
+        edge_offsets: ``LongTensor[n + 1]`` edge offsets (a graph may have no edge).
+        node_weight: optional ``Tensor[N_tot]`` node masses.
+
+    Raises:
+        ValueError: any inconsistency (with a message naming the field).
+    """
+
+    def __init__(self, x: Tensor, y: Tensor | None, offsets: Tensor, edges: Tensor, edge_x: Tensor,
+                 edge_offsets: Tensor, node_weight: Tensor | None = None, *, _check: bool = True):
+        self.x = torch.as_tensor(x)
+        dev = self.x.device
+        self.y = None if y is None else torch.as_tensor(y, device=dev)
+        self.offsets = torch.as_tensor(offsets, device=dev)
+        self.edges = torch.as_tensor(edges, device=dev)
+        self.edge_x = torch.as_tensor(edge_x, device=dev)
+        self.edge_offsets = torch.as_tensor(edge_offsets, device=dev)
+        self.node_weight = None if node_weight is None else torch.as_tensor(node_weight, device=dev)
+        self._cache: dict = {}
+        if _check:
+            self._validate()
+
+    # ----------------------------------------------------------------- validation
+    def _validate(self) -> None:
+        x = self.x
+        if x.dim() != 2 or not x.is_floating_point():
+            raise ValueError(f"GraphData.x must be a floating [N_tot, F] tensor, got {x.dtype} of shape {tuple(x.shape)}")
+        check_finite(x, "GraphData.x")
+        self.offsets = _check_integer(self.offsets, "offsets")
+        _check_offsets(self.offsets, x.shape[0], "offsets", allow_empty=False)
+        n = self.offsets.numel() - 1
+        self.edges = _check_integer(self.edges, "edges")
+        if self.edges.dim() != 2 or self.edges.shape[1] != 2:
+            raise ValueError(f"GraphData.edges must have shape [M_tot, 2], got {tuple(self.edges.shape)}")
+        ex = self.edge_x
+        if ex.dim() != 2 or ex.shape[0] != self.edges.shape[0] or not ex.is_floating_point():
+            raise ValueError(
+                f"GraphData.edge_x must be a floating [M_tot, E] tensor with M_tot = {self.edges.shape[0]}, "
+                f"got {ex.dtype} of shape {tuple(ex.shape)}"
+            )
+        check_finite(ex, "GraphData.edge_x")
+        if ex.numel() and float(ex.min()) < 0:
+            raise ValueError("GraphData.edge_x must be >= 0 (non-negative edge features keep the energy submodular "
+                             f"for pairwise weights >= 0); minimum {float(ex.min()):.6g}")
+        self.edge_offsets = _check_integer(self.edge_offsets, "edge_offsets")
+        if self.edge_offsets.shape != (n + 1,):
+            raise ValueError(f"GraphData.edge_offsets must have shape [{n + 1}], got {tuple(self.edge_offsets.shape)}")
+        _check_offsets(self.edge_offsets, self.edges.shape[0], "edge_offsets", allow_empty=True)
+        if self.edges.numel():
+            size = self.lengths[self.edge_graph()]
+            if bool((self.edges < 0).any()) or bool((self.edges >= size[:, None]).any()):
+                bad = int(torch.nonzero((self.edges < 0).any(1) | (self.edges >= size[:, None]).any(1))[0, 0])
+                raise ValueError(f"GraphData.edges: edge {bad} {self.edges[bad].tolist()} references a node outside "
+                                 f"its graph (local node numbers 0 .. N_i - 1 = {int(size[bad]) - 1})")
+            loops = self.edges[:, 0] == self.edges[:, 1]
+            if bool(loops.any()):
+                raise ValueError(f"GraphData.edges contains a self-loop (edge {int(torch.nonzero(loops)[0, 0])})")
+        if self.y is not None:
+            if self.y.is_floating_point() or self.y.dtype == torch.bool:
+                raise ValueError(f"GraphData.y must hold integer labels in {{0, 1}}, got {self.y.dtype}")
+            self.y = self.y.long()
+            if self.y.shape != (x.shape[0],):
+                raise ValueError(f"GraphData.y must have one label per node ({x.shape[0]}), got shape {tuple(self.y.shape)}")
+            if self.y.numel() and (int(self.y.min()) < 0 or int(self.y.max()) > 1):
+                raise ValueError(f"GraphData.y must be in {{0, 1}}, got range [{int(self.y.min())}, {int(self.y.max())}]")
+        if self.node_weight is not None:
+            a = self.node_weight
+            if a.shape != (x.shape[0],) or not a.is_floating_point():
+                raise ValueError(f"GraphData.node_weight must be a floating [{x.shape[0]}] tensor, got shape {tuple(a.shape)}")
+            check_finite(a, "GraphData.node_weight")
+            if bool((a < 0).any()):
+                raise ValueError("GraphData.node_weight must be >= 0")
+            if bool((self.mass() <= 0).any()):
+                raise ValueError("GraphData.node_weight must have a positive total in every graph")
+
+    # ----------------------------------------------------------------- constructors
+    @classmethod
+    def from_graphs(cls, xs: Sequence[Tensor], edges: Sequence[Tensor], edge_xs: Sequence[Tensor],
+                    ys: Sequence[Tensor] | None = None, node_weights: Sequence[Tensor] | None = None) -> "GraphData":
+        """Pack per-graph tensors ``xs[i]: [N_i, F]``, ``edges[i]: [M_i, 2]``, ``edge_xs[i]: [M_i, E]``,
+        ``ys[i]: [N_i]``, ``node_weights[i]: [N_i]``."""
+        n = len(xs)
+        if n == 0:
+            raise ValueError("GraphData is empty (no graph given)")
+        for name, seq in (("edges", edges), ("edge_xs", edge_xs), ("ys", ys), ("node_weights", node_weights)):
+            if seq is not None and len(seq) != n:
+                raise ValueError(f"got {n} node feature tensors but {len(seq)} {name}")
+        xs = [torch.as_tensor(t) for t in xs]
+        for i, t in enumerate(xs):
+            if t.dim() != 2:
+                raise ValueError(f"graph {i}: node features must be [N_i, F], got shape {tuple(t.shape)}")
+        edges = [torch.as_tensor(e).reshape(-1, 2) for e in edges]
+        edge_xs = [torch.as_tensor(e) for e in edge_xs]
+        offsets = torch.zeros(n + 1, dtype=torch.long)
+        offsets[1:] = torch.cumsum(torch.tensor([t.shape[0] for t in xs]), 0)
+        edge_offsets = torch.zeros(n + 1, dtype=torch.long)
+        edge_offsets[1:] = torch.cumsum(torch.tensor([e.shape[0] for e in edges]), 0)
+        dev = xs[0].device
+        y = None if ys is None else torch.cat([torch.as_tensor(v).reshape(-1) for v in ys]).to(dev)
+        a = None if node_weights is None else torch.cat([torch.as_tensor(v).reshape(-1) for v in node_weights]).to(dev)
+        return cls(torch.cat(xs), y, offsets.to(dev), torch.cat(edges).to(dev), torch.cat(edge_xs).to(dev),
+                   edge_offsets.to(dev), a)
+
+    @classmethod
+    def cat(cls, parts: Sequence["GraphData"]) -> "GraphData":
+        """Concatenate batches of graphs (same ``F``, ``E`` and device; node weights in all or none)."""
+        if not parts:
+            raise ValueError("GraphData.cat needs at least one batch")
+        if len({(p.n_inputs, p.n_edge_inputs, p.device) for p in parts}) != 1:
+            raise ValueError("GraphData.cat: batches differ in feature sizes or device")
+        if len({p.y is None for p in parts}) != 1 or len({p.node_weight is None for p in parts}) != 1:
+            raise ValueError("GraphData.cat: labels / node weights must be given in all batches or in none")
+
+        def offsets(name):
+            out, base = [getattr(parts[0], name)[:1]], 0
+            for p in parts:
+                off = getattr(p, name)
+                out.append(off[1:] + base)
+                base += int(off[-1])
+            return torch.cat(out)
+
+        first = parts[0]
+        out = cls(torch.cat([p.x for p in parts]), None if first.y is None else torch.cat([p.y for p in parts]),
+                  offsets("offsets"), torch.cat([p.edges for p in parts]), torch.cat([p.edge_x for p in parts]),
+                  offsets("edge_offsets"),
+                  None if first.node_weight is None else torch.cat([p.node_weight for p in parts]), _check=False)
+        for name in ("cpu_graphs", "graph_keys"):
+            if all(name in p._cache for p in parts):
+                out._cache[name] = [k for p in parts for k in p._cache[name]]
+        return out
+
+    # ----------------------------------------------------------------- views
+    def __len__(self) -> int:
+        return self.offsets.numel() - 1
+
+    def __repr__(self) -> str:
+        return (f"GraphData(n={len(self)}, nodes={self.n_nodes}, edges={self.edges.shape[0]}, F={self.n_inputs}, "
+                f"E={self.n_edge_inputs}, labels={self.y is not None}, device={self.device})")
+
+    @property
+    def device(self) -> torch.device:
+        return self.x.device
+
+    @property
+    def n_nodes(self) -> int:
+        return self.x.shape[0]
+
+    @property
+    def n_inputs(self) -> int:
+        """Node feature dimension ``F``."""
+        return self.x.shape[1]
+
+    @property
+    def n_edge_inputs(self) -> int:
+        """Edge feature dimension ``E``."""
+        return self.edge_x.shape[1]
+
+    @property
+    def lengths(self) -> Tensor:
+        """``LongTensor[n]``: nodes per graph."""
+        return self.offsets[1:] - self.offsets[:-1]
+
+    @property
+    def edge_counts(self) -> Tensor:
+        """``LongTensor[n]``: edges per graph."""
+        return self.edge_offsets[1:] - self.edge_offsets[:-1]
+
+    def _cached(self, name: str, make):
+        if name not in self._cache:
+            self._cache[name] = make()
+        return self._cache[name]
+
+    def node_graph(self) -> Tensor:
+        """``LongTensor[N_tot]``: the graph of every node."""
+        return self._cached("node_graph", lambda: torch.repeat_interleave(
+            torch.arange(len(self), device=self.device), self.lengths))
+
+    def edge_graph(self) -> Tensor:
+        """``LongTensor[M_tot]``: the graph of every edge."""
+        return self._cached("edge_graph", lambda: torch.repeat_interleave(
+            torch.arange(len(self), device=self.device), self.edge_counts))
+
+    def global_edges(self) -> Tensor:
+        """``LongTensor[M_tot, 2]``: edge endpoints as indices into the packed nodes."""
+        return self._cached("global_edges", lambda: self.edges + self.offsets[:-1][self.edge_graph()][:, None])
+
+    def mass(self) -> Tensor:
+        """``Tensor[n]`` (float64): total node mass of every graph (the node count without ``node_weight``)."""
+        def make():
+            if self.node_weight is None:
+                return self.lengths.to(torch.float64)
+            out = torch.zeros(len(self), dtype=torch.float64, device=self.device)
+            return out.index_add_(0, self.node_graph(), self.node_weight.to(torch.float64))
+        return self._cached("mass", make)
+
+    def node_mass(self) -> Tensor:
+        """``Tensor[N_tot]`` (float64): ``node_weight`` (or 1) per node."""
+        return self._cached("node_mass", lambda: torch.ones(self.n_nodes, dtype=torch.float64, device=self.device)
+                            if self.node_weight is None else self.node_weight.to(torch.float64))
+
+    def x64(self) -> Tensor:
+        """``x`` as float64 (cached)."""
+        return self._cached("x64", lambda: self.x.to(torch.float64).contiguous())
+
+    def edge_x64(self) -> Tensor:
+        """``edge_x`` as float64 (cached)."""
+        return self._cached("edge_x64", lambda: self.edge_x.to(torch.float64).contiguous())
+
+    def node_scale(self) -> Tensor:
+        """``a_p / Z_i`` per node (``Tensor[N_tot]`` float64, cached): node mass over its graph's mass."""
+        return self._cached("node_scale", lambda: self.node_mass() / self.mass()[self.node_graph()])
+
+    def edge_scale(self) -> Tensor:
+        """``1 / Z_i`` per edge (``Tensor[M_tot]`` float64, cached)."""
+        return self._cached("edge_scale", lambda: 1.0 / self.mass()[self.edge_graph()])
+
+    def cpu_graphs(self) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Per graph ``(edges int32[M_i, 2], edge_x float64[M_i, E])`` as CPU numpy arrays (for the min-cut)."""
+        def make():
+            e = self.edges.detach().cpu().numpy().astype(np.int32)
+            ex = self.edge_x.detach().cpu().to(torch.float64).numpy()
+            eo = self.edge_offsets.cpu().numpy()
+            return [(np.ascontiguousarray(e[eo[i]:eo[i + 1]]), np.ascontiguousarray(ex[eo[i]:eo[i + 1]]))
+                    for i in range(len(self))]
+        return self._cached("cpu_graphs", make)
+
+    def graph_keys(self) -> list[bytes]:
+        """A content key per graph: a 16-byte BLAKE2b digest of ``(N_i, edges_i, edge_x_i)``.
+
+        Two graphs with equal keys have the same structure and edge features, so a worker process that
+        holds one can serve the other (:class:`~torch_bcfw.inference.graphcut_pool.ResidentGraphCutPool`).
+        """
+        def make():
+            keys = []
+            for (e, ex), n_i in zip(self.cpu_graphs(), self.lengths.tolist()):
+                h = hashlib.blake2b(digest_size=16)
+                h.update(np.array([n_i, e.shape[0], ex.shape[1]], dtype=np.int64).tobytes())
+                h.update(e.tobytes())
+                h.update(ex.tobytes())
+                keys.append(h.digest())
+            return keys
+        return self._cached("graph_keys", make)
+
+    # ----------------------------------------------------------------- selection
+    def __getitem__(self, idx) -> "GraphData":
+        """The graphs ``idx`` (an int, a list or a ``LongTensor``; repeats allowed) as a new ``GraphData``."""
+        idx = _as_index(idx, len(self))
+        off, eoff = self.offsets.cpu(), self.edge_offsets.cpu()
+        node_idx, new_off = _ranges(off, idx)
+        edge_idx, new_eoff = _ranges(eoff, idx)
+        dev = self.device
+        node_idx, edge_idx = node_idx.to(dev), edge_idx.to(dev)
+        out = GraphData(
+            self.x[node_idx], None if self.y is None else self.y[node_idx], new_off.to(dev), self.edges[edge_idx],
+            self.edge_x[edge_idx], new_eoff.to(dev), None if self.node_weight is None else self.node_weight[node_idx],
+            _check=False,
+        )
+        sel = idx.tolist()
+        for name in ("cpu_graphs", "graph_keys"):
+            if name in self._cache:
+                out._cache[name] = [self._cache[name][i] for i in sel]
+        return out
+
+    def to(self, device) -> "GraphData":
+        out = GraphData(
+            self.x.to(device), None if self.y is None else self.y.to(device), self.offsets.to(device),
+            self.edges.to(device), self.edge_x.to(device), self.edge_offsets.to(device),
+            None if self.node_weight is None else self.node_weight.to(device), _check=False,
+        )
+        for name in ("cpu_graphs", "graph_keys"):
+            if name in self._cache:
+                out._cache[name] = self._cache[name]
+        return out
+
+    def with_features(self, x: Tensor) -> "GraphData":
+        """The same graphs and labels with new node features ``x: [N_tot, F']`` (checked)."""
+        x = torch.as_tensor(x, device=self.device)
+        if x.dim() != 2 or x.shape[0] != self.n_nodes:
+            raise ValueError(f"new node features must be [N_tot = {self.n_nodes}, F], got shape {tuple(x.shape)}")
+        if not x.is_floating_point():
+            raise ValueError(f"GraphData.x must be floating point, got {x.dtype}")
+        check_finite(x, "GraphData.x")
+        out = GraphData(x, self.y, self.offsets, self.edges, self.edge_x, self.edge_offsets, self.node_weight,
+                        _check=False)
+        out._cache.update({k: v for k, v in self._cache.items()  # all else is feature-independent
+                           if k != "x64" and not k.startswith("phi_true")})
+        return out
+
+    def split_labels(self, labels: Tensor) -> list[Tensor]:
+        """Split packed labels ``[N_tot]`` into a list of per-graph ``[N_i]`` tensors."""
+        return list(torch.split(labels, self.lengths.tolist()))
+
+
+def _ranges(offsets: Tensor, idx: Tensor) -> tuple[Tensor, Tensor]:
+    """Row indices of the segments ``idx`` of a packed array with ``offsets`` (CPU), and the new offsets."""
+    lengths = (offsets[1:] - offsets[:-1])[idx]
+    starts = offsets[:-1][idx]
+    new_off = torch.zeros(idx.numel() + 1, dtype=torch.long)
+    new_off[1:] = torch.cumsum(lengths, 0)
+    rows = torch.repeat_interleave(starts - new_off[:-1], lengths) + torch.arange(int(new_off[-1]))
+    return rows, new_off
+
+
+def grid_graph_data(features: Tensor, images: Tensor, labels: Tensor | None = None, beta: float | None = None,
+                    contrast: bool = True) -> GraphData:
+    """Graphs of ``B`` same-size images on their 4-connected pixel grids.
+
+    Args:
+        features: ``Tensor[B, F, H, W]`` per-pixel node features (e.g. a fully convolutional network's output).
+        images: ``Tensor[B, C, H, W]`` the images the contrast edge features are computed from.
+        labels: optional ``LongTensor[B, H, W]`` in ``{0, 1}``.
+        beta: contrast scale of :func:`~torch_bcfw.inference.graphcut.edge_features` (default: per image,
+            ``1 / (2 mean ||I_p - I_q||^2)``).
+        contrast: edge features ``[1, exp(-beta ||I_p - I_q||^2)]`` (``E = 2``); ``False``: ``[1]`` only
+            (a plain Potts term, ``E = 1``).
+
+    Returns:
+        A :class:`GraphData` with ``B`` graphs of ``H * W`` nodes (pixel ``(r, c)`` is node ``r * W + c``) and
+        ``H (W - 1) + W (H - 1)`` edges each (:func:`~torch_bcfw.inference.graphcut.grid_edges`).
+    """
+    from .inference.graphcut import edge_features, grid_edges
+
+    if features.dim() != 4 or images.dim() != 4 or features.shape[0] != images.shape[0] \
+            or features.shape[2:] != images.shape[2:]:
+        raise ValueError(f"features [B, F, H, W] and images [B, C, H, W] must agree, got {tuple(features.shape)} "
+                         f"and {tuple(images.shape)}")
+    B, F, H, W = features.shape
+    if labels is not None and tuple(labels.shape) != (B, H, W):
+        raise ValueError(f"labels must be [B, H, W] = {(B, H, W)}, got {tuple(labels.shape)}")
+    edges = grid_edges(H, W).to(features.device)
+    ex = []
+    for b in range(B):
+        f = edge_features(images[b].to(torch.float64), edges, beta=beta, layout="chw")
+        ex.append(f if contrast else f[:, :1])
+    M = edges.shape[0]
+    offsets = torch.arange(B + 1, device=features.device) * (H * W)
+    edge_offsets = torch.arange(B + 1, device=features.device) * M
+    x = features.permute(0, 2, 3, 1).reshape(B * H * W, F)
+    y = None if labels is None else labels.reshape(-1).long()
+    return GraphData(x, y, offsets, edges.repeat(B, 1), torch.cat(ex), edge_offsets)

@@ -1,0 +1,279 @@
+"""Binary segmentation of graphs with an attractive (contrast-sensitive) Potts term, decoded by min-cut.
+
+Data: a :class:`~torch_bcfw.graph_data.GraphData` (per graph ``i``: node features ``x_p in R^F``, edges with
+non-negative features ``f_pq in R^E_+``, labels ``y_p in {0, 1}``, optional node masses ``a_p``).
+
+Joint feature map (``d = F + E``; ``d = F`` with ``pairwise=False``), normalised by the graph's node mass
+``Z_i = sum_p a_p`` (the node count for pixels) so that its scale matches the losses in ``[0, 1]``::
+
+    phi(x_i, y) = 1/Z_i [ sum_p a_p y_p x_p ;  - sum_{pq in E_i} [y_p != y_q] f_pq ]
+
+so the score of a labelling is ``<w, phi> = 1/Z_i (sum_p y_p a_p <w_U, x_p> - sum_pq c_pq [y_p != y_q])``
+with Potts penalties ``c_pq = <w_P, f_pq>``.  The sign follows Osokin et al. (2016, App. I, as in their code:
+the pairwise feature is negated), so ``w_P >= 0`` (with ``f_pq >= 0``) means *attractive*: every plain and
+loss-augmented problem is submodular and exactly solvable by min-cut.  :meth:`GraphCut.weight_bounds` returns
+that constraint, which the BCFW / FW solvers enforce by the box constraints of App. H; an oracle call with a
+negative pairwise weight raises ``ValueError`` instead of returning a wrong cut.  (Only label 1 carries a
+unary weight: the two-vector parametrisation ``w_1 - w_0`` gives the same scores, see :meth:`GraphCut.unary_gains`.)
+
+Losses (``loss=``): ``"hamming"``, the normalised Hamming loss ``sum_p a_p [y_p != y*_p] / Z_i``, and
+``"balanced"``, the class-balanced Hamming loss ``(FN / A_1 + FP / A_0) / 2`` of Osokin et al. App. I, whose
+weights are *inversely* proportional to the class areas ``A_c`` (the paper's "proportional" is a slip; see
+:func:`~torch_bcfw.inference.graphcut.hamming_node_weights`).  Both lie in ``[0, 1]``, vanish at the truth and
+are added to the unaries for loss-augmented decoding.
+
+Oracle: one example (a sequential BCFW step) is cut in this process; a batch (exact gap pass, batch FW,
+prediction) with at least ``pool_min_nodes`` nodes in all goes to a
+:class:`~torch_bcfw.inference.graphcut_pool.ResidentGraphCutPool` of ``processes`` processes whose workers keep
+the graphs resident.  With ``pairwise=False`` (or zero pairwise weights) decoding is a per-node threshold.
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from ..graph_data import GraphData
+from ..inference.graphcut import NEGATIVE_TOLERANCE, _available_cpus, _solve_compact
+from ..inference.graphcut_pool import ResidentGraphCutPool, _penalties, solve_resident
+from .base import StructuredModel
+
+__all__ = ["GraphCut", "LOSSES"]
+
+LOSSES = ("hamming", "balanced")
+
+
+class GraphCut(StructuredModel):
+    """Binary graph labelling SSVM with unary features and a non-negative contrast-sensitive Potts term.
+
+    Args:
+        n_node_features: node feature dimension ``F``.
+        n_edge_features: edge feature dimension ``E`` (ignored with ``pairwise=False``).
+        loss: ``"hamming"`` (normalised) or ``"balanced"`` (class-balanced) Hamming loss.
+        pairwise: include the Potts term (``d = F + E``); ``False``: independent nodes (``d = F``).
+        processes: processes of the worker pool for batched oracle calls (``None``: the available CPUs;
+            ``1``: always in this process).
+        pool_min_nodes: batches with fewer nodes in all are cut in this process (a pool round trip costs
+            about a millisecond).
+
+    ``w = [w_U (F), w_P (E)]``; see the module docstring for ``phi``, the losses and the sign convention.
+    """
+
+    def __init__(self, n_node_features: int, n_edge_features: int = 2, loss: str = "hamming", pairwise: bool = True,
+                 processes: int | None = None, pool_min_nodes: int = 20_000):
+        if int(n_node_features) < 1:
+            raise ValueError(f"n_node_features must be >= 1, got {n_node_features}")
+        if int(n_edge_features) < 0 or (pairwise and int(n_edge_features) < 1):
+            raise ValueError(f"n_edge_features must be >= 1 with pairwise terms, got {n_edge_features}")
+        if loss not in LOSSES:
+            raise ValueError(f"loss must be one of {LOSSES}, got {loss!r}")
+        if processes is not None and int(processes) < 1:
+            raise ValueError(f"processes must be >= 1 or None, got {processes}")
+        self.n_inputs = int(n_node_features)
+        self.n_edge_inputs = int(n_edge_features)
+        self.loss_name = loss
+        self.pairwise = bool(pairwise)
+        self.processes = None if processes is None else int(processes)
+        self.pool_min_nodes = int(pool_min_nodes)
+        self.n_features = self.n_inputs + (self.n_edge_inputs if self.pairwise else 0)
+        self._pool: ResidentGraphCutPool | None = None
+
+    def config(self) -> dict:
+        return {"n_node_features": self.n_inputs, "n_edge_features": self.n_edge_inputs, "loss": self.loss_name,
+                "pairwise": self.pairwise, "processes": self.processes, "pool_min_nodes": self.pool_min_nodes}
+
+    def __getstate__(self):  # the pool's processes stay behind
+        state = dict(self.__dict__)
+        state["_pool"] = None
+        return state
+
+    def __deepcopy__(self, memo):
+        return type(self)(**self.config())
+
+    def close(self) -> None:
+        """Stop the worker pool (a later batched call starts a new one)."""
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
+
+    # -------------------------------------------------------------- checks
+    def check_data(self, data, require_labels: bool = True) -> None:
+        if not isinstance(data, GraphData):
+            raise TypeError(f"GraphCut expects GraphData, got {type(data).__name__}")
+        if data.n_inputs != self.n_inputs:
+            raise ValueError(f"node features have dimension {data.n_inputs} but the model expects {self.n_inputs}")
+        if self.pairwise and data.n_edge_inputs != self.n_edge_inputs:
+            raise ValueError(f"edge features have dimension {data.n_edge_inputs} but the model expects "
+                             f"{self.n_edge_inputs}")
+        if data.y is None and require_labels:
+            raise ValueError("training data needs labels (y is None)")
+
+    def weight_bounds(self):
+        """``(lower, upper)``: ``w_P >= 0`` (attractive Potts, submodular cuts), ``w_U`` free; ``None`` without
+        pairwise terms."""
+        if not self.pairwise:
+            return None
+        lower = torch.full((self.n_features,), -float("inf"), dtype=torch.float64)
+        lower[self.n_inputs:] = 0.0
+        return lower, torch.full((self.n_features,), float("inf"), dtype=torch.float64)
+
+    def _labels(self, data: GraphData, y: Tensor) -> Tensor:
+        y = torch.as_tensor(y, device=data.device).reshape(-1)
+        if y.shape[0] != data.n_nodes:
+            raise ValueError(f"expected {data.n_nodes} node labels, got {y.shape[0]}")
+        if y.is_floating_point():
+            raise ValueError("labelings must hold integer labels in {0, 1}")
+        if y.numel():
+            lo, hi = torch.aminmax(y)
+            if int(lo) < 0 or int(hi) > 1:
+                raise ValueError("labelings must be in {0, 1}")
+        return y.long()
+
+    # -------------------------------------------------------------- the contract
+    def joint_feature(self, data: GraphData, y: Tensor) -> Tensor:
+        """``phi(x_i, y_i')``: ``Tensor[n, d]`` float64 (see the module docstring)."""
+        y = self._labels(data, y)
+        unary = self.unary_feature(data, y.to(torch.float64))
+        if not self.pairwise:
+            return unary
+        cut = _cut_edges(data, y) * data.edge_scale()
+        if len(data) == 1:
+            pair = (cut @ data.edge_x64())[None]
+        else:
+            pair = torch.zeros(len(data), self.n_edge_inputs, dtype=torch.float64, device=data.device)
+            pair.index_add_(0, data.edge_graph(), data.edge_x64() * cut[:, None])
+        return torch.cat([unary, -pair], 1)
+
+    def unary_feature(self, data: GraphData, mu: Tensor) -> Tensor:
+        """Unary block of ``phi`` for (possibly fractional) node labels ``mu: Tensor[N_tot]`` (float64):
+        ``sum_p a_p mu_p x_p / Z_i``, ``Tensor[n, F]``.  Linear in ``mu``, so node marginals give the
+        expected unary feature of a distribution over labelings (:class:`GraphCutDualState`)."""
+        yw = data.node_scale() * mu
+        if len(data) == 1:
+            return (yw @ data.x64())[None]
+        unary = torch.zeros(len(data), self.n_inputs, dtype=torch.float64, device=data.device)
+        return unary.index_add_(0, data.node_graph(), data.x64() * yw[:, None])
+
+    def dual_state(self, data, lam: float):
+        """A :class:`~torch_bcfw.models.graphcut_dual.GraphCutDualState`: dense ``w_i`` plus node marginals, so
+        the state can be re-bound to new node features (a backbone under the head)."""
+        from .graphcut_dual import GraphCutDualState
+
+        return GraphCutDualState(self, data, lam)
+
+    def loss_weights(self, data: GraphData) -> Tensor:
+        """``omega: Tensor[N_tot]`` float64 with ``L_i(y) = sum_{p in i} omega_p [y_p != y_i,p]`` (cached on ``data``)."""
+        return data._cached(f"omega_{self.loss_name}", lambda: _loss_weights(data, self.loss_name == "balanced"))
+
+    def loss(self, data: GraphData, y: Tensor) -> Tensor:
+        y = self._labels(data, y)
+        return _segment_sum(data, self.loss_weights(data) * (y != data.y).to(torch.float64), nodes=True)
+
+    def score(self, w: Tensor, data: GraphData, y: Tensor) -> Tensor:
+        """``<w, phi(x_i, y_i')>`` per graph (``Tensor[n]`` float64) without forming ``phi``: node gains and
+        edge penalties at ``w`` (any sign) summed over the labelling."""
+        y = self._labels(data, y)
+        w64 = w.to(torch.float64)
+        out = _segment_sum(data, self.unary_gains(w64, data) * y.to(torch.float64), nodes=True)
+        if self.pairwise and data.edges.shape[0]:
+            c = (data.edge_x64() @ w64[self.n_inputs:]) * data.edge_scale()
+            out = out - _segment_sum(data, c * _cut_edges(data, y), nodes=False)
+        return out
+
+    def hinge_terms(self, w: Tensor, data: GraphData) -> tuple[Tensor, Tensor]:
+        """``(y*, H)`` as :meth:`~torch_bcfw.models.base.StructuredModel.hinge_terms` (oracle answers, then
+        ``H_i = L_i(y*) + <w, phi(x_i, y*)> - <w, phi(x_i, y_i)>`` from the loss and score definitions), with
+        the node gains computed once and ``<w, phi(x_i, y_i)>`` from the cached ``phi(x_i, y_i)``."""
+        self.check_weights(w, data)
+        w64 = w.to(torch.float64)
+        y_star = self.oracle(w64, data, loss_augmented=True)
+        score_star = _segment_sum(data, self.unary_gains(w64, data) * y_star.to(torch.float64), nodes=True)
+        if self.pairwise and data.edges.shape[0]:
+            c = (data.edge_x64() @ w64[self.n_inputs:]) * data.edge_scale()
+            score_star = score_star - _segment_sum(data, c * _cut_edges(data, y_star), nodes=False)
+        truth = data._cached(f"phi_true_{self.pairwise}", lambda: self.joint_feature(data, data.y))
+        return y_star, self.loss(data, y_star) + score_star - truth @ w64
+
+    def unary_gains(self, w: Tensor, data: GraphData, loss_augmented: bool = False) -> Tensor:
+        """``u_p(1) - u_p(0) = a_p <w_U, x_p> / Z_i`` (plus ``omega_p (1 - 2 y_p)`` when loss-augmented): ``[N_tot]``."""
+        gain = (data.x64() @ w.to(torch.float64)[: self.n_inputs]) * data.node_scale()
+        if loss_augmented:
+            if data.y is None:
+                raise ValueError("loss-augmented decoding needs labels (y is None)")
+            gain = gain + data._cached(f"aug_{self.loss_name}",
+                                       lambda: self.loss_weights(data) * (1.0 - 2.0 * data.y.to(torch.float64)))
+        return gain
+
+    def pairwise_weights(self, w: Tensor) -> Tensor:
+        """``w_P: Tensor[E]`` (float64), checked to be ``>= 0``; raises ``ValueError`` otherwise."""
+        w_p = w.to(torch.float64)[self.n_inputs:]
+        if w_p.numel() and float(w_p.min()) < -NEGATIVE_TOLERANCE:
+            raise ValueError(
+                f"pairwise weights must be >= 0 for an exact graph cut (submodular energy), got minimum "
+                f"{float(w_p.min()):.6g}; train with the model's weight_bounds() (the default of fit / BCFW)"
+            )
+        return w_p.clamp_min(0.0)
+
+    def penalties(self, w: Tensor, data: GraphData) -> Tensor:
+        """Potts penalties ``c_pq = <w_P, f_pq> / Z_i`` of every edge: ``Tensor[M_tot]`` float64, ``>= 0``."""
+        return (data.edge_x64() @ self.pairwise_weights(w)) * data.edge_scale()
+
+    def oracle(self, w: Tensor, data: GraphData, loss_augmented: bool = True) -> Tensor:
+        """``argmax_y [L_i(y)] + <w, phi(x_i, y)>`` for every graph: packed ``LongTensor[N_tot]``."""
+        self.check_weights(w, data)
+        if loss_augmented and data.y is None:
+            raise ValueError("loss-augmented decoding needs labels (y is None)")
+        gain = self.unary_gains(w, data, loss_augmented)
+        if not self.pairwise or data.edges.shape[0] == 0:
+            return (gain > 0).long()
+        w_p = self.pairwise_weights(w)
+        if float(w_p.max()) == 0.0:
+            return (gain > 0).long()
+        gains = gain.detach().cpu().numpy()
+        offsets = data.offsets.cpu().numpy()
+        scales = (1.0 / data.mass()).cpu().numpy()
+        w_e = w_p.cpu().numpy()
+        graphs = data.cpu_graphs()
+        if self._use_pool(data):
+            seg = self._get_pool().solve(data.graph_keys(), graphs.__getitem__, gains, offsets, scales, w_e)
+        elif len(data) == 1:
+            seg = _solve_compact((gains, graphs[0][0], _penalties(graphs[0][1], w_e, float(scales[0]))))
+        else:
+            seg = solve_resident(graphs, gains, (offsets[1:] - offsets[:-1]).tolist(), scales.tolist(), w_e)
+        return torch.from_numpy(seg).to(device=data.device, dtype=torch.long)
+
+    def _use_pool(self, data: GraphData) -> bool:
+        procs = self.processes if self.processes is not None else _available_cpus()
+        return procs > 1 and len(data) > 1 and data.n_nodes >= self.pool_min_nodes
+
+    def _get_pool(self) -> ResidentGraphCutPool:
+        if self._pool is None:
+            self._pool = ResidentGraphCutPool(self.processes)
+        return self._pool
+
+
+def _cut_edges(data: GraphData, y: Tensor) -> Tensor:
+    """``[y_p != y_q]`` of every edge as float64 ``Tensor[M_tot]``."""
+    ge = data.global_edges()
+    return (y[ge[:, 0]] != y[ge[:, 1]]).to(torch.float64)
+
+
+def _segment_sum(data: GraphData, values: Tensor, nodes: bool) -> Tensor:
+    """Per-graph sums of per-node (``nodes=True``) or per-edge ``values``: ``Tensor[n]``."""
+    if len(data) == 1:
+        return values.sum().reshape(1)
+    index = data.node_graph() if nodes else data.edge_graph()
+    return torch.zeros(len(data), dtype=values.dtype, device=values.device).index_add_(0, index, values)
+
+
+def _loss_weights(data: GraphData, balanced: bool) -> Tensor:
+    """Vectorised :func:`~torch_bcfw.inference.graphcut.hamming_node_weights` over all graphs of ``data``."""
+    if data.y is None:
+        raise ValueError("the task loss needs labels (y is None)")
+    a, g = data.node_mass(), data.node_graph()
+    if not balanced:
+        return a / data.mass()[g]
+    cls = g * 2 + data.y
+    class_mass = torch.zeros(2 * len(data), dtype=torch.float64, device=data.device).index_add_(0, cls, a)
+    present = (class_mass.view(-1, 2) > 0).sum(1).to(torch.float64)
+    safe = torch.where(class_mass > 0, class_mass, torch.ones_like(class_mass))
+    return a / (present[g] * safe[cls])

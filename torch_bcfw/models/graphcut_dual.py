@@ -1,0 +1,240 @@
+"""The dual state of the graph-cut model: dense ``w_i`` plus node marginals, re-bindable to new features.
+
+For :class:`~torch_bcfw.models.graphcut.GraphCut` the joint feature map is linear in the labelling's node
+indicators (unary block) and depends on the edges only through edge features that do not change when a
+backbone network is trained (pairwise block).  So block ``i``'s dual variables ``alpha_i`` (a distribution over
+the ``2^N_i`` labelings) enter ``w_i = A alpha_i`` only through
+
+* the node marginals ``mu_p = sum_y alpha_i(y) y_p`` (``Tensor[N_tot]``), and
+* the expected pairwise block ``pw_i = sum_y alpha_i(y) phi_P(x_i, y)`` (``Tensor[n, E]``, feature-independent),
+
+and ``w_i = (phi(x_i, y_i) - [U_i(mu) ; pw_i]) / (lam n)`` with ``U_i(mu) = sum_p a_p mu_p x_p / Z_i``.
+:class:`GraphCutDualState` keeps the dense ``[n, d]`` table of :class:`~torch_bcfw.models.dual.DenseDualState`
+for the steps and moves ``(mu, pw)`` (and their averaging accumulators) along with it.  Its saved state holds
+``(mu, pw)`` only, and loading it under new node features re-derives ``w_i`` exactly
+(:meth:`~torch_bcfw.models.dual.DualState.rebind`): ``O(N_tot)`` memory, whatever the number of distinct
+labelings visited (an :class:`~torch_bcfw.models.dual.ActiveSetDualState` would store every one of them).
+"""
+from __future__ import annotations
+
+from time import perf_counter
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from ..inference.graphcut import NEGATIVE_TOLERANCE, build_graph, cut_graph
+from ..stepsize import average_weight, step_size
+from .dual import DenseDualState
+
+__all__ = ["GraphCutDualState"]
+
+
+class GraphCutDualState(DenseDualState):
+    """Dense ``w_i`` plus node marginals ``mu`` and expected pairwise features ``pw`` (see the module docstring).
+
+    Attributes:
+        mu: ``Tensor[N_tot]`` float64 node marginals of the label 1.
+        pw: ``Tensor[n, d - F]`` float64 expected pairwise block of ``phi``.
+        mu_acc, pw_acc, acc_w: averaging accumulators (``sum_t S_t mu_t`` etc. and ``sum_t S_t`` per block).
+    """
+
+    rebindable = True
+
+    def __init__(self, model, data, lam: float):
+        super().__init__(model, data, lam)
+        self.F = model.n_inputs
+        self._seg = data.offsets.tolist()
+        self.mu = data.y.to(torch.float64).clone()
+        self.pw = self._true_pairwise().clone()
+        self.mu_acc = torch.zeros_like(self.mu)
+        self.pw_acc = torch.zeros_like(self.pw)
+        self.acc_w = torch.zeros(self.n, dtype=torch.float64, device=data.device)
+        self._stash = None
+        #: wall time spent in the loss-augmented oracle of the fused step loop (features + graph + max-flow)
+        self.oracle_seconds = 0.0
+
+    # ------------------------------------------------------------ helpers
+    def _true_pairwise(self) -> Tensor:
+        if self._phi_true is None:
+            self._phi_true = self.model.joint_feature(self.data, self.data.y)
+        return self._phi_true[:, self.F:]
+
+    def _nodes(self, i: int) -> slice:
+        return slice(self._seg[i], self._seg[i + 1])
+
+    def _pair_of(self, i: int, y: Tensor) -> Tensor:
+        """Pairwise block of ``phi(x_i, y)`` (reuses the one :meth:`block_direction` just computed)."""
+        if self._stash is not None and self._stash[0] == i and self._stash[1] is y:
+            return self._stash[2]
+        return self.model.joint_feature(self.block_data(i), y)[0, self.F:]
+
+    # ------------------------------------------------------------ the fused step loop
+    def _block_arrays(self, i: int) -> tuple:
+        """Block ``i`` as CPU numpy arrays for :meth:`run_steps`: ``(x * a_p / Z [N, F], node_scale [N],
+        loss-augmentation [N], truth bool[N], omega [N], edges int32[M, 2], e0, e1, edge_x [M, E], 1/Z,
+        phi_true [d])``.  Built for all blocks at the first call (slices of the whole data's arrays)."""
+        blocks = self.__dict__.get("_np_blocks")
+        if blocks is None:
+            data, m = self.data, self.model
+            omega = m.loss_weights(data)
+            x, ns = data.x64().numpy(), data.node_scale().numpy()
+            xs = x * ns[:, None]
+            aug = (omega * (1.0 - 2.0 * data.y.to(torch.float64))).numpy()
+            truth, om = data.y.numpy().astype(bool), omega.numpy()
+            inv_z = (1.0 / data.mass()).numpy()
+            phi = self._phi_true.numpy() if self._phi_true is not None else None
+            if phi is None:
+                self._true_pairwise()
+                phi = self._phi_true.numpy()
+            blocks = []
+            for j, (edges, edge_x) in enumerate(data.cpu_graphs()):
+                a, b = self._seg[j], self._seg[j + 1]
+                blocks.append((x[a:b], xs[a:b], ns[a:b], aug[a:b], truth[a:b], om[a:b], edges,
+                               np.ascontiguousarray(edges[:, 0]), np.ascontiguousarray(edges[:, 1]), edge_x,
+                               float(inv_z[j]), phi[j]))
+            self._np_blocks = blocks
+        return blocks[i]
+
+    def run_steps(self, order: np.ndarray, step_code: int, averaging: bool = True) -> np.ndarray:
+        """Sequential BCFW steps as :meth:`~torch_bcfw.models.dual.DualState.run_steps` (same iterates up to
+        rounding), fused in numpy on CPU: loss-augmented min-cut, ``phi`` and the loss of its answer, the step
+        and the bookkeeping of ``w_i``, ``mu``, ``pw`` and the averages, without per-step torch calls.  The
+        oracle's share of the time is added to :attr:`oracle_seconds`."""
+        from .graphcut import GraphCut
+
+        if self.data.device.type != "cpu" or not self.model.pairwise or type(self.model).oracle is not GraphCut.oracle:
+            return super().run_steps(order, step_code, averaging)  # e.g. a subclass with its own oracle
+        F, lam, n = self.F, self.lam, self.n
+        scale = 1.0 / (lam * n)
+        V, WB, WBa = self.v.numpy(), self.w_blocks.numpy(), self.w_blocks_acc.numpy()
+        mu, mu_acc, pw, pw_acc = self.mu.numpy(), self.mu_acc.numpy(), self.pw.numpy(), self.pw_acc.numpy()
+        acc_w, bell, last_t = self.acc_w.numpy(), self.block_ell.numpy(), self.avg_last.numpy()
+        lo = self.lower.numpy() if self._box else None
+        hi = self.upper.numpy() if self._box else None
+        W = np.clip(V, lo, hi) if self._box else V
+        gaps = np.empty(len(order), dtype=np.float64)
+        for j, i in enumerate(order):
+            i = int(i)
+            x, xs, nscale, aug, truth, omega, edges, e0, e1, edge_x, inv_z, phi_true = self._block_arrays(i)
+            t0 = perf_counter()
+            seg = self._cut(x @ W[:F] * nscale + aug, edges, edge_x, W[F:], inv_z)
+            self.oracle_seconds += perf_counter() - t0
+            cut = seg[e0] != seg[e1]
+            phi_s = np.concatenate([seg @ xs, -(cut @ edge_x) * inv_z])
+            ell_s = float(omega @ (seg != truth)) / n
+            d = WB[i] - (phi_true - phi_s) * scale
+            ell_i = float(bell[i])
+            num = lam * float(d @ W) - ell_i + ell_s
+            gamma = step_size(step_code, num, lam * float(d @ d), self.k, n)
+            gaps[j] = num
+            if gamma != 0.0:
+                a, b = self._seg[i], self._seg[i + 1]
+                if averaging:
+                    t0 = int(last_t[i])
+                    S = 0.5 * (self.avg_t * (self.avg_t + 1.0) - t0 * (t0 + 1.0))
+                    if S != 0.0:
+                        WBa[i] += S * WB[i]
+                        mu_acc[a:b] += S * mu[a:b]
+                        pw_acc[i] += S * pw[i]
+                        acc_w[i] += S
+                    last_t[i] = self.avg_t
+                WB[i] -= gamma * d
+                mu[a:b] = (1.0 - gamma) * mu[a:b] + gamma * seg
+                pw[i] = (1.0 - gamma) * pw[i] + gamma * phi_s[F:]
+                new_ell = (1.0 - gamma) * ell_i + gamma * ell_s
+                bell[i] = new_ell
+                V -= gamma * d
+                if self._box:
+                    W = np.clip(V, lo, hi)
+                self.ell += new_ell - ell_i
+                self.avg_ell_u += average_weight(self.avg_t) * (new_ell - ell_i)
+            self.k += 1
+            self.avg_t += 1
+        self._sync_w()
+        return gaps
+
+    @staticmethod
+    def _cut(gain: np.ndarray, edges: np.ndarray, edge_x: np.ndarray, w_p: np.ndarray, inv_z: float) -> np.ndarray:
+        """Exact loss-augmented labelling (``bool[N]``) of one graph; same rules as ``GraphCut.oracle``."""
+        if w_p.size and float(w_p.min()) < -NEGATIVE_TOLERANCE:
+            raise ValueError(f"pairwise weights must be >= 0 for an exact graph cut (submodular energy), got minimum "
+                             f"{float(w_p.min()):.6g}; train with the model's weight_bounds()")
+        w_p = np.maximum(w_p, 0.0)
+        if edges.shape[0] == 0 or float(w_p.max()) == 0.0:
+            return gain > 0
+        c = edge_x @ (w_p * inv_z)
+        return cut_graph(*build_graph(gain, edges, np.maximum(c, 0.0, out=c)))
+
+    # ------------------------------------------------------------ storage hooks
+    def block_direction(self, i: int, y: Tensor) -> tuple[Tensor, float]:
+        blk = self.block_data(i)
+        phi_y = self.model.joint_feature(blk, y)[0]
+        self._stash = (i, y, phi_y[self.F:])
+        w_s = (self._true_features(i) - phi_y) / (self.lam * self.n)
+        ell_s = float(self.model.loss(blk, y)[0]) / self.n
+        return self.w_blocks[i] - w_s, ell_s
+
+    def _move_block(self, i: int, y: Tensor, gamma: float, v: Tensor) -> None:
+        super()._move_block(i, y, gamma, v)
+        seg = self._nodes(i)
+        self.mu[seg] = (1.0 - gamma) * self.mu[seg] + gamma * y.to(self.mu)
+        self.pw[i] = (1.0 - gamma) * self.pw[i] + gamma * self._pair_of(i, y)
+
+    def _move_block_general(self, i, y_s, y_a, coeffs, gamma, d, drop) -> None:
+        super()._move_block_general(i, y_s, y_a, coeffs, gamma, d, drop)
+        p, q, r = coeffs
+        seg = self._nodes(i)
+        mu, pw = self.mu[seg].clone(), self.pw[i].clone()
+        for y, c in ((y_s, p), (y_a, q)):
+            if c != 0.0:
+                mu += gamma * c * y.to(mu)
+                pw += gamma * c * self.model.joint_feature(self.block_data(i), y)[0, self.F:]
+        if r != 0.0:
+            mu += gamma * r * self.mu[seg]
+            pw += gamma * r * self.pw[i]
+        self.mu[seg], self.pw[i] = mu, pw
+
+    def _move_all(self, y: Tensor, gamma: float) -> None:
+        super()._move_all(y, gamma)
+        self.mu.mul_(1.0 - gamma).add_(y.to(self.mu), alpha=gamma)
+        self.pw.mul_(1.0 - gamma).add_(self.model.joint_feature(self.data, y)[:, self.F:], alpha=gamma)
+
+    def _rescale_storage(self, rho: float) -> None:
+        super()._rescale_storage(rho)
+        self.mu.mul_(rho).add_(self.data.y.to(self.mu), alpha=1.0 - rho)
+        self.pw.mul_(rho).add_(self._true_pairwise(), alpha=1.0 - rho)
+
+    def _avg_accumulate(self, i, S) -> None:
+        super()._avg_accumulate(i, S)
+        if i is None:
+            self.mu_acc.add_(S[self.data.node_graph()] * self.mu)
+            self.pw_acc.add_(S[:, None] * self.pw)
+            self.acc_w.add_(S)
+        else:
+            seg = self._nodes(i)
+            self.mu_acc[seg] += S * self.mu[seg]
+            self.pw_acc[i] += S * self.pw[i]
+            self.acc_w[i] += S
+
+    def _avg_reset_storage(self) -> None:
+        super()._avg_reset_storage()
+        for t in (self.mu_acc, self.pw_acc, self.acc_w):
+            t.zero_()
+
+    def _storage_dict(self) -> dict:
+        return {name: getattr(self, name).cpu().clone() for name in ("mu", "pw", "mu_acc", "pw_acc", "acc_w")}
+
+    def _load_storage(self, sd: dict) -> None:
+        dev = self.w.device
+        for name in ("mu", "pw", "mu_acc", "pw_acc", "acc_w"):
+            setattr(self, name, sd[name].to(dev, torch.float64).clone())
+        if self.mu.shape != (self.data.n_nodes,) or self.pw.shape != (self.n, self.d - self.F):
+            raise ValueError("saved graph-cut dual state does not match the data (node count or feature sizes)")
+        phi_true = self.model.joint_feature(self.data, self.data.y)
+        scale = 1.0 / (self.lam * self.n)
+        expected = torch.cat([self.model.unary_feature(self.data, self.mu), self.pw], 1)
+        expected_acc = torch.cat([self.model.unary_feature(self.data, self.mu_acc), self.pw_acc], 1)
+        self.w_blocks = (phi_true - expected) * scale
+        self.w_blocks_acc = (self.acc_w[:, None] * phi_true - expected_acc) * scale
+        self._phi_true = phi_true
