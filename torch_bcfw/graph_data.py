@@ -279,13 +279,19 @@ class GraphData:
         return self._cached("edge_scale", lambda: 1.0 / self.mass()[self.edge_graph()])
 
     def cpu_graphs(self) -> list[tuple[np.ndarray, np.ndarray]]:
-        """Per graph ``(edges int32[M_i, 2], edge_x float64[M_i, E])`` as CPU numpy arrays (for the min-cut)."""
+        """Per graph ``(edges int32[M_i, 2], edge_x float64[M_i, E])`` as CPU numpy arrays (for the min-cut);
+        graphs with equal edge lists share one read-only ``edges`` array."""
         def make():
             e = self.edges.detach().cpu().numpy().astype(np.int32)
             ex = self.edge_x.detach().cpu().to(torch.float64).numpy()
             eo = self.edge_offsets.cpu().numpy()
-            return [(np.ascontiguousarray(e[eo[i]:eo[i + 1]]), np.ascontiguousarray(ex[eo[i]:eo[i + 1]]))
-                    for i in range(len(self))]
+            shared: dict = {}  # equal edge lists (e.g. every image of one grid) share one array: stays in cache
+            out = []
+            for i in range(len(self)):
+                ei = np.ascontiguousarray(e[eo[i]:eo[i + 1]])
+                same = shared.setdefault((ei.shape[0], hash(ei.tobytes())), ei)
+                out.append((same if np.array_equal(same, ei) else ei, np.ascontiguousarray(ex[eo[i]:eo[i + 1]])))
+            return out
         return self._cached("cpu_graphs", make)
 
     def graph_keys(self) -> list[bytes]:
@@ -320,9 +326,9 @@ class GraphData:
             _check=False,
         )
         sel = idx.tolist()
-        for name in ("cpu_graphs", "graph_keys"):
-            if name in self._cache:
-                out._cache[name] = [self._cache[name][i] for i in sel]
+        for name, value in self._cache.items():  # per-graph lists (CPU arrays, content keys, decoding records)
+            if name in ("cpu_graphs", "graph_keys") or name.startswith("gc_"):
+                out._cache[name] = [value[i] for i in sel]
         return out
 
     def to(self, device) -> "GraphData":
@@ -331,9 +337,9 @@ class GraphData:
             self.edges.to(device), self.edge_x.to(device), self.edge_offsets.to(device),
             None if self.node_weight is None else self.node_weight.to(device), _check=False,
         )
-        for name in ("cpu_graphs", "graph_keys"):
-            if name in self._cache:
-                out._cache[name] = self._cache[name]
+        for name, value in self._cache.items():  # CPU-side per-graph lists are device-independent
+            if name in ("cpu_graphs", "graph_keys") or name.startswith("gc_"):
+                out._cache[name] = value
         return out
 
     def with_features(self, x: Tensor) -> "GraphData":
@@ -347,7 +353,7 @@ class GraphData:
         out = GraphData(x, self.y, self.offsets, self.edges, self.edge_x, self.edge_offsets, self.node_weight,
                         _check=False)
         out._cache.update({k: v for k, v in self._cache.items()  # all else is feature-independent
-                           if k != "x64" and not k.startswith("phi_true")})
+                           if k != "x64" and not k.startswith(("phi_true", "gc_"))})
         return out
 
     def split_labels(self, labels: Tensor) -> list[Tensor]:

@@ -18,6 +18,15 @@ grid graphs (a 48 x 64 cut takes about 1 ms, comparable to pickling and piping i
 * the calling process solves slot 0's graphs while the workers run, then collects their answers.
 
 So a repeated pass over the same graphs costs ``8 N_tot`` bytes of gains out and ``N_tot`` bytes back.
+
+:meth:`ResidentGraphCutPool.solve_records` goes further (the path of
+:class:`~torch_bcfw.models.graphcut.GraphCut`'s batched oracle and exact gap pass): a worker keeps a whole
+:data:`GraphRecord` per graph (node features, node scales, loss augmentation, labels and loss weights, edges
+and edge features), so a call sends only ``w`` and the graphs' keys, and every process computes, per graph,
+the node gains, the penalties, the cut *and* the loss and score of its answer (:func:`solve_records`); the
+caller only gathers ``N_tot`` bytes of labels plus two floats per graph.  Every per-graph quantity comes from
+the same numba loops in whichever process it is computed, so the pool's answers are bit-identical to
+:func:`solve_records` in one process.
 The workers are started lazily (``forkserver`` by default; a script must guard its entry point with
 ``if __name__ == "__main__":`` for that start method) and stopped by :meth:`ResidentGraphCutPool.close`,
 at interpreter exit, or when the pool is garbage-collected.
@@ -25,16 +34,18 @@ at interpreter exit, or when the pool is garbage-collected.
 from __future__ import annotations
 
 import multiprocessing
+import time
 import traceback
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 
 import numpy as np
+from numba import njit
 
-from .graphcut import _available_cpus, _solve_compact
+from .graphcut import _available_cpus, _solve_compact, build_graph, cut_graph
 
-__all__ = ["ResidentGraphCutPool"]
+__all__ = ["ResidentGraphCutPool", "GraphRecord", "solve_records"]
 
 GraphArrays = tuple[np.ndarray, np.ndarray]
 """A graph's structure: ``(edges int32[M, 2], edge_x float64[M, E])``."""
@@ -46,6 +57,116 @@ def _penalties(edge_x: np.ndarray, w_e: np.ndarray, scale: float) -> np.ndarray:
         return np.zeros(edge_x.shape[0])
     c = edge_x @ (w_e * scale)
     return np.maximum(c, 0.0, out=c)
+
+
+GraphRecord = tuple
+"""Everything one process needs to decode graph ``i`` from ``w`` alone, and to score its answer::
+
+    (x float64[N, F], node_scale float64[N] (a_p / Z), aug float64[N] (loss augmentation omega_p (1 - 2 y_p)),
+     truth bool[N], omega float64[N] (loss weights), edges int32[M, 2], e0 int32[M], e1 int32[M],
+     edge_x float64[M, E], inv_z float (1 / Z))
+
+``aug``, ``truth`` and ``omega`` are empty without labels (plain decoding only)."""
+
+
+@njit(cache=True)
+def node_gains(x, w_u, node_scale, aug, augment):
+    """``(g, gain)``: ``g_p = (sum_k x_pk w_k) a_p / Z`` (the plain node gain ``u_p(1) - u_p(0)``) and
+    ``gain = g + aug`` when ``augment`` (else ``g``).  Fixed summation order: identical in every process."""
+    n, f = x.shape
+    g = np.empty(n)
+    gain = np.empty(n) if augment else g
+    for p in range(n):
+        s = 0.0
+        for k in range(f):
+            s += x[p, k] * w_u[k]
+        s *= node_scale[p]
+        g[p] = s
+        if augment:
+            gain[p] = s + aug[p]
+    return g, gain
+
+
+@njit(cache=True)
+def edge_penalties(edge_x, w_e, inv_z):
+    """``c_pq = max(sum_k edge_x_pqk w_k / Z, 0)``: ``float64[M]`` Potts penalties (fixed summation order)."""
+    m, e = edge_x.shape
+    w = w_e * inv_z
+    c = np.empty(m)
+    for j in range(m):
+        s = 0.0
+        for k in range(e):
+            s += edge_x[j, k] * w[k]
+        c[j] = s if s > 0.0 else 0.0
+    return c
+
+
+@njit(cache=True)
+def labeling_terms(seg, g, c, e0, e1, truth, omega, with_loss):
+    """``(score, loss)`` of the labelling ``seg`` (bool[N]): ``sum_p g_p y_p - sum_pq c_pq [y_p != y_q]`` and
+    ``sum_p omega_p [y_p != truth_p]`` (0 unless ``with_loss``); ``c`` may be empty (no pairwise term)."""
+    score = 0.0
+    for p in range(seg.shape[0]):
+        if seg[p]:
+            score += g[p]
+    if c.shape[0]:
+        pair = 0.0
+        for j in range(e0.shape[0]):
+            if seg[e0[j]] != seg[e1[j]]:
+                pair += c[j]
+        score -= pair
+    loss = 0.0
+    if with_loss:
+        for p in range(seg.shape[0]):
+            if seg[p] != truth[p]:
+                loss += omega[p]
+    return score, loss
+
+
+_NO_PENALTIES = np.zeros(0)
+
+
+def decode_record(rec: GraphRecord, w_u: np.ndarray, w_e: np.ndarray, loss_augmented: bool,
+                  cut: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Decode one graph: ``(seg bool[N], g float64[N], c float64[M])`` (``c`` empty when there is no cut:
+    ``cut`` False, no edges or zero pairwise weights, in which case ``seg = gain > 0``)."""
+    x, ns, aug, _, _, edges, _, _, edge_x, inv_z = rec
+    g, gain = node_gains(x, w_u, ns, aug, loss_augmented)
+    if not cut or edges.shape[0] == 0 or x.shape[0] == 0:
+        return gain > 0, g, _NO_PENALTIES
+    c = edge_penalties(edge_x, w_e, inv_z)
+    return cut_graph(*build_graph(gain, edges, c)), g, c
+
+
+def solve_records(records: Sequence[GraphRecord], w_u: np.ndarray, w_e: np.ndarray, loss_augmented: bool,
+                  terms: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Decode a list of graphs in this process from the weights alone.
+
+    Args:
+        records: per graph a :data:`GraphRecord`.
+        w_u: ``float64[F]`` unary weights; ``w_e``: ``float64[E]`` pairwise weights, ``>= 0`` (checked by
+            the caller; all zero or empty: a per-node threshold, no cut).
+        loss_augmented: add the records' loss augmentation to the node gains.
+        terms: also return each answer's score ``<w, phi(x_i, y*)>`` and (with labels) its loss ``L_i(y*)``.
+
+    Returns:
+        ``(seg bool[sum N_i], loss float64[n], score float64[n])`` (``loss``, ``score`` zero without
+        ``terms``).
+    """
+    cut = bool(w_e.size) and float(w_e.max()) > 0.0
+    out = np.empty(sum(r[0].shape[0] for r in records), dtype=bool)
+    loss = np.zeros(len(records))
+    score = np.zeros(len(records))
+    pos = 0
+    for j, rec in enumerate(records):
+        seg, g, c = decode_record(rec, w_u, w_e, loss_augmented, cut)
+        n = seg.shape[0]
+        out[pos:pos + n] = seg
+        pos += n
+        if terms:
+            truth = rec[3]
+            score[j], loss[j] = labeling_terms(seg, g, c, rec[6], rec[7], truth, rec[4], truth.shape[0] == n)
+    return out, loss, score
 
 
 def solve_resident(graphs: Sequence[GraphArrays], gains: np.ndarray, sizes: Sequence[int],
@@ -81,6 +202,15 @@ def _worker_main(conn) -> None:
         if msg is None:
             return
         try:
+            if msg[0] == "records":
+                c0 = time.process_time()
+                _, keys, new_records, evict, args = msg
+                for key in evict:
+                    cache.pop(key, None)
+                cache.update(new_records)
+                res = solve_records([cache[k] for k in keys], *args)
+                conn.send(("ok", res, time.process_time() - c0))
+                continue
             _, w_e, keys, sizes, scales, gains, new_graphs, evict = msg
             for key in evict:
                 cache.pop(key, None)
@@ -134,6 +264,8 @@ class ResidentGraphCutPool:
         #: bytes of structure shipped to the workers so far, and the number of solve calls
         self.shipped_graphs = 0
         self.calls = 0
+        #: CPU seconds the workers spent in :meth:`solve_records` calls (all workers, summed)
+        self.worker_cpu_s = 0.0
 
     # ------------------------------------------------------------------ lifecycle
     def _start(self) -> None:
@@ -234,7 +366,64 @@ class ResidentGraphCutPool:
         self.calls += 1
         return out
 
-    def _message(self, s: int, pos: list[int], keys, graph, gains, offsets, scales, w_e) -> tuple:
+    def solve_records(self, keys: Sequence[bytes], record: Callable[[int], GraphRecord], sizes: Sequence[int],
+                      w_u: np.ndarray, w_e: np.ndarray, loss_augmented: bool,
+                      terms: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """:func:`solve_records` on ``len(keys)`` graphs spread over the processes (bit-identical answers).
+
+        Args:
+            keys: content key of every graph's :data:`GraphRecord` (equal keys: equal records).
+            record: ``record(j)`` returns graph ``j``'s record (called for the caller's share and for graphs a
+                worker does not hold yet).
+            sizes: ``N_j`` per graph.
+            w_u, w_e, loss_augmented, terms: as :func:`solve_records`.
+
+        Returns:
+            ``(seg bool[sum N_j], loss float64[n], score float64[n])`` in the order of ``keys``.
+        """
+        self._start()
+        sizes = [int(n) for n in sizes]
+        slots = self._assign(keys, sizes) if self._workers else [list(range(len(keys)))]
+        args = (np.ascontiguousarray(w_u, dtype=np.float64), np.ascontiguousarray(w_e, dtype=np.float64),
+                bool(loss_augmented), bool(terms))
+        offsets = np.zeros(len(sizes) + 1, dtype=np.int64)
+        np.cumsum(sizes, out=offsets[1:])
+        sent = []
+        try:
+            for s, pos in enumerate(slots[1:], start=1):
+                if not pos:
+                    continue
+                sent.append((s, pos))
+                new, evict = self._ship(s, pos, keys, record)
+                self._workers[s - 1][1].send(("records", [keys[j] for j in pos], new, evict, args))
+            out = np.empty(int(offsets[-1]), dtype=bool)
+            loss, score = np.zeros(len(keys)), np.zeros(len(keys))
+            mine = slots[0]
+            if mine:
+                res = solve_records([record(j) for j in mine], *args)
+                self._gather(out, loss, score, res, mine, offsets)
+            for s, pos in sent:
+                status, res, *cpu = self._workers[s - 1][1].recv()
+                if status != "ok":
+                    raise RuntimeError(f"graph-cut worker {s} failed:\n{res}")
+                self._gather(out, loss, score, res, pos, offsets)
+                self.worker_cpu_s += cpu[0]
+        except BaseException:
+            self.close()
+            raise
+        self.calls += 1
+        return out, loss, score
+
+    @staticmethod
+    def _gather(out, loss, score, res, pos: list[int], offsets: np.ndarray) -> None:
+        seg, l_, s_ = res
+        ResidentGraphCutPool._scatter(out, seg, pos, offsets)
+        loss[pos] = l_
+        score[pos] = s_
+
+    def _ship(self, s: int, pos: list[int], keys, make) -> tuple[dict, list]:
+        """The structures slot ``s`` lacks for the call's graphs ``pos`` (``{key: make(j)}``) and the keys it
+        must drop (least recently used beyond ``max_resident``); updates the bookkeeping."""
         resident = self._resident[s]
         new, evict = {}, []
         for j in pos:
@@ -242,7 +431,7 @@ class ResidentGraphCutPool:
             if k in resident:
                 resident.move_to_end(k)
             elif k not in new:
-                new[k] = graph(j)
+                new[k] = make(j)
         for k in new:
             resident[k] = True
         needed = {keys[j] for j in pos}
@@ -254,6 +443,10 @@ class ResidentGraphCutPool:
             evict.append(old)
             self._slot.pop(old, None)
         self.shipped_graphs += len(new)
+        return new, evict
+
+    def _message(self, s: int, pos: list[int], keys, graph, gains, offsets, scales, w_e) -> tuple:
+        new, evict = self._ship(s, pos, keys, graph)
         g = np.concatenate([gains[offsets[j]:offsets[j + 1]] for j in pos])
         return ("solve", w_e, [keys[j] for j in pos], [int(offsets[j + 1] - offsets[j]) for j in pos],
                 [float(scales[j]) for j in pos], g, new, evict)

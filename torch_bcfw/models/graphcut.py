@@ -26,15 +26,22 @@ Oracle: one example (a sequential BCFW step) is cut in this process; a batch (ex
 prediction) with at least ``pool_min_nodes`` nodes in all goes to a
 :class:`~torch_bcfw.inference.graphcut_pool.ResidentGraphCutPool` of ``processes`` processes whose workers keep
 the graphs resident.  With ``pairwise=False`` (or zero pairwise weights) decoding is a per-node threshold.
+With pairwise terms every process decodes a graph from ``w`` and the graph's cached
+:data:`~torch_bcfw.inference.graphcut_pool.GraphRecord` by the same numba loops (node gains, penalties) and
+PyMaxflow, so pooled and in-process answers are bit-identical; the exact gap pass (:meth:`GraphCut.hinge_terms`)
+gets each answer's loss and score from the same per-graph pass.
 """
 from __future__ import annotations
 
+import hashlib
+
+import numpy as np
 import torch
 from torch import Tensor
 
 from ..graph_data import GraphData
-from ..inference.graphcut import NEGATIVE_TOLERANCE, _available_cpus, _solve_compact
-from ..inference.graphcut_pool import ResidentGraphCutPool, _penalties, solve_resident
+from ..inference.graphcut import NEGATIVE_TOLERANCE, _available_cpus
+from ..inference.graphcut_pool import ResidentGraphCutPool, decode_record, solve_records
 from .base import StructuredModel
 
 __all__ = ["GraphCut", "LOSSES"]
@@ -181,17 +188,23 @@ class GraphCut(StructuredModel):
 
     def hinge_terms(self, w: Tensor, data: GraphData) -> tuple[Tensor, Tensor]:
         """``(y*, H)`` as :meth:`~torch_bcfw.models.base.StructuredModel.hinge_terms` (oracle answers, then
-        ``H_i = L_i(y*) + <w, phi(x_i, y*)> - <w, phi(x_i, y_i)>`` from the loss and score definitions), with
-        the node gains computed once and ``<w, phi(x_i, y_i)>`` from the cached ``phi(x_i, y_i)``."""
+        ``H_i = L_i(y*) + <w, phi(x_i, y*)> - <w, phi(x_i, y_i)>`` from the loss and score definitions).
+
+        With pairwise terms each graph's answer, loss and score are computed together, per graph, by
+        :func:`~torch_bcfw.inference.graphcut_pool.solve_records` (in the worker pool for large batches, with
+        bit-identical results); ``<w, phi(x_i, y_i)>`` comes from the cached ``phi(x_i, y_i)``."""
         self.check_weights(w, data)
         w64 = w.to(torch.float64)
-        y_star = self.oracle(w64, data, loss_augmented=True)
-        score_star = _segment_sum(data, self.unary_gains(w64, data) * y_star.to(torch.float64), nodes=True)
-        if self.pairwise and data.edges.shape[0]:
-            c = (data.edge_x64() @ w64[self.n_inputs:]) * data.edge_scale()
-            score_star = score_star - _segment_sum(data, c * _cut_edges(data, y_star), nodes=False)
         truth = data._cached(f"phi_true_{self.pairwise}", lambda: self.joint_feature(data, data.y))
-        return y_star, self.loss(data, y_star) + score_star - truth @ w64
+        if not self.pairwise or type(self).oracle is not GraphCut.oracle:  # e.g. a subclass with its own oracle
+            y_star = self.oracle(w64, data, loss_augmented=True)
+            return y_star, self.loss(data, y_star) + self.score(w64, data, y_star) - truth @ w64
+        if data.y is None:
+            raise ValueError("loss-augmented decoding needs labels (y is None)")
+        seg, loss, score = self._decode(w64, data, loss_augmented=True, terms=True)
+        y_star = torch.from_numpy(seg).to(device=data.device, dtype=torch.long)
+        H = torch.from_numpy(loss + score).to(data.device) - truth @ w64
+        return y_star, H
 
     def unary_gains(self, w: Tensor, data: GraphData, loss_augmented: bool = False) -> Tensor:
         """``u_p(1) - u_p(0) = a_p <w_U, x_p> / Z_i`` (plus ``omega_p (1 - 2 y_p)`` when loss-augmented): ``[N_tot]``."""
@@ -222,24 +235,44 @@ class GraphCut(StructuredModel):
         self.check_weights(w, data)
         if loss_augmented and data.y is None:
             raise ValueError("loss-augmented decoding needs labels (y is None)")
-        gain = self.unary_gains(w, data, loss_augmented)
         if not self.pairwise or data.edges.shape[0] == 0:
-            return (gain > 0).long()
-        w_p = self.pairwise_weights(w)
-        if float(w_p.max()) == 0.0:
-            return (gain > 0).long()
-        gains = gain.detach().cpu().numpy()
-        offsets = data.offsets.cpu().numpy()
-        scales = (1.0 / data.mass()).cpu().numpy()
-        w_e = w_p.cpu().numpy()
-        graphs = data.cpu_graphs()
-        if self._use_pool(data):
-            seg = self._get_pool().solve(data.graph_keys(), graphs.__getitem__, gains, offsets, scales, w_e)
-        elif len(data) == 1:
-            seg = _solve_compact((gains, graphs[0][0], _penalties(graphs[0][1], w_e, float(scales[0]))))
-        else:
-            seg = solve_resident(graphs, gains, (offsets[1:] - offsets[:-1]).tolist(), scales.tolist(), w_e)
+            return (self.unary_gains(w, data, loss_augmented) > 0).long()
+        seg, _, _ = self._decode(w.to(torch.float64), data, loss_augmented, terms=False)
         return torch.from_numpy(seg).to(device=data.device, dtype=torch.long)
+
+    def _decode(self, w64: Tensor, data: GraphData, loss_augmented: bool,
+                terms: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """:func:`~torch_bcfw.inference.graphcut_pool.solve_records` on all graphs: in this process, or in the
+        worker pool for large batches (same per-graph code, bit-identical results)."""
+        w_e = self.pairwise_weights(w64).cpu().numpy()
+        w_u = w64[: self.n_inputs].cpu().numpy()
+        records = self.graph_records(data)
+        if len(data) == 1 and not terms:
+            seg, _, _ = decode_record(records[0], w_u, w_e, loss_augmented, bool(w_e.size) and float(w_e.max()) > 0)
+            return seg, None, None
+        if self._use_pool(data):
+            return self._get_pool().solve_records(self.record_keys(data), records.__getitem__, data.lengths.tolist(),
+                                                  w_u, w_e, loss_augmented, terms)
+        return solve_records(records, w_u, w_e, loss_augmented, terms)
+
+    def graph_records(self, data: GraphData) -> list:
+        """Per graph a :data:`~torch_bcfw.inference.graphcut_pool.GraphRecord` (CPU numpy views; cached on
+        ``data`` per loss): all a process needs to decode and score the graph given ``w``."""
+        return data._cached(f"gc_records_{self.loss_name}", lambda: _graph_records(self, data))
+
+    def record_keys(self, data: GraphData) -> list[bytes]:
+        """A content key per graph record (BLAKE2b of the graph key, node features, scales, labels and loss
+        weights; cached on ``data``): the worker pool keeps records by these keys."""
+        def make():
+            keys = []
+            for gk, rec in zip(data.graph_keys(), self.graph_records(data)):
+                h = hashlib.blake2b(gk, digest_size=16)
+                for a in rec[:5]:
+                    h.update(np.ascontiguousarray(a).tobytes())
+                h.update(np.array([rec[9]]).tobytes())
+                keys.append(h.digest())
+            return keys
+        return data._cached(f"gc_keys_{self.loss_name}", make)
 
     def _use_pool(self, data: GraphData) -> bool:
         procs = self.processes if self.processes is not None else _available_cpus()
@@ -249,6 +282,29 @@ class GraphCut(StructuredModel):
         if self._pool is None:
             self._pool = ResidentGraphCutPool(self.processes)
         return self._pool
+
+
+def _graph_records(model: GraphCut, data: GraphData) -> list:
+    """:data:`~torch_bcfw.inference.graphcut_pool.GraphRecord` of every graph (views into whole-data arrays)."""
+    x = data.x64().detach().cpu().numpy()
+    ns = data.node_scale().cpu().numpy()
+    inv_z = (1.0 / data.mass()).cpu().tolist()
+    off = data.offsets.cpu().tolist()
+    if data.y is not None:
+        omega = model.loss_weights(data)
+        aug = (omega * (1.0 - 2.0 * data.y.to(torch.float64))).cpu().numpy()
+        truth = data.y.cpu().numpy().astype(bool)
+        om = omega.cpu().numpy()
+    records = []
+    empty_f, empty_b = np.zeros(0), np.zeros(0, dtype=bool)
+    ends: dict = {}  # graphs sharing an edges array (cpu_graphs) share its endpoint columns too
+    for j, (edges, edge_x) in enumerate(data.cpu_graphs()):
+        a, b = off[j], off[j + 1]
+        lab = (aug[a:b], truth[a:b], om[a:b]) if data.y is not None else (empty_f, empty_b, empty_f)
+        if id(edges) not in ends:
+            ends[id(edges)] = (edges, np.ascontiguousarray(edges[:, 0]), np.ascontiguousarray(edges[:, 1]))
+        records.append((x[a:b], ns[a:b], *lab, edges, *ends[id(edges)][1:], edge_x, float(inv_z[j])))
+    return records
 
 
 def _cut_edges(data: GraphData, y: Tensor) -> Tensor:

@@ -21,13 +21,108 @@ from time import perf_counter
 
 import numpy as np
 import torch
+from numba import njit
 from torch import Tensor
 
-from ..inference.graphcut import NEGATIVE_TOLERANCE, build_graph, cut_graph
+from ..inference.graphcut import NEGATIVE_TOLERANCE
+from ..inference.graphcut_pool import decode_record
 from ..stepsize import average_weight, step_size
 from .dual import DenseDualState
 
 __all__ = ["GraphCutDualState"]
+
+
+def _checked_pairwise(w_p: np.ndarray) -> np.ndarray:
+    """``max(w_P, 0)``, raising ``ValueError`` below ``-NEGATIVE_TOLERANCE`` (same rule as ``GraphCut.oracle``)."""
+    if w_p.size and float(w_p.min()) < -NEGATIVE_TOLERANCE:
+        raise ValueError(f"pairwise weights must be >= 0 for an exact graph cut (submodular energy), got minimum "
+                         f"{float(w_p.min()):.6g}; train with the model's weight_bounds()")
+    return np.maximum(w_p, 0.0)
+
+
+@njit(cache=True)
+def _fused_block_step(seg, x, ns, e0, e1, edge_x, inv_z, truth, omega, phi_true, a, i,
+                      WB, WBa, V, W, lo, hi, box, mu, mu_acc, pw, pw_acc, acc_w, bell, last_t,
+                      lam, scale, n, step_code, k, avg_t, averaging):
+    """One BCFW block step towards the labelling ``seg`` (bool[N_i]) of block ``i`` (nodes ``a .. a + N_i``).
+
+    Computes ``phi_s = phi(x_i, seg)`` and ``l_s = L_i(seg) / n``, the direction ``d = w_i - w_s``, the block
+    gap ``num = lam <d, w> - l_i + l_s`` and the step ``gamma``, then (``gamma != 0``) the lazy averaging
+    update and ``w_i -= gamma d``, ``mu``, ``pw``, ``l_i``, ``v -= gamma d`` and ``w = clip(v)`` (``W`` is
+    ``V`` itself without a box), all in place.  Returns ``(num, gamma, l_i old, l_i new)``."""
+    N, F = x.shape
+    E = edge_x.shape[1]
+    D = F + E
+    phi = np.zeros(D)
+    loss = 0.0
+    for p in range(N):
+        if seg[p]:
+            s = ns[p]
+            for f in range(F):
+                phi[f] += x[p, f] * s
+        if seg[p] != truth[p]:
+            loss += omega[p]
+    pair = np.zeros(E)
+    if E == 2:  # the contrast-sensitive Potts features: scalar accumulators
+        p0 = 0.0
+        p1 = 0.0
+        for j in range(e0.shape[0]):
+            if seg[e0[j]] != seg[e1[j]]:
+                p0 += edge_x[j, 0]
+                p1 += edge_x[j, 1]
+        pair[0] = p0
+        pair[1] = p1
+    else:
+        for j in range(e0.shape[0]):
+            if seg[e0[j]] != seg[e1[j]]:
+                for e in range(E):
+                    pair[e] += edge_x[j, e]
+    for e in range(E):
+        phi[F + e] = -pair[e] * inv_z
+    ell_s = loss / n
+    d = np.empty(D)
+    dw = 0.0
+    dd = 0.0
+    for q in range(D):
+        d[q] = WB[i, q] - (phi_true[q] - phi[q]) * scale
+        dw += d[q] * W[q]
+        dd += d[q] * d[q]
+    ell_i = bell[i]
+    num = lam * dw - ell_i + ell_s
+    gamma = step_size(step_code, num, lam * dd, k, n)
+    new_ell = ell_i
+    if gamma != 0.0:
+        if averaging:
+            t0 = last_t[i]
+            S = 0.5 * (avg_t * (avg_t + 1.0) - t0 * (t0 + 1.0))
+            if S != 0.0:
+                for q in range(D):
+                    WBa[i, q] += S * WB[i, q]
+                for p in range(N):
+                    mu_acc[a + p] += S * mu[a + p]
+                for e in range(E):
+                    pw_acc[i, e] += S * pw[i, e]
+                acc_w[i] += S
+            last_t[i] = avg_t
+        for q in range(D):
+            WB[i, q] -= gamma * d[q]
+        for p in range(N):
+            mu[a + p] = (1.0 - gamma) * mu[a + p] + gamma * (1.0 if seg[p] else 0.0)
+        for e in range(E):
+            pw[i, e] = (1.0 - gamma) * pw[i, e] + gamma * phi[F + e]
+        new_ell = (1.0 - gamma) * ell_i + gamma * ell_s
+        bell[i] = new_ell
+        for q in range(D):
+            V[q] -= gamma * d[q]
+        if box:
+            for q in range(D):
+                v = V[q]
+                if v < lo[q]:
+                    v = lo[q]
+                if v > hi[q]:
+                    v = hi[q]
+                W[q] = v
+    return num, gamma, ell_i, new_ell
 
 
 class GraphCutDualState(DenseDualState):
@@ -71,36 +166,23 @@ class GraphCutDualState(DenseDualState):
 
     # ------------------------------------------------------------ the fused step loop
     def _block_arrays(self, i: int) -> tuple:
-        """Block ``i`` as CPU numpy arrays for :meth:`run_steps`: ``(x * a_p / Z [N, F], node_scale [N],
-        loss-augmentation [N], truth bool[N], omega [N], edges int32[M, 2], e0, e1, edge_x [M, E], 1/Z,
-        phi_true [d])``.  Built for all blocks at the first call (slices of the whole data's arrays)."""
+        """Block ``i`` for :meth:`run_steps`: its :data:`~torch_bcfw.inference.graphcut_pool.GraphRecord`
+        (the model's cached per-graph CPU arrays, shared with the batched oracle) and ``phi(x_i, y_i): [d]``."""
         blocks = self.__dict__.get("_np_blocks")
         if blocks is None:
-            data, m = self.data, self.model
-            omega = m.loss_weights(data)
-            x, ns = data.x64().numpy(), data.node_scale().numpy()
-            xs = x * ns[:, None]
-            aug = (omega * (1.0 - 2.0 * data.y.to(torch.float64))).numpy()
-            truth, om = data.y.numpy().astype(bool), omega.numpy()
-            inv_z = (1.0 / data.mass()).numpy()
-            phi = self._phi_true.numpy() if self._phi_true is not None else None
-            if phi is None:
-                self._true_pairwise()
-                phi = self._phi_true.numpy()
-            blocks = []
-            for j, (edges, edge_x) in enumerate(data.cpu_graphs()):
-                a, b = self._seg[j], self._seg[j + 1]
-                blocks.append((x[a:b], xs[a:b], ns[a:b], aug[a:b], truth[a:b], om[a:b], edges,
-                               np.ascontiguousarray(edges[:, 0]), np.ascontiguousarray(edges[:, 1]), edge_x,
-                               float(inv_z[j]), phi[j]))
+            self._true_pairwise()
+            phi = self._phi_true.cpu().numpy()
+            blocks = [(rec, phi[j]) for j, rec in enumerate(self.model.graph_records(self.data))]
             self._np_blocks = blocks
         return blocks[i]
 
     def run_steps(self, order: np.ndarray, step_code: int, averaging: bool = True) -> np.ndarray:
         """Sequential BCFW steps as :meth:`~torch_bcfw.models.dual.DualState.run_steps` (same iterates up to
-        rounding), fused in numpy on CPU: loss-augmented min-cut, ``phi`` and the loss of its answer, the step
-        and the bookkeeping of ``w_i``, ``mu``, ``pw`` and the averages, without per-step torch calls.  The
-        oracle's share of the time is added to :attr:`oracle_seconds`."""
+        rounding), fused on CPU: the loss-augmented cut of the batched oracle's per-graph code
+        (:func:`~torch_bcfw.inference.graphcut_pool.decode_record`), then one compiled kernel per step
+        (:func:`_fused_block_step`: ``phi`` and the loss of the answer, the line search, the averaging and the
+        updates of ``w_i``, ``mu``, ``pw``, ``v`` and ``w``), without per-step torch calls or temporaries.
+        The oracle's share of the time is added to :attr:`oracle_seconds`."""
         from .graphcut import GraphCut
 
         if self.data.device.type != "cpu" or not self.model.pairwise or type(self.model).oracle is not GraphCut.oracle:
@@ -110,61 +192,36 @@ class GraphCutDualState(DenseDualState):
         V, WB, WBa = self.v.numpy(), self.w_blocks.numpy(), self.w_blocks_acc.numpy()
         mu, mu_acc, pw, pw_acc = self.mu.numpy(), self.mu_acc.numpy(), self.pw.numpy(), self.pw_acc.numpy()
         acc_w, bell, last_t = self.acc_w.numpy(), self.block_ell.numpy(), self.avg_last.numpy()
-        lo = self.lower.numpy() if self._box else None
-        hi = self.upper.numpy() if self._box else None
-        W = np.clip(V, lo, hi) if self._box else V
+        box = bool(self._box)
+        lo = self.lower.numpy() if box else V[:0]
+        hi = self.upper.numpy() if box else V[:0]
+        W = np.clip(V, lo, hi) if box else V  # updated in place by the kernel
+        w_u, w_p = W[:F], W[F:]
+        checked = box and bool((lo[F:] >= 0.0).all())  # the box keeps w_P >= 0: no per-step check needed
+        seg_off = self._seg
         gaps = np.empty(len(order), dtype=np.float64)
+        oracle_s = 0.0
         for j, i in enumerate(order):
             i = int(i)
-            x, xs, nscale, aug, truth, omega, edges, e0, e1, edge_x, inv_z, phi_true = self._block_arrays(i)
+            rec, phi_true = self._block_arrays(i)
             t0 = perf_counter()
-            seg = self._cut(x @ W[:F] * nscale + aug, edges, edge_x, W[F:], inv_z)
-            self.oracle_seconds += perf_counter() - t0
-            cut = seg[e0] != seg[e1]
-            phi_s = np.concatenate([seg @ xs, -(cut @ edge_x) * inv_z])
-            ell_s = float(omega @ (seg != truth)) / n
-            d = WB[i] - (phi_true - phi_s) * scale
-            ell_i = float(bell[i])
-            num = lam * float(d @ W) - ell_i + ell_s
-            gamma = step_size(step_code, num, lam * float(d @ d), self.k, n)
+            if not checked:
+                w_p = _checked_pairwise(W[F:])
+            seg, _, _ = decode_record(rec, w_u, w_p, True, bool(w_p.size) and float(w_p.max()) > 0.0)
+            oracle_s += perf_counter() - t0
+            num, gamma, ell_i, new_ell = _fused_block_step(
+                seg, rec[0], rec[1], rec[6], rec[7], rec[8], rec[9], rec[3], rec[4], phi_true, seg_off[i], i,
+                WB, WBa, V, W, lo, hi, box, mu, mu_acc, pw, pw_acc, acc_w, bell, last_t,
+                lam, scale, n, step_code, self.k, self.avg_t, averaging)
             gaps[j] = num
             if gamma != 0.0:
-                a, b = self._seg[i], self._seg[i + 1]
-                if averaging:
-                    t0 = int(last_t[i])
-                    S = 0.5 * (self.avg_t * (self.avg_t + 1.0) - t0 * (t0 + 1.0))
-                    if S != 0.0:
-                        WBa[i] += S * WB[i]
-                        mu_acc[a:b] += S * mu[a:b]
-                        pw_acc[i] += S * pw[i]
-                        acc_w[i] += S
-                    last_t[i] = self.avg_t
-                WB[i] -= gamma * d
-                mu[a:b] = (1.0 - gamma) * mu[a:b] + gamma * seg
-                pw[i] = (1.0 - gamma) * pw[i] + gamma * phi_s[F:]
-                new_ell = (1.0 - gamma) * ell_i + gamma * ell_s
-                bell[i] = new_ell
-                V -= gamma * d
-                if self._box:
-                    W = np.clip(V, lo, hi)
                 self.ell += new_ell - ell_i
                 self.avg_ell_u += average_weight(self.avg_t) * (new_ell - ell_i)
             self.k += 1
             self.avg_t += 1
+        self.oracle_seconds += oracle_s
         self._sync_w()
         return gaps
-
-    @staticmethod
-    def _cut(gain: np.ndarray, edges: np.ndarray, edge_x: np.ndarray, w_p: np.ndarray, inv_z: float) -> np.ndarray:
-        """Exact loss-augmented labelling (``bool[N]``) of one graph; same rules as ``GraphCut.oracle``."""
-        if w_p.size and float(w_p.min()) < -NEGATIVE_TOLERANCE:
-            raise ValueError(f"pairwise weights must be >= 0 for an exact graph cut (submodular energy), got minimum "
-                             f"{float(w_p.min()):.6g}; train with the model's weight_bounds()")
-        w_p = np.maximum(w_p, 0.0)
-        if edges.shape[0] == 0 or float(w_p.max()) == 0.0:
-            return gain > 0
-        c = edge_x @ (w_p * inv_z)
-        return cut_graph(*build_graph(gain, edges, np.maximum(c, 0.0, out=c)))
 
     # ------------------------------------------------------------ storage hooks
     def block_direction(self, i: int, y: Tensor) -> tuple[Tensor, float]:
