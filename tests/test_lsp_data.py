@@ -16,7 +16,9 @@ from torch_bcfw.datasets.lsp import (
     load_lsp_extended,
     lsp_split_ids,
     pck,
+    reference_torso,
     torso_size,
+    torso_with_fallback,
 )
 
 LSP_ROOT = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "lspet"
@@ -139,3 +141,22 @@ def test_grid_mapping_round_trip() -> None:
     torch.testing.assert_close(positions[2], torch.tensor([1.0, 0.0]))  # centre of cell (y=1, x=0)
     torch.testing.assert_close(grid_to_joints(positions, size, grid), joints)
     torch.testing.assert_close(grid_to_joints(torch.tensor([[1, 0]]), size, grid), torch.tensor([[2.0, 6.0]]))
+
+
+def test_torso_fallback_uses_the_reference_torso_scaled_to_the_frame(samples: dict[str, list]) -> None:
+    train = samples["train"]
+    joints = torch.stack([s.joints for s in train])
+    visible = torch.stack([s.visible for s in train])
+    scale = torch.tensor([s.scale for s in train])
+    assert bool(((scale > 0) & (scale <= 1.5)).all())
+    ref = reference_torso(joints, visible, scale)
+    assert 20 < ref < 100  # original pixels: LSPET people are about 150 px tall
+    visible[0, [2, 3]] = False  # image 0 loses both torso diagonals
+    size = torso_with_fallback(joints, visible, scale, ref)
+    assert bool(torch.isfinite(size).all()) and bool((size > 0).all())
+    assert size[0].item() == pytest.approx(ref * scale[0].item())
+    direct = torso_size(joints, visible)
+    defined = torch.isfinite(direct)
+    torch.testing.assert_close(size[defined], direct[defined])
+    with pytest.raises(ValueError, match="reference"):
+        torso_with_fallback(joints, visible, scale, 0.0)

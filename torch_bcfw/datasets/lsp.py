@@ -57,7 +57,9 @@ __all__ = [
     "load_lsp_extended",
     "lsp_split_ids",
     "pck",
+    "reference_torso",
     "torso_size",
+    "torso_with_fallback",
 ]
 
 NUM_JOINTS = 14
@@ -76,12 +78,15 @@ class LSPSample:
         image: float32 [3, S, S], RGB in [0, 1].
         joints: float32 [14, 2], (x, y) in the S x S frame (see the module docstring); NaN where not visible.
         visible: bool [14].
+        scale: frame pixels per original image pixel (about ``S / max(W, H)``), for size fallbacks
+            (:func:`torso_with_fallback`).
     """
 
     name: str
     image: Tensor
     joints: Tensor
     visible: Tensor
+    scale: float = 1.0
 
 
 def lsp_split_ids(split: str) -> range:
@@ -149,7 +154,8 @@ def _sample(path: Path, raw: np.ndarray, size: int) -> LSPSample:
     visible = raw[:, 2] > 0
     continuous = np.clip(raw[:, :2] - 0.5, 0.0, original)  # in [0, W] x [0, H]
     joints = np.where(visible[:, None], continuous * scale + offset, np.nan)
-    return LSPSample(path.stem, image, torch.from_numpy(joints.astype(np.float32)), torch.from_numpy(visible))
+    return LSPSample(path.stem, image, torch.from_numpy(joints.astype(np.float32)), torch.from_numpy(visible),
+                     float(scale.max()))
 
 
 def load_lsp_extended(
@@ -210,6 +216,42 @@ def torso_size(joints: Tensor, visible: Tensor) -> Tensor:
     has_other = visible[..., _RIGHT_SHOULDER] & visible[..., _LEFT_HIP]
     nan = torch.full_like(main, float("nan"))
     return torch.where(has_main, main, torch.where(has_other, other, nan))
+
+
+def reference_torso(joints: Tensor, visible: Tensor, scale: Tensor) -> float:
+    """Median torso size in *original-image* pixels over the images that have one (:func:`torso_size`).
+
+    LSPET images are scaled so that the person is roughly 150 pixels tall, so this is a stable per-dataset
+    constant (about 48 px on images 1-1500); :func:`torso_with_fallback` uses it for the images whose torso
+    joints are not annotated.
+
+    Args:
+        joints: [N, 14, 2] in the preprocessed frame; visible: bool [N, 14]; scale: [N] frame pixels per
+            original pixel (:attr:`LSPSample.scale`).
+    """
+    size = torso_size(joints, visible) / scale
+    size = size[torch.isfinite(size)]
+    if size.numel() == 0:
+        raise ValueError("no image has a torso size (both torso diagonals unannotated everywhere)")
+    return float(size.median())
+
+
+def torso_with_fallback(joints: Tensor, visible: Tensor, scale: Tensor, reference: float) -> Tensor:
+    """:func:`torso_size`, with ``reference * scale`` where it is undefined (no torso diagonal annotated).
+
+    The SSVM loss needs a positive torso size on every training image; in images 1-2000 of LSPET 342 have
+    neither diagonal. The fallback is the training set's median torso in original pixels
+    (:func:`reference_torso`) times the image's resize factor. PCK (:func:`pck`) does *not* use the
+    fallback: images without a torso are left out of it, as usual.
+
+    Returns:
+        Tensor [N] in frame pixels, finite and > 0.
+    """
+    if not reference > 0:
+        raise ValueError(f"reference torso size must be > 0, got {reference}")
+    size = torso_size(joints, visible)
+    fallback = torch.as_tensor(scale, dtype=size.dtype, device=size.device) * reference
+    return torch.where(torch.isfinite(size) & (size > 0), size, fallback)
 
 
 def pck(pred: Tensor, true: Tensor, visible: Tensor, torso: Tensor, alpha: float = 0.2) -> Tensor:

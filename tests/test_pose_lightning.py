@@ -1,0 +1,144 @@
+"""Lightning wiring of the pose example: head, BCFW callback on PoseData, augmentation, LSP datamodule."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+pl = pytest.importorskip("lightning.pytorch")
+
+from torch_bcfw.inference.tree import LSP_TREE_EDGES  # noqa: E402
+from torch_bcfw.lightning.pose import PoseBCFWCallback, PoseHead, argmax_positions, log_heatmaps  # noqa: E402
+from torch_bcfw.lightning.pose_data import FLIP_PERMUTATION, LSPPoseDataModule, augment_batch  # noqa: E402
+from torch_bcfw.models.pose import PoseData, PoseTree  # noqa: E402
+
+LSP_ROOT = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "lspet"
+G = 6
+
+
+def test_flip_permutation_mirrors_left_and_right() -> None:
+    from torch_bcfw.inference.tree import LSP_JOINTS
+
+    for j, k in enumerate(FLIP_PERMUTATION):
+        a, b = LSP_JOINTS[j], LSP_JOINTS[k]
+        assert a == b if a in ("neck", "head_top") else a.split("_")[1] == b.split("_")[1] and a != b
+    # a flipped skeleton is still a tree with the same edges up to the relabelling
+    edges = {(FLIP_PERMUTATION[p], FLIP_PERMUTATION[c]) for p, c in LSP_TREE_EDGES}
+    assert edges == set(LSP_TREE_EDGES)
+
+
+def test_augment_batch_moves_images_and_joints_together() -> None:
+    S = 16
+    image = torch.zeros(4, 3, S, S)
+    image[:, 0, 3, 10] = 1.0  # a marked pixel (x=10, y=3) ...
+    joints = torch.full((4, 14, 2), float("nan"))
+    joints[:, 5] = torch.tensor([10.5, 3.5])  # ... at the left ankle, the only visible joint
+    visible = torch.zeros(4, 14, dtype=torch.bool)
+    visible[:, 5] = True
+    gen = torch.Generator().manual_seed(0)
+    flips = 0
+    for _ in range(5):
+        out = augment_batch({"image": image, "joints": joints, "visible": visible}, max_shift=3, generator=gen)
+        for b in range(4):
+            ys, xs = torch.nonzero(out["image"][b, 0], as_tuple=True)
+            j = int(out["visible"][b].nonzero())
+            assert j in (0, 5)  # a flip turns the left ankle into the right ankle
+            flips += j == 0
+            torch.testing.assert_close(out["joints"][b, j], torch.stack((xs[0], ys[0])).float() + 0.5)
+            assert torch.isnan(out["joints"][b, [k for k in range(14) if k != j]]).all()
+    assert 0 < flips < 20
+
+
+def test_pose_head_decodes_like_the_model_and_restores_offsets() -> None:
+    gen = torch.Generator().manual_seed(0)
+    mu = torch.randn(13, 2, generator=gen, dtype=torch.float64)
+    head = PoseHead(PoseTree(G))
+    scales = torch.rand(13, 2, generator=gen, dtype=torch.float64) + 0.5
+    head.set_offsets(mu, scales)
+    w = torch.rand(head.n_features, generator=gen, dtype=torch.float64)
+    head.set_weights(w)
+    unary = torch.randn(3, 14, G, G, generator=gen)
+    expected = head.model.decode_positions(w, PoseData(unary))
+    assert torch.equal(head(unary), expected)
+    other = PoseHead(PoseTree(G))
+    other.load_state_dict(head.state_dict())
+    assert torch.equal(other.model.mu, mu) and torch.equal(other.model.scales, scales)
+    assert torch.equal(other(unary), expected)
+    head.float()
+    assert head.w.dtype == torch.float64
+    with pytest.raises(ValueError, match="mu"):
+        head.set_offsets(torch.zeros(3, 2))
+    with pytest.raises(TypeError, match="PoseTree"):
+        PoseHead(object())  # type: ignore[arg-type]
+
+
+class _Synthetic(pl.LightningModule):
+    """Noisy one-hot heatmaps of a fixed skeleton; a 1-parameter 'backbone' scales them."""
+
+    def __init__(self, n: int = 12):
+        super().__init__()
+        gen = torch.Generator().manual_seed(0)
+        mu = torch.tensor([[1.0, 0.0]] * 13, dtype=torch.float64)
+        self.cells = torch.randint(1, G - 1, (n, 14, 2), generator=gen)
+        hot = torch.zeros(n, 14, G * G)
+        hot.scatter_(2, (self.cells[..., 0] * G + self.cells[..., 1])[..., None], 3.0)
+        self.noise = hot.reshape(n, 14, G, G) + torch.randn(n, 14, G, G, generator=gen) * 1.5
+        self.scale = torch.nn.Parameter(torch.ones(()))
+        self.head = PoseHead(PoseTree(G, mu))
+
+    def bcfw_dataloader(self):
+        return torch.utils.data.DataLoader(torch.arange(len(self.cells)), batch_size=5)
+
+    def train_dataloader(self):
+        return self.bcfw_dataloader()
+
+    def bcfw_features(self, idx) -> PoseData:
+        logp = log_heatmaps(self.noise[idx] * self.scale)
+        return PoseData(logp.unsqueeze(2), self.cells[idx], torso=torch.full((len(idx),), 2.0, dtype=torch.float64))
+
+    def training_step(self, idx, _):
+        return (self.scale - 1.1) ** 2
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def test_bcfw_callback_solves_the_tree_head_on_pose_features(tmp_path) -> None:
+    module = _Synthetic()
+    cb = PoseBCFWCallback(lam=0.01, passes_per_call=3, initial_passes=3, solver_options={"seed": 0})
+    trainer = pl.Trainer(accelerator="cpu", max_epochs=2, callbacks=[cb], logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path)
+    trainer.fit(module)
+    assert cb.calls == 3 and cb.last_record["gap_best"] >= 0
+    assert trainer.callback_metrics["ssvm/gap"] == pytest.approx(cb.last_record["gap_best"])
+    w = module.head.w
+    assert bool((w[module.head.model.quadratic_index()] >= 0).all()) and float(w.abs().sum()) > 0
+    # the solved head decodes the training images better than the per-joint argmax of the noisy heatmaps
+    data = cb.last_data
+    tree = module.head.model.loss(data, module.head.model.oracle(w, data, loss_augmented=False)).mean()
+    argmax = argmax_positions(data.unary[:, :, 0])
+    flat = (argmax[..., 0] * G + argmax[..., 1]).reshape(-1)
+    assert float(tree) <= float(module.head.model.loss(data, flat).mean())
+
+
+def test_lsp_datamodule_fields(tmp_path) -> None:
+    if not (LSP_ROOT / "joints.mat").is_file():
+        pytest.fail(f"LSP Extended data missing at {LSP_ROOT}")
+    dm = LSPPoseDataModule(str(LSP_ROOT), size=64, grid_size=16, limit=10, test_limit=4, cache_dir=str(tmp_path))
+    dm.setup("fit")
+    assert dm.mean_offsets.shape == (13, 2) and len(dm.train) == 10 and len(dm.test) == 4
+    assert dm.offset_scales.shape == (13, 2) and bool((dm.offset_scales >= 4).all())
+    assert 20 < dm.reference_torso < 100  # original pixels (LSPET people are ~150 px tall)
+    f = dm.train.fields
+    assert f["cells"].shape == (10, 14, 2) and int(f["cells"].min()) >= 0 and int(f["cells"].max()) < 16
+    assert bool((f["torso"] > 0).all()) and bool(torch.isfinite(f["torso"]).all())
+    batch = next(iter(dm.bcfw_dataloader()))
+    assert batch["image"].shape == (10, 3, 64, 64) and batch["image"].dtype == torch.float32
+    PoseData(torch.zeros(10, 14, 1, 16, 16), batch["cells"], batch["visible"], batch["torso"])
+    assert any(tmp_path.iterdir())  # the cache was written
+    again = LSPPoseDataModule(str(LSP_ROOT), size=64, grid_size=16, limit=10, test_limit=4, cache_dir=str(tmp_path))
+    again.setup("fit")
+    assert torch.equal(again.train.fields["cells"], f["cells"])
+    with pytest.raises(ValueError, match="multiple"):
+        LSPPoseDataModule(str(LSP_ROOT), size=65, grid_size=16)

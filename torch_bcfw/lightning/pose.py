@@ -1,0 +1,275 @@
+"""A heatmap CNN under a BCFW-solved pictorial-structures head (the example of ``configs/pose_lsp.yaml``).
+
+* :class:`HeatmapCNN` -- plain torch: an ``S x S`` RGB image to 14 joint heatmaps on the ``S/4 x S/4`` grid
+  (a stride-4 stem, then dilated residual blocks for a receptive field covering the person).
+* :class:`PoseHead` -- the :class:`~torch_bcfw.nn.StructuredHead` of a
+  :class:`~torch_bcfw.models.pose.PoseTree`: weights ``w`` (buffer, written by BCFW) and the mean offsets
+  ``mu``; ``forward(unary)`` decodes with exact tree max-sum.
+* :class:`PoseBCFWCallback` -- :class:`~torch_bcfw.lightning.BCFWCallback` for pose features: collects the
+  :class:`~torch_bcfw.models.pose.PoseData` that ``bcfw_features`` returns (heatmaps are ``[n, 14, 1, G, G]``,
+  not rows of a feature matrix) and otherwise solves, re-binds, certifies and logs exactly like its parent.
+* :class:`PoseTreeCNN` -- the LightningModule: the CNN is trained with a soft-target cross-entropy per
+  visible joint (Gaussian of ``sigma`` cells around the annotation) on augmented images; its log-softmax
+  heatmaps are the unary features of the head.  Test reports PCK@``alpha`` (torso-normalised, in frame
+  pixels) of (a) the per-joint argmax of the heatmaps and (b) the tree head, and the SSVM task loss.
+
+Data: :class:`~torch_bcfw.lightning.pose_data.LSPPoseDataModule`.
+"""
+from __future__ import annotations
+
+import lightning.pytorch as pl
+import torch
+from torch import Tensor, nn
+from torch.nn import functional as F
+
+from ..datasets.lsp import grid_to_joints, joints_to_grid, pck
+from ..models.pose import PoseData, PoseTree, flat_to_positions
+from ..nn import StructuredHead
+from .callback import BCFWCallback, _find
+from .pose_data import augment_batch
+
+__all__ = ["HeatmapCNN", "PoseBCFWCallback", "PoseHead", "PoseTreeCNN"]
+
+
+# ---------------------------------------------------------------------------- backbone
+class _Block(nn.Module):
+    def __init__(self, width: int, dilation: int):
+        super().__init__()
+        self.conv1 = nn.Conv2d(width, width, 3, padding=dilation, dilation=dilation, bias=False)
+        self.bn1 = nn.BatchNorm2d(width)
+        self.conv2 = nn.Conv2d(width, width, 3, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(width)
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = F.relu(self.bn1(self.conv1(x)))
+        return F.relu(x + self.bn2(self.conv2(h)))
+
+
+class HeatmapCNN(nn.Module):
+    """``[B, 3, S, S]`` images in [0, 1] -> joint heatmap logits ``[B, J, S/4, S/4]``.
+
+    Args:
+        n_joints: ``J``; stem: channels of the stride-2 stem; width: channels of the residual blocks;
+        dilations: one residual block (two 3x3 convolutions) per entry, the first one dilated;
+        grid_size: ``S/4``; when given, a learned per-joint prior map ``[J, G, G]`` is added to the logits
+            (the people of LSP are centred, so joint positions have a strong prior).
+    """
+
+    def __init__(self, n_joints: int = 14, stem: int = 24, width: int = 48, dilations=(1, 2, 4, 8),
+                 grid_size: int | None = None):
+        super().__init__()
+        self.prior = None if grid_size is None else nn.Parameter(torch.zeros(n_joints, grid_size, grid_size))
+        self.stem = nn.Sequential(
+            nn.Conv2d(3, stem, 3, stride=2, padding=1, bias=False), nn.BatchNorm2d(stem), nn.ReLU(inplace=True),
+            nn.Conv2d(stem, width, 3, stride=2, padding=1, bias=False), nn.BatchNorm2d(width), nn.ReLU(inplace=True),
+        )
+        self.blocks = nn.Sequential(*[_Block(width, int(d)) for d in dilations])
+        self.out = nn.Conv2d(width, n_joints, 1)
+
+    def forward(self, images: Tensor) -> Tensor:
+        logits = self.out(self.blocks(self.stem(images - 0.5)))
+        return logits if self.prior is None else logits + self.prior
+
+
+def log_heatmaps(logits: Tensor) -> Tensor:
+    """Log-softmax over the cells of every joint map: ``[B, J, G, G]`` -> ``[B, J, G, G]``."""
+    B, J, G, _ = logits.shape
+    return F.log_softmax(logits.reshape(B, J, -1), dim=-1).reshape(B, J, G, G)
+
+
+def soft_targets(grid_pos: Tensor, grid_size: int, sigma: float) -> Tensor:
+    """Normalised Gaussians of ``sigma`` cells around ``grid_pos`` ``[B, J, 2]`` (y, x): ``[B, J, G, G]``
+    (NaN positions give NaN maps: mask them)."""
+    g = torch.arange(grid_size, dtype=grid_pos.dtype, device=grid_pos.device)
+    dy2 = (g - grid_pos[..., 0, None]).square()[..., :, None]
+    dx2 = (g - grid_pos[..., 1, None]).square()[..., None, :]
+    t = torch.exp(-(dy2 + dx2) / (2 * sigma * sigma))
+    return t / t.sum(dim=(-2, -1), keepdim=True)
+
+
+def argmax_positions(heatmaps: Tensor) -> Tensor:
+    """Per-joint argmax cells ``LongTensor[B, J, 2]`` (y, x) of ``[B, J, G, G]`` maps."""
+    B, J, G, _ = heatmaps.shape
+    return flat_to_positions(heatmaps.reshape(B, J, -1).argmax(-1), B, J, G)
+
+
+# ---------------------------------------------------------------------------- head and callback
+class _PoseOps:
+    def __init__(self, model: PoseTree):
+        self.model = model
+        self.n_inputs = model.n_unary * model.grid_size ** 2
+
+
+class PoseHead(StructuredHead):
+    """:class:`~torch_bcfw.nn.StructuredHead` of a :class:`PoseTree` (``w`` a float64 buffer written by BCFW).
+
+    The mean offsets ``mu`` and the displacement scales ``scales`` (``[E, 2]`` each, constants of the model)
+    are kept in buffers too, so a checkpoint restores them; :meth:`set_offsets` changes them.  ``forward(unary)`` takes ``[B, J, K, G, G]`` (or
+    ``[B, J, G, G]``) unary features and returns the MAP cells ``LongTensor[B, J, 2]`` (y, x).
+    """
+
+    def __init__(self, model: PoseTree, dtype: torch.dtype = torch.float64):
+        nn.Module.__init__(self)
+        if not isinstance(model, PoseTree):
+            raise TypeError(f"PoseHead needs a PoseTree, got {type(model).__name__}")
+        self.ops = _PoseOps(model)
+        self.model = model
+        self.trainable = False
+        self.w_dtype = dtype
+        self.register_buffer("w", torch.zeros(model.n_features, dtype=dtype))
+        self.register_buffer("mu", model.mu.clone())
+        self.register_buffer("scales", model.scales.clone())
+
+    def set_offsets(self, mu: Tensor, scales: Tensor | None = None) -> None:
+        """Set the mean offsets ``[E, 2]`` and (optionally) the displacement scales ``[E, 2]``."""
+        mu = torch.as_tensor(mu, dtype=torch.float64).cpu()
+        if mu.shape != self.model.mu.shape or not bool(torch.isfinite(mu).all()):
+            raise ValueError(f"mu must be finite with shape {tuple(self.model.mu.shape)}, got {tuple(mu.shape)}")
+        if scales is not None:
+            scales = torch.as_tensor(scales, dtype=torch.float64).cpu()
+            if scales.shape != mu.shape or not bool((torch.isfinite(scales) & (scales > 0)).all()):
+                raise ValueError(f"scales must be finite, > 0, with shape {tuple(mu.shape)}")
+            self.model.scales = scales.clone()
+            with torch.no_grad():
+                self.scales.copy_(scales.to(self.scales.device, self.scales.dtype))
+        self.model.mu = mu.clone()
+        with torch.no_grad():
+            self.mu.copy_(mu.to(self.mu.device, self.mu.dtype))
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+        for name in ("mu", "scales"):
+            if prefix + name in state_dict:
+                setattr(self.model, name, state_dict[prefix + name].detach().to("cpu", torch.float64).clone())
+
+    def forward(self, unary: Tensor) -> Tensor:
+        data = PoseData(unary.detach())
+        self.model.check_data(data, require_labels=False)
+        return self.model.decode_positions(self.w.detach().to(unary.device), data)
+
+    def score(self, unary: Tensor, positions: Tensor) -> Tensor:
+        """``<w, phi(x_i, l_i)>`` per image (float64 ``[B]``) for cells ``positions`` ``[B, J, 2]``."""
+        data = PoseData(unary.detach(), positions)
+        return self.model.score(self.w.to(unary.device), data, data.y)
+
+
+class PoseBCFWCallback(BCFWCallback):
+    """:class:`~torch_bcfw.lightning.BCFWCallback` whose ``bcfw_features(batch)`` returns
+    :class:`~torch_bcfw.models.pose.PoseData` (same arguments, logging and checkpointing as the parent)."""
+
+    def training_data(self, trainer, pl_module) -> PoseData:
+        loader = _find(trainer, pl_module, "bcfw_dataloader")
+        device = self.device if self.device is not None else pl_module.device
+        to_device = trainer.strategy.batch_to_device if trainer is not None else None
+        modes = [(m, m.training) for m in pl_module.modules()]
+        pl_module.eval()
+        parts = []
+        try:
+            with torch.no_grad():
+                for batch in loader():
+                    if to_device is not None:
+                        batch = to_device(batch)
+                    out = pl_module.bcfw_features(batch)
+                    if not isinstance(out, PoseData):
+                        raise TypeError(f"bcfw_features(batch) must return PoseData, got {type(out).__name__}")
+                    parts.append(out.to(device))
+        finally:
+            for m, mode in modes:
+                m.training = mode
+        data = PoseData.cat(parts)
+        self._head(pl_module).model.check_data(data)
+        return data
+
+
+# ---------------------------------------------------------------------------- the LightningModule
+class PoseTreeCNN(pl.LightningModule):
+    """Heatmap CNN + pictorial-structures head on LSP (see the module docstring).
+
+    Args:
+        size: input frame side ``S``; the grid is ``G = S / 4``.
+        stem, width, dilations: :class:`HeatmapCNN` sizes.
+        lr, weight_decay: AdamW, cosine schedule over ``max_epochs``.
+        sigma: width (cells) of the soft heatmap targets.
+        max_shift, flip: augmentation (pixels of random translation; random horizontal flips).
+        alpha: PCK threshold as a fraction of the torso size.
+        min_quadratic: lower bound of the head's quadratic deformation weights.
+    """
+
+    def __init__(self, size: int = 128, stem: int = 24, width: int = 48, dilations=(1, 2, 4, 8), lr: float = 2e-3,
+                 weight_decay: float = 1e-4, sigma: float = 1.0, max_shift: int = 8, flip: bool = True,
+                 alpha: float = 0.2, min_quadratic: float = 0.0, seed: int = 0):
+        super().__init__()
+        if size % 4:
+            raise ValueError(f"size must be a multiple of 4, got {size}")
+        self.save_hyperparameters()
+        self.grid_size = size // 4
+        self.backbone = HeatmapCNN(14, stem, width, tuple(dilations), grid_size=self.grid_size)
+        self.head = PoseHead(PoseTree(self.grid_size, min_quadratic=min_quadratic))
+        self._gen = torch.Generator().manual_seed(int(seed))
+        self._eval = []
+        self.test_results = None
+
+    def setup(self, stage: str) -> None:
+        dm = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
+        if dm is not None and getattr(dm, "mean_offsets", None) is None and hasattr(dm, "setup"):
+            dm.setup(stage)
+        if dm is not None and getattr(dm, "mean_offsets", None) is not None:
+            if getattr(dm, "grid_size", self.grid_size) != self.grid_size:
+                raise ValueError(f"the datamodule's grid ({dm.grid_size}) differs from the model's ({self.grid_size})")
+            if stage == "fit":
+                self.head.set_offsets(dm.mean_offsets, getattr(dm, "offset_scales", None))
+
+    def forward(self, images: Tensor) -> Tensor:
+        """Log-probability heatmaps ``[B, 14, G, G]``."""
+        return log_heatmaps(self.backbone(images))
+
+    # ------------------------------------------------------------ training
+    def training_step(self, batch, batch_idx):
+        batch = augment_batch(batch, self.hparams.max_shift, self.hparams.flip, self._gen)
+        logp = self(batch["image"])
+        grid = joints_to_grid(batch["joints"].to(logp.dtype), self.hparams.size, self.grid_size)
+        target = soft_targets(torch.nan_to_num(grid), self.grid_size, self.hparams.sigma)
+        ce = -(target * logp).sum(dim=(-2, -1))  # [B, J]
+        vis = batch["visible"]
+        loss = (ce * vis).sum() / vis.sum().clamp(min=1)
+        self.log("train/ce", loss, on_step=False, on_epoch=True, batch_size=len(vis))
+        return loss
+
+    def configure_optimizers(self):
+        opt = torch.optim.AdamW(self.backbone.parameters(), lr=self.hparams.lr, weight_decay=self.hparams.weight_decay)
+        epochs = self.trainer.max_epochs if self.trainer is not None and self.trainer.max_epochs else 10
+        sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=max(1, epochs))
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "epoch"}}
+
+    def bcfw_features(self, batch) -> PoseData:
+        """The head's input for one batch: log-softmax heatmaps as ``K = 1`` unary features (float32)."""
+        return PoseData(self(batch["image"]).float().unsqueeze(2), batch["cells"], batch["visible"],
+                        batch["torso"].double())
+
+    # ------------------------------------------------------------ evaluation
+    def test_step(self, batch, batch_idx):
+        logp = self(batch["image"])
+        tree = self.head(logp.unsqueeze(2))
+        argmax = argmax_positions(logp)
+        data = PoseData(logp.float().unsqueeze(2), batch["cells"], batch["visible"], batch["torso"].double())
+        flat = (tree[..., 0] * self.grid_size + tree[..., 1]).reshape(-1)
+        self._eval.append({"tree": tree.cpu(), "argmax": argmax.cpu(), "joints": batch["joints"].cpu(),
+                           "visible": batch["visible"].cpu(), "pck_torso": batch["pck_torso"].cpu(),
+                           "task_loss": self.head.model.loss(data, flat).cpu()})
+
+    def on_test_epoch_end(self):
+        if not self._eval:
+            return
+        r = {k: torch.cat([e[k] for e in self._eval]) for k in self._eval[0]}
+        self._eval = []
+        S, G, a = self.hparams.size, self.grid_size, self.hparams.alpha
+        out = {}
+        for name in ("argmax", "tree"):
+            pred = grid_to_joints(r[name], S, G).to(r["joints"].dtype)
+            out[f"test/pck_{name}"] = float(pck(pred, r["joints"], r["visible"], r["pck_torso"], a))
+        out["test/task_loss_tree"] = float(r["task_loss"].mean())
+        out["test/images"] = len(r["visible"])
+        out["test/images_with_torso"] = int(torch.isfinite(r["pck_torso"]).sum())
+        self.test_results = out
+        for k, v in out.items():
+            self.log(k, float(v))

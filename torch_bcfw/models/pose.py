@@ -1,0 +1,463 @@
+"""Pictorial-structures model for human pose: a tree of joints on a ``G x G`` grid (Osokin et al. 2016, 3.5).
+
+Every joint ``j = 0..J-1`` takes one cell ``l_j = (y_j, x_j)`` of a ``G x G`` grid (row, column; grid
+units).  With ``K`` unary features per joint and cell (``x_i``: a CNN heatmap score, optionally a few
+more channels) and the edges ``e = (parent, child)`` of a tree, the joint feature map is::
+
+    phi(x_i, l) = [ unary_i[j, :, l_j]                          for j = 0..J-1 ]   (J * K entries)
+               ++ [ -deformation_features(l_child, l_parent, mu_e) for e ]        (4 * E entries)
+
+    deformation_features = (dx, dx^2, dy, dy^2),  dx = (x_child - x_parent - mu_e[1]) / s_e[1],
+                                                 dy = (y_child - y_parent - mu_e[0]) / s_e[0]
+
+so ``<w, phi> = sum_j <w_U[j], unary[j, :, l_j]> - sum_e <w_e, (dx, dx^2, dy, dy^2)>`` (the score of
+:func:`torch_bcfw.inference.tree.tree_max_sum`); ``w = [w_U (J*K, joint-major) | w_e (E*4, edge-major)]``,
+``d = J*K + 4E`` (66 for the 14-joint LSP skeleton with one heatmap score per joint).  The offsets ``mu_e``
+(``[E, 2]``, ``(y, x)``) are the mean displacements ``child - parent`` of the training data
+(:func:`mean_offsets`), and the scales ``s_e`` (``[E, 2]``, default 1) their standard deviations
+(:func:`offset_scales`); both are constants of the model, not weights.  The scales only re-parametrise
+``w`` (the oracle maps it back to pixel-unit penalties), but they matter for the solver: with raw grid
+displacements ``dx^2`` reaches ``G^2 = 1024`` at ``G = 32`` and the radius ``R`` of the joint features, hence
+the number of BCFW passes (``O(R^2 / lam)``), explodes; normalised displacements are ``O(1)``.
+
+Box constraints.  The deformation term is a penalty only when the quadratic weights ``w_e[1], w_e[3]`` are
+``>= 0`` (and the distance transform of the oracle needs it); :meth:`PoseTree.weight_bounds` returns that
+box (lower bound ``min_quadratic``, default 0, on those ``2E`` weights; every other weight is free) and the
+BCFW / FW solvers keep ``w`` inside it (Osokin et al. 2016, App. H).
+
+Loss: ``L_i(l) = mean over visible joints of min(1, ||l_j - l*_j||^2 / s_i^2)`` (the paper's ``max`` is a
+typo), ``s_i`` the torso size in grid units; it decomposes over joints and loss-augmented decoding adds it to
+the unaries (:func:`~torch_bcfw.inference.tree.pose_loss_unaries`).  The oracle is exact max-sum on the tree
+with generalised distance-transform messages: O(J G^2) per image, batched (compiled envelope on CPU, dense
+O(G^3) tensor transform on CUDA).
+
+Labelings follow the packed protocol of the dual states (one block per image, ``J`` labels each):
+``y`` is ``LongTensor[n * J]`` of flat cells ``y * G + x``, with ``offsets = arange(n + 1) * J``.
+:meth:`PoseData.positions` gives the ``[n, J, 2]`` view.
+
+Invisible joints.  A labeling must place every joint, but unannotated joints have no position.
+:func:`impute_positions` fills them from the annotated ones along the tree with the mean offsets (then the
+true labeling of the SSVM is a plausible full pose); the loss ignores them.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+from ..inference.distance_transform import Method
+from ..inference.tree import (
+    LSP_TREE_EDGES,
+    _tree_order,
+    deformation_features,
+    pose_loss,
+    pose_loss_unaries,
+    tree_max_sum,
+)
+from .base import StructuredModel
+
+__all__ = ["PoseData", "PoseTree", "flat_to_positions", "impute_positions", "mean_offsets", "offset_scales"]
+
+Edges = Sequence[tuple[int, int]]
+
+
+def _index(idx, n: int, device) -> Tensor:
+    if isinstance(idx, slice):
+        return torch.arange(n, device=device)[idx]
+    idx = torch.as_tensor(idx, dtype=torch.long).reshape(-1)
+    if idx.numel() and (int(idx.min()) < -n or int(idx.max()) >= n):
+        raise IndexError(f"example index out of range for {n} examples")
+    return torch.where(idx < 0, idx + n, idx).to(device)
+
+
+class PoseData:
+    """Pose examples on a ``G x G`` grid: unary features, true cells, visibility, torso size.
+
+    Args:
+        unary: float ``[n, J, K, G, G]``: ``K`` features per joint and cell (``[n, J, G, G]`` is taken as
+            ``K = 1``), finite.
+        positions: true cells, integer ``[n, J, 2]`` in ``(y, x)`` order, each in ``[0, G)`` (every joint,
+            invisible ones imputed: :func:`impute_positions`), or ``None`` (unlabelled data: decoding only).
+        visible: bool ``[n, J]``: the joints the loss counts (default: all).
+        torso: ``[n]`` torso size ``s_i`` in grid units, finite and ``> 0`` (default: ``G``).
+        check: validate (default; subsets of a valid set skip it).
+
+    Attributes:
+        unary, visible, torso: as given (``visible`` / ``torso`` filled in when omitted).
+        y: ``LongTensor[n * J]`` packed flat cells ``y * G + x`` (``None`` without positions).
+        offsets: ``LongTensor[n + 1]`` ``= arange(n + 1) * J`` (the per-image blocks of ``y``).
+
+    Raises:
+        ValueError: wrong shapes or dtypes, NaN / infinite values, cells outside the grid, a torso size
+            that is not finite and positive.
+    """
+
+    def __init__(self, unary: Tensor, positions: Tensor | None = None, visible: Tensor | None = None,
+                 torso: Tensor | None = None, check: bool = True):
+        unary = torch.as_tensor(unary)
+        if unary.dim() == 4:
+            unary = unary.unsqueeze(2)
+        if check:
+            _check_unary(unary)
+        n, J, _, G, _ = unary.shape
+        dev = unary.device
+        self.unary = unary
+        self.visible = (torch.ones(n, J, dtype=torch.bool, device=dev) if visible is None
+                        else torch.as_tensor(visible, device=dev))
+        self.torso = (torch.full((n,), float(G), dtype=torch.float64, device=dev) if torso is None
+                      else torch.as_tensor(torso, device=dev))
+        self.offsets = torch.arange(n + 1, device=dev) * J
+        self.y = None
+        if positions is not None:
+            positions = torch.as_tensor(positions, device=dev)
+            if check:
+                _check_positions(positions, n, J, G)
+            self.y = (positions[..., 0] * G + positions[..., 1]).reshape(-1).long()
+        if check:
+            _check_visible_torso(self.visible, self.torso, n, J)
+
+    # ------------------------------------------------------------------ sizes
+    def __len__(self) -> int:
+        return self.unary.shape[0]
+
+    @property
+    def n_joints(self) -> int:
+        return self.unary.shape[1]
+
+    @property
+    def n_unary(self) -> int:
+        """``K``, the unary features per joint and cell."""
+        return self.unary.shape[2]
+
+    @property
+    def grid_size(self) -> int:
+        return self.unary.shape[-1]
+
+    @property
+    def device(self) -> torch.device:
+        return self.unary.device
+
+    def __repr__(self) -> str:
+        return (f"PoseData(n={len(self)}, joints={self.n_joints}, K={self.n_unary}, grid={self.grid_size}, "
+                f"labelled={self.y is not None}, device={self.device})")
+
+    # ------------------------------------------------------------------ labels
+    @property
+    def positions(self) -> Tensor | None:
+        """True cells ``LongTensor[n, J, 2]`` in ``(y, x)`` order (``None`` if unlabelled)."""
+        return None if self.y is None else flat_to_positions(self.y, len(self), self.n_joints, self.grid_size)
+
+    # ------------------------------------------------------------------ selection, devices
+    def __getitem__(self, idx) -> "PoseData":
+        """The examples ``idx`` (int, slice, list or ``LongTensor``; repeats allowed), in that order."""
+        i = _index(idx, len(self), self.device)
+        out = PoseData.__new__(PoseData)
+        out.unary = self.unary[i]
+        out.visible = self.visible[i]
+        out.torso = self.torso[i]
+        out.offsets = torch.arange(i.numel() + 1, device=self.device) * self.n_joints
+        out.y = None if self.y is None else self.y.view(len(self), -1)[i].reshape(-1)
+        return out
+
+    @classmethod
+    def cat(cls, parts: Sequence["PoseData"]) -> "PoseData":
+        """Concatenate datasets of the same ``J, K, G`` (all labelled or all unlabelled), in order."""
+        if not parts:
+            raise ValueError("PoseData.cat needs at least one part")
+        shapes = {tuple(p.unary.shape[1:]) for p in parts}
+        if len(shapes) != 1:
+            raise ValueError(f"PoseData.cat: parts have different [J, K, G, G]: {sorted(shapes)}")
+        labelled = {p.y is not None for p in parts}
+        if len(labelled) != 1:
+            raise ValueError("PoseData.cat: some parts are labelled and others are not")
+        out = cls.__new__(cls)
+        out.unary = torch.cat([p.unary for p in parts])
+        out.visible = torch.cat([p.visible for p in parts])
+        out.torso = torch.cat([p.torso for p in parts])
+        out.offsets = torch.arange(len(out.unary) + 1, device=out.unary.device) * out.unary.shape[1]
+        out.y = torch.cat([p.y for p in parts]) if parts[0].y is not None else None
+        return out
+
+    def to(self, *args, **kwargs) -> "PoseData":
+        """Move to a device and/or cast the unary features (``to(device)``, ``to(dtype)``, ...)."""
+        unary = self.unary.to(*args, **kwargs)
+        dev = unary.device
+        out = PoseData.__new__(PoseData)
+        out.unary = unary
+        out.visible, out.torso, out.offsets = self.visible.to(dev), self.torso.to(dev), self.offsets.to(dev)
+        out.y = None if self.y is None else self.y.to(dev)
+        return out
+
+
+def _check_unary(unary: Tensor) -> None:
+    if unary.dim() != 5 or not unary.is_floating_point():
+        raise ValueError(f"unary features must be a float tensor [n, J, K, G, G] (or [n, J, G, G]), "
+                         f"got {unary.dtype} of shape {tuple(unary.shape)}")
+    n, J, K, gy, gx = unary.shape
+    if gy != gx:
+        raise ValueError(f"the grid must be square (G x G), got {gy} x {gx}")
+    if min(n, J, K, gy) < 1:
+        raise ValueError(f"unary features must be non-empty, got shape {tuple(unary.shape)}")
+    if not bool(torch.isfinite(unary).all()):
+        raise ValueError(f"unary features contain {int((~torch.isfinite(unary)).sum())} NaN or infinite value(s)")
+
+
+def _check_positions(positions: Tensor, n: int, J: int, G: int) -> None:
+    if positions.shape != (n, J, 2):
+        raise ValueError(f"positions must have shape [n, J, 2] = [{n}, {J}, 2], got {tuple(positions.shape)}")
+    if positions.is_floating_point() or positions.is_complex() or positions.dtype == torch.bool:
+        raise ValueError(f"positions must be integer grid cells (use impute_positions), got {positions.dtype}")
+    if positions.numel() and (int(positions.min()) < 0 or int(positions.max()) >= G):
+        raise ValueError(f"positions must lie on the {G} x {G} grid ([0, {G - 1}]), "
+                         f"got range [{int(positions.min())}, {int(positions.max())}]")
+
+
+def _check_visible_torso(visible: Tensor, torso: Tensor, n: int, J: int) -> None:
+    if visible.dtype != torch.bool or visible.shape != (n, J):
+        raise ValueError(f"visible must be a bool tensor [n, J] = [{n}, {J}], got {visible.dtype} "
+                         f"{tuple(visible.shape)}")
+    if torso.shape != (n,) or not torso.is_floating_point():
+        raise ValueError(f"torso must be a float tensor [n] = [{n}], got {torso.dtype} {tuple(torso.shape)}")
+    bad = ~(torch.isfinite(torso) & (torso > 0))
+    if bool(bad.any()):
+        raise ValueError(f"torso sizes must be finite and > 0 (give a fallback where the torso joints are "
+                         f"not annotated); {int(bad.sum())} are not, first at example {int(bad.nonzero()[0, 0])}")
+
+
+def flat_to_positions(y: Tensor, n: int, J: int, G: int) -> Tensor:
+    """Packed flat cells ``[n * J]`` (or ``[n, J]``) to ``LongTensor[n, J, 2]`` ``(y, x)``."""
+    y = torch.as_tensor(y).reshape(n, J).long()
+    return torch.stack((torch.div(y, G, rounding_mode="floor"), y % G), dim=-1)
+
+
+# ---------------------------------------------------------------------------- training-set statistics
+def mean_offsets(positions: Tensor, visible: Tensor, edges: Edges = LSP_TREE_EDGES) -> Tensor:
+    """Mean displacement ``child - parent`` of every edge over the examples where both joints are visible.
+
+    Args:
+        positions: ``[n, J, 2]`` ``(y, x)`` in grid units (float or integer; NaN allowed where invisible).
+        visible: bool ``[n, J]``.
+        edges: ``(parent, child)`` pairs.
+
+    Returns:
+        float64 ``[E, 2]`` ``(mu_y, mu_x)``; an edge never seen with both ends visible gets ``(0, 0)``.
+    """
+    pos = torch.as_tensor(positions).to(torch.float64)
+    parents = torch.tensor([p for p, _ in edges], dtype=torch.long, device=pos.device)
+    children = torch.tensor([c for _, c in edges], dtype=torch.long, device=pos.device)
+    both = visible[:, parents] & visible[:, children]  # [n, E]
+    d = torch.nan_to_num(pos[:, children] - pos[:, parents]) * both[..., None]
+    count = both.sum(0).clamp(min=1)[:, None].to(torch.float64)
+    return d.sum(0) / count
+
+
+def offset_scales(positions: Tensor, visible: Tensor, edges: Edges = LSP_TREE_EDGES, minimum: float = 1.0) -> Tensor:
+    """Standard deviation of every edge's displacement ``child - parent`` per axis (at least ``minimum``).
+
+    Same arguments as :func:`mean_offsets`; returns float64 ``[E, 2]`` ``(s_y, s_x)`` (``minimum`` for an
+    edge seen fewer than twice with both ends visible).
+    """
+    pos = torch.as_tensor(positions).to(torch.float64)
+    parents = torch.tensor([p for p, _ in edges], dtype=torch.long, device=pos.device)
+    children = torch.tensor([c for _, c in edges], dtype=torch.long, device=pos.device)
+    both = (visible[:, parents] & visible[:, children])[..., None]  # [n, E, 1]
+    d = torch.nan_to_num(pos[:, children] - pos[:, parents])
+    count = both.sum(0).to(torch.float64)
+    mean = (d * both).sum(0) / count.clamp(min=1)
+    var = (((d - mean) ** 2) * both).sum(0) / (count - 1).clamp(min=1)
+    return torch.where(count >= 2, var.sqrt(), torch.zeros_like(var)).clamp(min=minimum)
+
+
+def impute_positions(positions: Tensor, visible: Tensor, grid_size: int, mu: Tensor,
+                     edges: Edges = LSP_TREE_EDGES) -> Tensor:
+    """Grid cells for every joint: visible joints rounded, invisible ones filled in along the tree.
+
+    An invisible joint gets the cell of an already placed tree neighbour plus the mean offset of the edge
+    (``parent + mu_e`` going down, ``child - mu_e`` going up), rounded and clamped to the grid; placement
+    spreads from the visible joints (breadth first, nearest visible joint first).  An image without any
+    visible joint starts from the grid centre at the root.
+
+    Args:
+        positions: float ``[n, J, 2]`` ``(y, x)`` in grid units (NaN where invisible).
+        visible: bool ``[n, J]``.
+        grid_size: ``G``.
+        mu: ``[E, 2]`` mean offsets child - parent (:func:`mean_offsets`).
+        edges: ``(parent, child)`` pairs forming a tree.
+
+    Returns:
+        ``LongTensor[n, J, 2]`` in ``[0, G)``.
+    """
+    n, J, _ = positions.shape
+    root, _ = _tree_order(edges, J)
+    mu = torch.as_tensor(mu, dtype=torch.float64).cpu()
+    G = int(grid_size)
+    pos = torch.as_tensor(positions, dtype=torch.float64).cpu().clone()
+    vis = torch.as_tensor(visible).cpu().bool()
+    neighbours: dict[int, list[tuple[int, int, float]]] = {j: [] for j in range(J)}
+    for e, (p, c) in enumerate(edges):
+        neighbours[p].append((c, e, 1.0))   # child = parent + mu
+        neighbours[c].append((p, e, -1.0))  # parent = child - mu
+    for i in range(n):
+        placed = vis[i].clone()
+        if not bool(placed.any()):
+            pos[i, root] = (G - 1) / 2.0
+            placed[root] = True
+        frontier = placed.nonzero().flatten().tolist()
+        while frontier:
+            nxt = []
+            for a in frontier:
+                for b, e, sign in neighbours[a]:
+                    if not placed[b]:
+                        pos[i, b] = pos[i, a] + sign * mu[e]
+                        placed[b] = True
+                        nxt.append(b)
+            frontier = nxt
+    return pos.round().clamp(0, G - 1).long().to(torch.as_tensor(positions).device)
+
+
+# ---------------------------------------------------------------------------- the model
+class PoseTree(StructuredModel):
+    """Tree-structured pictorial-structures SSVM (see the module docstring).
+
+    Args:
+        grid_size: ``G`` (positions on a ``G x G`` grid).
+        mu: ``[E, 2]`` mean offsets ``child - parent`` in ``(y, x)`` grid units (:func:`mean_offsets`);
+            default zeros.
+        scales: ``[E, 2]`` positive scales ``(s_y, s_x)`` of the displacements (:func:`offset_scales`);
+            default ones.
+        n_joints: ``J`` (default 14, the LSP skeleton).
+        n_unary: ``K`` unary features per joint and cell (default 1: the heatmap score).
+        edges: ``(parent, child)`` pairs forming a tree over the joints (default ``LSP_TREE_EDGES``).
+        min_quadratic: lower bound of the quadratic deformation weights (default 0: a convex penalty).
+        method: distance-transform method of the oracle (``"auto"``: compiled envelope on CPU, dense on CUDA).
+
+    ``d = J * K + 4 * E``; :meth:`unpack` splits ``w`` into ``(w_U [J, K], w_def [E, 4])``.
+    """
+
+    def __init__(self, grid_size: int, mu: Tensor | None = None, n_joints: int = 14, n_unary: int = 1,
+                 edges: Edges = LSP_TREE_EDGES, min_quadratic: float = 0.0, method: Method = "auto",
+                 scales: Tensor | None = None):
+        if int(grid_size) < 1 or int(n_joints) < 1 or int(n_unary) < 1:
+            raise ValueError(f"grid_size, n_joints and n_unary must be >= 1, got {grid_size}, {n_joints}, {n_unary}")
+        self.edges = tuple((int(p), int(c)) for p, c in edges)
+        self.n_joints, self.grid_size, self.n_unary = int(n_joints), int(grid_size), int(n_unary)
+        _tree_order(self.edges, self.n_joints)  # raises on a bad tree
+        E = len(self.edges)
+        mu = torch.zeros(E, 2, dtype=torch.float64) if mu is None else torch.as_tensor(mu, dtype=torch.float64)
+        if mu.shape != (E, 2) or not bool(torch.isfinite(mu).all()):
+            raise ValueError(f"mu must be a finite [E, 2] = [{E}, 2] tensor, got shape {tuple(mu.shape)}")
+        if not min_quadratic >= 0:
+            raise ValueError(f"min_quadratic must be >= 0 (the distance transform needs a convex penalty), "
+                             f"got {min_quadratic}")
+        scales = torch.ones(E, 2, dtype=torch.float64) if scales is None else torch.as_tensor(scales, dtype=torch.float64)
+        if scales.shape != (E, 2) or not bool((torch.isfinite(scales) & (scales > 0)).all()):
+            raise ValueError(f"scales must be a finite positive [E, 2] = [{E}, 2] tensor, got {tuple(scales.shape)}")
+        self.mu = mu.cpu()
+        self.scales = scales.cpu()
+        self.min_quadratic = float(min_quadratic)
+        self.method = method
+        self.n_features = self.n_joints * self.n_unary + 4 * E
+        self._parents = torch.tensor([p for p, _ in self.edges], dtype=torch.long)
+        self._children = torch.tensor([c for _, c in self.edges], dtype=torch.long)
+
+    def config(self) -> dict:
+        return {"grid_size": self.grid_size, "mu": self.mu.tolist(), "scales": self.scales.tolist(),
+                "n_joints": self.n_joints,
+                "n_unary": self.n_unary, "edges": [list(e) for e in self.edges],
+                "min_quadratic": self.min_quadratic, "method": self.method}
+
+    # ------------------------------------------------------------------ layout
+    @property
+    def n_edges(self) -> int:
+        return len(self.edges)
+
+    def unpack(self, w: Tensor) -> tuple[Tensor, Tensor]:
+        """``w [d]`` -> ``(w_U [J, K], w_def [E, 4])`` (views)."""
+        JK = self.n_joints * self.n_unary
+        return w[:JK].view(self.n_joints, self.n_unary), w[JK:].view(self.n_edges, 4)
+
+    def _feature_divisors(self, device) -> Tensor:
+        """``[E, 4]`` divisors ``(s_x, s_x^2, s_y, s_y^2)`` of the raw deformation features."""
+        s = self.scales.to(device)
+        return torch.stack((s[:, 1], s[:, 1] ** 2, s[:, 0], s[:, 0] ** 2), dim=1)
+
+    def pixel_weights(self, w: Tensor) -> Tensor:
+        """The deformation weights ``[E, 4]`` on the raw grid displacements (what the oracle uses)."""
+        _, w_def = self.unpack(w.to(torch.float64))
+        return w_def / self._feature_divisors(w_def.device)
+
+    def quadratic_index(self) -> Tensor:
+        """Indices in ``w`` of the quadratic deformation weights ``w_e[1], w_e[3]`` (``LongTensor[2E]``)."""
+        base = self.n_joints * self.n_unary + 4 * torch.arange(self.n_edges)
+        return torch.stack((base + 1, base + 3), dim=1).reshape(-1)
+
+    def weight_bounds(self):
+        """``(lower, upper)``: quadratic deformation weights ``>= min_quadratic``, the rest free."""
+        lower = torch.full((self.n_features,), -float("inf"), dtype=torch.float64)
+        lower[self.quadratic_index()] = self.min_quadratic
+        return lower, torch.full((self.n_features,), float("inf"), dtype=torch.float64)
+
+    # ------------------------------------------------------------------ checks
+    def check_data(self, data, require_labels: bool = True) -> None:
+        if not isinstance(data, PoseData):
+            raise TypeError(f"PoseTree expects PoseData, got {type(data).__name__}")
+        _, J, K, G, _ = data.unary.shape
+        if (J, K, G) != (self.n_joints, self.n_unary, self.grid_size):
+            raise ValueError(f"data has J={J} joints, K={K} unary features on a {G}x{G} grid but the model "
+                             f"expects J={self.n_joints}, K={self.n_unary}, G={self.grid_size}")
+        if require_labels and data.y is None:
+            raise ValueError("training data needs true positions (PoseData(..., positions=...))")
+
+    def _positions(self, data: PoseData, y: Tensor) -> Tensor:
+        y = torch.as_tensor(y, device=data.device).long().reshape(-1)
+        n, J, G = len(data), self.n_joints, self.grid_size
+        if y.numel() != n * J:
+            raise ValueError(f"expected {n} labelings of {J} cells ({n * J} values), got {y.numel()}")
+        if y.numel() and (int(y.min()) < 0 or int(y.max()) >= G * G):
+            raise ValueError(f"cells must lie in [0, {G * G - 1}] (flat y * G + x), got range "
+                             f"[{int(y.min())}, {int(y.max())}]")
+        return flat_to_positions(y, n, J, G)
+
+    # ------------------------------------------------------------------ the contract
+    def unary_scores(self, w: Tensor, data: PoseData) -> Tensor:
+        """``sum_k w_U[j, k] unary[i, j, k]``: float64 ``[n, J, G, G]``."""
+        w_u, _ = self.unpack(w.to(device=data.device, dtype=torch.float64))
+        return torch.einsum("njkyx,jk->njyx", data.unary.to(torch.float64), w_u)
+
+    def joint_feature(self, data: PoseData, y: Tensor) -> Tensor:
+        pos = self._positions(data, y)
+        n, J, K, G = len(data), self.n_joints, self.n_unary, self.grid_size
+        flat = (pos[..., 0] * G + pos[..., 1])  # [n, J]
+        cells = data.unary.reshape(n, J, K, G * G)
+        phi_u = cells.gather(3, flat[:, :, None, None].expand(n, J, K, 1)).reshape(n, J * K).to(torch.float64)
+        mu = self.mu.to(data.device)
+        feats = deformation_features(pos[:, self._children.to(data.device)], pos[:, self._parents.to(data.device)], mu)
+        feats = feats / self._feature_divisors(data.device)
+        return torch.cat((phi_u, -feats.reshape(n, -1)), dim=1)
+
+    def loss(self, data: PoseData, y: Tensor) -> Tensor:
+        pos = self._positions(data, y).to(torch.float64)
+        true = data.positions.to(torch.float64)
+        return pose_loss(pos, true, data.visible, data.torso.to(torch.float64)).to(torch.float64)
+
+    def oracle(self, w: Tensor, data: PoseData, loss_augmented: bool = True) -> Tensor:
+        """Exact (loss-augmented) MAP of every image: packed flat cells ``LongTensor[n * J]``.
+
+        Raises ``ValueError`` when a quadratic deformation weight of ``w`` is negative.
+        """
+        self.check_weights(w, data)
+        U = self.unary_scores(w, data)
+        if loss_augmented:
+            if data.y is None:
+                raise ValueError("loss-augmented decoding needs the true positions")
+            U = U + pose_loss_unaries(data.positions.to(torch.float64), data.visible,
+                                      data.torso.to(torch.float64), self.grid_size)
+        result = tree_max_sum(U, self.pixel_weights(w), self.mu.to(U.device), self.edges, self.method)
+        pos = result.positions
+        return (pos[..., 0] * self.grid_size + pos[..., 1]).reshape(-1)
+
+    def decode_positions(self, w: Tensor, data: PoseData) -> Tensor:
+        """MAP cells ``LongTensor[n, J, 2]`` ``(y, x)``."""
+        return flat_to_positions(self.oracle(w, data, loss_augmented=False), len(data), self.n_joints,
+                                 self.grid_size)
