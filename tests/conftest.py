@@ -20,6 +20,16 @@ CUDA = torch.cuda.is_available()
 requires_cuda = pytest.mark.skipif(not CUDA, reason="CUDA is not available on this machine")
 
 
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """One torch intra-op thread for a module (use with ``pytestmark = pytest.mark.usefixtures(...)``): the generic
+    step loops make many tiny torch calls, where threads only add contention."""
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
+
+
 def shared_data(*parts) -> Path:
     """Path below ../shared/data; a clear failure (not a skip) when the data is missing."""
     p = DATA_ROOT.joinpath(*parts)

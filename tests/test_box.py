@@ -14,12 +14,7 @@ from torch_bcfw.solvers.variants import generic_plan_steps
 from torch_bcfw.stepsize import LINE_SEARCH, PAIRWISE_RULE
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _box(d, seed=0):

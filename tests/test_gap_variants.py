@@ -25,13 +25,7 @@ EIGHT = [f"{s}-{r}{c}" for s in ("uniform", "gap") for r in ("fw", "pairwise") f
 ALL = EIGHT + ["uniform-away", "gap-away-cache"]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    """The generic step loop makes many tiny torch calls: intra-op threads only add contention."""
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _chain():

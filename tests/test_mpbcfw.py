@@ -18,12 +18,7 @@ from torch_bcfw.solvers.options import SolverOptions
 INF = math.inf
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _chain():

@@ -15,12 +15,7 @@ from torch_bcfw.solvers.path import RegularizationPath, grid_search, regularizat
 from torch_bcfw.stepsize import LINE_SEARCH
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _lams_to_check(path: RegularizationPath, pieces: int = 25, seed: int = 0):

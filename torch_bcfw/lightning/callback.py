@@ -77,6 +77,27 @@ def _find(trainer, pl_module, name: str):
     return None
 
 
+def eval_outputs(pl_module, batches, each, to_device=None) -> list:
+    """``[each(pl_module.bcfw_features(batch)) for batch in batches]`` in eval mode without gradient; the
+    train/eval mode of every submodule is restored afterwards.  ``to_device`` moves a batch first; raises
+    ``ValueError`` when ``batches`` is empty."""
+    modes = [(m, m.training) for m in pl_module.modules()]
+    pl_module.eval()
+    parts = []
+    try:
+        with torch.no_grad():
+            for batch in batches:
+                if to_device is not None:
+                    batch = to_device(batch)
+                parts.append(each(pl_module.bcfw_features(batch)))
+    finally:
+        for m, mode in modes:
+            m.training = mode
+    if not parts:
+        raise ValueError("bcfw_dataloader yielded no batch")
+    return parts
+
+
 def collect_features(pl_module, batches, device="cpu", to_device=None):
     """Run ``pl_module.bcfw_features`` over ``batches`` in eval mode without gradient; concatenate.
 
@@ -85,44 +106,31 @@ def collect_features(pl_module, batches, device="cpu", to_device=None):
     ``(x, y, offsets)`` (packed sequences).  The result is float64 on ``device``.  The train/eval
     mode of every submodule is restored afterwards.
     """
-    modes = [(m, m.training) for m in pl_module.modules()]
-    pl_module.eval()
-    xs, ys, lengths, seq = [], [], [], None
-    try:
-        with torch.no_grad():
-            for batch in batches:
-                if to_device is not None:
-                    batch = to_device(batch)
-                out = pl_module.bcfw_features(batch)
-                if isinstance(out, SequenceData):
-                    out = (out.x, out.y, out.offsets)
-                elif isinstance(out, MulticlassData):
-                    out = (out.x, out.y)
-                if not isinstance(out, (tuple, list)) or len(out) not in (2, 3):
-                    raise TypeError(
-                        "bcfw_features(batch) must return SequenceData, MulticlassData, (x, y) or (x, y, offsets); "
-                        f"got {type(out).__name__}"
-                    )
-                is_seq = len(out) == 3
-                if seq is None:
-                    seq = is_seq
-                elif seq != is_seq:
-                    raise TypeError("bcfw_features returned sequences for some batches and single examples for others")
-                if out[1] is None:
-                    raise ValueError("bcfw_features must return the labels of the training examples")
-                xs.append(out[0].detach().to(device, torch.float64))
-                ys.append(out[1].detach().to(device).long())
-                if is_seq:
-                    off = torch.as_tensor(out[2]).detach().cpu().long()
-                    lengths.append(off[1:] - off[:-1])
-    finally:
-        for m, mode in modes:
-            m.training = mode
-    if not xs:
-        raise ValueError("bcfw_dataloader yielded no batch")
-    x, y = torch.cat(xs), torch.cat(ys)
+    def each(out):
+        if isinstance(out, SequenceData):
+            out = (out.x, out.y, out.offsets)
+        elif isinstance(out, MulticlassData):
+            out = (out.x, out.y)
+        if not isinstance(out, (tuple, list)) or len(out) not in (2, 3):
+            raise TypeError(
+                "bcfw_features(batch) must return SequenceData, MulticlassData, (x, y) or (x, y, offsets); "
+                f"got {type(out).__name__}"
+            )
+        if out[1] is None:
+            raise ValueError("bcfw_features must return the labels of the training examples")
+        lens = None
+        if len(out) == 3:
+            off = torch.as_tensor(out[2]).detach().cpu().long()
+            lens = off[1:] - off[:-1]
+        return out[0].detach().to(device, torch.float64), out[1].detach().to(device).long(), lens
+
+    parts = eval_outputs(pl_module, batches, each, to_device)
+    seq = parts[0][2] is not None
+    if any((p[2] is not None) != seq for p in parts):
+        raise TypeError("bcfw_features returned sequences for some batches and single examples for others")
+    x, y = torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
     if seq:
-        lens = torch.cat(lengths)
+        lens = torch.cat([p[2] for p in parts])
         offsets = torch.zeros(lens.numel() + 1, dtype=torch.long)
         offsets[1:] = torch.cumsum(lens, 0)
         return SequenceData(x, y, offsets.to(device))

@@ -44,6 +44,7 @@ from ..datasets.conll import CHUNK_TAGS, Sentence, load_conll2000
 from ..datasets.conll_chain import chunk_f1_from_ids, tags_to_ids
 from ..models import Chain
 from ..nn import StructuredHead, StructuredHingeLoss
+from .eval_hooks import EvalHooks
 
 __all__ = ["ENCODERS", "ChunkBatch", "ConllChainTagger", "ConllChunkingDataModule", "ConllVocab", "TokenEncoder",
            "pack_sentences"]
@@ -369,7 +370,7 @@ def _check_encoder_args(encoder, word_dim, pos_dim, char_dim, char_channels, hid
 
 
 # ---------------------------------------------------------------------------- LightningModule
-class ConllChainTagger(pl.LightningModule):
+class ConllChainTagger(EvalHooks, pl.LightningModule):
     """Embedding encoder + chain head over the 22 chunk tags, solved by :class:`~torch_bcfw.lightning.BCFWCallback`.
 
     Args:
@@ -498,15 +499,3 @@ class ConllChainTagger(pl.LightningModule):
         for k in ("f1", "precision", "recall"):
             self.log(f"{prefix}/{k}", float(scores[k]))
         self.log(f"{prefix}/error", float((pred != y).double().mean()))
-
-    def validation_step(self, batch, batch_idx):
-        self._eval_step(batch)
-
-    def on_validation_epoch_end(self):
-        self._eval_end("val")
-
-    def test_step(self, batch, batch_idx):
-        self._eval_step(batch)
-
-    def on_test_epoch_end(self):
-        self._eval_end("test")

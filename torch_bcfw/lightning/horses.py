@@ -31,7 +31,8 @@ from ..models.graphcut import GraphCut
 from ..models.graphcut_dual import GraphCutDualState
 from ..nn import StructuredHead
 from . import callback as _callback
-from .callback import BCFWCallback, _find
+from .callback import BCFWCallback, _find, eval_outputs
+from .eval_hooks import EvalHooks
 
 __all__ = ["GraphBCFWCallback", "GraphCutHead", "HorseSegmenter", "HorsesDataModule", "SegmentationFCN",
            "segmentation_counts"]
@@ -178,24 +179,13 @@ class GraphBCFWCallback(BCFWCallback):
         loader = _find(trainer, pl_module, "bcfw_dataloader")
         to_device = trainer.strategy.batch_to_device if trainer is not None else None
         head = self._head(pl_module)
-        modes = [(m, m.training) for m in pl_module.modules()]
-        pl_module.eval()
-        parts = []
-        try:
-            with torch.no_grad():
-                for batch in loader():
-                    if to_device is not None:
-                        batch = to_device(batch)
-                    out = pl_module.bcfw_features(batch)
-                    if not isinstance(out, GraphData):
-                        raise TypeError(f"bcfw_features must return GraphData for a graph-cut head, got {type(out).__name__}")
-                    parts.append(out.to("cpu" if self.device is None else self.device))
-        finally:
-            for m, mode in modes:
-                m.training = mode
-        if not parts:
-            raise ValueError("bcfw_dataloader yielded no batch")
-        data = GraphData.cat(parts)
+
+        def each(out):
+            if not isinstance(out, GraphData):
+                raise TypeError(f"bcfw_features must return GraphData for a graph-cut head, got {type(out).__name__}")
+            return out.to("cpu" if self.device is None else self.device)
+
+        data = GraphData.cat(eval_outputs(pl_module, loader(), each, to_device))
         data = data.with_features(data.x.to(torch.float64))
         head.model.check_data(data)
         return data
@@ -219,7 +209,7 @@ def _summary(counts: Tensor) -> dict[str, float]:
 
 
 # ---------------------------------------------------------------------------- the module
-class HorseSegmenter(pl.LightningModule):
+class HorseSegmenter(EvalHooks, pl.LightningModule):
     """FCN backbone + CNN baseline classifier + unary-only and Potts graph-cut heads (solved by callbacks).
 
     Args:
@@ -301,15 +291,3 @@ class HorseSegmenter(pl.LightningModule):
         for k, v in out.items():
             self.log(k, v)
         return out
-
-    def validation_step(self, batch, batch_idx):
-        self._eval_step(batch)
-
-    def on_validation_epoch_end(self):
-        self._eval_end("val")
-
-    def test_step(self, batch, batch_idx):
-        self._eval_step(batch)
-
-    def on_test_epoch_end(self):
-        self._eval_end("test")

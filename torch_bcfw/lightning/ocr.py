@@ -24,6 +24,7 @@ from torch.nn import functional as F
 from ..datasets.ocr import N_LETTERS, load_ocr_split
 from ..models import Chain
 from ..nn import StructuredHead, StructuredHingeLoss
+from .eval_hooks import EvalHooks
 
 __all__ = ["LetterCNN", "OCRChainCNN", "OCRWordsDataModule", "pack_words"]
 
@@ -127,7 +128,7 @@ class LetterCNN(nn.Module):
         return self.net(images)
 
 
-class OCRChainCNN(pl.LightningModule):
+class OCRChainCNN(EvalHooks, pl.LightningModule):
     """CNN backbone + chain head solved by :class:`~torch_bcfw.lightning.BCFWCallback` (attribute ``head``).
 
     Args:
@@ -198,15 +199,3 @@ class OCRChainCNN(pl.LightningModule):
         self._eval = []
         self.log(f"{prefix}/letter_error", s[0] / s[2])
         self.log(f"{prefix}/char_error", s[1] / s[3])
-
-    def validation_step(self, batch, batch_idx):
-        self._eval_step(batch)
-
-    def on_validation_epoch_end(self):
-        self._eval_end("val")
-
-    def test_step(self, batch, batch_idx):
-        self._eval_step(batch)
-
-    def on_test_epoch_end(self):
-        self._eval_end("test")

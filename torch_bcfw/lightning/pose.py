@@ -25,7 +25,7 @@ from torch.nn import functional as F
 from ..datasets.lsp import grid_to_joints, joints_to_grid, pck
 from ..models.pose import PoseData, PoseTree, flat_to_positions
 from ..nn import StructuredHead
-from .callback import BCFWCallback, _find
+from .callback import BCFWCallback, _find, eval_outputs
 from .pose_data import augment_batch
 
 __all__ = ["HeatmapCNN", "PoseBCFWCallback", "PoseHead", "PoseTreeCNN"]
@@ -161,22 +161,13 @@ class PoseBCFWCallback(BCFWCallback):
         loader = _find(trainer, pl_module, "bcfw_dataloader")
         device = self.device if self.device is not None else pl_module.device
         to_device = trainer.strategy.batch_to_device if trainer is not None else None
-        modes = [(m, m.training) for m in pl_module.modules()]
-        pl_module.eval()
-        parts = []
-        try:
-            with torch.no_grad():
-                for batch in loader():
-                    if to_device is not None:
-                        batch = to_device(batch)
-                    out = pl_module.bcfw_features(batch)
-                    if not isinstance(out, PoseData):
-                        raise TypeError(f"bcfw_features(batch) must return PoseData, got {type(out).__name__}")
-                    parts.append(out.to(device))
-        finally:
-            for m, mode in modes:
-                m.training = mode
-        data = PoseData.cat(parts)
+
+        def each(out):
+            if not isinstance(out, PoseData):
+                raise TypeError(f"bcfw_features(batch) must return PoseData, got {type(out).__name__}")
+            return out.to(device)
+
+        data = PoseData.cat(eval_outputs(pl_module, loader(), each, to_device))
         self._head(pl_module).model.check_data(data)
         return data
 

@@ -82,7 +82,7 @@ class LSPPoseDataModule(pl.LightningDataModule):
     """LSP Extended (fixed split) for a heatmap CNN under a pictorial-structures head.
 
     Args:
-        root: folder with ``joints.mat`` and ``images/`` (e.g. ``../shared/data/lspet``).
+        root: the LSP Extended folder, with ``joints.mat`` and ``images/``.
         size: side ``S`` of the letterboxed frame (pixels).
         grid_size: ``G`` of the pose grid (``S`` must be a multiple of ``G``).
         limit, test_limit: first images of the train / test split only (quick runs).

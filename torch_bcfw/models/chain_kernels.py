@@ -24,6 +24,28 @@ from ..inference.viterbi import viterbi_numba
 from ..stepsize import average_weight, step_size
 
 
+@njit(cache=True)
+def max_length(offsets) -> int:
+    """Longest sequence of the packing ``offsets[n+1]`` (scratch sizes of the step kernels)."""
+    Lmax = 0
+    for i in range(offsets.shape[0] - 1):
+        if offsets[i + 1] - offsets[i] > Lmax:
+            Lmax = offsets[i + 1] - offsets[i]
+    return Lmax
+
+
+@njit(cache=True)
+def loss_augmented_decode(U, Ua, L, s, y, inv_L, trans, ystar, delta, bp):
+    """``ystar[:L] <- argmax_y sum_t (U[t, y_t] + inv_L [y_t != y_{s+t}]) + transitions`` (normalised Hamming
+    loss folded into the unaries ``Ua``; ``delta``, ``bp``: scratch of :func:`viterbi_numba`)."""
+    K = U.shape[1]
+    for t in range(L):
+        for c in range(K):
+            Ua[t, c] = U[t, c] + inv_L
+        Ua[t, y[s + t]] = U[t, y[s + t]]
+    viterbi_numba(Ua[:L], trans, ystar[:L], delta, bp)
+
+
 @njit(cache=True, fastmath=True)
 def _unary_scores(s, L, indptr, indices, values, We, bias, start, end, U):
     K = We.shape[1]
@@ -156,10 +178,7 @@ def chain_bcfw_steps(
     """
     n = offsets.shape[0] - 1
     K = We.shape[1]
-    Lmax = 0
-    for i in range(n):
-        if offsets[i + 1] - offsets[i] > Lmax:
-            Lmax = offsets[i + 1] - offsets[i]
+    Lmax = max_length(offsets)
     U = np.empty((Lmax, K))
     Ua = np.empty((Lmax, K))
     D = np.empty((Lmax, K))
@@ -175,11 +194,7 @@ def chain_bcfw_steps(
         L = offsets[i + 1] - s
         _unary_scores(s, L, indptr, indices, values, We, bias, start, end, U)
         inv_L = 1.0 / L
-        for t in range(L):
-            for c in range(K):
-                Ua[t, c] = U[t, c] + inv_L
-            Ua[t, y[s + t]] = U[t, y[s + t]]
-        viterbi_numba(Ua[:L], trans, ystar[:L], delta, bp)
+        loss_augmented_decode(U, Ua, L, s, y, inv_L, trans, ystar, delta, bp)
         # scores of the corner y* and of the current block state mu_i under w
         score_star = 0.0
         score_mu = 0.0

@@ -20,8 +20,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from ..inference.viterbi import viterbi_numba
-from .chain_kernels import _unary_scores
+from .chain_kernels import _unary_scores, loss_augmented_decode, max_length
 from .chain_variant_kernels import _fw_step, _labels_score, _plane_score
 from .working_set import LAST, LOSS, SCORE, label_hash, ws_corners, ws_drop_stale, ws_evict_lru, ws_find, ws_fw_update, ws_insert
 
@@ -42,10 +41,7 @@ def chain_mp_steps(
     Returns the (possibly reallocated) working-set pool ``(key, fl, lab)``."""
     n = offsets.shape[0] - 1
     K = We.shape[1]
-    Lmax = 0
-    for i in range(n):
-        if offsets[i + 1] - offsets[i] > Lmax:
-            Lmax = offsets[i + 1] - offsets[i]
+    Lmax = max_length(offsets)
     U = np.empty((Lmax, K))
     Ua = np.empty((Lmax, K))
     D = np.empty((Lmax, K))
@@ -74,11 +70,7 @@ def chain_mp_steps(
                 for t in range(L):
                     ystar[t] = ylab[t]
             else:
-                for t in range(L):
-                    for c in range(K):
-                        Ua[t, c] = U[t, c] + inv_L
-                    Ua[t, y[s + t]] = U[t, y[s + t]]
-                viterbi_numba(Ua[:L], trans, ystar[:L], delta, bp)
+                loss_augmented_decode(U, Ua, L, s, y, inv_L, trans, ystar, delta, bp)
             mistakes = 0
             for t in range(L):
                 if ystar[t] != y[s + t]:

@@ -27,10 +27,10 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from ..inference.viterbi import viterbi_numba
 from ..stepsize import AWAY_RULE, FW_RULE, PAIRWISE_RULE, average_weight, away_choice, away_max_step, clipped_step, step_size
 from ..sumtree import est_set, gap_draw
-from .chain_kernels import _add_direction, _direction_sqnorm, _transition_stats, _transition_update, _unary_scores
+from .chain_kernels import (_add_direction, _direction_sqnorm, _transition_stats, _transition_update, _unary_scores,
+                            loss_augmented_decode, max_length)
 from .working_set import ALPHA, LOSS, SCORE, label_hash, ws_away_update, ws_corners, ws_drop_inactive, ws_find, ws_fw_update, ws_insert, ws_pairwise_update
 
 #: status codes returned in ``counters[3]``
@@ -175,10 +175,7 @@ def chain_plan_steps(
     """
     n = offsets.shape[0] - 1
     K = We.shape[1]
-    Lmax = 0
-    for i in range(n):
-        if offsets[i + 1] - offsets[i] > Lmax:
-            Lmax = offsets[i + 1] - offsets[i]
+    Lmax = max_length(offsets)
     U = np.empty((Lmax, K))
     Ua = np.empty((Lmax, K))
     D = np.empty((Lmax, K))
@@ -251,11 +248,7 @@ def chain_plan_steps(
             gaps[j] = np.nan
         else:
             n_oracle += 1
-            for t in range(L):
-                for c in range(K):
-                    Ua[t, c] = U[t, c] + inv_L
-                Ua[t, y[s + t]] = U[t, y[s + t]]
-            viterbi_numba(Ua[:L], trans, ystar[:L], delta, bp)
+            loss_augmented_decode(U, Ua, L, s, y, inv_L, trans, ystar, delta, bp)
             score_star = 0.0
             mistakes = 0
             for t in range(L):

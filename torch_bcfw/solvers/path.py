@@ -279,9 +279,8 @@ def _solve(model, data, lam, opts, state, clock: _Clock, budget_end, bounds, blo
 
 
 def _point(lam, state, rec, clock, stopped_by) -> SweepPoint:
-    return SweepPoint(lam=float(lam), w=state.w.detach().cpu().clone(), dual_ell=float(rec["dual"]) + 0.5 * lam * float(
-        state.w @ state.w), gap=float(rec["gap"]), primal=float(rec["primal"]), passes=clock.passes,
-        time=clock.seconds, stopped_by=stopped_by)
+    return SweepPoint(lam=float(lam), w=state.w.detach().cpu().clone(), dual_ell=state.dual_ell(), gap=float(rec["gap"]),
+                      primal=float(rec["primal"]), passes=clock.passes, time=clock.seconds, stopped_by=stopped_by)
 
 
 def _predicted_block_gaps(alg, rho: float):
