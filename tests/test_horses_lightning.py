@@ -91,3 +91,27 @@ def test_heads_decode_graphs(fitted):
         assert pred.shape == masks.shape and set(pred.unique().tolist()) <= {0, 1}
     with pytest.raises(TypeError, match="GraphData"):
         model.head(images)
+
+
+def test_horses_registry_builds_pixel_feature_graphs():
+    """``data: {name: horses}`` gives a GraphCut model on the pixel grid with the documented features."""
+    from torch_bcfw.datasets.horses import pixel_features
+    from torch_bcfw.datasets.registry import load_problem
+    from torch_bcfw.models import GraphCut
+
+    root = str(shared_data("weizmann_horse"))
+    model, train, test = load_problem({"name": "horses", "path": root, "size": [12, 16], "limit": 5,
+                                       "test_split": "val", "processes": 1})
+    assert isinstance(model, GraphCut) and model.loss_name == "balanced"
+    assert len(train) == 5 and len(test) == 28
+    assert train.n_inputs == 11 and train.n_edge_inputs == 2 and model.n_inputs == 11
+    assert train.lengths.tolist() == [12 * 16] * 5
+    assert set(train.y.unique().tolist()) <= {0, 1} and 0 < float(train.y.double().mean()) < 1
+    # node features: colour, smoothed colour, position and its square, bias (checked on one pixel)
+    img = torch.rand(1, 3, 4, 5)
+    f = pixel_features(img)
+    assert f.shape == (1, 11, 4, 5) and torch.equal(f[0, :3], img[0].double())
+    assert torch.allclose(f[0, 3:6, 1, 1], img[0, :, :4, :4].double().mean((1, 2)))
+    assert float(f[0, 6, 0, 0]) == -1.0 and float(f[0, 7, 3, 4]) == 1.0 and torch.all(f[0, 10] == 1)
+    with pytest.raises(ValueError, match="data.path"):
+        load_problem({"name": "horses"})

@@ -5,7 +5,7 @@ Objective (as in the BCFW papers)::
     min_w  lam/2 ||w||^2 + 1/n sum_i max_y [ L_i(y) - <w, phi(x_i, y_i) - phi(x_i, y)> ]
 
 Entry points: :func:`fit`, the models in :mod:`torch_bcfw.models`, the data containers
-:class:`SequenceData` / :class:`MulticlassData`, and the ``torch-bcfw`` command line.
+:class:`SequenceData` / :class:`MulticlassData` / :class:`GraphData` / :class:`PoseData`, and the ``torch-bcfw`` command line.
 """
 import os as _os
 
@@ -19,13 +19,15 @@ _os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 from .convert import lam_from_pystruct_C, lam_from_svmstruct_C, pystruct_C_from_lam, svmstruct_C_from_lam
 from .data import MulticlassData, SequenceData
 from .fit import FitResult, fit
-from .models import Chain, Multiclass, StructuredModel
+from .graph_data import GraphData
+from .models import Chain, GraphCut, Multiclass, PoseData, PoseTree, StructuredModel
 from .solvers.options import SolverOptions
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "fit", "FitResult", "SolverOptions", "SequenceData", "MulticlassData", "Chain", "Multiclass",
+    "fit", "FitResult", "SolverOptions", "SequenceData", "MulticlassData", "GraphData", "PoseData", "Chain",
+    "Multiclass", "GraphCut", "PoseTree",
     "StructuredModel", "lam_from_pystruct_C", "pystruct_C_from_lam", "lam_from_svmstruct_C",
     "svmstruct_C_from_lam",
 ]

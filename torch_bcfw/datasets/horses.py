@@ -180,3 +180,39 @@ def load_weizmann_horses(
     working_size((1, 1), size, max_side)  # validate the resolution options before any I/O
     names = [f"horse{k:03d}.jpg" for k in numbers]
     return [_load_one(image_dir / n, mask_dir / n, color, size, max_side) for n in names]
+
+
+def pixel_features(images: Tensor) -> Tensor:
+    """Hand-made per-pixel features for a graph-cut model without a CNN: ``[B, 2C + 5, H, W]`` float64.
+
+    Per pixel: the colour (``C`` channels), its 5 x 5 box-smoothed colour, the position ``(y, x)`` in
+    ``[-1, 1]`` and its squares (horses are roughly centred), and a constant 1 (the unary bias).
+
+    Args:
+        images: ``Tensor[B, C, H, W]`` in ``[0, 1]``.
+    """
+    if images.dim() != 4:
+        raise ValueError(f"images must be [B, C, H, W], got {tuple(images.shape)}")
+    images = images.to(torch.float64)
+    B, _, H, W = images.shape
+    ys = torch.linspace(-1, 1, H, dtype=torch.float64, device=images.device)[:, None].expand(H, W)
+    xs = torch.linspace(-1, 1, W, dtype=torch.float64, device=images.device)[None, :].expand(H, W)
+    coords = torch.stack([ys, xs, ys**2, xs**2]).expand(B, 4, H, W)
+    smooth = torch.nn.functional.avg_pool2d(images, 5, stride=1, padding=2, count_include_pad=False)
+    return torch.cat([images, smooth, coords, images.new_ones(B, 1, H, W)], 1)
+
+
+def horse_graph_data(root: str | Path, split: str = "train", size: tuple[int, int] = (48, 64),
+                     contrast: bool = True):
+    """One split as a :class:`~torch_bcfw.graph_data.GraphData` on the 4-connected pixel grid.
+
+    Node features: :func:`pixel_features` (``F = 11`` for rgb); edge features ``[1, exp(-beta ||I_p - I_q||^2)]``
+    (``contrast=False``: ``[1]``); labels: the masks.  All images share one working resolution ``size``
+    ``(H, W)`` (default 48 x 64, the resolution of the horses benchmark and demo).
+    """
+    from ..graph_data import grid_graph_data
+
+    horses = load_weizmann_horses(root, size=tuple(size), split=split)
+    images = torch.stack([h.image for h in horses])
+    masks = torch.stack([h.mask for h in horses])
+    return grid_graph_data(pixel_features(images), images.to(torch.float64), masks, contrast=contrast)

@@ -35,7 +35,31 @@ def _conll(cfg: dict):
     return prob.model, prob.train, prob.test
 
 
-DATASETS = {"ocr": _ocr, "conll": _conll}
+def _horses(cfg: dict):
+    """Weizmann horses as pixel-grid graphs with hand-made pixel features (:func:`~torch_bcfw.datasets.horses.horse_graph_data`).
+
+    Options: ``path`` (required: the folder with ``rgb/``, ``gray/``, ``figure_ground/``), ``size`` (``[H, W]``,
+    default ``[48, 64]``), ``test_split`` (``test``, default, or ``val``), ``loss`` (``balanced``, default, or
+    ``hamming``), ``contrast`` (default true), ``processes`` (worker processes of the batched cuts), ``limit``.
+    """
+    from ..models import GraphCut
+    from .horses import horse_graph_data
+
+    if not cfg.get("path"):
+        raise ValueError("the horses dataset needs data.path: the folder with rgb/, gray/ and figure_ground/")
+    size = tuple(int(s) for s in cfg.get("size", (48, 64)))
+    contrast = bool(cfg.get("contrast", True))
+    train = horse_graph_data(cfg["path"], "train", size, contrast)
+    test = horse_graph_data(cfg["path"], cfg.get("test_split", "test"), size, contrast)
+    if cfg.get("limit") is not None:
+        train = train[list(range(min(int(cfg["limit"]), len(train))))]
+    procs = cfg.get("processes")
+    model = GraphCut(train.n_inputs, train.n_edge_inputs, loss=cfg.get("loss", "balanced"),
+                     processes=None if procs is None else int(procs))
+    return model, train, test
+
+
+DATASETS = {"ocr": _ocr, "conll": _conll, "horses": _horses}
 
 
 def load_problem_with_validation(cfg: dict):
