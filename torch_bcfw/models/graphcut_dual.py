@@ -17,6 +17,7 @@ labelings visited (an :class:`~torch_bcfw.models.dual.ActiveSetDualState` would 
 """
 from __future__ import annotations
 
+import hashlib
 from time import perf_counter
 
 import numpy as np
@@ -132,6 +133,10 @@ class GraphCutDualState(DenseDualState):
         mu: ``Tensor[N_tot]`` float64 node marginals of the label 1.
         pw: ``Tensor[n, d - F]`` float64 expected pairwise block of ``phi``.
         mu_acc, pw_acc, acc_w: averaging accumulators (``sum_t S_t mu_t`` etc. and ``sum_t S_t`` per block).
+
+    A checkpoint (:meth:`state_dict`) holds ``(mu, pw)`` and their accumulators, from which ``w_i`` is re-derived
+    under whatever features the state is loaded with (rebind), plus -- valid only under the same features,
+    checked by a fingerprint -- the ``w_i`` table itself, so resuming on the same data is bit-exact.
     """
 
     rebindable = True
@@ -154,6 +159,13 @@ class GraphCutDualState(DenseDualState):
         if self._phi_true is None:
             self._phi_true = self.model.joint_feature(self.data, self.data.y)
         return self._phi_true[:, self.F:]
+
+    def _features_fingerprint(self) -> bytes:
+        """BLAKE2b of the graph records' keys (features, scales, labels, edges, edge features)."""
+        h = hashlib.blake2b(digest_size=16)
+        for key in self.model.record_keys(self.data):
+            h.update(key)
+        return h.digest()
 
     def _nodes(self, i: int) -> slice:
         return slice(self._seg[i], self._seg[i + 1])
@@ -280,7 +292,12 @@ class GraphCutDualState(DenseDualState):
             t.zero_()
 
     def _storage_dict(self) -> dict:
-        return {name: getattr(self, name).cpu().clone() for name in ("mu", "pw", "mu_acc", "pw_acc", "acc_w")}
+        sd = {name: getattr(self, name).cpu().clone() for name in ("mu", "pw", "mu_acc", "pw_acc", "acc_w")}
+        # valid under the same features only (checked by the fingerprint when loading): the w_i table itself,
+        # so that a checkpoint resumes bit-exactly instead of re-deriving w_i from (mu, pw) up to rounding
+        sd["same_features"] = {"fingerprint": self._features_fingerprint(), "w_blocks": self.w_blocks.cpu().clone(),
+                               "w_blocks_acc": self.w_blocks_acc.cpu().clone()}
+        return sd
 
     def _load_storage(self, sd: dict) -> None:
         dev = self.w.device
@@ -295,3 +312,7 @@ class GraphCutDualState(DenseDualState):
         self.w_blocks = (phi_true - expected) * scale
         self.w_blocks_acc = (self.acc_w[:, None] * phi_true - expected_acc) * scale
         self._phi_true = phi_true
+        same = sd.get("same_features")  # absent in states saved before it existed
+        if same is not None and same["fingerprint"] == self._features_fingerprint():
+            self.w_blocks = same["w_blocks"].to(dev, torch.float64).clone()
+            self.w_blocks_acc = same["w_blocks_acc"].to(dev, torch.float64).clone()
