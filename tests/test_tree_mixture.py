@@ -1,0 +1,87 @@
+"""Mixture-type tree max-sum: brute-force enumeration of positions and types, and the K = 1 reduction."""
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+from torch_bcfw.inference.tree import LSP_TREE_EDGES, tree_max_sum
+from torch_bcfw.inference.tree_mixture import mixture_tree_max_sum, mixture_tree_score
+
+TINY_EDGES = ((0, 1), (0, 2), (2, 3))  # a root with a leaf and a chain of two
+
+
+def random_mixture(gen, batch, joints, edges, K, gy, gx):
+    unary = torch.randn(batch, joints, gy, gx, generator=gen, dtype=torch.float64)
+    w = torch.randn(batch, len(edges), K, 4, generator=gen, dtype=torch.float64)
+    w[..., 1] = w[..., 1].abs() * 0.5
+    w[..., 3] = w[..., 3].abs() * 0.5
+    b = torch.randn(batch, len(edges), K, generator=gen, dtype=torch.float64)
+    mu = 2.0 * torch.randn(batch, len(edges), K, 2, generator=gen, dtype=torch.float64)
+    return unary, w, b, mu
+
+
+def brute_force(unary, w, b, mu, edges, K):
+    """Best score over every (positions, types) pair, enumerated jointly."""
+    batch, joints, gy, gx = unary.shape
+    positions = torch.tensor(list(itertools.product(range(gy * gx), repeat=joints)))
+    positions = torch.stack((positions // gx, positions % gx), -1)
+    types = torch.tensor(list(itertools.product(range(K), repeat=len(edges))))
+    best = torch.full((batch,), -float("inf"), dtype=torch.float64)
+    for t in types:
+        n = positions.shape[0]
+        for i in range(batch):
+            s = mixture_tree_score(unary[i].expand(n, -1, -1, -1), positions, t.expand(n, -1), w[i], b[i], mu[i], edges)
+            best[i] = torch.maximum(best[i], s.max())
+    return best
+
+
+@pytest.mark.parametrize("K", [1, 2, 3])
+def test_mixture_max_sum_equals_brute_force_over_positions_and_types(K):
+    gen = torch.Generator().manual_seed(K)
+    unary, w, b, mu = random_mixture(gen, 3, 4, TINY_EDGES, K, 2, 3)
+    res = mixture_tree_max_sum(unary, w, b, mu, TINY_EDGES)
+    torch.testing.assert_close(res.score, brute_force(unary, w, b, mu, TINY_EDGES, K), rtol=0, atol=1e-10)
+    # the returned positions and types achieve the returned score
+    torch.testing.assert_close(mixture_tree_score(unary, res.positions, res.types, w, b, mu, TINY_EDGES), res.score,
+                               rtol=0, atol=1e-10)
+    assert res.types.shape == (3, len(TINY_EDGES)) and int(res.types.max()) < K
+
+
+def test_one_type_without_bias_is_the_plain_tree():
+    gen = torch.Generator().manual_seed(5)
+    unary, w, _, mu = random_mixture(gen, 4, 14, LSP_TREE_EDGES, 1, 7, 6)
+    res = mixture_tree_max_sum(unary, w, torch.zeros(4, 13, 1, dtype=torch.float64), mu, LSP_TREE_EDGES)
+    ref = tree_max_sum(unary, w[:, :, 0], mu[:, :, 0], LSP_TREE_EDGES)
+    torch.testing.assert_close(res.score, ref.score, rtol=0, atol=1e-10)
+    assert torch.equal(res.positions, ref.positions) and int(res.types.abs().max()) == 0
+
+
+def test_a_dominant_type_is_chosen_and_its_offset_used():
+    """Two types with offsets (0, +3) and (0, -3): a large bias on the second puts every child left of its parent."""
+    G = 9
+    unary = torch.zeros(1, 2, G, G, dtype=torch.float64)
+    unary[0, 0, 4, 4] = 5.0  # the root is pinned at (4, 4)
+    w = torch.tensor([[[0.0, 1.0, 0.0, 1.0], [0.0, 1.0, 0.0, 1.0]]], dtype=torch.float64)
+    mu = torch.tensor([[[0.0, 3.0], [0.0, -3.0]]], dtype=torch.float64)
+    for bias, col, typ in (((2.0, 0.0), 7, 0), ((0.0, 2.0), 1, 1)):
+        res = mixture_tree_max_sum(unary, w, torch.tensor([bias], dtype=torch.float64), mu, ((0, 1),))
+        assert res.positions[0, 1].tolist() == [4, col] and int(res.types[0, 0]) == typ
+
+
+def test_mixture_rejects_bad_input():
+    gen = torch.Generator().manual_seed(0)
+    unary, w, b, mu = random_mixture(gen, 2, 4, TINY_EDGES, 2, 3, 3)
+    bad = w.clone()
+    bad[1, 2, 1, 3] = -0.1
+    with pytest.raises(ValueError, match="quadratic"):
+        mixture_tree_max_sum(unary, bad, b, mu, TINY_EDGES)
+    with pytest.raises(ValueError, match="b must have shape"):
+        mixture_tree_max_sum(unary, w, b[:, :, :1], mu, TINY_EDGES)
+    with pytest.raises(ValueError, match="mu must have shape"):
+        mixture_tree_max_sum(unary, w, b, mu[..., :1], TINY_EDGES)
+    with pytest.raises(ValueError, match="finite"):
+        mixture_tree_max_sum(unary, w, b * float("nan"), mu, TINY_EDGES)
+    with pytest.raises(ValueError, match="types"):
+        mixture_tree_score(unary, torch.zeros(2, 4, 2, dtype=torch.long), torch.full((2, 3), 2), w, b, mu, TINY_EDGES)
