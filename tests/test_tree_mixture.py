@@ -85,3 +85,28 @@ def test_mixture_rejects_bad_input():
         mixture_tree_max_sum(unary, w, b * float("nan"), mu, TINY_EDGES)
     with pytest.raises(ValueError, match="types"):
         mixture_tree_score(unary, torch.zeros(2, 4, 2, dtype=torch.long), torch.full((2, 3), 2), w, b, mu, TINY_EDGES)
+
+
+def test_offset_types_are_a_k_means_fixed_point_of_the_visible_offsets():
+    from torch_bcfw.models.pose import offset_types
+
+    gen = torch.Generator().manual_seed(3)
+    n, J = 60, 3
+    edges = ((0, 1), (0, 2))
+    parent = torch.randint(4, 8, (n, 2), generator=gen).double()
+    side = torch.where(torch.rand(n, generator=gen) < 0.5, -3.0, 3.0)  # two clusters of offsets on edge 0
+    pos = torch.stack([parent, parent + torch.stack([torch.zeros(n), side], 1), parent + 1.0], 1)
+    visible = torch.ones(n, J, dtype=torch.bool)
+    visible[:5, 1] = False
+    pos[:5, 1] = float("nan")  # invisible joints are not used for the centres
+    centres, types = offset_types(pos, visible, 2, edges, seed=1)
+    assert centres.shape == (2, 2, 2) and types.shape == (n, 2)
+    assert sorted(centres[0, :, 1].tolist()) == [-3.0, 3.0] and torch.all(centres[0, :, 0] == 0)
+    d = pos[5:, 1] - pos[5:, 0]
+    assert torch.equal(centres[0, types[5:, 0], 1], d[:, 1])  # every visible offset sits in its own cluster
+    for k in range(2):  # a fixed point: each centre is the mean of its members
+        members = d[types[5:, 0] == k]
+        torch.testing.assert_close(centres[0, k], members.mean(0), rtol=0, atol=1e-12)
+    assert torch.all(centres[1] == 1.0)  # a single distinct offset: repeated centre
+    with pytest.raises(ValueError, match="n_types"):
+        offset_types(pos, visible, 0, edges)

@@ -57,7 +57,8 @@ from ..inference.tree import (
 )
 from .base import StructuredModel
 
-__all__ = ["PoseData", "PoseTree", "flat_to_positions", "impute_positions", "mean_offsets", "offset_scales"]
+__all__ = ["PoseData", "PoseTree", "flat_to_positions", "impute_positions", "mean_offsets", "offset_scales",
+           "offset_types"]
 
 Edges = Sequence[tuple[int, int]]
 
@@ -250,6 +251,53 @@ def mean_offsets(positions: Tensor, visible: Tensor, edges: Edges = LSP_TREE_EDG
     d = torch.nan_to_num(pos[:, children] - pos[:, parents]) * both[..., None]
     count = both.sum(0).clamp(min=1)[:, None].to(torch.float64)
     return d.sum(0) / count
+
+
+def offset_types(positions: Tensor, visible: Tensor, n_types: int, edges: Edges = LSP_TREE_EDGES,
+                 iterations: int = 50, seed: int = 0) -> tuple[Tensor, Tensor]:
+    """Mixture types of every edge: k-means (Lloyd) of the displacements ``child - parent`` over the examples
+    where both joints are visible (the types of Yang & Ramanan 2011 / Chen & Yuille 2014; the decoder is
+    :func:`~torch_bcfw.inference.tree_mixture.mixture_tree_max_sum`).
+
+    Args:
+        positions: ``[n, J, 2]`` ``(y, x)`` in grid units (NaN allowed where invisible); visible: bool ``[n, J]``.
+        n_types: ``K >= 1``; edges: ``(parent, child)`` pairs.
+        iterations: Lloyd iterations; seed: the initial centres are ``K`` distinct visible displacements drawn
+            with this seed.
+
+    Returns:
+        ``(centres float64 [E, K, 2], types long [n, E])``: each example's type is the nearest centre to its
+        displacement (also for pairs with an invisible joint, whose positions must then be imputed, e.g. by
+        :func:`impute_positions`); an edge with fewer than ``K`` visible displacements repeats its last centre.
+    """
+    K = int(n_types)
+    if K < 1:
+        raise ValueError(f"n_types must be >= 1, got {n_types}")
+    pos = torch.as_tensor(positions).to(torch.float64)
+    gen = torch.Generator().manual_seed(int(seed))
+    centres = torch.zeros(len(edges), K, 2, dtype=torch.float64)
+    types = torch.zeros(pos.shape[0], len(edges), dtype=torch.long)
+    for e, (p, c) in enumerate(edges):
+        d = pos[:, c] - pos[:, p]
+        seen = d[visible[:, p] & visible[:, c]]
+        if seen.shape[0] == 0:
+            continue
+        distinct = torch.unique(seen, dim=0)
+        pick = distinct[torch.randperm(distinct.shape[0], generator=gen)[:K]]
+        cent = torch.cat([pick, pick[-1:].expand(K - pick.shape[0], 2)]) if pick.shape[0] < K else pick.clone()
+        for _ in range(int(iterations)):
+            lab = torch.cdist(seen, cent).argmin(1)
+            new = cent.clone()
+            for k in range(K):
+                members = seen[lab == k]
+                if members.shape[0]:
+                    new[k] = members.mean(0)
+            if torch.equal(new, cent):
+                break
+            cent = new
+        centres[e] = cent
+        types[:, e] = torch.cdist(torch.nan_to_num(d), cent).argmin(1)
+    return centres, types
 
 
 def offset_scales(positions: Tensor, visible: Tensor, edges: Edges = LSP_TREE_EDGES, minimum: float = 1.0) -> Tensor:
