@@ -50,6 +50,7 @@ import torch
 from common import DATA, RESULTS, print_table, write_json
 from torch_bcfw import fit
 from torch_bcfw.compare import _band
+from torch_bcfw.plotting import pyplot, save_figure, style_axes
 from torch_bcfw.datasets.ocr import load_ocr_split
 from torch_bcfw.models import Chain, ChainDualState
 
@@ -155,13 +156,8 @@ def table(results: dict) -> list[dict]:
 
 
 def plot(results: dict, path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     n = results["n"]
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.6))
+    fig, axes = pyplot().subplots(1, 2, figsize=(12, 4.6))
     for j, (label, run) in enumerate(results["runs"].items()):
         for ax, key in zip(axes, ("oracle", "time")):
             curves = []
@@ -175,18 +171,11 @@ def plot(results: dict, path) -> None:
             grid, med, lo, hi = band
             ax.plot(grid, med, color=f"C{j}", linewidth=1.6, label=label)
             ax.fill_between(grid, lo, hi, color=f"C{j}", alpha=0.15, linewidth=0)
-    for ax, xlabel in zip(axes, ("exact oracle calls / n", "solver time (s), gap checks excluded")):
-        ax.set_yscale("log")
-        ax.set_xlabel(xlabel)
-        ax.set_ylabel("certified gap / primal (best iterate)")
-        ax.grid(True, which="both", alpha=0.3)
-    axes[0].legend(fontsize=8)
+    style_axes(axes, ("exact oracle calls / n", "solver time (s), gap checks excluded"),
+               ylabel="certified gap / primal (best iterate)")
     fig.suptitle(f"OCR-small (n = {n}), lam = {results['lam']:g}, oracle delay {results['delay'] * 1e3:g} ms: "
                  f"median and min-max over {len(results['seeds'])} seeds")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    print(f"wrote {path}")
+    print(f"wrote {save_figure(fig, path)}")
 
 
 def retable(path) -> None:

@@ -27,17 +27,13 @@ from common import DATA, RESULTS, print_table, write_json  # noqa: E402
 
 from torch_bcfw.datasets.ocr import N_LETTERS, load_ocr, ocr_split_with_validation  # noqa: E402
 from torch_bcfw.models import Chain  # noqa: E402
+from torch_bcfw.plotting import pyplot, save_figure  # noqa: E402
 from torch_bcfw.solvers.certificate import task_loss  # noqa: E402
 from torch_bcfw.solvers.path import default_grid, grid_search, regularization_path  # noqa: E402
 
 
 def plot(sweeps: dict, path: Path, title: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+    fig, axes = pyplot().subplots(1, 3, figsize=(15, 4.2))
     for j, (name, sw) in enumerate(sweeps.items()):
         lams = [p.lam for p in sw.points]
         style = "-" if name == "path" else "o-"
@@ -54,10 +50,7 @@ def plot(sweeps: dict, path: Path, title: str) -> None:
     axes[0].set_yscale("log")
     axes[1].set_yscale("log")
     fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    print(f"wrote {path}")
+    print(f"wrote {save_figure(fig, path)}")
 
 
 def main(argv=None) -> int:

@@ -124,13 +124,10 @@ def _style(opts: dict, j: int) -> dict:
 
 def plot_comparison(results: dict, path, title: str | None = None) -> Path:
     """Two panels (gap against effective passes, gap against seconds), one median line and min-max band per solver."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from .plotting import pyplot, save_figure, style_axes
 
     n = results["n"]
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.6))
+    fig, axes = pyplot().subplots(1, 2, figsize=(12, 4.6))
     for j, (label, run) in enumerate(results["runs"].items()):
         st = _style(run.get("options", {}), j)
         if run.get("solver", "bcfw") == "mp-bcfw":
@@ -146,20 +143,10 @@ def plot_comparison(results: dict, path, title: str | None = None) -> Path:
             ax.plot(grid, med, color=st["color"], linestyle=st["linestyle"], marker=st["marker"], markevery=every,
                     markersize=4, linewidth=1.6, label=label)
             ax.fill_between(grid, lo, hi, color=st["color"], alpha=0.15, linewidth=0)
-    for ax, xlabel in zip(axes, ("effective passes (oracle calls / n, gap passes included)", "time (s)")):
-        ax.set_yscale("log")
-        ax.set_xlabel(xlabel)
-        ax.set_ylabel("duality gap")
-        ax.grid(True, which="both", alpha=0.3)
-    axes[0].legend(fontsize=7)
+    style_axes(axes, ("effective passes (oracle calls / n, gap passes included)", "time (s)"), legend_size=7)
     seeds = len(results.get("seeds", []))
     fig.suptitle(title or f"lam = {results['lam']:g}, n = {n}: median and min-max over {seeds} seeds")
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def first_reaching(history: list, n: int, target: float, relative: bool = True):

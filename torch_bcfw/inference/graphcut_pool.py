@@ -5,28 +5,21 @@ prediction pass) only runs in parallel in several processes.  :class:`~torch_bcf
 ships every problem (unaries, edges, penalties) on every call and measured slower than one process on
 grid graphs (a 48 x 64 cut takes about 1 ms, comparable to pickling and piping its arrays).
 
-:class:`ResidentGraphCutPool` ships a graph's structure once:
+:class:`ResidentGraphCutPool` ships each graph once and then only the weights
+(:meth:`ResidentGraphCutPool.solve_records`, the path of :class:`~torch_bcfw.models.graphcut.GraphCut`'s batched
+oracle and exact gap pass):
 
-* each graph has a content key (:meth:`~torch_bcfw.graph_data.GraphData.graph_keys`);
+* each graph has a content key (:meth:`~torch_bcfw.models.graphcut.GraphCut.record_keys`);
 * a graph is assigned to one *slot* the first time it is seen (slot 0 is the calling process, slots
   ``1 .. P-1`` are worker processes; new graphs go to the least loaded slot of the call) and stays there;
-* a worker keeps ``(edges int32[M, 2], edge_x float64[M, E])`` of its graphs; a call sends each worker one
-  message with the pairwise weights ``w_e: [E]``, per graph a scale ``s_i`` and the node gains
-  (``u1 - u0``, one ``float64[N_i]`` vector, concatenated) plus the structure of graphs it does not hold
-  yet, and gets back one ``bool[sum N_i]`` array.  The worker forms the penalties
-  ``c = s_i * edge_x @ w_e`` itself;
-* the calling process solves slot 0's graphs while the workers run, then collects their answers.
+* a worker keeps a whole :data:`GraphRecord` per graph (node features, node scales, loss augmentation, labels
+  and loss weights, edges and edge features), so a call sends only ``w``, the graphs' keys and the records a
+  worker does not hold yet; every process computes, per graph, the node gains, the penalties, the cut *and*
+  the loss and score of its answer (:func:`solve_records`), the calling process solving slot 0's graphs while
+  the workers run; the caller only gathers ``N_tot`` bytes of labels plus two floats per graph.
 
-So a repeated pass over the same graphs costs ``8 N_tot`` bytes of gains out and ``N_tot`` bytes back.
-
-:meth:`ResidentGraphCutPool.solve_records` goes further (the path of
-:class:`~torch_bcfw.models.graphcut.GraphCut`'s batched oracle and exact gap pass): a worker keeps a whole
-:data:`GraphRecord` per graph (node features, node scales, loss augmentation, labels and loss weights, edges
-and edge features), so a call sends only ``w`` and the graphs' keys, and every process computes, per graph,
-the node gains, the penalties, the cut *and* the loss and score of its answer (:func:`solve_records`); the
-caller only gathers ``N_tot`` bytes of labels plus two floats per graph.  Every per-graph quantity comes from
-the same numba loops in whichever process it is computed, so the pool's answers are bit-identical to
-:func:`solve_records` in one process.
+Every per-graph quantity comes from the same numba loops in whichever process it is computed, so the pool's
+answers are bit-identical to :func:`solve_records` in one process.
 The workers are started lazily (``forkserver`` by default; a script must guard its entry point with
 ``if __name__ == "__main__":`` for that start method) and stopped by :meth:`ResidentGraphCutPool.close`,
 at interpreter exit, or when the pool is garbage-collected.
@@ -43,21 +36,9 @@ from collections.abc import Callable, Sequence
 import numpy as np
 from numba import njit
 
-from .graphcut import _available_cpus, _solve_compact, build_graph, cut_graph
+from .graphcut import _available_cpus, build_graph, cut_graph
 
 __all__ = ["ResidentGraphCutPool", "GraphRecord", "solve_records"]
-
-GraphArrays = tuple[np.ndarray, np.ndarray]
-"""A graph's structure: ``(edges int32[M, 2], edge_x float64[M, E])``."""
-
-
-def _penalties(edge_x: np.ndarray, w_e: np.ndarray, scale: float) -> np.ndarray:
-    """``max(scale * edge_x @ w_e, 0)``: ``float64[M]`` Potts penalties (non-negative by construction)."""
-    if edge_x.shape[1] == 0:
-        return np.zeros(edge_x.shape[0])
-    c = edge_x @ (w_e * scale)
-    return np.maximum(c, 0.0, out=c)
-
 
 GraphRecord = tuple
 """Everything one process needs to decode graph ``i`` from ``w`` alone, and to score its answer::
@@ -169,31 +150,9 @@ def solve_records(records: Sequence[GraphRecord], w_u: np.ndarray, w_e: np.ndarr
     return out, loss, score
 
 
-def solve_resident(graphs: Sequence[GraphArrays], gains: np.ndarray, sizes: Sequence[int],
-                   scales: Sequence[float], w_e: np.ndarray) -> np.ndarray:
-    """Solve a list of cuts in this process.
-
-    Args:
-        graphs: per graph ``(edges int32[M_i, 2], edge_x float64[M_i, E])``.
-        gains: ``float64[sum N_i]`` concatenated node gains ``u1 - u0``.
-        sizes: ``N_i`` per graph.
-        scales: per-graph factor ``s_i`` of the penalties ``c = s_i edge_x @ w_e``.
-        w_e: ``float64[E]`` non-negative pairwise weights.
-
-    Returns:
-        ``bool[sum N_i]``, True where the optimal label is 1.
-    """
-    out = np.empty(gains.shape[0], dtype=bool)
-    pos = 0
-    for (edges, edge_x), n, s in zip(graphs, sizes, scales):
-        out[pos:pos + n] = _solve_compact((gains[pos:pos + n], edges, _penalties(edge_x, w_e, s)))
-        pos += n
-    return out
-
-
 def _worker_main(conn) -> None:
-    """Worker loop: keep graphs by key, answer ``("solve", ...)`` messages, stop on ``None``."""
-    cache: dict[bytes, GraphArrays] = {}
+    """Worker loop: keep graph records by key, answer ``("records", ...)`` messages, stop on ``None``."""
+    cache: dict[bytes, GraphRecord] = {}
     while True:
         try:
             msg = conn.recv()
@@ -202,24 +161,13 @@ def _worker_main(conn) -> None:
         if msg is None:
             return
         try:
-            if msg[0] == "records":
-                c0 = time.process_time()
-                _, keys, new_records, evict, args = msg
-                for key in evict:
-                    cache.pop(key, None)
-                cache.update(new_records)
-                res = solve_records([cache[k] for k in keys], *args)
-                conn.send(("ok", res, time.process_time() - c0))
-                continue
-            _, w_e, keys, sizes, scales, gains, new_graphs, evict = msg
+            c0 = time.process_time()
+            _, keys, new_records, evict, args = msg
             for key in evict:
                 cache.pop(key, None)
-            cache.update(new_graphs)
-            graphs = [cache[k] for k in keys]
-            for (edges, _), n in zip(graphs, sizes):
-                if edges.size and int(edges.max()) >= n:
-                    raise ValueError("resident graph does not match the node count of its key")
-            conn.send(("ok", solve_resident(graphs, gains, sizes, scales, w_e)))
+            cache.update(new_records)
+            res = solve_records([cache[k] for k in keys], *args)
+            conn.send(("ok", res, time.process_time() - c0))
         except Exception:  # noqa: BLE001 - reported to the caller, which raises
             conn.send(("error", traceback.format_exc()))
 
@@ -247,7 +195,7 @@ class ResidentGraphCutPool:
         start_method: multiprocessing start method (``"forkserver"`` default, ``"spawn"``, ``"fork"``).
         max_resident: most graphs a worker keeps; the oldest are dropped (and re-sent when needed).
 
-    Use :meth:`solve`; :meth:`close` stops the workers (also a context manager).
+    Use :meth:`solve_records`; :meth:`close` stops the workers (also a context manager).
     """
 
     def __init__(self, processes: int | None = None, start_method: str = "forkserver",
@@ -261,7 +209,7 @@ class ResidentGraphCutPool:
         self._finalizer = None
         self._slot: dict[bytes, int] = {}
         self._resident: list[OrderedDict] = []
-        #: bytes of structure shipped to the workers so far, and the number of solve calls
+        #: graph records shipped to the workers so far, and the number of solve calls
         self.shipped_graphs = 0
         self.calls = 0
         #: CPU seconds the workers spent in :meth:`solve_records` calls (all workers, summed)
@@ -283,7 +231,7 @@ class ResidentGraphCutPool:
         self._finalizer = weakref.finalize(self, _shutdown, self._workers)
 
     def close(self) -> None:
-        """Stop the workers (idempotent); a later :meth:`solve` starts new ones."""
+        """Stop the workers (idempotent); a later :meth:`solve_records` starts new ones."""
         if self._finalizer is not None:
             self._finalizer()
             self._finalizer = None
@@ -321,51 +269,6 @@ class ResidentGraphCutPool:
         return [sorted(s) for s in slots]
 
     # ------------------------------------------------------------------ solving
-    def solve(self, keys: Sequence[bytes], graph: Callable[[int], GraphArrays], gains: np.ndarray,
-              offsets: np.ndarray, scales: np.ndarray, w_e: np.ndarray) -> np.ndarray:
-        """Solve ``len(keys)`` cuts.
-
-        Args:
-            keys: content key of every graph (equal keys: equal structure and edge features).
-            graph: ``graph(j)`` returns graph ``j``'s ``(edges int32[M_j, 2], edge_x float64[M_j, E])``
-                (called only for graphs a worker does not hold yet, and for slot 0's graphs).
-            gains: ``float64[N_tot]`` node gains ``u1 - u0`` of all graphs, concatenated.
-            offsets: ``int64[n + 1]`` node offsets into ``gains``.
-            scales: ``float64[n]`` penalty scale per graph.
-            w_e: ``float64[E]`` non-negative pairwise weights (``c = s_j edge_x @ w_e``).
-
-        Returns:
-            ``bool[N_tot]``: True where the optimal label is 1.
-        """
-        self._start()
-        sizes = np.diff(offsets).tolist()
-        slots = self._assign(keys, sizes) if self._workers else [list(range(len(keys)))]
-        w_e = np.ascontiguousarray(w_e, dtype=np.float64)
-        sent = []
-        try:
-            for s, pos in enumerate(slots[1:], start=1):
-                if not pos:
-                    continue
-                sent.append((s, pos))
-                self._workers[s - 1][1].send(self._message(s, pos, keys, graph, gains, offsets, scales, w_e))
-            out = np.empty(gains.shape[0], dtype=bool)
-            mine = slots[0]
-            if mine:
-                g = np.concatenate([gains[offsets[j]:offsets[j + 1]] for j in mine])
-                res = solve_resident([graph(j) for j in mine], g, [sizes[j] for j in mine],
-                                     [float(scales[j]) for j in mine], w_e)
-                self._scatter(out, res, mine, offsets)
-            for s, pos in sent:
-                status, res = self._workers[s - 1][1].recv()
-                if status != "ok":
-                    raise RuntimeError(f"graph-cut worker {s} failed:\n{res}")
-                self._scatter(out, res, pos, offsets)
-        except BaseException:
-            self.close()  # the workers' resident sets are unknown now: start afresh next time
-            raise
-        self.calls += 1
-        return out
-
     def solve_records(self, keys: Sequence[bytes], record: Callable[[int], GraphRecord], sizes: Sequence[int],
                       w_u: np.ndarray, w_e: np.ndarray, loss_augmented: bool,
                       terms: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -444,12 +347,6 @@ class ResidentGraphCutPool:
             self._slot.pop(old, None)
         self.shipped_graphs += len(new)
         return new, evict
-
-    def _message(self, s: int, pos: list[int], keys, graph, gains, offsets, scales, w_e) -> tuple:
-        new, evict = self._ship(s, pos, keys, graph)
-        g = np.concatenate([gains[offsets[j]:offsets[j + 1]] for j in pos])
-        return ("solve", w_e, [keys[j] for j in pos], [int(offsets[j + 1] - offsets[j]) for j in pos],
-                [float(scales[j]) for j in pos], g, new, evict)
 
     @staticmethod
     def _scatter(out: np.ndarray, res: np.ndarray, pos: list[int], offsets: np.ndarray) -> None:

@@ -160,6 +160,42 @@ def _transition_update(Ti, trans, Ta, ystar, a, gamma, S):
         Ti[ystar[t - 1], ystar[t]] += gamma
 
 
+@njit(cache=True, fastmath=True)
+def fw_move(i, s, L, n, lam, k, step_code, averaging, clock, score_star, score_mu, ell_i, ell_s, sq_T, ystar,
+            indptr, indices, values, gram, gram_off, We, bias, start, end, trans,
+            mu, T, block_ell, ells, mu_acc, T_acc, last, D):
+    """The FW step of block ``i`` towards the labeling ``ystar``, given the unary part ``D[:L]`` of the direction
+    ``e_{y*} - mu_i``, the scores of ``y*`` and of ``mu_i`` under ``w`` (transitions included), the block's
+    ``l_i``, ``l_s = L_i(y*) / n`` and the transition part ``sq_T`` of ``||phi_i(delta)||^2``: block gap, line
+    search, lazy averaging and the updates of ``w``, ``mu_i``, ``T_i``, ``l_i``.  Returns ``(gap, gamma)``."""
+    K = We.shape[1]
+    lam_n = lam * n
+    sq = _direction_sqnorm(i, L, D, gram, gram_off) + sq_T
+    num = (score_star - score_mu) / n - ell_i + ell_s
+    den = sq / (lam_n * n)
+    gamma = step_size(step_code, num, den, k, n)
+    if gamma != 0.0:
+        a = -gamma / lam_n
+        new_ell_i = (1.0 - gamma) * ell_i + gamma * ell_s
+        S = 0.0
+        if averaging:
+            lst = last[i]
+            S = 0.5 * (clock * (clock + 1.0) - lst * (lst + 1.0))
+            last[i] = clock
+        ells[1] += average_weight(clock) * (new_ell_i - ell_i)
+        _add_direction(a, s, L, indptr, indices, values, D, We, bias, start, end)
+        _transition_update(T[i], trans, T_acc, ystar[:L], a, gamma, S)
+        for t in range(L):
+            if S != 0.0:
+                for c in range(K):
+                    mu_acc[s + t, c] += S * mu[s + t, c]
+            for c in range(K):
+                mu[s + t, c] += gamma * D[t, c]
+        ells[0] += new_ell_i - ell_i
+        block_ell[i] = new_ell_i
+    return num, gamma
+
+
 @njit(cache=True)
 def chain_bcfw_steps(
     order, step_code, averaging, lam, k0,
@@ -185,7 +221,6 @@ def chain_bcfw_steps(
     ystar = np.empty(Lmax, dtype=np.int64)
     delta = np.empty((2, K))
     bp = np.empty((Lmax, K), dtype=np.int64)
-    lam_n = lam * n
     k = k0
     clock = t0
     for j in range(order.shape[0]):
@@ -212,33 +247,10 @@ def chain_bcfw_steps(
         for t in range(1, L):
             score_star += trans[ystar[t - 1], ystar[t]]
         ell_s = mistakes * inv_L / n
-        ell_i = block_ell[i]
         score_T, sq_T = _transition_stats(T[i], trans, ystar[:L])
-        score_mu += score_T
-        sq = _direction_sqnorm(i, L, D, gram, gram_off) + sq_T
-        num = (score_star - score_mu) / n - ell_i + ell_s
-        den = sq / (lam_n * n)
-        gaps[j] = num
-        gamma = step_size(step_code, num, den, k, n)
-        if gamma != 0.0:
-            a = -gamma / lam_n
-            new_ell_i = (1.0 - gamma) * ell_i + gamma * ell_s
-            S = 0.0
-            if averaging:
-                lst = last[i]
-                S = 0.5 * (clock * (clock + 1.0) - lst * (lst + 1.0))
-                last[i] = clock
-            ells[1] += average_weight(clock) * (new_ell_i - ell_i)
-            _add_direction(a, s, L, indptr, indices, values, D, We, bias, start, end)
-            _transition_update(T[i], trans, T_acc, ystar[:L], a, gamma, S)
-            for t in range(L):
-                if S != 0.0:
-                    for c in range(K):
-                        mu_acc[s + t, c] += S * mu[s + t, c]
-                for c in range(K):
-                    mu[s + t, c] += gamma * D[t, c]
-            ells[0] += new_ell_i - ell_i
-            block_ell[i] = new_ell_i
+        gaps[j], _ = fw_move(i, s, L, n, lam, k, step_code, averaging, clock, score_star, score_mu + score_T,
+                             block_ell[i], ell_s, sq_T, ystar, indptr, indices, values, gram, gram_off,
+                             We, bias, start, end, trans, mu, T, block_ell, ells, mu_acc, T_acc, last, D)
         k += 1
         clock += 1
     return k, clock

@@ -27,10 +27,10 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from ..stepsize import AWAY_RULE, FW_RULE, PAIRWISE_RULE, average_weight, away_choice, away_max_step, clipped_step, step_size
+from ..stepsize import AWAY_RULE, FW_RULE, PAIRWISE_RULE, average_weight, away_choice, away_max_step, clipped_step
 from ..sumtree import est_set, gap_draw
-from .chain_kernels import (_add_direction, _direction_sqnorm, _transition_stats, _transition_update, _unary_scores,
-                            loss_augmented_decode, max_length)
+from .chain_kernels import (_add_direction, _direction_sqnorm, _transition_stats, _unary_scores,
+                            fw_move, loss_augmented_decode, max_length)
 from .working_set import ALPHA, LOSS, SCORE, label_hash, ws_away_update, ws_corners, ws_drop_inactive, ws_find, ws_fw_update, ws_insert, ws_pairwise_update
 
 #: status codes returned in ``counters[3]``
@@ -115,37 +115,17 @@ def _avg_accumulate(i, s, L, clock, last, mu, T, mu_acc, T_acc):
 def _fw_step(i, s, L, n, lam, k, step_code, averaging, clock, score_star, score_mu, ell_i, ell_s, ystar,
              indptr, indices, values, gram, gram_off, We, bias, start, end, trans,
              mu, T, block_ell, ells, mu_acc, T_acc, last, D):
-    """The FW step of :func:`.chain_kernels.chain_bcfw_steps` towards the labeling ``ystar``; returns gamma."""
+    """The FW step of :func:`.chain_kernels.chain_bcfw_steps` towards the labeling ``ystar`` (``score_mu`` with
+    transitions): forms the direction ``D`` and calls :func:`.chain_kernels.fw_move`; returns gamma."""
     K = We.shape[1]
-    lam_n = lam * n
     for t in range(L):
         for c in range(K):
             D[t, c] = -mu[s + t, c]
         D[t, ystar[t]] += 1.0
-    score_T, sq_T = _transition_stats(T[i], trans, ystar[:L])
-    sq = _direction_sqnorm(i, L, D, gram, gram_off) + sq_T
-    num = (score_star - score_mu) / n - ell_i + ell_s
-    den = sq / (lam_n * n)
-    gamma = step_size(step_code, num, den, k, n)
-    if gamma != 0.0:
-        a = -gamma / lam_n
-        new_ell_i = (1.0 - gamma) * ell_i + gamma * ell_s
-        S = 0.0
-        if averaging:
-            lst = last[i]
-            S = 0.5 * (clock * (clock + 1.0) - lst * (lst + 1.0))
-            last[i] = clock
-        ells[1] += average_weight(clock) * (new_ell_i - ell_i)
-        _add_direction(a, s, L, indptr, indices, values, D, We, bias, start, end)
-        _transition_update(T[i], trans, T_acc, ystar[:L], a, gamma, S)
-        for t in range(L):
-            if S != 0.0:
-                for c in range(K):
-                    mu_acc[s + t, c] += S * mu[s + t, c]
-            for c in range(K):
-                mu[s + t, c] += gamma * D[t, c]
-        ells[0] += new_ell_i - ell_i
-        block_ell[i] = new_ell_i
+    _, sq_T = _transition_stats(T[i], trans, ystar[:L])
+    _, gamma = fw_move(i, s, L, n, lam, k, step_code, averaging, clock, score_star, score_mu, ell_i, ell_s, sq_T,
+                       ystar, indptr, indices, values, gram, gram_off, We, bias, start, end, trans,
+                       mu, T, block_ell, ells, mu_acc, T_acc, last, D)
     return gamma
 
 

@@ -464,12 +464,9 @@ def _evaluate(sweep: LambdaSweep, model, data, val_data, track_train_loss: bool)
 def plot_sweep(sweeps: dict, path, title: str | None = None) -> Path:
     """PNG of training and validation loss against ``lam`` (log scale) for ``{label: LambdaSweep}``; a path's
     breakpoints are marked (its losses are constant between breakpoints: drawn as steps), grids as points."""
-    import matplotlib
+    from ..plotting import pyplot, save_figure, style_axes
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(8, 4.5))
+    fig, ax = pyplot().subplots(figsize=(8, 4.5))
     for j, (label, sw) in enumerate(sweeps.items()):
         color = f"C{j % 10}"
         lams = np.array(sw.lams)
@@ -489,16 +486,7 @@ def plot_sweep(sweeps: dict, path, title: str | None = None) -> Path:
         if isinstance(sw, RegularizationPath) and any(p.val_loss is not None for p in sw.points):
             b = sw.best()
             ax.axvline(b.lam, color=color, alpha=0.3)
-    ax.set_xscale("log")
-    ax.set_xlabel("lambda")
-    ax.set_ylabel("task loss")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
+    style_axes([ax], ["lambda"], ylabel="task loss", log="x")
     if title:
         ax.set_title(title)
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
