@@ -35,6 +35,18 @@ Labelings follow the packed protocol of the dual states (one block per image, ``
 ``y`` is ``LongTensor[n * J]`` of flat cells ``y * G + x``, with ``offsets = arange(n + 1) * J``.
 :meth:`PoseData.positions` gives the ``[n, J, 2]`` view.
 
+Mixture types (Yang & Ramanan 2011; Chen & Yuille 2014).  LSP's limbs point in every direction, so the mean
+offset of an edge is close to zero and a single quadratic pulls children onto their parents.  With ``mu`` of
+shape ``[E, K, 2]`` (``K > 1`` types per edge, e.g. the k-means centres of :func:`offset_types`) a labeling is
+the ``J`` cells *and* a type ``t_e`` per edge (``J + E`` labels per image, cells first), and the pairwise part
+of ``phi`` is, per edge and type ``k``, ``[-deformation_features / s_{e,k}, 1]`` if ``t_e = k`` else zeros:
+``w = [w_U | w_def (E*K*4, edge-major, then type) | b (E*K)]``, ``d = J*K_u + 5*E*K``.  Every type has its own
+offset, scales (:func:`offset_scales` with ``types``), deformation weights (boxed like above) and bias.  The
+loss ignores the types; the true types of training data are the nearest offsets to the true displacements
+(:meth:`PoseTree.nearest_types`, :class:`PoseData` ``types``).  The oracle maximises over positions and types
+exactly (:func:`~torch_bcfw.inference.tree_mixture.mixture_tree_max_sum`: ``K`` distance transforms per
+message).
+
 Invisible joints.  A labeling must place every joint, but unannotated joints have no position.
 :func:`impute_positions` fills them from the annotated ones along the tree with the mean offsets (then the
 true labeling of the SSVM is a plausible full pose); the loss ignores them.
@@ -55,6 +67,7 @@ from ..inference.tree import (
     pose_loss_unaries,
     tree_max_sum,
 )
+from ..inference.tree_mixture import mixture_tree_max_sum
 from .base import StructuredModel
 
 __all__ = ["PoseData", "PoseTree", "flat_to_positions", "impute_positions", "mean_offsets", "offset_scales",
@@ -82,12 +95,16 @@ class PoseData:
             invisible ones imputed: :func:`impute_positions`), or ``None`` (unlabelled data: decoding only).
         visible: bool ``[n, J]``: the joints the loss counts (default: all).
         torso: ``[n]`` torso size ``s_i`` in grid units, finite and ``> 0`` (default: ``G``).
+        types: true mixture type of every tree edge, integer ``[n, E]`` (for a :class:`PoseTree` with
+            ``n_types > 1``: :meth:`PoseTree.nearest_types` of the true cells), or ``None`` (a model with one
+            type per edge, or unlabelled data).
         check: validate (default; subsets of a valid set skip it).
 
     Attributes:
-        unary, visible, torso: as given (``visible`` / ``torso`` filled in when omitted).
-        y: ``LongTensor[n * J]`` packed flat cells ``y * G + x`` (``None`` without positions).
-        offsets: ``LongTensor[n + 1]`` ``= arange(n + 1) * J`` (the per-image blocks of ``y``).
+        unary, visible, torso, types: as given (``visible`` / ``torso`` filled in when omitted).
+        y: ``LongTensor[n * (J + E)]`` packed labelings: per image the ``J`` flat cells ``y * G + x``, then the
+            ``E`` edge types when ``types`` is given (``None`` without positions).
+        offsets: ``LongTensor[n + 1]`` ``= arange(n + 1) * n_labels`` (the per-image blocks of ``y``).
 
     Raises:
         ValueError: wrong shapes or dtypes, NaN / infinite values, cells outside the grid, a torso size
@@ -95,7 +112,7 @@ class PoseData:
     """
 
     def __init__(self, unary: Tensor, positions: Tensor | None = None, visible: Tensor | None = None,
-                 torso: Tensor | None = None, check: bool = True):
+                 torso: Tensor | None = None, types: Tensor | None = None, check: bool = True):
         unary = torch.as_tensor(unary)
         if unary.dim() == 4:
             unary = unary.unsqueeze(2)
@@ -108,13 +125,22 @@ class PoseData:
                         else torch.as_tensor(visible, device=dev))
         self.torso = (torch.full((n,), float(G), dtype=torch.float64, device=dev) if torso is None
                       else torch.as_tensor(torso, device=dev))
-        self.offsets = torch.arange(n + 1, device=dev) * J
+        self.types = None
         self.y = None
+        if types is not None:
+            if positions is None:
+                raise ValueError("edge types need the true positions too")
+            self.types = torch.as_tensor(types, device=dev)
+            if check:
+                _check_types(self.types, n)
+            self.types = self.types.long()
         if positions is not None:
             positions = torch.as_tensor(positions, device=dev)
             if check:
                 _check_positions(positions, n, J, G)
-            self.y = (positions[..., 0] * G + positions[..., 1]).reshape(-1).long()
+            cells = (positions[..., 0] * G + positions[..., 1]).long()
+            self.y = (cells if self.types is None else torch.cat((cells, self.types), dim=1)).reshape(-1)
+        self.offsets = torch.arange(n + 1, device=dev) * self.n_labels
         if check:
             _check_visible_torso(self.visible, self.torso, n, J)
 
@@ -136,18 +162,26 @@ class PoseData:
         return self.unary.shape[-1]
 
     @property
+    def n_labels(self) -> int:
+        """Labels per image: ``J`` cells, plus ``E`` edge types when the data has types."""
+        return self.n_joints + (0 if self.types is None else self.types.shape[1])
+
+    @property
     def device(self) -> torch.device:
         return self.unary.device
 
     def __repr__(self) -> str:
         return (f"PoseData(n={len(self)}, joints={self.n_joints}, K={self.n_unary}, grid={self.grid_size}, "
-                f"labelled={self.y is not None}, device={self.device})")
+                f"labelled={self.y is not None}, typed={self.types is not None}, device={self.device})")
 
     # ------------------------------------------------------------------ labels
     @property
     def positions(self) -> Tensor | None:
         """True cells ``LongTensor[n, J, 2]`` in ``(y, x)`` order (``None`` if unlabelled)."""
-        return None if self.y is None else flat_to_positions(self.y, len(self), self.n_joints, self.grid_size)
+        if self.y is None:
+            return None
+        return flat_to_positions(self.y.view(len(self), -1)[:, : self.n_joints], len(self), self.n_joints,
+                                 self.grid_size)
 
     # ------------------------------------------------------------------ selection, devices
     def __getitem__(self, idx) -> "PoseData":
@@ -157,7 +191,8 @@ class PoseData:
         out.unary = self.unary[i]
         out.visible = self.visible[i]
         out.torso = self.torso[i]
-        out.offsets = torch.arange(i.numel() + 1, device=self.device) * self.n_joints
+        out.types = None if self.types is None else self.types[i]
+        out.offsets = torch.arange(i.numel() + 1, device=self.device) * self.n_labels
         out.y = None if self.y is None else self.y.view(len(self), -1)[i].reshape(-1)
         return out
 
@@ -172,11 +207,15 @@ class PoseData:
         labelled = {p.y is not None for p in parts}
         if len(labelled) != 1:
             raise ValueError("PoseData.cat: some parts are labelled and others are not")
+        typed = {None if p.types is None else p.types.shape[1] for p in parts}
+        if len(typed) != 1:
+            raise ValueError("PoseData.cat: the parts do not all have the same edge types (or none)")
         out = cls.__new__(cls)
         out.unary = torch.cat([p.unary for p in parts])
         out.visible = torch.cat([p.visible for p in parts])
         out.torso = torch.cat([p.torso for p in parts])
-        out.offsets = torch.arange(len(out.unary) + 1, device=out.unary.device) * out.unary.shape[1]
+        out.types = torch.cat([p.types for p in parts]) if parts[0].types is not None else None
+        out.offsets = torch.arange(len(out.unary) + 1, device=out.unary.device) * parts[0].n_labels
         out.y = torch.cat([p.y for p in parts]) if parts[0].y is not None else None
         return out
 
@@ -187,6 +226,7 @@ class PoseData:
         out = PoseData.__new__(PoseData)
         out.unary = unary
         out.visible, out.torso, out.offsets = self.visible.to(dev), self.torso.to(dev), self.offsets.to(dev)
+        out.types = None if self.types is None else self.types.to(dev)
         out.y = None if self.y is None else self.y.to(dev)
         return out
 
@@ -212,6 +252,15 @@ def _check_positions(positions: Tensor, n: int, J: int, G: int) -> None:
     if positions.numel() and (int(positions.min()) < 0 or int(positions.max()) >= G):
         raise ValueError(f"positions must lie on the {G} x {G} grid ([0, {G - 1}]), "
                          f"got range [{int(positions.min())}, {int(positions.max())}]")
+
+
+def _check_types(types: Tensor, n: int) -> None:
+    if types.dim() != 2 or types.shape[0] != n:
+        raise ValueError(f"types must have shape [n, E] with n = {n}, got {tuple(types.shape)}")
+    if types.is_floating_point() or types.is_complex() or types.dtype == torch.bool:
+        raise ValueError(f"types must be integer type indices, got {types.dtype}")
+    if types.numel() and int(types.min()) < 0:
+        raise ValueError(f"types must be >= 0, got {int(types.min())}")
 
 
 def _check_visible_torso(visible: Tensor, torso: Tensor, n: int, J: int) -> None:
@@ -300,21 +349,32 @@ def offset_types(positions: Tensor, visible: Tensor, n_types: int, edges: Edges 
     return centres, types
 
 
-def offset_scales(positions: Tensor, visible: Tensor, edges: Edges = LSP_TREE_EDGES, minimum: float = 1.0) -> Tensor:
+def offset_scales(positions: Tensor, visible: Tensor, edges: Edges = LSP_TREE_EDGES, minimum: float = 1.0,
+                  types: Tensor | None = None, n_types: int | None = None) -> Tensor:
     """Standard deviation of every edge's displacement ``child - parent`` per axis (at least ``minimum``).
 
     Same arguments as :func:`mean_offsets`; returns float64 ``[E, 2]`` ``(s_y, s_x)`` (``minimum`` for an
-    edge seen fewer than twice with both ends visible).
+    edge seen fewer than twice with both ends visible).  With ``types`` (long ``[n, E]``, e.g. from
+    :func:`offset_types`) and ``n_types = K``: the deviation within every type, ``[E, K, 2]``.
     """
     pos = torch.as_tensor(positions).to(torch.float64)
     parents = torch.tensor([p for p, _ in edges], dtype=torch.long, device=pos.device)
     children = torch.tensor([c for _, c in edges], dtype=torch.long, device=pos.device)
-    both = (visible[:, parents] & visible[:, children])[..., None]  # [n, E, 1]
+    both = visible[:, parents] & visible[:, children]  # [n, E]
     d = torch.nan_to_num(pos[:, children] - pos[:, parents])
-    count = both.sum(0).to(torch.float64)
-    mean = (d * both).sum(0) / count.clamp(min=1)
-    var = (((d - mean) ** 2) * both).sum(0) / (count - 1).clamp(min=1)
-    return torch.where(count >= 2, var.sqrt(), torch.zeros_like(var)).clamp(min=minimum)
+
+    def deviation(member: Tensor) -> Tensor:  # member: bool [n, E] -> [E, 2]
+        m = member[..., None]
+        count = m.sum(0).to(torch.float64)
+        mean = (d * m).sum(0) / count.clamp(min=1)
+        var = (((d - mean) ** 2) * m).sum(0) / (count - 1).clamp(min=1)
+        return torch.where(count >= 2, var.sqrt(), torch.zeros_like(var)).clamp(min=minimum)
+
+    if types is None:
+        return deviation(both)
+    types = torch.as_tensor(types, device=pos.device)
+    K = int(n_types) if n_types is not None else int(types.max()) + 1
+    return torch.stack([deviation(both & (types == k)) for k in range(K)], dim=1)
 
 
 def impute_positions(positions: Tensor, visible: Tensor, grid_size: int, mu: Tensor,
@@ -366,21 +426,23 @@ def impute_positions(positions: Tensor, visible: Tensor, grid_size: int, mu: Ten
 
 # ---------------------------------------------------------------------------- the model
 class PoseTree(StructuredModel):
-    """Tree-structured pictorial-structures SSVM (see the module docstring).
+    """Tree-structured pictorial-structures SSVM, optionally with mixture types per edge (module docstring).
 
     Args:
         grid_size: ``G`` (positions on a ``G x G`` grid).
-        mu: ``[E, 2]`` mean offsets ``child - parent`` in ``(y, x)`` grid units (:func:`mean_offsets`);
-            default zeros.
-        scales: ``[E, 2]`` positive scales ``(s_y, s_x)`` of the displacements (:func:`offset_scales`);
-            default ones.
+        mu: offsets ``child - parent`` in ``(y, x)`` grid units: ``[E, 2]`` (one type per edge; the mean offsets
+            of :func:`mean_offsets`) or ``[E, K, 2]`` (``K`` types per edge, e.g. the k-means centres of
+            :func:`offset_types`); default zeros ``[E, 2]``.
+        scales: positive scales ``(s_y, s_x)`` of the displacements, ``[E, 2]`` or ``[E, K, 2]`` like ``mu``
+            (:func:`offset_scales`; an ``[E, 2]`` table serves every type); default ones.
         n_joints: ``J`` (default 14, the LSP skeleton).
-        n_unary: ``K`` unary features per joint and cell (default 1: the heatmap score).
+        n_unary: ``K_u`` unary features per joint and cell (default 1: the heatmap score).
         edges: ``(parent, child)`` pairs forming a tree over the joints (default ``LSP_TREE_EDGES``).
         min_quadratic: lower bound of the quadratic deformation weights (default 0: a convex penalty).
         method: distance-transform method of the oracle (``"auto"``: compiled envelope on CPU, dense on CUDA).
 
-    ``d = J * K + 4 * E``; :meth:`unpack` splits ``w`` into ``(w_U [J, K], w_def [E, 4])``.
+    ``d = J K_u + 4 E`` with one type per edge, ``J K_u + 5 E K`` with ``K > 1`` types (four deformation weights
+    and a bias per edge and type); :meth:`unpack` splits ``w``.
     """
 
     def __init__(self, grid_size: int, mu: Tensor | None = None, n_joints: int = 14, n_unary: int = 1,
@@ -393,19 +455,29 @@ class PoseTree(StructuredModel):
         _tree_order(self.edges, self.n_joints)  # raises on a bad tree
         E = len(self.edges)
         mu = torch.zeros(E, 2, dtype=torch.float64) if mu is None else torch.as_tensor(mu, dtype=torch.float64)
-        if mu.shape != (E, 2) or not bool(torch.isfinite(mu).all()):
-            raise ValueError(f"mu must be a finite [E, 2] = [{E}, 2] tensor, got shape {tuple(mu.shape)}")
+        if mu.dim() not in (2, 3) or mu.shape[0] != E or mu.shape[-1] != 2 or (mu.dim() == 3 and mu.shape[1] < 1) \
+                or not bool(torch.isfinite(mu).all()):
+            raise ValueError(f"mu must be a finite [E, 2] or [E, K, 2] tensor with E = {E}, got shape {tuple(mu.shape)}")
+        if mu.dim() == 3 and mu.shape[1] == 1:
+            mu = mu[:, 0]
+        K = 1 if mu.dim() == 2 else mu.shape[1]
         if not min_quadratic >= 0:
             raise ValueError(f"min_quadratic must be >= 0 (the distance transform needs a convex penalty), "
                              f"got {min_quadratic}")
         scales = torch.ones(E, 2, dtype=torch.float64) if scales is None else torch.as_tensor(scales, dtype=torch.float64)
-        if scales.shape != (E, 2) or not bool((torch.isfinite(scales) & (scales > 0)).all()):
-            raise ValueError(f"scales must be a finite positive [E, 2] = [{E}, 2] tensor, got {tuple(scales.shape)}")
+        if scales.dim() == 3 and scales.shape[1] == 1:
+            scales = scales[:, 0]
+        if scales.dim() == 2 and K > 1 and scales.shape == (E, 2):
+            scales = scales[:, None].expand(E, K, 2).clone()
+        if scales.shape != mu.shape or not bool((torch.isfinite(scales) & (scales > 0)).all()):
+            raise ValueError(f"scales must be a finite positive tensor shaped like mu {tuple(mu.shape)} (or [E, 2]), "
+                             f"got {tuple(scales.shape)}")
         self.mu = mu.cpu()
         self.scales = scales.cpu()
+        self.n_types = K
         self.min_quadratic = float(min_quadratic)
         self.method = method
-        self.n_features = self.n_joints * self.n_unary + 4 * E
+        self.n_features = self.n_joints * self.n_unary + (4 * E if K == 1 else 5 * E * K)
         self._parents = torch.tensor([p for p, _ in self.edges], dtype=torch.long)
         self._children = torch.tensor([c for _, c in self.edges], dtype=torch.long)
 
@@ -420,24 +492,42 @@ class PoseTree(StructuredModel):
     def n_edges(self) -> int:
         return len(self.edges)
 
+    @property
+    def n_labels(self) -> int:
+        """Labels per image: the ``J`` cells, then (with ``K > 1`` types) the ``E`` edge types."""
+        return self.n_joints + (self.n_edges if self.n_types > 1 else 0)
+
     def unpack(self, w: Tensor) -> tuple[Tensor, Tensor]:
-        """``w [d]`` -> ``(w_U [J, K], w_def [E, 4])`` (views)."""
-        JK = self.n_joints * self.n_unary
-        return w[:JK].view(self.n_joints, self.n_unary), w[JK:].view(self.n_edges, 4)
+        """``w [d]`` -> ``(w_U [J, K_u], w_def)`` (views): ``w_def`` is ``[E, 4]`` with one type per edge,
+        ``[E, K, 4]`` with ``K > 1`` (the type biases: :meth:`type_biases`)."""
+        JK, E, K = self.n_joints * self.n_unary, self.n_edges, self.n_types
+        w_def = w[JK : JK + 4 * E * K]
+        return w[:JK].view(self.n_joints, self.n_unary), (w_def.view(E, 4) if K == 1 else w_def.view(E, K, 4))
+
+    def type_biases(self, w: Tensor) -> Tensor:
+        """The bias of every edge type, ``[E, K]`` (a view; zeros ``[E, 1]`` with one type per edge)."""
+        if self.n_types == 1:
+            return torch.zeros(self.n_edges, 1, dtype=w.dtype, device=w.device)
+        return w[self.n_joints * self.n_unary + 4 * self.n_edges * self.n_types :].view(self.n_edges, self.n_types)
+
+    def _scales3(self, device) -> Tensor:
+        return self.scales.to(device).reshape(self.n_edges, self.n_types, 2)
 
     def _feature_divisors(self, device) -> Tensor:
-        """``[E, 4]`` divisors ``(s_x, s_x^2, s_y, s_y^2)`` of the raw deformation features."""
-        s = self.scales.to(device)
-        return torch.stack((s[:, 1], s[:, 1] ** 2, s[:, 0], s[:, 0] ** 2), dim=1)
+        """``[E, K, 4]`` divisors ``(s_x, s_x^2, s_y, s_y^2)`` of the raw deformation features."""
+        s = self._scales3(device)
+        return torch.stack((s[..., 1], s[..., 1] ** 2, s[..., 0], s[..., 0] ** 2), dim=-1)
 
     def pixel_weights(self, w: Tensor) -> Tensor:
-        """The deformation weights ``[E, 4]`` on the raw grid displacements (what the oracle uses)."""
+        """The deformation weights on the raw grid displacements (what the oracle uses): ``[E, 4]`` with one
+        type per edge, ``[E, K, 4]`` with ``K > 1``."""
         _, w_def = self.unpack(w.to(torch.float64))
-        return w_def / self._feature_divisors(w_def.device)
+        return w_def / self._feature_divisors(w_def.device).reshape(w_def.shape)
 
     def quadratic_index(self) -> Tensor:
-        """Indices in ``w`` of the quadratic deformation weights ``w_e[1], w_e[3]`` (``LongTensor[2E]``)."""
-        base = self.n_joints * self.n_unary + 4 * torch.arange(self.n_edges)
+        """Indices in ``w`` of the quadratic deformation weights ``w_e[1], w_e[3]`` of every edge (and type):
+        ``LongTensor[2 E K]``."""
+        base = self.n_joints * self.n_unary + 4 * torch.arange(self.n_edges * self.n_types)
         return torch.stack((base + 1, base + 3), dim=1).reshape(-1)
 
     def weight_bounds(self):
@@ -445,6 +535,15 @@ class PoseTree(StructuredModel):
         lower = torch.full((self.n_features,), -float("inf"), dtype=torch.float64)
         lower[self.quadratic_index()] = self.min_quadratic
         return lower, torch.full((self.n_features,), float("inf"), dtype=torch.float64)
+
+    def nearest_types(self, positions: Tensor) -> Tensor:
+        """The type of every edge whose offset ``mu[e, k]`` is nearest to the displacement ``child - parent``
+        of ``positions`` (``[n, J, 2]``, ``(y, x)``; ties to the lower type): ``LongTensor[n, E]`` (zeros with
+        one type per edge).  The true types of training data (:class:`PoseData` ``types``)."""
+        pos = torch.as_tensor(positions).to(torch.float64)
+        d = pos[:, self._children.to(pos.device)] - pos[:, self._parents.to(pos.device)]  # [n, E, 2]
+        mu = self.mu.to(pos.device).reshape(self.n_edges, self.n_types, 2)
+        return ((d[:, :, None, :] - mu) ** 2).sum(-1).argmin(-1)
 
     # ------------------------------------------------------------------ checks
     def check_data(self, data, require_labels: bool = True) -> None:
@@ -456,16 +555,41 @@ class PoseTree(StructuredModel):
                              f"expects J={self.n_joints}, K={self.n_unary}, G={self.grid_size}")
         if require_labels and data.y is None:
             raise ValueError("training data needs true positions (PoseData(..., positions=...))")
+        if data.types is not None:
+            if self.n_types == 1:
+                raise ValueError("the data has edge types but the model has one type per edge (give mu as [E, K, 2] "
+                                 "for mixture types, or build the data without types)")
+            if data.types.shape[1] != self.n_edges or int(data.types.max()) >= self.n_types:
+                raise ValueError(f"edge types must be [n, {self.n_edges}] with values in [0, {self.n_types}), got "
+                                 f"{tuple(data.types.shape)} with max {int(data.types.max())}")
+        elif require_labels and self.n_types > 1:
+            raise ValueError(f"the model has {self.n_types} types per edge: training data needs the true types "
+                             f"(PoseData(..., types=model.nearest_types(positions)))")
 
-    def _positions(self, data: PoseData, y: Tensor) -> Tensor:
-        y = torch.as_tensor(y, device=data.device).long().reshape(-1)
-        n, J, G = len(data), self.n_joints, self.grid_size
-        if y.numel() != n * J:
-            raise ValueError(f"expected {n} labelings of {J} cells ({n * J} values), got {y.numel()}")
-        if y.numel() and (int(y.min()) < 0 or int(y.max()) >= G * G):
+    def split_labels(self, y: Tensor, n: int) -> tuple[Tensor, Tensor]:
+        """Packed labelings ``[n * n_labels]`` -> ``(cells LongTensor[n, J, 2] (y, x), types LongTensor[n, E])``
+        (types all zero with one type per edge)."""
+        y = torch.as_tensor(y).long().reshape(-1)
+        J, G, L = self.n_joints, self.grid_size, self.n_labels
+        if y.numel() != n * L:
+            raise ValueError(f"expected {n} labelings of {L} values ({J} cells"
+                             + (f" + {self.n_edges} edge types" if L > J else "") + f"), got {y.numel()}")
+        y = y.view(n, L)
+        cells = y[:, :J]
+        if cells.numel() and (int(cells.min()) < 0 or int(cells.max()) >= G * G):
             raise ValueError(f"cells must lie in [0, {G * G - 1}] (flat y * G + x), got range "
-                             f"[{int(y.min())}, {int(y.max())}]")
-        return flat_to_positions(y, n, J, G)
+                             f"[{int(cells.min())}, {int(cells.max())}]")
+        if L > J:
+            types = y[:, J:]
+            if types.numel() and (int(types.min()) < 0 or int(types.max()) >= self.n_types):
+                raise ValueError(f"edge types must lie in [0, {self.n_types}), got range "
+                                 f"[{int(types.min())}, {int(types.max())}]")
+        else:
+            types = torch.zeros(n, self.n_edges, dtype=torch.long, device=y.device)
+        return flat_to_positions(cells, n, J, G), types
+
+    def _positions(self, data: PoseData, y: Tensor) -> tuple[Tensor, Tensor]:
+        return self.split_labels(torch.as_tensor(y, device=data.device), len(data))
 
     # ------------------------------------------------------------------ the contract
     def unary_scores(self, w: Tensor, data: PoseData) -> Tensor:
@@ -474,23 +598,31 @@ class PoseTree(StructuredModel):
         return torch.einsum("njkyx,jk->njyx", data.unary.to(torch.float64), w_u)
 
     def joint_feature(self, data: PoseData, y: Tensor) -> Tensor:
-        pos = self._positions(data, y)
-        n, J, K, G = len(data), self.n_joints, self.n_unary, self.grid_size
+        pos, types = self._positions(data, y)
+        n, J, Ku, G, E, K = len(data), self.n_joints, self.n_unary, self.grid_size, self.n_edges, self.n_types
+        dev = data.device
         flat = (pos[..., 0] * G + pos[..., 1])  # [n, J]
-        cells = data.unary.reshape(n, J, K, G * G)
-        phi_u = cells.gather(3, flat[:, :, None, None].expand(n, J, K, 1)).reshape(n, J * K).to(torch.float64)
-        mu = self.mu.to(data.device)
-        feats = deformation_features(pos[:, self._children.to(data.device)], pos[:, self._parents.to(data.device)], mu)
-        feats = feats / self._feature_divisors(data.device)
-        return torch.cat((phi_u, -feats.reshape(n, -1)), dim=1)
+        cells = data.unary.reshape(n, J, Ku, G * G)
+        phi_u = cells.gather(3, flat[:, :, None, None].expand(n, J, Ku, 1)).reshape(n, J * Ku).to(torch.float64)
+        e = torch.arange(E, device=dev)
+        mu = self.mu.to(dev).reshape(E, K, 2)[e, types]  # [n, E, 2]: the offset of each edge's type
+        feats = deformation_features(pos[:, self._children.to(dev)], pos[:, self._parents.to(dev)], mu)
+        feats = feats / self._feature_divisors(dev)[e, types]
+        if K == 1:
+            return torch.cat((phi_u, -feats.reshape(n, -1)), dim=1)
+        one_hot = torch.nn.functional.one_hot(types, K).to(torch.float64)  # [n, E, K]
+        phi_def = -(one_hot[..., None] * feats[:, :, None, :])  # [n, E, K, 4]
+        return torch.cat((phi_u, phi_def.reshape(n, -1), one_hot.reshape(n, -1)), dim=1)
 
     def loss(self, data: PoseData, y: Tensor) -> Tensor:
-        pos = self._positions(data, y).to(torch.float64)
+        """The pose loss of the cells (edge types do not count)."""
+        pos = self._positions(data, y)[0].to(torch.float64)
         true = data.positions.to(torch.float64)
         return pose_loss(pos, true, data.visible, data.torso.to(torch.float64)).to(torch.float64)
 
     def oracle(self, w: Tensor, data: PoseData, loss_augmented: bool = True) -> Tensor:
-        """Exact (loss-augmented) MAP of every image: packed flat cells ``LongTensor[n * J]``.
+        """Exact (loss-augmented) MAP of every image: packed labelings ``LongTensor[n * n_labels]`` (flat cells,
+        then the edge types with ``K > 1``).
 
         Raises ``ValueError`` when a quadratic deformation weight of ``w`` is negative.
         """
@@ -501,11 +633,14 @@ class PoseTree(StructuredModel):
                 raise ValueError("loss-augmented decoding needs the true positions")
             U = U + pose_loss_unaries(data.positions.to(torch.float64), data.visible,
                                       data.torso.to(torch.float64), self.grid_size)
-        result = tree_max_sum(U, self.pixel_weights(w), self.mu.to(U.device), self.edges, self.method)
+        if self.n_types == 1:
+            pos = tree_max_sum(U, self.pixel_weights(w), self.mu.to(U.device), self.edges, self.method).positions
+            return (pos[..., 0] * self.grid_size + pos[..., 1]).reshape(-1)
+        result = mixture_tree_max_sum(U, self.pixel_weights(w), self.type_biases(w.to(U.device, torch.float64)),
+                                      self.mu.to(U.device), self.edges, self.method)
         pos = result.positions
-        return (pos[..., 0] * self.grid_size + pos[..., 1]).reshape(-1)
+        return torch.cat((pos[..., 0] * self.grid_size + pos[..., 1], result.types), dim=1).reshape(-1)
 
     def decode_positions(self, w: Tensor, data: PoseData) -> Tensor:
         """MAP cells ``LongTensor[n, J, 2]`` ``(y, x)``."""
-        return flat_to_positions(self.oracle(w, data, loss_augmented=False), len(data), self.n_joints,
-                                 self.grid_size)
+        return self.split_labels(self.oracle(w, data, loss_augmented=False), len(data))[0]
