@@ -142,3 +142,34 @@ def test_lsp_datamodule_fields(tmp_path) -> None:
     assert torch.equal(again.train.fields["cells"], f["cells"])
     with pytest.raises(ValueError, match="multiple"):
         LSPPoseDataModule(str(LSP_ROOT), size=65, grid_size=16)
+
+
+def test_cnn_with_a_mixture_tree_head_trains_end_to_end_on_lsp(tmp_path) -> None:
+    if not (LSP_ROOT / "joints.mat").is_file():
+        pytest.fail(f"LSP Extended data missing at {LSP_ROOT}")
+    from torch_bcfw.lightning.pose import PoseTreeCNN
+
+    K = 3
+    dm = LSPPoseDataModule(str(LSP_ROOT), size=32, grid_size=8, limit=24, test_limit=8, batch_size=8,
+                           eval_batch_size=12, cache_dir=str(tmp_path), n_types=K)
+    dm.setup("fit")
+    assert dm.type_offsets.shape == (13, K, 2) and dm.type_scales.shape == (13, K, 2)
+    assert dm.head_offsets is dm.type_offsets and dm.train.fields["types"].shape == (24, 13)
+    assert int(dm.train.fields["types"].max()) < K
+    model = PoseTreeCNN(size=32, stem=4, width=8, dilations=(1, 2), n_types=K)
+    cb = PoseBCFWCallback(lam=0.1, every_n_epochs=1, passes_per_call=3, initial_passes=0, solver_options={"seed": 0})
+    trainer = pl.Trainer(accelerator="cpu", max_epochs=1, callbacks=[cb], logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path,
+                         num_sanity_val_steps=0, limit_val_batches=0)
+    trainer.fit(model, datamodule=dm)
+    head = model.head.model
+    assert head.n_types == K and torch.equal(head.mu, dm.type_offsets)
+    assert cb.calls == 1 and cb.last_record["gap_best"] >= 0 and cb.last_data.types is not None
+    assert bool((model.head.w[head.quadratic_index()] >= 0).all()) and float(model.head.w.abs().sum()) > 0
+    trainer.test(model, datamodule=dm, verbose=False)
+    res = model.test_results
+    assert 0.0 <= res["test/pck_tree"] <= 1.0 and 0.0 <= res["test/task_loss_tree"] <= 1.0
+    with pytest.raises(ValueError, match="types per edge"):
+        other = PoseTreeCNN(size=32, stem=4, width=8, dilations=(1, 2))
+        pl.Trainer(accelerator="cpu", max_epochs=1, logger=False, enable_checkpointing=False,
+                   enable_progress_bar=False, enable_model_summary=False).fit(other, datamodule=dm)

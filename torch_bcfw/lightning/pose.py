@@ -23,6 +23,7 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from ..datasets.lsp import grid_to_joints, joints_to_grid, pck
+from ..inference.tree import LSP_TREE_EDGES
 from ..models.pose import PoseData, PoseTree, flat_to_positions
 from ..nn import StructuredHead
 from .callback import BCFWCallback, _find, eval_outputs
@@ -103,7 +104,7 @@ class _PoseOps:
 class PoseHead(StructuredHead):
     """:class:`~torch_bcfw.nn.StructuredHead` of a :class:`PoseTree` (``w`` a float64 buffer written by BCFW).
 
-    The mean offsets ``mu`` and the displacement scales ``scales`` (``[E, 2]`` each, constants of the model)
+    The offsets ``mu`` and the displacement scales ``scales`` (``[E, 2]``, or ``[E, K, 2]`` with mixture types; constants of the model)
     are kept in buffers too, so a checkpoint restores them; :meth:`set_offsets` changes them.  ``forward(unary)`` takes ``[B, J, K, G, G]`` (or
     ``[B, J, G, G]``) unary features and returns the MAP cells ``LongTensor[B, J, 2]`` (y, x).
     """
@@ -121,7 +122,7 @@ class PoseHead(StructuredHead):
         self.register_buffer("scales", model.scales.clone())
 
     def set_offsets(self, mu: Tensor, scales: Tensor | None = None) -> None:
-        """Set the mean offsets ``[E, 2]`` and (optionally) the displacement scales ``[E, 2]``."""
+        """Set the offsets and (optionally) the displacement scales, both shaped like the model's ``mu`` (``[E, 2]`` or ``[E, K, 2]``)."""
         mu = torch.as_tensor(mu, dtype=torch.float64).cpu()
         if mu.shape != self.model.mu.shape or not bool(torch.isfinite(mu).all()):
             raise ValueError(f"mu must be finite with shape {tuple(self.model.mu.shape)}, got {tuple(mu.shape)}")
@@ -150,7 +151,7 @@ class PoseHead(StructuredHead):
     def score(self, unary: Tensor, positions: Tensor) -> Tensor:
         """``<w, phi(x_i, l_i)>`` per image (float64 ``[B]``) for cells ``positions`` ``[B, J, 2]``."""
         data = PoseData(unary.detach(), positions)
-        return self.model.score(self.w.to(unary.device), data, data.y)
+        return self.model.score(self.w.to(unary.device), data, self.model.pack_labels(positions))
 
 
 class PoseBCFWCallback(BCFWCallback):
@@ -184,18 +185,22 @@ class PoseTreeCNN(pl.LightningModule):
         max_shift, flip: augmentation (pixels of random translation; random horizontal flips).
         alpha: PCK threshold as a fraction of the torso size.
         min_quadratic: lower bound of the head's quadratic deformation weights.
+        n_types: mixture types per tree edge of the head (the datamodule's ``n_types`` must match; 1: one
+            quadratic deformation per edge).
     """
 
     def __init__(self, size: int = 128, stem: int = 24, width: int = 48, dilations=(1, 2, 4, 8), lr: float = 2e-3,
                  weight_decay: float = 1e-4, sigma: float = 1.0, max_shift: int = 8, flip: bool = True,
-                 alpha: float = 0.2, min_quadratic: float = 0.0, seed: int = 0):
+                 alpha: float = 0.2, min_quadratic: float = 0.0, seed: int = 0, n_types: int = 1):
         super().__init__()
         if size % 4:
             raise ValueError(f"size must be a multiple of 4, got {size}")
         self.save_hyperparameters()
         self.grid_size = size // 4
         self.backbone = HeatmapCNN(14, stem, width, tuple(dilations), grid_size=self.grid_size)
-        self.head = PoseHead(PoseTree(self.grid_size, min_quadratic=min_quadratic))
+        E = len(LSP_TREE_EDGES)
+        mu = torch.zeros(E, 2, dtype=torch.float64) if n_types == 1 else torch.zeros(E, int(n_types), 2, dtype=torch.float64)
+        self.head = PoseHead(PoseTree(self.grid_size, mu, min_quadratic=min_quadratic))
         self._gen = torch.Generator().manual_seed(int(seed))
         self._eval = []
         self.test_results = None
@@ -207,8 +212,12 @@ class PoseTreeCNN(pl.LightningModule):
         if dm is not None and getattr(dm, "mean_offsets", None) is not None:
             if getattr(dm, "grid_size", self.grid_size) != self.grid_size:
                 raise ValueError(f"the datamodule's grid ({dm.grid_size}) differs from the model's ({self.grid_size})")
+            if getattr(dm, "n_types", 1) != self.head.model.n_types:
+                raise ValueError(f"the datamodule has {getattr(dm, 'n_types', 1)} types per edge but the head "
+                                 f"{self.head.model.n_types}")
             if stage == "fit":
-                self.head.set_offsets(dm.mean_offsets, getattr(dm, "offset_scales", None))
+                self.head.set_offsets(getattr(dm, "head_offsets", dm.mean_offsets),
+                                      getattr(dm, "head_scales", getattr(dm, "offset_scales", None)))
 
     def forward(self, images: Tensor) -> Tensor:
         """Log-probability heatmaps ``[B, 14, G, G]``."""
@@ -233,9 +242,10 @@ class PoseTreeCNN(pl.LightningModule):
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "epoch"}}
 
     def bcfw_features(self, batch) -> PoseData:
-        """The head's input for one batch: log-softmax heatmaps as ``K = 1`` unary features (float32)."""
+        """The head's input for one batch: log-softmax heatmaps as ``K = 1`` unary features (float32), and the
+        true edge types when the head has mixture types."""
         return PoseData(self(batch["image"]).float().unsqueeze(2), batch["cells"], batch["visible"],
-                        batch["torso"].double())
+                        batch["torso"].double(), types=batch.get("types") if self.head.model.n_types > 1 else None)
 
     # ------------------------------------------------------------ evaluation
     def test_step(self, batch, batch_idx):
@@ -243,7 +253,7 @@ class PoseTreeCNN(pl.LightningModule):
         tree = self.head(logp.unsqueeze(2))
         argmax = argmax_positions(logp)
         data = PoseData(logp.float().unsqueeze(2), batch["cells"], batch["visible"], batch["torso"].double())
-        flat = (tree[..., 0] * self.grid_size + tree[..., 1]).reshape(-1)
+        flat = self.head.model.pack_labels(tree)  # the loss counts the cells only
         self._eval.append({"tree": tree.cpu(), "argmax": argmax.cpu(), "joints": batch["joints"].cpu(),
                            "visible": batch["visible"].cpu(), "pck_torso": batch["pck_torso"].cpu(),
                            "task_loss": self.head.model.loss(data, flat).cpu()})

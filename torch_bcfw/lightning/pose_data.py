@@ -6,7 +6,11 @@ needs on the ``G x G`` grid (``G = grid_size``):
 
 * ``mean_offsets`` ``[13, 2]``: mean displacement child - parent of every LSP tree edge over the training
   images where both joints are annotated (grid units), and ``offset_scales`` ``[13, 2]`` their standard
-  deviations times ``deformation_scale`` (the feature scales of the head);
+  deviations times ``deformation_scale``;
+* with ``n_types = K > 1``: ``type_offsets`` ``[13, K, 2]``, the k-means centres of those displacements
+  (:func:`~torch_bcfw.models.pose.offset_types`), ``type_scales`` ``[13, K, 2]`` the deviations within every
+  type times ``deformation_scale``, and per image the ``types`` ``[13]`` of the true cells (nearest centre);
+  ``head_offsets`` / ``head_scales`` are what the head uses (the type tables, or the mean ones for ``K = 1``);
 * per image: ``cells`` (true cells ``[14, 2]``, invisible joints imputed along the tree:
   :func:`~torch_bcfw.models.pose.impute_positions`), ``torso`` in grid units with the documented fallback
   (:func:`~torch_bcfw.datasets.lsp.torso_with_fallback`: training median torso in original pixels times
@@ -15,7 +19,8 @@ needs on the ``G x G`` grid (``G = grid_size``):
 
 Batches are dicts: ``image`` float32 ``[B, 3, S, S]`` in [0, 1], ``joints`` float32 ``[B, 14, 2]`` (x, y)
 frame pixels (NaN where invisible), ``visible`` bool ``[B, 14]``, ``cells`` long ``[B, 14, 2]`` (y, x),
-``torso`` float64 ``[B]`` (grid units), ``pck_torso`` float32 ``[B]`` (frame pixels, NaN allowed).
+``torso`` float64 ``[B]`` (grid units), ``pck_torso`` float32 ``[B]`` (frame pixels, NaN allowed), and with
+mixture types ``types`` long ``[B, 13]``.
 Images are stored as uint8 (``2000 x 3 x 128 x 128`` = 98 MB).
 """
 from __future__ import annotations
@@ -27,7 +32,7 @@ import torch
 
 from ..datasets.lsp import joints_to_grid, load_lsp_extended, reference_torso, torso_size, torso_with_fallback
 from ..inference.tree import LSP_TREE_EDGES
-from ..models.pose import impute_positions, mean_offsets, offset_scales
+from ..models.pose import impute_positions, mean_offsets, nearest_types, offset_scales, offset_types
 
 __all__ = ["FLIP_PERMUTATION", "LSPPoseDataModule", "PoseTensors", "augment_batch"]
 
@@ -93,13 +98,14 @@ class LSPPoseDataModule(pl.LightningDataModule):
             deformation features of far-off labelings (the loss-augmented oracle's answers at small ``w``
             have displacements of up to ``G`` cells), which conditions the SSVM better: on LSP at ``G = 24``
             a factor 4 gave a 4x smaller gap after the same number of BCFW passes than a factor 1.
+        n_types: mixture types per tree edge (k-means of the training displacements; 1: one quadratic per edge).
         cache_dir: where to keep the preprocessed tensors (``lsp_{split}_{S}_{limit}.pt``); ``None``: no cache.
-        seed: seed of the shuffling and the augmentation.
+        seed: seed of the shuffling, the augmentation and the k-means initialisation.
     """
 
     def __init__(self, root: str, size: int = 128, grid_size: int = 32, limit: int | None = None,
                  test_limit: int | None = None, batch_size: int = 32, eval_batch_size: int = 100,
-                 deformation_scale: float = 4.0, cache_dir: str | None = None, seed: int = 0):
+                 deformation_scale: float = 4.0, cache_dir: str | None = None, seed: int = 0, n_types: int = 1):
         super().__init__()
         if size % grid_size:
             raise ValueError(f"size ({size}) must be a multiple of grid_size ({grid_size})")
@@ -109,9 +115,12 @@ class LSPPoseDataModule(pl.LightningDataModule):
         if not deformation_scale > 0:
             raise ValueError(f"deformation_scale must be > 0, got {deformation_scale}")
         self.deformation_scale = float(deformation_scale)
+        if int(n_types) < 1:
+            raise ValueError(f"n_types must be >= 1, got {n_types}")
+        self.n_types = int(n_types)
         self.cache_dir, self.seed = cache_dir, int(seed)
         self.train = self.test = None
-        self.mean_offsets = self.offset_scales = None
+        self.mean_offsets = self.offset_scales = self.type_offsets = self.type_scales = None
 
     # ------------------------------------------------------------------ loading
     def _raw(self, split: str, limit: int | None) -> dict:
@@ -133,11 +142,25 @@ class LSPPoseDataModule(pl.LightningDataModule):
     def _fields(self, raw: dict, reference: float) -> dict:
         G, S = self.grid_size, self.size
         grid = joints_to_grid(raw["joints"].to(torch.float64), S, G)
-        return {"image": raw["image"], "joints": raw["joints"], "visible": raw["visible"],
-                "cells": impute_positions(grid, raw["visible"], G, self.mean_offsets),
-                "torso": torso_with_fallback(raw["joints"].double(), raw["visible"], raw["scale"].double(),
-                                             reference) * (G / S),
-                "pck_torso": torso_size(raw["joints"], raw["visible"])}
+        cells = impute_positions(grid, raw["visible"], G, self.mean_offsets)
+        fields = {"image": raw["image"], "joints": raw["joints"], "visible": raw["visible"], "cells": cells,
+                  "torso": torso_with_fallback(raw["joints"].double(), raw["visible"], raw["scale"].double(),
+                                               reference) * (G / S),
+                  "pck_torso": torso_size(raw["joints"], raw["visible"])}
+        if self.type_offsets is not None:
+            fields["types"] = nearest_types(cells, self.type_offsets, LSP_TREE_EDGES)
+        return fields
+
+    @property
+    def head_offsets(self):
+        """The offsets of the head's :class:`~torch_bcfw.models.pose.PoseTree`: ``[13, K, 2]`` with mixture types,
+        else ``[13, 2]`` (``None`` before :meth:`setup`)."""
+        return self.type_offsets if self.n_types > 1 else self.mean_offsets
+
+    @property
+    def head_scales(self):
+        """The displacement scales of the head, shaped like :attr:`head_offsets`."""
+        return self.type_scales if self.n_types > 1 else self.offset_scales
 
     def setup(self, stage: str | None = None) -> None:
         if self.train is not None:
@@ -146,6 +169,10 @@ class LSPPoseDataModule(pl.LightningDataModule):
         grid = joints_to_grid(train["joints"].to(torch.float64), self.size, self.grid_size)
         self.mean_offsets = mean_offsets(grid, train["visible"], LSP_TREE_EDGES)
         self.offset_scales = offset_scales(grid, train["visible"], LSP_TREE_EDGES) * self.deformation_scale
+        if self.n_types > 1:
+            self.type_offsets, types = offset_types(grid, train["visible"], self.n_types, LSP_TREE_EDGES, seed=self.seed)
+            self.type_scales = offset_scales(grid, train["visible"], LSP_TREE_EDGES, types=types,
+                                             n_types=self.n_types) * self.deformation_scale
         self.reference_torso = reference_torso(train["joints"], train["visible"], train["scale"])
         self.train = PoseTensors(self._fields(train, self.reference_torso))
         self.test = PoseTensors(self._fields(test, self.reference_torso))

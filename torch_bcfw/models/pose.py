@@ -70,8 +70,8 @@ from ..inference.tree import (
 from ..inference.tree_mixture import mixture_tree_max_sum
 from .base import StructuredModel
 
-__all__ = ["PoseData", "PoseTree", "flat_to_positions", "impute_positions", "mean_offsets", "offset_scales",
-           "offset_types"]
+__all__ = ["PoseData", "PoseTree", "flat_to_positions", "impute_positions", "mean_offsets", "nearest_types",
+           "offset_scales", "offset_types"]
 
 Edges = Sequence[tuple[int, int]]
 
@@ -349,6 +349,24 @@ def offset_types(positions: Tensor, visible: Tensor, n_types: int, edges: Edges 
     return centres, types
 
 
+def nearest_types(positions: Tensor, centres: Tensor, edges: Edges = LSP_TREE_EDGES) -> Tensor:
+    """The type of every edge whose offset ``centres[e, k]`` is nearest to the displacement ``child - parent``.
+
+    Args:
+        positions: ``[n, J, 2]`` ``(y, x)`` (grid units, every joint placed); centres: ``[E, K, 2]``
+            (:func:`offset_types`); edges: ``(parent, child)`` pairs.
+
+    Returns:
+        ``LongTensor[n, E]`` (ties to the lower type).
+    """
+    pos = torch.as_tensor(positions).to(torch.float64)
+    parents = torch.tensor([p for p, _ in edges], dtype=torch.long, device=pos.device)
+    children = torch.tensor([c for _, c in edges], dtype=torch.long, device=pos.device)
+    d = pos[:, children] - pos[:, parents]  # [n, E, 2]
+    c = torch.as_tensor(centres, dtype=torch.float64).to(pos.device).reshape(len(edges), -1, 2)
+    return ((d[:, :, None, :] - c) ** 2).sum(-1).argmin(-1)
+
+
 def offset_scales(positions: Tensor, visible: Tensor, edges: Edges = LSP_TREE_EDGES, minimum: float = 1.0,
                   types: Tensor | None = None, n_types: int | None = None) -> Tensor:
     """Standard deviation of every edge's displacement ``child - parent`` per axis (at least ``minimum``).
@@ -540,10 +558,17 @@ class PoseTree(StructuredModel):
         """The type of every edge whose offset ``mu[e, k]`` is nearest to the displacement ``child - parent``
         of ``positions`` (``[n, J, 2]``, ``(y, x)``; ties to the lower type): ``LongTensor[n, E]`` (zeros with
         one type per edge).  The true types of training data (:class:`PoseData` ``types``)."""
-        pos = torch.as_tensor(positions).to(torch.float64)
-        d = pos[:, self._children.to(pos.device)] - pos[:, self._parents.to(pos.device)]  # [n, E, 2]
-        mu = self.mu.to(pos.device).reshape(self.n_edges, self.n_types, 2)
-        return ((d[:, :, None, :] - mu) ** 2).sum(-1).argmin(-1)
+        return nearest_types(positions, self.mu.reshape(self.n_edges, self.n_types, 2), self.edges)
+
+    def pack_labels(self, positions: Tensor, types: Tensor | None = None) -> Tensor:
+        """Packed labelings ``LongTensor[n * n_labels]`` of cells ``[n, J, 2]`` ``(y, x)`` and (with ``K > 1``
+        types) edge types ``[n, E]`` (default: :meth:`nearest_types` of the cells)."""
+        positions = torch.as_tensor(positions).long()
+        cells = positions[..., 0] * self.grid_size + positions[..., 1]
+        if self.n_types == 1:
+            return cells.reshape(-1)
+        types = self.nearest_types(positions) if types is None else torch.as_tensor(types, device=cells.device)
+        return torch.cat((cells, types.long()), dim=1).reshape(-1)
 
     # ------------------------------------------------------------------ checks
     def check_data(self, data, require_labels: bool = True) -> None:
