@@ -85,7 +85,7 @@ def test_numba_viterbi_matches_torch_including_ties():
             unary = rng.integers(-2, 3, size=(L, K)).astype(np.float64)  # integer scores create ties
             trans = rng.integers(-1, 2, size=(K, K)).astype(np.float64)
             out = np.empty(L, dtype=np.int64)
-            score = viterbi_numba(unary, trans, out, np.empty((2, K)), np.empty((L, K), dtype=np.int64))
+            score = viterbi_numba(unary, trans, out, np.empty((L, K)))
             labels, s2 = viterbi_packed(torch.from_numpy(unary), torch.tensor([0, L]), torch.from_numpy(trans))
             assert out.tolist() == labels.tolist()
             assert score == pytest.approx(float(s2[0]))

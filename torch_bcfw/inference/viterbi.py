@@ -107,47 +107,81 @@ def _viterbi_batch_numba(unary, offsets, transition, labels, scores):
     for i in prange(n):
         s = offsets[i]
         L = offsets[i + 1] - s
-        delta = np.empty((2, K), dtype=unary.dtype)
-        bp = np.empty((L, K), dtype=np.int64)
-        scores[i] = viterbi_numba(unary[s:s + L], transition, labels[s:s + L], delta, bp)
+        delta = np.empty((L, K), dtype=unary.dtype)
+        scores[i] = viterbi_numba(unary[s:s + L], transition, labels[s:s + L], delta)
 
 
 @njit(cache=True)
-def viterbi_numba(unary: np.ndarray, transition: np.ndarray, out: np.ndarray, delta: np.ndarray, bp: np.ndarray) -> float:
+def viterbi_numba(unary: np.ndarray, transition: np.ndarray, out: np.ndarray, delta: np.ndarray) -> float:
     """Single-sequence max-plus Viterbi (compiled).
 
     ``unary: float64[L, K]``, ``transition: float64[K, K]``; writes the labels to ``out: int64[L]``
-    using the scratch buffers ``delta: float64[2, K]`` and ``bp: int64[L, K]``; returns the score.
+    using the scratch buffer ``delta: float64[>= L, K]`` (the max-plus messages); returns the score.
     Ties go to the lowest label index, as in :func:`viterbi_packed`.
+
+    The forward pass keeps only the maxima (no backpointer table); the backtrack recomputes the
+    argmax of the chosen label's predecessor from the stored messages with the same additions,
+    so the labels are those a backpointer table would give.
     """
     L, K = unary.shape
-    cur = 0
     for c in range(K):
         delta[0, c] = unary[0, c]
     for t in range(1, L):
-        nxt = 1 - cur
-        # vectorised over the current label c: scan previous labels a in increasing order,
-        # keeping the first maximum (strict >), the same tie rule as torch.max
+        _max_plus_row(delta[t - 1], transition, delta[t])
         for c in range(K):
-            delta[nxt, c] = delta[cur, 0] + transition[0, c]
-            bp[t, c] = 0
-        for a in range(1, K):
-            da = delta[cur, a]
-            for c in range(K):
-                v = da + transition[a, c]
-                better = v > delta[nxt, c]
-                delta[nxt, c] = v if better else delta[nxt, c]
-                bp[t, c] = a if better else bp[t, c]
-        for c in range(K):
-            delta[nxt, c] += unary[t, c]
-        cur = nxt
-    best = delta[cur, 0]
-    arg = 0
-    for c in range(1, K):
-        if delta[cur, c] > best:
-            best = delta[cur, c]
-            arg = c
-    out[L - 1] = arg
+            delta[t, c] += unary[t, c]
+    out[L - 1] = _first_argmax(delta[L - 1])
     for t in range(L - 1, 0, -1):
-        out[t - 1] = bp[t, out[t]]
-    return best
+        out[t - 1] = _best_predecessor(delta[t - 1], transition, out[t])
+    return delta[L - 1, out[L - 1]]
+
+
+@njit(cache=True)
+def _max_plus_row(prev: np.ndarray, transition: np.ndarray, cur: np.ndarray) -> None:
+    """``cur[c] = max_a prev[a] + transition[a, c]``, vectorised over ``c``, four previous labels ``a`` per sweep
+    (max is exact, so the grouping does not change the values)."""
+    K = prev.shape[0]
+    for c in range(K):
+        cur[c] = prev[0] + transition[0, c]
+    a = 1
+    while a + 4 <= K:
+        d0, d1, d2, d3 = prev[a], prev[a + 1], prev[a + 2], prev[a + 3]
+        for c in range(K):
+            v0 = d0 + transition[a, c]
+            v1 = d1 + transition[a + 1, c]
+            v2 = d2 + transition[a + 2, c]
+            v3 = d3 + transition[a + 3, c]
+            v01 = v0 if v0 > v1 else v1
+            v23 = v2 if v2 > v3 else v3
+            v = v01 if v01 > v23 else v23
+            cur[c] = v if v > cur[c] else cur[c]
+        a += 4
+    for b in range(a, K):
+        db = prev[b]
+        for c in range(K):
+            v = db + transition[b, c]
+            cur[c] = v if v > cur[c] else cur[c]
+
+
+@njit(cache=True)
+def _first_argmax(v: np.ndarray) -> int:
+    """Index of the first maximum of ``v`` (the tie rule of ``torch.max``)."""
+    arg = 0
+    for c in range(1, v.shape[0]):
+        if v[c] > v[arg]:
+            arg = c
+    return arg
+
+
+@njit(cache=True)
+def _best_predecessor(prev: np.ndarray, transition: np.ndarray, c: int) -> int:
+    """First ``a`` maximising ``prev[a] + transition[a, c]``: the backpointer of label ``c`` (scanning ``a``
+    in increasing order with strict ``>``, as the forward recursion of :func:`viterbi_numba` does)."""
+    best = prev[0] + transition[0, c]
+    arg = 0
+    for a in range(1, prev.shape[0]):
+        v = prev[a] + transition[a, c]
+        if v > best:
+            best = v
+            arg = a
+    return arg

@@ -47,8 +47,7 @@ def chain_mp_steps(
     D = np.empty((Lmax, K))
     ystar = np.empty(Lmax, dtype=np.int64)
     yh = np.empty(Lmax, dtype=np.int32)
-    delta = np.empty((2, K))
-    bp = np.empty((Lmax, K), dtype=np.int64)
+    delta = np.empty((Lmax, K))
     k = k0
     clock = t0
     for j in range(order.shape[0]):
@@ -70,7 +69,7 @@ def chain_mp_steps(
                 for t in range(L):
                     ystar[t] = ylab[t]
             else:
-                loss_augmented_decode(U, Ua, L, s, y, inv_L, trans, ystar, delta, bp)
+                loss_augmented_decode(U, Ua, L, s, y, inv_L, trans, ystar, delta)
             mistakes = 0
             for t in range(L):
                 if ystar[t] != y[s + t]:

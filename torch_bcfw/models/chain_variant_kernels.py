@@ -163,8 +163,7 @@ def chain_plan_steps(
     ystar = np.empty(Lmax, dtype=np.int64)
     ya = np.empty(Lmax, dtype=np.int64)
     yh = np.empty(Lmax, dtype=np.int32)
-    delta = np.empty((2, K))
-    bp = np.empty((Lmax, K), dtype=np.int64)
+    delta = np.empty((Lmax, K))
     lam_n = lam * n
     k = k0
     clock = t0
@@ -228,7 +227,7 @@ def chain_plan_steps(
             gaps[j] = np.nan
         else:
             n_oracle += 1
-            loss_augmented_decode(U, Ua, L, s, y, inv_L, trans, ystar, delta, bp)
+            loss_augmented_decode(U, Ua, L, s, y, inv_L, trans, ystar, delta)
             score_star = 0.0
             mistakes = 0
             for t in range(L):
