@@ -27,7 +27,6 @@ import time
 from pathlib import Path
 
 import lightning.pytorch as pl
-import torch
 from lightning.pytorch.loggers import CSVLogger
 
 from torch_bcfw.lightning.cli import set_threads
@@ -43,6 +42,9 @@ def main() -> None:
     ap.add_argument("--passes", type=float, default=10, help="BCFW passes per solve")
     ap.add_argument("--every", type=int, default=6, help="solve the head every this many epochs")
     ap.add_argument("--size", type=int, default=96, help="input frame side S (the grid is S / 4)")
+    ap.add_argument("--types", type=int, default=1, help="mixture types per tree edge (k-means of the offsets)")
+    ap.add_argument("--holdout", type=int, default=0,
+                    help="train the CNN without the last N training images and the head on those N only")
     ap.add_argument("--limit", type=int, default=None, help="use only the first N training images")
     ap.add_argument("--test-limit", type=int, default=None)
     ap.add_argument("--threads", type=int, default=2, help="torch CPU threads")
@@ -55,9 +57,9 @@ def main() -> None:
     S, G = args.size, args.size // 4
     data = LSPPoseDataModule(root=args.data, size=S, grid_size=G, limit=args.limit, test_limit=args.test_limit,
                              batch_size=16, eval_batch_size=100, deformation_scale=4.0, cache_dir=str(out / "cache"),
-                             seed=0)
+                             seed=0, n_types=args.types, head_holdout=args.holdout)
     model = PoseTreeCNN(size=S, stem=24, width=32, dilations=(1, 2, 4, 8), lr=3e-3, weight_decay=1e-4, sigma=1.0,
-                        max_shift=8, flip=True, alpha=0.2, seed=0)
+                        max_shift=8, flip=True, alpha=0.2, seed=0, n_types=args.types)
     bcfw = PoseBCFWCallback(lam=args.lam, every_n_epochs=args.every, passes_per_call=args.passes, initial_passes=0,
                             verbose=True, solver_options={"step": "line_search", "sampling": "uniform",
                                                           "averaging": True, "seed": 1})
@@ -72,14 +74,14 @@ def main() -> None:
     res = dict(model.test_results)
     rec = bcfw.last_record
     report = {
-        "train_images": len(data.train), "test_images": res.pop("test/images"),
+        "train_images": len(data.train), "head_train_images": len(data.bcfw_dataloader().dataset), "test_images": res.pop("test/images"),
         "test_images_with_torso": res.pop("test/images_with_torso"),
         "pck@0.2/argmax": res["test/pck_argmax"], "pck@0.2/tree": res["test/pck_tree"],
         "test_task_loss/tree": res["test/task_loss_tree"],
         "ssvm": {**BCFWCallback_figures(bcfw), "lam": args.lam, "calls": bcfw.calls},
         "head_weights": model.head.w.tolist(), "mean_offsets": model.head.mu.tolist(),
         "reference_torso_px": data.reference_torso,
-        "epochs": args.epochs, "grid": G, "size": S, "threads": args.threads,
+        "epochs": args.epochs, "grid": G, "size": S, "n_types": args.types, "head_holdout": args.holdout, "threads": args.threads,
         "wall_s": {"fit": wall_fit, "total": time.perf_counter() - t0, "last_solve": rec["wall"] if rec else None},
     }
     out.mkdir(parents=True, exist_ok=True)

@@ -142,6 +142,17 @@ def test_lsp_datamodule_fields(tmp_path) -> None:
     assert torch.equal(again.train.fields["cells"], f["cells"])
     with pytest.raises(ValueError, match="multiple"):
         LSPPoseDataModule(str(LSP_ROOT), size=65, grid_size=16)
+    # head_holdout: the CNN trains on the first images, the head on the last ones (disjoint, together all)
+    held = LSPPoseDataModule(str(LSP_ROOT), size=64, grid_size=16, limit=10, test_limit=4, cache_dir=str(tmp_path),
+                             head_holdout=4, batch_size=3)
+    held.setup("fit")
+    cnn = torch.cat([b["cells"] for b in held.train_dataloader()])
+    head = next(iter(held.bcfw_dataloader()))["cells"]
+    assert len(cnn) == 6 and torch.equal(head, f["cells"][6:])
+    assert sorted(map(tuple, cnn.reshape(6, -1).tolist())) == sorted(map(tuple, f["cells"][:6].reshape(6, -1).tolist()))
+    with pytest.raises(ValueError, match="no image"):
+        LSPPoseDataModule(str(LSP_ROOT), size=64, grid_size=16, limit=10, test_limit=4, cache_dir=str(tmp_path),
+                          head_holdout=10).setup("fit")
 
 
 def test_cnn_with_a_mixture_tree_head_trains_end_to_end_on_lsp(tmp_path) -> None:

@@ -99,13 +99,19 @@ class LSPPoseDataModule(pl.LightningDataModule):
             have displacements of up to ``G`` cells), which conditions the SSVM better: on LSP at ``G = 24``
             a factor 4 gave a 4x smaller gap after the same number of BCFW passes than a factor 1.
         n_types: mixture types per tree edge (k-means of the training displacements; 1: one quadratic per edge).
+        head_holdout: the last this many training images are held out of the CNN's training (``train_dataloader``)
+            and are the head's training set (``bcfw_dataloader``): the head then learns how much to trust the
+            heatmaps of images the CNN has not seen, as at test time (stacking).  0 (default): both use every
+            training image (the CNN's heatmaps of its own training images are sharper and more often right
+            than on new images, so the head learns to trust them too much).
         cache_dir: where to keep the preprocessed tensors (``lsp_{split}_{S}_{limit}.pt``); ``None``: no cache.
         seed: seed of the shuffling, the augmentation and the k-means initialisation.
     """
 
     def __init__(self, root: str, size: int = 128, grid_size: int = 32, limit: int | None = None,
                  test_limit: int | None = None, batch_size: int = 32, eval_batch_size: int = 100,
-                 deformation_scale: float = 4.0, cache_dir: str | None = None, seed: int = 0, n_types: int = 1):
+                 deformation_scale: float = 4.0, cache_dir: str | None = None, seed: int = 0, n_types: int = 1,
+                 head_holdout: int = 0):
         super().__init__()
         if size % grid_size:
             raise ValueError(f"size ({size}) must be a multiple of grid_size ({grid_size})")
@@ -118,6 +124,9 @@ class LSPPoseDataModule(pl.LightningDataModule):
         if int(n_types) < 1:
             raise ValueError(f"n_types must be >= 1, got {n_types}")
         self.n_types = int(n_types)
+        if int(head_holdout) < 0:
+            raise ValueError(f"head_holdout must be >= 0, got {head_holdout}")
+        self.head_holdout = int(head_holdout)
         self.cache_dir, self.seed = cache_dir, int(seed)
         self.train = self.test = None
         self.mean_offsets = self.offset_scales = self.type_offsets = self.type_scales = None
@@ -176,15 +185,27 @@ class LSPPoseDataModule(pl.LightningDataModule):
         self.reference_torso = reference_torso(train["joints"], train["visible"], train["scale"])
         self.train = PoseTensors(self._fields(train, self.reference_torso))
         self.test = PoseTensors(self._fields(test, self.reference_torso))
+        if self.head_holdout >= len(self.train):
+            raise ValueError(f"head_holdout ({self.head_holdout}) leaves no image to train the CNN "
+                             f"({len(self.train)} training images)")
+
+    def _split(self, head: bool) -> torch.utils.data.Dataset:
+        n = len(self.train)
+        if self.head_holdout == 0:
+            return self.train
+        idx = range(n - self.head_holdout, n) if head else range(n - self.head_holdout)
+        return torch.utils.data.Subset(self.train, list(idx))
 
     # ------------------------------------------------------------------ loaders
     def train_dataloader(self):
-        return torch.utils.data.DataLoader(self.train, batch_size=self.batch_size, shuffle=True,
+        """The CNN's training images (all but the ``head_holdout`` last ones), shuffled."""
+        return torch.utils.data.DataLoader(self._split(head=False), batch_size=self.batch_size, shuffle=True,
                                            generator=torch.Generator().manual_seed(self.seed))
 
     def bcfw_dataloader(self):
-        """All training images in a fixed order, no augmentation (for the BCFW callback)."""
-        return torch.utils.data.DataLoader(self.train, batch_size=self.eval_batch_size, shuffle=False)
+        """The head's training images (all, or the ``head_holdout`` last ones) in a fixed order, no augmentation
+        (for the BCFW callback)."""
+        return torch.utils.data.DataLoader(self._split(head=True), batch_size=self.eval_batch_size, shuffle=False)
 
     def test_dataloader(self):
         return torch.utils.data.DataLoader(self.test, batch_size=self.eval_batch_size, shuffle=False)
