@@ -6,7 +6,7 @@ The same experiment as ``torch-bcfw train --config configs/pose_lsp.yaml`` (same
 callback settings), written out with the Python API:
 
 * data: LSP Extended images 1-1500 train, 1501-2000 test (the fixed split of
-  :mod:`torch_bcfw.datasets.lsp`), letterboxed to 96 x 96; the pose grid is 24 x 24 (4-pixel cells);
+  :mod:`torch_bcfw.datasets.lsp`), letterboxed to 128 x 128; the pose grid is 32 x 32 (4-pixel cells);
 * the backbone (:class:`torch_bcfw.lightning.pose.HeatmapCNN`, plain torch) is trained in Lightning with a
   soft-target cross-entropy per visible joint (flip + translation augmentation);
 * the head (:class:`torch_bcfw.lightning.pose.PoseHead` on a :class:`torch_bcfw.models.PoseTree`:
@@ -37,11 +37,11 @@ from torch_bcfw.lightning.pose_data import LSPPoseDataModule
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", default="../shared/data/lspet", help="folder with joints.mat and images/")
-    ap.add_argument("--epochs", type=int, default=12)
+    ap.add_argument("--epochs", type=int, default=20)
     ap.add_argument("--lam", type=float, default=1e-2)
-    ap.add_argument("--passes", type=float, default=10, help="BCFW passes per solve")
-    ap.add_argument("--every", type=int, default=6, help="solve the head every this many epochs")
-    ap.add_argument("--size", type=int, default=96, help="input frame side S (the grid is S / 4)")
+    ap.add_argument("--passes", type=float, default=20, help="BCFW passes per solve")
+    ap.add_argument("--every", type=int, default=10, help="solve the head every this many epochs")
+    ap.add_argument("--size", type=int, default=128, help="input frame side S (the grid is S / 4)")
     ap.add_argument("--types", type=int, default=1, help="mixture types per tree edge (k-means of the offsets)")
     ap.add_argument("--holdout", type=int, default=0,
                     help="train the CNN without the last N training images and the head on those N only")
