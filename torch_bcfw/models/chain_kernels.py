@@ -83,6 +83,16 @@ def max_length(offsets) -> int:
 
 
 @njit(cache=True)
+def step_scratch(offsets, K):
+    """Scratch of one block step, sized for the longest sequence of ``offsets``: unary scores ``U``, loss-augmented
+    unaries ``Ua``, direction ``D`` (float64 ``[Lmax, K]`` each), answer ``ystar`` (int64 ``[Lmax]``) and the
+    Viterbi messages ``delta`` (``[Lmax, K]``, :func:`viterbi_numba`)."""
+    Lmax = max_length(offsets)
+    return (np.empty((Lmax, K)), np.empty((Lmax, K)), np.empty((Lmax, K)), np.empty(Lmax, dtype=np.int64),
+            np.empty((Lmax, K)))
+
+
+@njit(cache=True)
 def loss_augmented_decode(U, Ua, L, s, y, inv_L, trans, ystar, delta):
     """``ystar[:L] <- argmax_y sum_t (U[t, y_t] + inv_L [y_t != y_{s+t}]) + transitions`` (normalised Hamming
     loss folded into the unaries ``Ua``; ``delta``: scratch of :func:`viterbi_numba`)."""
@@ -274,12 +284,7 @@ def chain_bcfw_steps(
     """
     n = offsets.shape[0] - 1
     K = We.shape[1]
-    Lmax = max_length(offsets)
-    U = np.empty((Lmax, K))
-    Ua = np.empty((Lmax, K))
-    D = np.empty((Lmax, K))
-    ystar = np.empty(Lmax, dtype=np.int64)
-    delta = np.empty((Lmax, K))
+    U, Ua, D, ystar, delta = step_scratch(offsets, K)
     k = k0
     clock = t0
     for j in range(order.shape[0]):

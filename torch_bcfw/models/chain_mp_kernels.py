@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from .chain_kernels import _unary_scores, loss_augmented_decode, max_length
+from .chain_kernels import _unary_scores, loss_augmented_decode, step_scratch
 from .chain_variant_kernels import _fw_step, _labels_score, _plane_score
 from .working_set import LAST, LOSS, SCORE, label_hash, ws_corners, ws_drop_stale, ws_evict_lru, ws_find, ws_fw_update, ws_insert
 
@@ -41,13 +41,8 @@ def chain_mp_steps(
     Returns the (possibly reallocated) working-set pool ``(key, fl, lab)``."""
     n = offsets.shape[0] - 1
     K = We.shape[1]
-    Lmax = max_length(offsets)
-    U = np.empty((Lmax, K))
-    Ua = np.empty((Lmax, K))
-    D = np.empty((Lmax, K))
-    ystar = np.empty(Lmax, dtype=np.int64)
-    yh = np.empty(Lmax, dtype=np.int32)
-    delta = np.empty((Lmax, K))
+    U, Ua, D, ystar, delta = step_scratch(offsets, K)
+    yh = np.empty(ystar.shape[0], dtype=np.int32)
     k = k0
     clock = t0
     for j in range(order.shape[0]):

@@ -30,7 +30,7 @@ from numba import njit
 from ..stepsize import AWAY_RULE, FW_RULE, PAIRWISE_RULE, average_weight, away_choice, away_max_step, clipped_step
 from ..sumtree import est_set, gap_draw
 from .chain_kernels import (_add_direction, _direction_sqnorm, _transition_stats, _unary_scores,
-                            fw_move, loss_augmented_decode, max_length)
+                            fw_move, loss_augmented_decode, step_scratch)
 from .working_set import ALPHA, LOSS, SCORE, label_hash, ws_away_update, ws_corners, ws_drop_inactive, ws_find, ws_fw_update, ws_insert, ws_pairwise_update
 
 #: status codes returned in ``counters[3]``
@@ -155,15 +155,10 @@ def chain_plan_steps(
     """
     n = offsets.shape[0] - 1
     K = We.shape[1]
-    Lmax = max_length(offsets)
-    U = np.empty((Lmax, K))
-    Ua = np.empty((Lmax, K))
-    D = np.empty((Lmax, K))
+    U, Ua, D, ystar, delta = step_scratch(offsets, K)
     dT = np.empty((K, K))
-    ystar = np.empty(Lmax, dtype=np.int64)
-    ya = np.empty(Lmax, dtype=np.int64)
-    yh = np.empty(Lmax, dtype=np.int32)
-    delta = np.empty((Lmax, K))
+    ya = np.empty(ystar.shape[0], dtype=np.int64)
+    yh = np.empty(ystar.shape[0], dtype=np.int32)
     lam_n = lam * n
     k = k0
     clock = t0

@@ -282,6 +282,12 @@ def flat_to_positions(y: Tensor, n: int, J: int, G: int) -> Tensor:
 
 
 # ---------------------------------------------------------------------------- training-set statistics
+def _edge_ends(edges: Edges, device) -> tuple[Tensor, Tensor]:
+    """``(parents, children)``: ``LongTensor[E]`` each."""
+    return (torch.tensor([p for p, _ in edges], dtype=torch.long, device=device),
+            torch.tensor([c for _, c in edges], dtype=torch.long, device=device))
+
+
 def mean_offsets(positions: Tensor, visible: Tensor, edges: Edges = LSP_TREE_EDGES) -> Tensor:
     """Mean displacement ``child - parent`` of every edge over the examples where both joints are visible.
 
@@ -294,8 +300,7 @@ def mean_offsets(positions: Tensor, visible: Tensor, edges: Edges = LSP_TREE_EDG
         float64 ``[E, 2]`` ``(mu_y, mu_x)``; an edge never seen with both ends visible gets ``(0, 0)``.
     """
     pos = torch.as_tensor(positions).to(torch.float64)
-    parents = torch.tensor([p for p, _ in edges], dtype=torch.long, device=pos.device)
-    children = torch.tensor([c for _, c in edges], dtype=torch.long, device=pos.device)
+    parents, children = _edge_ends(edges, pos.device)
     both = visible[:, parents] & visible[:, children]  # [n, E]
     d = torch.nan_to_num(pos[:, children] - pos[:, parents]) * both[..., None]
     count = both.sum(0).clamp(min=1)[:, None].to(torch.float64)
@@ -360,8 +365,7 @@ def nearest_types(positions: Tensor, centres: Tensor, edges: Edges = LSP_TREE_ED
         ``LongTensor[n, E]`` (ties to the lower type).
     """
     pos = torch.as_tensor(positions).to(torch.float64)
-    parents = torch.tensor([p for p, _ in edges], dtype=torch.long, device=pos.device)
-    children = torch.tensor([c for _, c in edges], dtype=torch.long, device=pos.device)
+    parents, children = _edge_ends(edges, pos.device)
     d = pos[:, children] - pos[:, parents]  # [n, E, 2]
     c = torch.as_tensor(centres, dtype=torch.float64).to(pos.device).reshape(len(edges), -1, 2)
     return ((d[:, :, None, :] - c) ** 2).sum(-1).argmin(-1)
@@ -376,8 +380,7 @@ def offset_scales(positions: Tensor, visible: Tensor, edges: Edges = LSP_TREE_ED
     :func:`offset_types`) and ``n_types = K``: the deviation within every type, ``[E, K, 2]``.
     """
     pos = torch.as_tensor(positions).to(torch.float64)
-    parents = torch.tensor([p for p, _ in edges], dtype=torch.long, device=pos.device)
-    children = torch.tensor([c for _, c in edges], dtype=torch.long, device=pos.device)
+    parents, children = _edge_ends(edges, pos.device)
     both = visible[:, parents] & visible[:, children]  # [n, E]
     d = torch.nan_to_num(pos[:, children] - pos[:, parents])
 
@@ -496,8 +499,7 @@ class PoseTree(StructuredModel):
         self.min_quadratic = float(min_quadratic)
         self.method = method
         self.n_features = self.n_joints * self.n_unary + (4 * E if K == 1 else 5 * E * K)
-        self._parents = torch.tensor([p for p, _ in self.edges], dtype=torch.long)
-        self._children = torch.tensor([c for _, c in self.edges], dtype=torch.long)
+        self._parents, self._children = _edge_ends(self.edges, "cpu")
 
     def config(self) -> dict:
         return {"grid_size": self.grid_size, "mu": self.mu.tolist(), "scales": self.scales.tolist(),
