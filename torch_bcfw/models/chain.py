@@ -344,7 +344,10 @@ class ChainDualState(DualState):
         The CSR arrays come straight from :meth:`SequenceData.x_csr` (stored sparse features,
         or the non-zeros of dense ones), and the Gram matrices are computed from them by
         :func:`sequence_grams`, so dense data and the same data stored sparse give identical
-        kernel inputs.
+        kernel inputs.  Feature ids, values and Gram entries go to the kernels in the narrowest types
+        that hold them exactly (:func:`_narrow_ids`, :func:`_narrow_exact`: one byte each for OCR's
+        binary pixels): a step reads them for every token of its block, a cache miss per line on a
+        random block order, and widening them back inside the kernels is exact.
         """
         if self._kernel_inputs is None:
             indptr, indices, values = (t.cpu().contiguous() for t in self.data.x_csr())
@@ -353,11 +356,11 @@ class ChainDualState(DualState):
             gram, gram_off = sequence_grams(indptr, indices, values, off, self.data.n_inputs)
             self._kernel_inputs = {
                 "indptr": indptr.numpy(),
-                "indices": indices.numpy(),
-                "values": values.numpy(),
+                "indices": _narrow_ids(indices, self.data.n_inputs),
+                "values": _narrow_exact(values),
                 "y": self.data.y.cpu().numpy(),
                 "offsets": off.numpy(),
-                "gram": gram.numpy(),
+                "gram": _narrow_exact(gram),
                 "gram_off": gram_off.numpy(),
             }
         return self._kernel_inputs
@@ -432,6 +435,21 @@ class ChainDualState(DualState):
         dev = self.w.device
         for name in ("mu", "T", "mu_acc", "T_acc"):
             setattr(self, name, sd[name].to(dev, torch.float64).clone())
+
+
+def _narrow_ids(ids: Tensor, n: int) -> np.ndarray:
+    """``ids`` (in ``[0, n)``) as the narrowest of uint8, uint16, uint32 that holds ``n - 1`` (int64 beyond)."""
+    dtype = next((t for t in (np.uint8, np.uint16, np.uint32) if n - 1 <= np.iinfo(t).max), np.int64)
+    return ids.numpy().astype(dtype)
+
+
+def _narrow_exact(x: Tensor) -> np.ndarray:
+    """The float64 ``x`` as uint8 when its entries are integers in ``[0, 255]``, else as float32 when that is exact,
+    else unchanged."""
+    if bool(((x >= 0) & (x <= 255) & (x == x.round())).all()):
+        return x.to(torch.uint8).numpy()
+    y = x.to(torch.float32)
+    return y.numpy() if torch.equal(y.to(torch.float64), x) else x.numpy()
 
 
 def sequence_grams(indptr: Tensor, indices: Tensor, values: Tensor, offsets: Tensor, n_features: int) -> tuple[Tensor, Tensor]:
