@@ -1,19 +1,24 @@
 """Seconds per effective BCFW pass and per exact gap pass on OCR-large (n = 6251), with in-run baselines.
 
-Usage:  python benchmarks/ocr_speed.py [--repeat 10]
+Usage:  python benchmarks/ocr_speed.py [--repeat 10] [--pystruct-python PATH]
 Writes benchmarks/results/ocr_speed.json and prints a table.
 
 Compared in the same run on the same machine:
   * the compiled (numba) fused BCFW step kernel of ``ChainDualState`` (with / without averaging);
   * the generic torch step path (``DualState.run_steps``: one batched-oracle call per block step);
   * a plain NumPy step loop with dense ``w_i`` (benchmarks/baselines.py, pystruct-style);
+  * with ``--pystruct-python PATH`` (an interpreter with pystruct 0.3.2, see benchmarks/pystruct_ocr.py):
+    pystruct's ``FrankWolfeSSVM`` on the same words, in a subprocess after the kernel timings;
   * the exact gap pass (compiled Viterbi over all words in parallel threads) vs the length-bucketed
     torch recursion (the device-agnostic path used on CUDA) and one padded batch.
 """
 from __future__ import annotations
 
 import argparse
-import time
+import json
+import subprocess
+import tempfile
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -32,6 +37,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeat", type=int, default=10)
     ap.add_argument("--baseline-steps", type=int, default=400)
+    ap.add_argument("--pystruct-python", help="a Python interpreter with pystruct 0.3.2: also time its FrankWolfeSSVM")
     args = ap.parse_args()
     train, test = load_ocr_split(DATA / "ocr", "large", 0)
     model = Chain(128, 26)
@@ -93,17 +99,31 @@ def main() -> None:
     t = timed(padded_oracle, repeat=args.repeat)
     rows.append({"what": "baseline: one padded batch Viterbi (no length buckets)", "s_min": t["min"], "s_median": t["median"]})
 
-    print_table(rows, ["what", "s_min", "s_median"])
     summary = {
         "bcfw_pass_s": kernel_pass,
         "gap_pass_s": oracle_pass,
         "speedup_vs_numpy_loop": rows[3]["s_min"] / kernel_pass,
         "speedup_vs_generic_torch": rows[2]["s_min"] / kernel_pass,
-        "pystruct_reference_s": 0.45,
-        "speedup_vs_pystruct_reference": 0.45 / kernel_pass,
     }
+    if args.pystruct_python:
+        py = pystruct_pass(args.pystruct_python, train, lam)
+        rows.append({"what": "pystruct 0.3.2 FrankWolfeSSVM pass (marginal; same data)", "s_min": py["pass_s"],
+                     "s_median": None})
+        summary["pystruct_pass_s"] = py["pass_s"]
+        summary["speedup_vs_pystruct"] = py["pass_s"] / kernel_pass
+    print_table(rows, ["what", "s_min", "s_median"])
     print({k: round(v, 4) for k, v in summary.items()})
     write_json("ocr_speed.json", {"n": n, "lam": lam, "rows": rows, "summary": summary})
+
+
+def pystruct_pass(python: str, train, lam: float) -> dict:
+    """Run benchmarks/pystruct_ocr.py under ``python`` on ``train`` (exported to a temporary ``.npz``)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        data, out = Path(tmp) / "ocr.npz", Path(tmp) / "pystruct.json"
+        np.savez(data, x=train.x.numpy(), y=train.y.numpy(), offsets=train.offsets.numpy())
+        subprocess.run([python, str(Path(__file__).with_name("pystruct_ocr.py")), str(data), "--lam", str(lam),
+                        "--json", str(out)], check=True)
+        return json.loads(out.read_text())
 
 
 if __name__ == "__main__":
