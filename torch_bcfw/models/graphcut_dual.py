@@ -211,28 +211,34 @@ class GraphCutDualState(DenseDualState):
         w_u, w_p = W[:F], W[F:]
         checked = box and bool((lo[F:] >= 0.0).all())  # the box keeps w_P >= 0: no per-step check needed
         seg_off = self._seg
+        self._block_arrays(0)
+        blocks = self._np_blocks
         gaps = np.empty(len(order), dtype=np.float64)
         oracle_s = 0.0
-        for j, i in enumerate(order):
-            i = int(i)
-            rec, phi_true = self._block_arrays(i)
-            t0 = perf_counter()
-            if not checked:
-                w_p = _checked_pairwise(W[F:])
-            seg, _, _ = decode_record(rec, w_u, w_p, True, bool(w_p.size) and float(w_p.max()) > 0.0)
-            oracle_s += perf_counter() - t0
-            num, gamma, ell_i, new_ell = _fused_block_step(
-                seg, rec[0], rec[1], rec[6], rec[7], rec[8], rec[9], rec[3], rec[4], phi_true, seg_off[i], i,
-                WB, WBa, V, W, lo, hi, box, mu, mu_acc, pw, pw_acc, acc_w, bell, last_t,
-                lam, scale, n, step_code, self.k, self.avg_t, averaging)
-            gaps[j] = num
-            if gamma != 0.0:
-                self.ell += new_ell - ell_i
-                self.avg_ell_u += average_weight(self.avg_t) * (new_ell - ell_i)
-            self.k += 1
-            self.avg_t += 1
-        self.oracle_seconds += oracle_s
-        self._sync_w()
+        k, avg_t, ell, avg_ell_u = self.k, self.avg_t, self.ell, self.avg_ell_u
+        step = _fused_block_step
+        try:
+            for j, i in enumerate(order.tolist()):  # locals only: the cut before each step leaves the caches cold
+                rec, phi_true = blocks[i]
+                t0 = perf_counter()
+                if not checked:
+                    w_p = _checked_pairwise(W[F:])
+                seg, _, _ = decode_record(rec, w_u, w_p, True, bool(w_p.size) and float(w_p.max()) > 0.0)
+                oracle_s += perf_counter() - t0
+                num, gamma, ell_i, new_ell = step(
+                    seg, rec[0], rec[1], rec[6], rec[7], rec[8], rec[9], rec[3], rec[4], phi_true, seg_off[i], i,
+                    WB, WBa, V, W, lo, hi, box, mu, mu_acc, pw, pw_acc, acc_w, bell, last_t,
+                    lam, scale, n, step_code, k, avg_t, averaging)
+                gaps[j] = num
+                if gamma != 0.0:
+                    ell += new_ell - ell_i
+                    avg_ell_u += average_weight(avg_t) * (new_ell - ell_i)
+                k += 1
+                avg_t += 1
+        finally:  # also when interrupted: the arrays already hold every finished step
+            self.k, self.avg_t, self.ell, self.avg_ell_u = k, avg_t, ell, avg_ell_u
+            self.oracle_seconds += oracle_s
+            self._sync_w()
         return gaps
 
     # ------------------------------------------------------------ storage hooks
