@@ -177,16 +177,16 @@ class GraphCutDualState(DenseDualState):
         return self.model.joint_feature(self.block_data(i), y)[0, self.F:]
 
     # ------------------------------------------------------------ the fused step loop
-    def _block_arrays(self, i: int) -> tuple:
-        """Block ``i`` for :meth:`run_steps`: its :data:`~torch_bcfw.inference.graphcut_pool.GraphRecord`
-        (the model's cached per-graph CPU arrays, shared with the batched oracle) and ``phi(x_i, y_i): [d]``."""
+    def _blocks(self) -> list:
+        """Per block, for :meth:`run_steps`: its :data:`~torch_bcfw.inference.graphcut_pool.GraphRecord` (the
+        model's cached per-graph CPU arrays, shared with the batched oracle) and ``phi(x_i, y_i): [d]`` (built once)."""
         blocks = self.__dict__.get("_np_blocks")
         if blocks is None:
             self._true_pairwise()
             phi = self._phi_true.cpu().numpy()
             blocks = [(rec, phi[j]) for j, rec in enumerate(self.model.graph_records(self.data))]
             self._np_blocks = blocks
-        return blocks[i]
+        return blocks
 
     def run_steps(self, order: np.ndarray, step_code: int, averaging: bool = True) -> np.ndarray:
         """Sequential BCFW steps as :meth:`~torch_bcfw.models.dual.DualState.run_steps` (same iterates up to
@@ -211,8 +211,7 @@ class GraphCutDualState(DenseDualState):
         w_u, w_p = W[:F], W[F:]
         checked = box and bool((lo[F:] >= 0.0).all())  # the box keeps w_P >= 0: no per-step check needed
         seg_off = self._seg
-        self._block_arrays(0)
-        blocks = self._np_blocks
+        blocks = self._blocks()
         gaps = np.empty(len(order), dtype=np.float64)
         oracle_s = 0.0
         k, avg_t, ell, avg_ell_u = self.k, self.avg_t, self.ell, self.avg_ell_u
