@@ -461,7 +461,7 @@ def test_interrupted_step_loop_leaves_a_consistent_state(monkeypatch):
     a = model.dual_state(data, 0.01)
     a.set_bounds(*model.weight_bounds())
     k0, t0 = a.k, a.avg_t
-    calls, real = [0], gd.decode_record
+    calls, real = [0], gd._cut
 
     def interrupting(*args, **kwargs):
         calls[0] += 1
@@ -469,15 +469,31 @@ def test_interrupted_step_loop_leaves_a_consistent_state(monkeypatch):
             raise KeyboardInterrupt
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(gd, "decode_record", interrupting)
+    monkeypatch.setattr(gd, "_cut", interrupting)
     with pytest.raises(KeyboardInterrupt):
         a.run_steps(order, 0)
-    monkeypatch.setattr(gd, "decode_record", real)
-    assert (a.k, a.avg_t) == (k0 + 6, t0 + 6)
+    monkeypatch.setattr(gd, "_cut", real)
+    done = a.k - k0  # steps while w_P = 0 need no cut, so the 7th cut is at step 7 or later
+    assert 6 <= done < len(order) and a.avg_t - t0 == done
     assert a.ell == pytest.approx(float(a.block_ell.sum()), abs=1e-12)
     torch.testing.assert_close(a.w, torch.clamp(a.v, a.lower, a.upper), rtol=0, atol=0)
-    rest = a.run_steps(order[6:], 0)
-    assert np.array_equal(rest, ref_gaps[6:])
+    rest = a.run_steps(order[done:], 0)
+    assert np.array_equal(rest, ref_gaps[done:])
     for name in ("v", "w", "w_blocks", "w_blocks_acc", "mu", "pw", "mu_acc", "pw_acc", "block_ell"):
         assert torch.equal(getattr(a, name), getattr(ref, name)), name
     assert (a.k, a.avg_t, a.ell, a.avg_ell_u) == (ref.k, ref.avg_t, ref.ell, ref.avg_ell_u)
+
+
+def test_step_loop_without_a_box_raises_on_negative_pairwise_weights():
+    """Without the positivity box the fused step loop checks ``w_P`` before every cut: a negative pairwise weight
+    stops it with the oracle's error, the finished steps kept."""
+    data = tiny_problem(5)
+    model = GraphCut(2, 2, loss="balanced", processes=1)
+    a = model.dual_state(data, 0.01)  # no set_bounds: unconstrained
+    a.run_steps(np.arange(3), 0)
+    k = a.k
+    a.v[2:] = -0.5  # as if the unconstrained dual had moved there
+    a._sync_w()
+    with pytest.raises(ValueError, match="pairwise weights must be >= 0"):
+        a.run_steps(np.arange(5), 0)
+    assert a.k == k

@@ -18,15 +18,17 @@ labelings visited (an :class:`~torch_bcfw.models.dual.ActiveSetDualState` would 
 from __future__ import annotations
 
 import hashlib
-from time import perf_counter
+import sys
+import time
 
 import numpy as np
 import torch
-from numba import njit
+from numba import njit, objmode, types
+from numba.typed import List
 from torch import Tensor
 
-from ..inference.graphcut import NEGATIVE_TOLERANCE
-from ..inference.graphcut_pool import decode_record
+from ..inference.graphcut import NEGATIVE_TOLERANCE, build_graph, cut_graph
+from ..inference.graphcut_pool import edge_penalties, node_gains
 from ..stepsize import average_weight, step_size
 from .dual import DenseDualState
 
@@ -39,6 +41,30 @@ def _checked_pairwise(w_p: np.ndarray) -> np.ndarray:
         raise ValueError(f"pairwise weights must be >= 0 for an exact graph cut (submodular energy), got minimum "
                          f"{float(w_p.min()):.6g}; train with the model's weight_bounds()")
     return np.maximum(w_p, 0.0)
+
+
+if sys.platform.startswith("linux"):
+    _clock_gettime = types.ExternalFunction("clock_gettime", types.int32(types.int32, types.voidptr))
+    _MONOTONIC = time.CLOCK_MONOTONIC
+
+    @njit(cache=True)
+    def _now(ts):
+        """Monotonic seconds from compiled code without a round trip through the interpreter (``ts``: int64[2]
+        scratch for the ``timespec``)."""
+        _clock_gettime(_MONOTONIC, ts.ctypes)
+        return ts[0] + 1e-9 * ts[1]
+else:  # pragma: no cover - other platforms: the interpreter's clock
+    @njit(cache=True)
+    def _now(ts):
+        """Monotonic seconds (``time.perf_counter`` through object mode)."""
+        with objmode(t="float64"):
+            t = time.perf_counter()
+        return t
+
+
+def _cut(gain: np.ndarray, edges: np.ndarray, penalties: np.ndarray) -> np.ndarray:
+    """The min cut of one loss-augmented problem (PyMaxflow), called back from :func:`_step_loop`: ``bool[N]``."""
+    return np.ascontiguousarray(cut_graph(*build_graph(gain, edges, penalties)))
 
 
 @njit(cache=True)
@@ -126,6 +152,53 @@ def _fused_block_step(seg, x, ns, e0, e1, edge_x, inv_z, truth, omega, phi_true,
     return num, gamma, ell_i, new_ell
 
 
+@njit(cache=True)
+def _step_loop(order, records, phi_true, seg_off, F, checked, WB, WBa, V, W, lo, hi, box, mu, mu_acc, pw, pw_acc,
+               acc_w, bell, last_t, lam, scale, n, step_code, averaging, counts, sums, gaps):
+    """The sequential BCFW steps of :meth:`GraphCutDualState.run_steps` in one compiled loop.
+
+    Per step ``j`` (block ``i = order[j]``): the loss-augmented oracle -- node gains and edge penalties
+    (the batched oracle's :func:`~torch_bcfw.inference.graphcut_pool.node_gains` /
+    :func:`~torch_bcfw.inference.graphcut_pool.edge_penalties`) and the cut by PyMaxflow (:func:`_cut`, in object
+    mode) -- then :func:`_fused_block_step`.  ``records``: typed list of the blocks'
+    :data:`~torch_bcfw.inference.graphcut_pool.GraphRecord`; ``phi_true``: ``float64[n, d]``; ``seg_off``:
+    ``int64[n + 1]`` node offsets.  The counters live in arrays updated after every step, so an exception raised
+    by the cut (Ctrl-C) leaves them consistent with the finished steps: ``counts = [k, avg_t]`` (int64),
+    ``sums = [ell, avg_ell_u, oracle seconds]`` (float64); ``gaps[j]`` receives each step's block gap.
+    Returns the number of steps done: ``j < len(order)`` when the unchecked pairwise weights (``checked``
+    False) are below ``-NEGATIVE_TOLERANCE`` at step ``j`` (the caller raises)."""
+    ts = np.zeros(2, dtype=np.int64)
+    for j in range(order.shape[0]):
+        i = order[j]
+        x, ns, aug, truth, omega, edges, e0, e1, edge_x, inv_z = records[i]
+        t0 = _now(ts)
+        w_u = W[:F]
+        w_p = W[F:]
+        if not checked:
+            if w_p.size and w_p.min() < -NEGATIVE_TOLERANCE:
+                return j
+            w_p = np.maximum(w_p, 0.0)
+        _, gain = node_gains(x, w_u, ns, aug, True)
+        if edges.shape[0] == 0 or x.shape[0] == 0 or w_p.size == 0 or not w_p.max() > 0.0:
+            seg = gain > 0.0
+        else:
+            c = edge_penalties(edge_x, w_p, inv_z)
+            with objmode(seg="boolean[::1]"):
+                seg = _cut(gain, edges, c)
+        sums[2] += _now(ts) - t0
+        num, gamma, ell_i, new_ell = _fused_block_step(
+            seg, x, ns, e0, e1, edge_x, inv_z, truth, omega, phi_true[i], seg_off[i], i,
+            WB, WBa, V, W, lo, hi, box, mu, mu_acc, pw, pw_acc, acc_w, bell, last_t,
+            lam, scale, n, step_code, counts[0], counts[1], averaging)
+        gaps[j] = num
+        if gamma != 0.0:
+            sums[0] += new_ell - ell_i
+            sums[1] += average_weight(counts[1]) * (new_ell - ell_i)
+        counts[0] += 1
+        counts[1] += 1
+    return order.shape[0]
+
+
 class GraphCutDualState(DenseDualState):
     """Dense ``w_i`` plus node marginals ``mu`` and expected pairwise features ``pw`` (see the module docstring).
 
@@ -177,67 +250,58 @@ class GraphCutDualState(DenseDualState):
         return self.model.joint_feature(self.block_data(i), y)[0, self.F:]
 
     # ------------------------------------------------------------ the fused step loop
-    def _blocks(self) -> list:
-        """Per block, for :meth:`run_steps`: its :data:`~torch_bcfw.inference.graphcut_pool.GraphRecord` (the
-        model's cached per-graph CPU arrays, shared with the batched oracle) and ``phi(x_i, y_i): [d]`` (built once)."""
+    def _blocks(self) -> tuple:
+        """For :meth:`run_steps` (built once): the blocks' :data:`~torch_bcfw.inference.graphcut_pool.GraphRecord`
+        (the model's cached per-graph CPU arrays, shared with the batched oracle) as a numba typed list,
+        ``phi(x_i, y_i): float64[n, d]`` and the node offsets ``int64[n + 1]``."""
         blocks = self.__dict__.get("_np_blocks")
         if blocks is None:
             self._true_pairwise()
-            phi = self._phi_true.cpu().numpy()
-            blocks = [(rec, phi[j]) for j, rec in enumerate(self.model.graph_records(self.data))]
+            records = List()
+            for rec in self.model.graph_records(self.data):
+                records.append(tuple(np.ascontiguousarray(a) for a in rec[:9]) + (float(rec[9]),))
+            blocks = (records, np.ascontiguousarray(self._phi_true.cpu().numpy()),
+                      np.asarray(self._seg, dtype=np.int64))
             self._np_blocks = blocks
         return blocks
 
     def run_steps(self, order: np.ndarray, step_code: int, averaging: bool = True) -> np.ndarray:
         """Sequential BCFW steps as :meth:`~torch_bcfw.models.dual.DualState.run_steps` (same iterates up to
-        rounding), fused on CPU: the loss-augmented cut of the batched oracle's per-graph code
-        (:func:`~torch_bcfw.inference.graphcut_pool.decode_record`), then one compiled kernel per step
-        (:func:`_fused_block_step`: ``phi`` and the loss of the answer, the line search, the averaging and the
-        updates of ``w_i``, ``mu``, ``pw``, ``v`` and ``w``), without per-step torch calls or temporaries.
-        The oracle's share of the time is added to :attr:`oracle_seconds`."""
+        rounding), fused on CPU: one compiled loop (:func:`_step_loop`) runs the loss-augmented oracle of the
+        batched oracle's per-graph code (gains and penalties compiled, the cut by PyMaxflow called back in object
+        mode) and one compiled kernel per step (:func:`_fused_block_step`: ``phi`` and the loss of the answer,
+        the line search, the averaging and the updates of ``w_i``, ``mu``, ``pw``, ``v`` and ``w``), without
+        per-step interpreter work besides the cut.  The oracle's share of the time is added to
+        :attr:`oracle_seconds`."""
         from .graphcut import GraphCut
 
         if self.data.device.type != "cpu" or not self.model.pairwise or type(self.model).oracle is not GraphCut.oracle:
             return super().run_steps(order, step_code, averaging)  # e.g. a subclass with its own oracle
         F, lam, n = self.F, self.lam, self.n
-        scale = 1.0 / (lam * n)
         V, WB, WBa = self.v.numpy(), self.w_blocks.numpy(), self.w_blocks_acc.numpy()
-        mu, mu_acc, pw, pw_acc = self.mu.numpy(), self.mu_acc.numpy(), self.pw.numpy(), self.pw_acc.numpy()
-        acc_w, bell, last_t = self.acc_w.numpy(), self.block_ell.numpy(), self.avg_last.numpy()
         box = bool(self._box)
         lo = self.lower.numpy() if box else V[:0]
         hi = self.upper.numpy() if box else V[:0]
         W = np.clip(V, lo, hi) if box else V  # updated in place by the kernel
-        w_u, w_p = W[:F], W[F:]
         checked = box and bool((lo[F:] >= 0.0).all())  # the box keeps w_P >= 0: no per-step check needed
-        seg_off = self._seg
-        blocks = self._blocks()
+        records, phi_true, seg_off = self._blocks()
+        order = np.ascontiguousarray(order, dtype=np.int64)
         gaps = np.empty(len(order), dtype=np.float64)
-        oracle_s = 0.0
-        k, avg_t, ell, avg_ell_u = self.k, self.avg_t, self.ell, self.avg_ell_u
-        step = _fused_block_step
+        counts = np.array([self.k, self.avg_t], dtype=np.int64)
+        sums = np.array([self.ell, self.avg_ell_u, 0.0])
+        done = len(order)
         try:
-            for j, i in enumerate(order.tolist()):  # locals only: the cut before each step leaves the caches cold
-                rec, phi_true = blocks[i]
-                t0 = perf_counter()
-                if not checked:
-                    w_p = _checked_pairwise(W[F:])
-                seg, _, _ = decode_record(rec, w_u, w_p, True, bool(w_p.size) and float(w_p.max()) > 0.0)
-                oracle_s += perf_counter() - t0
-                num, gamma, ell_i, new_ell = step(
-                    seg, rec[0], rec[1], rec[6], rec[7], rec[8], rec[9], rec[3], rec[4], phi_true, seg_off[i], i,
-                    WB, WBa, V, W, lo, hi, box, mu, mu_acc, pw, pw_acc, acc_w, bell, last_t,
-                    lam, scale, n, step_code, k, avg_t, averaging)
-                gaps[j] = num
-                if gamma != 0.0:
-                    ell += new_ell - ell_i
-                    avg_ell_u += average_weight(avg_t) * (new_ell - ell_i)
-                k += 1
-                avg_t += 1
+            done = _step_loop(order, records, phi_true, seg_off, F, checked, WB, WBa, V, W, lo, hi, box,
+                              self.mu.numpy(), self.mu_acc.numpy(), self.pw.numpy(), self.pw_acc.numpy(),
+                              self.acc_w.numpy(), self.block_ell.numpy(), self.avg_last.numpy(),
+                              lam, 1.0 / (lam * n), n, step_code, averaging, counts, sums, gaps)
         finally:  # also when interrupted: the arrays already hold every finished step
-            self.k, self.avg_t, self.ell, self.avg_ell_u = k, avg_t, ell, avg_ell_u
-            self.oracle_seconds += oracle_s
+            self.k, self.avg_t = int(counts[0]), int(counts[1])
+            self.ell, self.avg_ell_u = float(sums[0]), float(sums[1])
+            self.oracle_seconds += float(sums[2])
             self._sync_w()
+        if done < len(order):
+            _checked_pairwise(W[F:])  # raises: negative pairwise weights without a box
         return gaps
 
     # ------------------------------------------------------------ storage hooks
