@@ -119,22 +119,27 @@ def _fused_block_step(seg, x, ns, e0, e1, edge_x, inv_z, truth, omega, phi_true,
     gamma = step_size(step_code, num, lam * dd, k, n)
     new_ell = ell_i
     if gamma != 0.0:
+        S = 0.0
         if averaging:
             t0 = last_t[i]
             S = 0.5 * (avg_t * (avg_t + 1.0) - t0 * (t0 + 1.0))
             if S != 0.0:
                 for q in range(D):
                     WBa[i, q] += S * WB[i, q]
-                for p in range(N):
-                    mu_acc[a + p] += S * mu[a + p]
                 for e in range(E):
                     pw_acc[i, e] += S * pw[i, e]
                 acc_w[i] += S
             last_t[i] = avg_t
         for q in range(D):
             WB[i, q] -= gamma * d[q]
-        for p in range(N):
-            mu[a + p] = (1.0 - gamma) * mu[a + p] + gamma * (1.0 if seg[p] else 0.0)
+        if S != 0.0:  # one pass over the block's marginals: accumulate the old value, then move it
+            for p in range(N):
+                m = mu[a + p]
+                mu_acc[a + p] += S * m
+                mu[a + p] = (1.0 - gamma) * m + gamma * (1.0 if seg[p] else 0.0)
+        else:
+            for p in range(N):
+                mu[a + p] = (1.0 - gamma) * mu[a + p] + gamma * (1.0 if seg[p] else 0.0)
         for e in range(E):
             pw[i, e] = (1.0 - gamma) * pw[i, e] + gamma * phi[F + e]
         new_ell = (1.0 - gamma) * ell_i + gamma * ell_s
