@@ -104,18 +104,26 @@ def labeling_terms(seg, g, c, e0, e1, truth, omega, with_loss):
     return score, loss
 
 
-_NO_PENALTIES = np.zeros(0)
+@njit(cache=True)
+def cut_inputs(x, w_u, node_scale, aug, augment, edges, edge_x, w_e, inv_z):
+    """``(g, gain, c)`` of one graph: :func:`node_gains` and, when the graph needs a cut (nodes, edges and a
+    positive pairwise weight), the :func:`edge_penalties` ``c``; else ``c`` is empty and the answer is
+    ``gain > 0`` per node.  The one place that decides whether a graph is cut (:func:`decode_record`, the
+    compiled step loop of :class:`~torch_bcfw.models.graphcut_dual.GraphCutDualState`)."""
+    g, gain = node_gains(x, w_u, node_scale, aug, augment)
+    if x.shape[0] == 0 or edges.shape[0] == 0 or w_e.shape[0] == 0 or not w_e.max() > 0.0:
+        return g, gain, np.zeros(0)
+    return g, gain, edge_penalties(edge_x, w_e, inv_z)
 
 
-def decode_record(rec: GraphRecord, w_u: np.ndarray, w_e: np.ndarray, loss_augmented: bool,
-                  cut: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Decode one graph: ``(seg bool[N], g float64[N], c float64[M])`` (``c`` empty when there is no cut:
-    ``cut`` False, no edges or zero pairwise weights, in which case ``seg = gain > 0``)."""
+def decode_record(rec: GraphRecord, w_u: np.ndarray, w_e: np.ndarray,
+                  loss_augmented: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Decode one graph: ``(seg bool[N], g float64[N], c float64[M])`` (``c`` empty when there is no cut -- no
+    edges or zero pairwise weights, see :func:`cut_inputs` -- in which case ``seg = gain > 0``)."""
     x, ns, aug, _, _, edges, _, _, edge_x, inv_z = rec
-    g, gain = node_gains(x, w_u, ns, aug, loss_augmented)
-    if not cut or edges.shape[0] == 0 or x.shape[0] == 0:
-        return gain > 0, g, _NO_PENALTIES
-    c = edge_penalties(edge_x, w_e, inv_z)
+    g, gain, c = cut_inputs(x, w_u, ns, aug, loss_augmented, edges, edge_x, w_e, inv_z)
+    if c.shape[0] == 0:
+        return gain > 0, g, c
     return cut_graph(*build_graph(gain, edges, c)), g, c
 
 
@@ -134,13 +142,12 @@ def solve_records(records: Sequence[GraphRecord], w_u: np.ndarray, w_e: np.ndarr
         ``(seg bool[sum N_i], loss float64[n], score float64[n])`` (``loss``, ``score`` zero without
         ``terms``).
     """
-    cut = bool(w_e.size) and float(w_e.max()) > 0.0
     out = np.empty(sum(r[0].shape[0] for r in records), dtype=bool)
     loss = np.zeros(len(records))
     score = np.zeros(len(records))
     pos = 0
     for j, rec in enumerate(records):
-        seg, g, c = decode_record(rec, w_u, w_e, loss_augmented, cut)
+        seg, g, c = decode_record(rec, w_u, w_e, loss_augmented)
         n = seg.shape[0]
         out[pos:pos + n] = seg
         pos += n

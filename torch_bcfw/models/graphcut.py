@@ -248,7 +248,7 @@ class GraphCut(StructuredModel):
         w_u = w64[: self.n_inputs].cpu().numpy()
         records = self.graph_records(data)
         if len(data) == 1 and not terms:
-            seg, _, _ = decode_record(records[0], w_u, w_e, loss_augmented, bool(w_e.size) and float(w_e.max()) > 0)
+            seg, _, _ = decode_record(records[0], w_u, w_e, loss_augmented)
             return seg, None, None
         if self._use_pool(data):
             return self._get_pool().solve_records(self.record_keys(data), records.__getitem__, data.lengths.tolist(),

@@ -28,7 +28,7 @@ from numba.typed import List
 from torch import Tensor
 
 from ..inference.graphcut import NEGATIVE_TOLERANCE, build_graph, cut_graph
-from ..inference.graphcut_pool import edge_penalties, node_gains
+from ..inference.graphcut_pool import cut_inputs
 from ..stepsize import average_weight, step_size
 from .dual import DenseDualState
 
@@ -163,9 +163,8 @@ def _step_loop(order, records, phi_true, seg_off, F, checked, WB, WBa, V, W, lo,
     """The sequential BCFW steps of :meth:`GraphCutDualState.run_steps` in one compiled loop.
 
     Per step ``j`` (block ``i = order[j]``): the loss-augmented oracle -- node gains and edge penalties
-    (the batched oracle's :func:`~torch_bcfw.inference.graphcut_pool.node_gains` /
-    :func:`~torch_bcfw.inference.graphcut_pool.edge_penalties`) and the cut by PyMaxflow (:func:`_cut`, in object
-    mode) -- then :func:`_fused_block_step`.  ``records``: typed list of the blocks'
+    (:func:`~torch_bcfw.inference.graphcut_pool.cut_inputs`, as the batched oracle) and the cut by PyMaxflow
+    (:func:`_cut`, in object mode) -- then :func:`_fused_block_step`.  ``records``: typed list of the blocks'
     :data:`~torch_bcfw.inference.graphcut_pool.GraphRecord`; ``phi_true``: ``float64[n, d]``; ``seg_off``:
     ``int64[n + 1]`` node offsets.  The counters live in arrays updated after every step, so an exception raised
     by the cut (Ctrl-C) leaves them consistent with the finished steps: ``counts = [k, avg_t]`` (int64),
@@ -183,11 +182,10 @@ def _step_loop(order, records, phi_true, seg_off, F, checked, WB, WBa, V, W, lo,
             if w_p.size and w_p.min() < -NEGATIVE_TOLERANCE:
                 return j
             w_p = np.maximum(w_p, 0.0)
-        _, gain = node_gains(x, w_u, ns, aug, True)
-        if edges.shape[0] == 0 or x.shape[0] == 0 or w_p.size == 0 or not w_p.max() > 0.0:
+        _, gain, c = cut_inputs(x, w_u, ns, aug, True, edges, edge_x, w_p, inv_z)
+        if c.shape[0] == 0:
             seg = gain > 0.0
         else:
-            c = edge_penalties(edge_x, w_p, inv_z)
             with objmode(seg="boolean[::1]"):
                 seg = _cut(gain, edges, c)
         sums[2] += _now(ts) - t0
