@@ -16,6 +16,7 @@ from torch_bcfw.datasets.lsp import (
     load_lsp_extended,
     lsp_split_ids,
     pck,
+    pck_difference,
     reference_torso,
     torso_size,
     torso_with_fallback,
@@ -132,6 +133,38 @@ def test_pck() -> None:
     visible[0, 2] = False
     torso = torch.tensor([10.0, float("nan")])  # image 1 is not counted
     torch.testing.assert_close(pck(pred, true, visible, torso), torch.tensor(12 / 13))
+
+
+def test_pck_difference_is_the_difference_of_pcks_with_a_paired_image_bootstrap() -> None:
+    gen = torch.Generator().manual_seed(0)
+    N = 60
+    true = torch.rand(N, 14, 2, generator=gen) * 100
+    torso = torch.full((N,), 20.0)
+    torso[3] = float("nan")  # not counted
+    visible = torch.rand(N, 14, generator=gen) > 0.2
+    base = true + torch.randn(N, 14, 2, generator=gen) * 5
+    better = base.clone()
+    better[:40] = true[:40]  # right on 40 images, the same as the baseline elsewhere
+    r = pck_difference(better, base, true, visible, torso, n_boot=500)
+    expected = float(pck(better, true, visible, torso) - pck(base, true, visible, torso))
+    assert r["diff"] == pytest.approx(expected, abs=1e-6) and expected > 0.1
+    assert r["lost"] == 0 and r["gained"] > 0 and r["joints"] == int(visible[torch.arange(N) != 3].sum())
+    assert (r["gained"] - r["lost"]) / r["joints"] == pytest.approx(expected)
+    assert 0 < r["low"] < r["diff"] < r["high"]
+    same = pck_difference(base, base, true, visible, torso, n_boot=200)
+    assert same["diff"] == same["low"] == same["high"] == 0.0 and same["gained"] == same["lost"] == 0
+    # swapping the roles flips the sign; the interval is a bootstrap of the same draws
+    worse = pck_difference(base, better, true, visible, torso, n_boot=500)
+    assert worse["diff"] == pytest.approx(-r["diff"]) and worse["high"] == pytest.approx(-r["low"])
+    # a lower level gives an interval nested in the 95% one (same draws)
+    narrow = pck_difference(better, base, true, visible, torso, n_boot=500, level=0.5)
+    assert r["low"] <= narrow["low"] <= narrow["high"] <= r["high"]
+    with pytest.raises(ValueError, match="shape"):
+        pck_difference(better[:, :13], base, true, visible, torso)
+    with pytest.raises(ValueError, match="no joint"):
+        pck_difference(better, base, true, torch.zeros_like(visible), torso)
+    with pytest.raises(ValueError, match="level"):
+        pck_difference(better, base, true, visible, torso, level=1.0)
 
 
 def test_grid_mapping_round_trip() -> None:

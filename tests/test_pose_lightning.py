@@ -180,6 +180,9 @@ def test_cnn_with_a_mixture_tree_head_trains_end_to_end_on_lsp(tmp_path) -> None
     trainer.test(model, datamodule=dm, verbose=False)
     res = model.test_results
     assert 0.0 <= res["test/pck_tree"] <= 1.0 and 0.0 <= res["test/task_loss_tree"] <= 1.0
+    d = res["test/pck_tree_minus_argmax"]
+    assert d == pytest.approx(res["test/pck_tree"] - res["test/pck_argmax"], abs=1e-6)
+    assert res["test/pck_tree_minus_argmax_low"] <= d <= res["test/pck_tree_minus_argmax_high"]
     with pytest.raises(ValueError, match="types per edge"):
         other = PoseTreeCNN(size=32, stem=4, width=8, dilations=(1, 2))
         pl.Trainer(accelerator="cpu", max_epochs=1, logger=False, enable_checkpointing=False,

@@ -57,6 +57,7 @@ __all__ = [
     "load_lsp_extended",
     "lsp_split_ids",
     "pck",
+    "pck_difference",
     "reference_torso",
     "torso_size",
     "torso_with_fallback",
@@ -271,9 +272,55 @@ def pck(pred: Tensor, true: Tensor, visible: Tensor, torso: Tensor, alpha: float
     if pred.shape != true.shape or visible.shape != true.shape[:-1] or torso.shape != true.shape[:1]:
         raise ValueError(f"shape mismatch: pred {tuple(pred.shape)}, true {tuple(true.shape)}, "
                          f"visible {tuple(visible.shape)}, torso {tuple(torso.shape)}")
+    counted, correct = _pck_hits(pred, true, visible, torso, alpha)
+    return (correct & counted).sum() / counted.sum()
+
+
+def _pck_hits(pred: Tensor, true: Tensor, visible: Tensor, torso: Tensor, alpha: float) -> tuple[Tensor, Tensor]:
+    """``(counted, correct)``, both bool ``[N, 14]``: the joints PCK counts, and those within ``alpha * torso``."""
     counted = visible & (torch.isfinite(torso) & (torso > 0))[:, None]
     correct = (pred - true).norm(dim=-1) <= alpha * torso[:, None]
-    return (correct & counted).sum() / counted.sum()
+    return counted, correct
+
+
+def pck_difference(pred: Tensor, baseline: Tensor, true: Tensor, visible: Tensor, torso: Tensor,
+                   alpha: float = 0.2, n_boot: int = 2000, level: float = 0.95, seed: int = 0) -> dict:
+    """PCK@alpha of ``pred`` minus that of ``baseline`` on the same images, with a paired bootstrap interval.
+
+    The joints of one image are not independent (a bad image loses most of them), so the interval resamples
+    images: ``n_boot`` draws of ``N`` images with replacement, PCK difference of each draw (a ratio of sums,
+    like :func:`pck`), percentile interval at ``level``.  An interval that contains 0 means the test split
+    cannot tell the two predictions apart.
+
+    Args:
+        pred, baseline, true: ``[N, 14, 2]`` in the same units; visible: bool ``[N, 14]``; torso: ``[N]``
+            (as in :func:`pck`: images without a finite positive torso are left out).
+
+    Returns:
+        ``{"diff", "low", "high"}`` (fractions), ``{"gained", "lost"}`` (joints right only in ``pred`` / only
+        in ``baseline``), ``"joints"`` (counted), ``"level"``, ``"n_boot"``.
+    """
+    if pred.shape != baseline.shape:
+        raise ValueError(f"pred {tuple(pred.shape)} and baseline {tuple(baseline.shape)} differ in shape")
+    if not 0 < level < 1:
+        raise ValueError(f"level must be in (0, 1), got {level}")
+    if int(n_boot) < 1:
+        raise ValueError(f"n_boot must be >= 1, got {n_boot}")
+    counted, hit_a = _pck_hits(pred, true, visible, torso, alpha)
+    _, hit_b = _pck_hits(baseline, true, visible, torso, alpha)
+    n_counted = counted.sum(1).double()  # [N]
+    delta = ((hit_a & counted).sum(1) - (hit_b & counted).sum(1)).double()  # [N]
+    total = float(n_counted.sum())
+    if total == 0:
+        raise ValueError("no joint is counted (no visible joint in an image with a torso size)")
+    gen = torch.Generator().manual_seed(int(seed))
+    draws = torch.randint(0, len(delta), (int(n_boot), len(delta)), generator=gen)
+    boot = delta[draws].sum(1) / n_counted[draws].sum(1).clamp(min=1)
+    tail = (1 - level) / 2
+    low, high = torch.quantile(boot, torch.tensor([tail, 1 - tail], dtype=boot.dtype)).tolist()
+    return {"diff": float(delta.sum()) / total, "low": low, "high": high,
+            "gained": int((hit_a & ~hit_b & counted).sum()), "lost": int((hit_b & ~hit_a & counted).sum()),
+            "joints": int(total), "level": float(level), "n_boot": int(n_boot)}
 
 
 def joints_to_grid(joints: Tensor, size: int, grid_size: int) -> Tensor:

@@ -22,7 +22,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from ..datasets.lsp import grid_to_joints, joints_to_grid, pck
+from ..datasets.lsp import grid_to_joints, joints_to_grid, pck, pck_difference
 from ..inference.tree import LSP_TREE_EDGES
 from ..models.pose import PoseData, PoseTree, flat_to_positions
 from ..nn import StructuredHead
@@ -265,9 +265,12 @@ class PoseTreeCNN(pl.LightningModule):
         self._eval = []
         S, G, a = self.hparams.size, self.grid_size, self.hparams.alpha
         out = {}
-        for name in ("argmax", "tree"):
-            pred = grid_to_joints(r[name], S, G).to(r["joints"].dtype)
-            out[f"test/pck_{name}"] = float(pck(pred, r["joints"], r["visible"], r["pck_torso"], a))
+        pred = {name: grid_to_joints(r[name], S, G).to(r["joints"].dtype) for name in ("argmax", "tree")}
+        for name, p in pred.items():
+            out[f"test/pck_{name}"] = float(pck(p, r["joints"], r["visible"], r["pck_torso"], a))
+        diff = pck_difference(pred["tree"], pred["argmax"], r["joints"], r["visible"], r["pck_torso"], a)
+        out["test/pck_tree_minus_argmax"] = diff["diff"]
+        out["test/pck_tree_minus_argmax_low"], out["test/pck_tree_minus_argmax_high"] = diff["low"], diff["high"]
         out["test/task_loss_tree"] = float(r["task_loss"].mean())
         out["test/images"] = len(r["visible"])
         out["test/images_with_torso"] = int(torch.isfinite(r["pck_torso"]).sum())
