@@ -50,6 +50,20 @@ def test_augment_batch_moves_images_and_joints_together() -> None:
     assert 0 < flips < 20
 
 
+def test_heatmap_cnn_in_channels_last_format_computes_the_same_maps() -> None:
+    from torch_bcfw.lightning.pose import HeatmapCNN
+
+    torch.manual_seed(0)
+    plain = HeatmapCNN(14, 4, 8, (1, 2), grid_size=8, channels_last=False).eval()
+    fast = HeatmapCNN(14, 4, 8, (1, 2), grid_size=8, channels_last=True).eval()
+    fast.load_state_dict(plain.state_dict())  # the checkpoints are interchangeable
+    assert fast.stem[0].weight.is_contiguous(memory_format=torch.channels_last)
+    images = torch.rand(3, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(log_heatmaps(fast(images)), log_heatmaps(plain(images)), rtol=1e-4, atol=1e-4)
+    plain.load_state_dict(fast.state_dict())
+
+
 def test_pose_head_decodes_like_the_model_and_restores_offsets() -> None:
     gen = torch.Generator().manual_seed(0)
     mu = torch.randn(13, 2, generator=gen, dtype=torch.float64)

@@ -54,11 +54,15 @@ class HeatmapCNN(nn.Module):
         dilations: one residual block (two 3x3 convolutions) per entry, the first one dilated;
         grid_size: ``S/4``; when given, a learned per-joint prior map ``[J, G, G]`` is added to the logits
             (the people of LSP are centred, so joint positions have a strong prior).
+        channels_last: keep the convolution weights and activations in the channels-last memory format (on 2
+            CPU threads a training step of the width-32 network at 128 px, batch 16, runs 1.22-1.28x faster than in
+            the default format: median of 25 interleaved repetitions, two runs).
     """
 
     def __init__(self, n_joints: int = 14, stem: int = 24, width: int = 48, dilations=(1, 2, 4, 8),
-                 grid_size: int | None = None):
+                 grid_size: int | None = None, channels_last: bool = True):
         super().__init__()
+        self.channels_last = bool(channels_last)
         self.prior = None if grid_size is None else nn.Parameter(torch.zeros(n_joints, grid_size, grid_size))
         self.stem = nn.Sequential(
             nn.Conv2d(3, stem, 3, stride=2, padding=1, bias=False), nn.BatchNorm2d(stem), nn.ReLU(inplace=True),
@@ -66,8 +70,12 @@ class HeatmapCNN(nn.Module):
         )
         self.blocks = nn.Sequential(*[_Block(width, int(d)) for d in dilations])
         self.out = nn.Conv2d(width, n_joints, 1)
+        if self.channels_last:
+            self.to(memory_format=torch.channels_last)
 
     def forward(self, images: Tensor) -> Tensor:
+        if self.channels_last:
+            images = images.contiguous(memory_format=torch.channels_last)
         logits = self.out(self.blocks(self.stem(images - 0.5)))
         return logits if self.prior is None else logits + self.prior
 
