@@ -314,8 +314,11 @@ def pck_difference(pred: Tensor, baseline: Tensor, true: Tensor, visible: Tensor
     if total == 0:
         raise ValueError("no joint is counted (no visible joint in an image with a torso size)")
     gen = torch.Generator().manual_seed(int(seed))
-    draws = torch.randint(0, len(delta), (int(n_boot), len(delta)), generator=gen)
-    boot = delta[draws].sum(1) / n_counted[draws].sum(1).clamp(min=1)
+    boot = []
+    for start in range(0, int(n_boot), 256):  # [256, N] index draws at a time
+        draws = torch.randint(0, len(delta), (min(256, int(n_boot) - start), len(delta)), generator=gen)
+        boot.append(delta[draws].sum(1) / n_counted[draws].sum(1).clamp(min=1))
+    boot = torch.cat(boot)
     tail = (1 - level) / 2
     low, high = torch.quantile(boot, torch.tensor([tail, 1 - tail], dtype=boot.dtype)).tolist()
     return {"diff": float(delta.sum()) / total, "low": low, "high": high,
