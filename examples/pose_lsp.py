@@ -37,10 +37,10 @@ from torch_bcfw.lightning.pose_data import LSPPoseDataModule
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", default="../shared/data/lspet", help="folder with joints.mat and images/")
-    ap.add_argument("--epochs", type=int, default=20)
+    ap.add_argument("--epochs", type=int, default=60)
     ap.add_argument("--lam", type=float, default=1e-2)
     ap.add_argument("--passes", type=float, default=20, help="BCFW passes per solve")
-    ap.add_argument("--every", type=int, default=10, help="solve the head every this many epochs")
+    ap.add_argument("--every", type=int, default=30, help="solve the head every this many epochs")
     ap.add_argument("--size", type=int, default=128, help="input frame side S (the grid is S / 4)")
     ap.add_argument("--types", type=int, default=1, help="mixture types per tree edge (k-means of the offsets)")
     ap.add_argument("--holdout", type=int, default=0,
