@@ -272,15 +272,18 @@ def pck(pred: Tensor, true: Tensor, visible: Tensor, torso: Tensor, alpha: float
     if pred.shape != true.shape or visible.shape != true.shape[:-1] or torso.shape != true.shape[:1]:
         raise ValueError(f"shape mismatch: pred {tuple(pred.shape)}, true {tuple(true.shape)}, "
                          f"visible {tuple(visible.shape)}, torso {tuple(torso.shape)}")
-    counted, correct = _pck_hits(pred, true, visible, torso, alpha)
-    return (correct & counted).sum() / counted.sum()
+    counted = _pck_counted(visible, torso)
+    return (_pck_correct(pred, true, torso, alpha) & counted).sum() / counted.sum()
 
 
-def _pck_hits(pred: Tensor, true: Tensor, visible: Tensor, torso: Tensor, alpha: float) -> tuple[Tensor, Tensor]:
-    """``(counted, correct)``, both bool ``[N, 14]``: the joints PCK counts, and those within ``alpha * torso``."""
-    counted = visible & (torch.isfinite(torso) & (torso > 0))[:, None]
-    correct = (pred - true).norm(dim=-1) <= alpha * torso[:, None]
-    return counted, correct
+def _pck_counted(visible: Tensor, torso: Tensor) -> Tensor:
+    """bool ``[N, 14]``: the joints PCK counts (visible, in an image with a finite positive torso size)."""
+    return visible & (torch.isfinite(torso) & (torso > 0))[:, None]
+
+
+def _pck_correct(pred: Tensor, true: Tensor, torso: Tensor, alpha: float) -> Tensor:
+    """bool ``[N, 14]``: the joints predicted within ``alpha * torso``."""
+    return (pred - true).norm(dim=-1) <= alpha * torso[:, None]
 
 
 def pck_difference(pred: Tensor, baseline: Tensor, true: Tensor, visible: Tensor, torso: Tensor,
@@ -306,8 +309,9 @@ def pck_difference(pred: Tensor, baseline: Tensor, true: Tensor, visible: Tensor
         raise ValueError(f"level must be in (0, 1), got {level}")
     if int(n_boot) < 1:
         raise ValueError(f"n_boot must be >= 1, got {n_boot}")
-    counted, hit_a = _pck_hits(pred, true, visible, torso, alpha)
-    _, hit_b = _pck_hits(baseline, true, visible, torso, alpha)
+    counted = _pck_counted(visible, torso)
+    hit_a = _pck_correct(pred, true, torso, alpha)
+    hit_b = _pck_correct(baseline, true, torso, alpha)
     n_counted = counted.sum(1).double()  # [N]
     delta = ((hit_a & counted).sum(1) - (hit_b & counted).sum(1)).double()  # [N]
     total = float(n_counted.sum())
