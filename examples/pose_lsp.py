@@ -45,6 +45,9 @@ def main() -> None:
     ap.add_argument("--types", type=int, default=1, help="mixture types per tree edge (k-means of the offsets)")
     ap.add_argument("--holdout", type=int, default=0,
                     help="train the CNN without the last N training images and the head on those N only")
+    ap.add_argument("--cross-fit", type=int, default=1,
+                    help="K >= 2: K CNNs, CNN k trained without fold k; the head learns from out-of-fold heatmaps, "
+                         "test images get the ensemble's (K - 1 times the CNN training time)")
     ap.add_argument("--limit", type=int, default=None, help="use only the first N training images")
     ap.add_argument("--test-limit", type=int, default=None)
     ap.add_argument("--threads", type=int, default=2, help="torch CPU threads")
@@ -57,9 +60,11 @@ def main() -> None:
     S, G = args.size, args.size // 4
     data = LSPPoseDataModule(root=args.data, size=S, grid_size=G, limit=args.limit, test_limit=args.test_limit,
                              batch_size=16, eval_batch_size=100, deformation_scale=4.0, cache_dir=str(out / "cache"),
-                             seed=0, n_types=args.types, head_holdout=args.holdout)
+                             seed=0, n_types=args.types, head_holdout=args.holdout,
+                             cross_fit=args.cross_fit)
     model = PoseTreeCNN(size=S, stem=24, width=32, dilations=(1, 2, 4, 8), lr=3e-3, weight_decay=1e-4, sigma=1.0,
-                        max_shift=8, flip=True, alpha=0.2, seed=0, n_types=args.types)
+                        max_shift=8, flip=True, alpha=0.2, seed=0, n_types=args.types,
+                        cross_fit=args.cross_fit)
     bcfw = PoseBCFWCallback(lam=args.lam, every_n_epochs=args.every, passes_per_call=args.passes, initial_passes=0,
                             verbose=True, solver_options={"step": "line_search", "sampling": "uniform",
                                                           "averaging": True, "seed": 1})
@@ -84,7 +89,8 @@ def main() -> None:
         "ssvm": {**BCFWCallback_figures(bcfw), "lam": args.lam, "calls": bcfw.calls},
         "head_weights": model.head.w.tolist(), "mean_offsets": model.head.mu.tolist(),
         "reference_torso_px": data.reference_torso,
-        "epochs": args.epochs, "grid": G, "size": S, "n_types": args.types, "head_holdout": args.holdout, "threads": args.threads,
+        "epochs": args.epochs, "grid": G, "size": S, "n_types": args.types, "head_holdout": args.holdout,
+        "cross_fit": args.cross_fit, "threads": args.threads,
         "wall_s": {"fit": wall_fit, "total": time.perf_counter() - t0, "last_solve": rec["wall"] if rec else None},
     }
     out.mkdir(parents=True, exist_ok=True)

@@ -201,3 +201,76 @@ def test_cnn_with_a_mixture_tree_head_trains_end_to_end_on_lsp(tmp_path) -> None
         other = PoseTreeCNN(size=32, stem=4, width=8, dilations=(1, 2))
         pl.Trainer(accelerator="cpu", max_epochs=1, logger=False, enable_checkpointing=False,
                    enable_progress_bar=False, enable_model_summary=False).fit(other, datamodule=dm)
+
+
+def test_cross_fitted_cnn_maps_every_image_by_its_out_of_fold_net_and_tests_with_the_ensemble() -> None:
+    from torch_bcfw.lightning.pose import CrossFittedCNN
+
+    torch.manual_seed(0)
+    cnn = CrossFittedCNN(3, 14, 4, 8, (1, 2), grid_size=8).eval()
+    images, folds = torch.rand(5, 3, 32, 32), torch.tensor([2, 0, 1, 0, 2])
+    with torch.no_grad():
+        each = torch.stack([log_heatmaps(net(images)) for net in cnn.nets])  # [K, B, J, G, G]
+        oof = cnn(images, folds)
+        ens = cnn(images)
+    torch.testing.assert_close(oof, each[folds, torch.arange(5)])
+    # the ensemble is the log of the mean probability: a normalised map, between the nets' own maps
+    torch.testing.assert_close(ens.exp(), each.exp().mean(0))
+    torch.testing.assert_close(ens.exp().sum((-2, -1)), torch.ones(5, 14))
+    assert not torch.allclose(each[0], each[1])  # the nets are initialised independently
+    with pytest.raises(ValueError, match="folds"):
+        cnn(images, torch.tensor([0, 1, 2, 3, 0]))
+    with pytest.raises(ValueError, match="folds"):
+        cnn(images, torch.tensor([0, 1]))
+    with pytest.raises(ValueError, match="n_folds >= 2"):
+        CrossFittedCNN(1)
+
+
+def test_cross_fitted_pose_model_never_trains_a_cnn_on_its_own_fold(tmp_path) -> None:
+    if not (LSP_ROOT / "joints.mat").is_file():
+        pytest.fail(f"LSP Extended data missing at {LSP_ROOT}")
+    from torch_bcfw.lightning.pose import CrossFittedCNN, PoseTreeCNN
+
+    K = 3
+    dm = LSPPoseDataModule(str(LSP_ROOT), size=32, grid_size=8, limit=12, test_limit=6, batch_size=6,
+                           eval_batch_size=12, cache_dir=str(tmp_path), cross_fit=K)
+    dm.setup("fit")
+    assert torch.equal(dm.train.fields["fold"], torch.arange(12) % K) and "fold" not in dm.test.fields
+    model = PoseTreeCNN(size=32, stem=4, width=8, dilations=(1, 2), cross_fit=K, max_shift=0, flip=False)
+    assert isinstance(model.backbone, CrossFittedCNN) and model.backbone.n_folds == K
+    # a batch of fold-1 images only: the loss moves CNNs 0 and 2, never CNN 1
+    batch = next(iter(torch.utils.data.DataLoader(torch.utils.data.Subset(dm.train, [1, 4, 7, 10]), batch_size=4)))
+    model.log = lambda *a, **k: None  # no trainer attached
+    model.training_step(batch, 0).backward()
+    grads = [sum(float(p.grad.abs().sum()) for p in net.parameters() if p.grad is not None)
+             for net in model.backbone.nets]
+    assert grads[1] == 0.0 and grads[0] > 0 and grads[2] > 0
+    # the head's features are out-of-fold; test images get the ensemble
+    model.eval()
+    full = next(iter(dm.bcfw_dataloader()))
+    with torch.no_grad():
+        feats = model.bcfw_features(full).unary[:, :, 0]
+        for i in range(12):
+            k = int(full["fold"][i])
+            torch.testing.assert_close(feats[i], log_heatmaps(model.backbone.nets[k](full["image"][i:i + 1]))[0])
+    with pytest.raises(ValueError, match="'fold'"):
+        model.bcfw_features({k: v for k, v in full.items() if k != "fold"})
+    # end to end: the callback solves the head on the out-of-fold heatmaps, test reports the ensemble
+    model.train()
+    cb = PoseBCFWCallback(lam=0.1, every_n_epochs=1, passes_per_call=3, initial_passes=0, solver_options={"seed": 0})
+    trainer = pl.Trainer(accelerator="cpu", max_epochs=1, callbacks=[cb], logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path,
+                         num_sanity_val_steps=0, limit_val_batches=0)
+    trainer.fit(model, datamodule=dm)
+    assert cb.calls == 1 and len(cb.last_data.unary) == 12 and cb.last_record["gap_best"] >= 0
+    trainer.test(model, datamodule=dm, verbose=False)
+    assert 0.0 <= model.test_results["test/pck_tree"] <= 1.0
+    # the datamodule and the model must agree on the folds; cross-fitting and a head hold-out exclude each other
+    with pytest.raises(ValueError, match="cross_fit"):
+        pl.Trainer(accelerator="cpu", max_epochs=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                   enable_model_summary=False).fit(PoseTreeCNN(size=32, stem=4, width=8, dilations=(1, 2)), datamodule=dm)
+    with pytest.raises(ValueError, match="exclude"):
+        LSPPoseDataModule(str(LSP_ROOT), limit=12, cross_fit=2, head_holdout=3)
+    with pytest.raises(ValueError, match="at least"):
+        LSPPoseDataModule(str(LSP_ROOT), size=32, grid_size=8, limit=2, test_limit=2, cache_dir=str(tmp_path),
+                          cross_fit=3).setup("fit")

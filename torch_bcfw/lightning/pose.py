@@ -17,6 +17,8 @@ Data: :class:`~torch_bcfw.lightning.pose_data.LSPPoseDataModule`.
 """
 from __future__ import annotations
 
+import math
+
 import lightning.pytorch as pl
 import torch
 from torch import Tensor, nn
@@ -29,7 +31,7 @@ from ..nn import StructuredHead
 from .callback import BCFWCallback, _find, eval_outputs
 from .pose_data import augment_batch
 
-__all__ = ["HeatmapCNN", "PoseBCFWCallback", "PoseHead", "PoseTreeCNN"]
+__all__ = ["CrossFittedCNN", "HeatmapCNN", "PoseBCFWCallback", "PoseHead", "PoseTreeCNN"]
 
 
 # ---------------------------------------------------------------------------- backbone
@@ -78,6 +80,47 @@ class HeatmapCNN(nn.Module):
             images = images.contiguous(memory_format=torch.channels_last)
         logits = self.out(self.blocks(self.stem(images - 0.5)))
         return logits if self.prior is None else logits + self.prior
+
+
+class CrossFittedCNN(nn.Module):
+    """``K`` :class:`HeatmapCNN` s for cross-fitting (stacking): CNN ``k`` is trained without the images of fold ``k``,
+    so the heatmaps of every training image can come from a CNN that never saw it (out-of-fold), as at test time.
+
+    ``forward(images, folds)`` with ``folds`` ``LongTensor[B]`` (values in ``[0, K)``): log-probability heatmaps
+    ``[B, J, G, G]`` where image ``b`` is mapped by CNN ``folds[b]`` (out-of-fold); ``folds=None``: the ensemble,
+    ``log mean_k softmax(CNN_k(images))`` (test images, seen by no CNN).  :meth:`fold_logits` gives the logits of
+    one CNN (training).  Arguments after ``n_folds`` are those of :class:`HeatmapCNN`.
+    """
+
+    def __init__(self, n_folds: int, n_joints: int = 14, stem: int = 24, width: int = 48, dilations=(1, 2, 4, 8),
+                 grid_size: int | None = None, channels_last: bool = True):
+        super().__init__()
+        if int(n_folds) < 2:
+            raise ValueError(f"cross-fitting needs n_folds >= 2, got {n_folds}")
+        self.n_folds = int(n_folds)
+        self.nets = nn.ModuleList(HeatmapCNN(n_joints, stem, width, dilations, grid_size, channels_last)
+                                  for _ in range(self.n_folds))
+
+    def fold_logits(self, k: int, images: Tensor) -> Tensor:
+        """Heatmap logits ``[B, J, G, G]`` of CNN ``k`` (trained without fold ``k``)."""
+        return self.nets[k](images)
+
+    def forward(self, images: Tensor, folds: Tensor | None = None) -> Tensor:
+        if folds is None:
+            logp = torch.stack([log_heatmaps(net(images)) for net in self.nets])
+            return torch.logsumexp(logp, dim=0) - math.log(self.n_folds)
+        folds = torch.as_tensor(folds, device=images.device)
+        if folds.shape != images.shape[:1] or (len(folds) and (int(folds.min()) < 0 or int(folds.max()) >= self.n_folds)):
+            raise ValueError(f"folds must be [B] = [{images.shape[0]}] with values in [0, {self.n_folds}), "
+                             f"got shape {tuple(folds.shape)}")
+        out = None
+        for k in range(self.n_folds):
+            sel = (folds == k).nonzero().squeeze(1)
+            if len(sel):
+                part = log_heatmaps(self.nets[k](images[sel]))
+                out = part.new_empty((images.shape[0],) + part.shape[1:]) if out is None else out
+                out[sel] = part
+        return out if out is not None else self(images)  # an empty batch
 
 
 def log_heatmaps(logits: Tensor) -> Tensor:
@@ -195,17 +238,27 @@ class PoseTreeCNN(pl.LightningModule):
         min_quadratic: lower bound of the head's quadratic deformation weights.
         n_types: mixture types per tree edge of the head (the datamodule's ``n_types`` must match; 1: one
             quadratic deformation per edge).
+        cross_fit: ``K >= 2``: the backbone is a :class:`CrossFittedCNN` of ``K`` CNNs, CNN ``k`` trained on the
+            training images outside fold ``k`` (the datamodule's ``cross_fit`` must match; it gives every image
+            its ``fold``); the head is solved on out-of-fold heatmaps and test images get the ensemble's.  The
+            head then learns how far to trust heatmaps of images the CNN has not seen (the heatmaps of a CNN's
+            own training images are sharper and more often right, so a head solved on them trusts them too
+            much).  Costs ``K - 1`` times the training compute of one CNN.  1 (default): one CNN.
     """
 
     def __init__(self, size: int = 128, stem: int = 24, width: int = 48, dilations=(1, 2, 4, 8), lr: float = 2e-3,
                  weight_decay: float = 1e-4, sigma: float = 1.0, max_shift: int = 8, flip: bool = True,
-                 alpha: float = 0.2, min_quadratic: float = 0.0, seed: int = 0, n_types: int = 1):
+                 alpha: float = 0.2, min_quadratic: float = 0.0, seed: int = 0, n_types: int = 1, cross_fit: int = 1):
         super().__init__()
         if size % 4:
             raise ValueError(f"size must be a multiple of 4, got {size}")
+        if int(cross_fit) < 1:
+            raise ValueError(f"cross_fit must be >= 1, got {cross_fit}")
         self.save_hyperparameters()
         self.grid_size = size // 4
-        self.backbone = HeatmapCNN(14, stem, width, tuple(dilations), grid_size=self.grid_size)
+        self.cross_fit = int(cross_fit)
+        self.backbone = (HeatmapCNN(14, stem, width, tuple(dilations), grid_size=self.grid_size) if self.cross_fit == 1
+                         else CrossFittedCNN(self.cross_fit, 14, stem, width, tuple(dilations), grid_size=self.grid_size))
         E = len(LSP_TREE_EDGES)
         mu = torch.zeros(E, 2, dtype=torch.float64) if n_types == 1 else torch.zeros(E, int(n_types), 2, dtype=torch.float64)
         self.head = PoseHead(PoseTree(self.grid_size, mu, min_quadratic=min_quadratic))
@@ -223,25 +276,52 @@ class PoseTreeCNN(pl.LightningModule):
             if getattr(dm, "n_types", 1) != self.head.model.n_types:
                 raise ValueError(f"the datamodule has {getattr(dm, 'n_types', 1)} types per edge but the head "
                                  f"{self.head.model.n_types}")
+            if getattr(dm, "cross_fit", 1) != self.cross_fit:
+                raise ValueError(f"the datamodule has cross_fit={getattr(dm, 'cross_fit', 1)} folds but the model "
+                                 f"{self.cross_fit}")
             if stage == "fit":
                 self.head.set_offsets(getattr(dm, "head_offsets", dm.mean_offsets),
                                       getattr(dm, "head_scales", getattr(dm, "offset_scales", None)))
 
-    def forward(self, images: Tensor) -> Tensor:
-        """Log-probability heatmaps ``[B, 14, G, G]``."""
-        return log_heatmaps(self.backbone(images))
+    def forward(self, images: Tensor, folds: Tensor | None = None) -> Tensor:
+        """Log-probability heatmaps ``[B, 14, G, G]``; with cross-fitting, ``folds`` ``[B]`` picks the out-of-fold
+        CNN of every image and ``None`` gives the ensemble (:class:`CrossFittedCNN`)."""
+        if self.cross_fit == 1:
+            return log_heatmaps(self.backbone(images))
+        return self.backbone(images, folds)
 
     # ------------------------------------------------------------ training
-    def training_step(self, batch, batch_idx):
-        batch = augment_batch(batch, self.hparams.max_shift, self.hparams.flip, self._gen)
-        logp = self(batch["image"])
-        grid = joints_to_grid(batch["joints"].to(logp.dtype), self.hparams.size, self.grid_size)
+    def _heatmap_ce(self, logits: Tensor, joints: Tensor, visible: Tensor) -> Tensor:
+        """Mean soft-target cross-entropy over the visible joints of ``logits`` ``[B, J, G, G]``."""
+        logp = log_heatmaps(logits)
+        grid = joints_to_grid(joints.to(logp.dtype), self.hparams.size, self.grid_size)
         target = soft_targets(torch.nan_to_num(grid), self.grid_size, self.hparams.sigma)
         ce = -(target * logp).sum(dim=(-2, -1))  # [B, J]
-        vis = batch["visible"]
-        loss = (ce * vis).sum() / vis.sum().clamp(min=1)
-        self.log("train/ce", loss, on_step=False, on_epoch=True, batch_size=len(vis))
+        return (ce * visible).sum() / visible.sum().clamp(min=1)
+
+    def training_step(self, batch, batch_idx):
+        batch = augment_batch(batch, self.hparams.max_shift, self.hparams.flip, self._gen)
+        images, joints, vis = batch["image"], batch["joints"], batch["visible"]
+        if self.cross_fit == 1:
+            loss = self._heatmap_ce(self.backbone(images), joints, vis)
+            mean_ce = loss
+        else:  # CNN k learns from the images outside fold k only; the K losses touch disjoint parameters
+            folds = self._folds(batch)
+            losses = []
+            for k in range(self.cross_fit):
+                sel = (folds != k).nonzero().squeeze(1)
+                if len(sel):
+                    losses.append(self._heatmap_ce(self.backbone.fold_logits(k, images[sel]), joints[sel], vis[sel]))
+            loss = torch.stack(losses).sum()
+            mean_ce = loss.detach() / len(losses)
+        self.log("train/ce", mean_ce, on_step=False, on_epoch=True, batch_size=len(vis))
         return loss
+
+    def _folds(self, batch) -> Tensor:
+        if "fold" not in batch:
+            raise ValueError(f"the model is cross-fitted ({self.cross_fit} folds): batches need the 'fold' of every "
+                             f"image (LSPPoseDataModule(cross_fit={self.cross_fit}))")
+        return batch["fold"]
 
     def configure_optimizers(self):
         opt = torch.optim.AdamW(self.backbone.parameters(), lr=self.hparams.lr, weight_decay=self.hparams.weight_decay)
@@ -250,9 +330,10 @@ class PoseTreeCNN(pl.LightningModule):
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "epoch"}}
 
     def bcfw_features(self, batch) -> PoseData:
-        """The head's input for one batch: log-softmax heatmaps as ``K = 1`` unary features (float32), and the
-        true edge types when the head has mixture types."""
-        return PoseData(self(batch["image"]).float().unsqueeze(2), batch["cells"], batch["visible"],
+        """The head's input for one batch: log-softmax heatmaps as ``K = 1`` unary features (float32; out-of-fold
+        with cross-fitting), and the true edge types when the head has mixture types."""
+        folds = self._folds(batch) if self.cross_fit > 1 else None
+        return PoseData(self(batch["image"], folds).float().unsqueeze(2), batch["cells"], batch["visible"],
                         batch["torso"].double(), types=batch.get("types") if self.head.model.n_types > 1 else None)
 
     # ------------------------------------------------------------ evaluation

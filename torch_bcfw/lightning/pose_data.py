@@ -19,8 +19,8 @@ needs on the ``G x G`` grid (``G = grid_size``):
 
 Batches are dicts: ``image`` float32 ``[B, 3, S, S]`` in [0, 1], ``joints`` float32 ``[B, 14, 2]`` (x, y)
 frame pixels (NaN where invisible), ``visible`` bool ``[B, 14]``, ``cells`` long ``[B, 14, 2]`` (y, x),
-``torso`` float64 ``[B]`` (grid units), ``pck_torso`` float32 ``[B]`` (frame pixels, NaN allowed), and with
-mixture types ``types`` long ``[B, 13]``.
+``torso`` float64 ``[B]`` (grid units), ``pck_torso`` float32 ``[B]`` (frame pixels, NaN allowed), with
+mixture types ``types`` long ``[B, 13]``, and with cross-fitting (training images only) ``fold`` long ``[B]``.
 Images are stored as uint8 (``2000 x 3 x 128 x 128`` = 98 MB).
 """
 from __future__ import annotations
@@ -104,6 +104,11 @@ class LSPPoseDataModule(pl.LightningDataModule):
             heatmaps of images the CNN has not seen, as at test time (stacking).  0 (default): both use every
             training image (the CNN's heatmaps of its own training images are sharper and more often right
             than on new images, so the head learns to trust them too much).
+        cross_fit: ``K >= 2``: every training image gets a ``fold`` (``LongTensor``, image ``i`` of the split in
+            fold ``i % K``) for a cross-fitted model (:class:`~torch_bcfw.lightning.pose.PoseTreeCNN` with the same
+            ``cross_fit``): CNN ``k`` trains on the images outside fold ``k``, and the head on every training image
+            with its out-of-fold heatmaps.  Uses all training images for both, unlike ``head_holdout`` (the two
+            exclude each other).  1 (default): no folds.
         cache_dir: where to keep the preprocessed tensors (``lsp_{split}_{S}_{limit}.pt``); ``None``: no cache.
         seed: seed of the shuffling, the augmentation and the k-means initialisation.
     """
@@ -111,7 +116,7 @@ class LSPPoseDataModule(pl.LightningDataModule):
     def __init__(self, root: str, size: int = 128, grid_size: int = 32, limit: int | None = None,
                  test_limit: int | None = None, batch_size: int = 32, eval_batch_size: int = 100,
                  deformation_scale: float = 4.0, cache_dir: str | None = None, seed: int = 0, n_types: int = 1,
-                 head_holdout: int = 0):
+                 head_holdout: int = 0, cross_fit: int = 1):
         super().__init__()
         if size % grid_size:
             raise ValueError(f"size ({size}) must be a multiple of grid_size ({grid_size})")
@@ -127,6 +132,12 @@ class LSPPoseDataModule(pl.LightningDataModule):
         if int(head_holdout) < 0:
             raise ValueError(f"head_holdout must be >= 0, got {head_holdout}")
         self.head_holdout = int(head_holdout)
+        if int(cross_fit) < 1:
+            raise ValueError(f"cross_fit must be >= 1, got {cross_fit}")
+        if int(cross_fit) > 1 and self.head_holdout:
+            raise ValueError("cross_fit and head_holdout exclude each other (both decide which images the head "
+                             "learns from): give one of them")
+        self.cross_fit = int(cross_fit)
         self.cache_dir, self.seed = cache_dir, int(seed)
         self.train = self.test = None
         self.mean_offsets = self.offset_scales = self.type_offsets = self.type_scales = None
@@ -184,6 +195,11 @@ class LSPPoseDataModule(pl.LightningDataModule):
                                              n_types=self.n_types) * self.deformation_scale
         self.reference_torso = reference_torso(train["joints"], train["visible"], train["scale"])
         self.train = PoseTensors(self._fields(train, self.reference_torso))
+        if self.cross_fit > 1:
+            if len(self.train) < self.cross_fit:
+                raise ValueError(f"cross_fit={self.cross_fit} folds need at least as many training images, got "
+                                 f"{len(self.train)}")
+            self.train.fields["fold"] = torch.arange(len(self.train)) % self.cross_fit
         self.test = PoseTensors(self._fields(test, self.reference_torso))
         if self.head_holdout >= len(self.train):
             raise ValueError(f"head_holdout ({self.head_holdout}) leaves no image to train the CNN "
