@@ -2,6 +2,8 @@
 
 * :class:`HeatmapCNN` -- plain torch: an ``S x S`` RGB image to 14 joint heatmaps on the ``S/4 x S/4`` grid
   (a stride-4 stem, then dilated residual blocks for a receptive field covering the person).
+* :class:`CrossFittedCNN` -- ``K`` such CNNs for cross-fitting: CNN ``k`` never sees fold ``k``, so every training
+  image gets out-of-fold heatmaps for the head; test images get the ensemble.
 * :class:`PoseHead` -- the :class:`~torch_bcfw.nn.StructuredHead` of a
   :class:`~torch_bcfw.models.pose.PoseTree`: weights ``w`` (buffer, written by BCFW) and the mean offsets
   ``mu``; ``forward(unary)`` decodes with exact tree max-sum.
