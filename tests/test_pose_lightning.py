@@ -17,6 +17,13 @@ LSP_ROOT = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "lsp
 G = 6
 
 
+def _trainer(root=None, callbacks=(), max_epochs: int = 1):
+    """A quiet CPU trainer: no logger, checkpoints, progress bar, summary or validation."""
+    return pl.Trainer(accelerator="cpu", max_epochs=max_epochs, callbacks=list(callbacks), logger=False,
+                      enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                      default_root_dir=root, num_sanity_val_steps=0, limit_val_batches=0)
+
+
 def test_flip_permutation_mirrors_left_and_right() -> None:
     from torch_bcfw.inference.tree import LSP_JOINTS
 
@@ -121,8 +128,7 @@ class _Synthetic(pl.LightningModule):
 def test_bcfw_callback_solves_the_tree_head_on_pose_features(tmp_path) -> None:
     module = _Synthetic()
     cb = PoseBCFWCallback(lam=0.01, passes_per_call=3, initial_passes=3, solver_options={"seed": 0})
-    trainer = pl.Trainer(accelerator="cpu", max_epochs=2, callbacks=[cb], logger=False, enable_checkpointing=False,
-                         enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path)
+    trainer = _trainer(tmp_path, [cb], max_epochs=2)
     trainer.fit(module)
     assert cb.calls == 3 and cb.last_record["gap_best"] >= 0
     assert trainer.callback_metrics["ssvm/gap"] == pytest.approx(cb.last_record["gap_best"])
@@ -183,9 +189,7 @@ def test_cnn_with_a_mixture_tree_head_trains_end_to_end_on_lsp(tmp_path) -> None
     assert int(dm.train.fields["types"].max()) < K
     model = PoseTreeCNN(size=32, stem=4, width=8, dilations=(1, 2), n_types=K)
     cb = PoseBCFWCallback(lam=0.1, every_n_epochs=1, passes_per_call=3, initial_passes=0, solver_options={"seed": 0})
-    trainer = pl.Trainer(accelerator="cpu", max_epochs=1, callbacks=[cb], logger=False, enable_checkpointing=False,
-                         enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path,
-                         num_sanity_val_steps=0, limit_val_batches=0)
+    trainer = _trainer(tmp_path, [cb])
     trainer.fit(model, datamodule=dm)
     head = model.head.model
     assert head.n_types == K and torch.equal(head.mu, dm.type_offsets)
@@ -199,8 +203,7 @@ def test_cnn_with_a_mixture_tree_head_trains_end_to_end_on_lsp(tmp_path) -> None
     assert res["test/pck_tree_minus_argmax_low"] <= d <= res["test/pck_tree_minus_argmax_high"]
     with pytest.raises(ValueError, match="types per edge"):
         other = PoseTreeCNN(size=32, stem=4, width=8, dilations=(1, 2))
-        pl.Trainer(accelerator="cpu", max_epochs=1, logger=False, enable_checkpointing=False,
-                   enable_progress_bar=False, enable_model_summary=False).fit(other, datamodule=dm)
+        _trainer().fit(other, datamodule=dm)
 
 
 def test_cross_fitted_cnn_maps_every_image_by_its_out_of_fold_net_and_tests_with_the_ensemble() -> None:
@@ -258,17 +261,14 @@ def test_cross_fitted_pose_model_never_trains_a_cnn_on_its_own_fold(tmp_path) ->
     # end to end: the callback solves the head on the out-of-fold heatmaps, test reports the ensemble
     model.train()
     cb = PoseBCFWCallback(lam=0.1, every_n_epochs=1, passes_per_call=3, initial_passes=0, solver_options={"seed": 0})
-    trainer = pl.Trainer(accelerator="cpu", max_epochs=1, callbacks=[cb], logger=False, enable_checkpointing=False,
-                         enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path,
-                         num_sanity_val_steps=0, limit_val_batches=0)
+    trainer = _trainer(tmp_path, [cb])
     trainer.fit(model, datamodule=dm)
     assert cb.calls == 1 and len(cb.last_data.unary) == 12 and cb.last_record["gap_best"] >= 0
     trainer.test(model, datamodule=dm, verbose=False)
     assert 0.0 <= model.test_results["test/pck_tree"] <= 1.0
     # the datamodule and the model must agree on the folds; cross-fitting and a head hold-out exclude each other
     with pytest.raises(ValueError, match="cross_fit"):
-        pl.Trainer(accelerator="cpu", max_epochs=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                   enable_model_summary=False).fit(PoseTreeCNN(size=32, stem=4, width=8, dilations=(1, 2)), datamodule=dm)
+        _trainer().fit(PoseTreeCNN(size=32, stem=4, width=8, dilations=(1, 2)), datamodule=dm)
     with pytest.raises(ValueError, match="exclude"):
         LSPPoseDataModule(str(LSP_ROOT), limit=12, cross_fit=2, head_holdout=3)
     with pytest.raises(ValueError, match="at least"):

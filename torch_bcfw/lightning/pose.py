@@ -90,8 +90,8 @@ class CrossFittedCNN(nn.Module):
 
     ``forward(images, folds)`` with ``folds`` ``LongTensor[B]`` (values in ``[0, K)``): log-probability heatmaps
     ``[B, J, G, G]`` where image ``b`` is mapped by CNN ``folds[b]`` (out-of-fold); ``folds=None``: the ensemble,
-    ``log mean_k softmax(CNN_k(images))`` (test images, seen by no CNN).  :meth:`fold_logits` gives the logits of
-    one CNN (training).  Arguments after ``n_folds`` are those of :class:`HeatmapCNN`.
+    ``log mean_k softmax(CNN_k(images))`` (test images, seen by no CNN).  ``nets[k]`` is CNN ``k`` (its logits
+    train it).  Arguments after ``n_folds`` are those of :class:`HeatmapCNN`.
     """
 
     def __init__(self, n_folds: int, n_joints: int = 14, stem: int = 24, width: int = 48, dilations=(1, 2, 4, 8),
@@ -102,10 +102,6 @@ class CrossFittedCNN(nn.Module):
         self.n_folds = int(n_folds)
         self.nets = nn.ModuleList(HeatmapCNN(n_joints, stem, width, dilations, grid_size, channels_last)
                                   for _ in range(self.n_folds))
-
-    def fold_logits(self, k: int, images: Tensor) -> Tensor:
-        """Heatmap logits ``[B, J, G, G]`` of CNN ``k`` (trained without fold ``k``)."""
-        return self.nets[k](images)
 
     def forward(self, images: Tensor, folds: Tensor | None = None) -> Tensor:
         if folds is None:
@@ -313,7 +309,7 @@ class PoseTreeCNN(pl.LightningModule):
             for k in range(self.cross_fit):
                 sel = (folds != k).nonzero().squeeze(1)
                 if len(sel):
-                    losses.append(self._heatmap_ce(self.backbone.fold_logits(k, images[sel]), joints[sel], vis[sel]))
+                    losses.append(self._heatmap_ce(self.backbone.nets[k](images[sel]), joints[sel], vis[sel]))
             loss = torch.stack(losses).sum()
             mean_ce = loss.detach() / len(losses)
         self.log("train/ce", mean_ce, on_step=False, on_epoch=True, batch_size=len(vis))
