@@ -14,11 +14,11 @@ TINY = ((0, 1), (0, 2))  # a 3-joint star rooted at joint 0
 G, K = 3, 2
 
 
-def _mixture_model(seed: int = 0, Ku: int = 2, types: int = K) -> PoseTree:
+def _mixture_model(seed: int = 0, Ku: int = 2, types: int = K, type_features: bool = False) -> PoseTree:
     gen = torch.Generator().manual_seed(100 + seed)
     mu = torch.randn(2, types, 2, generator=gen, dtype=torch.float64) * 1.5
     scales = torch.rand(2, types, 2, generator=gen, dtype=torch.float64) + 0.5
-    return PoseTree(G, mu, n_joints=3, n_unary=Ku, edges=TINY, scales=scales)
+    return PoseTree(G, mu, n_joints=3, n_unary=Ku, edges=TINY, scales=scales, type_features=type_features)
 
 
 def _data(model: PoseTree, n: int = 4, seed: int = 0) -> PoseData:
@@ -27,7 +27,8 @@ def _data(model: PoseTree, n: int = 4, seed: int = 0) -> PoseData:
     positions = torch.randint(0, G, (n, 3, 2), generator=gen)
     visible = torch.rand(n, 3, generator=gen) < 0.8
     torso = torch.rand(n, generator=gen, dtype=torch.float64) * 2 + 0.5
-    return PoseData(unary, positions, visible, torso, types=model.nearest_types(positions))
+    tu = torch.randn(n, 2, model.n_types, 2, G, G, generator=gen, dtype=torch.float64) if model.type_features else None
+    return PoseData(unary, positions, visible, torso, types=model.nearest_types(positions), type_unary=tu)
 
 
 def _labelings(types: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -53,7 +54,15 @@ def _phi(model: PoseTree, data: PoseData, i: int, cells: torch.Tensor, types: to
             dy = ((ys[:, c] - ys[:, p]).double() - mu[0]) / s[0]
             deform[on, e, k] = -torch.stack((dx, dx * dx, dy, dy * dy), 1)[on]
             bias[on, e, k] = 1.0
-    return torch.cat(parts + [deform.reshape(m, -1), bias.reshape(m, -1)], 1)
+    parts += [deform.reshape(m, -1), bias.reshape(m, -1)]
+    if model.type_features:  # the type feature of the edge's type at its child (side 0) and parent (side 1) cell
+        tf = torch.zeros(m, 2, 2, dtype=torch.float64)
+        for e, (p, c) in enumerate(TINY):
+            tu = data.type_unary[i, e]  # [K, 2, G, G]
+            tf[:, e, 0] = tu[types[:, e], 0, ys[:, c], xs[:, c]]
+            tf[:, e, 1] = tu[types[:, e], 1, ys[:, p], xs[:, p]]
+        parts.append(tf.reshape(m, -1))
+    return torch.cat(parts, 1)
 
 
 def _loss(data: PoseData, i: int, cells: torch.Tensor) -> torch.Tensor:
@@ -82,10 +91,11 @@ def _enumerate(model, w, data, loss_augmented):
     return torch.stack(values)
 
 
-def test_layout_joint_feature_and_loss_match_the_definition() -> None:
-    model = _mixture_model()
+@pytest.mark.parametrize("type_features", [False, True])
+def test_layout_joint_feature_and_loss_match_the_definition(type_features: bool) -> None:
+    model = _mixture_model(type_features=type_features)
     assert model.n_types == K and model.n_labels == 3 + 2
-    assert model.n_features == 3 * 2 + 2 * K * 5
+    assert model.n_features == 3 * 2 + 2 * K * 5 + 2 * 2 * type_features
     data = _data(model)
     assert data.n_labels == 5 and data.offsets.tolist() == [0, 5, 10, 15, 20]
     gen = torch.Generator().manual_seed(1)
@@ -101,6 +111,9 @@ def test_layout_joint_feature_and_loss_match_the_definition() -> None:
     torch.testing.assert_close(model.score(w, data, y), phi @ w)
     w_u, w_def = model.unpack(w)
     assert w_u.shape == (3, 2) and w_def.shape == (2, K, 4) and model.type_biases(w).shape == (2, K)
+    torch.testing.assert_close(model.type_biases(w).reshape(-1), w[3 * 2 + 2 * K * 4 : 3 * 2 + 2 * K * 5])
+    if type_features:
+        assert torch.equal(model.type_feature_weights(w).reshape(-1), w[-4:])
     # the loss ignores the types; the weight box covers the quadratic weights of every type
     other = torch.cat((cells, (types + 1) % K), 1).reshape(-1)
     torch.testing.assert_close(model.loss(data, other), model.loss(data, y))
@@ -108,12 +121,13 @@ def test_layout_joint_feature_and_loss_match_the_definition() -> None:
     assert int(torch.isfinite(lower).sum()) == 2 * 2 * K and bool((lower[model.quadratic_index()] == 0).all())
 
 
+@pytest.mark.parametrize("type_features", [False, True])
 @pytest.mark.parametrize("loss_augmented", [False, True])
 @pytest.mark.parametrize("types", [2, 3])
-def test_oracle_equals_enumeration_of_cells_and_types(loss_augmented: bool, types: int) -> None:
+def test_oracle_equals_enumeration_of_cells_and_types(loss_augmented: bool, types: int, type_features: bool) -> None:
     gen = torch.Generator().manual_seed(2)
     for seed in range(2):
-        model = _mixture_model(seed, types=types)
+        model = _mixture_model(seed, types=types, type_features=type_features)
         data = _data(model, n=3, seed=seed)
         w = _random_w(model, gen)
         y = model.oracle(w, data, loss_augmented=loss_augmented)
@@ -133,9 +147,11 @@ def test_one_type_per_edge_keeps_the_plain_layout() -> None:
     assert plain.n_labels == 3 and torch.equal(plain.nearest_types(torch.zeros(2, 3, 2)), torch.zeros(2, 2).long())
 
 
-def test_fit_keeps_every_type_in_the_box_and_certifies_the_gap() -> None:
+@pytest.mark.parametrize("type_features", [False, True])
+def test_fit_keeps_every_type_in_the_box_and_certifies_the_gap(type_features: bool) -> None:
     mu = torch.tensor([[[0.0, 1.0], [1.0, -1.0]], [[-1.0, 0.0], [0.0, 1.0]]], dtype=torch.float64)
-    model = PoseTree(G, mu, n_joints=3, edges=TINY, scales=torch.full((2, 2, 2), 1.5, dtype=torch.float64))
+    model = PoseTree(G, mu, n_joints=3, edges=TINY, scales=torch.full((2, 2, 2), 1.5, dtype=torch.float64),
+                     type_features=type_features)
     data = _data(model, n=6, seed=3)
     lam = 1.0
     res = fit(model, data, lam, preset="gap-pairwise-cache", max_passes=60, gap_check=20, gap_tol=1e-8, seed=0)
@@ -198,5 +214,30 @@ def test_bad_types_raise_clear_errors() -> None:
         PoseData(u, types=torch.zeros(2, 2).long())
     with pytest.raises(ValueError, match="edge types must lie"):
         model.loss(PoseData(u, pos, types=torch.zeros(2, 2).long()), torch.full((10,), 5))
+
+
+def test_type_features_data_layout_and_errors() -> None:
+    model = _mixture_model(type_features=True)
+    data = _data(model, n=4, seed=7)
+    sub = data[[3, 0]]
+    assert torch.equal(sub.type_unary, data.type_unary[[3, 0]])
+    both = PoseData.cat([sub, data[:1]])
+    assert torch.equal(both.type_unary, torch.cat((data.type_unary[[3, 0]], data.type_unary[:1])))
+    assert both.to(torch.float32).type_unary.dtype == torch.float32
+    with pytest.raises(ValueError, match="type features of the same shape"):
+        PoseData.cat([sub, _data(_mixture_model(), n=1)])
+    plain = _data(_mixture_model(), n=4, seed=7)
+    with pytest.raises(ValueError, match="needs type_unary"):
+        model.check_data(plain)
+    with pytest.raises(ValueError, match="needs type_unary"):  # K = 3 type features for a K = 2 model
+        model.check_data(_data(_mixture_model(types=3, type_features=True), n=2))
+    with pytest.raises(ValueError, match="NaN or infinite"):
+        PoseData(plain.unary, plain.positions, types=plain.types, type_unary=data.type_unary * float("nan"))
+    with pytest.raises(ValueError, match="side 0"):
+        PoseData(plain.unary, plain.positions, types=plain.types, type_unary=data.type_unary[:, :, :, :1])
+    with pytest.raises(ValueError, match="needs mixture types"):
+        PoseTree(G, torch.zeros(2, 2), n_joints=3, edges=TINY, type_features=True)
+    with pytest.raises(ValueError, match="no type features"):
+        _mixture_model().type_feature_weights(torch.zeros(20))
     with pytest.raises(ValueError, match="scales"):
         PoseTree(G, torch.zeros(2, 3, 2), n_joints=3, edges=TINY, scales=torch.ones(2, 2, 2))

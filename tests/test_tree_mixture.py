@@ -49,6 +49,53 @@ def test_mixture_max_sum_equals_brute_force_over_positions_and_types(K):
     assert res.types.shape == (3, len(TINY_EDGES)) and int(res.types.max()) < K
 
 
+def _type_term(type_unary, positions, types, edges):
+    """sum_e type_unary[e, t_e, 0, l_child] + type_unary[e, t_e, 1, l_parent], written with loops: [n]."""
+    out = torch.zeros(positions.shape[0], dtype=torch.float64)
+    for m in range(positions.shape[0]):
+        for e, (p, c) in enumerate(edges):
+            k = int(types[m, e])
+            out[m] += type_unary[e, k, 0, positions[m, c, 0], positions[m, c, 1]]
+            out[m] += type_unary[e, k, 1, positions[m, p, 0], positions[m, p, 1]]
+    return out
+
+
+@pytest.mark.parametrize("K", [2, 3])
+def test_image_dependent_type_scores_equal_brute_force(K):
+    """Chen & Yuille's image-dependent pairwise terms: a type score at both ends of every edge."""
+    gen = torch.Generator().manual_seed(10 + K)
+    edges = ((0, 1), (0, 2))
+    unary, w, b, mu = random_mixture(gen, 2, 3, edges, K, 2, 3)
+    tu = torch.randn(2, len(edges), K, 2, 2, 3, generator=gen, dtype=torch.float64)
+    res = mixture_tree_max_sum(unary, w, b, mu, edges, type_unary=tu)
+    positions = torch.tensor(list(itertools.product(range(6), repeat=3)))
+    positions = torch.stack((positions // 3, positions % 3), -1)
+    n = positions.shape[0]
+    for i in range(2):
+        best, arg = -float("inf"), None
+        for t in itertools.product(range(K), repeat=len(edges)):
+            tt = torch.tensor(t).expand(n, -1)
+            s = mixture_tree_score(unary[i].expand(n, -1, -1, -1), positions, tt, w[i], b[i], mu[i], edges)
+            s = s + _type_term(tu[i], positions, tt, edges)
+            if float(s.max()) > best:
+                best, arg = float(s.max()), (positions[int(s.argmax())], tt[0])
+        assert abs(float(res.score[i]) - best) < 1e-10
+        # the library's scorer of a labeling agrees with the loops, and the returned labeling achieves the maximum
+        got = mixture_tree_score(unary[i:i + 1], res.positions[i:i + 1], res.types[i:i + 1], w[i], b[i], mu[i], edges,
+                                 type_unary=tu[i:i + 1])
+        assert abs(float(got) - best) < 1e-10
+        ref = mixture_tree_score(unary[i:i + 1], arg[0][None], arg[1][None], w[i], b[i], mu[i], edges,
+                                 type_unary=tu[i:i + 1])
+        assert abs(float(ref) - best) < 1e-10
+    # without type scores the answer differs (the test can fail): the scores matter
+    plain = mixture_tree_max_sum(unary, w, b, mu, edges)
+    assert not torch.allclose(plain.score, res.score)
+    with pytest.raises(ValueError, match="type_unary must have shape"):
+        mixture_tree_max_sum(unary, w, b, mu, edges, type_unary=tu[:, :, :, :1])
+    with pytest.raises(ValueError, match="finite"):
+        mixture_tree_max_sum(unary, w, b, mu, edges, type_unary=tu * float("inf"))
+
+
 def test_one_type_without_bias_is_the_plain_tree():
     gen = torch.Generator().manual_seed(5)
     unary, w, _, mu = random_mixture(gen, 4, 14, LSP_TREE_EDGES, 1, 7, 6)

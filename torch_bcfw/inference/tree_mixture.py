@@ -14,6 +14,15 @@ child to its parent is the pointwise maximum over ``k`` of ``K`` distance transf
 per type, each shifted by ``b[e, k]``), and the backtrack reads the winning type and child position per parent
 position.  Cost: ``O(K J P)`` per image.  With ``K = 1`` and ``b = 0`` this is
 :func:`~torch_bcfw.inference.tree.tree_max_sum` (tested equal).  Ties between types go to the lowest type index.
+
+Image-dependent pairwise relations (Chen & Yuille 2014).  An optional ``type_unary`` ``[B, E, K, 2, G_y, G_x]``
+adds, for edge ``e`` in type ``k``, a score at the child's cell (side 0) and one at the parent's cell (side 1) --
+e.g. weighted log-probabilities ``log p(t_e = k | image around l)`` that a CNN predicts at both ends of the limb::
+
+    score(l, t) += sum_e ( type_unary[e, t_e, 0, l_child] + type_unary[e, t_e, 1, l_parent] )
+
+The child side joins the belief before type ``k``'s distance transform and the parent side the transformed
+message, so the cost and exactness are unchanged.
 """
 from __future__ import annotations
 
@@ -63,8 +72,23 @@ def _mixture_parameters(w: Tensor, b: Tensor, mu: Tensor, batch: int, num_edges:
     return (w.expand(batch, num_edges, K, 4), b.expand(batch, num_edges, K), mu.expand(batch, num_edges, K, 2), K)
 
 
+def _check_type_unary(type_unary: Tensor | None, unary: Tensor, num_edges: int, K: int) -> Tensor | None:
+    if type_unary is None:
+        return None
+    B, _, gy, gx = unary.shape
+    shape = (B, num_edges, K, 2, gy, gx)
+    if tuple(type_unary.shape) != shape:
+        raise ValueError(f"type_unary must have shape {list(shape)} ([B, E, K, child/parent side, G_y, G_x]), "
+                         f"got {tuple(type_unary.shape)}")
+    if type_unary.device != unary.device:
+        raise ValueError(f"type_unary is on {type_unary.device} but unary on {unary.device}")
+    if not torch.isfinite(type_unary).all():
+        raise ValueError("type_unary must be finite")
+    return type_unary.to(unary.dtype)
+
+
 def mixture_tree_max_sum(unary: Tensor, w: Tensor, b: Tensor, mu: Tensor, edges: Edges = LSP_TREE_EDGES,
-                         method: Method = "auto") -> MixtureTreeMaxSum:
+                         method: Method = "auto", type_unary: Tensor | None = None) -> MixtureTreeMaxSum:
     """Exact MAP positions and edge types of the mixture tree model (see the module docstring).
 
     Args:
@@ -75,6 +99,8 @@ def mixture_tree_max_sum(unary: Tensor, w: Tensor, b: Tensor, mu: Tensor, edges:
         mu: offsets ``child - parent`` per edge and type [E, K, 2] or [B, E, K, 2], (y, x) order.
         edges: (parent, child) pairs forming a tree (default: the LSP skeleton).
         method: distance-transform method (:mod:`torch_bcfw.inference.distance_transform`).
+        type_unary: optional image-dependent type scores [B, E, K, 2, G_y, G_x] (side 0 at the child's cell,
+            side 1 at the parent's; module docstring), finite, on the device of ``unary``.
 
     Returns:
         :class:`MixtureTreeMaxSum` (positions [B, J, 2], types [B, E], score [B] in the dtype of ``unary``).
@@ -88,6 +114,7 @@ def mixture_tree_max_sum(unary: Tensor, w: Tensor, b: Tensor, mu: Tensor, edges:
     E = len(edges)
     w, b, mu, K = _mixture_parameters(w, b, mu, batch, E)
     _check_convex(w.reshape(batch, E * K, 4))
+    tu = _check_type_unary(type_unary, unary, E, K)
     coeffs = _message_coefficients(w.reshape(batch, E * K, 4), mu.reshape(batch, E * K, 2))  # [E*K, B, 6]
     bias = b.to(unary.device, unary.dtype)
     belief = list(unary.unbind(dim=1))
@@ -97,8 +124,12 @@ def mixture_tree_max_sum(unary: Tensor, w: Tensor, b: Tensor, mu: Tensor, edges:
         parent, child = edges[e]
         message = arg = kind = None
         for k in range(K):
-            m, arg_y, arg_x = distance_transform_2d_packed(belief[child], coeffs[e * K + k], method)
-            m = (m + bias[:, e, k, None, None]).reshape(batch, -1)
+            source = belief[child] if tu is None else belief[child] + tu[:, e, k, 0]
+            m, arg_y, arg_x = distance_transform_2d_packed(source, coeffs[e * K + k], method)
+            m = m + bias[:, e, k, None, None]
+            if tu is not None:
+                m = m + tu[:, e, k, 1]
+            m = m.reshape(batch, -1)
             flat = (arg_y * gx + arg_x).reshape(batch, -1)
             if message is None:
                 message, arg, kind = m, flat, torch.zeros_like(flat)
@@ -122,7 +153,7 @@ def mixture_tree_max_sum(unary: Tensor, w: Tensor, b: Tensor, mu: Tensor, edges:
 
 
 def mixture_tree_score(unary: Tensor, positions: Tensor, types: Tensor, w: Tensor, b: Tensor, mu: Tensor,
-                       edges: Edges = LSP_TREE_EDGES) -> Tensor:
+                       edges: Edges = LSP_TREE_EDGES, type_unary: Tensor | None = None) -> Tensor:
     """Score [B] of given positions (long [B, J, 2], (y, x)) and edge types (long [B, E]); arguments as
     :func:`mixture_tree_max_sum` (any edge list)."""
     _check_unary(unary)
@@ -143,4 +174,10 @@ def mixture_tree_score(unary: Tensor, positions: Tensor, types: Tensor, w: Tenso
     mu_t = mu.to(unary.device, unary.dtype).gather(2, t[..., None, None].expand(batch, E, 1, 2)).squeeze(2)
     b_t = b.to(unary.device, unary.dtype).gather(2, t[..., None]).squeeze(2)
     feats = deformation_features(positions[:, children], positions[:, parents], mu_t)
-    return score + b_t.sum(dim=1) - (w_t * feats).sum(dim=(1, 2))
+    score = score + b_t.sum(dim=1) - (w_t * feats).sum(dim=(1, 2))
+    tu = _check_type_unary(type_unary, unary, E, K)
+    if tu is not None:
+        chosen = tu.gather(2, t[:, :, None, None, None, None].expand(batch, E, 1, 2, *tu.shape[-2:])).squeeze(2)
+        ends = torch.stack((flat[:, children, 0], flat[:, parents, 0]), dim=-1)  # [B, E, 2]
+        score = score + chosen.reshape(batch, E, 2, -1).gather(3, ends[..., None]).sum(dim=(1, 2, 3))
+    return score

@@ -47,6 +47,14 @@ loss ignores the types; the true types of training data are the nearest offsets 
 exactly (:func:`~torch_bcfw.inference.tree_mixture.mixture_tree_max_sum`: ``K`` distance transforms per
 message).
 
+Image-dependent pairwise relations (Chen & Yuille 2014; ``type_features=True``, ``K > 1``).  The deformation
+prior of a type is the same for every image; a CNN can also say which type an edge takes *here*: at every cell
+``log p(t_e = k | image around the cell)``, predicted at the child's and at the parent's end of the limb
+(:class:`PoseData` ``type_unary [n, E, K, 2, G, G]``).  The joint features gain, per edge, the value of its type's
+map at the child's cell and at the parent's cell (``2 E`` entries, weights ``w_T [E, 2]`` at the end of ``w``:
+:meth:`PoseTree.type_feature_weights`), and the oracle stays exact at the same cost (the child term joins the
+belief before the type's distance transform, the parent term the message).
+
 Invisible joints.  A labeling must place every joint, but unannotated joints have no position.
 :func:`impute_positions` fills them from the annotated ones along the tree with the mean offsets (then the
 true labeling of the SSVM is a plausible full pose); the loss ignores them.
@@ -98,10 +106,14 @@ class PoseData:
         types: true mixture type of every tree edge, integer ``[n, E]`` (for a :class:`PoseTree` with
             ``n_types > 1``: :meth:`PoseTree.nearest_types` of the true cells), or ``None`` (a model with one
             type per edge, or unlabelled data).
+        type_unary: optional image-dependent type features, float ``[n, E, K, 2, G, G]``: for edge ``e`` in type
+            ``k``, a feature at the child's cell (side 0) and at the parent's cell (side 1) -- e.g. a CNN's
+            ``log p(t_e = k | image around the cell)`` (Chen & Yuille 2014); used by a :class:`PoseTree` with
+            ``type_features=True``, finite.
         check: validate (default; subsets of a valid set skip it).
 
     Attributes:
-        unary, visible, torso, types: as given (``visible`` / ``torso`` filled in when omitted).
+        unary, visible, torso, types, type_unary: as given (``visible`` / ``torso`` filled in when omitted).
         y: ``LongTensor[n * (J + E)]`` packed labelings: per image the ``J`` flat cells ``y * G + x``, then the
             ``E`` edge types when ``types`` is given (``None`` without positions).
         offsets: ``LongTensor[n + 1]`` ``= arange(n + 1) * n_labels`` (the per-image blocks of ``y``).
@@ -112,7 +124,8 @@ class PoseData:
     """
 
     def __init__(self, unary: Tensor, positions: Tensor | None = None, visible: Tensor | None = None,
-                 torso: Tensor | None = None, types: Tensor | None = None, check: bool = True):
+                 torso: Tensor | None = None, types: Tensor | None = None, type_unary: Tensor | None = None,
+                 check: bool = True):
         unary = torch.as_tensor(unary)
         if unary.dim() == 4:
             unary = unary.unsqueeze(2)
@@ -127,6 +140,9 @@ class PoseData:
                       else torch.as_tensor(torso, device=dev))
         self.types = None
         self.y = None
+        self.type_unary = None if type_unary is None else torch.as_tensor(type_unary, device=dev)
+        if check and self.type_unary is not None:
+            _check_type_unary(self.type_unary, n, G)
         if types is not None:
             if positions is None:
                 raise ValueError("edge types need the true positions too")
@@ -192,6 +208,7 @@ class PoseData:
         out.visible = self.visible[i]
         out.torso = self.torso[i]
         out.types = None if self.types is None else self.types[i]
+        out.type_unary = None if self.type_unary is None else self.type_unary[i]
         out.offsets = torch.arange(i.numel() + 1, device=self.device) * self.n_labels
         out.y = None if self.y is None else self.y.view(len(self), -1)[i].reshape(-1)
         return out
@@ -210,8 +227,12 @@ class PoseData:
         typed = {None if p.types is None else p.types.shape[1] for p in parts}
         if len(typed) != 1:
             raise ValueError("PoseData.cat: the parts do not all have the same edge types (or none)")
+        type_shapes = {None if p.type_unary is None else tuple(p.type_unary.shape[1:]) for p in parts}
+        if len(type_shapes) != 1:
+            raise ValueError("PoseData.cat: the parts do not all have type features of the same shape (or none)")
         out = cls.__new__(cls)
         out.unary = torch.cat([p.unary for p in parts])
+        out.type_unary = torch.cat([p.type_unary for p in parts]) if parts[0].type_unary is not None else None
         out.visible = torch.cat([p.visible for p in parts])
         out.torso = torch.cat([p.torso for p in parts])
         out.types = torch.cat([p.types for p in parts]) if parts[0].types is not None else None
@@ -220,11 +241,12 @@ class PoseData:
         return out
 
     def to(self, *args, **kwargs) -> "PoseData":
-        """Move to a device and/or cast the unary features (``to(device)``, ``to(dtype)``, ...)."""
+        """Move to a device and/or cast the unary (and type) features (``to(device)``, ``to(dtype)``, ...)."""
         unary = self.unary.to(*args, **kwargs)
         dev = unary.device
         out = PoseData.__new__(PoseData)
         out.unary = unary
+        out.type_unary = None if self.type_unary is None else self.type_unary.to(*args, **kwargs)
         out.visible, out.torso, out.offsets = self.visible.to(dev), self.torso.to(dev), self.offsets.to(dev)
         out.types = None if self.types is None else self.types.to(dev)
         out.y = None if self.y is None else self.y.to(dev)
@@ -242,6 +264,17 @@ def _check_unary(unary: Tensor) -> None:
         raise ValueError(f"unary features must be non-empty, got shape {tuple(unary.shape)}")
     if not bool(torch.isfinite(unary).all()):
         raise ValueError(f"unary features contain {int((~torch.isfinite(unary)).sum())} NaN or infinite value(s)")
+
+
+def _check_type_unary(type_unary: Tensor, n: int, G: int) -> None:
+    if type_unary.dim() != 6 or not type_unary.is_floating_point():
+        raise ValueError(f"type_unary must be a float tensor [n, E, K, 2, G, G], got {type_unary.dtype} "
+                         f"{tuple(type_unary.shape)}")
+    if type_unary.shape[0] != n or type_unary.shape[3] != 2 or tuple(type_unary.shape[-2:]) != (G, G):
+        raise ValueError(f"type_unary must have shape [{n}, E, K, 2, {G}, {G}] (side 0: child, 1: parent), got "
+                         f"{tuple(type_unary.shape)}")
+    if not bool(torch.isfinite(type_unary).all()):
+        raise ValueError("type_unary contains NaN or infinite values")
 
 
 def _check_positions(positions: Tensor, n: int, J: int, G: int) -> None:
@@ -461,14 +494,16 @@ class PoseTree(StructuredModel):
         edges: ``(parent, child)`` pairs forming a tree over the joints (default ``LSP_TREE_EDGES``).
         min_quadratic: lower bound of the quadratic deformation weights (default 0: a convex penalty).
         method: distance-transform method of the oracle (``"auto"``: compiled envelope on CPU, dense on CUDA).
+        type_features: image-dependent pairwise relations (needs ``K > 1``): the data's ``type_unary`` at both ends
+            of every edge, for its type, with one weight per edge and side, ``w_T [E, 2]`` at the end of ``w``.
 
     ``d = J K_u + 4 E`` with one type per edge, ``J K_u + 5 E K`` with ``K > 1`` types (four deformation weights
-    and a bias per edge and type); :meth:`unpack` splits ``w``.
+    and a bias per edge and type), ``+ 2 E`` with ``type_features``; :meth:`unpack` splits ``w``.
     """
 
     def __init__(self, grid_size: int, mu: Tensor | None = None, n_joints: int = 14, n_unary: int = 1,
                  edges: Edges = LSP_TREE_EDGES, min_quadratic: float = 0.0, method: Method = "auto",
-                 scales: Tensor | None = None):
+                 scales: Tensor | None = None, type_features: bool = False):
         if int(grid_size) < 1 or int(n_joints) < 1 or int(n_unary) < 1:
             raise ValueError(f"grid_size, n_joints and n_unary must be >= 1, got {grid_size}, {n_joints}, {n_unary}")
         self.edges = tuple((int(p), int(c)) for p, c in edges)
@@ -498,14 +533,17 @@ class PoseTree(StructuredModel):
         self.n_types = K
         self.min_quadratic = float(min_quadratic)
         self.method = method
-        self.n_features = self.n_joints * self.n_unary + (4 * E if K == 1 else 5 * E * K)
+        self.type_features = bool(type_features)
+        if self.type_features and K == 1:
+            raise ValueError("type_features needs mixture types: give mu as [E, K, 2] with K > 1")
+        self.n_features = self.n_joints * self.n_unary + (4 * E if K == 1 else 5 * E * K) + 2 * E * self.type_features
         self._parents, self._children = _edge_ends(self.edges, "cpu")
 
     def config(self) -> dict:
         return {"grid_size": self.grid_size, "mu": self.mu.tolist(), "scales": self.scales.tolist(),
                 "n_joints": self.n_joints,
                 "n_unary": self.n_unary, "edges": [list(e) for e in self.edges],
-                "min_quadratic": self.min_quadratic, "method": self.method}
+                "min_quadratic": self.min_quadratic, "method": self.method, "type_features": self.type_features}
 
     # ------------------------------------------------------------------ layout
     @property
@@ -528,7 +566,15 @@ class PoseTree(StructuredModel):
         """The bias of every edge type, ``[E, K]`` (a view; zeros ``[E, 1]`` with one type per edge)."""
         if self.n_types == 1:
             return torch.zeros(self.n_edges, 1, dtype=w.dtype, device=w.device)
-        return w[self.n_joints * self.n_unary + 4 * self.n_edges * self.n_types :].view(self.n_edges, self.n_types)
+        start = self.n_joints * self.n_unary + 4 * self.n_edges * self.n_types
+        return w[start : start + self.n_edges * self.n_types].view(self.n_edges, self.n_types)
+
+    def type_feature_weights(self, w: Tensor) -> Tensor:
+        """``w_T [E, 2]`` (a view): the weight of the type features at the child (column 0) and parent (column 1)
+        end of every edge; ``type_features`` models only."""
+        if not self.type_features:
+            raise ValueError("the model has no type features (PoseTree(..., type_features=True))")
+        return w[self.n_features - 2 * self.n_edges :].view(self.n_edges, 2)
 
     def _scales3(self, device) -> Tensor:
         return self.scales.to(device).reshape(self.n_edges, self.n_types, 2)
@@ -592,6 +638,12 @@ class PoseTree(StructuredModel):
         elif require_labels and self.n_types > 1:
             raise ValueError(f"the model has {self.n_types} types per edge: training data needs the true types "
                              f"(PoseData(..., types=model.nearest_types(positions)))")
+        if self.type_features:
+            tu = data.type_unary
+            want = (len(data), self.n_edges, self.n_types, 2, self.grid_size, self.grid_size)
+            if tu is None or tuple(tu.shape) != want:
+                raise ValueError(f"the model uses type features: the data needs type_unary of shape {list(want)}, "
+                                 f"got {None if tu is None else tuple(tu.shape)}")
 
     def split_labels(self, y: Tensor, n: int) -> tuple[Tensor, Tensor]:
         """Packed labelings ``[n * n_labels]`` -> ``(cells LongTensor[n, J, 2] (y, x), types LongTensor[n, E])``
@@ -639,7 +691,13 @@ class PoseTree(StructuredModel):
             return torch.cat((phi_u, -feats.reshape(n, -1)), dim=1)
         one_hot = torch.nn.functional.one_hot(types, K).to(torch.float64)  # [n, E, K]
         phi_def = -(one_hot[..., None] * feats[:, :, None, :])  # [n, E, K, 4]
-        return torch.cat((phi_u, phi_def.reshape(n, -1), one_hot.reshape(n, -1)), dim=1)
+        parts = [phi_u, phi_def.reshape(n, -1), one_hot.reshape(n, -1)]
+        if self.type_features:  # [n, E, 2]: the type feature of each edge's type at its child and parent cell
+            tu = data.type_unary.reshape(n, E, K, 2, G * G)
+            chosen = tu.gather(2, types[:, :, None, None, None].expand(n, E, 1, 2, G * G)).squeeze(2)
+            ends = torch.stack((flat[:, self._children.to(dev)], flat[:, self._parents.to(dev)]), dim=-1)  # [n, E, 2]
+            parts.append(chosen.gather(3, ends[..., None]).reshape(n, 2 * E).to(torch.float64))
+        return torch.cat(parts, dim=1)
 
     def loss(self, data: PoseData, y: Tensor) -> Tensor:
         """The pose loss of the cells (edge types do not count)."""
@@ -663,8 +721,12 @@ class PoseTree(StructuredModel):
         if self.n_types == 1:
             pos = tree_max_sum(U, self.pixel_weights(w), self.mu.to(U.device), self.edges, self.method).positions
             return (pos[..., 0] * self.grid_size + pos[..., 1]).reshape(-1)
-        result = mixture_tree_max_sum(U, self.pixel_weights(w), self.type_biases(w.to(U.device, torch.float64)),
-                                      self.mu.to(U.device), self.edges, self.method)
+        w64 = w.to(U.device, torch.float64)
+        type_unary = None
+        if self.type_features:  # [n, E, K, 2, G, G] weighted by w_T[e, side]
+            type_unary = data.type_unary.to(torch.float64) * self.type_feature_weights(w64)[None, :, None, :, None, None]
+        result = mixture_tree_max_sum(U, self.pixel_weights(w), self.type_biases(w64), self.mu.to(U.device),
+                                      self.edges, self.method, type_unary=type_unary)
         pos = result.positions
         return torch.cat((pos[..., 0] * self.grid_size + pos[..., 1], result.types), dim=1).reshape(-1)
 
