@@ -48,6 +48,9 @@ def main() -> None:
     ap.add_argument("--cross-fit", type=int, default=1,
                     help="K >= 2: K CNNs, CNN k trained without fold k; the head learns from out-of-fold heatmaps, "
                          "test images get the ensemble's (K - 1 times the CNN training time)")
+    ap.add_argument("--type-features", action="store_true",
+                    help="image-dependent pairwise relations (Chen & Yuille 2014; needs --types > 1): the CNN also "
+                         "predicts every edge's type at both ends, the head scores those predictions")
     ap.add_argument("--limit", type=int, default=None, help="use only the first N training images")
     ap.add_argument("--test-limit", type=int, default=None)
     ap.add_argument("--threads", type=int, default=2, help="torch CPU threads")
@@ -64,7 +67,7 @@ def main() -> None:
                              cross_fit=args.cross_fit)
     model = PoseTreeCNN(size=S, stem=24, width=32, dilations=(1, 2, 4, 8), lr=3e-3, weight_decay=1e-4, sigma=1.0,
                         max_shift=8, flip=True, alpha=0.2, seed=0, n_types=args.types,
-                        cross_fit=args.cross_fit)
+                        cross_fit=args.cross_fit, type_features=args.type_features)
     bcfw = PoseBCFWCallback(lam=args.lam, every_n_epochs=args.every, passes_per_call=args.passes, initial_passes=0,
                             verbose=True, solver_options={"step": "line_search", "sampling": "uniform",
                                                           "averaging": True, "seed": 1})
@@ -90,7 +93,7 @@ def main() -> None:
         "head_weights": model.head.w.tolist(), "mean_offsets": model.head.mu.tolist(),
         "reference_torso_px": data.reference_torso,
         "epochs": args.epochs, "grid": G, "size": S, "n_types": args.types, "head_holdout": args.holdout,
-        "cross_fit": args.cross_fit, "threads": args.threads,
+        "cross_fit": args.cross_fit, "type_features": args.type_features, "threads": args.threads,
         "wall_s": {"fit": wall_fit, "total": time.perf_counter() - t0, "last_solve": rec["wall"] if rec else None},
     }
     out.mkdir(parents=True, exist_ok=True)

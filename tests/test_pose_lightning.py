@@ -175,7 +175,8 @@ def test_lsp_datamodule_fields(tmp_path) -> None:
                           head_holdout=10).setup("fit")
 
 
-def test_cnn_with_a_mixture_tree_head_trains_end_to_end_on_lsp(tmp_path) -> None:
+@pytest.mark.parametrize("type_features", [False, True])
+def test_cnn_with_a_mixture_tree_head_trains_end_to_end_on_lsp(tmp_path, type_features: bool) -> None:
     if not (LSP_ROOT / "joints.mat").is_file():
         pytest.fail(f"LSP Extended data missing at {LSP_ROOT}")
     from torch_bcfw.lightning.pose import PoseTreeCNN
@@ -187,13 +188,18 @@ def test_cnn_with_a_mixture_tree_head_trains_end_to_end_on_lsp(tmp_path) -> None
     assert dm.type_offsets.shape == (13, K, 2) and dm.type_scales.shape == (13, K, 2)
     assert dm.head_offsets is dm.type_offsets and dm.train.fields["types"].shape == (24, 13)
     assert int(dm.train.fields["types"].max()) < K
-    model = PoseTreeCNN(size=32, stem=4, width=8, dilations=(1, 2), n_types=K)
+    model = PoseTreeCNN(size=32, stem=4, width=8, dilations=(1, 2), n_types=K, type_features=type_features)
     cb = PoseBCFWCallback(lam=0.1, every_n_epochs=1, passes_per_call=3, initial_passes=0, solver_options={"seed": 0})
     trainer = _trainer(tmp_path, [cb])
     trainer.fit(model, datamodule=dm)
     head = model.head.model
-    assert head.n_types == K and torch.equal(head.mu, dm.type_offsets)
+    assert head.n_types == K and torch.equal(head.mu, dm.type_offsets) and head.type_features == type_features
     assert cb.calls == 1 and cb.last_record["gap_best"] >= 0 and cb.last_data.types is not None
+    if type_features:  # the head sees the CNN's edge-type maps and weighs them
+        assert cb.last_data.type_unary.shape == (24, 13, K, 2, 8, 8)
+        assert float(head.type_feature_weights(model.head.w).abs().sum()) > 0
+    else:
+        assert cb.last_data.type_unary is None
     assert bool((model.head.w[head.quadratic_index()] >= 0).all()) and float(model.head.w.abs().sum()) > 0
     trainer.test(model, datamodule=dm, verbose=False)
     res = model.test_results
@@ -227,6 +233,60 @@ def test_cross_fitted_cnn_maps_every_image_by_its_out_of_fold_net_and_tests_with
         cnn(images, torch.tensor([0, 1]))
     with pytest.raises(ValueError, match="n_folds >= 2"):
         CrossFittedCNN(1)
+
+
+def test_type_maps_are_normalised_per_cell_and_ensembled_like_the_heatmaps() -> None:
+    from torch_bcfw.lightning.pose import CrossFittedCNN, log_maps
+
+    torch.manual_seed(1)
+    E, K, G = 13, 3, 8
+    logits = torch.randn(2, 14 + 2 * E * K, G, G)
+    logp, logq = log_maps(logits, 14, E, K)
+    assert logp.shape == (2, 14, G, G) and logq.shape == (2, E, K, 2, G, G)
+    torch.testing.assert_close(logp.exp().sum((-2, -1)), torch.ones(2, 14))
+    torch.testing.assert_close(logq.exp().sum(2), torch.ones(2, E, 2, G, G))  # a distribution over types per cell
+    # channel 14 + (2 e + s) K + k is type k of edge e seen from side s (0: child, 1: parent)
+    e, s_, k = 5, 1, 2
+    manual = torch.log_softmax(logits[:, 14 + (2 * e + s_) * K : 14 + (2 * e + s_ + 1) * K], dim=1)[:, k]
+    torch.testing.assert_close(logq[:, e, k, s_], manual)
+    assert log_maps(logits[:, :14])[1] is None
+    with pytest.raises(ValueError, match="channels"):
+        log_maps(logits, 14, E, 2)
+    cnn = CrossFittedCNN(2, 14, 4, 8, (1,), grid_size=G, type_maps=(E, K)).eval()
+    images, folds = torch.rand(3, 3, 32, 32), torch.tensor([1, 0, 1])
+    with torch.no_grad():
+        each = [log_maps(net(images), 14, E, K) for net in cnn.nets]
+        oof_p, oof_q = cnn.maps(images, folds)
+        ens_p, ens_q = cnn.maps(images)
+    torch.testing.assert_close(oof_q, torch.stack([each[int(f)][1][i] for i, f in enumerate(folds)]))
+    torch.testing.assert_close(oof_p, cnn(images, folds))
+    torch.testing.assert_close(ens_q.exp(), (each[0][1].exp() + each[1][1].exp()) / 2)
+
+
+def test_the_type_loss_trains_the_type_channels_only_with_type_features(tmp_path) -> None:
+    if not (LSP_ROOT / "joints.mat").is_file():
+        pytest.fail(f"LSP Extended data missing at {LSP_ROOT}")
+    from torch_bcfw.lightning.pose import PoseTreeCNN
+
+    dm = LSPPoseDataModule(str(LSP_ROOT), size=32, grid_size=8, limit=8, test_limit=4, batch_size=8,
+                           cache_dir=str(tmp_path), n_types=2)
+    dm.setup("fit")
+    batch = next(iter(dm.train_dataloader()))
+    losses = {}
+    for w in (0.0, 1.0):
+        torch.manual_seed(0)
+        model = PoseTreeCNN(size=32, stem=4, width=8, dilations=(1,), n_types=2, type_features=True, type_weight=w,
+                            max_shift=0, flip=False)
+        model.head.set_offsets(dm.head_offsets, dm.head_scales)
+        model.log = lambda *a, **k: None
+        loss = model.training_step(batch, 0)
+        loss.backward()
+        grad = model.backbone.out.weight.grad[14:]  # the type channels
+        losses[w] = (float(loss.detach()), float(grad.abs().sum()))
+    assert losses[0.0][1] == 0.0 and losses[1.0][1] > 0  # type channels learn from the type loss only
+    assert losses[1.0][0] > losses[0.0][0] > 0  # the type cross-entropy adds to the heatmap loss
+    with pytest.raises(ValueError, match="n_types >= 2"):
+        PoseTreeCNN(size=32, type_features=True)
 
 
 def test_cross_fitted_pose_model_never_trains_a_cnn_on_its_own_fold(tmp_path) -> None:

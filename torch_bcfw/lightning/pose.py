@@ -2,6 +2,9 @@
 
 * :class:`HeatmapCNN` -- plain torch: an ``S x S`` RGB image to 14 joint heatmaps on the ``S/4 x S/4`` grid
   (a stride-4 stem, then dilated residual blocks for a receptive field covering the person).
+* :func:`log_maps` -- a CNN's output channels as normalised maps: 14 joint heatmaps (log-softmax over the cells)
+  and, for a head with image-dependent pairwise relations (Chen & Yuille 2014), ``2 E`` groups of ``K`` edge-type
+  maps (log-softmax over the types at every cell, seen from the child and from the parent end of each edge).
 * :class:`CrossFittedCNN` -- ``K`` such CNNs for cross-fitting: CNN ``k`` never sees fold ``k``, so every training
   image gets out-of-fold heatmaps for the head; test images get the ensemble.
 * :class:`PoseHead` -- the :class:`~torch_bcfw.nn.StructuredHead` of a
@@ -33,7 +36,7 @@ from ..nn import StructuredHead
 from .callback import BCFWCallback, _find, eval_outputs
 from .pose_data import augment_batch
 
-__all__ = ["CrossFittedCNN", "HeatmapCNN", "PoseBCFWCallback", "PoseHead", "PoseTreeCNN"]
+__all__ = ["CrossFittedCNN", "HeatmapCNN", "PoseBCFWCallback", "PoseHead", "PoseTreeCNN", "log_maps"]
 
 
 # ---------------------------------------------------------------------------- backbone
@@ -84,6 +87,30 @@ class HeatmapCNN(nn.Module):
         return logits if self.prior is None else logits + self.prior
 
 
+def log_maps(logits: Tensor, n_joints: int = 14, n_edges: int = 0, n_types: int = 1) -> tuple[Tensor, Tensor | None]:
+    """Split CNN outputs ``[B, J + 2 E K, G, G]`` into log-probability maps.
+
+    Returns:
+        ``(logp [B, J, G, G], logq [B, E, K, 2, G, G] | None)``: ``logp`` the joint heatmaps (log-softmax over the
+        cells); ``logq[:, e, :, s]`` the log-probabilities of the ``K`` types of edge ``e`` at every cell, seen from
+        its child (``s = 0``) and parent (``s = 1``) end (log-softmax over the types; channel ``J + (2 e + s) K + k``);
+        ``None`` when ``n_edges == 0``.
+    """
+    B, C, G, _ = logits.shape
+    if C != n_joints + 2 * n_edges * n_types:
+        raise ValueError(f"expected {n_joints} + 2 * {n_edges} * {n_types} channels, got {C}")
+    logp = log_heatmaps(logits[:, :n_joints])
+    if n_edges == 0:
+        return logp, None
+    logq = F.log_softmax(logits[:, n_joints:].reshape(B, n_edges, 2, n_types, G, G), dim=3)
+    return logp, logq.transpose(2, 3)
+
+
+def _ensemble(maps: list[Tensor]) -> Tensor:
+    """``log mean_k exp(maps[k])``: the mixture of the members' (normalised) distributions."""
+    return torch.logsumexp(torch.stack(maps), dim=0) - math.log(len(maps))
+
+
 class CrossFittedCNN(nn.Module):
     """``K`` :class:`HeatmapCNN` s for cross-fitting (stacking): CNN ``k`` is trained without the images of fold ``k``,
     so the heatmaps of every training image can come from a CNN that never saw it (out-of-fold), as at test time.
@@ -91,22 +118,36 @@ class CrossFittedCNN(nn.Module):
     ``forward(images, folds)`` with ``folds`` ``LongTensor[B]`` (values in ``[0, K)``): log-probability heatmaps
     ``[B, J, G, G]`` where image ``b`` is mapped by CNN ``folds[b]`` (out-of-fold); ``folds=None``: the ensemble,
     ``log mean_k softmax(CNN_k(images))`` (test images, seen by no CNN).  ``nets[k]`` is CNN ``k`` (its logits
-    train it).  Arguments after ``n_folds`` are those of :class:`HeatmapCNN`.
+    train it).  Arguments after ``n_folds`` are those of :class:`HeatmapCNN`; with ``type_maps = (E, K)`` every CNN
+    also predicts edge-type maps (:func:`log_maps`), :meth:`maps` returns both and the ensemble averages the type
+    probabilities too.
     """
 
     def __init__(self, n_folds: int, n_joints: int = 14, stem: int = 24, width: int = 48, dilations=(1, 2, 4, 8),
-                 grid_size: int | None = None, channels_last: bool = True):
+                 grid_size: int | None = None, channels_last: bool = True, type_maps: tuple[int, int] | None = None):
         super().__init__()
         if int(n_folds) < 2:
             raise ValueError(f"cross-fitting needs n_folds >= 2, got {n_folds}")
         self.n_folds = int(n_folds)
-        self.nets = nn.ModuleList(HeatmapCNN(n_joints, stem, width, dilations, grid_size, channels_last)
+        self.n_joints = int(n_joints)
+        self.type_maps = (0, 1) if type_maps is None else (int(type_maps[0]), int(type_maps[1]))
+        channels = self.n_joints + 2 * self.type_maps[0] * self.type_maps[1]
+        self.nets = nn.ModuleList(HeatmapCNN(channels, stem, width, dilations, grid_size, channels_last)
                                   for _ in range(self.n_folds))
 
     def forward(self, images: Tensor, folds: Tensor | None = None) -> Tensor:
+        return self.maps(images, folds)[0]
+
+    def log_maps(self, logits: Tensor) -> tuple[Tensor, Tensor | None]:
+        """One CNN's logits -> ``(logp, logq | None)`` (:func:`log_maps`)."""
+        return log_maps(logits, self.n_joints, *self.type_maps)
+
+    def maps(self, images: Tensor, folds: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
+        """``(logp [B, J, G, G], logq [B, E, K, 2, G, G] | None)``: out-of-fold (``folds``) or the ensemble."""
         if folds is None:
-            logp = torch.stack([log_heatmaps(net(images)) for net in self.nets])
-            return torch.logsumexp(logp, dim=0) - math.log(self.n_folds)
+            outs = [self.log_maps(net(images)) for net in self.nets]
+            logq = None if outs[0][1] is None else _ensemble([o[1] for o in outs])
+            return _ensemble([o[0] for o in outs]), logq
         folds = torch.as_tensor(folds, device=images.device)
         if folds.shape != images.shape[:1] or (len(folds) and (int(folds.min()) < 0 or int(folds.max()) >= self.n_folds)):
             raise ValueError(f"folds must be [B] = [{images.shape[0]}] with values in [0, {self.n_folds}), "
@@ -115,10 +156,13 @@ class CrossFittedCNN(nn.Module):
         for k in range(self.n_folds):
             sel = (folds == k).nonzero().squeeze(1)
             if len(sel):
-                part = log_heatmaps(self.nets[k](images[sel]))
-                out = part.new_empty((images.shape[0],) + part.shape[1:]) if out is None else out
-                out[sel] = part
-        return out if out is not None else self(images)  # an empty batch
+                parts = self.log_maps(self.nets[k](images[sel]))
+                if out is None:
+                    out = [None if p is None else p.new_empty((images.shape[0],) + p.shape[1:]) for p in parts]
+                for o, p in zip(out, parts):
+                    if o is not None:
+                        o[sel] = p
+        return tuple(out) if out is not None else self.maps(images)  # an empty batch
 
 
 def log_heatmaps(logits: Tensor) -> Tensor:
@@ -192,8 +236,10 @@ class PoseHead(StructuredHead):
             if prefix + name in state_dict:
                 setattr(self.model, name, state_dict[prefix + name].detach().to("cpu", torch.float64).clone())
 
-    def forward(self, unary: Tensor) -> Tensor:
-        data = PoseData(unary.detach())
+    def forward(self, unary: Tensor, type_unary: Tensor | None = None) -> Tensor:
+        """MAP cells of ``unary`` ``[B, J, K, G, G]`` (and ``type_unary`` ``[B, E, K, 2, G, G]`` for a head with type
+        features)."""
+        data = PoseData(unary.detach(), type_unary=None if type_unary is None else type_unary.detach())
         self.model.check_data(data, require_labels=False)
         return self.model.decode_positions(self.w.detach().to(unary.device), data)
 
@@ -242,24 +288,35 @@ class PoseTreeCNN(pl.LightningModule):
             head then learns how far to trust heatmaps of images the CNN has not seen (the heatmaps of a CNN's
             own training images are sharper and more often right, so a head solved on them trusts them too
             much).  Costs ``K - 1`` times the training compute of one CNN.  1 (default): one CNN.
+        type_features: image-dependent pairwise relations (Chen & Yuille 2014; needs ``n_types > 1``): the CNN
+            also predicts, at every cell, the type of each tree edge seen from either end (:func:`log_maps`;
+            trained with a cross-entropy against the true type at the joint's soft target, weight
+            ``type_weight``), and the head scores them (``PoseTree(type_features=True)``).
     """
 
     def __init__(self, size: int = 128, stem: int = 24, width: int = 48, dilations=(1, 2, 4, 8), lr: float = 2e-3,
                  weight_decay: float = 1e-4, sigma: float = 1.0, max_shift: int = 8, flip: bool = True,
-                 alpha: float = 0.2, min_quadratic: float = 0.0, seed: int = 0, n_types: int = 1, cross_fit: int = 1):
+                 alpha: float = 0.2, min_quadratic: float = 0.0, seed: int = 0, n_types: int = 1, cross_fit: int = 1,
+                 type_features: bool = False, type_weight: float = 1.0):
         super().__init__()
         if size % 4:
             raise ValueError(f"size must be a multiple of 4, got {size}")
         if int(cross_fit) < 1:
             raise ValueError(f"cross_fit must be >= 1, got {cross_fit}")
+        if type_features and int(n_types) < 2:
+            raise ValueError("type_features needs mixture types (n_types >= 2)")
         self.save_hyperparameters()
         self.grid_size = size // 4
         self.cross_fit = int(cross_fit)
-        self.backbone = (HeatmapCNN(14, stem, width, tuple(dilations), grid_size=self.grid_size) if self.cross_fit == 1
-                         else CrossFittedCNN(self.cross_fit, 14, stem, width, tuple(dilations), grid_size=self.grid_size))
         E = len(LSP_TREE_EDGES)
+        self.type_maps = (E, int(n_types)) if type_features else (0, 1)
+        channels = 14 + 2 * self.type_maps[0] * self.type_maps[1]
+        self.backbone = (HeatmapCNN(channels, stem, width, tuple(dilations), grid_size=self.grid_size)
+                         if self.cross_fit == 1 else
+                         CrossFittedCNN(self.cross_fit, 14, stem, width, tuple(dilations), grid_size=self.grid_size,
+                                        type_maps=self.type_maps if type_features else None))
         mu = torch.zeros(E, 2, dtype=torch.float64) if n_types == 1 else torch.zeros(E, int(n_types), 2, dtype=torch.float64)
-        self.head = PoseHead(PoseTree(self.grid_size, mu, min_quadratic=min_quadratic))
+        self.head = PoseHead(PoseTree(self.grid_size, mu, min_quadratic=min_quadratic, type_features=type_features))
         self._gen = torch.Generator().manual_seed(int(seed))
         self._eval = []
         self.test_results = None
@@ -284,24 +341,41 @@ class PoseTreeCNN(pl.LightningModule):
     def forward(self, images: Tensor, folds: Tensor | None = None) -> Tensor:
         """Log-probability heatmaps ``[B, 14, G, G]``; with cross-fitting, ``folds`` ``[B]`` picks the out-of-fold
         CNN of every image and ``None`` gives the ensemble (:class:`CrossFittedCNN`)."""
+        return self.maps(images, folds)[0]
+
+    def maps(self, images: Tensor, folds: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
+        """``(heatmaps [B, 14, G, G], edge-type maps [B, E, K, 2, G, G] or None)``, log-probabilities
+        (:func:`log_maps`; out-of-fold / ensemble as :meth:`forward`)."""
         if self.cross_fit == 1:
-            return log_heatmaps(self.backbone(images))
-        return self.backbone(images, folds)
+            return log_maps(self.backbone(images), 14, *self.type_maps)
+        return self.backbone.maps(images, folds)
 
     # ------------------------------------------------------------ training
-    def _heatmap_ce(self, logits: Tensor, joints: Tensor, visible: Tensor) -> Tensor:
-        """Mean soft-target cross-entropy over the visible joints of ``logits`` ``[B, J, G, G]``."""
-        logp = log_heatmaps(logits)
+    def _cnn_loss(self, logits: Tensor, joints: Tensor, visible: Tensor) -> Tensor:
+        """Training loss of one CNN's ``logits``: the mean soft-target cross-entropy over the visible joints of the
+        heatmaps, plus (with type features) ``type_weight`` times that of the true edge types at both ends."""
+        logp, logq = log_maps(logits, 14, *self.type_maps)
         grid = joints_to_grid(joints.to(logp.dtype), self.hparams.size, self.grid_size)
         target = soft_targets(torch.nan_to_num(grid), self.grid_size, self.hparams.sigma)
         ce = -(target * logp).sum(dim=(-2, -1))  # [B, J]
-        return (ce * visible).sum() / visible.sum().clamp(min=1)
+        loss = (ce * visible).sum() / visible.sum().clamp(min=1)
+        if logq is None:
+            return loss
+        model = self.head.model
+        E, G = model.n_edges, self.grid_size
+        types = model.nearest_types(torch.nan_to_num(grid)).to(logq.device)  # [B, E] (continuous displacements)
+        parents, children = (torch.tensor(ends, device=logq.device) for ends in zip(*model.edges))
+        both = (visible[:, children] & visible[:, parents]).to(logq.dtype)  # the type is known: [B, E]
+        chosen = logq.gather(2, types[:, :, None, None, None, None].expand(-1, E, 1, 2, G, G)).squeeze(2)
+        ends = torch.stack((target[:, children], target[:, parents]), dim=2)  # [B, E, 2, G, G]
+        ce_t = -(ends * chosen).sum(dim=(-2, -1))  # [B, E, 2]
+        return loss + self.hparams.type_weight * (ce_t * both[..., None]).sum() / (2 * both.sum()).clamp(min=1)
 
     def training_step(self, batch, batch_idx):
         batch = augment_batch(batch, self.hparams.max_shift, self.hparams.flip, self._gen)
         images, joints, vis = batch["image"], batch["joints"], batch["visible"]
         if self.cross_fit == 1:
-            loss = self._heatmap_ce(self.backbone(images), joints, vis)
+            loss = self._cnn_loss(self.backbone(images), joints, vis)
             mean_ce = loss
         else:  # CNN k learns from the images outside fold k only; the K losses touch disjoint parameters
             folds = self._folds(batch)
@@ -309,7 +383,7 @@ class PoseTreeCNN(pl.LightningModule):
             for k in range(self.cross_fit):
                 sel = (folds != k).nonzero().squeeze(1)
                 if len(sel):
-                    losses.append(self._heatmap_ce(self.backbone.nets[k](images[sel]), joints[sel], vis[sel]))
+                    losses.append(self._cnn_loss(self.backbone.nets[k](images[sel]), joints[sel], vis[sel]))
             loss = torch.stack(losses).sum()
             mean_ce = loss.detach() / len(losses)
         self.log("train/ce", mean_ce, on_step=False, on_epoch=True, batch_size=len(vis))
@@ -331,13 +405,15 @@ class PoseTreeCNN(pl.LightningModule):
         """The head's input for one batch: log-softmax heatmaps as ``K = 1`` unary features (float32; out-of-fold
         with cross-fitting), and the true edge types when the head has mixture types."""
         folds = self._folds(batch) if self.cross_fit > 1 else None
-        return PoseData(self(batch["image"], folds).float().unsqueeze(2), batch["cells"], batch["visible"],
-                        batch["torso"].double(), types=batch.get("types") if self.head.model.n_types > 1 else None)
+        logp, logq = self.maps(batch["image"], folds)
+        return PoseData(logp.float().unsqueeze(2), batch["cells"], batch["visible"], batch["torso"].double(),
+                        types=batch.get("types") if self.head.model.n_types > 1 else None,
+                        type_unary=None if logq is None else logq.float())
 
     # ------------------------------------------------------------ evaluation
     def test_step(self, batch, batch_idx):
-        logp = self(batch["image"])
-        tree = self.head(logp.unsqueeze(2))
+        logp, logq = self.maps(batch["image"])
+        tree = self.head(logp.unsqueeze(2), logq)
         argmax = argmax_positions(logp)
         data = PoseData(logp.float().unsqueeze(2), batch["cells"], batch["visible"], batch["torso"].double())
         flat = self.head.model.pack_labels(tree)  # the loss counts the cells only
