@@ -51,6 +51,9 @@ def main() -> None:
     ap.add_argument("--type-features", action="store_true",
                     help="image-dependent pairwise relations (Chen & Yuille 2014; needs --types > 1): the CNN also "
                          "predicts every edge's type at both ends, the head scores those predictions")
+    ap.add_argument("--deformation-scale", type=float, default=4.0,
+                    help="displacement features in units of this many standard deviations (16: softer, the best "
+                         "in the session-9/10 head experiments)")
     ap.add_argument("--limit", type=int, default=None, help="use only the first N training images")
     ap.add_argument("--test-limit", type=int, default=None)
     ap.add_argument("--threads", type=int, default=2, help="torch CPU threads")
@@ -62,7 +65,7 @@ def main() -> None:
     out = Path(args.output)
     S, G = args.size, args.size // 4
     data = LSPPoseDataModule(root=args.data, size=S, grid_size=G, limit=args.limit, test_limit=args.test_limit,
-                             batch_size=16, eval_batch_size=100, deformation_scale=4.0, cache_dir=str(out / "cache"),
+                             batch_size=16, eval_batch_size=100, deformation_scale=args.deformation_scale, cache_dir=str(out / "cache"),
                              seed=0, n_types=args.types, head_holdout=args.holdout,
                              cross_fit=args.cross_fit)
     model = PoseTreeCNN(size=S, stem=24, width=32, dilations=(1, 2, 4, 8), lr=3e-3, weight_decay=1e-4, sigma=1.0,
@@ -93,7 +96,8 @@ def main() -> None:
         "head_weights": model.head.w.tolist(), "mean_offsets": model.head.mu.tolist(),
         "reference_torso_px": data.reference_torso,
         "epochs": args.epochs, "grid": G, "size": S, "n_types": args.types, "head_holdout": args.holdout,
-        "cross_fit": args.cross_fit, "type_features": args.type_features, "threads": args.threads,
+        "cross_fit": args.cross_fit, "type_features": args.type_features,
+        "deformation_scale": args.deformation_scale, "threads": args.threads,
         "wall_s": {"fit": wall_fit, "total": time.perf_counter() - t0, "last_solve": rec["wall"] if rec else None},
     }
     out.mkdir(parents=True, exist_ok=True)
