@@ -24,6 +24,15 @@ def _trainer(root=None, callbacks=(), max_epochs: int = 1):
                       default_root_dir=root, num_sanity_val_steps=0, limit_val_batches=0)
 
 
+def _lsp(tmp_path, size: int = 32, grid_size: int = 8, **kwargs) -> LSPPoseDataModule:
+    """A small LSP Extended datamodule, set up for fitting (fails, not skips, when the data is missing)."""
+    if not (LSP_ROOT / "joints.mat").is_file():
+        pytest.fail(f"LSP Extended data missing at {LSP_ROOT}")
+    dm = LSPPoseDataModule(str(LSP_ROOT), size=size, grid_size=grid_size, cache_dir=str(tmp_path), **kwargs)
+    dm.setup("fit")
+    return dm
+
+
 def test_flip_permutation_mirrors_left_and_right() -> None:
     from torch_bcfw.inference.tree import LSP_JOINTS
 
@@ -143,10 +152,7 @@ def test_bcfw_callback_solves_the_tree_head_on_pose_features(tmp_path) -> None:
 
 
 def test_lsp_datamodule_fields(tmp_path) -> None:
-    if not (LSP_ROOT / "joints.mat").is_file():
-        pytest.fail(f"LSP Extended data missing at {LSP_ROOT}")
-    dm = LSPPoseDataModule(str(LSP_ROOT), size=64, grid_size=16, limit=10, test_limit=4, cache_dir=str(tmp_path))
-    dm.setup("fit")
+    dm = _lsp(tmp_path, size=64, grid_size=16, limit=10, test_limit=4)
     assert dm.mean_offsets.shape == (13, 2) and len(dm.train) == 10 and len(dm.test) == 4
     assert dm.offset_scales.shape == (13, 2) and bool((dm.offset_scales >= 4).all())
     assert 20 < dm.reference_torso < 100  # original pixels (LSPET people are ~150 px tall)
@@ -177,14 +183,10 @@ def test_lsp_datamodule_fields(tmp_path) -> None:
 
 @pytest.mark.parametrize("type_features", [False, True])
 def test_cnn_with_a_mixture_tree_head_trains_end_to_end_on_lsp(tmp_path, type_features: bool) -> None:
-    if not (LSP_ROOT / "joints.mat").is_file():
-        pytest.fail(f"LSP Extended data missing at {LSP_ROOT}")
     from torch_bcfw.lightning.pose import PoseTreeCNN
 
     K = 3
-    dm = LSPPoseDataModule(str(LSP_ROOT), size=32, grid_size=8, limit=24, test_limit=8, batch_size=8,
-                           eval_batch_size=12, cache_dir=str(tmp_path), n_types=K)
-    dm.setup("fit")
+    dm = _lsp(tmp_path, limit=24, test_limit=8, batch_size=8, eval_batch_size=12, n_types=K)
     assert dm.type_offsets.shape == (13, K, 2) and dm.type_scales.shape == (13, K, 2)
     assert dm.head_offsets is dm.type_offsets and dm.train.fields["types"].shape == (24, 13)
     assert int(dm.train.fields["types"].max()) < K
@@ -264,13 +266,9 @@ def test_type_maps_are_normalised_per_cell_and_ensembled_like_the_heatmaps() -> 
 
 
 def test_the_type_loss_trains_the_type_channels_only_with_type_features(tmp_path) -> None:
-    if not (LSP_ROOT / "joints.mat").is_file():
-        pytest.fail(f"LSP Extended data missing at {LSP_ROOT}")
     from torch_bcfw.lightning.pose import PoseTreeCNN
 
-    dm = LSPPoseDataModule(str(LSP_ROOT), size=32, grid_size=8, limit=8, test_limit=4, batch_size=8,
-                           cache_dir=str(tmp_path), n_types=2)
-    dm.setup("fit")
+    dm = _lsp(tmp_path, limit=8, test_limit=4, batch_size=8, n_types=2)
     batch = next(iter(dm.train_dataloader()))
     losses = {}
     for w in (0.0, 1.0):
@@ -290,14 +288,10 @@ def test_the_type_loss_trains_the_type_channels_only_with_type_features(tmp_path
 
 
 def test_cross_fitted_pose_model_never_trains_a_cnn_on_its_own_fold(tmp_path) -> None:
-    if not (LSP_ROOT / "joints.mat").is_file():
-        pytest.fail(f"LSP Extended data missing at {LSP_ROOT}")
     from torch_bcfw.lightning.pose import CrossFittedCNN, PoseTreeCNN
 
     K = 3
-    dm = LSPPoseDataModule(str(LSP_ROOT), size=32, grid_size=8, limit=12, test_limit=6, batch_size=6,
-                           eval_batch_size=12, cache_dir=str(tmp_path), cross_fit=K)
-    dm.setup("fit")
+    dm = _lsp(tmp_path, limit=12, test_limit=6, batch_size=6, eval_batch_size=12, cross_fit=K)
     assert torch.equal(dm.train.fields["fold"], torch.arange(12) % K) and "fold" not in dm.test.fields
     model = PoseTreeCNN(size=32, stem=4, width=8, dilations=(1, 2), cross_fit=K, max_shift=0, flip=False)
     assert isinstance(model.backbone, CrossFittedCNN) and model.backbone.n_folds == K

@@ -57,7 +57,8 @@ class HeatmapCNN(nn.Module):
     """``[B, 3, S, S]`` images in [0, 1] -> joint heatmap logits ``[B, J, S/4, S/4]``.
 
     Args:
-        n_joints: ``J``; stem: channels of the stride-2 stem; width: channels of the residual blocks;
+        n_joints: ``J``, the output maps (14 joint heatmaps, plus ``2 E K`` edge-type maps for a head with type
+            features: :func:`log_maps`); stem: channels of the stride-2 stem; width: channels of the residual blocks;
         dilations: one residual block (two 3x3 convolutions) per entry, the first one dilated;
         grid_size: ``S/4``; when given, a learned per-joint prior map ``[J, G, G]`` is added to the logits
             (the people of LSP are centred, so joint positions have a strong prior).
