@@ -76,6 +76,7 @@ __all__ = [
     "TreeMaxSum",
     "brute_force_max_sum",
     "deformation_features",
+    "edge_ends",
     "pose_loss",
     "pose_loss_unaries",
     "tree_max_sum",
@@ -162,6 +163,12 @@ def _tree_order(edges: Edges, num_nodes: int) -> tuple[int, list[int]]:
     if len(order) != len(edges):
         raise ValueError("edges are not connected: they do not form a tree")
     return root, order
+
+
+def edge_ends(edges: Edges, device=None) -> tuple[Tensor, Tensor]:
+    """``(parents, children)`` of ``(parent, child)`` pairs: ``LongTensor[E]`` each."""
+    return (torch.tensor([p for p, _ in edges], dtype=torch.long, device=device),
+            torch.tensor([c for _, c in edges], dtype=torch.long, device=device))
 
 
 def _edge_parameters(w: Tensor, mu: Tensor, batch: int, num_edges: int) -> tuple[Tensor, Tensor]:
@@ -266,8 +273,7 @@ def tree_score(unary: Tensor, positions: Tensor, w: Tensor, mu: Tensor, edges: E
     w, mu = _edge_parameters(w, mu, batch, len(edges))
     flat = (positions[..., 0] * gx + positions[..., 1]).unsqueeze(-1)
     score = unary.reshape(batch, num_nodes, -1).gather(2, flat).squeeze(-1).sum(dim=1)
-    parents = torch.tensor([p for p, _ in edges], dtype=torch.long, device=unary.device)
-    children = torch.tensor([c for _, c in edges], dtype=torch.long, device=unary.device)
+    parents, children = edge_ends(edges, unary.device)
     feats = deformation_features(positions[:, children], positions[:, parents], mu.to(unary.dtype))
     return score - (w.to(unary.dtype) * feats).sum(dim=(1, 2))
 

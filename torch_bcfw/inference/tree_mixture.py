@@ -40,9 +40,10 @@ from .tree import (
     _message_coefficients,
     _tree_order,
     deformation_features,
+    edge_ends,
 )
 
-__all__ = ["MixtureTreeMaxSum", "mixture_tree_max_sum", "mixture_tree_score"]
+__all__ = ["MixtureTreeMaxSum", "mixture_tree_max_sum", "mixture_tree_score", "select_types", "type_end_scores"]
 
 
 class MixtureTreeMaxSum(NamedTuple):
@@ -85,6 +86,27 @@ def _check_type_unary(type_unary: Tensor | None, unary: Tensor, num_edges: int, 
     if not torch.isfinite(type_unary).all():
         raise ValueError("type_unary must be finite")
     return type_unary.to(unary.dtype)
+
+
+def select_types(maps: Tensor, types: Tensor) -> Tensor:
+    """The maps of each edge's own type: ``maps [B, E, K, ...]``, ``types`` long ``[B, E]`` -> ``[B, E, ...]``."""
+    index = types.reshape(types.shape + (1,) * (maps.dim() - 2)).expand(maps.shape[:2] + (1,) + maps.shape[3:])
+    return maps.gather(2, index).squeeze(2)
+
+
+def type_end_scores(type_unary: Tensor, cells: Tensor, types: Tensor, edges: Edges = LSP_TREE_EDGES) -> Tensor:
+    """``[B, E, 2]``: ``type_unary[b, e, types[b, e], s]`` at the child's (``s = 0``) and the parent's (``s = 1``)
+    flat cell of edge ``e`` -- the type scores of one labeling.
+
+    Args:
+        type_unary: ``[B, E, K, 2, G_y, G_x]``; cells: flat cells ``y * G_x + x`` long ``[B, J]``;
+        types: long ``[B, E]``; edges: ``(parent, child)`` pairs.
+    """
+    B, E = types.shape
+    parents, children = edge_ends(edges, cells.device)
+    chosen = select_types(type_unary, types).reshape(B, E, 2, -1)  # [B, E, 2, G_y G_x]
+    ends = torch.stack((cells[:, children], cells[:, parents]), dim=-1)  # [B, E, 2]
+    return chosen.gather(3, ends[..., None]).squeeze(3)
 
 
 def mixture_tree_max_sum(unary: Tensor, w: Tensor, b: Tensor, mu: Tensor, edges: Edges = LSP_TREE_EDGES,
@@ -167,8 +189,7 @@ def mixture_tree_score(unary: Tensor, positions: Tensor, types: Tensor, w: Tenso
         raise ValueError(f"types must be long [{batch}, {E}] with values in [0, {K}), got {tuple(types.shape)}")
     flat = (positions[..., 0] * gx + positions[..., 1]).unsqueeze(-1)
     score = unary.reshape(batch, num_nodes, -1).gather(2, flat).squeeze(-1).sum(dim=1)
-    parents = torch.tensor([p for p, _ in edges], dtype=torch.long, device=unary.device)
-    children = torch.tensor([c for _, c in edges], dtype=torch.long, device=unary.device)
+    parents, children = edge_ends(edges, unary.device)
     t = types.long()
     w_t = w.to(unary.device, unary.dtype).gather(2, t[..., None, None].expand(batch, E, 1, 4)).squeeze(2)
     mu_t = mu.to(unary.device, unary.dtype).gather(2, t[..., None, None].expand(batch, E, 1, 2)).squeeze(2)
@@ -177,7 +198,5 @@ def mixture_tree_score(unary: Tensor, positions: Tensor, types: Tensor, w: Tenso
     score = score + b_t.sum(dim=1) - (w_t * feats).sum(dim=(1, 2))
     tu = _check_type_unary(type_unary, unary, E, K)
     if tu is not None:
-        chosen = tu.gather(2, t[:, :, None, None, None, None].expand(batch, E, 1, 2, *tu.shape[-2:])).squeeze(2)
-        ends = torch.stack((flat[:, children, 0], flat[:, parents, 0]), dim=-1)  # [B, E, 2]
-        score = score + chosen.reshape(batch, E, 2, -1).gather(3, ends[..., None]).sum(dim=(1, 2, 3))
+        score = score + type_end_scores(tu, flat.squeeze(-1), t, edges).sum(dim=(1, 2))
     return score

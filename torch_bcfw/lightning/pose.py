@@ -30,7 +30,8 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from ..datasets.lsp import grid_to_joints, joints_to_grid, pck, pck_difference
-from ..inference.tree import LSP_TREE_EDGES
+from ..inference.tree import LSP_TREE_EDGES, edge_ends
+from ..inference.tree_mixture import select_types
 from ..models.pose import PoseData, PoseTree, flat_to_positions
 from ..nn import StructuredHead
 from .callback import BCFWCallback, _find, eval_outputs
@@ -363,11 +364,10 @@ class PoseTreeCNN(pl.LightningModule):
         if logq is None:
             return loss
         model = self.head.model
-        E, G = model.n_edges, self.grid_size
         types = model.nearest_types(torch.nan_to_num(grid)).to(logq.device)  # [B, E] (continuous displacements)
-        parents, children = (torch.tensor(ends, device=logq.device) for ends in zip(*model.edges))
+        parents, children = edge_ends(model.edges, logq.device)
         both = (visible[:, children] & visible[:, parents]).to(logq.dtype)  # the type is known: [B, E]
-        chosen = logq.gather(2, types[:, :, None, None, None, None].expand(-1, E, 1, 2, G, G)).squeeze(2)
+        chosen = select_types(logq, types)  # [B, E, 2, G, G]
         ends = torch.stack((target[:, children], target[:, parents]), dim=2)  # [B, E, 2, G, G]
         ce_t = -(ends * chosen).sum(dim=(-2, -1))  # [B, E, 2]
         return loss + self.hparams.type_weight * (ce_t * both[..., None]).sum() / (2 * both.sum()).clamp(min=1)

@@ -71,11 +71,12 @@ from ..inference.tree import (
     LSP_TREE_EDGES,
     _tree_order,
     deformation_features,
+    edge_ends,
     pose_loss,
     pose_loss_unaries,
     tree_max_sum,
 )
-from ..inference.tree_mixture import mixture_tree_max_sum
+from ..inference.tree_mixture import mixture_tree_max_sum, type_end_scores
 from .base import StructuredModel
 
 __all__ = ["PoseData", "PoseTree", "flat_to_positions", "impute_positions", "mean_offsets", "nearest_types",
@@ -315,12 +316,6 @@ def flat_to_positions(y: Tensor, n: int, J: int, G: int) -> Tensor:
 
 
 # ---------------------------------------------------------------------------- training-set statistics
-def _edge_ends(edges: Edges, device) -> tuple[Tensor, Tensor]:
-    """``(parents, children)``: ``LongTensor[E]`` each."""
-    return (torch.tensor([p for p, _ in edges], dtype=torch.long, device=device),
-            torch.tensor([c for _, c in edges], dtype=torch.long, device=device))
-
-
 def mean_offsets(positions: Tensor, visible: Tensor, edges: Edges = LSP_TREE_EDGES) -> Tensor:
     """Mean displacement ``child - parent`` of every edge over the examples where both joints are visible.
 
@@ -333,7 +328,7 @@ def mean_offsets(positions: Tensor, visible: Tensor, edges: Edges = LSP_TREE_EDG
         float64 ``[E, 2]`` ``(mu_y, mu_x)``; an edge never seen with both ends visible gets ``(0, 0)``.
     """
     pos = torch.as_tensor(positions).to(torch.float64)
-    parents, children = _edge_ends(edges, pos.device)
+    parents, children = edge_ends(edges, pos.device)
     both = visible[:, parents] & visible[:, children]  # [n, E]
     d = torch.nan_to_num(pos[:, children] - pos[:, parents]) * both[..., None]
     count = both.sum(0).clamp(min=1)[:, None].to(torch.float64)
@@ -398,7 +393,7 @@ def nearest_types(positions: Tensor, centres: Tensor, edges: Edges = LSP_TREE_ED
         ``LongTensor[n, E]`` (ties to the lower type).
     """
     pos = torch.as_tensor(positions).to(torch.float64)
-    parents, children = _edge_ends(edges, pos.device)
+    parents, children = edge_ends(edges, pos.device)
     d = pos[:, children] - pos[:, parents]  # [n, E, 2]
     c = torch.as_tensor(centres, dtype=torch.float64).to(pos.device).reshape(len(edges), -1, 2)
     return ((d[:, :, None, :] - c) ** 2).sum(-1).argmin(-1)
@@ -413,7 +408,7 @@ def offset_scales(positions: Tensor, visible: Tensor, edges: Edges = LSP_TREE_ED
     :func:`offset_types`) and ``n_types = K``: the deviation within every type, ``[E, K, 2]``.
     """
     pos = torch.as_tensor(positions).to(torch.float64)
-    parents, children = _edge_ends(edges, pos.device)
+    parents, children = edge_ends(edges, pos.device)
     both = visible[:, parents] & visible[:, children]  # [n, E]
     d = torch.nan_to_num(pos[:, children] - pos[:, parents])
 
@@ -537,7 +532,7 @@ class PoseTree(StructuredModel):
         if self.type_features and K == 1:
             raise ValueError("type_features needs mixture types: give mu as [E, K, 2] with K > 1")
         self.n_features = self.n_joints * self.n_unary + (4 * E if K == 1 else 5 * E * K) + 2 * E * self.type_features
-        self._parents, self._children = _edge_ends(self.edges, "cpu")
+        self._parents, self._children = edge_ends(self.edges, "cpu")
 
     def config(self) -> dict:
         return {"grid_size": self.grid_size, "mu": self.mu.tolist(), "scales": self.scales.tolist(),
@@ -693,10 +688,7 @@ class PoseTree(StructuredModel):
         phi_def = -(one_hot[..., None] * feats[:, :, None, :])  # [n, E, K, 4]
         parts = [phi_u, phi_def.reshape(n, -1), one_hot.reshape(n, -1)]
         if self.type_features:  # [n, E, 2]: the type feature of each edge's type at its child and parent cell
-            tu = data.type_unary.reshape(n, E, K, 2, G * G)
-            chosen = tu.gather(2, types[:, :, None, None, None].expand(n, E, 1, 2, G * G)).squeeze(2)
-            ends = torch.stack((flat[:, self._children.to(dev)], flat[:, self._parents.to(dev)]), dim=-1)  # [n, E, 2]
-            parts.append(chosen.gather(3, ends[..., None]).reshape(n, 2 * E).to(torch.float64))
+            parts.append(type_end_scores(data.type_unary, flat, types, self.edges).reshape(n, 2 * E).to(torch.float64))
         return torch.cat(parts, dim=1)
 
     def loss(self, data: PoseData, y: Tensor) -> Tensor:
