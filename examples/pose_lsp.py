@@ -1,6 +1,8 @@
 """Human pose on LSP Extended: a small heatmap CNN under a BCFW-solved pictorial-structures (tree) head.
 
     python examples/pose_lsp.py --data ../shared/data/lspet [--epochs 8] [--limit N] [--threads 2]
+    python examples/pose_lsp.py ... --save-backbone runs/pose/cnn.pt     # keep the trained CNN
+    python examples/pose_lsp.py ... --backbone runs/pose/cnn.pt --lam 0.03   # re-solve the head only
 
 The same experiment as ``torch-bcfw train --config configs/pose_lsp.yaml`` (same seed, model, data and
 callback settings), written out with the Python API:
@@ -27,6 +29,7 @@ import time
 from pathlib import Path
 
 import lightning.pytorch as pl
+import torch
 from lightning.pytorch.loggers import CSVLogger
 
 from torch_bcfw.lightning.cli import set_threads
@@ -57,9 +60,22 @@ def main() -> None:
     ap.add_argument("--limit", type=int, default=None, help="use only the first N training images")
     ap.add_argument("--test-limit", type=int, default=None)
     ap.add_argument("--threads", type=int, default=2, help="torch CPU threads")
+    ap.add_argument("--dilations", default="1,2,4,8",
+                    help="one residual block per entry, its first 3x3 convolution dilated by it (receptive field: "
+                         "1,2,4,8 sees the whole 128-pixel frame, 1,1,1,1 about 70 pixels)")
+    ap.add_argument("--loss-radius", type=float, default=1.0,
+                    help="the head's SSVM loss of a joint saturates this many torso sizes from the truth")
+    ap.add_argument("--save-backbone", default=None, metavar="PATH",
+                    help="after training, save the CNN weights here (reuse them with --backbone)")
+    ap.add_argument("--backbone", default=None, metavar="PATH",
+                    help="load CNN weights saved by --save-backbone (same --types/--cross-fit/--type-features/--size) "
+                         "and skip CNN training: only the head is solved (--passes passes) and tested")
     ap.add_argument("--output", default="runs/pose")
     args = ap.parse_args()
 
+    if args.epochs < 1 and not args.backbone:
+        ap.error("--epochs must be >= 1 (or give a trained CNN with --backbone)")
+    dilations = tuple(int(d) for d in args.dilations.split(","))
     set_threads(args.threads)
     pl.seed_everything(0)
     out = Path(args.output)
@@ -68,19 +84,27 @@ def main() -> None:
                              batch_size=16, eval_batch_size=100, deformation_scale=args.deformation_scale, cache_dir=str(out / "cache"),
                              seed=0, n_types=args.types, head_holdout=args.holdout,
                              cross_fit=args.cross_fit)
-    model = PoseTreeCNN(size=S, stem=24, width=32, dilations=(1, 2, 4, 8), lr=3e-3, weight_decay=1e-4, sigma=1.0,
+    model = PoseTreeCNN(size=S, stem=24, width=32, dilations=dilations, lr=3e-3, weight_decay=1e-4, sigma=1.0,
                         max_shift=8, flip=True, alpha=0.2, seed=0, n_types=args.types,
-                        cross_fit=args.cross_fit, type_features=args.type_features)
+                        cross_fit=args.cross_fit, type_features=args.type_features, loss_radius=args.loss_radius)
+    callbacks = []
+    if args.backbone:  # a trained CNN: no training epoch, one head solve when the fit starts
+        model.backbone.load_state_dict(torch.load(args.backbone, map_location="cpu", weights_only=True))
+        args.epochs = 0
+        callbacks.append(SolveAtFitStart(args.passes))
     bcfw = PoseBCFWCallback(lam=args.lam, every_n_epochs=args.every, passes_per_call=args.passes, initial_passes=0,
                             verbose=True, solver_options={"step": "line_search", "sampling": "uniform",
                                                           "averaging": True, "seed": 1})
-    trainer = pl.Trainer(accelerator="cpu", devices=1, max_epochs=args.epochs, callbacks=[bcfw],
+    trainer = pl.Trainer(accelerator="cpu", devices=1, max_epochs=args.epochs, callbacks=[bcfw, *callbacks],
                          logger=CSVLogger(str(out), name="logs"), default_root_dir=str(out),
                          enable_progress_bar=False, enable_checkpointing=False, num_sanity_val_steps=0,
                          limit_val_batches=0)
     t0 = time.perf_counter()
     trainer.fit(model, datamodule=data)
     wall_fit = time.perf_counter() - t0
+    if args.save_backbone:
+        Path(args.save_backbone).parent.mkdir(parents=True, exist_ok=True)
+        torch.save(model.backbone.state_dict(), args.save_backbone)
     trainer.test(model, datamodule=data, verbose=False)
     res = dict(model.test_results)
     rec = bcfw.last_record
@@ -96,7 +120,8 @@ def main() -> None:
         "head_weights": model.head.w.tolist(), "mean_offsets": model.head.mu.tolist(),
         "reference_torso_px": data.reference_torso,
         "epochs": args.epochs, "grid": G, "size": S, "n_types": args.types, "head_holdout": args.holdout,
-        "cross_fit": args.cross_fit, "type_features": args.type_features,
+        "cross_fit": args.cross_fit, "type_features": args.type_features, "loss_radius": args.loss_radius, "dilations": list(dilations),
+        "backbone": args.backbone,
         "deformation_scale": args.deformation_scale, "threads": args.threads,
         "wall_s": {"fit": wall_fit, "total": time.perf_counter() - t0, "last_solve": rec["wall"] if rec else None},
     }
@@ -109,6 +134,17 @@ def main() -> None:
           f"[{100 * diff['ci95'][0]:+.2f}, {100 * diff['ci95'][1]:+.2f}]); "
           f"certified gap {report['ssvm']['gap']:.3g} (primal {report['ssvm']['primal']:.4g}); "
           f"wall {report['wall_s']['total']:.0f} s; wrote {out / 'report.json'}")
+
+
+class SolveAtFitStart(pl.Callback):
+    """With a loaded backbone (``max_epochs=0``, so no epoch ends): solve the head once when the fit starts."""
+
+    def __init__(self, passes: float):
+        self.passes = passes
+
+    def on_fit_start(self, trainer, pl_module) -> None:
+        solver = next(c for c in trainer.callbacks if isinstance(c, PoseBCFWCallback))
+        solver.solve(trainer, pl_module, self.passes, log=False)
 
 
 def BCFWCallback_figures(cb) -> dict:  # noqa: N802 - mirrors BCFWCallback.figures

@@ -44,11 +44,11 @@ def _phi(data: PoseData, i: int, cfg: torch.Tensor, mu: torch.Tensor, edges, sca
     return torch.cat(unary + pair, 1)
 
 
-def _loss(data: PoseData, i: int, cfg: torch.Tensor) -> torch.Tensor:
+def _loss(data: PoseData, i: int, cfg: torch.Tensor, radius: float = 1.0) -> torch.Tensor:
     Gs = data.grid_size
     true = data.positions[i].double()
     pos = torch.stack((cfg // Gs, cfg % Gs), -1).double()
-    d2 = ((pos - true) ** 2).sum(-1) / float(data.torso[i]) ** 2
+    d2 = ((pos - true) ** 2).sum(-1) / (radius * float(data.torso[i])) ** 2
     vis = data.visible[i]
     return (d2.clamp(max=1.0) * vis).sum(1) / max(int(vis.sum()), 1)
 
@@ -60,7 +60,7 @@ def _enumerate(model: PoseTree, w: torch.Tensor, data: PoseData, loss_augmented:
     for i in range(len(data)):
         s = _phi(data, i, cfg, model.mu, model.edges, model.scales) @ w
         if loss_augmented:
-            s = s + _loss(data, i, cfg)
+            s = s + _loss(data, i, cfg, model.loss_radius)
         v, k = s.max(0)
         values.append(v)
         best.append(cfg[k])
@@ -90,19 +90,23 @@ def test_joint_feature_loss_and_score_match_independent_formulas() -> None:
         torch.testing.assert_close(phi[i], _phi(data, i, cfg[i : i + 1], mu, TINY, scales)[0])
         torch.testing.assert_close(model.loss(data, y)[i], _loss(data, i, cfg[i : i + 1])[0])
     assert torch.equal(model.loss(data, data.y), torch.zeros(len(data), dtype=torch.float64))
+    narrow = PoseTree(G, mu, n_joints=3, n_unary=2, edges=TINY, scales=scales, loss_radius=0.3)
+    for i in range(len(data)):
+        torch.testing.assert_close(narrow.loss(data, y)[i], _loss(data, i, cfg[i : i + 1], 0.3)[0])
+    assert bool((narrow.loss(data, y) >= model.loss(data, y)).all())  # a smaller radius saturates sooner
     w = _random_w(model, gen)
     torch.testing.assert_close(model.score(w, data, y), phi @ w)
     torch.testing.assert_close(model.joint_feature_sum(data, y), phi.sum(0))
 
 
-@pytest.mark.parametrize("loss_augmented", [False, True])
-def test_oracle_equals_brute_force_enumeration(loss_augmented: bool) -> None:
+@pytest.mark.parametrize("loss_augmented,loss_radius", [(False, 1.0), (True, 1.0), (True, 0.4)])
+def test_oracle_equals_brute_force_enumeration(loss_augmented: bool, loss_radius: float) -> None:
     gen = torch.Generator().manual_seed(2)
     for seed in range(3):
         data = _tiny_data(seed=seed)
         mu = torch.randn(2, 2, generator=gen, dtype=torch.float64)
         scales = torch.rand(2, 2, generator=gen, dtype=torch.float64) + 0.5 if seed else None
-        model = PoseTree(G, mu, n_joints=3, n_unary=2, edges=TINY, scales=scales)
+        model = PoseTree(G, mu, n_joints=3, n_unary=2, edges=TINY, scales=scales, loss_radius=loss_radius)
         w = _random_w(model, gen)
         y = model.oracle(w, data, loss_augmented=loss_augmented)
         assert y.shape == (len(data) * 3,) and y.dtype == torch.long
@@ -298,6 +302,9 @@ def test_bad_input_raises_clear_errors() -> None:
         PoseTree(G, n_joints=3, edges=TINY, scales=torch.zeros(2, 2))
     with pytest.raises(ValueError, match="min_quadratic"):
         PoseTree(G, n_joints=3, edges=TINY, min_quadratic=-1.0)
+    for radius in (0.0, -1.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="loss_radius"):
+            PoseTree(G, n_joints=3, edges=TINY, loss_radius=radius)
     with pytest.raises(ValueError, match="tree"):
         PoseTree(G, n_joints=3, edges=((0, 1), (1, 0)))
 

@@ -294,12 +294,14 @@ class PoseTreeCNN(pl.LightningModule):
             also predicts, at every cell, the type of each tree edge seen from either end (:func:`log_maps`;
             trained with a cross-entropy against the true type at the joint's soft target, weight
             ``type_weight``), and the head scores them (``PoseTree(type_features=True)``).
+        loss_radius: the head's SSVM loss saturates ``loss_radius`` torso sizes from the truth (``PoseTree``;
+            default 1, the paper's loss).
     """
 
     def __init__(self, size: int = 128, stem: int = 24, width: int = 48, dilations=(1, 2, 4, 8), lr: float = 2e-3,
                  weight_decay: float = 1e-4, sigma: float = 1.0, max_shift: int = 8, flip: bool = True,
                  alpha: float = 0.2, min_quadratic: float = 0.0, seed: int = 0, n_types: int = 1, cross_fit: int = 1,
-                 type_features: bool = False, type_weight: float = 1.0):
+                 type_features: bool = False, type_weight: float = 1.0, loss_radius: float = 1.0):
         super().__init__()
         if size % 4:
             raise ValueError(f"size must be a multiple of 4, got {size}")
@@ -318,7 +320,8 @@ class PoseTreeCNN(pl.LightningModule):
                          CrossFittedCNN(self.cross_fit, 14, stem, width, tuple(dilations), grid_size=self.grid_size,
                                         type_maps=self.type_maps if type_features else None))
         mu = torch.zeros(E, 2, dtype=torch.float64) if n_types == 1 else torch.zeros(E, int(n_types), 2, dtype=torch.float64)
-        self.head = PoseHead(PoseTree(self.grid_size, mu, min_quadratic=min_quadratic, type_features=type_features))
+        self.head = PoseHead(PoseTree(self.grid_size, mu, min_quadratic=min_quadratic, type_features=type_features,
+                                         loss_radius=loss_radius))
         self._gen = torch.Generator().manual_seed(int(seed))
         self._eval = []
         self.test_results = None

@@ -25,9 +25,10 @@ Box constraints.  The deformation term is a penalty only when the quadratic weig
 box (lower bound ``min_quadratic``, default 0, on those ``2E`` weights; every other weight is free) and the
 BCFW / FW solvers keep ``w`` inside it (Osokin et al. 2016, App. H).
 
-Loss: ``L_i(l) = mean over visible joints of min(1, ||l_j - l*_j||^2 / s_i^2)`` (the paper's ``max`` is a
-typo), ``s_i`` the torso size in grid units; it decomposes over joints and loss-augmented decoding adds it to
-the unaries (:func:`~torch_bcfw.inference.tree.pose_loss_unaries`).  The oracle is exact max-sum on the tree
+Loss: ``L_i(l) = mean over visible joints of min(1, ||l_j - l*_j||^2 / (r s_i)^2)`` (the paper's ``max`` is a
+typo), ``s_i`` the torso size in grid units and ``r`` the model's ``loss_radius`` (default 1, the paper's loss; ``r``
+near PCK's threshold, e.g. 0.2-0.5, makes the loss saturate where PCK counts a miss); it decomposes over joints
+and loss-augmented decoding adds it to the unaries (:func:`~torch_bcfw.inference.tree.pose_loss_unaries`).  The oracle is exact max-sum on the tree
 with generalised distance-transform messages: O(J G^2) per image, batched (compiled envelope on CPU, dense
 O(G^3) tensor transform on CUDA).
 
@@ -61,6 +62,7 @@ true labeling of the SSVM is a plausible full pose); the loss ignores them.
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
@@ -491,6 +493,7 @@ class PoseTree(StructuredModel):
         method: distance-transform method of the oracle (``"auto"``: compiled envelope on CPU, dense on CUDA).
         type_features: image-dependent pairwise relations (needs ``K > 1``): the data's ``type_unary`` at both ends
             of every edge, for its type, with one weight per edge and side, ``w_T [E, 2]`` at the end of ``w``.
+        loss_radius: ``r > 0``: the loss of a joint saturates at 1 from ``r`` torso sizes away (default 1).
 
     ``d = J K_u + 4 E`` with one type per edge, ``J K_u + 5 E K`` with ``K > 1`` types (four deformation weights
     and a bias per edge and type), ``+ 2 E`` with ``type_features``; :meth:`unpack` splits ``w``.
@@ -498,7 +501,7 @@ class PoseTree(StructuredModel):
 
     def __init__(self, grid_size: int, mu: Tensor | None = None, n_joints: int = 14, n_unary: int = 1,
                  edges: Edges = LSP_TREE_EDGES, min_quadratic: float = 0.0, method: Method = "auto",
-                 scales: Tensor | None = None, type_features: bool = False):
+                 scales: Tensor | None = None, type_features: bool = False, loss_radius: float = 1.0):
         if int(grid_size) < 1 or int(n_joints) < 1 or int(n_unary) < 1:
             raise ValueError(f"grid_size, n_joints and n_unary must be >= 1, got {grid_size}, {n_joints}, {n_unary}")
         self.edges = tuple((int(p), int(c)) for p, c in edges)
@@ -529,6 +532,9 @@ class PoseTree(StructuredModel):
         self.min_quadratic = float(min_quadratic)
         self.method = method
         self.type_features = bool(type_features)
+        if not (math.isfinite(loss_radius) and loss_radius > 0):
+            raise ValueError(f"loss_radius must be finite and > 0, got {loss_radius}")
+        self.loss_radius = float(loss_radius)
         if self.type_features and K == 1:
             raise ValueError("type_features needs mixture types: give mu as [E, K, 2] with K > 1")
         self.n_features = self.n_joints * self.n_unary + (4 * E if K == 1 else 5 * E * K) + 2 * E * self.type_features
@@ -538,7 +544,8 @@ class PoseTree(StructuredModel):
         return {"grid_size": self.grid_size, "mu": self.mu.tolist(), "scales": self.scales.tolist(),
                 "n_joints": self.n_joints,
                 "n_unary": self.n_unary, "edges": [list(e) for e in self.edges],
-                "min_quadratic": self.min_quadratic, "method": self.method, "type_features": self.type_features}
+                "min_quadratic": self.min_quadratic, "method": self.method, "type_features": self.type_features,
+                "loss_radius": self.loss_radius}
 
     # ------------------------------------------------------------------ layout
     @property
@@ -695,7 +702,11 @@ class PoseTree(StructuredModel):
         """The pose loss of the cells (edge types do not count)."""
         pos = self._positions(data, y)[0].to(torch.float64)
         true = data.positions.to(torch.float64)
-        return pose_loss(pos, true, data.visible, data.torso.to(torch.float64)).to(torch.float64)
+        return pose_loss(pos, true, data.visible, self._loss_scale(data)).to(torch.float64)
+
+    def _loss_scale(self, data: PoseData) -> Tensor:
+        """``r s_i`` (float64 ``[n]``): where each image's loss saturates (grid units)."""
+        return data.torso.to(torch.float64) * self.loss_radius
 
     def oracle(self, w: Tensor, data: PoseData, loss_augmented: bool = True) -> Tensor:
         """Exact (loss-augmented) MAP of every image: packed labelings ``LongTensor[n * n_labels]`` (flat cells,
@@ -708,8 +719,8 @@ class PoseTree(StructuredModel):
         if loss_augmented:
             if data.y is None:
                 raise ValueError("loss-augmented decoding needs the true positions")
-            U = U + pose_loss_unaries(data.positions.to(torch.float64), data.visible,
-                                      data.torso.to(torch.float64), self.grid_size)
+            U = U + pose_loss_unaries(data.positions.to(torch.float64), data.visible, self._loss_scale(data),
+                                      self.grid_size)
         if self.n_types == 1:
             pos = tree_max_sum(U, self.pixel_weights(w), self.mu.to(U.device), self.edges, self.method).positions
             return (pos[..., 0] * self.grid_size + pos[..., 1]).reshape(-1)
