@@ -87,15 +87,15 @@ def main() -> None:
     model = PoseTreeCNN(size=S, stem=24, width=32, dilations=dilations, lr=3e-3, weight_decay=1e-4, sigma=1.0,
                         max_shift=8, flip=True, alpha=0.2, seed=0, n_types=args.types,
                         cross_fit=args.cross_fit, type_features=args.type_features, loss_radius=args.loss_radius)
-    callbacks = []
-    if args.backbone:  # a trained CNN: no training epoch, one head solve when the fit starts
-        model.backbone.load_state_dict(torch.load(args.backbone, map_location="cpu", weights_only=True))
-        args.epochs = 0
-        callbacks.append(SolveAtFitStart(args.passes))
     bcfw = PoseBCFWCallback(lam=args.lam, every_n_epochs=args.every, passes_per_call=args.passes, initial_passes=0,
                             verbose=True, solver_options={"step": "line_search", "sampling": "uniform",
                                                           "averaging": True, "seed": 1})
-    trainer = pl.Trainer(accelerator="cpu", devices=1, max_epochs=args.epochs, callbacks=[bcfw, *callbacks],
+    callbacks = [bcfw]
+    if args.backbone:  # a trained CNN: no training epoch, one head solve when the fit starts
+        model.backbone.load_state_dict(torch.load(args.backbone, map_location="cpu", weights_only=True))
+        args.epochs = 0
+        callbacks.append(SolveAtFitStart(bcfw))
+    trainer = pl.Trainer(accelerator="cpu", devices=1, max_epochs=args.epochs, callbacks=callbacks,
                          logger=CSVLogger(str(out), name="logs"), default_root_dir=str(out),
                          enable_progress_bar=False, enable_checkpointing=False, num_sanity_val_steps=0,
                          limit_val_batches=0)
@@ -120,8 +120,8 @@ def main() -> None:
         "head_weights": model.head.w.tolist(), "mean_offsets": model.head.mu.tolist(),
         "reference_torso_px": data.reference_torso,
         "epochs": args.epochs, "grid": G, "size": S, "n_types": args.types, "head_holdout": args.holdout,
-        "cross_fit": args.cross_fit, "type_features": args.type_features, "loss_radius": args.loss_radius, "dilations": list(dilations),
-        "backbone": args.backbone,
+        "cross_fit": args.cross_fit, "type_features": args.type_features, "loss_radius": args.loss_radius,
+        "dilations": list(dilations), "backbone": args.backbone,
         "deformation_scale": args.deformation_scale, "threads": args.threads,
         "wall_s": {"fit": wall_fit, "total": time.perf_counter() - t0, "last_solve": rec["wall"] if rec else None},
     }
@@ -137,14 +137,14 @@ def main() -> None:
 
 
 class SolveAtFitStart(pl.Callback):
-    """With a loaded backbone (``max_epochs=0``, so no epoch ends): solve the head once when the fit starts."""
+    """With a loaded backbone (``max_epochs=0``, so no epoch ends): one solve of ``bcfw`` (its ``passes_per_call``)
+    when the fit starts."""
 
-    def __init__(self, passes: float):
-        self.passes = passes
+    def __init__(self, bcfw: PoseBCFWCallback):
+        self.bcfw = bcfw
 
     def on_fit_start(self, trainer, pl_module) -> None:
-        solver = next(c for c in trainer.callbacks if isinstance(c, PoseBCFWCallback))
-        solver.solve(trainer, pl_module, self.passes, log=False)
+        self.bcfw.solve(trainer, pl_module, self.bcfw.passes_per_call, log=False)
 
 
 def BCFWCallback_figures(cb) -> dict:  # noqa: N802 - mirrors BCFWCallback.figures

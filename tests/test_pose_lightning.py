@@ -1,6 +1,9 @@
 """Lightning wiring of the pose example: head, BCFW callback on PoseData, augmentation, LSP datamodule."""
 from __future__ import annotations
 
+import importlib.util
+import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -333,10 +336,6 @@ def test_cross_fitted_pose_model_never_trains_a_cnn_on_its_own_fold(tmp_path) ->
 def test_pose_example_reuses_a_saved_backbone_for_the_head_alone(tmp_path, monkeypatch) -> None:
     """``--save-backbone`` then ``--backbone``: no CNN training, and the head solved on the loaded CNN is the one the
     training run solved (same features, same seeded solver), so the file really carries the trained CNN."""
-    import importlib.util
-    import json
-    import sys
-
     _lsp(tmp_path / "check")  # fails with a clear message when the data is missing
     path = Path(__file__).resolve().parents[1] / "examples" / "pose_lsp.py"
     spec = importlib.util.spec_from_file_location("pose_lsp_example", path)

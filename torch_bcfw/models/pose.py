@@ -28,9 +28,9 @@ BCFW / FW solvers keep ``w`` inside it (Osokin et al. 2016, App. H).
 Loss: ``L_i(l) = mean over visible joints of min(1, ||l_j - l*_j||^2 / (r s_i)^2)`` (the paper's ``max`` is a
 typo), ``s_i`` the torso size in grid units and ``r`` the model's ``loss_radius`` (default 1, the paper's loss; ``r``
 near PCK's threshold, e.g. 0.2-0.5, makes the loss saturate where PCK counts a miss); it decomposes over joints
-and loss-augmented decoding adds it to the unaries (:func:`~torch_bcfw.inference.tree.pose_loss_unaries`).  The oracle is exact max-sum on the tree
-with generalised distance-transform messages: O(J G^2) per image, batched (compiled envelope on CPU, dense
-O(G^3) tensor transform on CUDA).
+and loss-augmented decoding adds it to the unaries (:func:`~torch_bcfw.inference.tree.pose_loss_unaries`).  The
+oracle is exact max-sum on the tree with generalised distance-transform messages: O(J G^2) per image, batched
+(compiled envelope on CPU, dense O(G^3) tensor transform on CUDA).
 
 Labelings follow the packed protocol of the dual states (one block per image, ``J`` labels each):
 ``y`` is ``LongTensor[n * J]`` of flat cells ``y * G + x``, with ``offsets = arange(n + 1) * J``.
