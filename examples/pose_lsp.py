@@ -32,8 +32,10 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.loggers import CSVLogger
 
+from torch_bcfw import cross_validate
+from torch_bcfw.datasets.lsp import grid_to_joints, pck, pck_difference
 from torch_bcfw.lightning.cli import set_threads
-from torch_bcfw.lightning.pose import PoseBCFWCallback, PoseTreeCNN
+from torch_bcfw.lightning.pose import PoseBCFWCallback, PoseTreeCNN, argmax_positions
 from torch_bcfw.lightning.pose_data import LSPPoseDataModule
 
 
@@ -70,11 +72,17 @@ def main() -> None:
     ap.add_argument("--backbone", default=None, metavar="PATH",
                     help="load CNN weights saved by --save-backbone (same --types/--cross-fit/--type-features/--size) "
                          "and skip CNN training: only the head is solved (--passes passes) and tested")
+    ap.add_argument("--cross-validate-head", action="store_true",
+                    help="with --cross-fit K: also solve K heads, head k on the out-of-fold heatmaps of the training "
+                         "images outside fold k, and report tree vs argmax PCK@0.2 on the training images, each "
+                         "predicted by a head and a CNN that never saw it (K more head solves)")
     ap.add_argument("--output", default="runs/pose")
     args = ap.parse_args()
 
     if args.epochs < 1 and not args.backbone:
         ap.error("--epochs must be >= 1 (or give a trained CNN with --backbone)")
+    if args.cross_validate_head and args.cross_fit < 2:
+        ap.error("--cross-validate-head needs out-of-fold heatmaps: --cross-fit K with K >= 2")
     dilations = tuple(int(d) for d in args.dilations.split(","))
     set_threads(args.threads)
     pl.seed_everything(0)
@@ -105,6 +113,7 @@ def main() -> None:
     if args.save_backbone:
         Path(args.save_backbone).parent.mkdir(parents=True, exist_ok=True)
         torch.save(model.backbone.state_dict(), args.save_backbone)
+    cv = head_cross_validation(trainer, model, bcfw, data) if args.cross_validate_head else None
     trainer.test(model, datamodule=data, verbose=False)
     res = dict(model.test_results)
     rec = bcfw.last_record
@@ -125,6 +134,8 @@ def main() -> None:
         "deformation_scale": args.deformation_scale, "threads": args.threads,
         "wall_s": {"fit": wall_fit, "total": time.perf_counter() - t0, "last_solve": rec["wall"] if rec else None},
     }
+    if cv is not None:
+        report["cross_validation"] = cv
     out.mkdir(parents=True, exist_ok=True)
     (out / "report.json").write_text(json.dumps(report, indent=1))
     diff = report["pck@0.2/tree_minus_argmax"]
@@ -134,6 +145,34 @@ def main() -> None:
           f"[{100 * diff['ci95'][0]:+.2f}, {100 * diff['ci95'][1]:+.2f}]); "
           f"certified gap {report['ssvm']['gap']:.3g} (primal {report['ssvm']['primal']:.4g}); "
           f"wall {report['wall_s']['total']:.0f} s; wrote {out / 'report.json'}")
+    if cv is not None:
+        d = cv["pck@0.2/tree_minus_argmax"]
+        print(f"cross-validated head on the {cv['images_with_torso']} training images with a torso ({cv['folds']} "
+              f"folds, out-of-fold heatmaps): PCK@0.2 argmax {cv['pck@0.2/argmax']:.4f}, tree {cv['pck@0.2/tree']:.4f} "
+              f"(difference {100 * d['diff']:+.2f} [{100 * d['ci95'][0]:+.2f}, {100 * d['ci95'][1]:+.2f}])")
+
+
+def head_cross_validation(trainer, model: PoseTreeCNN, bcfw: PoseBCFWCallback, data: LSPPoseDataModule) -> dict:
+    """Tree vs argmax PCK@0.2 on the training images, each decoded by a head solved (same ``lam`` and solver
+    options as ``bcfw``) on the other folds' out-of-fold heatmaps: neither its CNN nor its head saw the image."""
+    train = bcfw.training_data(trainer, model).to("cpu")
+    fields = data.train.fields
+    if len(train) != len(fields["fold"]):
+        raise RuntimeError(f"the head's training images ({len(train)}) are not the training split ({len(fields['fold'])})")
+    tree_model = model.head.model
+    fits = cross_validate(tree_model, train, fields["fold"], bcfw.lam, **bcfw.options.to_dict())
+    S, G = model.hparams.size, model.grid_size
+    index = torch.cat([f.test_index for f in fits])
+    tree = torch.cat([tree_model.decode_positions(f.result.weights, train[f.test_index]) for f in fits])
+    argmax = argmax_positions(train.unary[index, :, 0])
+    pred = {name: grid_to_joints(p, S, G).to(fields["joints"].dtype) for name, p in (("tree", tree), ("argmax", argmax))}
+    truth = (fields["joints"][index], fields["visible"][index], fields["pck_torso"][index])
+    diff = pck_difference(pred["tree"], pred["argmax"], *truth)
+    return {"folds": len(fits), "images": len(index), "images_with_torso": int(torch.isfinite(truth[2]).sum()),
+            "pck@0.2/argmax": float(pck(pred["argmax"], *truth)), "pck@0.2/tree": float(pck(pred["tree"], *truth)),
+            "pck@0.2/tree_minus_argmax": {"diff": diff["diff"], "ci95": [diff["low"], diff["high"]]},
+            "per_fold": [{"fold": f.fold, "train_images": len(f.train_index), "gap": f.result.gap,
+                          "primal": f.result.primal} for f in fits]}
 
 
 class SolveAtFitStart(pl.Callback):

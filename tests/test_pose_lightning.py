@@ -352,11 +352,21 @@ def test_pose_example_reuses_a_saved_backbone_for_the_head_alone(tmp_path, monke
 
     cnn = tmp_path / "cnn.pt"
     trained = run("--epochs", "1", "--every", "1", "--save-backbone", cnn, output="trained")
-    reused = run("--backbone", cnn, output="reused")
+    reused = run("--backbone", cnn, "--cross-validate-head", output="reused")
     assert cnn.is_file() and reused["epochs"] == 0 and reused["backbone"] == str(cnn)
     assert reused["ssvm"]["calls"] == 1 and reused["ssvm"]["passes"] == trained["ssvm"]["passes"] == 2
     with pytest.raises(SystemExit):  # nothing to train and no CNN to load
         run("--epochs", "0", output="nothing")
+    with pytest.raises(SystemExit):  # no out-of-fold heatmaps without cross-fitting
+        run("--backbone", cnn, "--cross-validate-head", "--cross-fit", "1", output="no_folds")
+    cv = reused["cross_validation"]  # each training image decoded by the head solved on the other fold
+    assert cv["folds"] == 2 and cv["images"] == 24
+    assert [f["train_images"] for f in cv["per_fold"]] == [12, 12]
+    assert all(f["gap"] >= -1e-9 for f in cv["per_fold"])
+    d = cv["pck@0.2/tree_minus_argmax"]
+    assert d["diff"] == pytest.approx(cv["pck@0.2/tree"] - cv["pck@0.2/argmax"], abs=1e-6)
+    assert d["ci95"][0] <= d["diff"] <= d["ci95"][1]
+    assert "cross_validation" not in trained
     torch.testing.assert_close(torch.tensor(reused["head_weights"]), torch.tensor(trained["head_weights"]),
                                rtol=0, atol=1e-9)
     assert reused["pck@0.2/argmax"] == trained["pck@0.2/argmax"]
