@@ -33,9 +33,8 @@ import torch
 from lightning.pytorch.loggers import CSVLogger
 
 from torch_bcfw import cross_validate
-from torch_bcfw.datasets.lsp import grid_to_joints, pck, pck_difference
 from torch_bcfw.lightning.cli import set_threads
-from torch_bcfw.lightning.pose import PoseBCFWCallback, PoseTreeCNN, argmax_positions
+from torch_bcfw.lightning.pose import PoseBCFWCallback, PoseTreeCNN, argmax_positions, compare_pck
 from torch_bcfw.lightning.pose_data import LSPPoseDataModule
 
 
@@ -161,16 +160,14 @@ def head_cross_validation(trainer, model: PoseTreeCNN, bcfw: PoseBCFWCallback, d
         raise RuntimeError(f"the head's training images ({len(train)}) are not the training split ({len(fields['fold'])})")
     tree_model = model.head.model
     fits = cross_validate(tree_model, train, fields["fold"], bcfw.lam, **bcfw.options.to_dict())
-    S, G = model.hparams.size, model.grid_size
     index = torch.cat([f.test_index for f in fits])
     tree = torch.cat([tree_model.decode_positions(f.result.weights, train[f.test_index]) for f in fits])
-    argmax = argmax_positions(train.unary[index, :, 0])
-    pred = {name: grid_to_joints(p, S, G).to(fields["joints"].dtype) for name, p in (("tree", tree), ("argmax", argmax))}
-    truth = (fields["joints"][index], fields["visible"][index], fields["pck_torso"][index])
-    diff = pck_difference(pred["tree"], pred["argmax"], *truth)
-    return {"folds": len(fits), "images": len(index), "images_with_torso": int(torch.isfinite(truth[2]).sum()),
-            "pck@0.2/argmax": float(pck(pred["argmax"], *truth)), "pck@0.2/tree": float(pck(pred["tree"], *truth)),
-            "pck@0.2/tree_minus_argmax": {"diff": diff["diff"], "ci95": [diff["low"], diff["high"]]},
+    cmp = compare_pck(tree, argmax_positions(train.unary[index, :, 0]), fields["joints"][index],
+                      fields["visible"][index], fields["pck_torso"][index], model.hparams.size, model.grid_size)
+    return {"folds": len(fits), "images": len(index), "images_with_torso": cmp["images_with_torso"],
+            "pck@0.2/argmax": cmp["pck_argmax"], "pck@0.2/tree": cmp["pck_tree"],
+            "pck@0.2/tree_minus_argmax": {"diff": cmp["pck_tree_minus_argmax"],
+                                          "ci95": [cmp["pck_tree_minus_argmax_low"], cmp["pck_tree_minus_argmax_high"]]},
             "per_fold": [{"fold": f.fold, "train_images": len(f.train_index), "gap": f.result.gap,
                           "primal": f.result.primal} for f in fits]}
 

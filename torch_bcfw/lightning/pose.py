@@ -37,7 +37,7 @@ from ..nn import StructuredHead
 from .callback import BCFWCallback, _find, eval_outputs
 from .pose_data import augment_batch
 
-__all__ = ["CrossFittedCNN", "HeatmapCNN", "PoseBCFWCallback", "PoseHead", "PoseTreeCNN", "log_maps"]
+__all__ = ["CrossFittedCNN", "HeatmapCNN", "PoseBCFWCallback", "PoseHead", "PoseTreeCNN", "compare_pck", "log_maps"]
 
 
 # ---------------------------------------------------------------------------- backbone
@@ -187,6 +187,20 @@ def argmax_positions(heatmaps: Tensor) -> Tensor:
     """Per-joint argmax cells ``LongTensor[B, J, 2]`` (y, x) of ``[B, J, G, G]`` maps."""
     B, J, G, _ = heatmaps.shape
     return flat_to_positions(heatmaps.reshape(B, J, -1).argmax(-1), B, J, G)
+
+
+def compare_pck(tree: Tensor, argmax: Tensor, joints: Tensor, visible: Tensor, pck_torso: Tensor, size: int,
+                grid_size: int, alpha: float = 0.2) -> dict:
+    """PCK@alpha of tree and argmax cells (long ``[N, J, 2]``) against the true joints (frame pixels ``[N, J, 2]``,
+    ``visible [N, J]``, ``pck_torso [N]``): ``pck_tree``, ``pck_argmax``, ``pck_tree_minus_argmax`` with its paired
+    image-bootstrap interval (``_low``, ``_high``) and ``images_with_torso``."""
+    pred = {name: grid_to_joints(p, size, grid_size).to(joints.dtype) for name, p in (("argmax", argmax), ("tree", tree))}
+    out = {f"pck_{name}": float(pck(p, joints, visible, pck_torso, alpha)) for name, p in pred.items()}
+    diff = pck_difference(pred["tree"], pred["argmax"], joints, visible, pck_torso, alpha)
+    out["pck_tree_minus_argmax"] = diff["diff"]
+    out["pck_tree_minus_argmax_low"], out["pck_tree_minus_argmax_high"] = diff["low"], diff["high"]
+    out["images_with_torso"] = int(torch.isfinite(pck_torso).sum())
+    return out
 
 
 # ---------------------------------------------------------------------------- head and callback
@@ -430,17 +444,11 @@ class PoseTreeCNN(pl.LightningModule):
             return
         r = {k: torch.cat([e[k] for e in self._eval]) for k in self._eval[0]}
         self._eval = []
-        S, G, a = self.hparams.size, self.grid_size, self.hparams.alpha
-        out = {}
-        pred = {name: grid_to_joints(r[name], S, G).to(r["joints"].dtype) for name in ("argmax", "tree")}
-        for name, p in pred.items():
-            out[f"test/pck_{name}"] = float(pck(p, r["joints"], r["visible"], r["pck_torso"], a))
-        diff = pck_difference(pred["tree"], pred["argmax"], r["joints"], r["visible"], r["pck_torso"], a)
-        out["test/pck_tree_minus_argmax"] = diff["diff"]
-        out["test/pck_tree_minus_argmax_low"], out["test/pck_tree_minus_argmax_high"] = diff["low"], diff["high"]
+        cmp = compare_pck(r["tree"], r["argmax"], r["joints"], r["visible"], r["pck_torso"], self.hparams.size,
+                          self.grid_size, self.hparams.alpha)
+        out = {f"test/{k}": v for k, v in cmp.items()}
         out["test/task_loss_tree"] = float(r["task_loss"].mean())
         out["test/images"] = len(r["visible"])
-        out["test/images_with_torso"] = int(torch.isfinite(r["pck_torso"]).sum())
         self.test_results = out
         for k, v in out.items():
             self.log(k, float(v))
