@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from torch_bcfw.data import MulticlassData, SequenceData
-from torch_bcfw.models import Chain, Multiclass
+from torch_bcfw.models import Chain, GraphCut, Multiclass
 
 DATA_ROOT = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
@@ -57,6 +57,9 @@ def enumerate_labelings(model, data, i):
     """All labelings of example ``i`` as a list of label tensors (brute force)."""
     if isinstance(model, Multiclass):
         return [torch.tensor([c]) for c in range(model.n_classes)]
+    if isinstance(model, GraphCut):
+        nodes = int(data.offsets[i + 1] - data.offsets[i])
+        return [torch.tensor(c) for c in itertools.product(range(2), repeat=nodes)]
     L = int(data.lengths[i])
     return [torch.tensor(c) for c in itertools.product(range(model.n_labels), repeat=L)]
 

@@ -21,7 +21,7 @@ from .cross_validation import FoldFit, cross_validate
 from .data import MulticlassData, SequenceData
 from .fit import FitResult, fit
 from .graph_data import GraphData
-from .models import Chain, GraphCut, Multiclass, PoseData, PoseTree, StructuredModel
+from .models import Chain, GraphCut, Multiclass, PoseData, PoseTree, StructuredModel, register_model
 from .solvers.options import SolverOptions
 
 __version__ = "0.1.0"
@@ -29,6 +29,6 @@ __version__ = "0.1.0"
 __all__ = [
     "fit", "FitResult", "cross_validate", "FoldFit", "SolverOptions", "SequenceData", "MulticlassData", "GraphData", "PoseData", "Chain",
     "Multiclass", "GraphCut", "PoseTree",
-    "StructuredModel", "lam_from_pystruct_C", "pystruct_C_from_lam", "lam_from_svmstruct_C",
+    "StructuredModel", "register_model", "lam_from_pystruct_C", "pystruct_C_from_lam", "lam_from_svmstruct_C",
     "svmstruct_C_from_lam",
 ]

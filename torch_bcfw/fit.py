@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import copy
 import csv
-import importlib
+import io
 import json
 import math
 from dataclasses import dataclass, field
@@ -14,6 +14,8 @@ from torch import Tensor
 
 from .models.base import StructuredModel
 from .models.dual import check_lam
+from .models.registry import model_from_config, model_name
+from .serialization import atomic_save, atomic_write_text, load_checked, to_plain
 from .solvers.bcfw import BCFW
 from .solvers.callbacks import Callback, ProgressBar
 from .solvers.fw import FrankWolfe
@@ -35,6 +37,44 @@ HISTORY_COLUMNS = (
     "exact_calls", "approx_steps", "approx_passes", "outer_iterations", "last_approx_passes", "exact_time",
     "approx_time", "planes_mean", "avg_mix",
 )
+
+
+#: the format tag of a saved result
+FORMAT = "torch_bcfw.FitResult/1"
+
+#: the values of ``FitResult.stopped_by``
+STOP_REASONS = ("", "max_passes", "gap_tol", "rel_gap_tol", "time_budget", "converged", "interrupted")
+
+_FIELDS = {"model_class", "model_config", "lam", "solver", "options", "w", "w_avg", "history", "stopped_by",
+           "solver_state", "counters"}
+
+
+def _is_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _checked_weights(t, d: int, where: str) -> Tensor:
+    if not isinstance(t, Tensor):
+        raise ValueError(f"{where} must be a tensor, got {type(t).__name__}")
+    if t.dtype != torch.float64 or t.shape != (d,):
+        raise ValueError(f"{where} must be a float64 tensor of shape [{d}], got {t.dtype} {tuple(t.shape)}")
+    if not bool(torch.isfinite(t).all()):
+        raise ValueError(f"{where} holds NaN or infinite values")
+    return t
+
+
+def _checked_history(history, source: str) -> list:
+    if not isinstance(history, list):
+        raise ValueError(f"{source}: history must be a list of records")
+    for j, rec in enumerate(history):
+        if not isinstance(rec, dict):
+            raise ValueError(f"{source}: history[{j}] must be a dict")
+        for k, v in rec.items():
+            if k not in HISTORY_COLUMNS:
+                raise ValueError(f"{source}: history[{j}] has an unknown column {k!r}")
+            if not (v is None or isinstance(v, (int, float, str))):
+                raise ValueError(f"{source}: history[{j}][{k!r}] must be a number, a string or None")
+    return history
 
 
 @dataclass
@@ -108,10 +148,14 @@ class FitResult:
 
     # ------------------------------------------------------------ persistence
     def to_dict(self) -> dict:
-        cls = type(self.model)
-        return {
-            "format": "torch_bcfw.FitResult/1",
-            "model_class": f"{cls.__module__}.{cls.__qualname__}",
+        """Everything as tensors and plain containers (loads with ``torch.load(..., weights_only=True)``).
+
+        The model is stored as its registered name (:func:`~torch_bcfw.models.registry.register_model`)
+        and its ``config()``.
+        """
+        return to_plain({
+            "format": FORMAT,
+            "model_class": model_name(self.model),
             "model_config": self.model.config(),
             "lam": self.lam,
             "solver": self.solver,
@@ -122,38 +166,75 @@ class FitResult:
             "stopped_by": self.stopped_by,
             "solver_state": self.solver_state,
             "counters": self.counters,
-        }
+        })
 
     def save(self, path) -> None:
-        """Save everything (weights, history, dual state) with ``torch.save``."""
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        torch.save(self.to_dict(), path)
+        """Save everything (weights, history, dual state) atomically: a kill during the save leaves the
+        previous file (or none) in place, never a truncated one."""
+        atomic_save(self.to_dict(), path)
 
     @classmethod
     def load(cls, path, map_location="cpu") -> "FitResult":
-        d = torch.load(Path(path), map_location=map_location, weights_only=False)
-        if not isinstance(d, dict) or d.get("format") != "torch_bcfw.FitResult/1":
-            raise ValueError(f"{path} is not a saved torch_bcfw FitResult")
-        module, _, name = d["model_class"].rpartition(".")
-        model = getattr(importlib.import_module(module), name)(**d["model_config"])
-        return cls(
-            model=model, lam=d["lam"], solver=d["solver"], options=SolverOptions(**d["options"]),
-            w=d["w"], w_avg=d["w_avg"], history=d["history"], stopped_by=d["stopped_by"],
-            solver_state=d["solver_state"], counters=d["counters"],
-        )
+        """Load a result written by :meth:`save`.
+
+        Safe on untrusted files: the file is read with ``weights_only=True`` (no pickled code runs), the
+        model is built only from a registered class (:func:`torch_bcfw.register_model`), and every field is
+        checked (types, shapes, values); anything else raises ``ValueError`` naming the field.
+        """
+        d = load_checked(path, map_location=map_location, what="saved FitResult")
+        return cls.from_dict(d, source=str(path))
+
+    @classmethod
+    def from_dict(cls, d, source: str = "the saved result") -> "FitResult":
+        """Validate and build a result from :meth:`to_dict`'s output."""
+        if not isinstance(d, dict) or d.get("format") != FORMAT:
+            fmt = d.get("format") if isinstance(d, dict) else None
+            raise ValueError(f"{source} is not a saved torch_bcfw FitResult (format {fmt!r}, expected {FORMAT!r})")
+        missing = sorted(_FIELDS - set(d))
+        extra = sorted(set(d) - _FIELDS - {"format"})
+        if missing or extra:
+            raise ValueError(f"{source}: missing field(s) {missing}, unknown field(s) {extra}")
+        model = model_from_config(d["model_class"], d["model_config"])
+        try:
+            lam = check_lam(d["lam"])
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"{source}: bad lam: {exc}") from None
+        if d["solver"] not in SOLVERS:
+            raise ValueError(f"{source}: unknown solver {d['solver']!r}; expected one of {list(SOLVERS)}")
+        if not isinstance(d["options"], dict):
+            raise ValueError(f"{source}: options must be a dict")
+        try:
+            options = SolverOptions.from_kwargs(**d["options"])
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"{source}: bad solver options: {exc}") from None
+        w = _checked_weights(d["w"], model.n_features, f"{source}: w")
+        w_avg = None if d["w_avg"] is None else _checked_weights(d["w_avg"], model.n_features, f"{source}: w_avg")
+        history = _checked_history(d["history"], source)
+        if d["stopped_by"] not in STOP_REASONS:
+            raise ValueError(f"{source}: stopped_by must be one of {list(STOP_REASONS)}, got {d['stopped_by']!r}")
+        if not isinstance(d["solver_state"], dict) or not all(isinstance(k, str) for k in d["solver_state"]):
+            raise ValueError(f"{source}: solver_state must be a dict with string keys")
+        counters = d["counters"]
+        if not isinstance(counters, dict) or not all(
+            isinstance(k, str) and _is_number(v) for k, v in counters.items()
+        ):
+            raise ValueError(f"{source}: counters must map names to numbers")
+        return cls(model=model, lam=lam, solver=d["solver"], options=options, w=w, w_avg=w_avg, history=history,
+                   stopped_by=d["stopped_by"], solver_state=d["solver_state"], counters=dict(counters))
 
     def write_history_csv(self, path) -> None:
-        with open(path, "w", newline="") as f:
-            wr = csv.DictWriter(f, fieldnames=list(HISTORY_COLUMNS))
-            wr.writeheader()
-            for rec in self.history:
-                wr.writerow({k: ("" if rec.get(k) is None else rec.get(k)) for k in HISTORY_COLUMNS})
+        """One row per gap check (``HISTORY_COLUMNS``), written atomically."""
+        buf = io.StringIO(newline="")
+        wr = csv.DictWriter(buf, fieldnames=list(HISTORY_COLUMNS))
+        wr.writeheader()
+        for rec in self.history:
+            wr.writerow({k: ("" if rec.get(k) is None else rec.get(k)) for k in HISTORY_COLUMNS})
+        atomic_write_text(path, buf.getvalue())
 
     def write_history_json(self, path) -> None:
-        with open(path, "w") as f:
-            json.dump({"solver": self.solver, "lam": self.lam, "options": self.options.to_dict(),
-                       "stopped_by": self.stopped_by, "history": self.history}, f, indent=1)
+        """Solver, ``lam``, options, stopping reason and history as JSON, written atomically."""
+        atomic_write_text(path, json.dumps({"solver": self.solver, "lam": self.lam, "options": self.options.to_dict(),
+                                            "stopped_by": self.stopped_by, "history": self.history}, indent=1))
 
     def summary(self) -> dict:
         """Final figures of the run (one flat dict)."""

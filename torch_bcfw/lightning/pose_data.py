@@ -33,6 +33,7 @@ import torch
 from ..datasets.lsp import joints_to_grid, load_lsp_extended, reference_torso, torso_size, torso_with_fallback
 from ..inference.tree import LSP_TREE_EDGES
 from ..models.pose import impute_positions, mean_offsets, nearest_types, offset_scales, offset_types
+from ..serialization import atomic_save, load_checked
 
 __all__ = ["FLIP_PERMUTATION", "LSPPoseDataModule", "PoseTensors", "augment_batch"]
 
@@ -148,15 +149,14 @@ class LSPPoseDataModule(pl.LightningDataModule):
         if self.cache_dir is not None:
             path = Path(self.cache_dir) / f"lsp_{split}_{self.size}_{limit}.pt"
             if path.is_file():
-                return torch.load(path)
+                return load_checked(path, what="LSP cache file")
         samples = load_lsp_extended(self.root, split, size=self.size, limit=limit)
         raw = {"image": torch.stack([(s.image * 255).round().to(torch.uint8) for s in samples]),
                "joints": torch.stack([s.joints for s in samples]),
                "visible": torch.stack([s.visible for s in samples]),
                "scale": torch.tensor([s.scale for s in samples], dtype=torch.float32)}
         if path is not None:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            torch.save(raw, path)
+            atomic_save(raw, path)
         return raw
 
     def _fields(self, raw: dict, reference: float) -> dict:

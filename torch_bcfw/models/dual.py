@@ -68,14 +68,27 @@ from torch import Tensor
 from ..stepsize import PAIRWISE_RULE, average_weight, clipped_step, step_size
 from .working_set import WorkingSet
 
-__all__ = ["DualState", "DenseDualState", "ActiveSetDualState", "labels_fingerprint", "check_bounds"]
+__all__ = ["DualState", "DenseDualState", "ActiveSetDualState", "labels_fingerprint", "features_fingerprint",
+           "check_bounds"]
 
 
 def check_lam(lam: float) -> float:
-    lam = float(lam)
-    if not np.isfinite(lam) or lam <= 0.0:
-        raise ValueError(f"lam must be a finite number > 0, got {lam}")
-    return lam
+    """``lam`` as a Python float: a real number (int, float, numpy scalar or 0-d real tensor) that is finite and
+    ``> 0``.  ``TypeError`` for a bool, a string, a complex number or any other type (nothing is coerced);
+    ``ValueError`` for NaN, an infinity or ``lam <= 0``."""
+    import numbers
+
+    v = lam
+    if isinstance(v, torch.Tensor) and v.ndim == 0 and v.dtype != torch.bool and not v.dtype.is_complex:
+        v = v.item()
+    elif isinstance(v, np.ndarray) and v.ndim == 0 and v.dtype.kind in "iuf":
+        v = v.item()
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, numbers.Real):
+        raise TypeError(f"lam must be a real number > 0, got {lam!r} ({type(lam).__name__})")
+    v = float(v)
+    if not np.isfinite(v) or v <= 0.0:
+        raise ValueError(f"lam must be a finite number > 0, got {v}")
+    return v
 
 
 def check_bounds(lower, upper, d: int, device) -> tuple[Tensor, Tensor]:
@@ -117,6 +130,43 @@ def labels_fingerprint(data) -> str:
         h.update(b"|")
         h.update(np.ascontiguousarray(offsets.detach().cpu().numpy().astype(np.int64)).tobytes())
     return h.hexdigest()[:16]
+
+
+def _feed(h, obj, depth: int = 0) -> None:
+    if isinstance(obj, Tensor):
+        t = obj.detach()
+        if t.is_sparse or t.layout != torch.strided:
+            t = t.to_dense()
+        t = t.contiguous().cpu()
+        h.update(f"T{t.dtype}{tuple(t.shape)}".encode())
+        if t.numel():
+            h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+    elif obj is None or isinstance(obj, (bool, int, float, str)):
+        h.update(f"{type(obj).__name__}:{obj!r}".encode())
+    elif isinstance(obj, (list, tuple)):
+        h.update(f"L{len(obj)}".encode())
+        for v in obj:
+            _feed(h, v, depth + 1)
+    elif hasattr(obj, "__dict__") and depth < 3:
+        h.update(type(obj).__name__.encode())
+        for k in sorted(k for k in vars(obj) if not k.startswith("_")):
+            h.update(k.encode())
+            _feed(h, getattr(obj, k), depth + 1)
+    else:
+        raise TypeError(f"cannot fingerprint a {type(obj).__name__} in the data")
+
+
+def features_fingerprint(data) -> str:
+    """A hash of everything ``data`` holds: features, labels, sequence boundaries, graphs (every public
+    attribute of the container, recursively; private caches are skipped).
+
+    Saved with a state: a state loaded onto data with other features either re-derives ``w = A(x) alpha``
+    from its stored dual variables (:attr:`DualState.rebindable` states) or is refused, so that a warm start
+    never certifies a dual value of the old features.
+    """
+    h = hashlib.blake2b(digest_size=16)
+    _feed(h, data)
+    return h.hexdigest()
 
 
 class DualState:
@@ -161,6 +211,8 @@ class DualState:
         self.avg_t = 0
         self.avg_last = torch.zeros(self.n, dtype=torch.long)
         self.avg_ell_u = 0.0
+        #: True after :meth:`load_state_dict` re-derived ``w`` under features other than the saved ones
+        self.rebound = False
 
     # ------------------------------------------------------------ storage hooks
     def block_direction(self, i: int, y: Tensor) -> tuple[Tensor, float]:
@@ -604,6 +656,7 @@ class DualState:
             "avg_last": self.avg_last.clone(),
             "avg_ell_u": self.avg_ell_u,
             "labels": labels_fingerprint(self.data),
+            "features": features_fingerprint(self.data),
         }
         sd["storage"] = self._storage_dict()
         if self._box:
@@ -613,6 +666,24 @@ class DualState:
         return sd
 
     def load_state_dict(self, sd: dict) -> None:
+        """Continue from :meth:`state_dict`'s output on this state's data (same examples, labels and order).
+
+        On the data it was saved from the state resumes bit for bit.  When the features differ (the saved
+        features fingerprint does not match, or is absent), a :attr:`rebindable` state re-derives ``w = A(x)
+        alpha`` and every feature-space cache from its dual variables (``rebound`` is then True), and any
+        other state raises ``ValueError``: its stored ``w_i`` are images under the old features, and a dual
+        value computed from them would not bound this problem's optimum.
+        """
+        if not isinstance(sd, dict) or "kind" not in sd:
+            raise ValueError("not a dual state (expected the dict written by DualState.state_dict)")
+        same_features = sd.get("features") == features_fingerprint(self.data)
+        if not same_features and not self.rebindable:
+            raise ValueError(
+                f"cannot warm-start a {type(self).__name__} on data whose features differ from the data it was saved "
+                "from: it stores w_i = A(x) alpha_[i] under the old features, so its dual value would not be a "
+                "valid bound here. Start from scratch, or use a state that keeps the dual variables "
+                "(ActiveSetDualState for any model)"
+            )
         if sd["kind"] != type(self).__name__:
             raise ValueError(f"cannot load a {sd['kind']} state into a {type(self).__name__}")
         if sd["n"] != self.n or sd["d"] != self.d:
@@ -638,6 +709,9 @@ class DualState:
         self.avg_last = sd["avg_last"].to(torch.long).clone()
         self.avg_ell_u = float(sd["avg_ell_u"])
         self._load_storage(sd["storage"])
+        self.rebound = not same_features
+        if self.rebound:  # w = A(x_new) alpha from the stored dual variables (l = b^T alpha is unchanged)
+            self.refresh()
 
 
 class DenseDualState(DualState):

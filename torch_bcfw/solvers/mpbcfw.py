@@ -381,7 +381,8 @@ class MPBCFW(DualAlgorithm):
         self.last_approx_passes = int(sd["last_approx_passes"])
         self.exact_time, self.approx_time = float(sd["exact_time"]), float(sd["approx_time"])
         self._iter_dual0, self._iter_exact_time = float(sd["iter_dual0"]), float(sd["iter_exact_time"])
-        if self.averages is not None and "averages" in sd:
+        # the averages are feature-space vectors: after a warm start on other features they restart
+        if self.averages is not None and "averages" in sd and not self.state.rebound:
             self.averages.load_state_dict(sd["averages"])
         if self.N > 0:
             self.ws = self._working_set()

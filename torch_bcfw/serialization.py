@@ -1,0 +1,114 @@
+"""Files written and read by the library: atomic saves and loads that never execute code.
+
+* :func:`atomic_save` / :func:`atomic_write_text` write to a temporary file in the destination folder,
+  flush it to disk and ``os.replace`` it over the destination: a kill at any moment leaves either the
+  previous complete file or the new complete one, never a truncated file.
+* :func:`load_checked` reads with ``torch.load(..., weights_only=True)``: only tensors and plain
+  containers (dict, list, tuple, str, numbers, ``None``) can come out of a file; a pickled call
+  (``os.system``...) is refused with a clear error before anything runs.
+* :func:`to_plain` turns the numpy arrays and scalars of a solver's state into tensors and Python
+  numbers, so that every state the library saves loads with ``weights_only=True`` (and a loader that
+  reads them back with ``np.asarray`` gets the same values, bit for bit).
+"""
+from __future__ import annotations
+
+import os
+import pickle
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import torch
+
+__all__ = ["atomic_save", "atomic_write_text", "load_checked", "to_plain", "UnsafeFileError"]
+
+
+class UnsafeFileError(ValueError):
+    """A file holds something other than tensors and plain containers (it would run code to load)."""
+
+
+def to_plain(obj):
+    """A copy of ``obj`` in which numpy arrays are CPU tensors and numpy scalars Python numbers.
+
+    Dicts, lists and tuples are copied recursively; tensors are detached CPU clones; other values
+    (str, int, float, bool, None) are kept.
+    """
+    if isinstance(obj, dict):
+        return {k: to_plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(to_plain(v) for v in obj)
+    if isinstance(obj, np.ndarray):
+        return torch.from_numpy(np.array(obj, copy=True))
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().cpu().clone()
+    return obj
+
+
+def _fsync_dir(folder: Path) -> None:
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:  # not supported (e.g. some network file systems)
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _atomic(path, write) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    _fsync_dir(path.parent)
+
+
+def atomic_save(obj, path) -> None:
+    """``torch.save(obj, path)`` atomically (temporary file in the same folder, fsync, ``os.replace``)."""
+    _atomic(path, lambda f: torch.save(obj, f))
+
+
+def atomic_write_text(path, text: str) -> None:
+    """Write ``text`` (UTF-8) to ``path`` atomically."""
+    data = text.encode("utf-8")
+    _atomic(path, lambda f: f.write(data))
+
+
+def load_checked(path, map_location="cpu", what: str = "file"):
+    """``torch.load(path, weights_only=True)`` with clear errors.
+
+    Raises:
+        FileNotFoundError: no file at ``path``.
+        UnsafeFileError: the file holds pickled objects other than tensors and plain containers
+            (nothing in it was run).
+        ValueError: the file is not a torch save (truncated, or another format).
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{what} {path} not found")
+    try:
+        return torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as exc:
+        first = str(exc).strip().splitlines()
+        detail = next((ln.strip() for ln in first if "GLOBAL" in ln or "Unsupported" in ln), first[0] if first else "")
+        raise UnsafeFileError(
+            f"refusing to load {path}: it holds objects other than tensors and plain containers, which could run "
+            f"code when unpickled (loaded with weights_only=True; nothing was run). Detail: {detail}"
+        ) from None
+    except (RuntimeError, EOFError, OSError, ValueError) as exc:
+        raise ValueError(f"{path} is not a readable {what} (truncated or not written by torch.save): {exc}") from None
