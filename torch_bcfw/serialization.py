@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import pickle
 import tempfile
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -101,6 +102,8 @@ def load_checked(path, map_location="cpu", what: str = "file"):
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{what} {path} not found")
+    if not zipfile.is_zipfile(path):  # torch.save writes a zip archive (since torch 1.6)
+        raise ValueError(f"{path} is not a readable {what}: not a zip archive written by torch.save")
     try:
         return torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as exc:

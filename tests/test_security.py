@@ -1,0 +1,154 @@
+"""Nothing read from a file runs code: crafted model files and dataset pickles are refused, and the
+marker file the payload would write never appears."""
+from __future__ import annotations
+
+import os
+import pickle
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from conftest import random_chain_problem
+from torch_bcfw import Chain, FitResult, fit, register_model
+from torch_bcfw.datasets.ocr import load_ocr
+from torch_bcfw.serialization import UnsafeFileError
+
+
+class _Payload:
+    """Unpickling this calls ``os.system`` (the classic pickle exploit)."""
+
+    def __init__(self, command):
+        self.command = command
+
+    def __reduce__(self):
+        return os.system, (self.command,)
+
+
+def _touch(marker) -> str:
+    return f"{sys.executable} -c \"open(r'{marker}', 'w').write('ran')\""
+
+
+def _valid_dict():
+    model, data = random_chain_problem()
+    return fit(model, data, 0.1, max_passes=2).to_dict()
+
+
+def test_pickled_call_in_a_model_file_is_refused_and_not_run(tmp_path):
+    marker = tmp_path / "pwned"
+    d = _valid_dict()
+    d["history"] = [_Payload(_touch(marker))]
+    torch.save(d, tmp_path / "evil.pt")
+    with pytest.raises(UnsafeFileError, match="nothing was run"):
+        FitResult.load(tmp_path / "evil.pt")
+    assert not marker.exists()
+
+
+def test_model_class_naming_a_function_is_refused_and_not_called(tmp_path):
+    marker = tmp_path / "pwned"
+    d = _valid_dict()
+    d["model_class"] = "subprocess.run"
+    d["model_config"] = {"args": _touch(marker), "shell": True}
+    torch.save(d, tmp_path / "evil.pt")  # tensors and plain containers only: weights_only=True accepts it
+    with pytest.raises(ValueError, match="not a registered model"):
+        FitResult.load(tmp_path / "evil.pt")
+    assert not marker.exists()
+
+
+def test_cli_evaluate_refuses_both_crafted_files(tmp_path):
+    marker = tmp_path / "pwned"
+    d = _valid_dict()
+    d["stopped_by"] = _Payload(_touch(marker))
+    torch.save(d, tmp_path / "pickled.pt")
+    d = _valid_dict()
+    d["model_class"], d["model_config"] = "os.system", {"command": _touch(marker)}
+    torch.save(d, tmp_path / "named.pt")
+    for name in ("pickled.pt", "named.pt"):
+        proc = subprocess.run([sys.executable, "-m", "torch_bcfw", "evaluate", "--model", str(tmp_path / name)],
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 2, proc.stderr
+        assert proc.stderr.startswith("torch-bcfw: error:") and "Traceback" not in proc.stderr
+    assert not marker.exists()
+
+
+def test_ocr_pickle_with_a_payload_is_refused_and_not_run(tmp_path):
+    marker = tmp_path / "pwned"
+    with open(tmp_path / "letters.pickle", "wb") as f:
+        pickle.dump({"data": [], "labels": [], "folds": _Payload(_touch(marker))}, f, protocol=2)
+    with pytest.raises(ValueError, match="posix.system|os.system|nt.system"):
+        load_ocr(tmp_path)
+    assert not marker.exists()
+
+
+def test_ocr_pickle_of_the_wrong_shape_is_refused(tmp_path):
+    with open(tmp_path / "letters.pickle", "wb") as f:
+        pickle.dump([1, 2, 3], f, protocol=2)
+    with pytest.raises(ValueError, match="top level is a list"):
+        load_ocr(tmp_path)
+
+
+@pytest.mark.parametrize("field,value,message", [
+    ("format", "torch_bcfw.FitResult/99", "not a saved torch_bcfw FitResult"),
+    ("lam", float("nan"), "bad lam"),
+    ("lam", -1.0, "bad lam"),
+    ("solver", "rm -rf", "unknown solver"),
+    ("options", {"max_passes": 1, "bogus": 2}, "bad solver options"),
+    ("w", torch.zeros(3, dtype=torch.float64), "shape"),
+    ("w", "not a tensor", "must be a tensor"),
+    ("w_avg", torch.full((1,), float("nan")), "shape|NaN"),
+    ("history", [{"primal": 1.0, "evil": 2}], "unknown column"),
+    ("history", "x", "history must be a list"),
+    ("stopped_by", "bored", "stopped_by"),
+    ("solver_state", [1, 2], "solver_state must be a dict"),
+    ("counters", {"solver_time": "soon"}, "counters"),
+    ("model_config", {"n_features": [1, 2]}, "does not build a Chain"),
+    ("model_config", {"n_features": torch.ones(2)}, "model_config"),
+])
+def test_every_field_is_validated(tmp_path, field, value, message):
+    d = _valid_dict()
+    d[field] = value
+    torch.save(d, tmp_path / "bad.pt")
+    with pytest.raises(ValueError, match=message):
+        FitResult.load(tmp_path / "bad.pt")
+
+
+def test_missing_and_extra_fields_and_junk_files(tmp_path):
+    d = _valid_dict()
+    del d["w"]
+    torch.save(d, tmp_path / "missing.pt")
+    with pytest.raises(ValueError, match=r"missing field\(s\) \['w'\]"):
+        FitResult.load(tmp_path / "missing.pt")
+    (tmp_path / "junk.pt").write_bytes(b"\x00not a torch file")
+    with pytest.raises(ValueError, match="not a readable"):
+        FitResult.load(tmp_path / "junk.pt")
+    with pytest.raises(FileNotFoundError, match="not found"):
+        FitResult.load(tmp_path / "absent.pt")
+
+
+def test_user_models_round_trip_once_registered(tmp_path):
+    class MyChain(Chain):
+        pass
+
+    model, data = random_chain_problem()
+    r = fit(MyChain(model.n_inputs, model.n_labels), data, 0.1, max_passes=2)
+    with pytest.raises(ValueError, match="not registered"):
+        r.save(tmp_path / "m.pt")
+    register_model(MyChain, name="tests.MyChain")
+    r.save(tmp_path / "m.pt")
+    back = FitResult.load(tmp_path / "m.pt")
+    assert type(back.model) is MyChain and torch.equal(back.w, r.w) and back.gap == r.gap
+    with pytest.raises(ValueError, match="already registered"):
+        register_model(Chain, name="tests.MyChain")
+
+
+def test_saved_results_load_with_weights_only_for_every_solver(tmp_path):
+    model, data = random_chain_problem()
+    for solver, kw in [("bcfw", {"preset": "gap-pairwise-cache"}), ("fw", {}), ("ssg", {}), ("mp-bcfw", {})]:
+        r = fit(model, data, 0.1, solver, max_passes=3, **kw)
+        r.save(tmp_path / "r.pt")
+        torch.load(tmp_path / "r.pt", weights_only=True)  # raises if anything but tensors / containers
+        back = FitResult.load(tmp_path / "r.pt")
+        cont = fit(model, data, 0.1, solver, max_passes=2, init=back, **kw)
+        ref = fit(model, data, 0.1, solver, max_passes=2, init=r, **kw)
+        assert torch.equal(cont.w, ref.w)
