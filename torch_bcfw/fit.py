@@ -86,12 +86,14 @@ class FitResult:
         lam: regularisation parameter.
         solver: ``"bcfw"``, ``"fw"``, ``"ssg"`` or ``"mp-bcfw"``.
         options: the :class:`SolverOptions` used.
-        w: ``Tensor[d]`` float64, the last iterate.
-        w_avg: ``Tensor[d]`` the weighted average of the iterates (``None`` without averaging).
+        w: ``Tensor[d]`` float64, the last iterate, as certified by the last check (``history[-1]``).
+        w_avg: ``Tensor[d]`` the weighted average of the iterates at that check (``None`` without averaging).
         history: one dict per exact gap check (see ``HISTORY_COLUMNS``).
         stopped_by: ``"max_passes"``, ``"gap_tol"``, ``"time_budget"``, ``"converged"`` (every exact block
             gap is zero) or ``"interrupted"``.
-        solver_state: the algorithm's state (dual blocks, sampler, counters) for warm starts.
+        solver_state: the algorithm's state (dual blocks, sampler, counters) for warm starts.  It is the latest
+            state, which is past :attr:`w` only when a second Ctrl-C cut the final check (``w`` and its
+            certificate then come from the check before).
         counters: cumulative solver time, gap-check time and gap-check oracle calls.
     """
 
@@ -313,10 +315,16 @@ def fit(
     if opts.progress:
         cbs.append(ProgressBar())
     out = run_solver(alg, opts, test_data=test_data, callbacks=cbs, counters=counters, history=history)
-    w, _ = alg.iterate()
-    avg = alg.averaged()
+    # the weights go with the certificate of history[-1]: those its check certified (the algorithm may have moved
+    # on when a second Ctrl-C cut the final check), the warm start's when this run completed no check
+    if out.checked_weights is not None:
+        w, w_avg = out.checked_weights
+    elif init is not None and init.history:
+        w, w_avg = init.w.clone(), None if init.w_avg is None else init.w_avg.clone()
+    else:
+        w, avg = alg.iterate()[0].clone(), alg.averaged()
+        w_avg = None if avg is None else avg[0].clone()
     return FitResult(
-        model=model, lam=lam, solver=solver, options=opts, w=w.clone(),
-        w_avg=None if avg is None else avg[0].clone(), history=out.history, stopped_by=out.stopped_by,
-        solver_state=copy.deepcopy(alg.state_dict()), counters=counters,
+        model=model, lam=lam, solver=solver, options=opts, w=w, w_avg=w_avg, history=out.history,
+        stopped_by=out.stopped_by, solver_state=copy.deepcopy(alg.state_dict()), counters=counters,
     )

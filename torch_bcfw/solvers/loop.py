@@ -23,12 +23,25 @@ __all__ = ["run_solver", "RunOutput"]
 
 @dataclass
 class RunOutput:
+    """What :func:`run_solver` returns.
+
+    Attributes:
+        history: the check records (the caller's list, extended).
+        stopped_by: the stopping rule that ended the run.
+        checked_weights: ``(w, w_avg or None)``, copies of the iterates the last completed check of this run
+            certified (``None`` when no check completed).  After a second Ctrl-C during the final check the
+            algorithm has moved past them: these, not the algorithm's current iterates, go with
+            ``history[-1]``.
+    """
+
     history: list = field(default_factory=list)
     stopped_by: str = ""
+    checked_weights: tuple | None = None
 
 
-def _check(alg, options, test_data, counters: dict) -> dict:
-    """Exact certificate of the last (and averaged) iterate; returns the history record."""
+def _check(alg, options, test_data, counters: dict, out: RunOutput) -> dict:
+    """Exact certificate of the last (and averaged) iterate; returns the history record and stores copies of
+    the certified iterates in ``out.checked_weights`` once the record is complete."""
     t0 = time.perf_counter()
     model, data, lam = alg.model, alg.data, alg.lam
     w, ell = alg.iterate()
@@ -62,6 +75,7 @@ def _check(alg, options, test_data, counters: dict) -> dict:
     rec["solver_time"] = counters["solver_time"]
     rec["gap_time"] = counters["gap_time"]
     rec["gap_oracle_calls"] = counters["gap_oracle_calls"]
+    out.checked_weights = (w.detach().clone(), None if avg is None else avg[0].detach().clone())
     return rec
 
 
@@ -117,7 +131,7 @@ def run_solver(alg, options, test_data=None, callbacks=(), counters: dict | None
             if alg.work % (options.gap_check * n) == 0 or alg.check_requested:
                 alg.check_requested = False
                 alg.on_scheduled_check()
-                last_rec = _check(alg, options, test_data, counters)
+                last_rec = _check(alg, options, test_data, counters, out)
                 checked_at = (alg.work, alg.oracle_calls)
                 out.history.append(last_rec)
                 for cb in callbacks:
@@ -135,11 +149,11 @@ def run_solver(alg, options, test_data=None, callbacks=(), counters: dict | None
         out.stopped_by = "interrupted"
     if checked_at != (alg.work, alg.oracle_calls):
         try:
-            last_rec = _check(alg, options, test_data, counters)
+            last_rec = _check(alg, options, test_data, counters, out)
             out.history.append(last_rec)
             for cb in callbacks:
                 cb.on_check(last_rec)
-        except KeyboardInterrupt:
+        except KeyboardInterrupt:  # a second Ctrl-C: out.checked_weights still belong to history[-1]
             out.stopped_by = "interrupted"
     for cb in callbacks:
         cb.on_end(last_rec, out.stopped_by)

@@ -1,0 +1,56 @@
+"""The returned weights and their certificate always come from the same check, even when a second
+Ctrl-C cuts the final gap pass."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import brute_force_primal, random_multiclass_problem
+from torch_bcfw import fit
+from torch_bcfw.models import Multiclass
+from torch_bcfw.solvers.callbacks import Callback
+
+LAM = 0.05
+
+
+class SecondInterruptModel(Multiclass):
+    """Raises ``KeyboardInterrupt`` in the next exact gap pass once armed (a second Ctrl-C during it)."""
+
+    armed = False
+
+    def hinge_terms(self, w, data):
+        if self.armed:
+            self.armed = False
+            raise KeyboardInterrupt
+        return super().hinge_terms(w, data)
+
+
+class CtrlC(Callback):
+    def __init__(self, model, at_chunk, second):
+        self.model, self.at_chunk, self.second, self.chunks = model, at_chunk, second, 0
+
+    def on_chunk(self, passes, seconds):
+        self.chunks += 1
+        if self.chunks == self.at_chunk:
+            self.model.armed = self.second
+            raise KeyboardInterrupt
+
+
+@pytest.mark.parametrize("at_chunk", [3, 5, 6])
+@pytest.mark.parametrize("second", [False, True])
+def test_weights_and_certificate_come_from_the_same_check(at_chunk, second):
+    _, data = random_multiclass_problem(n=9, F=3, K=4, seed=5)
+    model = SecondInterruptModel(3, 4)
+    r = fit(model, data, LAM, max_passes=50, gap_check=2, callbacks=[CtrlC(model, at_chunk, second)])
+    assert r.stopped_by == "interrupted"
+    last = r.history[-1]
+    assert r.primal == pytest.approx(brute_force_primal(model, data, r.weights, LAM), abs=1e-12)
+    assert last["primal"] == pytest.approx(brute_force_primal(model, data, r.w, LAM), abs=1e-12)
+    assert last["primal_avg"] == pytest.approx(brute_force_primal(model, data, r.w_avg, LAM), abs=1e-12)
+    # the certified passes: the interrupt's own check, or the last scheduled one (every 2 passes, before the
+    # interrupted chunk) when the second Ctrl-C cut it
+    expected = at_chunk if not second else 2 * ((at_chunk - 1) // 2)
+    assert last["passes"] == expected
+    if second:
+        state_w = r.solver_state["state"]["w"]
+        assert not torch.equal(state_w, r.w)  # the state moved on; the returned weights did not
