@@ -2,12 +2,15 @@
 Ctrl-C cuts the final gap pass."""
 from __future__ import annotations
 
+import os
+import signal
+
 import pytest
 import torch
 
 from conftest import brute_force_primal, random_multiclass_problem
 from torch_bcfw import fit
-from torch_bcfw.models import Multiclass
+from torch_bcfw.models import DenseDualState, Multiclass
 from torch_bcfw.solvers.callbacks import Callback
 
 LAM = 0.05
@@ -54,3 +57,39 @@ def test_weights_and_certificate_come_from_the_same_check(at_chunk, second):
     if second:
         state_w = r.solver_state["state"]["w"]
         assert not torch.equal(state_w, r.w)  # the state moved on; the returned weights did not
+
+
+class MidStepInterruptState(DenseDualState):
+    """Sends SIGINT to this process in the middle of a block move (after the block's storage moved, before
+    the caller updates ``w`` and ``l``): an interrupt raised there would leave ``w != A alpha``."""
+
+    fire_at = 7
+    moves = 0
+
+    def _move_block(self, i, y, gamma, v):
+        super()._move_block(i, y, gamma, v)
+        type(self).moves += 1
+        if type(self).moves == self.fire_at:
+            os.kill(os.getpid(), signal.SIGINT)
+            for _ in range(1000):  # Python runs the handler at the next bytecodes, still inside the move
+                pass
+
+
+class MidStepModel(Multiclass):
+    def dual_state(self, data, lam):
+        return MidStepInterruptState(self, data, lam)
+
+
+def test_ctrl_c_inside_a_step_is_held_until_the_step_is_done():
+    _, data = random_multiclass_problem(n=9, F=3, K=4, seed=6)
+    model = MidStepModel(3, 4)
+    MidStepInterruptState.moves = 0
+    r = fit(model, data, LAM, max_passes=50, gap_check=2)
+    assert r.stopped_by == "interrupted" and r.passes == 1.0  # stopped at the end of the chunk
+    st = model.dual_state(data, LAM)
+    st.load_state_dict(r.solver_state["state"])
+    assert torch.allclose(st.w_blocks.sum(0), st.w, atol=1e-14)  # w = A alpha
+    ref = fit(Multiclass(3, 4), data, LAM, max_passes=2000, gap_check=100, gap_tol=1e-11)
+    p_star_bound = brute_force_primal(model, data, ref.weights, LAM)
+    assert r.history[-1]["dual"] <= p_star_bound + 1e-12
+    assert r.gap >= 0

@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
+import tempfile
 from pathlib import Path
 
 import yaml
@@ -30,6 +32,8 @@ __all__ = ["main", "load_config"]
 
 def _set(cfg: dict, dotted: str, value) -> None:
     keys = dotted.split(".")
+    if not all(keys):
+        raise ValueError(f"--set {dotted}: empty key")
     cur = cfg
     for k in keys[:-1]:
         cur = cur.setdefault(k, {})
@@ -38,20 +42,45 @@ def _set(cfg: dict, dotted: str, value) -> None:
     cur[keys[-1]] = value
 
 
+def _parse_yaml(text: str, where: str):
+    """``yaml.safe_load`` with a one-line error naming ``where`` and the line and column."""
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        loc = f"{where}, line {mark.line + 1}, column {mark.column + 1}" if mark is not None else where
+        problem = getattr(exc, "problem", None) or str(exc).strip().splitlines()[0]
+        raise ValueError(f"{loc}: malformed YAML: {problem}") from None
+
+
 def load_config(path, overrides=()) -> dict:
-    """Read a YAML config and apply ``key.sub=value`` overrides."""
+    """Read a YAML config and apply ``key.sub=value`` overrides (malformed YAML: ``ValueError`` with the line)."""
     p = Path(path)
     if not p.is_file():
         raise FileNotFoundError(f"config file {p} not found")
-    cfg = yaml.safe_load(p.read_text()) or {}
+    cfg = _parse_yaml(p.read_text(), str(p)) or {}
     if not isinstance(cfg, dict):
         raise ValueError(f"{p}: a config must be a mapping")
     for item in overrides:
         if "=" not in item:
             raise ValueError(f"--set expects key=value, got {item!r}")
         k, v = item.split("=", 1)
-        _set(cfg, k.strip(), yaml.safe_load(v))
+        _set(cfg, k.strip(), _parse_yaml(v, f"--set {item}"))
     return cfg
+
+
+def check_output_folder(out) -> Path:
+    """Create ``out`` if needed and check that files can be written there, before any work is done."""
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"the output {out} exists and is not a folder")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=out):
+            pass
+    except OSError as exc:
+        raise ValueError(f"cannot write to the output folder {out}: {exc.strerror or exc}") from None
+    return out
 
 
 def _table(rows: list[tuple[str, str]]) -> str:
@@ -69,58 +98,194 @@ def _fmt(v) -> str:
     return str(v)
 
 
-def cmd_fit(args) -> int:
-    from .datasets.registry import load_problem
-    from .fit import fit
-    from .plotting import plot_histories
+_FIT_SECTIONS = ("data", "lam", "solver", "options", "output")
 
-    cfg = load_config(args.config, args.set)
-    known = {"data", "lam", "solver", "options", "output"}
-    unknown = sorted(set(cfg) - known)
+
+def _fit_settings(cfg: dict) -> tuple[float, str, dict]:
+    """``(lam, solver, options)`` of a fit config, every entry checked before any data is loaded."""
+    from .models.dual import check_lam
+    from .solvers.options import SOLVERS, SolverOptions
+
+    unknown = sorted(set(cfg) - set(_FIT_SECTIONS))
     if unknown:
-        raise ValueError(f"unknown config section(s) {unknown}; expected {sorted(known)}")
+        raise ValueError(f"unknown config section(s) {unknown}; expected {list(_FIT_SECTIONS)}")
     if "lam" not in cfg:
         raise ValueError("the config needs a 'lam' entry (regularisation, > 0)")
-    model, train, test = load_problem(cfg.get("data", {}))
-    options = dict(cfg.get("options") or {})
-    options.setdefault("progress", not args.quiet)
-    result = fit(model, train, float(cfg["lam"]), cfg.get("solver", "bcfw"), test_data=test, **options)
-    out = Path(args.output or cfg.get("output") or "runs/fit")
-    out.mkdir(parents=True, exist_ok=True)
-    result.save(out / "model.pt")
-    result.write_history_csv(out / "history.csv")
-    result.write_history_json(out / "history.json")
-    plot_histories({f"{result.solver} lam={result.lam:g}": result.history}, out / "gap.png",
-                   title=f"{cfg.get('data', {}).get('name', '')} {result.solver}")
+    if not isinstance(cfg.get("data"), dict):
+        raise ValueError("the config needs a 'data' section naming the dataset (e.g. data: {name: ocr, path: ...})")
+    lam = check_lam(cfg["lam"])
+    solver = cfg.get("solver", "bcfw")
+    if solver not in SOLVERS:
+        raise ValueError(f"unknown solver {solver!r}; choose from {list(SOLVERS)}")
+    options = cfg.get("options") or {}
+    if not isinstance(options, dict):
+        raise ValueError(f"the 'options' section must be a mapping, got {options!r}")
+    SolverOptions.from_kwargs(**options)  # unknown or bad options fail here, before the data is loaded
+    return lam, solver, dict(options)
+
+
+def _resume_source(folder: Path) -> Path:
+    """The newest complete state of the run in ``folder``: its checkpoint (a run that was killed) or its model."""
+    for name in ("checkpoint.pt", "model.pt"):
+        if (folder / name).is_file():
+            return folder / name
+    raise FileNotFoundError(f"--resume {folder}: nothing to resume there (looked for {folder / 'checkpoint.pt'} and "
+                            f"{folder / 'model.pt'}); the run was stopped before its first checkpoint: start it again")
+
+
+def _resumed_options(options: dict, init, n: int) -> dict | None:
+    """The options that continue ``init`` to the config's stopping rules (``None`` when it already met them)."""
+    total = options.get("max_passes", 100)
+    done = init.counters.get("work", 0) / n
+    last = init.history[-1] if init.history else {}
+    gap, tol, rel_tol = last.get("gap_best"), options.get("gap_tol"), options.get("rel_gap_tol")
+    if done >= total - 1e-9 or init.stopped_by == "converged":
+        return None
+    if gap is not None and tol is not None and gap <= tol:
+        return None
+    if gap is not None and rel_tol is not None and last.get("primal") and gap <= rel_tol * min(
+            p for p in (last.get("primal"), last.get("primal_avg")) if p is not None):
+        return None
+    out = dict(options)
+    out["max_passes"] = total - done
+    if out.get("time_budget") is not None:
+        spent = init.counters.get("solver_time", 0.0) + init.counters.get("gap_time", 0.0)
+        if spent >= out["time_budget"]:
+            return None
+        out["time_budget"] = out["time_budget"] - spent
+    if out.get("preset") == "auto":  # measured once, at the start: keep the resolved combination
+        out.pop("preset")
+        out.update(sampling=init.options.sampling, step_rule=init.options.step_rule, cache=init.options.cache)
+    return out
+
+
+def _fit_table(result, n_train: int, out: Path) -> str:
     s = result.summary()
-    rows = [("solver", s["solver"]), ("lam", _fmt(s["lam"])), ("n train", str(len(train))),
+    rows = [("solver", s["solver"]), ("lam", _fmt(s["lam"])), ("n train", str(n_train)),
             ("effective passes", _fmt(s["passes"])), ("stopped by", s["stopped_by"]),
             ("model", f"{s['selected']} iterate"), ("duality gap (certified)", _fmt(s["gap"])), ("primal", _fmt(s["primal"])),
             ("train error", _fmt(s["train_loss"])), ("test error", _fmt(s["test_loss"])),
             ("time (s)", _fmt(s["time"])), ("output", str(out))]
-    print(_table(rows))
+    return _table(rows)
+
+
+class _TerminateAsInterrupt:
+    """While active, SIGTERM raises ``KeyboardInterrupt`` (handled like Ctrl-C: the run stops, is certified and
+    saved); ``received`` names the signal that stopped the run."""
+
+    def __enter__(self):
+        self.received = None
+        self._old = {}
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            try:
+                self._old[sig] = signal.signal(sig, self._handler)
+            except ValueError:  # not the main thread: leave the handlers alone
+                pass
+        return self
+
+    def _handler(self, signum, frame):
+        self.received = signal.Signals(signum).name
+        raise KeyboardInterrupt
+
+    def __exit__(self, *exc):
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+        return False
+
+
+def cmd_fit(args) -> int:
+    from .checkpoint import Checkpoint, parse_interval
+    from .datasets.registry import load_problem
+    from .fit import FitResult, fit
+    from .plotting import plot_histories
+    from .serialization import atomic_write_text
+
+    interval = parse_interval(args.checkpoint_every)
+    if args.resume:
+        if args.config:
+            raise ValueError("--resume DIR continues with the config saved in DIR (config.yaml); drop --config "
+                             "(use --set to change an entry, e.g. --set options.max_passes=200)")
+        folder = Path(args.resume)
+        if not (folder / "config.yaml").is_file():
+            raise FileNotFoundError(f"--resume {folder}: no config.yaml there (is it the output folder of a fit?)")
+        cfg = load_config(folder / "config.yaml", args.set)
+        out = folder
+    else:
+        if not args.config:
+            raise ValueError("fit needs --config FILE (or --resume DIR to continue a run)")
+        cfg = load_config(args.config, args.set)
+        out = Path(args.output or cfg.get("output") or "runs/fit")
+    lam, solver, options = _fit_settings(cfg)
+    check_output_folder(out)
+    for stale in (*out.glob(".checkpoint.pt.*.tmp"), *out.glob(".model.pt.*.tmp")):  # left by a killed save
+        stale.unlink(missing_ok=True)
+    model, train, test = load_problem(cfg["data"])
+    init = None
+    if args.resume:
+        init = FitResult.load(_resume_source(out))
+        if init.solver != solver or init.lam != lam:
+            raise ValueError(f"--resume {out}: the saved run has solver {init.solver!r}, lam {init.lam} but the config "
+                             f"has solver {solver!r}, lam {lam}")
+        options = _resumed_options(options, init, len(train))
+        if options is None:
+            print(f"the run in {out} is finished (stopped by {init.stopped_by}); raise options.max_passes with --set "
+                  "to continue it", file=sys.stderr)
+            print(_fit_table(init, len(train), out))
+            return 0
+    else:
+        atomic_write_text(out / "config.yaml", yaml.safe_dump(cfg, sort_keys=False))
+    options.setdefault("progress", not args.quiet)
+    ckpt = Checkpoint(out / "checkpoint.pt", **interval) if interval else None
+    with _TerminateAsInterrupt() as signals:
+        result = fit(model, train, lam, solver, test_data=test, init=init, checkpoint=ckpt, **options)
+    result.save(out / "model.pt")
+    (out / "checkpoint.pt").unlink(missing_ok=True)  # model.pt now holds the newest state
+    result.write_history_csv(out / "history.csv")
+    result.write_history_json(out / "history.json")
+    plot_histories({f"{result.solver} lam={result.lam:g}": result.history}, out / "gap.png",
+                   title=f"{cfg['data'].get('name', '')} {result.solver}")
+    print(_fit_table(result, len(train), out))
+    if result.stopped_by == "interrupted":
+        how = signals.received or "SIGINT"
+        print(f"torch-bcfw: interrupted by {how}: {out / 'model.pt'} holds the model of the last check with its "
+              f"certificate; continue with: torch-bcfw fit --resume {out}", file=sys.stderr)
+        return 143 if how == "SIGTERM" else 130
     return 0
 
 
 def cmd_compare(args) -> int:
-    from .compare import plot_comparison, run_comparison, summarise, write_results
+    from .compare import finished_runs, plot_comparison, run_comparison, summarise, write_results
 
     cfg = load_config(args.config, args.set)
     log = (lambda *a: None) if args.quiet else print
-    results = run_comparison(cfg, log=log)
+    try:
+        results = run_comparison(cfg, log=log)
+    except KeyboardInterrupt:  # before any run (e.g. while loading the data): nothing to write
+        print("torch-bcfw compare: interrupted before any run; nothing written", file=sys.stderr)
+        return 130
+    interrupted = results.get("status") == "interrupted"
     out = Path(args.output or cfg.get("output") or "runs/compare")
     path = write_results(results, out)
     name = cfg.get("data", {}).get("name", "")
     plot_comparison(results, out / "comparison.png",
                     title=f"{name} lam = {results['lam']:g}, n = {results['n']}: median and min-max over "
-                          f"{len(results['seeds'])} seeds")
-    rows = summarise(results)
-    width = max(len(r["solver"]) for r in rows)
-    print(f"{'solver':<{width}}  {'gap':>10}  {'gap/primal':>10}  {'passes':>8}  {'time s':>8}  {'oracle':>9}  {'hits':>9}")
-    for r in rows:
-        print(f"{r['solver']:<{width}}  {r['gap']:10.3e}  {r['gap/primal']:10.3e}  {r['passes']:8.1f}  {r['time']:8.1f}  "
-              f"{r['oracle_calls']:9d}  {r['cache_hits']:9d}")
+                          f"{len(results['seeds'])} seeds" + (" (interrupted: finished runs only)" if interrupted else ""))
+    rows = summarise(results)  # finished runs only
+    if rows:
+        width = max(len(r["solver"]) for r in rows)
+        print(f"{'solver':<{width}}  {'gap':>10}  {'gap/primal':>10}  {'passes':>8}  {'time s':>8}  {'oracle':>9}  {'hits':>9}"
+              + ("  runs" if interrupted else ""))
+        for r in rows:
+            print(f"{r['solver']:<{width}}  {r['gap']:10.3e}  {r['gap/primal']:10.3e}  {r['passes']:8.1f}  {r['time']:8.1f}  "
+                  f"{r['oracle_calls']:9d}  {r['cache_hits']:9d}" + (f"  {r['runs']:4d}" if interrupted else ""))
     print(f"wrote {path} and {out / 'comparison.png'}")
+    if interrupted:
+        at = results.get("interrupted_at", {})
+        where = ", ".join(f"{k} {v}" for k, v in at.items())
+        done = sum(len(finished_runs(run)) for run in results["runs"].values())
+        print(f"torch-bcfw compare: interrupted ({where}); {done} finished run(s) kept, the cut run is marked "
+              "\"interrupted\" and left out of the table and the plot", file=sys.stderr)
+        return 130
     return 0
 
 
@@ -150,33 +315,50 @@ def cmd_path(args) -> int:
     options = dict(cfg.get("options") or {})
     eps = float(pcfg.get("eps", 0.1))
     log = not args.quiet
-    path = regularization_path(model, train, eps=eps, kappa=float(pcfg.get("kappa", 0.9)),
-                               lam_min=float(pcfg.get("lam_min", 1e-5)), val_data=val,
-                               time_budget=pcfg.get("time_budget"), max_breakpoints=pcfg.get("max_breakpoints"),
-                               progress=log, **options)
+    # Ctrl-C: a sweep keeps its finished points (stopped_by "interrupted"); no further sweep starts; what was
+    # finished is written and the command exits with 130
+    try:
+        path = regularization_path(model, train, eps=eps, kappa=float(pcfg.get("kappa", 0.9)),
+                                   lam_min=float(pcfg.get("lam_min", 1e-5)), val_data=val,
+                                   time_budget=pcfg.get("time_budget"), max_breakpoints=pcfg.get("max_breakpoints"),
+                                   progress=log, **options)
+    except KeyboardInterrupt:
+        print("torch-bcfw path: interrupted before the path had a finished breakpoint (or while its points were "
+              "evaluated); nothing written", file=sys.stderr)
+        return 130
+    interrupted = "path" if path.stopped_by == "interrupted" else None
     out = Path(args.output or cfg.get("output") or "runs/path")
     out.mkdir(parents=True, exist_ok=True)
     sweeps = {"path": path}
     path.save_json(out / "path.json", with_weights=bool(args.weights))
     for kind in ("warm", "cold"):
-        if gcfg.get(kind):
-            sw = grid_search(model, train, gcfg.get("lams"), eps=eps, warm_start=kind == "warm", val_data=val,
-                             time_budget=gcfg.get("time_budget"), progress=log, **options)
+        if gcfg.get(kind) and interrupted is None:
+            try:
+                sw = grid_search(model, train, gcfg.get("lams"), eps=eps, warm_start=kind == "warm", val_data=val,
+                                 time_budget=gcfg.get("time_budget"), progress=log, **options)
+            except KeyboardInterrupt:  # while its points were evaluated: nothing of it is kept
+                interrupted = f"grid ({kind})"
+                break
             sw.save_json(out / f"grid_{kind}.json")
             sweeps[f"grid ({kind})"] = sw
+            if sw.stopped_by == "interrupted":
+                interrupted = f"grid ({kind})"
     key = "val_loss" if val is not None else "train_loss"
     best = path.best(key)
     test_loss = task_loss(model, test, best.w.to(test.device)) if test is not None else None
     summary = {"lam_inf": path.lam_inf, "breakpoints": len(path.points), "lower_limit": path.lower_limit,
                "stopped_by": path.stopped_by, "passes": path.points[-1].passes, "time": path.points[-1].time,
                "selected_lam": best.lam, "selected_by": key, "selected_val_loss": best.val_loss,
-               "selected_train_loss": best.train_loss, "selected_gap": best.gap, "test_loss": test_loss}
+               "selected_train_loss": best.train_loss, "selected_gap": best.gap, "test_loss": test_loss,
+               "status": "interrupted" if interrupted else "finished", "interrupted_in": interrupted}
     for name, sw in sweeps.items():
         if name != "path":
-            b = sw.best(key)
+            b = sw.best(key) if sw.points else None  # finished points only (a cut solve is never a point)
             summary[name] = {"passes": sw.points[-1].passes if sw.points else 0.0,
-                             "time": sw.points[-1].time if sw.points else 0.0, "selected_lam": b.lam,
-                             "test_loss": task_loss(model, test, b.w.to(test.device)) if test is not None else None}
+                             "time": sw.points[-1].time if sw.points else 0.0, "stopped_by": sw.stopped_by,
+                             "selected_lam": b.lam if b is not None else None,
+                             "test_loss": task_loss(model, test, b.w.to(test.device))
+                             if test is not None and b is not None else None}
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     name = cfg.get("data", {}).get("name", "")
     plot_sweep(sweeps, out / "path.png", title=f"{name}: loss along the regularization path (eps = {eps:g})")
@@ -186,6 +368,10 @@ def cmd_path(args) -> int:
             ("selected lam", _fmt(best.lam)), (key.replace("_", " "), _fmt(getattr(best, key))),
             ("certified gap there", _fmt(best.gap)), ("test error", _fmt(test_loss)), ("output", str(out))]
     print(_table(rows))
+    if interrupted:
+        print(f"torch-bcfw path: interrupted during the {interrupted}: only its finished points were kept and "
+              "used (the cut solve is dropped); no further sweep was run", file=sys.stderr)
+        return 130
     return 0
 
 
@@ -193,16 +379,27 @@ def cmd_evaluate(args) -> int:
     from .datasets.registry import load_problem
     from .fit import FitResult
 
-    result = FitResult.load(args.model)
-    cfg = load_config(args.config, args.set) if args.config else {"data": {}}
-    model, train, test = load_problem(cfg.get("data", {}))
+    model_path = Path(args.model)
+    result = FitResult.load(model_path)
+    if args.config:
+        cfg = load_config(args.config, args.set)
+    elif (model_path.parent / "config.yaml").is_file():  # the output folder of `torch-bcfw fit`
+        cfg = load_config(model_path.parent / "config.yaml", args.set)
+    else:
+        raise ValueError(f"evaluate needs the data to evaluate on: pass --config FILE whose 'data' section names it "
+                         f"(the config the model was fitted with); no config.yaml beside {model_path} either")
+    if not isinstance(cfg.get("data"), dict):
+        raise ValueError("the config needs a 'data' section naming the dataset")
+    model, train, test = load_problem(cfg["data"])
     if model.n_features != result.model.n_features:
         raise ValueError(f"the saved model has d = {result.model.n_features} but the data gives d = {model.n_features}")
     report = {"train_error": result.evaluate(train), "test_error": result.evaluate(test),
               "certified_gap": result.gap, "lam": result.lam, "passes": result.passes}
     print(_table([(k, _fmt(v)) for k, v in report.items()]))
     if args.json:
-        Path(args.json).write_text(json.dumps(report, indent=1))
+        from .serialization import atomic_write_text
+
+        atomic_write_text(args.json, json.dumps(report, indent=1))
     return 0
 
 
@@ -210,14 +407,18 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="torch-bcfw", description="Structured SVMs trained by Block-Coordinate Frank-Wolfe.")
     sub = p.add_subparsers(dest="command", required=True)
     f = sub.add_parser("fit", help="train a model from a YAML config")
-    f.add_argument("--config", required=True)
+    f.add_argument("--config", help="the YAML config (required unless --resume)")
     f.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config entry")
     f.add_argument("--output", help="output folder (default: the config's 'output')")
     f.add_argument("--quiet", action="store_true", help="no progress bar")
+    f.add_argument("--checkpoint-every", default="60s", metavar="INTERVAL",
+                   help="save the run to OUTPUT/checkpoint.pt this often: '60s' (default), '5m', '10p' (passes) or 'off'")
+    f.add_argument("--resume", metavar="DIR", help="continue the run saved in the output folder DIR (after Ctrl-C, "
+                                                   "SIGTERM, kill or a finished max_passes raised with --set)")
     f.set_defaults(func=cmd_fit)
     e = sub.add_parser("evaluate", help="evaluate a saved model on a config's data")
     e.add_argument("--model", required=True, help="model.pt written by 'fit'")
-    e.add_argument("--config", help="config whose 'data' section names the data")
+    e.add_argument("--config", help="config whose 'data' section names the data (default: config.yaml beside --model)")
     e.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     e.add_argument("--json", help="also write the figures to this JSON file")
     e.set_defaults(func=cmd_evaluate)

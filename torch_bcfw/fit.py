@@ -7,11 +7,11 @@ import io
 import json
 import math
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 from torch import Tensor
 
+from .checkpoint import Checkpoint
 from .models.base import StructuredModel
 from .models.dual import check_lam
 from .models.registry import model_from_config, model_name
@@ -19,7 +19,7 @@ from .serialization import atomic_save, atomic_write_text, load_checked, to_plai
 from .solvers.bcfw import BCFW
 from .solvers.callbacks import Callback, ProgressBar
 from .solvers.fw import FrankWolfe
-from .solvers.loop import run_solver
+from .solvers.loop import RunOutput, run_solver
 from .solvers.mpbcfw import MPBCFW, RecordAccounting
 from .solvers.options import SOLVERS, SolverOptions
 from .solvers.ssg import SSG
@@ -264,6 +264,7 @@ def fit(
     init: FitResult | None = None,
     callbacks: list[Callback] | None = None,
     bounds=None,
+    checkpoint: Checkpoint | None = None,
     **options,
 ) -> FitResult:
     """Train ``model`` on ``data`` by minimising ``lam/2 ||w||^2 + 1/n sum_i max_y [L_i(y) - <w, psi_i(y)>]``.
@@ -282,6 +283,9 @@ def fit(
             ``None``), for ``"bcfw"`` and ``"fw"`` (Osokin et al. 2016, App. H); default: the model's
             :meth:`~torch_bcfw.models.base.StructuredModel.weight_bounds`.  The returned weights satisfy
             them and the certified gap is the gap of the constrained problem.
+        checkpoint: a :class:`~torch_bcfw.checkpoint.Checkpoint`: save the run there periodically and at the end
+            (atomically); ``fit(..., init=FitResult.load(path), max_passes=<the rest>)`` continues it exactly
+            (``result.counters["work"] / n`` passes are done).
         **options: fields of :class:`~torch_bcfw.solvers.options.SolverOptions` (``max_passes``,
             ``gap_check``, ``gap_tol``, ``time_budget``, ``step``, ``sampling``, ``averaging``, ``seed``,
             ``progress``, ``step_rule``, ``cache``, ``preset``...).  ``preset="gap-pairwise-cache"`` (or any
@@ -314,17 +318,38 @@ def fit(
     cbs = ([RecordAccounting(alg)] if hasattr(alg, "accounting") else []) + list(callbacks or [])
     if opts.progress:
         cbs.append(ProgressBar())
-    out = run_solver(alg, opts, test_data=test_data, callbacks=cbs, counters=counters, history=history)
-    # the weights go with the certificate of history[-1]: those its check certified (the algorithm may have moved
-    # on when a second Ctrl-C cut the final check), the warm start's when this run completed no check
-    if out.checked_weights is not None:
-        w, w_avg = out.checked_weights
-    elif init is not None and init.history:
-        w, w_avg = init.w.clone(), None if init.w_avg is None else init.w_avg.clone()
-    else:
-        w, avg = alg.iterate()[0].clone(), alg.averaged()
-        w_avg = None if avg is None else avg[0].clone()
-    return FitResult(
-        model=model, lam=lam, solver=solver, options=opts, w=w, w_avg=w_avg, history=out.history,
-        stopped_by=out.stopped_by, solver_state=copy.deepcopy(alg.state_dict()), counters=counters,
-    )
+
+    def result(out: RunOutput, snapshot: bool = False) -> FitResult:
+        # the weights go with the certificate of history[-1]: those its check certified (the algorithm may have
+        # moved on when a second Ctrl-C cut the final check), the warm start's when this run completed no check
+        if out.checked_weights is not None:
+            w, w_avg = out.checked_weights
+        elif init is not None and init.history:
+            w, w_avg = init.w, init.w_avg
+        else:
+            w, avg = alg.iterate()[0], alg.averaged()
+            w_avg = None if avg is None else avg[0]
+        state = alg.state_dict()
+        return FitResult(
+            model=model, lam=lam, solver=solver, options=opts, w=w.clone(),
+            w_avg=None if w_avg is None else w_avg.clone(), history=list(out.history) if snapshot else out.history,
+            stopped_by="" if snapshot else out.stopped_by, solver_state=state if snapshot else copy.deepcopy(state),
+            counters=dict(counters),
+        )
+
+    def save_if_due(out: RunOutput) -> None:
+        if checkpoint.due(alg.work / alg.n):
+            result(out, snapshot=True).save(checkpoint.path)
+
+    if checkpoint is not None:
+        if not isinstance(checkpoint, Checkpoint):
+            raise TypeError(f"checkpoint must be a torch_bcfw.checkpoint.Checkpoint, got {type(checkpoint).__name__}")
+        checkpoint.start(alg.work / alg.n)
+    after = save_if_due if checkpoint is not None else None
+
+    out = run_solver(alg, opts, test_data=test_data, callbacks=cbs, counters=counters, history=history,
+                     after_iteration=after)
+    res = result(out)
+    if checkpoint is not None:
+        res.save(checkpoint.path)
+    return res

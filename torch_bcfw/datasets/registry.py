@@ -1,18 +1,52 @@
 """Named datasets for configs and the command line: ``name -> (model, train, test)``."""
 from __future__ import annotations
 
-__all__ = ["load_problem", "load_problem_with_validation", "DATASETS"]
+__all__ = ["load_problem", "load_problem_with_validation", "DATASETS", "DATASET_KEYS"]
+
+#: the keys each dataset's ``data:`` section accepts (besides ``name``); anything else is an error (a typo such
+#: as ``spilt: small`` must not train on the default split silently)
+DATASET_KEYS = {
+    "ocr": {"path", "split", "fold", "cache_dir", "download", "limit", "device", "validation"},
+    "conll": {"path", "min_count", "drop_bias", "limit", "test_limit", "device", "validation"},
+    "horses": {"path", "size", "test_split", "loss", "contrast", "processes", "limit", "device", "validation"},
+}
+
+
+def _int(cfg: dict, key: str, default=None):
+    v = cfg.get(key, default)
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise ValueError(f"data.{key} must be an integer, got {v!r}")
+    return v
+
+
+def _flag(cfg: dict, key: str, default: bool) -> bool:
+    v = cfg.get(key, default)
+    if not isinstance(v, bool):
+        raise ValueError(f"data.{key} must be true or false, got {v!r}")
+    return v
+
+
+def _check_keys(cfg: dict) -> None:
+    name = cfg.get("name")
+    if name not in DATASETS:
+        raise ValueError(f"unknown dataset {name!r}; available: {sorted(DATASETS)}")
+    unknown = sorted(set(cfg) - DATASET_KEYS[name] - {"name"})
+    if unknown:
+        raise ValueError(f"unknown data key(s) {unknown} for the {name} dataset; expected some of "
+                         f"{sorted(DATASET_KEYS[name])}")
 
 
 def _ocr(cfg: dict):
     from ..models import Chain
     from .ocr import N_LETTERS, load_ocr_split
 
-    train, test = load_ocr_split(cfg.get("path"), split=cfg.get("split", "large"), fold=int(cfg.get("fold", 0)),
-                                 cache_dir=cfg.get("cache_dir"), download=bool(cfg.get("download", False)))
-    limit = cfg.get("limit")
+    train, test = load_ocr_split(cfg.get("path"), split=cfg.get("split", "large"), fold=_int(cfg, "fold", 0),
+                                 cache_dir=cfg.get("cache_dir"), download=_flag(cfg, "download", False))
+    limit = _int(cfg, "limit")
     if limit is not None:
-        train = train[list(range(min(int(limit), len(train))))]
+        train = train[list(range(min(limit, len(train))))]
     return Chain(train.x.shape[1], N_LETTERS), train, test
 
 
@@ -27,10 +61,8 @@ def _conll(cfg: dict):
     if not cfg.get("path"):
         raise ValueError("the conll dataset needs data.path: conll2000.zip or a folder with it or train.txt/test.txt")
     prob = load_conll_problem(
-        cfg["path"], min_count=int(cfg.get("min_count", 3)),
-        drop_bias=bool(cfg.get("drop_bias", True)),
-        limit=None if cfg.get("limit") is None else int(cfg["limit"]),
-        test_limit=None if cfg.get("test_limit") is None else int(cfg["test_limit"]),
+        cfg["path"], min_count=_int(cfg, "min_count", 3), drop_bias=_flag(cfg, "drop_bias", True),
+        limit=_int(cfg, "limit"), test_limit=_int(cfg, "test_limit"),
     )
     return prob.model, prob.train, prob.test
 
@@ -47,15 +79,18 @@ def _horses(cfg: dict):
 
     if not cfg.get("path"):
         raise ValueError("the horses dataset needs data.path: the folder with rgb/, gray/ and figure_ground/")
-    size = tuple(int(s) for s in cfg.get("size", (48, 64)))
-    contrast = bool(cfg.get("contrast", True))
+    size = cfg.get("size", (48, 64))
+    if not isinstance(size, (list, tuple)) or len(size) != 2 or not all(
+            isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in size):
+        raise ValueError(f"data.size must be [height, width] (positive integers), got {size!r}")
+    size = tuple(size)
+    contrast = _flag(cfg, "contrast", True)
     train = horse_graph_data(cfg["path"], "train", size, contrast)
     test = horse_graph_data(cfg["path"], cfg.get("test_split", "test"), size, contrast)
-    if cfg.get("limit") is not None:
-        train = train[list(range(min(int(cfg["limit"]), len(train))))]
-    procs = cfg.get("processes")
+    if _int(cfg, "limit") is not None:
+        train = train[list(range(min(cfg["limit"], len(train))))]
     model = GraphCut(train.n_inputs, train.n_edge_inputs, loss=cfg.get("loss", "balanced"),
-                     processes=None if procs is None else int(procs))
+                     processes=_int(cfg, "processes"))
     return model, train, test
 
 
@@ -72,6 +107,7 @@ def load_problem_with_validation(cfg: dict):
     Without a ``validation`` entry the validation set is ``None``.
     """
     cfg = dict(cfg)
+    _check_keys(cfg)
     spec = cfg.pop("validation", None)
     if spec is None:
         return _no_validation(cfg)
@@ -86,12 +122,12 @@ def load_problem_with_validation(cfg: dict):
         from ..models import Chain
         from .ocr import N_LETTERS, load_ocr, ocr_split_with_validation
 
-        words = load_ocr(cfg.get("path"), cache_dir=cfg.get("cache_dir"), download=bool(cfg.get("download", False)))
-        train, val, test = ocr_split_with_validation(words, cfg.get("split", "large"), int(cfg.get("fold", 0)),
-                                                     int(spec["fold"]))
+        words = load_ocr(cfg.get("path"), cache_dir=cfg.get("cache_dir"), download=_flag(cfg, "download", False))
+        train, val, test = ocr_split_with_validation(words, cfg.get("split", "large"), _int(cfg, "fold", 0),
+                                                     _int(spec, "fold"))
         model = Chain(train.x.shape[1], N_LETTERS)
-        if cfg.get("limit") is not None:
-            train = train[list(range(min(int(cfg["limit"]), len(train))))]
+        if _int(cfg, "limit") is not None:
+            train = train[list(range(min(cfg["limit"], len(train))))]
     else:
         import torch
 
@@ -120,9 +156,10 @@ def _no_validation(cfg: dict):
 def load_problem(cfg: dict):
     """``(model, train, test)`` for a ``data:`` config section (``name`` plus the loader's arguments)."""
     cfg = dict(cfg)
-    name = cfg.pop("name", None)
-    if name not in DATASETS:
-        raise ValueError(f"unknown dataset {name!r}; available: {sorted(DATASETS)}")
+    _check_keys(cfg)
+    if "validation" in cfg:
+        raise ValueError("data.validation is used by `torch-bcfw path` only; remove it here")
+    name = cfg.pop("name")
     model, train, test = DATASETS[name](cfg)
     device = cfg.get("device")
     if device is not None:

@@ -2,7 +2,8 @@
 
 Stopping rules: ``max_passes`` more passes (``n`` block iterations each: oracle calls, plus cache hits
 for a cached BCFW), a certified gap ``<= gap_tol`` (or ``gap / primal <= rel_gap_tol``), the ``time_budget`` (wall-clock seconds, steps and
-checks together), Ctrl-C, or an algorithm that certifies it cannot progress (``converged``: every exact
+checks together), Ctrl-C (or SIGTERM where a handler turns it into ``KeyboardInterrupt``, as the command line
+does; held back until the current chunk of steps ends, see :mod:`torch_bcfw.signals`), or an algorithm that certifies it cannot progress (``converged``: every exact
 block gap is zero).  In every case the loop ends with an exact certificate of the model it returns.
 
 The exact gap check (the algorithm's :meth:`~torch_bcfw.solvers.algorithm.Algorithm.certificate`) runs
@@ -16,6 +17,7 @@ import math
 import time
 from dataclasses import dataclass, field
 
+from ..signals import deferred_signals
 from .certificate import certify, task_loss
 
 __all__ = ["run_solver", "RunOutput"]
@@ -90,15 +92,17 @@ def _relative_gap(rec: dict) -> float:
 
 
 def run_solver(alg, options, test_data=None, callbacks=(), counters: dict | None = None,
-               history: list | None = None) -> RunOutput:
+               history: list | None = None, after_iteration=None) -> RunOutput:
     """Run ``alg`` for ``options.max_passes`` more effective passes (or until another stopping rule).
 
-    ``counters`` (``solver_time``, ``gap_time``, ``gap_oracle_calls``) and ``history`` continue a
-    previous run when given (warm start); they are updated in place.
+    ``counters`` (``solver_time``, ``gap_time``, ``gap_oracle_calls``, and ``work``: the algorithm's block
+    iterations so far) and ``history`` continue a previous run when given (warm start); they are updated in
+    place.  ``after_iteration(out)`` (optional) is called after every chunk of steps and its checks, at a point
+    where the algorithm's state, ``out.history`` and ``out.checked_weights`` are consistent (checkpoints).
     """
     counters = counters if counters is not None else {}
-    for key in ("solver_time", "gap_time", "gap_oracle_calls"):
-        counters.setdefault(key, 0.0 if key != "gap_oracle_calls" else 0)
+    for key in ("solver_time", "gap_time", "gap_oracle_calls", "work"):
+        counters.setdefault(key, 0.0 if key not in ("gap_oracle_calls", "work") else 0)
     out = RunOutput(history=history if history is not None else [])
     n = alg.n
     start_work = alg.work
@@ -116,7 +120,8 @@ def run_solver(alg, options, test_data=None, callbacks=(), counters: dict | None
                 break
             m = min(alg.chunk_size(), target_work - alg.work)
             t0 = time.perf_counter()
-            alg.advance(m)
+            with deferred_signals():  # Ctrl-C / SIGTERM take effect between chunks, never inside a step
+                alg.advance(m)
             counters["solver_time"] += time.perf_counter() - t0
             if alg.converged:
                 out.stopped_by = "converged"
@@ -130,7 +135,8 @@ def run_solver(alg, options, test_data=None, callbacks=(), counters: dict | None
                 alg.check_requested = est is not None and est <= early * options.gap_tol
             if alg.work % (options.gap_check * n) == 0 or alg.check_requested:
                 alg.check_requested = False
-                alg.on_scheduled_check()
+                with deferred_signals():
+                    alg.on_scheduled_check()
                 last_rec = _check(alg, options, test_data, counters, out)
                 checked_at = (alg.work, alg.oracle_calls)
                 out.history.append(last_rec)
@@ -142,6 +148,9 @@ def run_solver(alg, options, test_data=None, callbacks=(), counters: dict | None
                 if options.rel_gap_tol is not None and _relative_gap(last_rec) <= options.rel_gap_tol:
                     out.stopped_by = "rel_gap_tol"
                     break
+            counters["work"] = alg.work
+            if after_iteration is not None:
+                after_iteration(out)
             if options.time_budget is not None and time.perf_counter() - wall0 >= options.time_budget:
                 out.stopped_by = "time_budget"
                 break
@@ -155,6 +164,7 @@ def run_solver(alg, options, test_data=None, callbacks=(), counters: dict | None
                 cb.on_check(last_rec)
         except KeyboardInterrupt:  # a second Ctrl-C: out.checked_weights still belong to history[-1]
             out.stopped_by = "interrupted"
+    counters["work"] = alg.work
     for cb in callbacks:
         cb.on_end(last_rec, out.stopped_by)
     return out

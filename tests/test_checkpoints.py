@@ -1,0 +1,144 @@
+"""Checkpoints and resume: periodic atomic saves, SIGKILL at random times, SIGTERM handled like Ctrl-C,
+and ``--resume`` finishing with exactly the result of an uninterrupted run."""
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from conftest import random_chain_problem, shared_data
+from torch_bcfw import FitResult, fit
+from torch_bcfw.checkpoint import Checkpoint, parse_interval
+from torch_bcfw.serialization import atomic_save
+from torch_bcfw.solvers.callbacks import Callback
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _cli(*args, wait=True):
+    cmd = [sys.executable, "-m", "torch_bcfw", *args]
+    if wait:
+        return subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=600)
+    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+
+
+def _config(tmp_path, max_passes=200, **options) -> Path:
+    cfg = {"data": {"name": "ocr", "path": str(shared_data("ocr")), "split": "small", "fold": 0},
+           "lam": 0.01, "solver": "bcfw", "options": {"max_passes": max_passes, "gap_check": 10, **options}}
+    p = tmp_path / "cfg.yaml"
+    p.write_text(yaml.safe_dump(cfg))
+    return p
+
+
+def _same_run(a: FitResult, b: FitResult) -> None:
+    assert torch.equal(a.w, b.w) and torch.equal(a.w_avg, b.w_avg)
+    keys = ("passes", "primal", "dual", "gap", "primal_avg", "dual_avg", "gap_best", "train_loss", "test_loss")
+    assert [[r[k] for k in keys] for r in a.history] == [[r[k] for k in keys] for r in b.history]
+    assert a.stopped_by == b.stopped_by
+
+
+def _wait_for(path: Path, proc, timeout=300.0) -> None:
+    t0 = time.monotonic()
+    while not path.exists():
+        assert proc.poll() is None, f"the run ended before writing {path}: {proc.stderr.read()}"
+        assert time.monotonic() - t0 < timeout
+        time.sleep(0.02)
+
+
+def test_sigkill_at_random_times_never_corrupts_and_resume_is_exact(tmp_path):
+    cfg = _config(tmp_path)
+    ref = _cli("fit", "--config", str(cfg), "--output", str(tmp_path / "ref"), "--quiet", "--checkpoint-every", "off")
+    assert ref.returncode == 0, ref.stderr
+    out = tmp_path / "killed"
+    rng = random.Random(0)
+    args = ["fit", "--config", str(cfg), "--output", str(out), "--quiet", "--checkpoint-every", "2p"]
+    for attempt in range(3):
+        proc = _cli(*args, wait=False)
+        _wait_for(out / ("checkpoint.pt" if attempt == 0 else "config.yaml"), proc)
+        time.sleep(rng.uniform(0.0, 0.6))
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        # whatever the moment of the kill: the newest state on disk is complete and loads
+        newest = out / "checkpoint.pt" if (out / "checkpoint.pt").exists() else out / "model.pt"
+        state = FitResult.load(newest)
+        assert state.history and state.gap is not None
+        args = ["fit", "--resume", str(out), "--quiet", "--checkpoint-every", "2p"]
+    done = _cli(*args)
+    assert done.returncode == 0, done.stderr
+    _same_run(FitResult.load(tmp_path / "ref" / "model.pt"), FitResult.load(out / "model.pt"))
+    assert not (out / "checkpoint.pt").exists()
+    again = _cli(*args)  # nothing left to do
+    assert again.returncode == 0 and "is finished" in again.stderr
+
+
+def test_sigterm_is_handled_like_ctrl_c_and_the_run_resumes(tmp_path):
+    cfg = _config(tmp_path)
+    out = tmp_path / "run"
+    proc = _cli("fit", "--config", str(cfg), "--output", str(out), "--quiet", "--checkpoint-every", "1p", wait=False)
+    _wait_for(out / "checkpoint.pt", proc)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 143, err
+    assert "interrupted by SIGTERM" in err and "--resume" in err
+    cut = FitResult.load(out / "model.pt")
+    assert cut.stopped_by == "interrupted" and cut.gap is not None and cut.passes < 200
+    done = _cli("fit", "--resume", str(out), "--quiet")
+    assert done.returncode == 0, done.stderr
+    assert FitResult.load(out / "model.pt").passes == 200
+
+
+def test_api_checkpoint_resumes_exactly_at_any_pass(tmp_path):
+    model, data = random_chain_problem(n=12, seed=4)
+    whole = fit(model, data, 0.05, max_passes=17, gap_check=4)
+
+    class Keep(Callback):  # copy the checkpoint file as it was after some passes
+        def __init__(self):
+            self.chunk = 0
+
+        def on_chunk(self, passes, seconds):
+            self.chunk += 1
+            src = tmp_path / "ck.pt"
+            if src.exists():
+                (tmp_path / f"at{self.chunk - 1}.pt").write_bytes(src.read_bytes())
+
+    fit(model, data, 0.05, max_passes=17, gap_check=4, callbacks=[Keep()],
+        checkpoint=Checkpoint(tmp_path / "ck.pt", every_passes=1))
+    for k in (1, 4, 7, 13):
+        part = FitResult.load(tmp_path / f"at{k}.pt")
+        assert part.counters["work"] == k * len(data)
+        _same_run(whole, fit(model, data, 0.05, max_passes=17 - k, gap_check=4, init=part))
+
+
+def test_interrupted_save_keeps_the_previous_file(tmp_path):
+    target = tmp_path / "m.pt"
+    atomic_save({"v": torch.arange(3)}, target)
+
+    class Boom:
+        def __reduce__(self):
+            raise KeyboardInterrupt  # a kill in the middle of writing
+
+    with pytest.raises(KeyboardInterrupt):
+        atomic_save({"v": torch.zeros(10**6), "x": Boom()}, target)
+    assert torch.equal(torch.load(target, weights_only=True)["v"], torch.arange(3))
+    assert [p.name for p in tmp_path.iterdir()] == ["m.pt"]
+
+
+@pytest.mark.parametrize("text,expected", [("60s", {"every_seconds": 60.0}), ("2m", {"every_seconds": 120.0}),
+                                           ("5p", {"every_passes": 5.0}), ("0.5 passes", {"every_passes": 0.5}),
+                                           ("off", {})])
+def test_parse_interval(text, expected):
+    assert parse_interval(text) == expected
+
+
+@pytest.mark.parametrize("text", ["60", "-1s", "0p", "5 parsecs", ""])
+def test_parse_interval_rejects(text):
+    with pytest.raises(ValueError, match="checkpoint interval"):
+        parse_interval(text)

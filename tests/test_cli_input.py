@@ -1,0 +1,93 @@
+"""Bad command-line input gives one ``torch-bcfw: error:`` line before any work, never a traceback."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import shared_data
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _cli(*args):
+    return subprocess.run([sys.executable, "-m", "torch_bcfw", *args], capture_output=True, text=True, cwd=ROOT,
+                          timeout=300)
+
+
+def _config(tmp_path, **changes) -> Path:
+    cfg = {"data": {"name": "ocr", "path": str(shared_data("ocr")), "split": "small", "fold": 0, "limit": 20},
+           "lam": 0.01, "options": {"max_passes": 2}, "output": str(tmp_path / "out")}
+    for k, v in changes.items():
+        cfg[k] = v
+    p = tmp_path / "cfg.yaml"
+    p.write_text(yaml.safe_dump(cfg))
+    return p
+
+
+def _one_line_error(proc, *fragments):
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("torch-bcfw: error:"), proc.stderr
+    for f in fragments:
+        assert f in lines[0], lines[0]
+
+
+def test_output_that_is_a_file_is_refused_before_training(tmp_path):
+    (tmp_path / "taken").write_text("x")
+    proc = _cli("fit", "--config", str(_config(tmp_path)), "--output", str(tmp_path / "taken"))
+    _one_line_error(proc, "exists and is not a folder")
+    assert (tmp_path / "taken").read_text() == "x"
+
+
+def test_unwritable_output_is_refused(tmp_path):
+    proc = _cli("fit", "--config", str(_config(tmp_path)), "--output", "/proc/torch_bcfw_out")
+    _one_line_error(proc, "cannot write to the output folder")
+
+
+def test_malformed_yaml_names_file_and_line(tmp_path):
+    p = tmp_path / "bad.yaml"
+    p.write_text("data:\n  name: ocr\nlam: [0.01\noptions: {}\n")
+    proc = _cli("fit", "--config", str(p))
+    _one_line_error(proc, str(p), "line ", "malformed YAML")
+
+
+def test_malformed_set_value(tmp_path):
+    proc = _cli("fit", "--config", str(_config(tmp_path)), "--set", "options.max_passes=[1")
+    _one_line_error(proc, "--set options.max_passes=[1", "malformed YAML")
+
+
+@pytest.mark.parametrize("section,value,fragment", [
+    ("data", {"name": "ocr", "path": "x", "spilt": "small"}, "unknown data key(s) ['spilt']"),
+    ("data", {"name": "ocr", "path": "x", "fold": 0.5}, "data.fold must be an integer"),
+    ("data", {"name": "ocr", "path": "x", "download": "no"}, "data.download must be true or false"),
+    ("options", {"max_pases": 3}, "unknown solver option(s) ['max_pases']"),
+    ("solver", "bcfv", "unknown solver 'bcfv'"),
+    ("lam", -1, "lam must be a finite number > 0"),
+    ("extra", 1, "unknown config section(s) ['extra']"),
+])
+def test_bad_config_entries_fail_before_the_data_is_loaded(tmp_path, section, value, fragment):
+    proc = _cli("fit", "--config", str(_config(tmp_path, **{section: value})))
+    _one_line_error(proc, fragment)
+    assert not (tmp_path / "out" / "model.pt").exists()
+
+
+def test_evaluate_without_config_explains_what_it_needs(tmp_path):
+    fitted = _cli("fit", "--config", str(_config(tmp_path)), "--quiet")
+    assert fitted.returncode == 0, fitted.stderr
+    moved = tmp_path / "elsewhere.pt"
+    moved.write_bytes((tmp_path / "out" / "model.pt").read_bytes())
+    _one_line_error(_cli("evaluate", "--model", str(moved)), "evaluate needs the data", "--config")
+    beside = _cli("evaluate", "--model", str(tmp_path / "out" / "model.pt"))  # config.yaml beside the model
+    assert beside.returncode == 0 and "test_error" in beside.stdout, beside.stderr
+
+
+def test_resume_errors(tmp_path):
+    _one_line_error(_cli("fit", "--resume", str(tmp_path)), "no config.yaml there")
+    _one_line_error(_cli("fit"), "fit needs --config FILE")
+    _one_line_error(_cli("fit", "--config", str(_config(tmp_path)), "--checkpoint-every", "60"),
+                    "bad checkpoint interval")
