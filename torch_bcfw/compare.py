@@ -18,6 +18,12 @@ A config is a YAML file::
 Effective passes count every oracle call, the exact gap passes included (one pass per check, as in the
 authors' code); cache hits are free.  Time is solver time plus gap-check time.  Writes
 ``comparison.json`` (the options and full history of every run) and ``comparison.png``.
+
+**Ctrl-C** ends the comparison: the run it cuts is kept in the results with ``status: "interrupted"`` (every
+other run has ``status: "finished"``), no further run starts, and the results say ``status: "interrupted"``
+(with ``interrupted_at``: the solver and seed, or the phase).  :func:`summarise`, the medians and
+:func:`plot_comparison` use finished runs only.  ``torch-bcfw compare`` writes these partial results, says it
+was interrupted and exits with code 130.
 """
 from __future__ import annotations
 
@@ -28,7 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["run_comparison", "plot_comparison", "curve", "summarise", "COMPARE_KEYS"]
+__all__ = ["run_comparison", "plot_comparison", "curve", "summarise", "finished_runs", "run_status", "COMPARE_KEYS"]
 
 COMPARE_KEYS = {"data", "lam", "seeds", "options", "solvers", "output"}
 
@@ -38,10 +44,27 @@ def effective_passes(rec: dict, n: int) -> float:
     return (rec["oracle_calls"] + rec.get("gap_oracle_calls", 0)) / n
 
 
-def run_comparison(cfg: dict, model=None, train=None, log=print) -> dict:
+def run_status(run: dict) -> str:
+    """``"finished"`` or ``"interrupted"`` of one seed's run (results written before runs had a ``status``:
+    from their ``stopped_by``)."""
+    return run.get("status") or ("interrupted" if run.get("stopped_by") == "interrupted" else "finished")
+
+
+def finished_runs(solver_run: dict) -> list[dict]:
+    """The finished seed runs of one solver of the results (the only ones any median or plot uses)."""
+    return [s for s in solver_run["seeds"].values() if run_status(s) == "finished"]
+
+
+def run_comparison(cfg: dict, model=None, train=None, log=print, callbacks=None) -> dict:
     """Run every solver of ``cfg`` with every seed; returns the JSON-serialisable results.
 
-    ``model`` / ``train`` may be given directly (then ``cfg["data"]`` is not loaded).
+    ``model`` / ``train`` may be given directly (then ``cfg["data"]`` is not loaded).  ``callbacks``
+    (:class:`~torch_bcfw.solvers.callbacks.Callback` s) are passed to every timed run (not the warm-ups).
+
+    Every seed's run has ``status`` ``"finished"`` or ``"interrupted"``.  Ctrl-C (``KeyboardInterrupt``)
+    stops the comparison instead of going on with the next run: the results so far are returned with
+    ``status: "interrupted"`` and ``interrupted_at`` (``{"solver", "seed"}``, or ``{"solver", "phase":
+    "warm-up"}``, or ``{"phase": "between runs"}``); otherwise ``status`` is ``"finished"``.
     """
     from .datasets.registry import load_problem
     from .fit import fit
@@ -59,26 +82,42 @@ def run_comparison(cfg: dict, model=None, train=None, log=print) -> dict:
         model, train, _ = load_problem(cfg.get("data", {}))
     lam = float(cfg["lam"])
     shared = dict(cfg.get("options") or {})
-    out = {"lam": lam, "n": len(train), "seeds": seeds, "data": cfg.get("data", {}), "runs": {}}
+    out = {"lam": lam, "n": len(train), "seeds": seeds, "data": cfg.get("data", {}), "status": "finished",
+           "runs": {}}
     warm = train[list(range(min(len(train), 32)))]
-    for spec in solvers:
-        spec = dict(spec)
-        label = spec.pop("label", None) or spec.get("preset") or spec.get("solver", "bcfw")
-        solver = spec.pop("solver", "bcfw")
-        opts = {**shared, **dict(spec.pop("options", None) or {})}
-        opts.update(spec)  # preset and any option given at the solver's top level
-        # warm-up on a few examples so that compilation and first-call costs are not timed
-        fit(model, warm, lam, solver, **{**opts, "max_passes": 2, "gap_check": 1, "progress": False})
-        runs = {}
-        for seed in seeds:
-            t0 = time.perf_counter()
-            r = fit(model, train, lam, solver, seed=seed, **opts)
-            runs[str(seed)] = {"history": r.history, "stopped_by": r.stopped_by, "wall": time.perf_counter() - t0}
-            last = r.history[-1]
-            log(f"{label:28s} seed {seed}: gap {last['gap']:.3e}  passes {effective_passes(last, len(train)):7.1f}  "
-                f"oracle {last['oracle_calls']}  hits {last.get('cache_hits', 0)}  "
-                f"time {last['solver_time'] + last['gap_time']:.1f}s")
-        out["runs"][label] = {"solver": solver, "options": r.options.to_dict(), "seeds": runs}
+    where: dict = {"phase": "between runs"}
+    try:
+        for spec in solvers:
+            spec = dict(spec)
+            label = spec.pop("label", None) or spec.get("preset") or spec.get("solver", "bcfw")
+            solver = spec.pop("solver", "bcfw")
+            opts = {**shared, **dict(spec.pop("options", None) or {})}
+            opts.update(spec)  # preset and any option given at the solver's top level
+            # warm-up on a few examples so that compilation and first-call costs are not timed
+            where = {"solver": label, "phase": "warm-up"}
+            w = fit(model, warm, lam, solver, **{**opts, "max_passes": 2, "gap_check": 1, "progress": False})
+            if w.stopped_by == "interrupted":
+                raise KeyboardInterrupt
+            runs = {}
+            for seed in seeds:
+                where = {"solver": label, "seed": seed}
+                t0 = time.perf_counter()
+                r = fit(model, train, lam, solver, seed=seed, callbacks=callbacks, **opts)
+                status = "interrupted" if r.stopped_by == "interrupted" else "finished"
+                runs[str(seed)] = {"history": r.history, "stopped_by": r.stopped_by, "status": status,
+                                   "wall": time.perf_counter() - t0}
+                out["runs"][label] = {"solver": solver, "options": r.options.to_dict(), "seeds": runs}
+                if status == "interrupted":
+                    log(f"{label:28s} seed {seed}: interrupted (not counted)")
+                    raise KeyboardInterrupt
+                where = {"phase": "between runs"}
+                last = r.history[-1]
+                log(f"{label:28s} seed {seed}: gap {last['gap']:.3e}  passes {effective_passes(last, len(train)):7.1f}  "
+                    f"oracle {last['oracle_calls']}  hits {last.get('cache_hits', 0)}  "
+                    f"time {last['solver_time'] + last['gap_time']:.1f}s")
+    except KeyboardInterrupt:
+        out["status"] = "interrupted"
+        out["interrupted_at"] = where
     return out
 
 
@@ -135,7 +174,7 @@ def plot_comparison(results: dict, path, title: str | None = None) -> Path:
         elif run.get("solver", "bcfw") != "bcfw":
             st = {"color": "black", "linestyle": ":", "marker": None}
         for ax, x in zip(axes, ("passes", "time")):
-            band = _band([curve(s["history"], n, x) for s in run["seeds"].values()])
+            band = _band([curve(s["history"], n, x) for s in finished_runs(run)])
             if band is None:
                 continue
             grid, med, lo, hi = band
@@ -163,13 +202,18 @@ def first_reaching(history: list, n: int, target: float, relative: bool = True):
 
 
 def summarise(results: dict) -> list[dict]:
-    """One row per solver: medians over seeds of the final gap, effective passes, time, oracle calls, hits."""
+    """One row per solver: medians over its *finished* runs (seeds) of the final gap, effective passes, time,
+    oracle calls, hits; ``runs`` is how many finished runs the medians are over (a solver without one has no
+    row; an interrupted run is never counted)."""
     n = results["n"]
     rows = []
     for label, run in results["runs"].items():
-        last = [s["history"][-1] for s in run["seeds"].values()]
+        last = [s["history"][-1] for s in finished_runs(run) if s["history"]]
+        if not last:
+            continue
         rows.append({
             "solver": label,
+            "runs": len(last),
             "gap": float(np.median([r["gap"] for r in last])),
             "gap/primal": float(np.median([r["gap"] / r["primal"] for r in last])),
             "passes": float(np.median([effective_passes(r, n) for r in last])),

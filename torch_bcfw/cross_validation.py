@@ -10,6 +10,18 @@ a network that saw it), every training image is predicted by a head that never s
 
 ``folds`` gives every example's fold id (any integers; e.g. ``torch.arange(n) % K``); fold ``k``'s fit trains
 on every example whose id is not ``k``, with the same solver and options for every fold.
+
+**Ctrl-C** ends the whole cross-validation: a fold's fit cut by ``KeyboardInterrupt`` (``stopped_by ==
+"interrupted"``; a single :func:`~torch_bcfw.fit` returns such a result) stops the loop and
+:class:`CrossValidationInterrupted` (a ``KeyboardInterrupt``) is raised, carrying the finished folds in
+``folds`` and the cut one in ``interrupted``.  A partial list is never returned, so no estimate is ever
+computed over a cut fit or over fewer folds than asked for; a caller that wants the finished folds anyway
+catches the exception::
+
+    try:
+        fits = torch_bcfw.cross_validate(model, data, folds, lam=0.01)
+    except torch_bcfw.cross_validation.CrossValidationInterrupted as stop:
+        fits = stop.folds        # finished folds only (stop.interrupted: the cut one, or None)
 """
 from __future__ import annotations
 
@@ -20,7 +32,7 @@ from torch import Tensor
 
 from .fit import FitResult, fit
 
-__all__ = ["FoldFit", "cross_validate"]
+__all__ = ["FoldFit", "cross_validate", "CrossValidationInterrupted"]
 
 
 @dataclass
@@ -38,6 +50,27 @@ class FoldFit:
     train_index: Tensor
     test_index: Tensor
     result: FitResult
+
+    @property
+    def status(self) -> str:
+        """``"finished"``, or ``"interrupted"`` when the fit was cut by Ctrl-C."""
+        return "interrupted" if self.result.stopped_by == "interrupted" else "finished"
+
+
+class CrossValidationInterrupted(KeyboardInterrupt):
+    """Raised by :func:`cross_validate` when Ctrl-C cuts a fold's fit (or comes between two fits).
+
+    Attributes:
+        folds: the :class:`FoldFit` of every *finished* fold, in the order they were fitted.
+        interrupted: the :class:`FoldFit` of the cut fit (``status == "interrupted"``; its weights are not a
+            solution of the fold's problem), or ``None`` when the interrupt came outside a fit.
+    """
+
+    def __init__(self, folds: list, interrupted: FoldFit | None = None):
+        self.folds = list(folds)
+        self.interrupted = interrupted
+        where = f"during fold {interrupted.fold}" if interrupted is not None else "between folds"
+        super().__init__(f"cross-validation interrupted {where}: {len(self.folds)} fold(s) finished")
 
 
 def _check_folds(folds, n: int) -> Tensor:
@@ -63,9 +96,10 @@ def cross_validate(model, data, folds, lam: float, solver: str = "bcfw", **optio
         lam, solver, **options: as :func:`~torch_bcfw.fit` (the same for every fold).
 
     Returns:
-        One :class:`FoldFit` per distinct fold id, in ascending id order.
+        One :class:`FoldFit` per distinct fold id, in ascending id order, every one finished.
 
     Raises:
+        CrossValidationInterrupted: Ctrl-C (a ``KeyboardInterrupt``; it carries the finished folds).
         ValueError: ``folds`` of the wrong shape or dtype, or fewer than two folds; whatever :func:`fit`
             raises for the data, ``lam`` or the options.
     """
@@ -74,9 +108,17 @@ def cross_validate(model, data, folds, lam: float, solver: str = "bcfw", **optio
         raise ValueError("cross-validation needs a non-empty dataset")
     folds = _check_folds(folds, n)
     out = []
-    for k in torch.unique(folds).tolist():
-        held = folds == k
-        train_index, test_index = torch.nonzero(~held).squeeze(1), torch.nonzero(held).squeeze(1)
-        result = fit(model, data[train_index], lam, solver, **options)
-        out.append(FoldFit(int(k), train_index, test_index, result))
+    try:
+        for k in torch.unique(folds).tolist():
+            held = folds == k
+            train_index, test_index = torch.nonzero(~held).squeeze(1), torch.nonzero(held).squeeze(1)
+            result = fit(model, data[train_index], lam, solver, **options)
+            fold_fit = FoldFit(int(k), train_index, test_index, result)
+            if fold_fit.status == "interrupted":
+                raise CrossValidationInterrupted(out, fold_fit)
+            out.append(fold_fit)
+    except CrossValidationInterrupted:
+        raise
+    except KeyboardInterrupt as exc:  # outside a fit: between two folds, or while one is set up
+        raise CrossValidationInterrupted(out) from exc
     return out

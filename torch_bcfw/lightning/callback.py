@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import copy
 import math
+import signal
 import time
 
 import numpy as np
@@ -15,6 +16,7 @@ from ..models.dual import ActiveSetDualState, check_lam
 from ..nn import StructuredHead
 from ..solvers.bcfw import BCFW
 from ..solvers.fw import FrankWolfe
+from ..signals import deferred_signals
 from ..solvers.loop import run_solver
 from ..solvers.mpbcfw import MPBCFW, RecordAccounting
 from ..solvers.options import SolverOptions
@@ -164,6 +166,16 @@ class BCFWCallback(Callback):
       ``SequenceData`` / ``MulticlassData``, ``(x, y)`` or ``(x, y, offsets)`` (packed tokens).
       Batches are moved to the module's device by the trainer's strategy first.
 
+    **Ctrl-C.**  A solve interrupted by ``KeyboardInterrupt`` (which :func:`~torch_bcfw.solvers.loop.run_solver`
+    turns into ``stopped_by = "interrupted"``) is discarded whole and the interrupt is raised again, so that
+    it ends the training instead of Lightning training on: Lightning's own interrupt handling runs (its
+    trainer status becomes ``INTERRUPTED``, every callback's ``on_exception`` is called, e.g. an
+    ``OnExceptionCheckpoint``; Lightning 2.x then ends the process with ``sys.exit(1)``).  What stays is
+    consistent: the head keeps the weights of the last *finished* call, and :attr:`history`,
+    :attr:`last_record`, the dual state, the counters and the logged figures are all those of that call
+    (the callback's checkpoint state resumes from it); :attr:`interrupted` is set.  The write of a finished
+    call (head, dual state, history) is done with Ctrl-C held back, so it is never half done.
+
     **Warm starting after a feature change.**  The dual variables ``alpha`` (which labelings carry
     which weight) are what is warm-started; the weights are not: ``w`` is re-derived as ``A(x) alpha``
     from the new features, so the primal-dual pair is feasible for the *current* problem and the
@@ -239,6 +251,7 @@ class BCFWCallback(Callback):
         self.solved_epoch = None  # the epoch whose end-of-epoch solve is done
         self.last_record = None
         self.last_data = None
+        self.interrupted = False  # a solve was cut by Ctrl-C (and discarded)
 
     # ------------------------------------------------------------------ Lightning plumbing
     @property
@@ -348,25 +361,37 @@ class BCFWCallback(Callback):
             if "iteration" in self.alg_sd and hasattr(alg, "iteration"):
                 alg.iteration = int(self.alg_sd["iteration"])
             alg.oracle_calls = int(self.alg_sd["oracle_calls"])
-        n_hist = len(self.history)
         extra = (RecordAccounting(alg),) if hasattr(alg, "accounting") else ()  # mp-bcfw's cost accounting
-        run_solver(alg, opts, callbacks=extra, counters=self.counters, history=self.history)
-        rec = self.history[-1]
-        del self.history[n_hist:-1]  # keep one record per call
+        # the solver works on copies of the counters and history: an interrupted call leaves no trace
+        counters, history = dict(self.counters), list(self.history)
+        out = run_solver(alg, opts, callbacks=extra, counters=counters, history=history)
+        if out.stopped_by == "interrupted":
+            self.interrupted = True
+            if self.verbose:
+                rank_zero_info(f"[{self.log_prefix}] solve interrupted (Ctrl-C): discarded; the head keeps the "
+                               f"weights of the last finished call ({self.calls} finished)")
+            raise KeyboardInterrupt(
+                f"BCFWCallback {self.name!r}: the solve was interrupted; the head keeps the weights of the last "
+                "finished call"
+            )
+        rec = history[-1]
+        del history[len(self.history):-1]  # keep one record per call
         w, _ = alg.iterate()
         if rec["selected"] == "averaged":
             w = alg.averaged()[0]
-        head.set_weights(w)
         epoch = trainer.current_epoch if trainer is not None else None
         rec.update(epoch=epoch, stale=stale, call=self.calls, feature_time=t_feat, wall=time.perf_counter() - t0)
         sd = alg.state_dict()
-        self.dual_sd = _to_primitive(sd.pop("state"))
-        self.alg_sd = _to_primitive(sd)
-        self.calls += 1
-        self.last_record = rec
-        self.last_data = data
-        if log:
-            self._log(pl_module, rec)
+        dual_sd, alg_sd = _to_primitive(sd.pop("state")), _to_primitive(sd)
+        with deferred_signals((signal.SIGINT,)):  # the head and the callback's state change together
+            head.set_weights(w)
+            self.dual_sd, self.alg_sd = dual_sd, alg_sd
+            self.counters, self.history = counters, history
+            self.calls += 1
+            self.last_record = rec
+            self.last_data = data
+            if log:
+                self._log(pl_module, rec)
         if self.verbose:
             rank_zero_info(
                 f"[{self.log_prefix}] epoch {epoch}: gap {rec['gap_best']:.4g} primal "

@@ -30,6 +30,14 @@ evaluates them at every ``lam`` (model selection is exact, not sampled).
 to gap ``<= eps``, cold (each from ``alpha_i = e_{y_i}``) or warm (keep ``w``, rescale the dual variables as
 above).  All three report cumulative effective passes (oracle calls / n, batch gap passes included) and time
 when each ``lam`` is reached.
+
+**Ctrl-C** ends a path or a grid search: the inner solve it cuts is dropped (its weights are no solution at its
+``lam``), no further ``lam`` is solved, and the sweep of the finished points is returned with ``stopped_by ==
+"interrupted"`` (a path's :attr:`~RegularizationPath.lower_limit` is where its last finished point is still
+certified, as for a time budget).  Every point of a sweep is thus a finished solve, and model selection
+(:meth:`LambdaSweep.best`) only sees those.  An interrupt before the path's first point is certified raises
+``KeyboardInterrupt`` (nothing finished).  ``torch-bcfw path`` writes the partial sweep, runs no further
+grid search, says it was interrupted and exits with code 130.
 """
 from __future__ import annotations
 
@@ -261,8 +269,9 @@ class _Clock:
         return self.oracle / self.n
 
 
-def _solve(model, data, lam, opts, state, clock: _Clock, budget_end, bounds, block_gaps=None):
-    """Run BCFW at ``lam`` on ``state`` to ``opts.gap_tol``; returns ``(alg, record, stopped_by)``."""
+def _solve(model, data, lam, opts, state, clock: _Clock, budget_end, bounds, block_gaps=None, callbacks=()):
+    """Run BCFW at ``lam`` on ``state`` to ``opts.gap_tol``; returns ``(alg, record, stopped_by)``
+    (``stopped_by == "interrupted"``: cut by Ctrl-C, the record may be older than the state)."""
     if budget_end is not None:
         left = budget_end - time.perf_counter()
         if left <= 0:
@@ -272,10 +281,10 @@ def _solve(model, data, lam, opts, state, clock: _Clock, budget_end, bounds, blo
     if block_gaps is not None and alg.estimates is not None:
         alg.set_exact_block_gaps(block_gaps)
     counters: dict = {}
-    out = run_solver(alg, opts, counters=counters)
+    out = run_solver(alg, opts, callbacks=callbacks or (), counters=counters)
     clock.oracle += alg.oracle_calls + counters["gap_oracle_calls"]
     clock.seconds += counters["solver_time"] + counters["gap_time"]
-    return alg, out.history[-1], out.stopped_by
+    return alg, (out.history[-1] if out.history else None), out.stopped_by
 
 
 def _point(lam, state, rec, clock, stopped_by) -> SweepPoint:
@@ -296,7 +305,7 @@ def _predicted_block_gaps(alg, rho: float):
 def regularization_path(
     model, data, *, eps: float = 0.1, kappa: float = 0.9, lam_min: float = 1e-5, val_data=None,
     track_train_loss: bool = True, time_budget: float | None = None, max_breakpoints: int | None = None,
-    bounds=None, progress: bool = False, **options,
+    bounds=None, progress: bool = False, callbacks=None, **options,
 ) -> RegularizationPath:
     """The ``eps``-approximate regularization path from ``lam_inf`` down to ``lam_min`` (Osokin et al. 2016,
     Algs. 6-7 with the corrected stopping test; see the module docstring).
@@ -313,8 +322,12 @@ def regularization_path(
         max_breakpoints: stop after this many breakpoints.
         bounds: box constraints on the weights (default: the model's).
         progress: print one line per breakpoint.
+        callbacks: :class:`~torch_bcfw.solvers.callbacks.Callback` s of every inner solve.
         **options: the inner BCFW's :class:`SolverOptions` (``preset``, ``max_passes`` per breakpoint, default
             1000, ``gap_check``, ``seed``...).  ``gap_tol`` and averaging are set by the path.
+
+    Ctrl-C: the finished breakpoints are returned with ``stopped_by == "interrupted"`` (the cut solve is
+    dropped); before the first breakpoint is certified, ``KeyboardInterrupt`` propagates.
     """
     _check_inputs(model, data, eps, kappa)
     if not lam_min > 0:
@@ -351,55 +364,65 @@ def regularization_path(
     stopped = "init"
     lam = lam_inf
     if cert.gap > kappa * eps:  # box constraints can break the bound of Alg. 6: optimise at lam_inf
-        alg, rec, stopped = _solve(model, data, lam, opts, state, clock, budget_end, bounds)
+        alg, rec, stopped = _solve(model, data, lam, opts, state, clock, budget_end, bounds, callbacks=callbacks)
+        if stopped == "interrupted":  # no point of the path is finished
+            raise KeyboardInterrupt("regularization path interrupted before its first breakpoint was certified")
         if alg is None:
             alg, rec = init_alg, {"dual": cert.dual, "gap": cert.gap, "primal": cert.primal}
     path.points.append(_point(lam, state, rec, clock, stopped))
 
     # ---- Alg. 7: rescale to the next breakpoint, re-optimise to kappa eps
     path.stopped_by = ""
-    while True:
-        last = path.points[-1]
-        if last.stopped_by not in ("init", "gap_tol", "converged"):
-            path.stopped_by = last.stopped_by
-            break
-        delta = state.path_delta()
-        tau = eps - last.gap
-        if progress:
-            print(f"[path] lam {lam:.4g}  gap {last.gap:.3g}  passes {clock.passes:.1f}  time {clock.seconds:.1f}s  "
-                  f"breakpoints {len(path.points)}", flush=True)
-        if delta <= tau:
-            path.lower_limit = 0.0
-            path.stopped_by = "complete"
-            break
-        rho = 1.0 - tau / delta
-        lam_next = rho * lam
-        if lam <= lam_min:
-            path.lower_limit = lam_next
-            path.stopped_by = "lam_min"
-            break
-        if max_breakpoints is not None and len(path.points) >= max_breakpoints:
-            path.lower_limit = lam_next
-            path.stopped_by = "max_breakpoints"
-            break
-        if budget_end is not None and time.perf_counter() >= budget_end:
-            path.lower_limit = lam_next
-            path.stopped_by = "time_budget"
-            break
-        if lam_next < lam_min:
-            lam_next, rho = lam_min, lam_min / lam
-        gaps_next = _predicted_block_gaps(alg, rho)
-        state.rescale_lam(lam_next)
-        path.predicted_gaps.append(last.gap + (1.0 - rho) * delta)
-        lam = lam_next
-        new_alg, rec, stopped = _solve(model, data, lam, opts, state, clock, budget_end, bounds, gaps_next)
-        if new_alg is None:  # out of time before solving: the rescaled point is certified <= eps, not kappa eps
-            path.lower_limit = lam
-            path.stopped_by = "time_budget"
-            path.predicted_gaps.pop()
-            break
-        alg = new_alg
-        path.points.append(_point(lam, state, rec, clock, stopped))
+    try:
+        while True:
+            last = path.points[-1]
+            if last.stopped_by not in ("init", "gap_tol", "converged"):
+                path.stopped_by = last.stopped_by
+                break
+            delta = state.path_delta()
+            tau = eps - last.gap
+            if progress:
+                print(f"[path] lam {lam:.4g}  gap {last.gap:.3g}  passes {clock.passes:.1f}  time {clock.seconds:.1f}s  "
+                      f"breakpoints {len(path.points)}", flush=True)
+            if delta <= tau:
+                path.lower_limit = 0.0
+                path.stopped_by = "complete"
+                break
+            rho = 1.0 - tau / delta
+            lam_next = rho * lam
+            if lam <= lam_min:
+                path.lower_limit = lam_next
+                path.stopped_by = "lam_min"
+                break
+            if max_breakpoints is not None and len(path.points) >= max_breakpoints:
+                path.lower_limit = lam_next
+                path.stopped_by = "max_breakpoints"
+                break
+            if budget_end is not None and time.perf_counter() >= budget_end:
+                path.lower_limit = lam_next
+                path.stopped_by = "time_budget"
+                break
+            if lam_next < lam_min:
+                lam_next, rho = lam_min, lam_min / lam
+            gaps_next = _predicted_block_gaps(alg, rho)
+            state.rescale_lam(lam_next)
+            path.predicted_gaps.append(last.gap + (1.0 - rho) * delta)
+            lam = lam_next
+            new_alg, rec, stopped = _solve(model, data, lam, opts, state, clock, budget_end, bounds, gaps_next,
+                                           callbacks=callbacks)
+            if new_alg is None or stopped == "interrupted":
+                # out of time before solving, or the solve was cut by Ctrl-C (dropped): the previous point,
+                # rescaled to lam, is certified <= eps there (Prop. 1), not kappa eps
+                path.lower_limit = lam
+                path.stopped_by = "time_budget" if new_alg is None else "interrupted"
+                path.predicted_gaps.pop()
+                break
+            alg = new_alg
+            path.points.append(_point(lam, state, rec, clock, stopped))
+    except KeyboardInterrupt:  # Ctrl-C outside an inner solve: keep the finished points
+        path.stopped_by = "interrupted"
+        path.lower_limit = None  # set below from the last point's own certificate
+        del path.predicted_gaps[len(path.points) - 1:]
     if path.lower_limit is None and path.points[-1].gap <= eps:
         path.lower_limit = path.points[-1].lam
     _evaluate(path, model, data, val_data, track_train_loss)
@@ -409,13 +432,14 @@ def regularization_path(
 def grid_search(
     model, data, lams=None, *, eps: float = 0.1, warm_start: bool = True, val_data=None,
     track_train_loss: bool = True, time_budget: float | None = None, bounds=None, progress: bool = False,
-    **options,
+    callbacks=None, **options,
 ) -> LambdaSweep:
     """Solve every ``lam`` of a grid (default :func:`default_grid`, solved largest first) to a gap ``<= eps``.
 
     ``warm_start=True`` keeps ``w`` from the previous ``lam`` and rescales the dual variables (Prop. 1, the
     paper's warm start); ``False`` starts every ``lam`` from ``alpha_i = e_{y_i}``.  Other arguments as in
-    :func:`regularization_path` (``options`` configure the inner BCFW).
+    :func:`regularization_path` (``options`` configure the inner BCFW).  Ctrl-C: the finished ``lam`` s are
+    returned with ``stopped_by == "interrupted"`` (the cut solve is dropped).
     """
     _check_inputs(model, data, eps)
     grid = sorted((float(v) for v in (default_grid() if lams is None else lams)), reverse=True)
@@ -427,28 +451,35 @@ def grid_search(
     budget_end = None if time_budget is None else time.perf_counter() + float(time_budget)
     sweep = LambdaSweep(kind="grid-warm" if warm_start else "grid-cold", eps=float(eps), n=n, options=opts.to_dict())
     state, alg = None, None
-    for lam in grid:
-        gaps = None
-        if warm_start and state is not None:
-            rho = lam / state.lam
-            gaps = _predicted_block_gaps(alg, rho)
-            state.rescale_lam(lam)
+    try:
+        for lam in grid:
+            gaps = None
+            if warm_start and state is not None:
+                rho = lam / state.lam
+                gaps = _predicted_block_gaps(alg, rho)
+                state.rescale_lam(lam)
+            else:
+                state = model.dual_state(data, lam)
+            new_alg, rec, stopped = _solve(model, data, lam, opts, state, clock, budget_end, bounds, gaps,
+                                           callbacks=callbacks)
+            if new_alg is None:
+                sweep.stopped_by = "time_budget"
+                break
+            if stopped == "interrupted":  # the cut solve is dropped
+                sweep.stopped_by = "interrupted"
+                break
+            alg = new_alg
+            sweep.points.append(_point(lam, state, rec, clock, stopped))
+            if progress:
+                print(f"[{sweep.kind}] lam {lam:.4g}  gap {rec['gap']:.3g}  passes {clock.passes:.1f}  "
+                      f"time {clock.seconds:.1f}s", flush=True)
+            if stopped not in ("gap_tol", "converged"):
+                sweep.stopped_by = stopped
+                break
         else:
-            state = model.dual_state(data, lam)
-        new_alg, rec, stopped = _solve(model, data, lam, opts, state, clock, budget_end, bounds, gaps)
-        if new_alg is None:
-            sweep.stopped_by = "time_budget"
-            break
-        alg = new_alg
-        sweep.points.append(_point(lam, state, rec, clock, stopped))
-        if progress:
-            print(f"[{sweep.kind}] lam {lam:.4g}  gap {rec['gap']:.3g}  passes {clock.passes:.1f}  "
-                  f"time {clock.seconds:.1f}s", flush=True)
-        if stopped not in ("gap_tol", "converged"):
-            sweep.stopped_by = stopped
-            break
-    else:
-        sweep.stopped_by = "grid_done"
+            sweep.stopped_by = "grid_done"
+    except KeyboardInterrupt:  # Ctrl-C outside an inner solve: keep the finished points
+        sweep.stopped_by = "interrupted"
     _evaluate(sweep, model, data, val_data, track_train_loss)
     return sweep
 
