@@ -26,13 +26,16 @@ model.
 """
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
 from typing import Sequence
 
+import numpy as np
 import torch
 from torch import Tensor
 
-__all__ = ["MulticlassData", "SequenceData", "SparseFeatures", "check_finite"]
+__all__ = ["MulticlassData", "SequenceData", "SparseFeatures", "check_finite", "check_int", "check_bool",
+           "check_index_tensor", "check_input_tensor", "check_not_meta"]
 
 
 def check_finite(x: Tensor, name: str) -> None:
@@ -42,8 +45,79 @@ def check_finite(x: Tensor, name: str) -> None:
         raise ValueError(f"{name} contains {bad} NaN or infinite value(s)")
 
 
+# ----------------------------------------------------------------------------- strict argument checks
+# The containers and models reject what they used to coerce silently (a float offset truncated, a complex
+# feature losing its imaginary part, ``n_features=2.5`` becoming 2, ``bias="no"`` becoming True).
+def check_int(value, name: str, minimum: int | None = None) -> int:
+    """``value`` as a Python ``int``: an ``int`` or a numpy / 0-d torch integer.
+
+    Raises ``TypeError`` for anything else -- a bool, a float (even an integral one such as ``3.0``), a string --
+    and ``ValueError`` when ``value < minimum``.
+    """
+    if isinstance(value, (bool, np.bool_)) or (isinstance(value, Tensor) and value.dtype == torch.bool):
+        raise TypeError(f"{name} must be an integer, got {value!r} (bool)")
+    if isinstance(value, Tensor) and (value.is_floating_point() or value.is_complex()):
+        raise TypeError(f"{name} must be an integer, got {value!r}")
+    try:
+        v = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name} must be an integer, got {value!r} ({type(value).__name__})") from None
+    if minimum is not None and v < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {v}")
+    return int(v)
+
+
+def check_bool(value, name: str) -> bool:
+    """``value`` as a Python ``bool``: ``True`` / ``False`` or a numpy bool; anything else (``"no"``, ``0``,
+    ``1.0``...) raises ``TypeError``."""
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    raise TypeError(f"{name} must be a bool (True or False), got {value!r} ({type(value).__name__})")
+
+
+def check_not_meta(t, name: str) -> None:
+    """``ValueError`` for a tensor on the ``meta`` device (shapes only, no values to check or solve with)."""
+    if isinstance(t, Tensor) and t.device.type == "meta":
+        raise ValueError(f"{name} is on the meta device (a tensor without data); materialise it on a real device "
+                         "(cpu / cuda) first")
+
+
+def check_input_tensor(t: Tensor, name: str) -> None:
+    """The checks every feature tensor of a data container passes: not on the ``meta`` device, real (a complex
+    tensor would lose its imaginary part in the float64 conversion), and not requiring grad (the solvers work on
+    fixed features: a backbone's output must be detached, ``x.detach()``, before the head is solved on it)."""
+    check_not_meta(t, name)
+    if t.is_complex():
+        raise ValueError(f"{name} must be real, got a complex tensor ({t.dtype}); pass its real part (x.real) or "
+                         "its modulus (x.abs()) explicitly")
+    if t.requires_grad:
+        raise ValueError(f"{name} requires grad: the head is solved on fixed features, so pass {name.split('.')[-1]}"
+                         ".detach() (e.g. the detached output of a backbone)")
+
+
+def check_index_tensor(t, name: str, device=None) -> Tensor:
+    """An integer index tensor (offsets, lengths, edges, example indices) as ``LongTensor``.
+
+    Lists / arrays of ints are accepted; a floating-point (even integer-valued), complex or bool tensor raises
+    ``ValueError`` instead of being truncated, as does one on the ``meta`` device.
+    """
+    check_not_meta(t, name)
+    out = torch.as_tensor(t) if device is None else torch.as_tensor(t, device=device)
+    if out.is_floating_point() or out.is_complex() or out.dtype == torch.bool:
+        if out.numel() == 0 and not isinstance(t, Tensor):  # [] is a float tensor for torch: an empty index
+            return out.long()
+        raise ValueError(f"{name} must hold integers, got {out.dtype}" + (
+            f" (values {out.reshape(-1)[:6].tolist()}{' ...' if out.numel() > 6 else ''})" if out.numel() else ""))
+    return out.long()
+
+
 def _as_index(idx, n: int) -> Tensor:
-    idx = torch.as_tensor(idx, dtype=torch.long).reshape(-1)
+    if isinstance(idx, Tensor) and idx.dtype == torch.bool:
+        raise TypeError("example indices must hold integers, got a bool tensor (select with mask.nonzero()[:, 0])")
+    try:
+        idx = check_index_tensor(idx, "example indices").reshape(-1)
+    except ValueError as exc:  # a float index is a type error, as for Python lists
+        raise TypeError(str(exc)) from None
     if idx.numel() and (int(idx.min()) < -n or int(idx.max()) >= n):
         raise IndexError(f"example index out of range for {n} examples")
     return torch.where(idx < 0, idx + n, idx)
@@ -84,12 +158,14 @@ class SparseFeatures:
     """
 
     def __init__(self, indptr, indices, values, n_features: int, check: bool = True):
+        for name, t in (("indptr", indptr), ("indices", indices), ("values", values)):
+            check_not_meta(t, f"SparseFeatures.{name}")
         self.indptr = torch.as_tensor(indptr)
         self.indices = torch.as_tensor(indices)
         if values is None:
             values = torch.ones(self.indices.shape, dtype=torch.float64, device=self.indices.device)
         self.values = torch.as_tensor(values)
-        self.n_features = int(n_features)
+        self.n_features = check_int(n_features, "SparseFeatures.n_features")
         if check:
             self._validate()
 
@@ -100,9 +176,8 @@ class SparseFeatures:
             if t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
                 raise _sparse_err(f"{name} must hold integers, got {t.dtype}")
             setattr(self, name, t.long())
+        check_input_tensor(self.values, "SparseFeatures.values")
         if not self.values.is_floating_point():
-            if self.values.is_complex():
-                raise _sparse_err("values must be real")
             self.values = self.values.double()
         devices = {self.indptr.device, self.indices.device, self.values.device}
         if len(devices) != 1:
@@ -155,8 +230,11 @@ class SparseFeatures:
         values (default 1: indicator attributes).  Any other id outside ``[0, n_features)``
         raises ``ValueError``.
         """
+        n_features = check_int(n_features, "n_features")
+        pad_id = check_int(pad_id, "pad_id")
+        check_not_meta(ids, "attribute ids")
         ids = torch.as_tensor(ids)
-        if ids.dim() != 2 or ids.is_floating_point():
+        if ids.dim() != 2 or ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
             raise _sparse_err(f"attribute ids must be an integer [n_rows, A] tensor, got {ids.dtype} of shape {tuple(ids.shape)}")
         ids = ids.long()
         keep = ids != pad_id
@@ -286,10 +364,14 @@ class SparseFeatures:
 def _as_token_features(x) -> Tensor | SparseFeatures:
     """Normalise ``SequenceData.x``: a validated dense floating tensor or a :class:`SparseFeatures`."""
     if isinstance(x, SparseFeatures):
+        check_input_tensor(x.values, "SequenceData.x")
         return x
+    check_not_meta(x, "SequenceData.x")
     if isinstance(x, Tensor) and x.layout != torch.strided:
+        check_input_tensor(x, "SequenceData.x")
         return SparseFeatures.from_torch(x)
     x = torch.as_tensor(x)
+    check_input_tensor(x, "SequenceData.x")
     if not x.is_floating_point():
         x = x.double()
     if x.dim() != 2:
@@ -311,7 +393,9 @@ class MulticlassData:
     y: Tensor | None = None
 
     def __post_init__(self) -> None:
+        check_not_meta(self.x, "MulticlassData.x")
         self.x = torch.as_tensor(self.x)
+        check_input_tensor(self.x, "MulticlassData.x")
         if not self.x.is_floating_point():
             self.x = self.x.double()
         if self.x.dim() != 2:
@@ -321,8 +405,8 @@ class MulticlassData:
         check_finite(self.x, "MulticlassData.x")
         if self.y is not None:
             self.y = torch.as_tensor(self.y)
-            if self.y.is_floating_point():
-                raise ValueError("MulticlassData.y must hold integer labels")
+            if self.y.is_floating_point() or self.y.is_complex():
+                raise ValueError(f"MulticlassData.y must hold integer labels, got {self.y.dtype}")
             self.y = self.y.long()
             if self.y.shape != (self.x.shape[0],):
                 raise ValueError(
@@ -363,7 +447,7 @@ class SequenceData:
 
     def __post_init__(self) -> None:
         self.x = _as_token_features(self.x)
-        self.offsets = torch.as_tensor(self.offsets, dtype=torch.long, device=self.x.device)
+        self.offsets = check_index_tensor(self.offsets, "SequenceData.offsets", device=self.x.device)
         if self.offsets.dim() != 1 or self.offsets.numel() < 2:
             raise ValueError("SequenceData is empty (needs at least one sequence)")
         lengths = self.offsets[1:] - self.offsets[:-1]
@@ -376,8 +460,8 @@ class SequenceData:
             raise ValueError("every sequence must have length >= 1 (found an empty sequence)")
         if self.y is not None:
             self.y = torch.as_tensor(self.y)
-            if self.y.is_floating_point():
-                raise ValueError("SequenceData.y must hold integer labels")
+            if self.y.is_floating_point() or self.y.is_complex():
+                raise ValueError(f"SequenceData.y must hold integer labels, got {self.y.dtype}")
             self.y = self.y.long()
             if self.y.shape != (self.x.shape[0],):
                 raise ValueError(
@@ -429,6 +513,7 @@ class SequenceData:
         """
         if len(ids) == 0:
             raise ValueError("SequenceData is empty (no sequences given)")
+        n_attributes = check_int(n_attributes, "n_attributes")
         ids = [torch.as_tensor(a) for a in ids]
         for i, a in enumerate(ids):
             if a.dim() != 2 or a.shape[1] != ids[0].shape[1]:
@@ -455,8 +540,9 @@ class SequenceData:
     @classmethod
     def from_padded(cls, x: Tensor, lengths: Tensor, y: Tensor | None = None) -> "SequenceData":
         """Build from a padded batch ``x: [B, T, F]``, ``lengths: [B]`` and ``y: [B, T]``."""
+        check_not_meta(x, "SequenceData.from_padded x")
         x = torch.as_tensor(x)
-        lengths = torch.as_tensor(lengths, dtype=torch.long, device=x.device)
+        lengths = check_index_tensor(lengths, "lengths", device=x.device)
         if x.dim() != 3:
             raise ValueError(f"padded features must be [B, T, F], got shape {tuple(x.shape)}")
         if lengths.shape != (x.shape[0],):

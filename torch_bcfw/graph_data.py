@@ -32,7 +32,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .data import _as_index, check_finite
+from .data import _as_index, check_finite, check_index_tensor, check_input_tensor, check_not_meta
 
 __all__ = ["GraphData", "grid_graph_data"]
 
@@ -49,9 +49,7 @@ def _check_offsets(offsets: Tensor, total: int, name: str, allow_empty: bool) ->
 
 
 def _check_integer(t: Tensor, name: str) -> Tensor:
-    if t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
-        raise ValueError(f"GraphData.{name} must hold integers, got {t.dtype}")
-    return t.long()
+    return check_index_tensor(t, f"GraphData.{name}")
 
 
 class GraphData:
@@ -72,6 +70,10 @@ class GraphData:
 
     def __init__(self, x: Tensor, y: Tensor | None, offsets: Tensor, edges: Tensor, edge_x: Tensor,
                  edge_offsets: Tensor, node_weight: Tensor | None = None, *, _check: bool = True):
+        if _check:
+            for name, t in (("x", x), ("y", y), ("offsets", offsets), ("edges", edges), ("edge_x", edge_x),
+                            ("edge_offsets", edge_offsets), ("node_weight", node_weight)):
+                check_not_meta(t, f"GraphData.{name}")
         self.x = torch.as_tensor(x)
         dev = self.x.device
         self.y = None if y is None else torch.as_tensor(y, device=dev)
@@ -87,6 +89,7 @@ class GraphData:
     # ----------------------------------------------------------------- validation
     def _validate(self) -> None:
         x = self.x
+        check_input_tensor(x, "GraphData.x")
         if x.dim() != 2 or not x.is_floating_point():
             raise ValueError(f"GraphData.x must be a floating [N_tot, F] tensor, got {x.dtype} of shape {tuple(x.shape)}")
         check_finite(x, "GraphData.x")
@@ -97,6 +100,7 @@ class GraphData:
         if self.edges.dim() != 2 or self.edges.shape[1] != 2:
             raise ValueError(f"GraphData.edges must have shape [M_tot, 2], got {tuple(self.edges.shape)}")
         ex = self.edge_x
+        check_input_tensor(ex, "GraphData.edge_x")
         if ex.dim() != 2 or ex.shape[0] != self.edges.shape[0] or not ex.is_floating_point():
             raise ValueError(
                 f"GraphData.edge_x must be a floating [M_tot, E] tensor with M_tot = {self.edges.shape[0]}, "
@@ -120,7 +124,7 @@ class GraphData:
             if bool(loops.any()):
                 raise ValueError(f"GraphData.edges contains a self-loop (edge {int(torch.nonzero(loops)[0, 0])})")
         if self.y is not None:
-            if self.y.is_floating_point() or self.y.dtype == torch.bool:
+            if self.y.is_floating_point() or self.y.is_complex() or self.y.dtype == torch.bool:
                 raise ValueError(f"GraphData.y must hold integer labels in {{0, 1}}, got {self.y.dtype}")
             self.y = self.y.long()
             if self.y.shape != (x.shape[0],):
@@ -129,6 +133,7 @@ class GraphData:
                 raise ValueError(f"GraphData.y must be in {{0, 1}}, got range [{int(self.y.min())}, {int(self.y.max())}]")
         if self.node_weight is not None:
             a = self.node_weight
+            check_input_tensor(a, "GraphData.node_weight")
             if a.shape != (x.shape[0],) or not a.is_floating_point():
                 raise ValueError(f"GraphData.node_weight must be a floating [{x.shape[0]}] tensor, got shape {tuple(a.shape)}")
             check_finite(a, "GraphData.node_weight")
@@ -344,7 +349,9 @@ class GraphData:
 
     def with_features(self, x: Tensor) -> "GraphData":
         """The same graphs and labels with new node features ``x: [N_tot, F']`` (checked)."""
+        check_not_meta(x, "GraphData.x")
         x = torch.as_tensor(x, device=self.device)
+        check_input_tensor(x, "GraphData.x")
         if x.dim() != 2 or x.shape[0] != self.n_nodes:
             raise ValueError(f"new node features must be [N_tot = {self.n_nodes}, F], got shape {tuple(x.shape)}")
         if not x.is_floating_point():
@@ -390,6 +397,8 @@ def grid_graph_data(features: Tensor, images: Tensor, labels: Tensor | None = No
     """
     from .inference.graphcut import edge_features, grid_edges
 
+    for name, t in (("features", features), ("images", images), ("labels", labels)):
+        check_not_meta(t, name)
     if features.dim() != 4 or images.dim() != 4 or features.shape[0] != images.shape[0] \
             or features.shape[2:] != images.shape[2:]:
         raise ValueError(f"features [B, F, H, W] and images [B, C, H, W] must agree, got {tuple(features.shape)} "
@@ -406,5 +415,7 @@ def grid_graph_data(features: Tensor, images: Tensor, labels: Tensor | None = No
     offsets = torch.arange(B + 1, device=features.device) * (H * W)
     edge_offsets = torch.arange(B + 1, device=features.device) * M
     x = features.permute(0, 2, 3, 1).reshape(B * H * W, F)
-    y = None if labels is None else labels.reshape(-1).long()
+    y = None if labels is None else labels.reshape(-1)
+    if y is not None and y.dtype == torch.bool:  # a binary mask; float labels are rejected by GraphData
+        y = y.long()
     return GraphData(x, y, offsets, edges.repeat(B, 1), torch.cat(ex), edge_offsets)

@@ -32,6 +32,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from .data import check_index_tensor
 from .inference.viterbi import viterbi_packed
 from .models.base import StructuredModel
 from .models.chain import Chain
@@ -145,7 +146,7 @@ def _pack(ops, x: Tensor, offsets, lengths, y: Tensor | None):
         B, T, _ = x.shape
         if lengths is None:
             lengths = torch.full((B,), T, dtype=torch.long, device=x.device)
-        lengths = torch.as_tensor(lengths, dtype=torch.long, device=x.device)
+        lengths = check_index_tensor(lengths, "lengths", device=x.device)
         if lengths.shape != (B,) or (B and (int(lengths.min()) < 1 or int(lengths.max()) > T)):
             raise ValueError(f"lengths must be [B] = [{B}] with values in [1, {T}]")
         mask = torch.arange(T, device=x.device)[None, :] < lengths[:, None]
@@ -164,7 +165,7 @@ def _pack(ops, x: Tensor, offsets, lengths, y: Tensor | None):
         return x[mask], offsets, y, unpack
     if offsets is None:
         raise ValueError("packed chain features [N_tok, F] need offsets=LongTensor[n + 1]")
-    offsets = torch.as_tensor(offsets, dtype=torch.long, device=x.device)
+    offsets = check_index_tensor(offsets, "offsets", device=x.device)
     if offsets.dim() != 1 or offsets.numel() < 2 or int(offsets[0]) != 0 or int(offsets[-1]) != x.shape[0]:
         raise ValueError(f"offsets must be [n + 1], start at 0 and end at N_tok = {x.shape[0]}")
     if bool((offsets[1:] <= offsets[:-1]).any()):

@@ -89,7 +89,10 @@ def viterbi_padded(unary: Tensor, lengths: Tensor, transition: Tensor) -> tuple[
     Returns ``(labels LongTensor[B, T] (-1 beyond each length), score Tensor[B])``.
     """
     B, T, K = unary.shape
-    lengths = torch.as_tensor(lengths, dtype=torch.long, device=unary.device)
+    lengths = torch.as_tensor(lengths, device=unary.device)
+    if lengths.is_floating_point() or lengths.is_complex() or lengths.dtype == torch.bool:
+        raise ValueError(f"lengths must hold integers, got {lengths.dtype}")
+    lengths = lengths.long()
     mask = torch.arange(T, device=unary.device)[None, :] < lengths[:, None]
     offsets = torch.zeros(B + 1, dtype=torch.long, device=unary.device)
     offsets[1:] = torch.cumsum(lengths, 0)

@@ -238,8 +238,10 @@ class HorseSegmenter(EvalHooks, pl.LightningModule):
 
     # ------------------------------------------------------------ the feature protocol
     def graph_data(self, feats: Tensor, images: Tensor, masks: Tensor | None) -> GraphData:
-        """Pixel-grid graphs with node features ``[f_p, 1]`` (float64) and contrast edge features."""
-        feats = torch.cat([feats, torch.ones_like(feats[:, :1])], 1).to(torch.float64)
+        """Pixel-grid graphs with node features ``[f_p, 1]`` (float64) and contrast edge features.  The features are
+        detached: the graph-cut heads are solved and decode on fixed features (``GraphData`` refuses features that
+        require grad)."""
+        feats = torch.cat([feats, torch.ones_like(feats[:, :1])], 1).detach().to(torch.float64)
         return grid_graph_data(feats, images, masks, contrast=self.hparams.contrast)
 
     def bcfw_features(self, batch) -> GraphData:

@@ -29,7 +29,7 @@ import torch
 from numba import njit
 from torch import Tensor
 
-from ..data import SequenceData
+from ..data import SequenceData, check_int
 from ..inference.viterbi import viterbi_packed
 from .base import StructuredModel
 from .dual import DualState
@@ -49,12 +49,13 @@ class Chain(StructuredModel):
     """
 
     def __init__(self, n_features: int, n_labels: int):
+        n_features, n_labels = check_int(n_features, "n_features"), check_int(n_labels, "n_labels")
         if n_labels < 2:
             raise ValueError(f"n_labels must be >= 2, got {n_labels}")
         if n_features < 1:
             raise ValueError(f"n_features must be >= 1, got {n_features}")
-        self.n_inputs = int(n_features)
-        self.n_labels = int(n_labels)
+        self.n_inputs = n_features
+        self.n_labels = n_labels
         F, K = self.n_inputs, self.n_labels
         self.n_features = F * K + 3 * K + K * K
 

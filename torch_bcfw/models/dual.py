@@ -676,14 +676,6 @@ class DualState:
         """
         if not isinstance(sd, dict) or "kind" not in sd:
             raise ValueError("not a dual state (expected the dict written by DualState.state_dict)")
-        same_features = sd.get("features") == features_fingerprint(self.data)
-        if not same_features and not self.rebindable:
-            raise ValueError(
-                f"cannot warm-start a {type(self).__name__} on data whose features differ from the data it was saved "
-                "from: it stores w_i = A(x) alpha_[i] under the old features, so its dual value would not be a "
-                "valid bound here. Start from scratch, or use a state that keeps the dual variables "
-                "(ActiveSetDualState for any model)"
-            )
         if sd["kind"] != type(self).__name__:
             raise ValueError(f"cannot load a {sd['kind']} state into a {type(self).__name__}")
         if sd["n"] != self.n or sd["d"] != self.d:
@@ -693,6 +685,14 @@ class DualState:
         if "labels" in sd and sd["labels"] != labels_fingerprint(self.data):
             raise ValueError(
                 "state was saved for other examples (labels or sequence boundaries differ, or their order changed)"
+            )
+        same_features = sd.get("features") == features_fingerprint(self.data)
+        if not same_features and not self.rebindable:
+            raise ValueError(
+                f"cannot warm-start a {type(self).__name__} on data whose features differ from the data it was saved "
+                "from: it stores w_i = A(x) alpha_[i] under the old features, so its dual value would not be a "
+                "valid bound here. Start from scratch, or use a state that keeps the dual variables "
+                "(ActiveSetDualState for any model)"
             )
         dev = self.w.device
         self.lam = float(sd["lam"])

@@ -39,6 +39,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from ..data import check_bool, check_int
 from ..graph_data import GraphData
 from ..inference.graphcut import NEGATIVE_TOLERANCE, _available_cpus
 from ..inference.graphcut_pool import ResidentGraphCutPool, decode_record, solve_records
@@ -67,20 +68,25 @@ class GraphCut(StructuredModel):
 
     def __init__(self, n_node_features: int, n_edge_features: int = 2, loss: str = "hamming", pairwise: bool = True,
                  processes: int | None = None, pool_min_nodes: int = 20_000):
-        if int(n_node_features) < 1:
+        n_node_features = check_int(n_node_features, "n_node_features")
+        n_edge_features = check_int(n_edge_features, "n_edge_features")
+        pairwise = check_bool(pairwise, "pairwise")
+        processes = None if processes is None else check_int(processes, "processes")
+        pool_min_nodes = check_int(pool_min_nodes, "pool_min_nodes")
+        if n_node_features < 1:
             raise ValueError(f"n_node_features must be >= 1, got {n_node_features}")
-        if int(n_edge_features) < 0 or (pairwise and int(n_edge_features) < 1):
+        if n_edge_features < 0 or (pairwise and n_edge_features < 1):
             raise ValueError(f"n_edge_features must be >= 1 with pairwise terms, got {n_edge_features}")
         if loss not in LOSSES:
             raise ValueError(f"loss must be one of {LOSSES}, got {loss!r}")
-        if processes is not None and int(processes) < 1:
+        if processes is not None and processes < 1:
             raise ValueError(f"processes must be >= 1 or None, got {processes}")
-        self.n_inputs = int(n_node_features)
-        self.n_edge_inputs = int(n_edge_features)
+        self.n_inputs = n_node_features
+        self.n_edge_inputs = n_edge_features
         self.loss_name = loss
-        self.pairwise = bool(pairwise)
-        self.processes = None if processes is None else int(processes)
-        self.pool_min_nodes = int(pool_min_nodes)
+        self.pairwise = pairwise
+        self.processes = processes
+        self.pool_min_nodes = pool_min_nodes
         self.n_features = self.n_inputs + (self.n_edge_inputs if self.pairwise else 0)
         self._pool: ResidentGraphCutPool | None = None
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..data import MulticlassData
+from ..data import MulticlassData, check_bool, check_int
 from .base import StructuredModel
 
 __all__ = ["Multiclass"]
@@ -27,13 +27,14 @@ class Multiclass(StructuredModel):
     """
 
     def __init__(self, n_features: int, n_classes: int, bias: bool = True):
+        n_features, n_classes = check_int(n_features, "n_features"), check_int(n_classes, "n_classes")
         if n_classes < 2:
             raise ValueError(f"n_classes must be >= 2, got {n_classes}")
         if n_features < 1:
             raise ValueError(f"n_features must be >= 1, got {n_features}")
-        self.n_inputs = int(n_features)
-        self.n_classes = int(n_classes)
-        self.bias = bool(bias)
+        self.n_inputs = n_features
+        self.n_classes = n_classes
+        self.bias = check_bool(bias, "bias")
         self.n_features = self.n_classes * (self.n_inputs + int(self.bias))
 
     def config(self) -> dict:

@@ -68,6 +68,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
+from ..data import _as_index, check_bool, check_input_tensor, check_int, check_not_meta
 from ..inference.distance_transform import Method
 from ..inference.tree import (
     LSP_TREE_EDGES,
@@ -90,10 +91,7 @@ Edges = Sequence[tuple[int, int]]
 def _index(idx, n: int, device) -> Tensor:
     if isinstance(idx, slice):
         return torch.arange(n, device=device)[idx]
-    idx = torch.as_tensor(idx, dtype=torch.long).reshape(-1)
-    if idx.numel() and (int(idx.min()) < -n or int(idx.max()) >= n):
-        raise IndexError(f"example index out of range for {n} examples")
-    return torch.where(idx < 0, idx + n, idx).to(device)
+    return _as_index(idx, n).to(device)
 
 
 class PoseData:
@@ -129,6 +127,10 @@ class PoseData:
     def __init__(self, unary: Tensor, positions: Tensor | None = None, visible: Tensor | None = None,
                  torso: Tensor | None = None, types: Tensor | None = None, type_unary: Tensor | None = None,
                  check: bool = True):
+        if check:
+            for name, t in (("unary", unary), ("positions", positions), ("visible", visible), ("torso", torso),
+                            ("types", types), ("type_unary", type_unary)):
+                check_not_meta(t, f"PoseData.{name}")
         unary = torch.as_tensor(unary)
         if unary.dim() == 4:
             unary = unary.unsqueeze(2)
@@ -257,6 +259,7 @@ class PoseData:
 
 
 def _check_unary(unary: Tensor) -> None:
+    check_input_tensor(unary, "PoseData.unary")
     if unary.dim() != 5 or not unary.is_floating_point():
         raise ValueError(f"unary features must be a float tensor [n, J, K, G, G] (or [n, J, G, G]), "
                          f"got {unary.dtype} of shape {tuple(unary.shape)}")
@@ -270,6 +273,7 @@ def _check_unary(unary: Tensor) -> None:
 
 
 def _check_type_unary(type_unary: Tensor, n: int, G: int) -> None:
+    check_input_tensor(type_unary, "PoseData.type_unary")
     if type_unary.dim() != 6 or not type_unary.is_floating_point():
         raise ValueError(f"type_unary must be a float tensor [n, E, K, 2, G, G], got {type_unary.dtype} "
                          f"{tuple(type_unary.shape)}")
@@ -303,6 +307,7 @@ def _check_visible_torso(visible: Tensor, torso: Tensor, n: int, J: int) -> None
     if visible.dtype != torch.bool or visible.shape != (n, J):
         raise ValueError(f"visible must be a bool tensor [n, J] = [{n}, {J}], got {visible.dtype} "
                          f"{tuple(visible.shape)}")
+    check_input_tensor(torso, "PoseData.torso")
     if torso.shape != (n,) or not torso.is_floating_point():
         raise ValueError(f"torso must be a float tensor [n] = [{n}], got {torso.dtype} {tuple(torso.shape)}")
     bad = ~(torch.isfinite(torso) & (torso > 0))
@@ -502,10 +507,13 @@ class PoseTree(StructuredModel):
     def __init__(self, grid_size: int, mu: Tensor | None = None, n_joints: int = 14, n_unary: int = 1,
                  edges: Edges = LSP_TREE_EDGES, min_quadratic: float = 0.0, method: Method = "auto",
                  scales: Tensor | None = None, type_features: bool = False, loss_radius: float = 1.0):
-        if int(grid_size) < 1 or int(n_joints) < 1 or int(n_unary) < 1:
+        grid_size, n_joints, n_unary = (check_int(v, name) for v, name in
+                                        ((grid_size, "grid_size"), (n_joints, "n_joints"), (n_unary, "n_unary")))
+        if grid_size < 1 or n_joints < 1 or n_unary < 1:
             raise ValueError(f"grid_size, n_joints and n_unary must be >= 1, got {grid_size}, {n_joints}, {n_unary}")
-        self.edges = tuple((int(p), int(c)) for p, c in edges)
-        self.n_joints, self.grid_size, self.n_unary = int(n_joints), int(grid_size), int(n_unary)
+        self.edges = tuple((check_int(p, "edges (a parent joint)"), check_int(c, "edges (a child joint)"))
+                           for p, c in edges)
+        self.n_joints, self.grid_size, self.n_unary = n_joints, grid_size, n_unary
         _tree_order(self.edges, self.n_joints)  # raises on a bad tree
         E = len(self.edges)
         mu = torch.zeros(E, 2, dtype=torch.float64) if mu is None else torch.as_tensor(mu, dtype=torch.float64)
@@ -531,7 +539,7 @@ class PoseTree(StructuredModel):
         self.n_types = K
         self.min_quadratic = float(min_quadratic)
         self.method = method
-        self.type_features = bool(type_features)
+        self.type_features = check_bool(type_features, "type_features")
         if not (math.isfinite(loss_radius) and loss_radius > 0):
             raise ValueError(f"loss_radius must be finite and > 0, got {loss_radius}")
         self.loss_radius = float(loss_radius)

@@ -45,7 +45,14 @@ def measure_oracle_time(model, data, max_examples: int = 64, repeat: int = 3, se
 def resolve_auto_preset(model, data, options):
     """``preset="auto"``: BCPFW + gap sampling + cache when the oracle costs at least
     ``options.auto_oracle_threshold`` seconds per example, else BCFW + gap sampling (Osokin et al. 2016,
-    Sec. 5.1).  Returns the resolved options (``extra["auto"]`` records the measurement)."""
+    Sec. 5.1).  Returns the resolved options (``extra["auto"]`` records the measurement).
+
+    Options whose ``step_rule`` / ``cache`` already fix the choice (given explicitly, e.g. ``cache=True``, or
+    resolved before: the options of a :class:`~torch_bcfw.FitResult`) are returned unchanged: nothing given is
+    ever overridden (:class:`~torch_bcfw.solvers.options.SolverOptions` rejects a given field that fits neither
+    choice)."""
+    if not options.auto_pending:
+        return options
     t = measure_oracle_time(model, data)
     name = "gap-pairwise-cache" if t >= options.auto_oracle_threshold else "gap-fw"
     extra = dict(options.extra)
@@ -81,6 +88,8 @@ class BCFW(DualAlgorithm):
         self.glob_gap = np.inf
         self._since_refresh = -1  # iterations since the last exact gap pass (-1: none yet)
         self.exact_block_gaps = None  # (g, H) of the last exact gap pass (refined runs)
+        self._scheduled = False  # the next certificate is a check of the run's schedule (on_scheduled_check)
+        self._resume_point = None  # the sampling state before an unscheduled certificate (see state_dict)
         if options.sampling == "gap":
             self.estimates = GapEstimates(self.n, options.gap_power)
             self.sampler = GapSampler(self.n, options.seed, self.estimates)
@@ -102,10 +111,9 @@ class BCFW(DualAlgorithm):
         return self.steps if self.refined else self.oracle_calls
 
     def chunk_size(self) -> int:
-        if not self.refined:
-            return self.n
-        r = self.steps % self.n
-        return self.n - r  # realign to whole passes after an early gap pass
+        # the rest of the pass in progress: realign to whole passes after an early gap pass, and after a warm
+        # start from a run that stopped mid-pass (so that the gap checks of the schedule fall where they would)
+        return self.n - self.steps % self.n
 
     def _plan(self, m: int) -> StepPlan:
         o = self.options
@@ -129,6 +137,7 @@ class BCFW(DualAlgorithm):
         return plan
 
     def advance(self, m: int) -> None:
+        self._resume_point = None
         if not self.refined:
             order = self.sampler.draw(m)
             self.last_block_gaps = self.state.run_steps(order, self.step_code, self.options.averaging)
@@ -137,6 +146,8 @@ class BCFW(DualAlgorithm):
             self.steps += m
             return
         res = run_plan(self.state, self._plan(m), generic=not self.fused)
+        if isinstance(self.sampler, GapSampler):
+            self.sampler.consumed(res.steps, m)
         self.steps += res.steps
         self.oracle_calls += res.oracle_calls
         self.cache_hits += res.cache_hits
@@ -148,9 +159,19 @@ class BCFW(DualAlgorithm):
         if self._since_refresh >= 0:
             self._since_refresh += res.steps
 
+    def on_scheduled_check(self) -> None:
+        super().on_scheduled_check()
+        self._scheduled = True
+
     def certificate(self) -> Certificate:
         if not self.refined:
             return super().certificate()
+        # A check outside the schedule (the solver loop's final check when a run ends between two scheduled
+        # checks, or a direct call) refreshes the estimates like any exact gap pass, but an uninterrupted run
+        # would not have refreshed them there: keep the state before the refresh for state_dict, so that a
+        # warm start continues exactly as the uninterrupted run.
+        self._resume_point = None if self._scheduled else self._sampling_state()
+        self._scheduled = False
         st = self.state
         g, H, y_star = st.block_gaps()
         self.exact_block_gaps = (g, H)
@@ -183,12 +204,25 @@ class BCFW(DualAlgorithm):
         self.glob_gap = max(float(np.clip(g, 0.0, None).sum()), 0.0)
         self._since_refresh = 0
 
-    def state_dict(self) -> dict:
-        sd = {"state": self.state.state_dict(), "sampler": self.sampler.state_dict(), "oracle_calls": self.oracle_calls,
-              "steps": self.steps, "cache_hits": self.cache_hits, "glob_gap": self.glob_gap,
-              "since_refresh": self._since_refresh}
+    def _sampling_state(self) -> dict:
+        """What an exact gap pass changes besides ``exact_block_gaps``: the estimates (and their sum tree, rebuilt
+        from them on load), the first-visit queue position, the global gap of the cache test, the counter since
+        the last refresh."""
+        sd = {"sampler": self.sampler.state_dict(), "glob_gap": self.glob_gap, "since_refresh": self._since_refresh}
         if self.estimates is not None:
             sd["estimates"] = self.estimates.state_dict()
+        return sd
+
+    def state_dict(self) -> dict:
+        """Everything a warm start needs to continue the run exactly (``fit(a + b passes)`` equals ``fit(a)`` then
+        ``fit(b, init=...)`` bit for bit, at any split: the dual state with its working set, the sampler's
+        generator, the gap sampler's first-visit queue and position, the gap estimates, the global gap of the cache
+        test and the counters).  After an unscheduled certificate (the final check of a run that ended between
+        two scheduled checks) the sampling state is the one before its refresh, i.e. that of the uninterrupted
+        run; its exact block gaps remain available as :attr:`exact_block_gaps`."""
+        sd = {"state": self.state.state_dict(), "oracle_calls": self.oracle_calls, "steps": self.steps,
+              "cache_hits": self.cache_hits}
+        sd.update(self._sampling_state() if self._resume_point is None else self._resume_point)
         return sd
 
     def load_state_dict(self, sd: dict) -> None:

@@ -16,11 +16,21 @@ eviction at the cap, eviction by inactivity).  One **outer iteration** is
 **Automatic number of approximate passes** (Sec. 3.4, in the cross-multiplied form of the authors' code):
 after approximate pass ``B`` the passes stop when ``r * dF_B * t_A < dF_A * t_B``, ``A`` being everything
 since the start of the iteration before ``B`` (the exact pass included), ``dF`` the dual gain and ``t``
-the time (``self.clock``, injectable).  With ``r = 1`` this is the paper's "gain per second of the last
-pass below that of the whole iteration so far".  **Guard**: they also stop when ``dF_B <= min_gain * |F|``
-(a stalled or converged problem would otherwise run all ``M`` passes, ``0 < 0`` being false).  The pass
-that triggers the stop is kept; there is always at least one approximate pass when ``M >= 1``.
-``r = 0`` gives exactly one approximate pass per iteration, ``r = inf`` always ``M`` (the timing rule off).
+the cost.  With ``r = 1`` this is the paper's "gain per unit of cost of the last pass below that of the
+whole iteration so far".  The cost is measured by ``options.mp_clock``:
+
+* ``"work"`` (the default, also ``"auto"``): a deterministic cost model in oracle-call units -- an exact
+  block step costs 1, an approximate block step over a set of ``p`` planes costs ``p /``
+  :data:`PLANES_PER_ORACLE_CALL` (scoring that many planes is taken to cost one oracle call).  Runs with the
+  same seed are then identical bit for bit, whatever the machine's load;
+* ``"wall"``: seconds of ``time.perf_counter`` (the paper's rule; the number of approximate passes, hence
+  the whole run, depends on the timing);
+* a ``clock`` given to :class:`MPBCFW` (tests: a synthetic cost model) overrides both.
+
+**Guard**: the passes also stop when ``dF_B <= min_gain * |F|`` (a stalled or converged problem would
+otherwise run all ``M`` passes, ``0 < 0`` being false).  The pass that triggers the stop is kept; there is
+always at least one approximate pass when ``M >= 1``.  ``r = 0`` gives exactly one approximate pass per
+iteration, ``r = inf`` always ``M`` (the rule off).
 
 **Averaging** (MP-BCFW-avg, Sec. 3.5): two weighted averages of the global iterate ``(v, l)`` (``2/(k+2)``
 weights, each with its own counter), one updated after every exact step and one after every approximate
@@ -54,10 +64,16 @@ from .algorithm import DualAlgorithm
 from .callbacks import Callback
 from .sampling import make_sampler
 
-__all__ = ["MPBCFW", "RecordAccounting", "stop_approximate_passes", "TwoAverages"]
+__all__ = ["MPBCFW", "RecordAccounting", "stop_approximate_passes", "TwoAverages", "PLANES_PER_ORACLE_CALL"]
 
 #: seed salt of the generator of the approximate passes' orders (kept apart from the exact pass's sampler)
 _APPROX_SALT = 0x6D70
+
+#: ``mp_clock="work"``: scoring this many planes (one approximate step over a block's working set of that size)
+#: costs as much as one exact oracle call.  A fixed constant, so that the automatic rule is deterministic; the
+#: exact oracles MP-BCFW is meant for (graph cuts, pose trees, Viterbi over many labels) cost far more than
+#: scoring ten stored labelings, so the rule leans towards approximate passes less than the wall clock would.
+PLANES_PER_ORACLE_CALL = 10.0
 
 
 def stop_approximate_passes(gain_a: float, time_a: float, gain_b: float, time_b: float, ratio: float,
@@ -147,13 +163,17 @@ class MPBCFW(DualAlgorithm):
 
     Args:
         clock: a function returning the current time in seconds (default ``time.perf_counter``); the
-            automatic rule and the time accounting read it at pass boundaries only.  Tests inject a
-            synthetic clock (e.g. a cost model of oracle calls and approximate steps).
+            time accounting reads it at pass boundaries only, and so does the automatic rule when it is given
+            (it then overrides ``options.mp_clock``) or with ``mp_clock="wall"``.  Tests inject a synthetic
+            clock (e.g. a cost model of oracle calls and approximate steps).
 
     Attributes:
         iteration: completed outer iterations (the exact pass in progress belongs to ``iteration + 1``).
         approx_steps, approx_passes: approximate block steps and passes so far.
         exact_time, approx_time: clock time spent in exact and in approximate passes.
+        exact_work, approx_work: their cost in oracle-call units (``mp_clock="work"``'s cost model; in the
+            checkpoint, not in the history).
+        rule_clock: ``"work"``, ``"wall"`` or ``"clock"`` (a given clock): what the automatic rule measures.
         last_approx_passes: approximate passes of the last completed outer iteration.
     """
 
@@ -169,6 +189,10 @@ class MPBCFW(DualAlgorithm):
             raise ValueError("mp-bcfw with a working set (mp_max_planes > 0) needs step='line_search'")
         super().__init__(model, data, lam, options, state, bounds)
         self.clock = clock if clock is not None else time.perf_counter
+        if clock is not None:
+            self.rule_clock = "clock"
+        else:
+            self.rule_clock = "wall" if options.mp_clock == "wall" else "work"
         self.N = options.mp_max_planes
         self.M = options.mp_max_approx_passes if self.N > 0 else 0
         self.T = options.mp_inactive_iters
@@ -179,8 +203,9 @@ class MPBCFW(DualAlgorithm):
         self.pos = 0  # block iterations done in the exact pass in progress
         self.approx_steps = self.approx_passes = self.last_approx_passes = 0
         self.exact_time = self.approx_time = 0.0
+        self.exact_work = self.approx_work = 0.0
         self._iter_dual0 = 0.0  # dual value at the start of the outer iteration in progress
-        self._iter_exact_time = 0.0  # clock time of its exact pass so far
+        self._iter_exact_cost = 0.0  # the rule's cost (seconds or work units) of its exact pass so far
         self.averages = TwoAverages(self.state.d, self.state.w.device) if (options.averaging and self.N > 0) else None
         self.ws = self._working_set() if self.N > 0 else None
         self.fused = True  # use the compiled chain steps when they apply (tests set False to run the generic loop)
@@ -291,7 +316,7 @@ class MPBCFW(DualAlgorithm):
         m = min(int(m), self.n - self.pos)
         if self.pos == 0:
             self._iter_dual0 = self.dual_value()
-            self._iter_exact_time = 0.0
+            self._iter_exact_cost = 0.0
         order = self.sampler.draw(m)
         t0 = self.clock()
         if self.ws is None:  # N = 0: BCFW's own code path
@@ -300,7 +325,8 @@ class MPBCFW(DualAlgorithm):
             self._exact_steps(order, float(self.iteration + 1))
         dt = self.clock() - t0
         self.exact_time += dt
-        self._iter_exact_time += dt
+        self.exact_work += m  # one oracle call per exact step
+        self._iter_exact_cost += float(m) if self.rule_clock == "work" else dt
         self.oracle_calls += m
         self.pos += m
         if self.pos == self.n:
@@ -317,16 +343,21 @@ class MPBCFW(DualAlgorithm):
         k = self.iteration
         cutoff = float(k - self.T) if self.T > 0 else -math.inf
         dual = self.dual_value()
-        gain_a, time_a = dual - self._iter_dual0, self._iter_exact_time
+        gain_a, time_a = dual - self._iter_dual0, self._iter_exact_cost
         for p in range(1, self.M + 1):
             stamp = k + p / (self.M + 1.0)
             order = self.approx_rng.permutation(self.n)
+            # every block is visited once and only its own step changes its set: the planes scored in this pass
+            # are the set sizes now
+            work_b = float(self.ws.size.sum()) / PLANES_PER_ORACLE_CALL
             t0 = self.clock()
             self._approx_pass(order, stamp, cutoff)
-            time_b = self.clock() - t0
+            dt = self.clock() - t0
+            time_b = work_b if self.rule_clock == "work" else dt
             new_dual = self.dual_value()
             gain_b = new_dual - dual
-            self.approx_time += time_b
+            self.approx_time += dt
+            self.approx_work += work_b
             self.approx_steps += self.n
             self.approx_passes += 1
             self.last_approx_passes = p
@@ -366,7 +397,8 @@ class MPBCFW(DualAlgorithm):
               "iteration": self.iteration, "pos": self.pos, "approx_steps": self.approx_steps,
               "approx_passes": self.approx_passes, "last_approx_passes": self.last_approx_passes,
               "exact_time": self.exact_time, "approx_time": self.approx_time, "iter_dual0": self._iter_dual0,
-              "iter_exact_time": self._iter_exact_time}
+              "exact_work": self.exact_work, "approx_work": self.approx_work, "rule_clock": self.rule_clock,
+              "iter_exact_cost": self._iter_exact_cost}
         if self.averages is not None:
             sd["averages"] = self.averages.state_dict()
         return sd
@@ -380,7 +412,12 @@ class MPBCFW(DualAlgorithm):
         self.approx_steps, self.approx_passes = int(sd["approx_steps"]), int(sd["approx_passes"])
         self.last_approx_passes = int(sd["last_approx_passes"])
         self.exact_time, self.approx_time = float(sd["exact_time"]), float(sd["approx_time"])
-        self._iter_dual0, self._iter_exact_time = float(sd["iter_dual0"]), float(sd["iter_exact_time"])
+        self._iter_dual0 = float(sd["iter_dual0"])
+        self.exact_work, self.approx_work = float(sd.get("exact_work", 0.0)), float(sd.get("approx_work", 0.0))
+        # the cost of an exact pass in progress, in the unit of the rule (a checkpoint of the other unit: restart it)
+        same_unit = sd.get("rule_clock", "wall") == self.rule_clock
+        cost = sd.get("iter_exact_cost", sd.get("iter_exact_time", 0.0))
+        self._iter_exact_cost = float(cost) if same_unit else (float(self.pos) if self.rule_clock == "work" else 0.0)
         # the averages are feature-space vectors: after a warm start on other features they restart
         if self.averages is not None and "averages" in sd and not self.state.rebound:
             self.averages.load_state_dict(sd["averages"])

@@ -2,9 +2,14 @@
 from __future__ import annotations
 
 import dataclasses
+import math
+import numbers
 from dataclasses import dataclass, field
 
-__all__ = ["SolverOptions", "SOLVERS", "parse_preset", "PRESETS", "AUTO_ORACLE_THRESHOLD"]
+import numpy as np
+
+__all__ = ["SolverOptions", "SOLVERS", "parse_preset", "PRESETS", "AUTO_ORACLE_THRESHOLD", "AUTO_CHOICES",
+           "MP_CLOCKS"]
 
 #: solver names accepted by :func:`torch_bcfw.fit`
 SOLVERS = ("bcfw", "fw", "ssg", "mp-bcfw")
@@ -14,8 +19,17 @@ PRESETS = tuple(
     f"{s}-{r}{c}" for c in ("", "-cache") for r in ("fw", "pairwise", "away") for s in ("uniform", "gap")
 ) + ("auto",)
 
+#: values of ``SolverOptions.mp_clock``
+MP_CLOCKS = ("auto", "work", "wall")
+
 #: per-example oracle time (seconds) from which ``preset="auto"`` treats the oracle as expensive
 AUTO_ORACLE_THRESHOLD = 1e-4
+
+#: the two combinations ``preset="auto"`` chooses between (Osokin et al. 2016, Sec. 5.1): costly oracle first
+AUTO_CHOICES = ("gap-pairwise-cache", "gap-fw")
+
+#: what ``sampling``, ``step_rule`` and ``cache`` are when neither they nor a preset are given (plain BCFW)
+_COMBINATION_DEFAULTS = {"sampling": "uniform", "step_rule": "fw", "cache": False}
 
 _SAMPLING_TOKENS = {"uniform": "uniform", "perm": "perm", "gap": "gap"}
 _RULE_TOKENS = {"fw": "fw", "bcfw": "fw", "pairwise": "pairwise", "bcpfw": "pairwise", "away": "away", "bcafw": "away"}
@@ -51,6 +65,37 @@ def parse_preset(name: str) -> dict:
     return out
 
 
+def _is_bool(v) -> bool:
+    return isinstance(v, (bool, np.bool_))
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, numbers.Integral) and not _is_bool(v)
+
+
+def _is_real(v) -> bool:
+    return isinstance(v, numbers.Real) and not _is_bool(v)
+
+
+def _check_int(name: str, v, minimum: int) -> int:
+    """An integer option (``int`` or numpy integer; not a bool, not a float even if integral) ``>= minimum``."""
+    if not _is_int(v) or v < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {v!r}")
+    return int(v)
+
+
+def _check_real(name: str, v, *, positive: bool, finite: bool, optional: bool = False):
+    """A real option (``int``, ``float`` or numpy number; not a bool, never NaN), ``> 0`` (``positive``) or ``>= 0``,
+    finite unless ``finite=False`` (then ``+inf`` is allowed); ``None`` passes when ``optional``."""
+    if v is None and optional:
+        return None
+    bound = "> 0" if positive else ">= 0"
+    what = f"a finite number {bound}" if finite else f"a number {bound} (inf allowed)"
+    if not _is_real(v) or math.isnan(v) or (finite and math.isinf(v)) or not (v > 0 if positive else v >= 0):
+        raise ValueError(f"{name} must be {what}" + (" or None" if optional else "") + f", got {v!r}")
+    return v.item() if isinstance(v, np.generic) else v  # a Python number (saved results hold no numpy scalars)
+
+
 @dataclass
 class SolverOptions:
     """Options shared by BCFW, batch Frank-Wolfe and SSG.
@@ -65,25 +110,44 @@ class SolverOptions:
     variants is ``n`` block iterations (cache hits included, as in the authors' code); the history
     counts oracle calls and cache hits separately, and ``passes`` there is oracle calls / n.
 
+    Every option is checked, nothing is coerced (``ValueError`` naming the option and the value): integer
+    options take an ``int`` or a numpy integer (not a bool, not a float even if integral such as ``3.0``);
+    bool options take ``True`` / ``False`` or a numpy bool (not ``"no"``, not ``0``); numeric options take
+    real numbers, never a bool and never NaN, and are finite unless said otherwise below.
+
+    **Warm starts** (``fit(..., init=result)``) continue a run exactly: ``fit(a + b passes)`` equals ``fit(a)``
+    then ``fit(b, init=...)`` bit for bit (weights, averages and every history record but the timings), at any
+    split, whole or fractional, for ``solver="bcfw"`` with every sampling and refinement (gap sampling
+    included: the estimates, the first-visit queue, the global gap of the cache test and the random stream are
+    saved, and the final check of the first run does not refresh the saved estimates) and for ``"mp-bcfw"`` --
+    except that the first run's history holds one more record, the final check at the split.  Limits: ``preset="auto"`` with neither ``step_rule`` nor ``cache``
+    given measures the oracle again in the second call and may choose differently (give the combination it
+    chose, ``result.options.variant_name()``, to rule that out); ``time_budget`` and Ctrl-C stops depend on the
+    clock; ``solver="mp-bcfw"`` with ``mp_clock="wall"`` depends on the clock at every outer iteration.
+
     Attributes:
-        max_passes: stop after this many effective passes (oracle calls / n). Default 100.
+        max_passes: stop after this many effective passes (oracle calls / n), a finite number > 0 (fractions
+            allowed; to stop on the gap or the time only, give a large number with ``gap_tol`` /
+            ``time_budget``). Default 100.
         gap_check: run an exact duality-gap pass (n oracle calls at a fixed ``w``) every this
-            many passes, and always at the end. Default 10.
+            many passes, and always at the end: an integer >= 1. Default 10.
         gap_tol: stop as soon as a certified gap (of the last or of the averaged iterate) is
-            ``<= gap_tol``, in the units of the objective ``lam/2||w||^2 + 1/n sum_i H_i``.
+            ``<= gap_tol`` (finite, >= 0), in the units of the objective ``lam/2||w||^2 + 1/n sum_i H_i``.
             ``None`` (default) never stops on the gap.
         rel_gap_tol: stop as soon as a certified gap divided by its primal value is ``<= rel_gap_tol``
-            (``None``, default: never).
-        time_budget: stop after this many seconds of solver time (``None``: no limit). The model
+            (finite, >= 0; ``None``, default: never).
+        time_budget: stop after this many seconds of solver time (finite, > 0; ``None``: no limit). The model
             reached so far is returned, with its certified gap.
         step: ``"line_search"`` (default) or ``"fixed"`` (``2n/(k+2n)`` for BCFW, ``2/(k+2)`` for
             FW). SSG always uses ``1/(lam (k+1))``.
-        sampling: ``"uniform"`` (i.i.d. with replacement, the setting of the theory; default),
+        sampling: ``"uniform"`` (i.i.d. with replacement, the setting of the theory; the default when neither
+            it nor a preset is given: ``None`` stands for "not given"),
             ``"perm"`` (a fresh random permutation every pass) or ``"gap"`` (BCFW only: adaptive gap
             sampling, Alg. 2: every block once in a random order, then ``i ~ g_i^gap_power`` over the
             block-gap estimates, which every oracle call updates and every exact gap pass refreshes;
             when all estimates are 0 the exact gap pass is run at once).
-        step_rule: ``"fw"`` (default), ``"pairwise"`` (BCPFW, Alg. 3) or ``"away"`` (BCAFW, Alg. 4).
+        step_rule: ``"fw"`` (default, ``None``: not given), ``"pairwise"`` (BCPFW, Alg. 3) or ``"away"`` (BCAFW,
+            Alg. 4).
             Pairwise and away steps keep explicit active sets (the dual state's working set) and need
             ``step="line_search"``.
         cache: keep a working set of past oracle answers per block and use its best labeling instead of
@@ -91,24 +155,30 @@ class SolverOptions:
             ``g_global`` starts at the exact gap of the starting point ``alpha_i = e_{y_i}``
             (``mean_i max_y L_i(y)``: 1 for normalised losses, the value of the authors' code) and is
             replaced by every exact gap pass; ``+inf`` when the run starts from a moved state.
-            Default False.
-        cache_size: maximum labelings per block (default 100, the authors' code); the inactive one with the
+            Default False (``None``: not given).
+        cache_size: maximum labelings per block, an integer >= 1 (default 100, the authors' code); the inactive one with the
             lowest score is evicted; active labelings are never evicted by pairwise / away steps.
-        cache_F: local factor ``F`` of the cache-hit test (default 0.25).
-        cache_nu: global factor ``nu`` of the cache-hit test (default 0.01); ``inf`` disables hits.
-        gap_power: exponent ``p`` of gap sampling, ``i ~ g_i^p`` (default 1).
+        cache_F: local factor ``F`` of the cache-hit test, > 0 (default 0.25; ``inf`` allowed).
+        cache_nu: global factor ``nu`` of the cache-hit test, > 0 (default 0.01); ``inf`` disables hits.
+        gap_power: exponent ``p`` of gap sampling, ``i ~ g_i^p``, finite > 0 (default 1).
         early_gap_check: with ``gap_tol`` and block-gap estimates (gap sampling or cache), run the exact gap
             pass as soon as the sum of the estimates is ``<= early_gap_check * gap_tol`` instead of waiting for
             the next ``gap_check`` pass (the gapBCFW code does this with 0.8; the regularization path uses it).
             ``None`` (default): only the scheduled checks.
-        preset: a named combination of ``sampling``, ``step_rule`` and ``cache`` (overrides them):
-            ``"gap-pairwise-cache"``, ``"gap"``, ``"uniform-fw-cache"``... (:func:`parse_preset`), or
-            ``"auto"``: the paper's recommendation from the measured oracle time per example:
-            ``gap-pairwise-cache`` when it is ``>= auto_oracle_threshold`` seconds, else ``gap-fw``.
+        preset: a named combination of ``sampling``, ``step_rule`` and ``cache``:
+            ``"gap-pairwise-cache"``, ``"gap"``, ``"uniform-fw-cache"``... (:func:`parse_preset`).  A preset never
+            overrides a field given explicitly: giving one that disagrees with the preset is an error (the same
+            value is fine, so the reload of :meth:`to_dict`, which holds the preset and the resolved fields,
+            works).  ``"auto"``: the paper's recommendation from the measured oracle time per example:
+            ``gap-pairwise-cache`` when it is ``>= auto_oracle_threshold`` seconds, else ``gap-fw``
+            (:data:`AUTO_CHOICES`).  Fields given with ``"auto"`` must fit one of the two choices
+            (``sampling="gap"``; ``step_rule="fw"`` / ``cache=False`` or ``step_rule="pairwise"`` / ``cache=True``;
+            ``step="fixed"`` only fits ``gap-fw``); when they fit only one, it is chosen without measuring.
+            Until the solver measures, ``step_rule`` and ``cache`` are ``None`` (:attr:`auto_pending`).
         auto_oracle_threshold: threshold of ``preset="auto"`` in seconds per oracle call (default 1e-4:
             the compiled chain oracles of this package, 2-40 microseconds, are cheap; graph cuts and
             pose trees are expensive).
-        averaging: keep the weighted average ``wbar_k = 2/(k(k+1)) sum_t t w_t`` (and ``lbar``)
+        averaging: (a bool, like ``check_averaged``, ``track_train_loss``, ``progress`` and ``cache``) keep the weighted average ``wbar_k = 2/(k(k+1)) sum_t t w_t`` (and ``lbar``)
             and certify its gap as well. Default True (BCFWstruct: "it made a big difference in
             test error").
         check_averaged: also run the gap pass at the averaged iterate (one more oracle pass per
@@ -116,7 +186,7 @@ class SolverOptions:
             iterate is returned as the model.
         track_train_loss: record the task loss of the (averaged) model on the training set at every
             gap check (one plain-decoding pass). Default True.
-        seed: random seed of the sampler. Default 1.
+        seed: random seed of the sampler, an integer >= 0 (not a float, not a bool). Default 1.
         progress: show a progress bar (pass, gap, primal, elapsed). Default False.
         mp_max_planes: ``solver="mp-bcfw"`` (Shah et al. 2015): cap ``N`` on the planes (past oracle
             answers) kept per block; the longest-inactive plane is evicted at the cap.  Default 1000 (the
@@ -127,10 +197,17 @@ class SolverOptions:
         mp_max_approx_passes: ``M``: most approximate passes per outer iteration (default 1000, a cap: the
             automatic rule decides); ``0``: exact passes only.
         mp_approx_ratio: ``r`` of the automatic rule: stop the approximate passes when ``r x`` the dual gain
-            per second of the last pass falls below that of the whole iteration so far.  Default 1 (the
-            paper); ``0``: one approximate pass per iteration; ``inf``: always ``M`` (the timing rule off).
+            per unit of cost (``mp_clock``) of the last pass falls below that of the whole iteration so far.
+            Default 1 (the paper); ``0``: one approximate pass per iteration; ``inf``: always ``M`` (the rule off).
         mp_min_gain: guard of the rule: also stop when an approximate pass gains ``<= mp_min_gain x |dual|``
             (default 1e-12).
+        mp_clock: how the automatic rule measures the cost of a pass: ``"work"`` (deterministic: a cost model in
+            oracle-call units, an exact block step costs 1 and an approximate block step over ``p`` planes
+            ``p / PLANES_PER_ORACLE_CALL`` with the constant
+            :data:`torch_bcfw.solvers.mpbcfw.PLANES_PER_ORACLE_CALL` = 10, so that two runs with the same seed are
+            identical bit for bit), ``"wall"`` (seconds, the paper's rule: the number of approximate passes, hence
+            the run, depends on the machine's speed and load) or ``"auto"`` (default: ``"work"``).  The history's
+            ``exact_time`` / ``approx_time`` stay in seconds with either.
     """
 
     max_passes: float = 100
@@ -139,14 +216,14 @@ class SolverOptions:
     rel_gap_tol: float | None = None
     time_budget: float | None = None
     step: str = "line_search"
-    sampling: str = "uniform"
+    sampling: str | None = None
     averaging: bool = True
     check_averaged: bool = True
     track_train_loss: bool = True
     seed: int = 1
     progress: bool = False
-    step_rule: str = "fw"
-    cache: bool = False
+    step_rule: str | None = None
+    cache: bool | None = None
     cache_size: int = 100
     cache_F: float = 0.25
     cache_nu: float = 0.01
@@ -159,54 +236,89 @@ class SolverOptions:
     mp_max_approx_passes: int = 1000
     mp_approx_ratio: float = 1.0
     mp_min_gain: float = 1e-12
+    mp_clock: str = "auto"
     extra: dict = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
-        if self.preset is not None and self.preset != "auto":
-            for k, v in parse_preset(self.preset).items():
-                setattr(self, k, v)
+        # ---- bools: True / False or numpy bools only (cache may be None: not given)
+        for name in ("averaging", "check_averaged", "track_train_loss", "progress", "cache"):
+            v = getattr(self, name)
+            if v is None and name == "cache":
+                continue
+            if not _is_bool(v):
+                raise ValueError(f"{name} must be a bool (True or False), got {v!r}")
+            setattr(self, name, bool(v))
         if self.step not in ("line_search", "fixed"):
             raise ValueError(f"step must be 'line_search' or 'fixed', got {self.step!r}")
-        if self.sampling not in ("uniform", "perm", "gap"):
+        if self.sampling is not None and self.sampling not in ("uniform", "perm", "gap"):
             raise ValueError(f"sampling must be 'uniform', 'perm' or 'gap', got {self.sampling!r}")
-        if self.step_rule not in ("fw", "pairwise", "away"):
+        if self.step_rule is not None and self.step_rule not in ("fw", "pairwise", "away"):
             raise ValueError(f"step_rule must be 'fw', 'pairwise' or 'away', got {self.step_rule!r}")
-        self.cache = bool(self.cache)
-        if (self.step_rule != "fw" or self.cache) and self.step != "line_search":
+        # ---- the combination (sampling, step rule, cache): the given fields, then the preset (which must agree
+        # with them), then the defaults
+        given = {k: getattr(self, k) for k in _COMBINATION_DEFAULTS if getattr(self, k) is not None}
+        if self.preset == "auto":
+            self._filter_auto_choices(given)
+        elif self.preset is not None:
+            for k, v in parse_preset(self.preset).items():
+                if k in given and given[k] != v:
+                    raise ValueError(
+                        f"preset {self.preset!r} sets {k}={v!r} but {k}={given[k]!r} was given: a preset names the whole "
+                        "combination of sampling, step_rule and cache, so give the preset alone (or the three fields "
+                        "without a preset)"
+                    )
+                setattr(self, k, v)
+        else:
+            for k, v in _COMBINATION_DEFAULTS.items():
+                if getattr(self, k) is None:
+                    setattr(self, k, v)
+        if (self.step_rule not in ("fw", None) or self.cache) and self.step != "line_search":
             raise ValueError("pairwise / away steps and caching need step='line_search'")
-        if int(self.cache_size) < 1:
-            raise ValueError(f"cache_size must be >= 1, got {self.cache_size}")
-        self.cache_size = int(self.cache_size)
-        for name in ("cache_F", "cache_nu", "gap_power", "auto_oracle_threshold"):
-            v = float(getattr(self, name))
-            if not v > 0:
-                raise ValueError(f"{name} must be > 0, got {v}")
-            setattr(self, name, v)
-        if self.early_gap_check is not None:
-            self.early_gap_check = float(self.early_gap_check)
-            if not self.early_gap_check > 0:
-                raise ValueError(f"early_gap_check must be > 0 (a fraction of gap_tol), got {self.early_gap_check}")
-        if not self.max_passes > 0:
-            raise ValueError(f"max_passes must be > 0, got {self.max_passes}")
-        if int(self.gap_check) < 1:
-            raise ValueError(f"gap_check must be >= 1, got {self.gap_check}")
-        self.gap_check = int(self.gap_check)
-        if self.gap_tol is not None and self.gap_tol < 0:
-            raise ValueError(f"gap_tol must be >= 0, got {self.gap_tol}")
-        if self.rel_gap_tol is not None and self.rel_gap_tol < 0:
-            raise ValueError(f"rel_gap_tol must be >= 0, got {self.rel_gap_tol}")
+        # ---- numbers: real ints / reals, never bools, never NaN
+        self.gap_check = _check_int("gap_check", self.gap_check, 1)
+        self.seed = _check_int("seed", self.seed, 0)
+        self.cache_size = _check_int("cache_size", self.cache_size, 1)
         for name in ("mp_max_planes", "mp_inactive_iters", "mp_max_approx_passes"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or int(v) != v or v < 0:
-                raise ValueError(f"{name} must be an integer >= 0, got {v!r}")
-            setattr(self, name, int(v))
+            setattr(self, name, _check_int(name, getattr(self, name), 0))
+        self.max_passes = _check_real("max_passes", self.max_passes, positive=True, finite=True)
+        self.gap_tol = _check_real("gap_tol", self.gap_tol, positive=False, finite=True, optional=True)
+        self.rel_gap_tol = _check_real("rel_gap_tol", self.rel_gap_tol, positive=False, finite=True, optional=True)
+        self.time_budget = _check_real("time_budget", self.time_budget, positive=True, finite=True, optional=True)
+        for name in ("cache_F", "cache_nu", "auto_oracle_threshold"):
+            setattr(self, name, float(_check_real(name, getattr(self, name), positive=True, finite=False)))
+        self.gap_power = float(_check_real("gap_power", self.gap_power, positive=True, finite=True))
+        if self.early_gap_check is not None:
+            self.early_gap_check = float(
+                _check_real("early_gap_check", self.early_gap_check, positive=True, finite=True, optional=True))
         for name in ("mp_approx_ratio", "mp_min_gain"):
-            v = float(getattr(self, name))
-            if not v >= 0:
-                raise ValueError(f"{name} must be >= 0, got {v}")
-            setattr(self, name, v)
-        if self.time_budget is not None and self.time_budget <= 0:
-            raise ValueError(f"time_budget must be > 0 seconds, got {self.time_budget}")
+            setattr(self, name, float(_check_real(name, getattr(self, name), positive=False, finite=False)))
+        if self.mp_clock not in MP_CLOCKS:
+            raise ValueError(f"mp_clock must be one of {MP_CLOCKS}, got {self.mp_clock!r}")
+        if not isinstance(self.extra, dict):
+            raise ValueError(f"extra must be a dict, got {self.extra!r}")
+
+    def _filter_auto_choices(self, given: dict) -> None:
+        """``preset="auto"``: keep the choices of :data:`AUTO_CHOICES` that agree with the given fields (and with
+        ``step``); none: error; one: it is fixed now (the solver measures nothing); two: ``step_rule`` and ``cache``
+        stay ``None`` until the solver measures the oracle (:func:`torch_bcfw.solvers.bcfw.resolve_auto_preset`)."""
+        choices = [parse_preset(name) for name in AUTO_CHOICES]
+        fits = [c for c in choices if all(c[k] == v for k, v in given.items())
+                and (self.step == "line_search" or (c["step_rule"] == "fw" and not c["cache"]))]
+        if not fits:
+            raise ValueError(
+                f"preset='auto' chooses between {' and '.join(repr(c) for c in AUTO_CHOICES)} but the given "
+                + ", ".join(f"{k}={v!r}" for k, v in given.items())
+                + (f" (with step={self.step!r})" if self.step != "line_search" else "")
+                + " fits neither: drop them or name a preset"
+            )
+        self.sampling = "gap"
+        if len(fits) == 1:
+            self.step_rule, self.cache = fits[0]["step_rule"], fits[0]["cache"]
+
+    @property
+    def auto_pending(self) -> bool:
+        """True while ``preset="auto"`` still has to measure the oracle to choose ``step_rule`` and ``cache``."""
+        return self.preset == "auto" and self.step_rule is None
 
     @classmethod
     def from_kwargs(cls, **kwargs) -> "SolverOptions":
@@ -223,7 +335,10 @@ class SolverOptions:
         return self.sampling == "gap" or self.step_rule != "fw" or self.cache
 
     def variant_name(self) -> str:
-        """The preset name of the (resolved) combination, e.g. ``"gap-pairwise-cache"``."""
+        """The preset name of the (resolved) combination, e.g. ``"gap-pairwise-cache"`` (``"auto"`` while
+        ``preset="auto"`` has not measured the oracle yet)."""
+        if self.auto_pending:
+            return "auto"
         return f"{self.sampling}-{self.step_rule}" + ("-cache" if self.cache else "")
 
     def to_dict(self) -> dict:

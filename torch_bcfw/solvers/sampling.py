@@ -129,9 +129,20 @@ class GapSampler(Sampler):
         self.estimates = estimates if estimates is not None else GapEstimates(n)
         self.queue = self.rng.permutation(self.n).astype(np.int64)
         self.smeta = np.zeros(1, dtype=np.int64)  # position in the queue
+        self._rng_before = self.rng.bit_generator.state
 
     def uniforms(self, m: int) -> np.ndarray:
+        """``m`` uniforms for a chunk, one per step; :meth:`consumed` gives back those the chunk did not use."""
+        self._rng_before = self.rng.bit_generator.state
         return self.rng.random(m)
+
+    def consumed(self, k: int, m: int) -> None:
+        """The chunk that drew ``m`` uniforms took ``k`` steps (it stopped early to ask for an exact gap pass):
+        rewind the generator to just after the ``k``-th uniform, so that the random stream does not depend on
+        where the chunks end (a run split by a checkpoint draws exactly the uniforms of the whole run)."""
+        if k < m:
+            self.rng.bit_generator.state = self._rng_before
+            self.rng.random(k)
 
     def draw(self, m: int) -> np.ndarray:
         raise NotImplementedError("gap sampling draws inside the step loop (see GapSampler.uniforms)")
