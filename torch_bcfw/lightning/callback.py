@@ -11,7 +11,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info
 
-from ..data import MulticlassData, SequenceData
+from ..data import MulticlassData, SequenceData, check_index_tensor
 from ..models.dual import ActiveSetDualState, check_lam
 from ..nn import StructuredHead
 from ..solvers.bcfw import BCFW
@@ -122,9 +122,10 @@ def collect_features(pl_module, batches, device="cpu", to_device=None):
             raise ValueError("bcfw_features must return the labels of the training examples")
         lens = None
         if len(out) == 3:
-            off = torch.as_tensor(out[2]).detach().cpu().long()
+            off = check_index_tensor(torch.as_tensor(out[2]).detach().cpu(), "bcfw_features offsets")
             lens = off[1:] - off[:-1]
-        return out[0].detach().to(device, torch.float64), out[1].detach().to(device).long(), lens
+        y = check_index_tensor(out[1].detach(), "bcfw_features labels")
+        return out[0].detach().to(device, torch.float64), y.to(device), lens
 
     parts = eval_outputs(pl_module, batches, each, to_device)
     seq = parts[0][2] is not None
