@@ -12,7 +12,7 @@ __all__ = ["SolverOptions", "SOLVERS", "parse_preset", "PRESETS", "AUTO_ORACLE_T
            "MP_CLOCKS"]
 
 #: solver names accepted by :func:`torch_bcfw.fit`
-SOLVERS = ("bcfw", "fw", "ssg", "mp-bcfw")
+SOLVERS = ("bcfw", "fw", "ssg", "mp-bcfw", "cutting-plane")
 
 #: the 8 combinations compared by Osokin et al. 2016 (Sec. 5.1) plus the away-step variants
 PRESETS = tuple(
@@ -208,6 +208,10 @@ class SolverOptions:
             identical bit for bit), ``"wall"`` (seconds, the paper's rule: the number of approximate passes, hence
             the run, depends on the machine's speed and load) or ``"auto"`` (default: ``"work"``).  The history's
             ``exact_time`` / ``approx_time`` stay in seconds with either.
+        cp_inner_tol: ``solver="cutting-plane"``: the restricted dual over the planes is solved to an inner duality
+            gap ``<= cp_inner_tol * max(1, |dual|)`` (default 1e-10).  The certified gap is exact whatever this is.
+        cp_inner_iters: ``solver="cutting-plane"``: at most this many pairwise Frank-Wolfe steps per inner solve
+            (default 10000).
     """
 
     max_passes: float = 100
@@ -237,6 +241,8 @@ class SolverOptions:
     mp_approx_ratio: float = 1.0
     mp_min_gain: float = 1e-12
     mp_clock: str = "auto"
+    cp_inner_tol: float = 1e-10
+    cp_inner_iters: int = 10000
     extra: dict = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
@@ -294,6 +300,8 @@ class SolverOptions:
             setattr(self, name, float(_check_real(name, getattr(self, name), positive=False, finite=False)))
         if self.mp_clock not in MP_CLOCKS:
             raise ValueError(f"mp_clock must be one of {MP_CLOCKS}, got {self.mp_clock!r}")
+        self.cp_inner_tol = float(_check_real("cp_inner_tol", self.cp_inner_tol, positive=True, finite=True))
+        self.cp_inner_iters = _check_int("cp_inner_iters", self.cp_inner_iters, 1)
         if not isinstance(self.extra, dict):
             raise ValueError(f"extra must be a dict, got {self.extra!r}")
 

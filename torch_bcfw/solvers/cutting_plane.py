@@ -1,0 +1,161 @@
+"""The 1-slack cutting-plane method (Joachims, Finley & Yu 2009; SVM-struct), a baseline of the BCFW paper.
+
+Each iteration makes one batched oracle call over all ``n`` examples at the current ``w`` and adds one
+*plane*: the joint labeling ``Y^j = (y_1*, ..., y_n*)`` enters the dual as the vertex ``alpha_i = e_{y_i*}`` of
+every block at once, with
+
+* ``a_j = 1/(lam n) sum_i psi_i(y_i*)``  (``Tensor[d]``, in the units of ``w``) and
+* ``b_j = 1/n sum_i L_i(y_i*)``.
+
+The restricted dual over the planes (plane 0 is the ground truth, ``a_0 = 0``, ``b_0 = 0``) is re-solved over
+the simplex of plane weights ``beta`` (the fully corrective Frank-Wolfe view of Lacoste-Julien et al. 2013,
+Sec. 3)::
+
+    max_beta  D(beta) = beta^T b - lam/2 ||sum_j beta_j a_j||^2,   beta >= 0, sum_j beta_j = 1,
+
+so ``w = sum_j beta_j a_j`` and ``l = beta^T b``.  The inner problem is a small dense QP in the plane Gram
+matrix ``K_jk = <a_j, a_k>``; it is solved by pairwise Frank-Wolfe with exact line search, warm-started, to an
+inner duality gap ``<= cp_inner_tol * max(1, |D|)`` (at most ``cp_inner_iters`` iterations).  Whatever the
+inner accuracy, every ``beta`` on the simplex is a feasible dual point (``alpha_i = sum_j beta_j e_{y_i^j}``),
+so the certified gap ``P(w) - D(beta)`` of the loop is exact; an inexact inner solve only slows the method.
+
+Box constraints are not supported (the inner QP would change); models with ``weight_bounds`` (graph cuts,
+pose trees) need ``solver="bcfw"`` or ``"fw"``.  Planes are stored densely (``d`` numbers each), one per
+iteration.  A state saved on some features refuses to load on others (its planes are feature-space vectors).
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ..models.dual import features_fingerprint, labels_fingerprint
+from .algorithm import Algorithm, normalise_bounds
+
+__all__ = ["CuttingPlane", "solve_simplex_qp"]
+
+
+def solve_simplex_qp(K, b, lam: float, beta, tol: float, max_iters: int):
+    """Maximise ``beta^T b - lam/2 beta^T K beta`` over the simplex by pairwise Frank-Wolfe (exact line search).
+
+    Args:
+        K: ``float64[P, P]`` Gram matrix (positive semi-definite), numpy.
+        b: ``float64[P]``.
+        lam: the regularisation (scales the quadratic term).
+        beta: ``float64[P]`` starting point on the simplex (not modified).
+        tol: stop when the inner duality gap ``max_j g_j - min_{beta_j > 0} g_j`` (``g = b - lam K beta``, the
+            gradient of the concave objective; it bounds the suboptimality) is ``<= tol``.
+        max_iters: iteration cap.
+
+    Returns:
+        ``(beta, iterations, inner gap)``.
+    """
+    beta = np.array(beta, dtype=np.float64)
+    Kb = K @ beta
+    it, gap = 0, np.inf
+    for it in range(1, max_iters + 1):
+        g = b - lam * Kb
+        s = int(np.argmax(g))
+        a = int(np.argmin(np.where(beta > 0, g, np.inf)))
+        gap = float(g[s] - g[a])
+        if gap <= tol or s == a:
+            break
+        curv = lam * (K[s, s] + K[a, a] - 2.0 * K[s, a])
+        step = beta[a] if curv <= 0 else min(gap / curv, beta[a])  # a drop step sets beta_a to exactly 0
+        beta[s] += step
+        beta[a] -= step
+        Kb += step * (K[:, s] - K[:, a])
+    return beta, it, gap
+
+
+class CuttingPlane(Algorithm):
+    """``solver="cutting-plane"``: one full oracle pass adds one plane; the dual over the planes is re-solved.
+
+    Options (:class:`~torch_bcfw.solvers.options.SolverOptions`): ``cp_inner_tol`` (default 1e-10, relative),
+    ``cp_inner_iters`` (default 10000); ``gap_check`` counts iterations (one pass each).  No averaging: the
+    iterate is the fully corrective solution.
+    """
+
+    name = "cutting-plane"
+
+    def __init__(self, model, data, lam, options, state=None, bounds=None):
+        super().__init__(model, data, lam, options)
+        if options.refined:
+            raise ValueError("gap sampling, pairwise / away steps and caching are BCFW refinements (solver='bcfw')")
+        if normalise_bounds(bounds, model) is not None:
+            raise ValueError("box constraints (here the model's weight_bounds) are supported by solver='bcfw' and "
+                             "solver='fw', not by 'cutting-plane'")
+        model.check_data(data)
+        d, dev = model.n_features, data.device
+        self.a = torch.zeros(1, d, dtype=torch.float64, device=dev)  # plane 0: the ground truth
+        self.b = torch.zeros(1, dtype=torch.float64, device=dev)
+        self.K = torch.zeros(1, 1, dtype=torch.float64, device=dev)
+        self.beta = torch.ones(1, dtype=torch.float64, device=dev)
+        self.w = torch.zeros(d, dtype=torch.float64, device=dev)
+        self.ell = 0.0
+        self.iteration = 0
+        self.inner_iterations = 0
+        self.last_inner_gap = 0.0
+        self._phi_true = None
+
+    def _add_plane(self) -> None:
+        y = self.model.oracle(self.w, self.data, loss_augmented=True)
+        if self._phi_true is None:
+            self._phi_true = self.model.joint_feature(self.data, self.data.y).sum(0)
+        a = (self._phi_true - self.model.joint_feature(self.data, y).sum(0)) / (self.lam * self.n)
+        b = float(self.model.loss(self.data, y).sum()) / self.n
+        k = self.a @ a
+        self.a = torch.cat([self.a, a[None]])
+        self.b = torch.cat([self.b, self.b.new_tensor([b])])
+        P = self.K.shape[0]
+        K = self.K.new_zeros(P + 1, P + 1)
+        K[:P, :P] = self.K
+        K[P, :P] = K[:P, P] = k
+        K[P, P] = a @ a
+        self.K = K
+        self.beta = torch.cat([self.beta, self.beta.new_zeros(1)])
+
+    def _solve(self) -> None:
+        K, b = self.K.cpu().numpy(), self.b.cpu().numpy()
+        beta = self.beta.cpu().numpy()
+        dual = float(beta @ b) - 0.5 * self.lam * float(beta @ (K @ beta))
+        tol = self.options.cp_inner_tol * max(1.0, abs(dual))
+        beta, its, self.last_inner_gap = solve_simplex_qp(K, b, self.lam, beta, tol, self.options.cp_inner_iters)
+        self.beta = torch.from_numpy(beta).to(self.a.device)
+        self.inner_iterations += its
+        self.w = self.beta @ self.a
+        self.ell = float(self.beta @ self.b)
+
+    def advance(self, m: int) -> None:
+        for _ in range(max(1, m // self.n)):
+            self._add_plane()
+            self._solve()
+            self.iteration += 1
+            self.oracle_calls += self.n
+
+    @property
+    def n_planes(self) -> int:
+        return int(self.b.numel())
+
+    def iterate(self):
+        return self.w, self.ell
+
+    def state_dict(self) -> dict:
+        return {"a": self.a.cpu().clone(), "b": self.b.cpu().clone(), "K": self.K.cpu().clone(),
+                "beta": self.beta.cpu().clone(), "iteration": self.iteration, "oracle_calls": self.oracle_calls,
+                "inner_iterations": self.inner_iterations, "labels": labels_fingerprint(self.data),
+                "features": features_fingerprint(self.data)}
+
+    def load_state_dict(self, sd: dict) -> None:
+        if sd.get("labels") != labels_fingerprint(self.data):
+            raise ValueError("the cutting-plane state was saved for other examples (labels or order differ)")
+        if sd.get("features") != features_fingerprint(self.data):
+            raise ValueError("cannot warm-start the cutting-plane method on data whose features differ from the data "
+                             "it was saved from: its planes are feature-space vectors. Start from scratch")
+        if sd["a"].shape[1:] != self.a.shape[1:]:
+            raise ValueError(f"the cutting-plane state has d = {sd['a'].shape[1]} but this problem has d = {self.a.shape[1]}")
+        dev = self.w.device
+        self.a, self.b, self.K, self.beta = (sd[k].to(dev, torch.float64).clone() for k in ("a", "b", "K", "beta"))
+        self.w = self.beta @ self.a
+        self.ell = float(self.beta @ self.b)
+        self.iteration, self.oracle_calls = int(sd["iteration"]), int(sd["oracle_calls"])
+        self.inner_iterations = int(sd["inner_iterations"])
