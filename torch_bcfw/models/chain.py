@@ -30,6 +30,7 @@ from numba import njit
 from torch import Tensor
 
 from ..data import SequenceData, check_int
+from ..inference.forward_backward import chain_marginals
 from ..inference.viterbi import viterbi_packed
 from .base import StructuredModel
 from .dual import DualState
@@ -128,6 +129,37 @@ class Chain(StructuredModel):
         keep = torch.ones(data.n_tokens, dtype=torch.bool, device=data.device)
         keep[data.offsets[1:] - 1] = False
         return torch.nonzero(keep)[:, 0]
+
+    def marginals(self, w: Tensor, data: SequenceData, loss_augmented: bool = False):
+        """Marginals of ``p_i(y) ~ exp([L_i(y)] + <w, phi(x_i, y)>)`` per sequence (forward-backward in log space,
+        batched, CPU or CUDA).
+
+        Returns:
+            ``(log_Z [n], mu [N_tok, K], T [n, K, K])``: the log partition functions, the token label marginals
+            and the expected transition counts of every sequence (float64).
+        """
+        U = self.unary_scores(w, data)
+        if loss_augmented:
+            U = U + self.loss_unaries(data, U.dtype)
+        return chain_marginals(U, self.unpack(w)[4], data.offsets)
+
+    # ------------------------------------------------------------ Gibbs parts (online EG)
+    def gibbs_parts(self, w: Tensor, data: SequenceData, loss_augmented: bool = True) -> tuple[Tensor, Tensor]:
+        """The loss-augmented score ``[L_i(y)] + <w, phi(x_i, y)>`` as parts: ``(node [N_tok, K], trans [K, K])``
+        (start, end and bias folded into the node part).  Online EG adds ``eta`` times these to a block's
+        log-potentials."""
+        U = self.unary_scores(w, data)
+        if loss_augmented:
+            U = U + self.loss_unaries(data, U.dtype)
+        return U, self.unpack(w)[4]
+
+    def expected_loss(self, data: SequenceData, mu: Tensor) -> Tensor:
+        """``E_p[L_i(y)]`` per sequence from token marginals ``mu [N_tok, K]`` (the normalised Hamming loss is
+        linear in them): ``1/L_i sum_t (1 - mu_t(y_t))``."""
+        right = mu.gather(1, data.y[:, None])[:, 0]
+        out = torch.zeros(len(data), dtype=torch.float64, device=data.device)
+        out.index_add_(0, data.token_sequence_ids(), 1.0 - right)
+        return out / data.lengths.to(torch.float64)
 
     def _score_from_unary(self, U: Tensor, trans: Tensor, data: SequenceData, y: Tensor) -> Tensor:
         """Per-sequence ``<w, phi(x_i, y_i)>`` from unary scores ``U [N_tok, K]`` and ``trans [K, K]``."""
@@ -274,6 +306,20 @@ class ChainDualState(DualState):
         dT = r * self.T[i] + p * self.model.transition_counts(blk, y_s)[0] + q * self.model.transition_counts(blk, y_a)[0]
         self.mu[s:e] += gamma * D
         self.T[i] += gamma * dT
+
+    def set_block_marginals(self, i: int, mu: Tensor, T: Tensor, ell_i: float) -> None:
+        """Move block ``i`` to the (interior) dual point with token marginals ``mu [L_i, K]``, expected transition
+        counts ``T [K, K]`` and ``l_i = ell_i`` (online EG): ``w`` and ``l`` follow exactly (``phi`` is linear in
+        the marginals).  The weighted average is not kept for such moves."""
+        blk = self.block_data(i)
+        s, e = int(self.data.offsets[i]), int(self.data.offsets[i + 1])
+        dv = self.model.features_from_marginals(blk, self.mu[s:e] - mu, self.T[i] - T) / (self.lam * self.n)
+        self.mu[s:e] = mu
+        self.T[i] = T
+        self.v = self.v + dv
+        self._sync_w()
+        self.ell += ell_i - float(self.block_ell[i])
+        self.block_ell[i] = ell_i
 
     def block_value(self, i: int) -> float:
         """``l_i - lam <w_i, w> = l_i + (score(mu_i) - score(y_i)) / n`` from the block's unary scores."""

@@ -12,7 +12,7 @@ __all__ = ["SolverOptions", "SOLVERS", "parse_preset", "PRESETS", "AUTO_ORACLE_T
            "MP_CLOCKS"]
 
 #: solver names accepted by :func:`torch_bcfw.fit`
-SOLVERS = ("bcfw", "fw", "ssg", "mp-bcfw", "cutting-plane")
+SOLVERS = ("bcfw", "fw", "ssg", "mp-bcfw", "cutting-plane", "online-eg")
 
 #: the 8 combinations compared by Osokin et al. 2016 (Sec. 5.1) plus the away-step variants
 PRESETS = tuple(
@@ -212,6 +212,12 @@ class SolverOptions:
             gap ``<= cp_inner_tol * max(1, |dual|)`` (default 1e-10).  The certified gap is exact whatever this is.
         cp_inner_iters: ``solver="cutting-plane"``: at most this many pairwise Frank-Wolfe steps per inner solve
             (default 10000).
+        eg_step0: ``solver="online-eg"``: initial step size of every example (default 0.5, Collins et al.'s code).
+        eg_max_halvings_first: ``solver="online-eg"``: most halvings of the step in the first pass' line searches
+            (default 2).
+        eg_max_halvings: ``solver="online-eg"``: most halvings afterwards (default 5).
+        eg_step_growth: ``solver="online-eg"``: factor applied to an example's step after each line search
+            (default 1.05).
     """
 
     max_passes: float = 100
@@ -243,6 +249,10 @@ class SolverOptions:
     mp_clock: str = "auto"
     cp_inner_tol: float = 1e-10
     cp_inner_iters: int = 10000
+    eg_step0: float = 0.5
+    eg_max_halvings_first: int = 2
+    eg_max_halvings: int = 5
+    eg_step_growth: float = 1.05
     extra: dict = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
@@ -302,6 +312,10 @@ class SolverOptions:
             raise ValueError(f"mp_clock must be one of {MP_CLOCKS}, got {self.mp_clock!r}")
         self.cp_inner_tol = float(_check_real("cp_inner_tol", self.cp_inner_tol, positive=True, finite=True))
         self.cp_inner_iters = _check_int("cp_inner_iters", self.cp_inner_iters, 1)
+        self.eg_step0 = float(_check_real("eg_step0", self.eg_step0, positive=True, finite=True))
+        self.eg_step_growth = float(_check_real("eg_step_growth", self.eg_step_growth, positive=True, finite=True))
+        self.eg_max_halvings_first = _check_int("eg_max_halvings_first", self.eg_max_halvings_first, 0)
+        self.eg_max_halvings = _check_int("eg_max_halvings", self.eg_max_halvings, 0)
         if not isinstance(self.extra, dict):
             raise ValueError(f"extra must be a dict, got {self.extra!r}")
 

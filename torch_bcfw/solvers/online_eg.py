@@ -1,0 +1,131 @@
+"""Online exponentiated gradient on the SSVM dual (Collins, Globerson, Koo, Carreras & Bartlett 2008), as the
+BCFW paper configured it for its baseline (Lacoste-Julien et al. 2013, App. F).
+
+Each block's dual variable is a Gibbs distribution ``alpha_i(y) ~ exp(theta_i(y))`` over its labelings, with
+``theta_i`` in the parts of the model (for a chain: node potentials ``[L_i, K]`` and transition potentials
+``[K, K]``).  A step on block ``i`` at ``w`` is the exponentiated-gradient step of the dual:
+``theta_i <- theta_i + eta_i H_i(.; w)`` where ``H_i(y; w) = L_i(y) - <w, psi_i(y)>`` is the gradient of
+``D(alpha) = b^T alpha - lam/2 ||A alpha||^2`` times ``n`` (so ``eta`` has the scale of Collins et al.'s code:
+their ``C`` is ``1/(lam n)``).  The new marginals come from the expectation oracle (forward-backward), each
+call counted as one oracle call.  The step size is per example: initially ``eg_step0 = 0.5``; a backtracking
+line search halves it until the dual increases, at most ``eg_max_halvings_first = 2`` times in the first pass
+and ``eg_max_halvings = 5`` afterwards (no move when it never increases); after each line search it is
+multiplied by ``eg_step_growth = 1.05``.  The start is the uniform distribution (``theta = 0``), not ``w = 0``.
+
+Every iterate is a feasible dual point (in the interior of the simplex), ``w = A alpha`` and ``l = b^T alpha``
+are kept exactly, so the loop's certificate is exact.  No averaged iterate is kept (the paper shows none for
+EG).  ``max_passes`` and ``gap_check`` count block updates (``n`` per pass); the history's ``passes`` counts
+oracle calls, line-search calls included.  Needs a model with Gibbs parts and a marginal dual state (``Chain``).
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ..inference.forward_backward import chain_marginals_one
+from .algorithm import Algorithm, normalise_bounds
+from .sampling import make_sampler
+
+__all__ = ["OnlineEG"]
+
+
+class OnlineEG(Algorithm):
+    """``solver="online-eg"`` (see the module docstring)."""
+
+    name = "online-eg"
+
+    def __init__(self, model, data, lam, options, state=None, bounds=None):
+        super().__init__(model, data, lam, options)
+        if options.refined:
+            raise ValueError("gap sampling, pairwise / away steps and caching are BCFW refinements (solver='bcfw')")
+        if normalise_bounds(bounds, model) is not None:
+            raise ValueError("box constraints are supported by solver='bcfw' and solver='fw', not by 'online-eg'")
+        self.state = state if state is not None else model.dual_state(data, lam)
+        if not (hasattr(model, "gibbs_parts") and hasattr(self.state, "set_block_marginals")):
+            raise ValueError(f"online-eg needs the expectation (marginal) oracle, which {type(model).__name__} does not "
+                             "have; it is available for Chain models")
+        K, dev = model.n_labels, data.device
+        self.theta_node = torch.zeros(data.n_tokens, K, dtype=torch.float64)  # CPU: the per-block steps
+        self.theta_trans = torch.zeros(self.n, K, K, dtype=torch.float64)
+        self.eta = np.full(self.n, options.eg_step0)
+        self.steps = 0
+        self.sampler = make_sampler(options.sampling, self.n, options.seed)
+        self._offsets = data.offsets.cpu()
+        # the uniform start: every block at the marginals of theta = 0
+        lengths = data.lengths.to(torch.float64)
+        mu = torch.full((data.n_tokens, K), 1.0 / K, dtype=torch.float64, device=dev)
+        T = ((lengths - 1.0) / K**2)[:, None, None].expand(self.n, K, K).clone().to(dev)
+        self.state.mu, self.state.T = mu, T
+        self.state.block_ell = model.expected_loss(data, mu) / self.n
+        self.state.refresh()
+
+    @property
+    def work(self) -> int:
+        return self.steps
+
+    def _marginals(self, i: int, node: np.ndarray, trans: np.ndarray):
+        if self.data.device.type == "cpu":
+            _, mu, T = chain_marginals_one(node, trans)
+            return torch.from_numpy(mu), torch.from_numpy(T)
+        from ..inference.forward_backward import chain_marginals
+
+        L = node.shape[0]
+        _, mu, T = chain_marginals(torch.from_numpy(node).to(self.data.device),
+                                   torch.from_numpy(trans).to(self.data.device)[None],
+                                   torch.tensor([0, L], device=self.data.device))
+        return mu, T[0]
+
+    def _step(self, i: int) -> None:
+        st, model = self.state, self.model
+        blk = st.block_data(i)
+        s, e = int(self._offsets[i]), int(self._offsets[i + 1])
+        U, trans = model.gibbs_parts(st.w, blk, loss_augmented=True)
+        U, trans = U.cpu().numpy(), trans.cpu().numpy()
+        th_node, th_trans = self.theta_node[s:e].numpy(), self.theta_trans[i].numpy()
+        w0, ell0 = st.w, float(st.block_ell[i])
+        sq0 = float(w0 @ w0)
+        halvings = self.options.eg_max_halvings_first if self.steps < self.n else self.options.eg_max_halvings
+        eta = float(self.eta[i])
+        for trial in range(halvings + 1):
+            node, tr = th_node + eta * U, th_trans + eta * trans
+            mu, T = self._marginals(i, node, tr)
+            self.oracle_calls += 1
+            mu, T = mu.to(w0.device), T.to(w0.device)
+            dv = model.features_from_marginals(blk, st.mu[s:e] - mu, st.T[i] - T) / (self.lam * self.n)
+            ell = float(model.expected_loss(blk, mu)[0]) / self.n
+            w1 = w0 + dv
+            gain = (ell - ell0) - 0.5 * self.lam * (float(w1 @ w1) - sq0)
+            if gain > 0:
+                st.set_block_marginals(i, mu, T, ell)
+                self.theta_node[s:e] = torch.from_numpy(node)
+                self.theta_trans[i] = torch.from_numpy(tr)
+                break
+            if trial < halvings:
+                eta *= 0.5
+        self.eta[i] = eta * self.options.eg_step_growth
+        self.steps += 1
+
+    def advance(self, m: int) -> None:
+        for i in self.sampler.draw(m):
+            self._step(int(i))
+
+    def iterate(self):
+        return self.state.w, self.state.dual_ell()
+
+    def on_scheduled_check(self) -> None:
+        self.state.refresh()
+
+    def state_dict(self) -> dict:
+        return {"state": self.state.state_dict(), "theta_node": self.theta_node.clone(),
+                "theta_trans": self.theta_trans.clone(), "eta": torch.from_numpy(self.eta.copy()),
+                "steps": self.steps, "oracle_calls": self.oracle_calls, "sampler": self.sampler.state_dict()}
+
+    def load_state_dict(self, sd: dict) -> None:
+        self.state.load_state_dict(sd["state"])
+        if sd["theta_node"].shape != self.theta_node.shape or sd["theta_trans"].shape != self.theta_trans.shape:
+            raise ValueError("the online-eg state does not match this data (token count or labels)")
+        self.theta_node = sd["theta_node"].to(torch.float64).clone()
+        self.theta_trans = sd["theta_trans"].to(torch.float64).clone()
+        self.eta = np.asarray(sd["eta"], dtype=np.float64).copy()
+        self.steps, self.oracle_calls = int(sd["steps"]), int(sd["oracle_calls"])
+        self.sampler.load_state_dict(sd["sampler"])
