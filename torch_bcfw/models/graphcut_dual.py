@@ -236,6 +236,14 @@ class GraphCutDualState(DenseDualState):
             self._phi_true = self.model.joint_feature(self.data, self.data.y)
         return self._phi_true[:, self.F:]
 
+    def _pairwise_fingerprint(self) -> str:
+        """Hash of what the expected pairwise block ``pw`` depends on: the edges, their features and the node
+        weights (the node mass normalises both terms).  ``pw`` cannot be re-derived when these change."""
+        from .dual import features_fingerprint
+
+        d = self.data
+        return features_fingerprint([d.offsets, d.edges, d.edge_x, d.edge_offsets, d.node_weight])
+
     def _features_fingerprint(self) -> bytes:
         """BLAKE2b of the graph records' keys (features, scales, labels, edges, edge features)."""
         h = hashlib.blake2b(digest_size=16)
@@ -367,11 +375,18 @@ class GraphCutDualState(DenseDualState):
         sd = {name: getattr(self, name).cpu().clone() for name in ("mu", "pw", "mu_acc", "pw_acc", "acc_w")}
         # valid under the same features only (checked by the fingerprint when loading): the w_i table itself,
         # so that a checkpoint resumes bit-exactly instead of re-deriving w_i from (mu, pw) up to rounding
+        sd["pairwise"] = self._pairwise_fingerprint()
         sd["same_features"] = {"fingerprint": self._features_fingerprint(), "w_blocks": self.w_blocks.cpu().clone(),
                                "w_blocks_acc": self.w_blocks_acc.cpu().clone()}
         return sd
 
     def _load_storage(self, sd: dict) -> None:
+        if sd.get("pairwise") != self._pairwise_fingerprint():
+            raise ValueError(
+                "cannot move a graph-cut dual state to graphs whose edges, edge features or node weights differ "
+                "from those it was saved with: it keeps the expected pairwise features, which cannot be re-derived "
+                "(only the node features may change). Start from scratch"
+            )
         dev = self.w.device
         for name in ("mu", "pw", "mu_acc", "pw_acc", "acc_w"):
             setattr(self, name, sd[name].to(dev, torch.float64).clone())

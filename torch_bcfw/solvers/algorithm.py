@@ -40,8 +40,9 @@ class Algorithm:
         return self.oracle_calls
 
     def chunk_size(self) -> int:
-        """Iterations per chunk (one pass by default)."""
-        return self.n
+        """Iterations per chunk: the rest of the pass in progress (one pass once aligned), so that a run continued
+        from one that stopped mid-pass keeps the gap-check schedule of an uninterrupted run."""
+        return self.n - self.work % self.n
 
     def advance(self, m: int) -> None:
         """Do about ``m`` iterations worth of optimisation."""

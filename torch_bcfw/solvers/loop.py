@@ -81,6 +81,12 @@ def _check(alg, options, test_data, counters: dict, out: RunOutput) -> dict:
     return rec
 
 
+def _same_check(prev: dict | None, rec: dict) -> bool:
+    """Whether ``rec`` certifies the same point on the same data as ``prev`` (same work, same values)."""
+    keys = ("steps", "oracle_calls", "primal", "dual", "primal_avg", "dual_avg")
+    return prev is not None and all(prev.get(k) == rec.get(k) for k in keys)
+
+
 def _certified_gap(rec: dict) -> float:
     return rec["gap_best"] if rec.get("gap_best") is not None else math.inf
 
@@ -158,8 +164,14 @@ def run_solver(alg, options, test_data=None, callbacks=(), counters: dict | None
         out.stopped_by = "interrupted"
     if checked_at != (alg.work, alg.oracle_calls):
         try:
+            if alg.work % (options.gap_check * n) == 0:  # this check is the schedule's (a run cut just before it)
+                with deferred_signals():
+                    alg.on_scheduled_check()
             last_rec = _check(alg, options, test_data, counters, out)
-            out.history.append(last_rec)
+            if _same_check(out.history[-1] if out.history else None, last_rec):
+                out.history[-1] = last_rec  # a warm start that took no step: the same point on the same data again
+            else:
+                out.history.append(last_rec)
             for cb in callbacks:
                 cb.on_check(last_rec)
         except KeyboardInterrupt:  # a second Ctrl-C: out.checked_weights still belong to history[-1]
