@@ -9,6 +9,8 @@ DATASET_KEYS = {
     "ocr": {"path", "split", "fold", "cache_dir", "download", "limit", "device", "validation"},
     "conll": {"path", "min_count", "drop_bias", "limit", "test_limit", "device", "validation"},
     "horses": {"path", "size", "test_split", "loss", "contrast", "processes", "limit", "device", "validation"},
+    "hansards": {"path", "n_train", "test_split", "miss_cost", "extra_cost", "normalize", "ibm_iterations",
+                 "diagonal_tension", "hmm_iterations", "limit", "device", "validation"},
 }
 
 
@@ -19,6 +21,13 @@ def _int(cfg: dict, key: str, default=None):
     if isinstance(v, bool) or not isinstance(v, int):
         raise ValueError(f"data.{key} must be an integer, got {v!r}")
     return v
+
+
+def _number(cfg: dict, key: str, default: float) -> float:
+    v = cfg.get(key, default)
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v or v in (float("inf"), float("-inf")):
+        raise ValueError(f"data.{key} must be a finite number, got {v!r}")
+    return float(v)
 
 
 def _flag(cfg: dict, key: str, default: bool) -> bool:
@@ -94,7 +103,39 @@ def _horses(cfg: dict):
     return model, train, test
 
 
-DATASETS = {"ocr": _ocr, "conll": _conll, "horses": _horses}
+def _hansards(cfg: dict):
+    """Hansards English-French word alignment as bipartite matching, with text-only link features
+    (:func:`~torch_bcfw.datasets.hansards.load_hansards_problem`): train on gold pairs ``1..n_train`` (default 100).
+
+    Options: ``path`` (required: the folder with ``test/``, ``dev/`` and ``train/``), ``n_train``, ``test_split``
+    (``test``, default: gold pairs ``n_train+1..447``; or ``trial``: the 37 trial pairs), ``miss_cost`` (3),
+    ``extra_cost`` (1), ``normalize`` (``words``, default, or ``none``), ``ibm_iterations`` (5),
+    ``diagonal_tension`` (4; 0 drops the diagonal IBM features), ``hmm_iterations`` (5; 0 drops the HMM
+    features), ``limit`` (first training pairs only).
+    """
+    from .hansards import load_hansards_problem
+
+    if not cfg.get("path"):
+        raise ValueError("the hansards dataset needs data.path: the folder with test/, dev/ and train/ "
+                         "(e.g. ../shared/data/hansards_alignment)")
+    split = cfg.get("test_split", "test")
+    if split not in ("test", "trial"):
+        raise ValueError(f"data.test_split must be test or trial, got {split!r}")
+    normalize = cfg.get("normalize", "words")
+    if normalize not in ("words", "none"):
+        raise ValueError(f"data.normalize must be words or none, got {normalize!r}")
+    prob = load_hansards_problem(cfg["path"], n_train=_int(cfg, "n_train", 100),
+                                 miss_cost=_number(cfg, "miss_cost", 3.0), extra_cost=_number(cfg, "extra_cost", 1.0),
+                                 normalize=normalize, ibm_iterations=_int(cfg, "ibm_iterations", 5),
+                                 diagonal_tension=_number(cfg, "diagonal_tension", 4.0),
+                                 hmm_iterations=_int(cfg, "hmm_iterations", 5))
+    train = prob.train
+    if _int(cfg, "limit") is not None:
+        train = train[list(range(min(cfg["limit"], len(train))))]
+    return prob.model, train, prob.test if split == "test" else prob.trial
+
+
+DATASETS = {"ocr": _ocr, "conll": _conll, "horses": _horses, "hansards": _hansards}
 
 
 def load_problem_with_validation(cfg: dict):

@@ -3,16 +3,17 @@ from .base import StructuredModel
 from .chain import Chain, ChainDualState
 from .dual import ActiveSetDualState, DenseDualState, DualState
 from .graphcut import GraphCut
+from .matching import Matching, MatchingData
 from .multiclass import Multiclass
 from .pose import PoseData, PoseTree
 from .registry import model_from_config, model_name, register_model, registered_models
 from .table import TableModel, app_c_toy
 from .working_set import WorkingSet
 
-for _cls in (Chain, Multiclass, GraphCut, PoseTree, TableModel):
+for _cls in (Chain, Multiclass, GraphCut, PoseTree, TableModel, Matching):
     register_model(_cls)
 del _cls
 
 __all__ = ["StructuredModel", "Chain", "ChainDualState", "Multiclass", "DualState", "DenseDualState", "ActiveSetDualState",
-           "TableModel", "app_c_toy", "WorkingSet", "GraphCut", "PoseData", "PoseTree",
+           "TableModel", "app_c_toy", "Matching", "MatchingData", "WorkingSet", "GraphCut", "PoseData", "PoseTree",
            "register_model", "registered_models", "model_name", "model_from_config"]

@@ -1,0 +1,488 @@
+"""Link features for word alignment, built from parallel *text only* (never from gold links).
+
+:class:`AlignmentFeaturizer` is fitted on sentence pairs (in the Hansards protocol: the unlabelled pairs plus the
+gold and trial *texts*, :meth:`~torch_bcfw.datasets.hansards.HansardsCorpus.texts`) and reads nothing but their
+tokens (``pair.english``, ``pair.french``); ``tests/test_matching.py`` shuffles the gold links and checks that the
+features do not change.  Tokens are lower-cased for every statistic.
+
+Statistics gathered by :meth:`AlignmentFeaturizer.fit`:
+
+* sentence co-occurrence counts ``C(e, f)`` (pairs in which both words occur) and sentence frequencies ``C(e)``,
+  ``C(f)``, giving the Dice coefficient ``Dice(e, f) = 2 C(e, f) / (C(e) + C(f))``;
+* token frequencies of each word;
+* IBM Model 1 translation tables in both directions (``t(f | e)`` generating French from English plus a NULL
+  word, and ``t(e | f)``), trained by EM in torch (vectorised over every (sentence, position, position) triple);
+  a second pair of models with fast_align's diagonal alignment prior (Dyer et al. 2013:
+  ``p(a_k = j) ~ exp(-tension |j/m - k/f|)``, ``p(a_k = NULL) = null_prob``; ``diagonal_tension=0`` drops it);
+  and a pair of HMM aligners (Vogel et al. 1996, NULL states of Och & Ney 2003) initialised from Model 1
+  (:mod:`torch_bcfw.features.alignment_hmm`; ``hmm_iterations=0`` drops them).
+
+Features of the link ``(j, k)`` between English word ``e = e_j`` and French word ``f = f_k`` of a pair with
+lengths ``m, f`` (:attr:`AlignmentFeaturizer.names` lists them in order):
+
+* ``bias``;
+* association: ``dice``, indicator bins of Dice, ``dice`` of the diagonal neighbours ``(j-1, k-1)`` and
+  ``(j+1, k+1)`` and their maximum;
+* Dice rank in both directions: is ``f`` the best (second best) Dice partner of ``e`` in this pair, is ``e`` the
+  best (second best) of ``f``, both best (mutual);
+* distortion: ``|(j + 1/2)/m - (k + 1/2)/f|``, its square and indicator bins;
+* orthography: identical tokens, identical and longer than 3 characters, common prefix of at least 3 / 4 / 5
+  characters, the common prefix length over the shorter length, both punctuation, identical punctuation, one
+  punctuation and the other not, both numbers, identical numbers, ``|log(len e / len f)|``;
+* frequency bins of ``e`` and of ``f`` (token counts in the fitted text);
+* per model pair (Model 1, the diagonal model, the HMM; feature names prefixed ``ibm1_``, ``diag_``, ``hmm_``):
+  the posteriors ``p(a_k = j | e, f)`` (French-to-English) and ``p(b_j = k | e, f)`` (English-to-French), their
+  product, minimum and maximum, the best links of each direction (the best ``j`` for ``f_k`` when it beats NULL,
+  and vice versa; for the IBM models these are the Viterbi links, for the HMM the maximum-posterior ones),
+  their intersection and union, each translation probability on a log scale,
+  ``1 - log(max(t, 1e-6)) / log(1e-6)`` (1 for ``t = 1``, 0 for ``t <= 1e-6``), and the posterior product of the
+  diagonal neighbours ``(j-1, k-1)``, ``(j+1, k+1)`` and their maximum.
+
+Every feature lies in ``[0, 1]`` (so one ``lam`` suits them all).
+"""
+from __future__ import annotations
+
+import math
+import unicodedata
+from typing import Sequence
+
+import numpy as np
+import torch
+from torch import Tensor
+
+__all__ = ["AlignmentFeaturizer", "IBMModel", "train_ibm", "alignment_data", "dice_competitive_linking", "symmetrize",
+           "run_eflomal", "link_indicator_features", "LINK_FEATURE_NAMES"]
+
+_DICE_BINS = (0.05, 0.1, 0.2, 0.3, 0.5)
+_DIST_BINS = (0.05, 0.1, 0.2, 0.3)
+_FREQ_BINS = (1, 3, 10, 50, 500)  # counts <= each bound, then > the last
+_LOG_FLOOR = 1e-6
+
+
+def _lower(tokens) -> list[str]:
+    return [t.lower() for t in tokens]
+
+
+def _is_punct(tok: str) -> bool:
+    return all(unicodedata.category(ch).startswith("P") or unicodedata.category(ch).startswith("S") for ch in tok)
+
+
+def _is_number(tok: str) -> bool:
+    t = tok.replace(",", "").replace(".", "")
+    return t.isdigit() if t else False
+
+
+def _common_prefix(a: str, b: str) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+# ----------------------------------------------------------------------------- IBM models
+class IBMModel:
+    """A translation table ``t(tgt | src)`` over co-occurring word pairs (plus a NULL source word) and its
+    alignment prior (``tension = 0``: IBM Model 1; ``> 0``: fast_align's diagonal prior with ``null_prob``)."""
+
+    def __init__(self, keys: Tensor, table: Tensor, n_tgt: int, null_id: int, tension: float, null_prob: float):
+        self.keys = keys  # sorted int64 src * n_tgt + tgt
+        self.table = table  # float64, t(tgt | src) per key
+        self.n_tgt = n_tgt
+        self.null_id = null_id
+        self.tension = float(tension)
+        self.null_prob = float(null_prob)
+
+    def lookup(self, src: np.ndarray, tgt: np.ndarray) -> np.ndarray:
+        """``t(tgt | src)`` for id arrays of the same shape (0 for pairs never seen together)."""
+        q = torch.as_tensor(np.asarray(src, dtype=np.int64) * self.n_tgt + np.asarray(tgt, dtype=np.int64))
+        pos = torch.searchsorted(self.keys, q.reshape(-1)).clamp_max(self.keys.numel() - 1)
+        hit = self.keys[pos] == q.reshape(-1)
+        out = torch.where(hit, self.table[pos], torch.zeros((), dtype=torch.float64))
+        return out.reshape(q.shape).numpy()
+
+    def prior(self, m: int, n: int) -> np.ndarray:
+        """``[n, m + 1]``: ``p(a_k = j)`` per target position ``k`` (rows) over NULL (column 0) and the sources."""
+        if self.tension <= 0:
+            return np.full((n, m + 1), 1.0 / (m + 1))
+        d = np.abs((np.arange(n)[:, None] + 0.5) / n - (np.arange(m)[None, :] + 0.5) / m)
+        h = np.exp(-self.tension * d)
+        h *= (1.0 - self.null_prob) / h.sum(1, keepdims=True)
+        return np.concatenate([np.full((n, 1), self.null_prob), h], 1)
+
+    def posteriors(self, src: np.ndarray, tgt: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(post [n, m], null [n])``: ``p(a_k = j | src, tgt)`` per target word ``k`` over source words ``j``."""
+        m, n = len(src), len(tgt)
+        ids = np.concatenate([[self.null_id], src])
+        t = self.lookup(np.broadcast_to(ids[None, :], (n, m + 1)), np.broadcast_to(tgt[:, None], (n, m + 1)))
+        p = t * self.prior(m, n)
+        z = p.sum(1, keepdims=True)
+        p = np.where(z > 0, p / np.where(z > 0, z, 1.0), 1.0 / (m + 1))
+        return p[:, 1:], p[:, 0]
+
+
+def train_ibm(src: Sequence[np.ndarray], tgt: Sequence[np.ndarray], n_src: int, n_tgt: int, iterations: int = 5,
+              tension: float = 0.0, null_prob: float = 0.08) -> IBMModel:
+    """EM for ``t(tgt | src)`` on id sentences (NULL is source id ``n_src``), vectorised in torch.
+
+    Every (sentence, target position, source position or NULL) triple is one entry; an EM iteration is two
+    ``index_add`` passes (posteriors normalised per target word, expected counts normalised per source word).
+    """
+    if len(src) != len(tgt):
+        raise ValueError(f"{len(src)} source sentences but {len(tgt)} target sentences")
+    keys, groups, priors = [], [], []
+    g0 = 0
+    null = n_src
+    proto = IBMModel(torch.zeros(1, dtype=torch.long), torch.zeros(1, dtype=torch.float64), n_tgt, null, tension,
+                     null_prob)
+    for s, t in zip(src, tgt):
+        m, n = len(s), len(t)
+        ids = np.concatenate([[null], s]).astype(np.int64)
+        keys.append((ids[None, :] * n_tgt + t[:, None].astype(np.int64)).reshape(-1))
+        groups.append(np.repeat(np.arange(g0, g0 + n), m + 1))
+        priors.append(proto.prior(m, n).reshape(-1))
+        g0 += n
+    keys = torch.from_numpy(np.concatenate(keys))
+    group = torch.from_numpy(np.concatenate(groups))
+    prior = torch.from_numpy(np.concatenate(priors))
+    ukeys, inv = torch.unique(keys, return_inverse=True)
+    src_of = ukeys // n_tgt
+    table = torch.ones(ukeys.numel(), dtype=torch.float64)
+    for _ in range(iterations):
+        p = table[inv] * prior
+        z = torch.zeros(g0, dtype=torch.float64).index_add_(0, group, p)
+        post = p / z[group]
+        counts = torch.zeros(ukeys.numel(), dtype=torch.float64).index_add_(0, inv, post)
+        tot = torch.zeros(n_src + 1, dtype=torch.float64).index_add_(0, src_of, counts)
+        table = counts / tot[src_of]
+    return IBMModel(ukeys, table, n_tgt, null, tension, null_prob)
+
+
+# ----------------------------------------------------------------------------- the featurizer
+class AlignmentFeaturizer:
+    """Link features from text statistics (see the module docstring).
+
+    Args:
+        ibm_iterations: EM iterations of every IBM model.
+        diagonal_tension: fast_align's diagonal tension for the second model pair (0: no second pair).
+        null_prob: NULL alignment probability of the diagonal model.
+        hmm_iterations: EM iterations of the HMM aligners (0: no HMM features).
+    """
+
+    def __init__(self, ibm_iterations: int = 5, diagonal_tension: float = 4.0, null_prob: float = 0.08,
+                 hmm_iterations: int = 5):
+        from ..data import check_int
+
+        self.ibm_iterations = check_int(ibm_iterations, "ibm_iterations", minimum=1)
+        self.hmm_iterations = check_int(hmm_iterations, "hmm_iterations", minimum=0)
+        if not (isinstance(diagonal_tension, (int, float)) and not isinstance(diagonal_tension, bool)
+                and math.isfinite(diagonal_tension) and diagonal_tension >= 0):
+            raise ValueError(f"diagonal_tension must be a finite number >= 0, got {diagonal_tension!r}")
+        if not (isinstance(null_prob, (int, float)) and not isinstance(null_prob, bool) and 0 < null_prob < 1):
+            raise ValueError(f"null_prob must lie in (0, 1), got {null_prob!r}")
+        self.diagonal_tension = float(diagonal_tension)
+        self.null_prob = float(null_prob)
+        self.fitted = False
+
+    # ------------------------------------------------------------------ names
+    @property
+    def names(self) -> list[str]:
+        n = ["bias", "dice"]
+        n += [f"dice>={b}" for b in _DICE_BINS]
+        n += ["dice_prev_diag", "dice_next_diag", "dice_max_diag"]
+        n += ["rank_e1", "rank_e2", "rank_f1", "rank_f2", "rank_mutual"]
+        n += ["dist", "dist2"] + [f"dist<{b}" for b in _DIST_BINS]
+        n += ["identical", "identical_long", "prefix3", "prefix4", "prefix5", "prefix_ratio", "both_punct",
+              "same_punct", "one_punct", "both_number", "same_number", "len_ratio"]
+        n += [f"freq_e<={b}" for b in _FREQ_BINS] + [f"freq_e>{_FREQ_BINS[-1]}"]
+        n += [f"freq_f<={b}" for b in _FREQ_BINS] + [f"freq_f>{_FREQ_BINS[-1]}"]
+        for tag in self._ibm_tags():
+            n += [f"{tag}_{s}" for s in ("post_fe", "post_ef", "post_prod", "post_min", "post_max", "vit_fe",
+                                         "vit_ef", "vit_inter", "vit_union", "logt_fe", "logt_ef", "prod_prev_diag",
+                                         "prod_next_diag", "prod_max_diag")]
+        return n
+
+    @property
+    def n_features(self) -> int:
+        return len(self.names)
+
+    def _ibm_tags(self) -> list[str]:
+        return ["ibm1"] + (["diag"] if self.diagonal_tension > 0 else []) + (["hmm"] if self.hmm_iterations else [])
+
+    # ------------------------------------------------------------------ fit
+    def fit(self, pairs: Sequence) -> "AlignmentFeaturizer":
+        """Gather the statistics from the tokens of ``pairs`` (their links, if any, are never read)."""
+        if len(pairs) == 0:
+            raise ValueError("AlignmentFeaturizer.fit needs at least one sentence pair")
+        texts = [(_lower(p.english), _lower(p.french)) for p in pairs]
+        self.e_vocab = {w: i for i, w in enumerate(sorted({w for e, _ in texts for w in e}))}
+        self.f_vocab = {w: i for i, w in enumerate(sorted({w for _, f in texts for w in f}))}
+        Ve, Vf = len(self.e_vocab), len(self.f_vocab)
+        e_ids = [np.array([self.e_vocab[w] for w in e], dtype=np.int64) for e, _ in texts]
+        f_ids = [np.array([self.f_vocab[w] for w in f], dtype=np.int64) for _, f in texts]
+        self.e_count = np.bincount(np.concatenate(e_ids), minlength=Ve)
+        self.f_count = np.bincount(np.concatenate(f_ids), minlength=Vf)
+        ue = [np.unique(a) for a in e_ids]
+        uf = [np.unique(a) for a in f_ids]
+        self.e_sent = np.bincount(np.concatenate(ue), minlength=Ve)
+        self.f_sent = np.bincount(np.concatenate(uf), minlength=Vf)
+        co = torch.from_numpy(np.concatenate([(a[:, None] * Vf + b[None, :]).reshape(-1) for a, b in zip(ue, uf)]))
+        self.co_keys, self.co_counts = torch.unique(co, return_counts=True)
+        self.ibm = {}
+        for tag, tension in zip(("ibm1", "diag"), (0.0, self.diagonal_tension)):
+            if tag not in self._ibm_tags():
+                continue
+            fe = train_ibm(e_ids, f_ids, Ve, Vf, self.ibm_iterations, tension, self.null_prob)  # t(f | e)
+            ef = train_ibm(f_ids, e_ids, Vf, Ve, self.ibm_iterations, tension, self.null_prob)  # t(e | f)
+            self.ibm[tag] = (fe, ef)
+        if self.hmm_iterations:
+            from .alignment_hmm import train_hmm
+
+            fe1, ef1 = self.ibm["ibm1"]
+            self.ibm["hmm"] = (train_hmm(e_ids, f_ids, fe1, self.hmm_iterations),
+                               train_hmm(f_ids, e_ids, ef1, self.hmm_iterations))
+        self.fitted = True
+        return self
+
+    def _ids(self, pair) -> tuple[np.ndarray, np.ndarray]:
+        if not self.fitted:
+            raise RuntimeError("fit the AlignmentFeaturizer on the text first")
+        e, f = _lower(pair.english), _lower(pair.french)
+        missing = [w for w in e if w not in self.e_vocab] + [w for w in f if w not in self.f_vocab]
+        if missing:
+            raise ValueError(f"pair {getattr(pair, 'snum', '?')}: words not in the fitted text ({missing[:5]}); fit "
+                             "the featurizer on a corpus that includes this pair's text")
+        return (np.array([self.e_vocab[w] for w in e], dtype=np.int64),
+                np.array([self.f_vocab[w] for w in f], dtype=np.int64))
+
+    # ------------------------------------------------------------------ per-pair statistics
+    def dice(self, pair) -> np.ndarray:
+        """``[m, f]`` Dice coefficients of the pair's word pairs."""
+        e, f = self._ids(pair)
+        q = torch.from_numpy((e[:, None] * len(self.f_vocab) + f[None, :]).reshape(-1))
+        pos = torch.searchsorted(self.co_keys, q).clamp_max(self.co_keys.numel() - 1)
+        c = torch.where(self.co_keys[pos] == q, self.co_counts[pos], torch.zeros((), dtype=torch.long)).numpy()
+        c = c.reshape(len(e), len(f)).astype(np.float64)
+        return 2.0 * c / (self.e_sent[e][:, None] + self.f_sent[f][None, :])
+
+    def ibm_posteriors(self, pair, tag: str = "ibm1") -> dict:
+        """Posteriors and best links of the model pair ``tag`` (``"ibm1"``, ``"diag"`` or ``"hmm"``), each
+        ``[m, f]``: ``post_fe`` (``p(a_k = j)``), ``post_ef`` (``p(b_j = k)``), ``vit_fe``, ``vit_ef`` (0/1: each
+        word's most probable partner, when it beats NULL; for the HMM the maximum-posterior links), ``t_fe``,
+        ``t_ef`` (the translation tables)."""
+        e, f = self._ids(pair)
+        fe, ef = self.ibm[tag]
+        p_fe, null_fe = fe.posteriors(e, f)  # [f, m]
+        p_ef, null_ef = ef.posteriors(f, e)  # [m, f]
+        m, n = len(e), len(f)
+        vit_fe = np.zeros((m, n))
+        best = p_fe.argmax(1)
+        ok = p_fe[np.arange(n), best] > null_fe
+        vit_fe[best[ok], np.arange(n)[ok]] = 1.0
+        vit_ef = np.zeros((m, n))
+        best = p_ef.argmax(1)
+        ok = p_ef[np.arange(m), best] > null_ef
+        vit_ef[np.arange(m)[ok], best[ok]] = 1.0
+        t_fe = fe.lookup(np.broadcast_to(e[:, None], (m, n)), np.broadcast_to(f[None, :], (m, n)))
+        t_ef = ef.lookup(np.broadcast_to(f[None, :], (m, n)), np.broadcast_to(e[:, None], (m, n)))
+        return {"post_fe": p_fe.T, "post_ef": p_ef, "vit_fe": vit_fe, "vit_ef": vit_ef, "t_fe": t_fe, "t_ef": t_ef}
+
+    # ------------------------------------------------------------------ features
+    def pair_features(self, pair) -> Tensor:
+        """``[m, f, F]`` float64 link features of one pair."""
+        e_ids, f_ids = self._ids(pair)
+        e, f = _lower(pair.english), _lower(pair.french)
+        m, n = len(e), len(f)
+        cols = [np.ones((m, n))]
+        D = self.dice(pair)
+        cols.append(D)
+        cols += [(D >= b).astype(np.float64) for b in _DICE_BINS]
+        Dp = np.pad(D, 1)
+        prev, nxt = Dp[:-2, :-2], Dp[2:, 2:]
+        cols += [prev, nxt, np.maximum(prev, nxt)]
+        # rank of f_k in e_j's row (0 = best), ties counted pessimistically by order
+        row_rank = (D[:, None, :] > D[:, :, None]).sum(2)  # number of strictly better partners of (j, k) in row j
+        col_rank = (D[None, :, :] > D[:, None, :]).sum(1)  # strictly better partners of (j, k) in column k
+        cols += [(row_rank == 0).astype(float), (row_rank == 1).astype(float), (col_rank == 0).astype(float),
+                 (col_rank == 1).astype(float), ((row_rank == 0) & (col_rank == 0)).astype(float)]
+        dist = np.abs((np.arange(m)[:, None] + 0.5) / m - (np.arange(n)[None, :] + 0.5) / n)
+        cols += [dist, dist ** 2] + [(dist < b).astype(np.float64) for b in _DIST_BINS]
+        orth = np.zeros((m, n, 12))
+        pe = [_is_punct(w) for w in e]
+        pf = [_is_punct(w) for w in f]
+        ne = [_is_number(w) for w in e]
+        nf = [_is_number(w) for w in f]
+        for j, a in enumerate(e):
+            for k, b in enumerate(f):
+                same = a == b
+                lcp = _common_prefix(a, b)
+                orth[j, k] = (same, same and len(a) > 3, lcp >= 3, lcp >= 4, lcp >= 5, lcp / min(len(a), len(b)),
+                              pe[j] and pf[k], pe[j] and pf[k] and same, pe[j] != pf[k], ne[j] and nf[k],
+                              ne[j] and nf[k] and same, min(abs(math.log(len(a) / len(b))), 3.0) / 3.0)
+        cols += [orth[..., i] for i in range(orth.shape[-1])]
+        for counts, ids, axis in ((self.e_count, e_ids, 0), (self.f_count, f_ids, 1)):
+            c = counts[ids]
+            bins = np.searchsorted(np.array(_FREQ_BINS), c, side="left")  # 0: c <= 1, ..., 5: c > 500
+            onehot = np.eye(len(_FREQ_BINS) + 1)[bins]  # [len, 6]
+            full = onehot[:, None, :] if axis == 0 else onehot[None, :, :]
+            full = np.broadcast_to(full, (m, n, onehot.shape[1]))
+            cols += [full[..., i] for i in range(full.shape[-1])]
+        for tag in self._ibm_tags():
+            s = self.ibm_posteriors(pair, tag)
+            a, b = s["post_fe"], s["post_ef"]
+            cols += [a, b, a * b, np.minimum(a, b), np.maximum(a, b), s["vit_fe"], s["vit_ef"],
+                     s["vit_fe"] * s["vit_ef"], np.maximum(s["vit_fe"], s["vit_ef"])]
+            for t in (s["t_fe"], s["t_ef"]):
+                cols.append(1.0 - np.log(np.maximum(t, _LOG_FLOOR)) / math.log(_LOG_FLOOR))
+            pp = np.pad(a * b, 1)
+            prev, nxt = pp[:-2, :-2], pp[2:, 2:]
+            cols += [prev, nxt, np.maximum(prev, nxt)]
+        return torch.from_numpy(np.stack([np.asarray(c, dtype=np.float64) for c in cols], -1))
+
+    def transform(self, pairs: Sequence) -> list[Tensor]:
+        """``[m_i, f_i, F]`` link features of every pair."""
+        return [self.pair_features(p) for p in pairs]
+
+
+# ----------------------------------------------------------------------------- datasets and baselines
+def alignment_data(pairs: Sequence, featurizer: AlignmentFeaturizer, labels: bool = True):
+    """A :class:`~torch_bcfw.models.matching.MatchingData` of ``pairs`` with ``featurizer``'s link features.
+
+    With ``labels`` (and gold links on every pair) ``y`` is :func:`~torch_bcfw.datasets.hansards.matching_target`
+    (a largest matching of the sure links) and ``sure`` / ``possible`` keep the full gold sets for AER.
+    """
+    from ..datasets.hansards import matching_target
+    from ..models.matching import MatchingData
+
+    xs = featurizer.transform(pairs)
+    if not labels or any(p.sure is None for p in pairs):
+        return MatchingData.from_pairs(xs)
+    ys = [torch.from_numpy(matching_target(p)) for p in pairs]
+    sure, possible = [], []
+    for p in pairs:
+        m, f = p.sizes
+        s = torch.zeros(m, f, dtype=torch.bool)
+        q = torch.zeros(m, f, dtype=torch.bool)
+        for j, k in p.sure:
+            s[j, k] = True
+        for j, k in p.possible:
+            q[j, k] = True
+        sure.append(s)
+        possible.append(q)
+    return MatchingData.from_pairs(xs, ys, sure, possible)
+
+
+def dice_competitive_linking(dice: np.ndarray, threshold: float = 0.0) -> np.ndarray:
+    """Competitive linking (Melamed 2000) on a ``[m, f]`` Dice matrix: repeatedly link the highest-Dice pair of
+    still-free words while its Dice exceeds ``threshold``.  Returns a 0/1 ``int64 [m, f]`` matching."""
+    D = np.asarray(dice, dtype=np.float64)
+    m, n = D.shape
+    y = np.zeros((m, n), dtype=np.int64)
+    order = np.argsort(-D, axis=None, kind="stable")
+    used_e = np.zeros(m, bool)
+    used_f = np.zeros(n, bool)
+    for flat in order:
+        j, k = divmod(int(flat), n)
+        if D[j, k] <= threshold:
+            break
+        if not used_e[j] and not used_f[k]:
+            y[j, k] = 1
+            used_e[j] = used_f[k] = True
+    return y
+
+
+def symmetrize(forward: np.ndarray, reverse: np.ndarray, method: str = "grow-diag") -> np.ndarray:
+    """Combine two directional alignments (0/1 ``[m, f]`` matrices) into one (Koehn et al. 2003).
+
+    ``method``: ``"intersection"``, ``"union"``, ``"grow-diag"`` (start from the intersection and repeatedly add
+    union links that neighbour an alignment link, horizontally, vertically or diagonally, and touch a word not
+    yet aligned), ``"grow-diag-final"`` (then add the remaining union links of a word still unaligned) or
+    ``"grow-diag-final-and"`` (... of two words still unaligned).  Returns ``int64 [m, f]``.
+    """
+    a = np.asarray(forward) > 0
+    b = np.asarray(reverse) > 0
+    if a.shape != b.shape:
+        raise ValueError(f"the two alignments have shapes {a.shape} and {b.shape}")
+    if method == "intersection":
+        return (a & b).astype(np.int64)
+    if method == "union":
+        return (a | b).astype(np.int64)
+    if method not in ("grow-diag", "grow-diag-final", "grow-diag-final-and"):
+        raise ValueError(f"unknown symmetrization {method!r}; use intersection, union, grow-diag, grow-diag-final "
+                         "or grow-diag-final-and")
+    union = a | b
+    A = a & b
+    m, n = A.shape
+    steps = [(-1, 0), (0, -1), (1, 0), (0, 1), (-1, -1), (-1, 1), (1, -1), (1, 1)]
+    grown = True
+    while grown:
+        grown = False
+        for j, k in zip(*np.nonzero(A)):
+            for dj, dk in steps:
+                jj, kk = j + dj, k + dk
+                if 0 <= jj < m and 0 <= kk < n and union[jj, kk] and not A[jj, kk] and (
+                        not A[jj].any() or not A[:, kk].any()):
+                    A[jj, kk] = True
+                    grown = True
+    if method != "grow-diag":
+        both = method == "grow-diag-final-and"
+        for d in (a, b):
+            for j, k in zip(*np.nonzero(d & ~A)):
+                free_e, free_f = not A[j].any(), not A[:, k].any()
+                if (free_e and free_f) if both else (free_e or free_f):
+                    A[j, k] = True
+    return A.astype(np.int64)
+
+
+# ----------------------------------------------------------------------------- an external aligner's links
+#: names of the columns :func:`link_indicator_features` adds per aligner
+LINK_FEATURE_NAMES = ("fwd", "rev", "intersection", "grow_diag", "union", "fwd_neighbour", "rev_neighbour")
+
+
+def run_eflomal(pairs: Sequence, model: int = 3, n_samplers: int = 3, rel_iterations: float = 1.0,
+                null_prior: float = 0.2) -> tuple[list, list]:
+    """Align the (lower-cased) texts of ``pairs`` with eflomal (Ostling & Tiedemann 2016; ``pip install eflomal``,
+    GPLv3, kept out of the library's dependencies): ``(forward, reverse)``, per pair a 0/1 ``int64 [m, f]`` matrix
+    (English ``j``, French ``k``).  eflomal samples (Gibbs) without a seed: two runs may differ slightly."""
+    try:
+        from eflomal import Aligner
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        raise ImportError("run_eflomal needs the eflomal package (pip install eflomal; GPLv3, an optional extra: "
+                          "pip install torch_bcfw[eflomal])") from exc
+    import tempfile
+    from pathlib import Path
+
+    src = [" ".join(_lower(p.english)) + "\n" for p in pairs]
+    trg = [" ".join(_lower(p.french)) + "\n" for p in pairs]
+    with tempfile.TemporaryDirectory() as tmp:
+        fwd, rev = Path(tmp) / "fwd", Path(tmp) / "rev"
+        Aligner(model=model, n_samplers=n_samplers, rel_iterations=rel_iterations, null_prior=null_prior).align(
+            src, trg, links_filename_fwd=str(fwd), links_filename_rev=str(rev), quiet=True)
+        out = []
+        for path in (fwd, rev):
+            lines = path.read_text().split("\n")[: len(pairs)]
+            mats = []
+            for p, line in zip(pairs, lines):
+                y = np.zeros(p.sizes, dtype=np.int64)
+                for tok in line.split():
+                    j, k = tok.split("-")
+                    y[int(j), int(k)] = 1
+                mats.append(y)
+            out.append(mats)
+    return out[0], out[1]
+
+
+def link_indicator_features(forward: np.ndarray, reverse: np.ndarray) -> Tensor:
+    """``[m, f, 7]`` features of a pair from two directional alignments (:data:`LINK_FEATURE_NAMES`): each
+    direction, their intersection, grow-diag and union, and whether a diagonal neighbour ``(j +- 1, k +- 1)`` is
+    linked in each direction."""
+    a = np.asarray(forward, dtype=np.float64)
+    b = np.asarray(reverse, dtype=np.float64)
+
+    def neighbour(t):
+        p = np.pad(t, 1)
+        return np.maximum(p[:-2, :-2], p[2:, 2:])
+
+    cols = [a, b, a * b, symmetrize(a, b, "grow-diag").astype(np.float64), np.maximum(a, b), neighbour(a),
+            neighbour(b)]
+    return torch.from_numpy(np.stack(cols, -1))

@@ -1,0 +1,422 @@
+"""Bipartite matching SSVM: word alignment (Taskar, Lacoste-Julien & Klein 2005; the "matching" task of the
+BCFW paper, Lacoste-Julien et al. 2013, Sec. 6 and App. F).
+
+Data: a :class:`MatchingData` holds, for every sentence pair ``i`` with ``m_i`` English and ``f_i`` French
+words, one feature vector ``x_jk in R^F`` per *candidate link* ``(j, k)`` (every English-French word pair:
+``m_i * f_i`` links, row-major, ``link = j * f_i + k``), all pairs concatenated (``x: [N_links, F]``) with
+``offsets`` marking each pair's links.
+
+Labelings are 0/1 per candidate link (``LongTensor[N_links]``, the packed layout of ``data.y``) in which every
+word takes part in at most one link: a (partial) matching; an unaligned word scores 0.
+
+* joint feature ``phi(x_i, y) = 1/Z_i sum_jk y_jk x_jk`` (``d = F``), score ``<w, phi> = 1/Z_i sum_jk y_jk s_jk``
+  with link scores ``s_jk = <w, x_jk>``;
+* loss: the asymmetric Hamming loss of the BCFW paper (App. F: "precision error cost is 1 while the recall error
+  cost is 3"), ``L_i(y) = 1/Z_i (extra_cost * #predicted links not in the truth + miss_cost * #true links
+  missed)``.
+* normalisation: ``Z_i = m_i + f_i``, **the number of words of the pair** (``normalize="words"``, default), for the
+  joint feature and the loss alike, as the graph-cut model divides by the node mass: the matching analogue of
+  the chain's per-token Hamming normalisation.  Every pair's problem is its raw problem divided by ``Z_i``, so
+  the decoding is unchanged, the loss lies in ``[0, (miss_cost + extra_cost) / 2]`` (a labeling has at most
+  ``Z_i / 2`` links, each word being in one at most) and the joint features keep the scale of one link's features
+  whatever the sentence length (so the usual ``lam`` range applies and BCFW's steps are well scaled).  Neither
+  the BCFW paper nor Taskar et al. (2005) state a normalisation (see Sec. 2 of
+  ``shared/reference/word_alignment_matching.md``); ``normalize="none"`` keeps raw link sums and raw counts
+  (``Z_i = 1``).
+* oracle: the loss is linear in the links, ``Z_i L_i(y) = c_miss |y_i| + sum_jk y_jk c_jk`` with
+  ``c_jk = extra_cost`` off the truth and ``-miss_cost`` on it, so loss-augmented decoding is the plain problem
+  with link scores ``s_jk + c_jk``.  Each pair is solved exactly by :func:`scipy.optimize.linear_sum_assignment`
+  on a square ``(m + f) x (f + m)`` matrix padded with one "unaligned" slot per word (score 0):
+  :func:`max_weight_matching`.  Link scores (and the loss terms) are computed for all pairs at once in torch;
+  the assignments run in a Python loop over the pairs.
+
+The LP relaxation of the matching polytope is integral (bipartite incidence matrices are totally unimodular),
+so the oracle is the exact max over all partial matchings; ``tests/test_matching.py`` checks it against
+enumeration.  The training truth must itself be a matching (gold *sure* links need not be one: a word may have
+several): :func:`torch_bcfw.datasets.hansards.matching_target` keeps a largest matching of them.
+
+The dual state is the generic :class:`~torch_bcfw.models.dual.DenseDualState` (``n x d`` floats: 100 pairs x
+~60 features for the Hansards protocol, nothing to save).
+
+Requires scipy (``pip install torch_bcfw[alignment]``).
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from ..data import _as_index, check_finite, check_index_tensor, check_input_tensor, check_int, check_not_meta
+from .base import StructuredModel
+
+__all__ = ["Matching", "MatchingData", "max_weight_matching", "NORMALIZATIONS"]
+
+NORMALIZATIONS = ("words", "none")
+
+
+# ----------------------------------------------------------------------------- data
+def _bool_links(t, name: str, n_links: int, device) -> Tensor | None:
+    if t is None:
+        return None
+    check_not_meta(t, name)
+    t = torch.as_tensor(t, device=device)
+    if t.is_floating_point() or t.is_complex():
+        raise ValueError(f"{name} must be a 0/1 or bool tensor, got {t.dtype}")
+    if t.shape != (n_links,):
+        raise ValueError(f"{name} must have one entry per candidate link ({n_links}), got shape {tuple(t.shape)}")
+    if t.dtype != torch.bool and n_links and (int(t.min()) < 0 or int(t.max()) > 1):
+        raise ValueError(f"{name} must hold 0/1 values, got range [{int(t.min())}, {int(t.max())}]")
+    return t.bool()
+
+
+class MatchingData:
+    """Sentence pairs as bipartite graphs of candidate links (see the module docstring).
+
+    Args:
+        x: ``[N_links, F]`` link features of all pairs concatenated (floating point, finite), link ``j * f_i + k``
+            of pair ``i`` at row ``offsets[i] + j * f_i + k``.
+        sizes: integer ``[n, 2]``: ``(m_i, f_i)``, the English and French lengths (each >= 1).
+        y: ``[N_links]`` 0/1 training labeling (a matching in every pair), or ``None`` (decoding only).
+        sure: ``[N_links]`` bool, the gold *sure* links (may break the one-to-one rule; kept for AER), or ``None``.
+        possible: ``[N_links]`` bool, the gold *possible* links; the container stores ``possible | sure`` (AER's
+            ``P``, which contains ``S``), or ``None``.
+        check: validate (default; sub-datasets of a valid one skip it).
+
+    Attributes:
+        x, sizes, y, sure, possible: as above.
+        offsets: ``LongTensor[n + 1]``, ``offsets[i + 1] - offsets[i] = m_i * f_i``.
+
+    Raises:
+        ValueError: bad shapes or dtypes, NaN / infinite features, a labeling that is not 0/1 or not a matching.
+    """
+
+    def __init__(self, x: Tensor, sizes: Tensor, y: Tensor | None = None, sure: Tensor | None = None,
+                 possible: Tensor | None = None, check: bool = True):
+        if check:
+            check_not_meta(x, "MatchingData.x")
+            x = torch.as_tensor(x)
+            check_input_tensor(x, "MatchingData.x")
+            if not x.is_floating_point():
+                x = x.double()
+            if x.dim() != 2:
+                raise ValueError(f"MatchingData.x must be 2-D [N_links, F], got shape {tuple(x.shape)}")
+            check_finite(x, "MatchingData.x")
+            sizes = check_index_tensor(sizes, "MatchingData.sizes", device=x.device)
+            if sizes.dim() != 2 or sizes.shape[1] != 2 or sizes.shape[0] == 0:
+                raise ValueError(f"MatchingData.sizes must be [n, 2] (English, French lengths) with n >= 1, "
+                                 f"got shape {tuple(sizes.shape)}")
+            if bool((sizes < 1).any()):
+                i = int(torch.nonzero((sizes < 1).any(1))[0, 0])
+                raise ValueError(f"every sentence needs at least one word: pair {i} has sizes {sizes[i].tolist()}")
+        self.x = x
+        self.sizes = sizes
+        counts = sizes[:, 0] * sizes[:, 1]
+        self.offsets = torch.zeros(sizes.shape[0] + 1, dtype=torch.long, device=x.device)
+        self.offsets[1:] = torch.cumsum(counts, 0)
+        if check and int(self.offsets[-1]) != x.shape[0]:
+            raise ValueError(f"MatchingData.x has {x.shape[0]} rows but the sizes give sum m_i * f_i = "
+                             f"{int(self.offsets[-1])} candidate links")
+        if check:
+            if y is not None:
+                check_not_meta(y, "MatchingData.y")
+                y = torch.as_tensor(y, device=x.device)
+                if y.is_floating_point() or y.is_complex():
+                    raise ValueError(f"MatchingData.y must hold 0/1 integers, got {y.dtype}")
+                y = y.long()
+                if y.shape != (x.shape[0],):
+                    raise ValueError(f"MatchingData.y must have one entry per candidate link ({x.shape[0]}), "
+                                     f"got shape {tuple(y.shape)}")
+            sure = _bool_links(sure, "MatchingData.sure", x.shape[0], x.device)
+            possible = _bool_links(possible, "MatchingData.possible", x.shape[0], x.device)
+            if possible is not None and sure is not None:
+                possible = possible | sure
+        self.y = y
+        self.sure = sure
+        self.possible = possible
+        if check and y is not None:
+            self.check_labeling(y, "MatchingData.y")
+
+    # ------------------------------------------------------------------ constructors
+    @classmethod
+    def from_pairs(cls, xs: Sequence[Tensor], ys: Sequence[Tensor] | None = None,
+                   sure: Sequence[Tensor] | None = None, possible: Sequence[Tensor] | None = None) -> "MatchingData":
+        """From per-pair link features ``xs[i]: [m_i, f_i, F]`` and optional ``[m_i, f_i]`` 0/1 matrices."""
+        if len(xs) == 0:
+            raise ValueError("MatchingData is empty (no sentence pairs given)")
+        xs = [torch.as_tensor(x) for x in xs]
+        for i, x in enumerate(xs):
+            if x.dim() != 3:
+                raise ValueError(f"pair {i}: link features must be [m, f, F], got shape {tuple(x.shape)}")
+        sizes = torch.tensor([[x.shape[0], x.shape[1]] for x in xs], dtype=torch.long)
+
+        def flat(mats, name):
+            if mats is None:
+                return None
+            if len(mats) != len(xs):
+                raise ValueError(f"got {len(xs)} pairs of features but {len(mats)} {name} matrices")
+            out = []
+            for i, (x, t) in enumerate(zip(xs, mats)):
+                t = torch.as_tensor(t)
+                if t.shape != x.shape[:2]:
+                    raise ValueError(f"pair {i}: {name} must be [m, f] = {tuple(x.shape[:2])}, got {tuple(t.shape)}")
+                out.append(t.reshape(-1))
+            return torch.cat(out).to(xs[0].device)
+
+        return cls(torch.cat([x.reshape(-1, x.shape[-1]) for x in xs]), sizes.to(xs[0].device), flat(ys, "label"),
+                   flat(sure, "sure"), flat(possible, "possible"))
+
+    # ------------------------------------------------------------------ views
+    def __len__(self) -> int:
+        return self.sizes.shape[0]
+
+    @property
+    def device(self) -> torch.device:
+        return self.x.device
+
+    @property
+    def n_links(self) -> int:
+        return self.x.shape[0]
+
+    @property
+    def n_inputs(self) -> int:
+        """Link feature dimension ``F``."""
+        return self.x.shape[1]
+
+    def __repr__(self) -> str:
+        return (f"MatchingData(n={len(self)}, links={self.n_links}, F={self.n_inputs}, labelled={self.y is not None}, "
+                f"device={self.device})")
+
+    def pair_ids(self) -> Tensor:
+        """``LongTensor[N_links]``: the pair of every candidate link (cached; treat the container as immutable)."""
+        pid = self.__dict__.get("_pair_ids")
+        if pid is None:
+            pid = torch.repeat_interleave(torch.arange(len(self), device=self.device), self.offsets.diff())
+            self._pair_ids = pid
+        return pid
+
+    def link_positions(self) -> tuple[Tensor, Tensor]:
+        """``(j, k)``, each ``LongTensor[N_links]``: English and French position of every link in its pair."""
+        pid = self.pair_ids()
+        local = torch.arange(self.n_links, device=self.device) - self.offsets[:-1][pid]
+        f = self.sizes[pid, 1]
+        return local // f, local % f
+
+    def link_words(self) -> tuple[Tensor, Tensor]:
+        """Global ids of each link's English word (in ``[0, sum m_i)``) and French word (in ``[0, sum f_i)``)."""
+        j, k = self.link_positions()
+        pid = self.pair_ids()
+        e0 = torch.cumsum(self.sizes[:, 0], 0) - self.sizes[:, 0]
+        f0 = torch.cumsum(self.sizes[:, 1], 0) - self.sizes[:, 1]
+        return e0[pid] + j, f0[pid] + k
+
+    def check_labeling(self, y: Tensor, name: str = "labeling") -> None:
+        """``ValueError`` unless ``y`` is 0/1 and a matching in every pair (each word in at most one link)."""
+        if y.numel() and (int(y.min()) < 0 or int(y.max()) > 1):
+            raise ValueError(f"{name} must hold 0/1 per candidate link, got range [{int(y.min())}, {int(y.max())}]")
+        ew, fw = self.link_words()
+        yf = y.to(torch.long)
+        for words, total, side in ((ew, int(self.sizes[:, 0].sum()), "English"),
+                                   (fw, int(self.sizes[:, 1].sum()), "French")):
+            deg = torch.zeros(total, dtype=torch.long, device=self.device).index_add_(0, words, yf)
+            if bool((deg > 1).any()):
+                bad = int(torch.nonzero(deg > 1)[0, 0])
+                link = int(torch.nonzero((words == bad) & (yf > 0))[0, 0])
+                pair = int(torch.searchsorted(self.offsets, torch.tensor(link, device=self.device), right=True)) - 1
+                raise ValueError(f"{name} is not a matching: a {side} word of pair {pair} is in {int(deg[bad])} links "
+                                 "(every word may take part in at most one link)")
+
+    def pair_matrix(self, t: Tensor, i: int) -> Tensor:
+        """Pair ``i``'s slice of a per-link tensor ``t`` as an ``[m_i, f_i, ...]`` matrix."""
+        m, f = (int(v) for v in self.sizes[i])
+        return t[int(self.offsets[i]): int(self.offsets[i + 1])].reshape(m, f, *t.shape[1:])
+
+    # ------------------------------------------------------------------ selection, devices
+    def __getitem__(self, idx) -> "MatchingData":
+        """The pairs ``idx`` (int list or ``LongTensor``; repeats allowed), in that order."""
+        idx = _as_index(idx, len(self))
+        off = self.offsets.cpu()
+        counts = off.diff()[idx]
+        starts = off[:-1][idx]
+        first = torch.cumsum(counts, 0) - counts
+        links = (torch.repeat_interleave(starts - first, counts) + torch.arange(int(counts.sum()))).to(self.device)
+        pick = lambda t: None if t is None else t[links]  # noqa: E731
+        return MatchingData(self.x[links], self.sizes[idx.to(self.device)], pick(self.y), pick(self.sure),
+                            pick(self.possible), check=False)
+
+    def to(self, device) -> "MatchingData":
+        mv = lambda t: None if t is None else t.to(device)  # noqa: E731
+        return MatchingData(self.x.to(device), self.sizes.to(device), mv(self.y), mv(self.sure), mv(self.possible),
+                            check=False)
+
+    def with_features(self, x: Tensor) -> "MatchingData":
+        """The same pairs and links with other link features ``x: [N_links, F']`` (validated)."""
+        return MatchingData(x, self.sizes, self.y, self.sure, self.possible)
+
+
+# ----------------------------------------------------------------------------- exact decoding of one pair
+def max_weight_matching(S: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A maximum-weight partial matching of the ``m x f`` score matrix ``S``: ``(rows, cols)`` of its links.
+
+    Every word may stay unaligned at score 0: the square ``(m + f) x (f + m)`` cost matrix ``[[-S, N_e], [N_f, 0]]``
+    gives English word ``j`` a private "unaligned" column ``f + j`` and French word ``k`` a private "unaligned"
+    row ``m + k`` (cost 0 on those diagonals, forbidden elsewhere), and the null-null block is free, so every
+    assignment is a partial matching plus its unaligned words, at cost ``-sum of the links' scores``.  Links of
+    score ``<= 0`` are dropped from the answer (a tie with leaving both words unaligned: the value is unchanged).
+    """
+    from scipy.optimize import linear_sum_assignment
+
+    S = np.asarray(S, dtype=np.float64)
+    m, f = S.shape
+    C = np.full((m + f, f + m), np.inf)
+    C[:m, :f] = -S
+    C[m:, f:] = 0.0
+    C[np.arange(m), f + np.arange(m)] = 0.0  # English word j unaligned
+    C[m + np.arange(f), np.arange(f)] = 0.0  # French word k unaligned
+    r, c = linear_sum_assignment(C)
+    keep = (r < m) & (c < f)
+    r, c = r[keep], c[keep]
+    pos = S[r, c] > 0
+    return r[pos], c[pos]
+
+
+# ----------------------------------------------------------------------------- the model
+class Matching(StructuredModel):
+    """Word alignment as a maximum-weight bipartite matching (see the module docstring).
+
+    Args:
+        n_features: link feature dimension ``F`` (``d = F``).
+        miss_cost: cost of a true link left out (a recall error; 3 in the BCFW paper).
+        extra_cost: cost of a predicted link not in the truth (a precision error; 1 in the BCFW paper).
+        normalize: ``"words"`` (default: joint feature and loss divided by ``m_i + f_i``) or ``"none"``.
+    """
+
+    def __init__(self, n_features: int, miss_cost: float = 3.0, extra_cost: float = 1.0, normalize: str = "words"):
+        n_features = check_int(n_features, "n_features")
+        if n_features < 1:
+            raise ValueError(f"n_features must be >= 1, got {n_features}")
+        for name, v in (("miss_cost", miss_cost), ("extra_cost", extra_cost)):
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not np.isfinite(v) or v < 0:
+                raise ValueError(f"{name} must be a finite number >= 0, got {v!r}")
+        if miss_cost + extra_cost <= 0:
+            raise ValueError("miss_cost and extra_cost cannot both be 0 (the loss would vanish)")
+        if normalize not in NORMALIZATIONS:
+            raise ValueError(f"normalize must be one of {NORMALIZATIONS}, got {normalize!r}")
+        self.n_inputs = n_features
+        self.n_features = n_features
+        self.miss_cost = float(miss_cost)
+        self.extra_cost = float(extra_cost)
+        self.normalize = normalize
+
+    def config(self) -> dict:
+        return {"n_features": self.n_inputs, "miss_cost": self.miss_cost, "extra_cost": self.extra_cost,
+                "normalize": self.normalize}
+
+    # ------------------------------------------------------------ checks
+    def check_data(self, data, require_labels: bool = True) -> None:
+        if not isinstance(data, MatchingData):
+            raise TypeError(f"Matching expects MatchingData, got {type(data).__name__}")
+        if data.n_inputs != self.n_inputs:
+            raise ValueError(f"link features have dimension {data.n_inputs} but the model expects {self.n_inputs}")
+        if data.y is None and require_labels:
+            raise ValueError("training data needs labels (y is None)")
+
+    def _check_y(self, data: MatchingData, y: Tensor) -> Tensor:
+        y = torch.as_tensor(y, device=data.device).long().reshape(-1)
+        if y.shape[0] != data.n_links:
+            raise ValueError(f"expected {data.n_links} link labels, got {y.shape[0]}")
+        return y
+
+    # ------------------------------------------------------------ loss
+    def normalizers(self, data: MatchingData) -> Tensor:
+        """``Z_i`` per pair (``Tensor[n]``, float64): ``m_i + f_i``, or 1 with ``normalize="none"``."""
+        if self.normalize == "words":
+            return data.sizes.sum(1).to(torch.float64)
+        return torch.ones(len(data), dtype=torch.float64, device=data.device)
+
+    def loss_link_costs(self, data: MatchingData) -> Tensor:
+        """``c [N_links]``: ``extra_cost`` off the truth, ``-miss_cost`` on it, so that
+        ``Z_i L_i(y) = miss_cost |y_i| + sum_{links of i} y_jk c_jk`` (not normalised)."""
+        truth = data.y.to(torch.float64)
+        return self.extra_cost - (self.extra_cost + self.miss_cost) * truth
+
+    def loss(self, data: MatchingData, y: Tensor) -> Tensor:
+        y = self._check_y(data, y)
+        extra = ((y == 1) & (data.y == 0)).to(torch.float64)
+        missed = ((y == 0) & (data.y == 1)).to(torch.float64)
+        per_link = self.extra_cost * extra + self.miss_cost * missed
+        return self._pair_sum(data, per_link) / self.normalizers(data)
+
+    @staticmethod
+    def _pair_sum(data: MatchingData, per_link: Tensor) -> Tensor:
+        """``Tensor[n, ...]``: per-link values summed over each pair's links."""
+        if len(data) == 1:  # one pair (a BCFW block step): no scatter
+            return per_link.sum(0, keepdim=True)
+        out = per_link.new_zeros((len(data), *per_link.shape[1:]))
+        return out.index_add_(0, data.pair_ids(), per_link)
+
+    def max_loss(self, data: MatchingData) -> Tensor:
+        """``max_y L_i(y)`` per pair, exactly (the loss-augmented oracle at ``w = 0``)."""
+        return self.loss(data, self._decode_scores(self.loss_link_costs(data), data))
+
+    # ------------------------------------------------------------ scores and decoding
+    def link_scores(self, w: Tensor, data: MatchingData) -> Tensor:
+        """``s_jk = <w, x_jk>`` for every candidate link: ``Tensor[N_links]`` (float64)."""
+        self.check_weights(w, data)
+        return data.x.to(torch.float64) @ w.to(torch.float64)
+
+    def _decode_scores(self, s: Tensor, data: MatchingData) -> Tensor:
+        """The maximum-weight matching of every pair for link scores ``s [N_links]``: a 0/1 ``LongTensor[N_links]``."""
+        s_np = s.detach().to("cpu", torch.float64).numpy()
+        off = data.offsets.cpu().numpy()
+        sizes = data.sizes.cpu().numpy()
+        y = np.zeros(s_np.shape[0], dtype=np.int64)
+        for i in range(sizes.shape[0]):
+            m, f = int(sizes[i, 0]), int(sizes[i, 1])
+            r, c = max_weight_matching(s_np[off[i]: off[i + 1]].reshape(m, f))
+            y[off[i] + r * f + c] = 1
+        return torch.from_numpy(y).to(data.device)
+
+    def oracle(self, w: Tensor, data: MatchingData, loss_augmented: bool = True) -> Tensor:
+        s = self.link_scores(w, data)
+        if loss_augmented:
+            s = s + self.loss_link_costs(data)
+        return self._decode_scores(s, data)
+
+    def score(self, w: Tensor, data: MatchingData, y: Tensor) -> Tensor:
+        y = self._check_y(data, y)
+        s = self.link_scores(w, data)
+        return self._pair_sum(data, s * y.to(torch.float64)) / self.normalizers(data)
+
+    def hinge_terms(self, w: Tensor, data: MatchingData) -> tuple[Tensor, Tensor]:
+        """As :meth:`StructuredModel.hinge_terms`, computing the link scores once."""
+        s = self.link_scores(w, data)
+        y_star = self._decode_scores(s + self.loss_link_costs(data), data)
+        diff = self._pair_sum(data, s * (y_star - data.y).to(torch.float64))
+        return y_star, self.loss(data, y_star) + diff / self.normalizers(data)
+
+    def metrics(self, data: MatchingData, y: Tensor) -> dict:
+        """Corpus AER, precision and recall of the labeling ``y`` against ``data``'s sure / possible links
+        (:func:`~torch_bcfw.metrics.alignment.alignment_scores_from_labelings`); ``{}`` when the data has none."""
+        if data.sure is None or data.possible is None:
+            return {}
+        from ..metrics.alignment import alignment_scores_from_labelings
+
+        s = alignment_scores_from_labelings(data, self._check_y(data, y))
+        return {"aer": s.aer, "precision": s.precision, "recall": s.recall}
+
+    # ------------------------------------------------------------ joint features
+    def joint_feature(self, data: MatchingData, y: Tensor) -> Tensor:
+        y = self._check_y(data, y)
+        if len(data) == 1:
+            return (y.to(torch.float64) @ data.x.to(torch.float64))[None] / self.normalizers(data)[:, None]
+        sel = torch.nonzero(y)[:, 0]  # the chosen links only
+        out = torch.zeros(len(data), self.n_features, dtype=torch.float64, device=data.device)
+        out.index_add_(0, data.pair_ids()[sel], data.x[sel].to(torch.float64))
+        return out / self.normalizers(data)[:, None]
+
+    def joint_feature_sum(self, data: MatchingData, y: Tensor) -> Tensor:
+        y = self._check_y(data, y)
+        weights = y.to(torch.float64) / self.normalizers(data)[data.pair_ids()]
+        return weights @ data.x.to(torch.float64)
