@@ -115,3 +115,17 @@ def test_packed_viterbi_keeps_the_callers_torch_thread_count():
         assert torch.get_num_threads() == 1
     finally:
         torch.set_num_threads(before)
+
+
+def test_serial_path_for_a_few_sequences_equals_the_parallel_batch():
+    g = torch.Generator().manual_seed(11)
+    lengths = torch.randint(1, 9, (12,), generator=g)
+    offsets = torch.zeros(13, dtype=torch.long)
+    offsets[1:] = torch.cumsum(lengths, 0)
+    unary = torch.randn(int(offsets[-1]), 5, dtype=torch.float64, generator=g)
+    trans = torch.randn(5, 5, dtype=torch.float64, generator=g)
+    labels, scores = viterbi_packed(unary, offsets, trans)  # 12 sequences: the parallel batch
+    for i in range(12):  # one at a time: the serial path
+        s, e = int(offsets[i]), int(offsets[i + 1])
+        lab, sc = viterbi_packed(unary[s:e], torch.tensor([0, e - s]), trans)
+        assert torch.equal(lab, labels[s:e]) and float(sc[0]) == float(scores[i])

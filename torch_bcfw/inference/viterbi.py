@@ -57,7 +57,10 @@ def viterbi_packed(unary: Tensor, offsets: Tensor, transition: Tensor) -> tuple[
         labels = np.empty(u.shape[0], dtype=np.int64)
         scores = np.empty(offsets.numel() - 1, dtype=u.dtype)
         threads = torch.get_num_threads()
-        _viterbi_batch_numba(u, offsets.contiguous().numpy(), transition.detach().contiguous().numpy(), labels, scores)
+        # a few sequences (the per-example steps of SSG, online EG): a serial loop; starting numba's thread pool
+        # for them costs more than decoding (15 ms per call on a loaded 2-core machine)
+        batch = _viterbi_batch_serial if scores.shape[0] <= _SERIAL_MAX else _viterbi_batch_numba
+        batch(u, offsets.contiguous().numpy(), transition.detach().contiguous().numpy(), labels, scores)
         if torch.get_num_threads() != threads:
             # numba's OpenMP threading layer shares libgomp with torch, and its parallel region resets the
             # process-wide OpenMP thread count: keep the caller's torch.set_num_threads
@@ -100,6 +103,21 @@ def viterbi_padded(unary: Tensor, lengths: Tensor, transition: Tensor) -> tuple[
     labels = torch.full((B, T), -1, dtype=torch.long, device=unary.device)
     labels[mask] = packed
     return labels, score
+
+
+#: up to this many sequences, :func:`viterbi_packed` decodes in one thread
+_SERIAL_MAX = 4
+
+
+@njit(cache=True)
+def _viterbi_batch_serial(unary, offsets, transition, labels, scores):
+    """:func:`_viterbi_batch_numba` in one thread (a few sequences)."""
+    K = unary.shape[1]
+    for i in range(offsets.shape[0] - 1):
+        s = offsets[i]
+        L = offsets[i + 1] - s
+        delta = np.empty((L, K), dtype=unary.dtype)
+        scores[i] = viterbi_numba(unary[s:s + L], transition, labels[s:s + L], delta)
 
 
 @njit(cache=True, parallel=True)

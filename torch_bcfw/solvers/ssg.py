@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 
+from ..threads import single_thread
 from .algorithm import Algorithm
 from .sampling import make_sampler
 
@@ -40,6 +41,10 @@ class SSG(Algorithm):
         return self._blocks[i]
 
     def advance(self, m: int) -> None:
+        with single_thread(self.data.device):
+            self._advance(m)
+
+    def _advance(self, m: int) -> None:
         for i in self.sampler.draw(m):
             blk = self._block(int(i))
             y = self.model.oracle(self.w, blk, loss_augmented=True)
