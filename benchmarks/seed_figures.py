@@ -1,0 +1,213 @@
+"""The BCFW paper's solver comparison (Lacoste-Julien et al. 2013, Fig. 1 and 4): primal suboptimality and test
+error against effective passes for BCFW, BCFW-wavg, SSG, SSG-wavg, online-EG (chains), batch FW, the 1-slack
+cutting plane and (when available) dual extragradient, with the median and the min-max band over seeds.
+
+    python benchmarks/seed_figures.py --figure ocr-0.01 [--passes 100] [--seeds 3] [--split large]
+    python benchmarks/seed_figures.py --figure all --split small --passes 30 --seeds 2   # reduced: minutes
+
+Figures: ``ocr-0.01``, ``ocr-0.001``, ``ocr-1/n`` (OCR, ``lam`` 0.01, 0.001 and ``1/n``), ``conll-1/n`` (CoNLL-2000
+chunking, sparse features), ``matching-0.001`` (Hansards word alignment).  Primal suboptimality is
+``P(w) - D*`` with ``D*`` the best dual value certified by any run of the figure (an upper bound on the true
+suboptimality, exact up to the certified gap of a long reference run of BCFW, which is printed and saved); the x-axis is effective passes (training
+oracle calls / n, online-EG's line-search calls included; the exact gap passes that measure the curves are not
+counted).  Batch methods (FW, cutting plane) are drawn as the lower envelope of their primal values, the
+stochastic ones as the median and min-max band over ``--seeds`` runs.  "-wavg" is the weighted average of the
+iterates (its primal from the same runs; its test error is that of the iterate with the lower certified primal,
+which is the average in these runs).  Writes ``benchmarks/results/seed_figures_<figure>.json`` and ``.png``.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parent))
+from common import DATA, RESULTS, print_table, write_json  # noqa: E402
+
+from torch_bcfw import fit  # noqa: E402
+from torch_bcfw.solvers.options import SOLVERS  # noqa: E402
+
+FIGURES = ("ocr-0.01", "ocr-0.001", "ocr-1/n", "conll-1/n", "matching-0.001")
+
+#: (label, solver, options, stochastic, chains only, curve): curve "last" (the iterate; averaging off, so its test
+#: error is the iterate's) or "avg" (the weighted average, certified at every check; its test error is that of the
+#: iterate with the lower certified primal, the average in these runs)
+METHODS = [
+    ("BCFW", "bcfw", {"averaging": False}, True, False, "last"),
+    ("BCFW-wavg", "bcfw", {"averaging": True}, True, False, "avg"),
+    ("SSG", "ssg", {"averaging": False}, True, False, "last"),
+    ("SSG-wavg", "ssg", {"averaging": True}, True, False, "avg"),
+    ("online-EG", "online-eg", {"averaging": False}, True, True, "last"),
+    ("FW", "fw", {"averaging": False}, False, False, "last"),
+    ("cutting plane", "cutting-plane", {"averaging": False}, False, False, "last"),
+    ("extragradient", "extragradient", {"averaging": False}, False, False, "last"),
+]
+
+
+def problem(figure: str, split: str, conll_limit: int | None):
+    name, lam_s = figure.split("-", 1)
+    if name == "ocr":
+        from torch_bcfw import Chain
+        from torch_bcfw.datasets.ocr import load_ocr_split
+
+        train, test = load_ocr_split(DATA / "ocr", split, 0)
+        model = Chain(128, 26)
+    elif name == "conll":
+        from torch_bcfw.datasets.conll_chain import load_conll_problem
+
+        prob = load_conll_problem(DATA / "conll2000", limit=conll_limit, test_limit=conll_limit)
+        model, train, test = prob.model, prob.train, prob.test
+    else:
+        from torch_bcfw.datasets.registry import load_problem
+
+        model, train, test = load_problem({"name": "hansards", "path": str(DATA / "hansards_alignment")})
+    lam = 1.0 / len(train) if lam_s == "1/n" else float(lam_s)
+    return model, train, test, lam
+
+
+def runs_of(figure, model, train, test, lam, passes, seeds, gap_check):
+    chains = figure.startswith(("ocr", "conll"))
+    out = {}
+    done = {}
+    for label, solver, extra, stochastic, chains_only, curve in METHODS:
+        if solver not in SOLVERS or (chains_only and not chains):
+            continue
+        key = (solver, tuple(sorted(extra.items())))
+        if key not in done:  # one set of runs gives the last and the averaged iterate's curves
+            done[key] = []
+            for seed in (seeds if stochastic else [seeds[0]]):
+                opts = dict(max_passes=passes, gap_check=gap_check, seed=seed, track_train_loss=False,
+                            check_averaged=True)
+                opts.update(extra)
+                t0 = time.perf_counter()
+                try:
+                    r = fit(model, train, lam, solver, test_data=test, **opts)
+                except ValueError as exc:  # e.g. a solver that needs an oracle this model lacks
+                    print(f"  {label}: skipped ({exc})")
+                    done[key] = None
+                    break
+                print(f"  {label} seed {seed}: {time.perf_counter() - t0:.1f} s, {r.passes:.1f} passes, "
+                      f"gap {r.gap if r.gap is None else f'{r.gap:.3g}'}")
+                done[key].append(r.history)
+        if done[key] is None:
+            continue
+        out[label] = {"solver": solver, "curve": curve, "stochastic": stochastic, "histories": done[key]}
+    return out
+
+
+def best_dual(runs, reference=None) -> float:
+    """The best certified dual value of the figure's runs and of the reference run (a lower bound on P*)."""
+    hists = [h for run in runs.values() for h in run["histories"]] + ([reference] if reference else [])
+    return max(d for h in hists for rec in h for d in (rec.get("dual"), rec.get("dual_avg")) if d is not None)
+
+
+def curves(run, d_star):
+    """Per seed: (passes, primal suboptimality, test error) of the run's curve."""
+    out = []
+    for h in run["histories"]:
+        pk = "primal_avg" if run["curve"] == "avg" else "primal"
+        pts = [(rec["passes"], rec[pk] - d_star, rec.get("test_loss")) for rec in h if rec.get(pk) is not None]
+        if not run["stochastic"]:  # batch methods: the lower envelope of the primal (the best point so far)
+            best, env = math.inf, []
+            for p, s, t in pts:
+                if s < best:
+                    best, bt = s, t
+                env.append((p, best, bt))
+            pts = env
+        out.append(pts)
+    return out
+
+
+def summary(label, run, d_star, marks):
+    """Median over seeds of the suboptimality and the test error at the first check at or past each mark."""
+    row = {"method": label}
+    cs = curves(run, d_star)
+    for m in marks:
+        vals = [next(((s, t) for p, s, t in c if p >= m - 1e-9), (None, None)) for c in cs]
+        subs = [v[0] for v in vals if v[0] is not None]
+        errs = [v[1] for v in vals if v[1] is not None]
+        row[f"subopt@{m:g}"] = float(np.median(subs)) if subs else None
+        row[f"test@{m:g}"] = float(np.median(errs)) if errs else None
+    return row
+
+
+def plot(figure, runs, d_star, path, title):
+    from torch_bcfw.plotting import pyplot, save_figure
+
+    plt = pyplot()
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    for j, (label, run) in enumerate(runs.items()):
+        cs = curves(run, d_star)
+        grid = sorted({p for c in cs for p, _, _ in c})
+        for ax, k in ((axes[0], 1), (axes[1], 2)):
+            ys = []
+            for c in cs:  # each seed interpolated onto the union of the checks' passes (online-EG's vary by seed)
+                p = np.array([q[0] for q in c], dtype=float)
+                v = np.array([np.nan if q[k] is None else q[k] for q in c], dtype=float)
+                ys.append(np.interp(grid, p, v, left=np.nan, right=np.nan) if p.size else np.full(len(grid), np.nan))
+            ys = np.array(ys, dtype=float)
+            if k == 1:
+                ys = np.clip(ys, 1e-12, None)
+            style = "--" if "wavg" in label else "-"
+            keep = ~np.isnan(ys).all(0)
+            grid_k, ys = np.asarray(grid)[keep], ys[:, keep]
+            ax.plot(grid_k, np.nanmedian(ys, 0), style, color=f"C{j}", marker=".", label=label)
+            if ys.shape[0] > 1:
+                ax.fill_between(grid_k, np.nanmin(ys, 0), np.nanmax(ys, 0), color=f"C{j}", alpha=0.15)
+    axes[0].set_yscale("log")
+    axes[0].set_ylabel("primal suboptimality (vs best certified dual)")
+    axes[1].set_ylabel("test error")
+    for ax in axes:
+        ax.set_xlabel("effective passes")
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0].legend(fontsize=8)
+    fig.suptitle(title)
+    return save_figure(fig, path)
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--figure", choices=FIGURES + ("all",), default="ocr-0.01")
+    ap.add_argument("--split", choices=("large", "small"), default="large", help="OCR split (small: n = 626)")
+    ap.add_argument("--passes", type=float, default=100)
+    ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--gap-check", type=int, default=5)
+    ap.add_argument("--conll-limit", type=int, default=None, help="first sentences of CoNLL train and test only")
+    ap.add_argument("--reference-passes", type=float, default=1000, help="passes of the reference run (D*)")
+    ap.add_argument("--reference-gap", type=float, default=1e-6, help="the reference run stops at this certified gap")
+    args = ap.parse_args(argv)
+    figures = FIGURES if args.figure == "all" else (args.figure,)
+    seeds = list(range(1, args.seeds + 1))
+    for figure in figures:
+        model, train, test, lam = problem(figure, args.split, args.conll_limit)
+        print(f"{figure}: n = {len(train)}, lam = {lam:g}, {args.passes:g} passes, seeds {seeds}")
+        t0 = time.perf_counter()
+        # the reference: a long run of the BCFW variant with the fastest convergence here, for D* (as the paper's
+        # "long BCFW run"); suboptimalities are P(w) - D*, exact up to the certified gap of this run
+        ref = fit(model, train, lam, "bcfw", preset="gap-pairwise", max_passes=args.reference_passes, gap_check=10,
+                  gap_tol=args.reference_gap, track_train_loss=False)
+        print(f"  reference: {ref.passes:.0f} passes of BCFW (gap-pairwise), certified gap {ref.gap:.3g}")
+        runs = runs_of(figure, model, train, test, lam, args.passes, seeds, args.gap_check)
+        d_star = best_dual(runs, ref.history)
+        best_gap = min(rec["gap_best"] for h in [ref.history] for rec in h if rec.get("gap_best") is not None)
+        gc = args.gap_check
+        marks = sorted({m for m in (gc, 2 * gc, 4 * gc, 10 * gc, 20 * gc, args.passes) if m <= args.passes})
+        rows = [summary(label, run, d_star, marks) for label, run in runs.items()]
+        print_table(rows, ["method"] + [f"subopt@{m:g}" for m in marks] + [f"test@{marks[-1]:g}"])
+        stem = "seed_figures_" + figure.replace("/", "_over_") + (f"_{args.split}" if figure.startswith("ocr") else "")
+        write_json(stem + ".json", {
+            "figure": figure, "n": len(train), "lam": lam, "passes": args.passes, "seeds": seeds,
+            "split": args.split if figure.startswith("ocr") else None, "best_dual": d_star,
+            "reference_certified_gap": best_gap, "reference_passes": ref.passes, "seconds": time.perf_counter() - t0, "table": rows,
+            "runs": {k: {kk: vv for kk, vv in v.items()} for k, v in runs.items()},
+            "command": "python benchmarks/seed_figures.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        })
+        plot(figure, runs, d_star, RESULTS / (stem + ".png"),
+             f"{figure} (n = {len(train)}): median and min-max over {len(seeds)} seeds")
+
+
+if __name__ == "__main__":
+    main()
