@@ -85,3 +85,17 @@ def brute_force_primal(model, data, w, lam):
         best, _ = brute_force_max(model, data, w, i)
         total += best - float(model.joint_feature(blk, blk.y)[0] @ w)
     return 0.5 * lam * float(w @ w) + total / len(data)
+
+
+def partial_matchings(m: int, f: int) -> list[tuple]:
+    """Every partial matching of an ``m x f`` bipartite graph as a tuple of links ``(j, k)`` (brute force)."""
+    def rec(j, used):
+        if j == m:
+            yield ()
+            return
+        yield from rec(j + 1, used)
+        for k in range(f):
+            if k not in used:
+                for rest in rec(j + 1, used | {k}):
+                    yield ((j, k),) + rest
+    return list(rec(0, frozenset()))

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import brute_force_primal, enumerate_labelings, random_chain_problem, random_multiclass_problem
+from conftest import (brute_force_primal, enumerate_labelings, partial_matchings, random_chain_problem,
+                      random_multiclass_problem)
 from torch_bcfw import FitResult, fit
 from torch_bcfw.inference.forward_backward import chain_marginals
 from torch_bcfw.inference.matching_projection import PAD_VALUE, capped_simplex_threshold, project_matching_polytope
@@ -23,20 +24,6 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 # ----------------------------------------------------------------------------- helpers
-def partial_matchings(m: int, f: int):
-    """Every partial matching of an ``m x f`` bipartite graph as a tuple of links ``(j, k)``."""
-    def rec(j, used):
-        if j == m:
-            yield ()
-            return
-        yield from rec(j + 1, used)
-        for k in range(f):
-            if k not in used:
-                for rest in rec(j + 1, used | {k}):
-                    yield ((j, k),) + rest
-    return list(rec(0, frozenset()))
-
-
 def matching_problem(n=5, F=3, seed=0, signal=1.5):
     """Tiny pairs (2-3 words a side) whose first link feature is informative (``w* != 0``)."""
     g = torch.Generator().manual_seed(seed)

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 
+from conftest import partial_matchings as enumerate_matchings
 from conftest import requires_cuda, shared_data
 from torch_bcfw import fit
 from torch_bcfw.datasets.hansards import (
@@ -30,16 +31,7 @@ COSTS = [(3.0, 1.0), (1.0, 1.0), (0.5, 2.0), (0.0, 1.0), (2.0, 0.0)]
 # ----------------------------------------------------------------------------- brute force
 def partial_matchings(m: int, f: int):
     """Every partial matching of an ``m x f`` bipartite graph as a set of links ``(j, k)``."""
-    def rec(j, used):
-        if j == m:
-            yield ()
-            return
-        yield from rec(j + 1, used)
-        for k in range(f):
-            if k not in used:
-                for rest in rec(j + 1, used | {k}):
-                    yield ((j, k),) + rest
-    return [frozenset(M) for M in rec(0, frozenset())]
+    return [frozenset(M) for M in enumerate_matchings(m, f)]
 
 
 def as_labels(links, m, f) -> torch.Tensor:

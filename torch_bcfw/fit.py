@@ -343,12 +343,11 @@ def fit(
         else:
             w, avg = alg.iterate()[0], alg.averaged()
             w_avg = None if avg is None else avg[0]
-        state = alg.state_dict()
+        # state_dict() returns copies (tensors cloned to CPU) and alg is dropped when fit returns: no deep copy
         return FitResult(
             model=model, lam=lam, solver=solver, options=opts, w=w.clone(),
             w_avg=None if w_avg is None else w_avg.clone(), history=list(out.history) if snapshot else out.history,
-            stopped_by="" if snapshot else out.stopped_by, solver_state=state if snapshot else copy.deepcopy(state),
-            counters=dict(counters),
+            stopped_by="" if snapshot else out.stopped_by, solver_state=alg.state_dict(), counters=dict(counters),
         )
 
     def save_if_due(out: RunOutput) -> None:

@@ -117,7 +117,7 @@ def _hansards(cfg: dict):
 
     if not cfg.get("path"):
         raise ValueError("the hansards dataset needs data.path: the folder with test/, dev/ and train/ "
-                         "(e.g. ../shared/data/hansards_alignment)")
+                         "(the HLT-NAACL 2003 English-French Hansards alignment data)")
     split = cfg.get("test_split", "test")
     if split not in ("test", "trial"):
         raise ValueError(f"data.test_split must be test or trial, got {split!r}")

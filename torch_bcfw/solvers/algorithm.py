@@ -44,6 +44,16 @@ class Algorithm:
         from one that stopped mid-pass keeps the gap-check schedule of an uninterrupted run."""
         return self.n - self.work % self.n
 
+    def refuse_bcfw_extras(self, bounds, refinements: bool = True) -> None:
+        """Raise ``ValueError`` for what only BCFW / FW support: the refinements of Osokin et al. 2016 (gap
+        sampling, pairwise / away steps, cache) unless ``refinements=False``, and box constraints (``bounds`` or the
+        model's ``weight_bounds``)."""
+        if refinements and self.options.refined:
+            raise ValueError("gap sampling, pairwise / away steps and caching are BCFW refinements (solver='bcfw')")
+        if normalise_bounds(bounds, self.model) is not None:
+            raise ValueError("box constraints (here the model's weight_bounds, if none were given) are supported by "
+                             f"solver='bcfw' and solver='fw', not by {self.name!r}")
+
     def advance(self, m: int) -> None:
         """Do about ``m`` iterations worth of optimisation."""
         raise NotImplementedError

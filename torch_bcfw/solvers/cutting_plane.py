@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from ..models.dual import features_fingerprint, labels_fingerprint
-from .algorithm import Algorithm, normalise_bounds
+from .algorithm import Algorithm
 
 __all__ = ["CuttingPlane", "solve_simplex_qp"]
 
@@ -79,11 +79,7 @@ class CuttingPlane(Algorithm):
 
     def __init__(self, model, data, lam, options, state=None, bounds=None):
         super().__init__(model, data, lam, options)
-        if options.refined:
-            raise ValueError("gap sampling, pairwise / away steps and caching are BCFW refinements (solver='bcfw')")
-        if normalise_bounds(bounds, model) is not None:
-            raise ValueError("box constraints (here the model's weight_bounds) are supported by solver='bcfw' and "
-                             "solver='fw', not by 'cutting-plane'")
+        self.refuse_bcfw_extras(bounds)
         model.check_data(data)
         d, dev = model.n_features, data.device
         self.a = torch.zeros(1, d, dtype=torch.float64, device=dev)  # plane 0: the ground truth

@@ -93,7 +93,7 @@ from torch import Tensor
 from ..inference.forward_backward import chain_marginals
 from ..inference.matching_projection import PAD_VALUE, project_matching_polytope
 from ..models.dual import features_fingerprint, labels_fingerprint
-from .algorithm import Algorithm, normalise_bounds
+from .algorithm import Algorithm
 
 __all__ = ["Extragradient", "lipschitz_constant", "shared_transition_marginals"]
 
@@ -116,12 +116,11 @@ def shared_transition_marginals(node: Tensor, trans: Tensor, offsets: Tensor) ->
     dev = node.device
     offsets = offsets.to(dev)
     lengths = offsets.diff()
-    n, K = lengths.numel(), node.shape[1]
+    n = lengths.numel()
     Tm = int(lengths.max())
     pos = torch.arange(Tm, device=dev)
     mask = pos[:, None] < lengths[None, :]                              # [Tm, n]: time-major, rows contiguous
     tok = torch.where(mask, offsets[:-1][None, :] + pos[:, None], -1)    # packed token of (t, i), -1 past the end
-    tok_mask = mask
     U = node[tok.clamp_min(0)]                                          # [Tm, n, K]
     P = torch.exp(U - U.amax(2, keepdim=True))                          # max 1 per position
     E = torch.exp(trans.to(dev, torch.float64) - trans.max())
@@ -131,7 +130,7 @@ def shared_transition_marginals(node: Tensor, trans: Tensor, offsets: Tensor) ->
     a[0] = P[0] / s[0, :, None]
     for t in range(1, Tm):
         nxt = (a[t - 1] @ E) * P[t]
-        live = tok_mask[t]
+        live = mask[t]
         s[t] = torch.where(live, nxt.sum(1), s[t])
         a[t] = torch.where(live[:, None], nxt / s[t, :, None], a[t - 1])
     if not bool((s > 0).all() and torch.isfinite(s).all()):
@@ -140,12 +139,12 @@ def shared_transition_marginals(node: Tensor, trans: Tensor, offsets: Tensor) ->
     b = torch.ones_like(P)
     for t in range(Tm - 2, -1, -1):
         prev = ((P[t + 1] * b[t + 1]) @ E.T) / s[t + 1, :, None]
-        b[t] = torch.where(tok_mask[t + 1][:, None], prev, b[t])
+        b[t] = torch.where(mask[t + 1][:, None], prev, b[t])
     mu = node.new_empty(node.shape)
-    mu[tok[tok_mask]] = (a * b)[tok_mask]
+    mu[tok[mask]] = (a * b)[mask]
     # expected transitions: sum_t a_{t-1}(j) E(j, k) P_t(k) b_t(k) / s_t over the live positions t >= 1
     zero = torch.zeros((), dtype=P.dtype, device=dev)
-    right = torch.where(tok_mask[1:, :, None], P[1:] * b[1:] / s[1:, :, None], zero)
+    right = torch.where(mask[1:, :, None], P[1:] * b[1:] / s[1:, :, None], zero)
     T = torch.einsum("tij,tik->ijk", a[:-1], right) * E
     return mu, T
 
@@ -318,11 +317,7 @@ class Extragradient(Algorithm):
 
     def __init__(self, model, data, lam, options, state=None, bounds=None):
         super().__init__(model, data, lam, options)
-        if options.refined:
-            raise ValueError("gap sampling, pairwise / away steps and caching are BCFW refinements (solver='bcfw')")
-        if normalise_bounds(bounds, model) is not None:
-            raise ValueError("box constraints (here the model's weight_bounds) are supported by solver='bcfw' and "
-                             "solver='fw', not by 'extragradient'")
+        self.refuse_bcfw_extras(bounds)
         model.check_data(data)
         self.geo = _geometry(model, data, lam, options)
         self.geometry = self.geo.kind

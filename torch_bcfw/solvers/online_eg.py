@@ -24,7 +24,7 @@ import torch
 
 from ..inference.forward_backward import chain_marginals_one
 from ..threads import single_thread
-from .algorithm import Algorithm, normalise_bounds
+from .algorithm import Algorithm
 from .sampling import make_sampler
 
 __all__ = ["OnlineEG"]
@@ -37,10 +37,7 @@ class OnlineEG(Algorithm):
 
     def __init__(self, model, data, lam, options, state=None, bounds=None):
         super().__init__(model, data, lam, options)
-        if options.refined:
-            raise ValueError("gap sampling, pairwise / away steps and caching are BCFW refinements (solver='bcfw')")
-        if normalise_bounds(bounds, model) is not None:
-            raise ValueError("box constraints are supported by solver='bcfw' and solver='fw', not by 'online-eg'")
+        self.refuse_bcfw_extras(bounds)
         self.state = state if state is not None else model.dual_state(data, lam)
         if not (hasattr(model, "gibbs_parts") and hasattr(self.state, "set_block_marginals")):
             raise ValueError(f"online-eg needs the expectation (marginal) oracle, which {type(model).__name__} does not "

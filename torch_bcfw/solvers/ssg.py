@@ -23,10 +23,7 @@ class SSG(Algorithm):
         super().__init__(model, data, lam, options)
         if options.refined:
             raise ValueError("gap sampling, pairwise / away steps and caching need a dual: use solver='bcfw'")
-        from .algorithm import normalise_bounds
-
-        if normalise_bounds(bounds, model) is not None:
-            raise ValueError("box constraints are supported by solver='bcfw' and solver='fw', not by 'ssg'")
+        self.refuse_bcfw_extras(bounds, refinements=False)
         model.check_data(data)
         d, dev = model.n_features, data.device
         self.w = torch.zeros(d, dtype=torch.float64, device=dev)
