@@ -25,6 +25,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
+import numpy as np
 import torch
 
 __all__ = [
@@ -169,6 +170,20 @@ class AttributeVocabulary:
         get = self._index.get
         ids = [[get(a, PAD_ID) for a in attributes] for attributes in token_attributes(sentence)]
         return torch.tensor(ids, dtype=torch.long).reshape(len(ids), NUM_TEMPLATES)
+
+    def transform_packed(self, sentences: Sequence[TaggedSentence]) -> torch.Tensor:
+        """Attribute ids of all tokens of ``sentences``, one after the other: ``LongTensor (N_tok, NUM_TEMPLATES)``.
+
+        Equal to ``torch.cat([self.transform(s) for s in sentences])``, built in one array without a
+        tensor per sentence (less memory on a whole corpus).
+        """
+        get = self._index.get
+        n_tokens = sum(len(sentence.words) for sentence in sentences)
+        ids = np.fromiter(
+            (get(a, PAD_ID) for sentence in sentences for attributes in token_attributes(sentence) for a in attributes),
+            dtype=np.int64, count=n_tokens * NUM_TEMPLATES,
+        )
+        return torch.from_numpy(ids).reshape(n_tokens, NUM_TEMPLATES)
 
     def transform_batch(
         self, sentences: Sequence[TaggedSentence]
