@@ -20,8 +20,7 @@ Measured:
   3. the exact gap pass over the training set (``model.hinge_terms``: oracle on all images, losses, scores)
      in one process vs the :class:`~torch_bcfw.inference.graphcut_pool.ResidentGraphCutPool` (per-graph
      records resident in the workers, warm: a call sends ``w`` only, and every process returns labels, losses
-     and scores of its graphs) and vs the older :class:`~torch_bcfw.inference.graphcut.GraphCutPool` (every
-     problem shipped on every call).  Runs are interleaved; min and median over ``--repeat``; the answers
+     and scores of its graphs).  Runs are interleaved; min and median over ``--repeat``; the answers
      of the pool are checked bit-identical to the in-process ones.  The machine's load average
      (``os.getloadavg()``) is recorded before and after every measurement: on a CPU shared with other jobs
      the speed-up is bounded by the share of the cores we get (``load_average`` in the JSON).  So the CPU
@@ -46,7 +45,7 @@ import torch
 from common import DATA, print_table, write_json
 from torch_bcfw import fit
 from torch_bcfw.datasets.horses import horse_graph_data
-from torch_bcfw.inference.graphcut import GraphCutPool, build_graph, cut_graph, graphcut_map_batch
+from torch_bcfw.inference.graphcut import build_graph, cut_graph
 from torch_bcfw.inference.graphcut_pool import ResidentGraphCutPool, edge_penalties, node_gains, solve_records
 from torch_bcfw.models import GraphCut
 from torch_bcfw.solvers.bcfw import BCFW
@@ -151,13 +150,7 @@ def gap_pass_speedup(data, w: torch.Tensor, repeat: int, processes: int) -> dict
     t0 = time.perf_counter()
     y_par, _ = par.hinge_terms(w, data)
     first = time.perf_counter() - t0  # worker start-up + shipping the graphs
-    gains = seq.unary_gains(w, data, True)
-    problems = [(torch.stack([torch.zeros_like(g), g], 1), blk_e, c) for g, blk_e, c in zip(
-        data.split_labels(gains), torch.split(data.edges, data.edge_counts.tolist()),
-        torch.split(seq.penalties(w, data), data.edge_counts.tolist()))]
-    old_pool = GraphCutPool(processes)
-    old_pool.map(problems)  # start its workers
-    times = {"sequential": [], "resident_pool": [], "old_pool": [], "old_sequential": []}
+    times = {"sequential": [], "resident_pool": []}
     cpu_main, cpu_seq, cpu_worker = [], [], []
     try:
         for _ in range(repeat):
@@ -171,14 +164,7 @@ def gap_pass_speedup(data, w: torch.Tensor, repeat: int, processes: int) -> dict
             cpu_main.append(time.process_time() - c0)
             cpu_worker.append(par._pool.worker_cpu_s - k0)
             assert torch.equal(y_seq, y_par) and torch.equal(h_seq, h_par)  # bit-identical
-            t0 = time.perf_counter()
-            old_pool.map(problems)
-            times["old_pool"].append(time.perf_counter() - t0)
-            t0 = time.perf_counter()
-            graphcut_map_batch(problems, processes=1)
-            times["old_sequential"].append(time.perf_counter() - t0)
     finally:
-        old_pool.close()
         par.close()
     out = {k: {"min": min(v), "median": statistics.median(v), "runs": v} for k, v in times.items()}
     out["pool_first_call_s"] = first
@@ -191,7 +177,6 @@ def gap_pass_speedup(data, w: torch.Tensor, repeat: int, processes: int) -> dict
                                                                               out["pool_worker_cpu_s_median"])
     out["speedup_min"] = out["sequential"]["min"] / out["resident_pool"]["min"]
     out["speedup_median"] = out["sequential"]["median"] / out["resident_pool"]["median"]
-    out["old_pool_speedup_median"] = out["old_sequential"]["median"] / out["old_pool"]["median"]
     return out
 
 
@@ -236,7 +221,7 @@ def main() -> None:
                  "unit": "fraction (median of passes)", "share": ov["overhead_fraction_pooled"], "target": "<= 0.10"})
     rows.append({"measure": "solver overhead / oracle per step", "value": f"{ov['overhead_us_per_step_median']:.1f} / "
                  f"{ov['oracle_us_per_step_median']:.0f}", "unit": "us (median of passes)"})
-    for k in ("sequential", "resident_pool", "old_sequential", "old_pool"):
+    for k in ("sequential", "resident_pool"):
         rows.append({"measure": f"gap pass: {k}", "value": sp[k]["median"], "unit": "s (median)",
                      "share": sp[k]["min"]})
     rows.append({"measure": "resident pool speed-up", "value": sp["speedup_median"], "unit": "x (median)",
@@ -250,7 +235,6 @@ def main() -> None:
                  "unit": "x (median)", "share": ceiling["two_processes"]["min"]})
     rows.append({"measure": "pool speed-up / ceiling", "value": sp["speedup_median"] / ceiling["speedup_median"],
                  "unit": "fraction"})
-    rows.append({"measure": "old GraphCutPool speed-up", "value": sp["old_pool_speedup_median"], "unit": "x (median)"})
     for k, v in load.items():
         rows.append({"measure": f"load average (1 min) at {k}", "value": v["before"][0], "unit": "runnable tasks",
                      "share": v["after"][0]})

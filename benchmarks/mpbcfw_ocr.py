@@ -52,7 +52,8 @@ from torch_bcfw import fit
 from torch_bcfw.compare import _band
 from torch_bcfw.plotting import pyplot, save_figure, style_axes
 from torch_bcfw.datasets.ocr import load_ocr_split
-from torch_bcfw.models import Chain, ChainDualState
+from torch_bcfw.duals import ChainDualState
+from torch_bcfw.models import Chain
 
 SOLVERS = [
     ("BCFW", "bcfw", {"sampling": "perm"}),

@@ -26,11 +26,11 @@ import torch
 from common import DATA, print_table, timed, write_json
 from baselines import NumpyChainBCFW
 from torch_bcfw.datasets.ocr import load_ocr_split
+from torch_bcfw.duals.base import DualState
+from torch_bcfw.duals.stepsize import LINE_SEARCH
 from torch_bcfw.inference.viterbi import _viterbi_same_length, viterbi_packed_torch
 from torch_bcfw.models import Chain
-from torch_bcfw.models.dual import DualState
 from torch_bcfw.solvers.certificate import certify
-from torch_bcfw.stepsize import LINE_SEARCH
 
 
 def main() -> None:

@@ -133,9 +133,9 @@ def unnormalised_chain():
     """
     import torch
 
+    from torch_bcfw.duals.base import DualState
+    from torch_bcfw.duals.chain import ChainDualState
     from torch_bcfw.models import Chain
-    from torch_bcfw.models.chain import ChainDualState
-    from torch_bcfw.models.dual import DualState
 
     class GenericStepsState(ChainDualState):
         def run_steps(self, order, step_code, averaging=True):
@@ -193,7 +193,7 @@ def lib_fit(spec: dict) -> dict:
     stages = Stages()
     from torch_bcfw import fit
     from torch_bcfw.compilation import CompileTimer
-    from torch_bcfw.datasets.conll_chain import evaluate_chunking
+    from torch_bcfw.datasets.conll_chain import chunk_f1_from_ids, evaluate_chunking, predictions_to_tags
     from torch_bcfw.solvers.callbacks import Callback
 
     model, train, ev, eval_s, info = lib_setup(spec, stages)
@@ -214,7 +214,8 @@ def lib_fit(spec: dict) -> dict:
         fit_s = time.perf_counter() - t0
     stages("fit")
     t1 = time.perf_counter()
-    f1 = evaluate_chunking(model, result.weights, ev, eval_s)
+    pred = model.decode(result.weights.to(ev.device), ev)
+    f1 = chunk_f1_from_ids(pred, ev.offsets, eval_s)
     decode_s = time.perf_counter() - t1
     f1_avg = evaluate_chunking(model, result.w_avg, ev, eval_s)["f1"]
     stages("decoded test")
@@ -223,7 +224,24 @@ def lib_fit(spec: dict) -> dict:
             "compile_s": ct.seconds, "decode_s": decode_s, "passes": result.passes, "gap": result.gap,
             "primal": result.primal, "selected": result.selected, "test_f1": f1["f1"],
             "test_precision": f1["precision"], "test_recall": f1["recall"], "test_f1_avg": f1_avg,
-            "checks": clock.rows, "memory_stages": stages.rows, "hwm_mb": proc_status()["VmHWM"]}
+            "checks": clock.rows, "memory_stages": stages.rows, "hwm_mb": proc_status()["VmHWM"],
+            **({"test_tags": predictions_to_tags(pred, ev.offsets)} if spec.get("tags") else {})}
+
+
+def lib_floor(spec: dict) -> dict:
+    """The resident set of a process that only imports torch, numba and torch_bcfw (what any run of the library
+    holds before it reads data)."""
+    stages = Stages()
+    import torch  # noqa: F401
+
+    stages("torch")
+    import numba  # noqa: F401
+
+    stages("numba")
+    import torch_bcfw  # noqa: F401
+
+    stages("torch_bcfw")
+    return {"memory_stages": stages.rows, "hwm_mb": proc_status()["VmHWM"]}
 
 
 def lib_memory_profile(spec: dict) -> dict:
@@ -352,7 +370,7 @@ def crf_score(model_path: str, eval_file: str) -> dict:
     tagger.close()
     scores = chunk_f1_module().chunk_f1(gold, pred)
     return {"f1": scores["f1"], "precision": scores["precision"], "recall": scores["recall"], "decode_s": decode_s,
-            "n_eval": len(gold)}
+            "n_eval": len(gold), "pred_tags": pred}
 
 
 def crf_fit(spec: dict) -> dict:
@@ -367,7 +385,7 @@ def crf_fit(spec: dict) -> dict:
     os.remove(model_path)
     return {"c1": spec["c1"], "c2": spec["c2"], **out, "test_f1": sc["f1"], "test_precision": sc["precision"],
             "test_recall": sc["recall"], "decode_s": sc["decode_s"], "memory_stages": stages.rows,
-            "hwm_mb": proc_status()["VmHWM"]}
+            "hwm_mb": proc_status()["VmHWM"], **({"test_tags": sc["pred_tags"]} if spec.get("tags") else {})}
 
 
 def crf_tune(spec: dict) -> dict:
@@ -395,6 +413,7 @@ def crf_curve(spec: dict) -> dict:
 
 
 CHILDREN = {"lib-tune": lib_staged, "lib-curve": lib_staged, "lib-fit": lib_fit, "lib-memory": lib_memory_profile,
+            "lib-floor": lib_floor,
             "crf-tune": crf_tune,
             "crf-fit": crf_fit, "crf-curve": crf_curve}
 
@@ -427,6 +446,37 @@ def run_child(kind: str, spec: dict, log) -> dict:
     rec.update(kind=kind, peak_rss_mb=rec.get("hwm_mb"), child_wall_s=wall, cpu_s=usage.ru_utime + usage.ru_stime,
                loadavg_before=load_before, loadavg_after=os.getloadavg())
     return rec
+
+
+def paired_bootstrap(gold, pred_a, pred_b, samples: int = 10000, seed: int = 0) -> dict:
+    """Paired bootstrap over sentences of the chunk-F1 difference ``F1(a) - F1(b)`` (Koehn 2004; Berg-Kirkpatrick
+    et al. 2012): resample the test sentences with replacement, score both systems on each resample.
+
+    Returns the observed difference, the 95% percentile interval, and the two-sided p-value of "no difference"
+    (twice the fraction of resamples on the other side of zero, capped at 1), all in F1 points (%)."""
+    import numpy as np
+
+    chunking = chunk_f1_module()
+    counts = np.zeros((len(gold), 5))  # n_true, n_pred a, n_correct a, n_pred b, n_correct b per sentence
+    for i, (g, a, b) in enumerate(zip(gold, pred_a, pred_b, strict=True)):
+        sa, sb = chunking.chunk_f1([g], [a]), chunking.chunk_f1([g], [b])
+        counts[i] = (sa["n_true"], sa["n_pred"], sa["n_correct"], sb["n_pred"], sb["n_correct"])
+
+    def f1(c):  # c: [..., 5] summed counts
+        fa = 2 * c[..., 2] / (c[..., 0] + c[..., 1])
+        fb = 2 * c[..., 4] / (c[..., 0] + c[..., 3])
+        return 100 * (fa - fb)
+
+    observed = float(f1(counts.sum(0)))
+    rng = np.random.default_rng(seed)
+    diffs = np.empty(samples)
+    for j in range(0, samples, 500):  # 500 resamples at a time: [500, n] index matrix
+        idx = rng.integers(0, len(gold), size=(min(500, samples - j), len(gold)))
+        diffs[j: j + idx.shape[0]] = f1(counts[idx].sum(1))
+    side = (diffs <= 0).mean() if observed > 0 else (diffs >= 0).mean()
+    lo, hi = np.percentile(diffs, [2.5, 97.5])
+    return {"difference": observed, "ci95": [float(lo), float(hi)], "p_two_sided": float(min(1.0, 2 * side)),
+            "samples": samples, "seed": seed, "sentences": len(gold)}
 
 
 def median(xs):
@@ -507,6 +557,10 @@ def main() -> None:
     ap.add_argument("--loss", choices=("normalised", "unnormalised"), default="normalised",
                     help="the library's Hamming loss: divided by the sentence length (the Chain's) or not (with "
                          "--tune-only: a held-out check through the generic steps, much slower)")
+    ap.add_argument("--significance", action="store_true",
+                    help="one final run of each at the settings chosen in <out>.json, a paired bootstrap of the test "
+                         "F1 difference over sentences, and the resident set of the library's imports alone "
+                         "(writes <out>_significance.json)")
     ap.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -534,9 +588,53 @@ def main() -> None:
     log = lambda msg: print(msg, flush=True)  # noqa: E731
     work = tempfile.mkdtemp(prefix="peers-")
     try:
-        run(args, path, work, t_start, log, print_table, write_json, RESULTS)
+        if args.significance:
+            significance(args, path, work, log, print_table, write_json, RESULTS)
+        else:
+            run(args, path, work, t_start, log, print_table, write_json, RESULTS)
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def significance(args, path, work, log, print_table, write_json, RESULTS) -> None:
+    """The final models of both at the settings the full run chose on the held-out sentences (read from
+    ``<out>.json``): is the test F1 difference larger than the test set's sampling noise?  And how much of the
+    library's peak is the import floor?"""
+    from torch_bcfw.datasets.conll_chain import chunk_vocabulary, write_crfsuite_data
+
+    chosen = json.loads((RESULTS / f"{args.out}.json").read_text())["chosen"]
+    train_all, _, _, test = split_sentences(path, args.heldout)
+    vocab = chunk_vocabulary(train_all, min_count=args.min_count)
+    files = {part: os.path.join(work, f"final-{part}.txt") for part in ("train", "eval")}
+    write_crfsuite_data(files["train"], train_all, vocab)
+    write_crfsuite_data(files["eval"], test, vocab)
+    base = {"path": path, "heldout": args.heldout, "min_count": args.min_count, "seed": args.seed, "workdir": work,
+            "max_iterations": args.max_iterations, "tags": True}
+    lib = run_child("lib-fit", {**base, "lam": chosen["lam"], "split": "final", "passes": args.passes,
+                                "stage": args.stage, "threads": args.threads, "loss": "normalised"}, log)
+    crf = run_child("crf-fit", {**base, "c1": chosen["c1"], "c2": chosen["c2"], "train_file": files["train"],
+                                "eval_file": files["eval"]}, log)
+    floor = run_child("lib-floor", {}, log)
+    gold = [list(s.chunks) for s in test]
+    boot = paired_bootstrap(gold, lib["test_tags"], crf["test_tags"])
+    rows = [{"": "library (BCFW)", "setting": f"lam {chosen['lam']:g}", "test F1": 100 * lib["test_f1"],
+             "peak RSS MB": lib["peak_rss_mb"]},
+            {"": "CRFsuite (L-BFGS)", "setting": f"c1 {chosen['c1']:g}, c2 {chosen['c2']:g}",
+             "test F1": 100 * crf["test_f1"], "peak RSS MB": crf["peak_rss_mb"]},
+            {"": "library imports only", "setting": "torch, numba, torch_bcfw", "test F1": None,
+             "peak RSS MB": floor["peak_rss_mb"]}]
+    print_table(rows, ["", "setting", "test F1", "peak RSS MB"])
+    print(f"\nlibrary - CRFsuite test F1: {boot['difference']:+.2f} points, 95% interval "
+          f"[{boot['ci95'][0]:+.2f}, {boot['ci95'][1]:+.2f}], p = {boot['p_two_sided']:.3f} "
+          f"(paired bootstrap over {boot['sentences']} sentences, {boot['samples']} resamples)")
+    drop = ("test_tags", "checks")
+    write_json(f"{args.out}_significance.json", {
+        "benchmark": "peers-significance", "chosen": chosen,
+        "settings": {k: v for k, v in vars(args).items() if k not in ("child", "path")} | {"path": path},
+        "library": {k: v for k, v in lib.items() if k not in drop},
+        "crfsuite": {k: v for k, v in crf.items() if k not in drop},
+        "import_floor": floor, "paired_bootstrap": boot,
+    })
 
 
 def run(args, path, work, t_start, log, print_table, write_json, RESULTS) -> None:

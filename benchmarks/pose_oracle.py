@@ -17,7 +17,8 @@ import argparse
 import torch
 
 from common import print_table, timed, write_json
-from torch_bcfw.models.pose import PoseData, PoseTree
+from torch_bcfw.models.pose import PoseTree
+from torch_bcfw.pose_data import PoseData
 
 
 def _problem(G: int, B: int, device: str, gen: torch.Generator):

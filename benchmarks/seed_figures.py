@@ -44,7 +44,11 @@ METHODS = [
     ("FW", "fw", {"averaging": False}, False, False, "last"),
     ("cutting plane", "cutting-plane", {"averaging": False}, False, False, "last"),
     ("extragradient", "extragradient", {"averaging": False}, False, False, "last"),
+    ("extragradient-avg", "extragradient", {"averaging": True}, False, False, "avg"),
 ]
+#: solvers whose ``max_passes`` counts iterations that make 2 oracle calls per example (the extragradient's
+#: prediction and correction): they get half the passes, so every method ends at the same effective passes
+TWO_CALLS_PER_ITERATION = {"extragradient"}
 
 
 def problem(figure: str, split: str, conll_limit: int | None):
@@ -68,19 +72,20 @@ def problem(figure: str, split: str, conll_limit: int | None):
     return model, train, test, lam
 
 
-def runs_of(figure, model, train, test, lam, passes, seeds, gap_check):
+def runs_of(figure, model, train, test, lam, passes, seeds, gap_check, methods=None):
     chains = figure.startswith(("ocr", "conll"))
     out = {}
     done = {}
     for label, solver, extra, stochastic, chains_only, curve in METHODS:
-        if solver not in SOLVERS or (chains_only and not chains):
+        if solver not in SOLVERS or (chains_only and not chains) or (methods is not None and label not in methods):
             continue
         key = (solver, tuple(sorted(extra.items())))
         if key not in done:  # one set of runs gives the last and the averaged iterate's curves
             done[key] = []
             for seed in (seeds if stochastic else [seeds[0]]):
-                opts = dict(max_passes=passes, gap_check=gap_check, seed=seed, track_train_loss=False,
-                            check_averaged=True)
+                per_iter = 2 if solver in TWO_CALLS_PER_ITERATION else 1
+                opts = dict(max_passes=passes / per_iter, gap_check=max(1, round(gap_check / per_iter)), seed=seed,
+                            track_train_loss=False, check_averaged=True)
                 opts.update(extra)
                 t0 = time.perf_counter()
                 try:
@@ -104,12 +109,13 @@ def best_dual(runs, reference=None) -> float:
     return max(d for h in hists for rec in h for d in (rec.get("dual"), rec.get("dual_avg")) if d is not None)
 
 
-def curves(run, d_star):
-    """Per seed: (passes, primal suboptimality, test error) of the run's curve."""
+def curves(run, d_star, x="passes"):
+    """Per seed: (x, primal suboptimality, test error) of the run's curve; ``x`` is ``"passes"`` (effective passes)
+    or ``"solver_time"`` (seconds in the solver's steps, the gap checks that measure the curve excluded)."""
     out = []
     for h in run["histories"]:
         pk = "primal_avg" if run["curve"] == "avg" else "primal"
-        pts = [(rec["passes"], rec[pk] - d_star, rec.get("test_loss")) for rec in h if rec.get(pk) is not None]
+        pts = [(rec[x], rec[pk] - d_star, rec.get("test_loss")) for rec in h if rec.get(pk) is not None]
         if not run["stochastic"]:  # batch methods: the lower envelope of the primal (the best point so far)
             best, env = math.inf, []
             for p, s, t in pts:
@@ -131,16 +137,17 @@ def summary(label, run, d_star, marks):
         errs = [v[1] for v in vals if v[1] is not None]
         row[f"subopt@{m:g}"] = float(np.median(subs)) if subs else None
         row[f"test@{m:g}"] = float(np.median(errs)) if errs else None
+    row["seconds"] = float(np.median([h[-1]["solver_time"] for h in run["histories"]]))
     return row
 
 
-def plot(figure, runs, d_star, path, title):
+def plot(figure, runs, d_star, path, title, x="passes"):
     from torch_bcfw.plotting import pyplot, save_figure
 
     plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
     for j, (label, run) in enumerate(runs.items()):
-        cs = curves(run, d_star)
+        cs = curves(run, d_star, x)
         grid = sorted({p for c in cs for p, _, _ in c})
         for ax, k in ((axes[0], 1), (axes[1], 2)):
             ys = []
@@ -159,9 +166,12 @@ def plot(figure, runs, d_star, path, title):
                 ax.fill_between(grid_k, np.nanmin(ys, 0), np.nanmax(ys, 0), color=f"C{j}", alpha=0.15)
     axes[0].set_yscale("log")
     axes[0].set_ylabel("primal suboptimality (vs best certified dual)")
-    axes[1].set_ylabel("test error")
+    axes[1].set_ylabel("test loss (the task loss: weighted link errors / words)" if figure.startswith("matching")
+                       else "test error (the task loss)")
     for ax in axes:
-        ax.set_xlabel("effective passes")
+        ax.set_xlabel("effective passes" if x == "passes" else "seconds (solver steps; gap checks excluded)")
+        if x != "passes":
+            ax.set_xscale("log")
         ax.grid(True, which="both", alpha=0.3)
     axes[0].legend(fontsize=8)
     fig.suptitle(title)
@@ -178,10 +188,20 @@ def main(argv=None) -> None:
     ap.add_argument("--conll-limit", type=int, default=None, help="first sentences of CoNLL train and test only")
     ap.add_argument("--reference-passes", type=float, default=1000, help="passes of the reference run (D*)")
     ap.add_argument("--reference-gap", type=float, default=1e-6, help="the reference run stops at this certified gap")
+    ap.add_argument("--methods", default=None,
+                    help="comma-separated labels of the methods to run (default: all): " + ", ".join(m[0] for m in METHODS))
+    ap.add_argument("--replot", action="store_true", help="redraw the figure's PNGs from its JSON")
     args = ap.parse_args(argv)
+    methods = None if args.methods is None else [m.strip() for m in args.methods.split(",") if m.strip()]
+    unknown = sorted(set(methods or ()) - {m[0] for m in METHODS})
+    if unknown:
+        ap.error(f"unknown methods {unknown}; choose from {[m[0] for m in METHODS]}")
     figures = FIGURES if args.figure == "all" else (args.figure,)
     seeds = list(range(1, args.seeds + 1))
     for figure in figures:
+        if args.replot:
+            replot(figure, args.split)
+            continue
         model, train, test, lam = problem(figure, args.split, args.conll_limit)
         print(f"{figure}: n = {len(train)}, lam = {lam:g}, {args.passes:g} passes, seeds {seeds}")
         t0 = time.perf_counter()
@@ -190,14 +210,14 @@ def main(argv=None) -> None:
         ref = fit(model, train, lam, "bcfw", preset="gap-pairwise", max_passes=args.reference_passes, gap_check=10,
                   gap_tol=args.reference_gap, track_train_loss=False)
         print(f"  reference: {ref.passes:.0f} passes of BCFW (gap-pairwise), certified gap {ref.gap:.3g}")
-        runs = runs_of(figure, model, train, test, lam, args.passes, seeds, args.gap_check)
+        runs = runs_of(figure, model, train, test, lam, args.passes, seeds, args.gap_check, methods)
         d_star = best_dual(runs, ref.history)
         best_gap = min(rec["gap_best"] for h in [ref.history] for rec in h if rec.get("gap_best") is not None)
         gc = args.gap_check
         marks = sorted({m for m in (gc, 2 * gc, 4 * gc, 10 * gc, 20 * gc, args.passes) if m <= args.passes})
         rows = [summary(label, run, d_star, marks) for label, run in runs.items()]
-        print_table(rows, ["method"] + [f"subopt@{m:g}" for m in marks] + [f"test@{marks[-1]:g}"])
-        stem = "seed_figures_" + figure.replace("/", "_over_") + (f"_{args.split}" if figure.startswith("ocr") else "")
+        print_table(rows, ["method"] + [f"subopt@{m:g}" for m in marks] + [f"test@{marks[-1]:g}", "seconds"])
+        stem = stem_of(figure, args.split)
         write_json(stem + ".json", {
             "figure": figure, "n": len(train), "lam": lam, "passes": args.passes, "seeds": seeds,
             "split": args.split if figure.startswith("ocr") else None, "best_dual": d_star,
@@ -205,8 +225,27 @@ def main(argv=None) -> None:
             "runs": {k: {kk: vv for kk, vv in v.items()} for k, v in runs.items()},
             "command": "python benchmarks/seed_figures.py " + " ".join(argv if argv is not None else sys.argv[1:]),
         })
-        plot(figure, runs, d_star, RESULTS / (stem + ".png"),
-             f"{figure} (n = {len(train)}): median and min-max over {len(seeds)} seeds")
+        plots(figure, runs, d_star, stem, len(train), len(seeds))
+
+
+def stem_of(figure: str, split: str) -> str:
+    return "seed_figures_" + figure.replace("/", "_over_") + (f"_{split}" if figure.startswith("ocr") else "")
+
+
+def plots(figure, runs, d_star, stem, n, n_seeds) -> None:
+    """The figure against effective passes and against seconds."""
+    plot(figure, runs, d_star, RESULTS / (stem + ".png"), f"{figure} (n = {n}): median and min-max over {n_seeds} seeds")
+    plot(figure, runs, d_star, RESULTS / (stem + "_seconds.png"),
+         f"{figure} (n = {n}) against time: median and min-max over {n_seeds} seeds", x="solver_time")
+
+
+def replot(figure: str, split: str) -> None:
+    import json
+
+    stem = stem_of(figure, split)
+    d = json.loads((RESULTS / (stem + ".json")).read_text())
+    plots(figure, d["runs"], d["best_dual"], stem, d["n"], len(d["seeds"]))
+    print(f"redrew {stem}.png and {stem}_seconds.png")
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@
 The same experiment as ``torch-bcfw train --config configs/conll_embeddings.yaml`` (same seed, model,
 data and callback settings), written out with the Python API:
 
-* the encoder (:class:`torch_bcfw.lightning.conll.TokenEncoder`, plain torch) embeds every token's
+* the encoder (:class:`torch_bcfw.tasks.conll.TokenEncoder`, plain torch) embeds every token's
   word (seen >= 2 times in training, else ``<unk>``), POS tag and characters (a character CNN), runs a
   bidirectional LSTM over the sentence and maps each token to 64 layer-normalised features; it is
   trained for ``ce_epochs`` epochs with per-token cross-entropy through an auxiliary linear
@@ -36,7 +36,7 @@ from lightning.pytorch.loggers import CSVLogger
 
 from torch_bcfw.lightning import BCFWCallback
 from torch_bcfw.lightning.cli import set_threads, summarize
-from torch_bcfw.lightning.conll import ConllChainTagger, ConllChunkingDataModule
+from torch_bcfw.tasks.conll import ConllChainTagger, ConllChunkingDataModule
 
 _SPARSE = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "conll_full.json"
 

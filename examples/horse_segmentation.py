@@ -5,10 +5,10 @@
 The same experiment as ``torch-bcfw train --config configs/horses.yaml`` (same seed, model, data and callback
 settings), written out with the Python API:
 
-* the backbone (:class:`torch_bcfw.lightning.horses.SegmentationFCN`, plain torch) maps every image (resized to
+* the backbone (:class:`torch_bcfw.tasks.horses.SegmentationFCN`, plain torch) maps every image (resized to
   48 x 64) to 16 layer-normalised features per pixel; it is trained with per-pixel binary cross-entropy through
   a 1x1 convolution, which is also baseline (a), "the CNN alone" (thresholded at probability 1/2);
-* two :class:`torch_bcfw.lightning.horses.GraphBCFWCallback` solve SSVM heads on the features ``[f_p, 1]``
+* two :class:`torch_bcfw.lightning.BCFWCallback` solve SSVM heads on the features ``[f_p, 1]``
   every few epochs (warm-started from their dual states re-bound to the new features): (b) ``head_unary``,
   no pairwise term, and (c) ``head``, plus a contrast-sensitive Potts term on the 4-connected grid whose two
   weights are kept >= 0 (box constraints), decoded exactly by min-cut (PyMaxflow; batches in a worker pool);
@@ -27,8 +27,9 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.loggers import CSVLogger
 
+from torch_bcfw.lightning import BCFWCallback
 from torch_bcfw.lightning.cli import summarize
-from torch_bcfw.lightning.horses import GraphBCFWCallback, HorseSegmenter, HorsesDataModule
+from torch_bcfw.tasks.horses import HorseSegmenter, HorsesDataModule
 
 METHODS = {"cnn": "(a) CNN alone, thresholded", "unary": "(b) SSVM head, no pairwise",
            "potts": "(c) graph-cut SSVM (Potts)"}
@@ -57,9 +58,9 @@ def main() -> None:
                            processes=args.processes)
     opts = {"step": "line_search", "sampling": "uniform", "averaging": True, "seed": 1}
     callbacks = [
-        GraphBCFWCallback(lam=args.lam, head_attr="head", name="potts", log_prefix="ssvm", every_n_epochs=args.every,
+        BCFWCallback(lam=args.lam, head_attr="head", name="potts", log_prefix="ssvm", every_n_epochs=args.every,
                           passes_per_call=args.passes, initial_passes=0, verbose=True, solver_options=opts),
-        GraphBCFWCallback(lam=args.lam, head_attr="head_unary", name="unary", log_prefix="ssvm_unary",
+        BCFWCallback(lam=args.lam, head_attr="head_unary", name="unary", log_prefix="ssvm_unary",
                           every_n_epochs=args.every, passes_per_call=args.passes, initial_passes=0, verbose=True,
                           solver_options=opts),
     ]

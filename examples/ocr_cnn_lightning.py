@@ -5,7 +5,7 @@
 The same experiment as ``torch-bcfw train --config configs/ocr_cnn.yaml`` (same seed, model, data and
 callback settings), written out with the Python API:
 
-* the backbone (:class:`torch_bcfw.lightning.ocr.LetterCNN`, plain torch) maps every 16x8 letter to 64
+* the backbone (:class:`torch_bcfw.tasks.ocr.LetterCNN`, plain torch) maps every 16x8 letter to 64
   features; it is trained with per-letter cross-entropy for ``ce_epochs`` epochs, then with the
   :class:`torch_bcfw.nn.StructuredHingeLoss` of the chain head (a subgradient of the SSVM objective
   reaches the backbone through autograd);
@@ -30,7 +30,7 @@ from lightning.pytorch.loggers import CSVLogger
 
 from torch_bcfw.lightning import BCFWCallback
 from torch_bcfw.lightning.cli import summarize
-from torch_bcfw.lightning.ocr import OCRChainCNN, OCRWordsDataModule
+from torch_bcfw.tasks.ocr import OCRChainCNN, OCRWordsDataModule
 
 
 def main() -> None:

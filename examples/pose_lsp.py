@@ -9,12 +9,12 @@ callback settings), written out with the Python API:
 
 * data: LSP Extended images 1-1500 train, 1501-2000 test (the fixed split of
   :mod:`torch_bcfw.datasets.lsp`), letterboxed to 128 x 128; the pose grid is 32 x 32 (4-pixel cells);
-* the backbone (:class:`torch_bcfw.lightning.pose.HeatmapCNN`, plain torch) is trained in Lightning with a
+* the backbone (:class:`torch_bcfw.tasks.pose.HeatmapCNN`, plain torch) is trained in Lightning with a
   soft-target cross-entropy per visible joint (flip + translation augmentation);
-* the head (:class:`torch_bcfw.lightning.pose.PoseHead` on a :class:`torch_bcfw.models.PoseTree`:
+* the head (:class:`torch_bcfw.tasks.pose.PoseHead` on a :class:`torch_bcfw.models.PoseTree`:
   one weight per joint on the CNN's log-softmax heatmap, 4 deformation weights per tree edge with the
   quadratic ones boxed to ``>= 0``) is never touched by the optimiser:
-  :class:`torch_bcfw.lightning.pose.PoseBCFWCallback` solves it with BCFW on the current training
+  :class:`torch_bcfw.lightning.BCFWCallback` solves it with BCFW on the current training
   heatmaps (every ``--every`` epochs, warm-started from the re-bound dual state) and logs the certified gap;
 * at the end the test split is decoded and PCK@0.2 (torso-normalised, frame pixels; images without an
   annotated torso are left out) is reported for (a) the per-joint argmax of the heatmaps and (b) the tree.
@@ -33,9 +33,11 @@ import torch
 from lightning.pytorch.loggers import CSVLogger
 
 from torch_bcfw import cross_validate
+from torch_bcfw.lightning import BCFWCallback
 from torch_bcfw.lightning.cli import set_threads
-from torch_bcfw.lightning.pose import PoseBCFWCallback, PoseTreeCNN, argmax_positions, compare_pck
-from torch_bcfw.lightning.pose_data import LSPPoseDataModule
+from torch_bcfw.metrics.pck import compare_pck
+from torch_bcfw.tasks.lsp_data import LSPPoseDataModule
+from torch_bcfw.tasks.pose import PoseTreeCNN, argmax_positions
 
 
 def main() -> None:
@@ -94,7 +96,7 @@ def main() -> None:
     model = PoseTreeCNN(size=S, stem=24, width=32, dilations=dilations, lr=3e-3, weight_decay=1e-4, sigma=1.0,
                         max_shift=8, flip=True, alpha=0.2, seed=0, n_types=args.types,
                         cross_fit=args.cross_fit, type_features=args.type_features, loss_radius=args.loss_radius)
-    bcfw = PoseBCFWCallback(lam=args.lam, every_n_epochs=args.every, passes_per_call=args.passes, initial_passes=0,
+    bcfw = BCFWCallback(lam=args.lam, every_n_epochs=args.every, passes_per_call=args.passes, initial_passes=0,
                             verbose=True, solver_options={"step": "line_search", "sampling": "uniform",
                                                           "averaging": True, "seed": 1})
     callbacks = [bcfw]
@@ -151,7 +153,7 @@ def main() -> None:
               f"(difference {100 * d['diff']:+.2f} [{100 * d['ci95'][0]:+.2f}, {100 * d['ci95'][1]:+.2f}])")
 
 
-def head_cross_validation(trainer, model: PoseTreeCNN, bcfw: PoseBCFWCallback, data: LSPPoseDataModule) -> dict:
+def head_cross_validation(trainer, model: PoseTreeCNN, bcfw: BCFWCallback, data: LSPPoseDataModule) -> dict:
     """Tree vs argmax PCK@0.2 on the training images, each decoded by a head solved (same ``lam`` and solver
     options as ``bcfw``) on the other folds' out-of-fold heatmaps: neither its CNN nor its head saw the image."""
     train = bcfw.training_data(trainer, model).to("cpu")
@@ -176,7 +178,7 @@ class SolveAtFitStart(pl.Callback):
     """With a loaded backbone (``max_epochs=0``, so no epoch ends): one solve of ``bcfw`` (its ``passes_per_call``)
     when the fit starts."""
 
-    def __init__(self, bcfw: PoseBCFWCallback):
+    def __init__(self, bcfw: BCFWCallback):
         self.bcfw = bcfw
 
     def on_fit_start(self, trainer, pl_module) -> None:

@@ -7,11 +7,11 @@ import torch
 
 from conftest import brute_force_primal, random_chain_problem, random_multiclass_problem
 from torch_bcfw import fit
-from torch_bcfw.models.dual import DualState
-from torch_bcfw.models.plan import StepPlan
+from torch_bcfw.duals.base import DualState
+from torch_bcfw.duals.plan import StepPlan
+from torch_bcfw.duals.stepsize import LINE_SEARCH, PAIRWISE_RULE
 from torch_bcfw.solvers.certificate import certify
 from torch_bcfw.solvers.variants import generic_plan_steps
-from torch_bcfw.stepsize import LINE_SEARCH, PAIRWISE_RULE
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

@@ -10,7 +10,8 @@ import torch
 
 from conftest import brute_force_primal, random_multiclass_problem
 from torch_bcfw import fit
-from torch_bcfw.models import DenseDualState, Multiclass
+from torch_bcfw.duals import DenseDualState
+from torch_bcfw.models import Multiclass
 from torch_bcfw.solvers.callbacks import Callback
 
 LAM = 0.05

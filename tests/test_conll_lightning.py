@@ -14,7 +14,7 @@ from conftest import shared_data
 from torch_bcfw.datasets.conll import Sentence
 from torch_bcfw.datasets.conll_chain import chunk_f1_from_ids
 from torch_bcfw.lightning import BCFWCallback, collect_features
-from torch_bcfw.lightning.conll import (
+from torch_bcfw.tasks.conll import (
     ChunkBatch,
     ConllChainTagger,
     ConllChunkingDataModule,
@@ -183,7 +183,7 @@ def test_bad_configuration_is_reported(tmp_path):
 
 def test_train_command_runs_the_yaml_experiment_and_resumes(tmp_path):
     from torch_bcfw.cli import main
-    from torch_bcfw.lightning.conll import ConllChainTagger as Tagger
+    from torch_bcfw.tasks.conll import ConllChainTagger as Tagger
 
     data = str(shared_data("conll2000"))
     small = [f"--model.init_args.{k}={v}" for k, v in SMALL.items()]

@@ -5,10 +5,10 @@ import torch
 
 from conftest import brute_force_max, random_chain_problem, random_multiclass_problem, requires_cuda, shared_data
 from torch_bcfw import fit
+from torch_bcfw.duals import ChainDualState
+from torch_bcfw.duals.stepsize import LINE_SEARCH
 from torch_bcfw.inference.viterbi import viterbi_packed, viterbi_packed_torch
-from torch_bcfw.models import ChainDualState
 from torch_bcfw.solvers.certificate import certify
-from torch_bcfw.stepsize import LINE_SEARCH
 
 pytestmark = [pytest.mark.cuda, requires_cuda]
 

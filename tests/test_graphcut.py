@@ -11,11 +11,9 @@ import torch
 pytest.importorskip("maxflow", reason="PyMaxflow is the optional [graphcut] dependency")
 
 from torch_bcfw.inference.graphcut import (  # noqa: E402
-    GraphCutPool,
     edge_features,
     energy_score,
     graphcut_map,
-    graphcut_map_batch,
     grid_edges,
     hamming_loss,
     hamming_unary_augment,
@@ -159,25 +157,6 @@ def test_tiny_negative_penalty_is_clamped():
     unary, edges, _ = small_valid()
     labels = graphcut_map(unary, edges, torch.tensor([0.5, -1e-13], dtype=torch.float64))
     assert labels.shape == (3,)
-
-
-def test_pool_matches_sequential_and_keeps_order():
-    gen = torch.Generator().manual_seed(4)
-    edges = grid_edges(12, 15)
-    problems = [
-        (torch.randn(180, 2, generator=gen), edges, 0.3 * k * torch.rand(len(edges), generator=gen))
-        for k in range(8)
-    ]
-    problems.append(random_problem(gen, 7))
-    sequential = graphcut_map_batch(problems, processes=1)
-    assert all(torch.equal(a, graphcut_map(*p)) for a, p in zip(sequential, problems, strict=True))
-    with GraphCutPool(processes=2) as pool:
-        for _ in range(2):  # the pool is reused across calls
-            parallel = pool.map(problems)
-            assert len(parallel) == len(problems)
-            assert all(torch.equal(a, b) for a, b in zip(parallel, sequential, strict=True))
-        with pytest.raises(ValueError, match="pairwise penalties"):
-            pool.map([(problems[0][0], edges, -problems[1][2] - 1)])
 
 
 def test_grid_edges():

@@ -363,7 +363,7 @@ class DenseGraphCut(GraphCut):
     """The same model on the generic dense dual state (reference for GraphCutDualState)."""
 
     def dual_state(self, data, lam):
-        from torch_bcfw.models.dual import DenseDualState
+        from torch_bcfw.duals.dense import DenseDualState
 
         return DenseDualState(self, data, lam)
 
@@ -384,7 +384,7 @@ def test_compact_state_follows_the_dense_state(opts):
 
 
 def test_compact_state_rebinds_to_new_features_exactly():
-    from torch_bcfw.models.dual import ActiveSetDualState
+    from torch_bcfw.duals.active_set import ActiveSetDualState
     from torch_bcfw.solvers.bcfw import BCFW
     from torch_bcfw.solvers.options import SolverOptions
 
@@ -421,7 +421,7 @@ def test_hinge_terms_match_the_generic_definition():
 def test_checkpoint_resumes_bit_exactly_and_rebind_rederives_the_blocks():
     """A checkpoint carries the w_i table: the fused step loop continues bit-identically after loading it on the
     same data; under other features w_i is re-derived from the node marginals (rebind)."""
-    from torch_bcfw.models.graphcut_dual import GraphCutDualState
+    from torch_bcfw.duals.graphcut import GraphCutDualState
 
     data = tiny_problem(12)
     model = GraphCut(2, 2, loss="balanced", processes=1)
@@ -449,7 +449,7 @@ def test_checkpoint_resumes_bit_exactly_and_rebind_rederives_the_blocks():
 def test_interrupted_step_loop_leaves_a_consistent_state(monkeypatch):
     """Ctrl-C inside the fused step loop: the counters, the losses and the clipped ``w`` reflect exactly the
     finished steps, and finishing the remaining steps gives the uninterrupted run's state bit for bit."""
-    import torch_bcfw.models.graphcut_dual as gd
+    import torch_bcfw.duals.graphcut as gd
 
     data = tiny_problem(13)
     model = GraphCut(2, 2, loss="balanced", processes=1)

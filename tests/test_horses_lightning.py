@@ -1,4 +1,4 @@
-"""The horse segmentation pipeline (torch_bcfw.lightning.horses) end to end on a few small images."""
+"""The horse segmentation pipeline (torch_bcfw.tasks.horses) end to end on a few small images."""
 from __future__ import annotations
 
 import pytest
@@ -10,14 +10,10 @@ pl = pytest.importorskip("lightning.pytorch")
 
 from conftest import shared_data  # noqa: E402
 from torch_bcfw.graph_data import GraphData  # noqa: E402
-from torch_bcfw.lightning.horses import (  # noqa: E402
-    GraphBCFWCallback,
-    HorseSegmenter,
-    HorsesDataModule,
-    SegmentationFCN,
-    segmentation_counts,
-)
-from torch_bcfw.models.graphcut_dual import GraphCutDualState  # noqa: E402
+from torch_bcfw.lightning import BCFWCallback  # noqa: E402
+from torch_bcfw.metrics.segmentation import segmentation_counts  # noqa: E402
+from torch_bcfw.tasks.horses import HorseSegmenter, HorsesDataModule, SegmentationFCN  # noqa: E402
+from torch_bcfw.duals.graphcut import GraphCutDualState  # noqa: E402
 
 
 def test_fcn_shapes_and_normalisation():
@@ -40,9 +36,9 @@ def fitted(tmp_path_factory):
     dm = HorsesDataModule(str(shared_data("weizmann_horse")), size=(16, 24), batch_size=4, eval_batch_size=10, limit=8)
     model = HorseSegmenter(feature_dim=4, width=4, processes=1)
     opts = {"step": "line_search", "averaging": True, "seed": 0}
-    cbs = [GraphBCFWCallback(lam=0.01, head_attr="head", name="potts", log_prefix="ssvm", passes_per_call=3,
+    cbs = [BCFWCallback(lam=0.01, head_attr="head", name="potts", log_prefix="ssvm", passes_per_call=3,
                              initial_passes=0, solver_options=opts),
-           GraphBCFWCallback(lam=0.01, head_attr="head_unary", name="unary", log_prefix="ssvm_unary",
+           BCFWCallback(lam=0.01, head_attr="head_unary", name="unary", log_prefix="ssvm_unary",
                              passes_per_call=3, initial_passes=0, solver_options=opts)]
     trainer = pl.Trainer(accelerator="cpu", max_epochs=2, callbacks=cbs, logger=False, enable_checkpointing=False,
                          enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
@@ -73,8 +69,8 @@ def test_callback_state_round_trip_rebinds_exactly(fitted):
     potts = cbs[0]
     data = potts.training_data(trainer, model)
     assert isinstance(data, GraphData) and len(data) == 8 and data.x.dtype == torch.float64
-    clone = GraphBCFWCallback(lam=0.01, head_attr="head", name="potts", log_prefix="ssvm", passes_per_call=3,
-                              initial_passes=0, solver_options={"step": "line_search", "averaging": True, "seed": 0})
+    clone = BCFWCallback(lam=0.01, head_attr="head", name="potts", log_prefix="ssvm", passes_per_call=3,
+                         initial_passes=0, solver_options={"step": "line_search", "averaging": True, "seed": 0})
     clone.load_state_dict(potts.state_dict())
     state = clone._dual_state(model.head.model, data)
     assert isinstance(state, GraphCutDualState) and state.has_bounds

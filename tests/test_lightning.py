@@ -206,7 +206,7 @@ def test_bad_configuration_is_reported(tmp_path):
     # head size does not match the feature dimension
     bad = Toy(raw)
     bad.head = StructuredHead(Chain(5, 3))
-    with pytest.raises(ValueError, match="dimension 3 but head 'head' \\(Chain\\) expects 5"):
+    with pytest.raises(ValueError, match="head 'head' \\(Chain\\): token features have dimension 3 but the model expects 5"):
         _trainer(tmp_path, [BCFWCallback(lam=0.1)], epochs=1).fit(bad)
     # a bcfw_dataloader that changes the order of the examples between calls
     with pytest.raises(ValueError, match="same training examples in the same order"):

@@ -15,12 +15,11 @@ from torch_bcfw.datasets.lsp import (
     joints_to_grid,
     load_lsp_extended,
     lsp_split_ids,
-    pck,
-    pck_difference,
     reference_torso,
     torso_size,
     torso_with_fallback,
 )
+from torch_bcfw.metrics.pck import pck, pck_difference
 
 LSP_ROOT = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "lspet"
 SIZE = 96

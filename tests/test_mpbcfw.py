@@ -9,8 +9,8 @@ import torch
 
 from conftest import brute_force_primal, random_chain_problem, random_multiclass_problem
 from torch_bcfw import FitResult, fit
+from torch_bcfw.duals.working_set import WorkingSet
 from torch_bcfw.models import Multiclass
-from torch_bcfw.models.working_set import WorkingSet
 from torch_bcfw.solvers.loop import run_solver
 from torch_bcfw.solvers.mpbcfw import MPBCFW, stop_approximate_passes
 from torch_bcfw.solvers.options import SolverOptions

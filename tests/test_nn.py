@@ -166,7 +166,7 @@ import numpy as np
 
 from torch_bcfw.data import MulticlassData
 from torch_bcfw.models import ActiveSetDualState, ChainDualState, DenseDualState
-from torch_bcfw.stepsize import LINE_SEARCH
+from torch_bcfw.duals.stepsize import LINE_SEARCH
 
 
 def _with_features(data, x):

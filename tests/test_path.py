@@ -8,11 +8,11 @@ import torch
 
 from conftest import brute_force_max, brute_force_primal, enumerate_labelings, random_chain_problem, random_multiclass_problem
 from torch_bcfw import fit
+from torch_bcfw.duals.active_set import ActiveSetDualState
+from torch_bcfw.duals.stepsize import LINE_SEARCH
 from torch_bcfw.models import Multiclass
-from torch_bcfw.models.dual import ActiveSetDualState
 from torch_bcfw.solvers.certificate import certify, task_loss
 from torch_bcfw.solvers.path import RegularizationPath, grid_search, regularization_path
-from torch_bcfw.stepsize import LINE_SEARCH
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -74,9 +74,9 @@ def test_rescaling_keeps_w_and_the_dual_feasible_and_moves_the_gap_linearly(kind
     if kind == "chain":
         assert bool((state.mu >= -1e-15).all()) and torch.allclose(state.mu.sum(1), torch.ones(len(state.mu), dtype=torch.float64))
     if kind == "multiclass-active":
-        for blk in state.active:
-            a = [e[1] for e in blk.values()]
-            assert min(a) >= 0 and sum(a) == pytest.approx(1.0)
+        for i in range(len(data)):
+            a = state.active_set.alphas(i)
+            assert (a >= 0).all() and a.sum() == pytest.approx(1.0)
     if kind == "chain-working-set":
         ws = state.working_set
         for i in range(len(data)):

@@ -12,9 +12,11 @@ import torch
 pl = pytest.importorskip("lightning.pytorch")
 
 from torch_bcfw.inference.tree import LSP_TREE_EDGES  # noqa: E402
-from torch_bcfw.lightning.pose import PoseBCFWCallback, PoseHead, argmax_positions, log_heatmaps  # noqa: E402
-from torch_bcfw.lightning.pose_data import FLIP_PERMUTATION, LSPPoseDataModule, augment_batch  # noqa: E402
-from torch_bcfw.models.pose import PoseData, PoseTree  # noqa: E402
+from torch_bcfw.lightning import BCFWCallback  # noqa: E402
+from torch_bcfw.models.pose import PoseTree  # noqa: E402
+from torch_bcfw.pose_data import PoseData  # noqa: E402
+from torch_bcfw.tasks.lsp_data import FLIP_PERMUTATION, LSPPoseDataModule, augment_batch  # noqa: E402
+from torch_bcfw.tasks.pose import PoseHead, argmax_positions, log_heatmaps  # noqa: E402
 
 LSP_ROOT = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "lspet"
 G = 6
@@ -70,7 +72,7 @@ def test_augment_batch_moves_images_and_joints_together() -> None:
 
 
 def test_heatmap_cnn_in_channels_last_format_computes_the_same_maps() -> None:
-    from torch_bcfw.lightning.pose import HeatmapCNN
+    from torch_bcfw.tasks.pose import HeatmapCNN
 
     torch.manual_seed(0)
     plain = HeatmapCNN(14, 4, 8, (1, 2), grid_size=8, channels_last=False).eval()
@@ -139,7 +141,7 @@ class _Synthetic(pl.LightningModule):
 
 def test_bcfw_callback_solves_the_tree_head_on_pose_features(tmp_path) -> None:
     module = _Synthetic()
-    cb = PoseBCFWCallback(lam=0.01, passes_per_call=3, initial_passes=3, solver_options={"seed": 0})
+    cb = BCFWCallback(lam=0.01, passes_per_call=3, initial_passes=3, solver_options={"seed": 0})
     trainer = _trainer(tmp_path, [cb], max_epochs=2)
     trainer.fit(module)
     assert cb.calls == 3 and cb.last_record["gap_best"] >= 0
@@ -186,7 +188,7 @@ def test_lsp_datamodule_fields(tmp_path) -> None:
 
 @pytest.mark.parametrize("type_features", [False, True])
 def test_cnn_with_a_mixture_tree_head_trains_end_to_end_on_lsp(tmp_path, type_features: bool) -> None:
-    from torch_bcfw.lightning.pose import PoseTreeCNN
+    from torch_bcfw.tasks.pose import PoseTreeCNN
 
     K = 3
     dm = _lsp(tmp_path, limit=24, test_limit=8, batch_size=8, eval_batch_size=12, n_types=K)
@@ -194,7 +196,7 @@ def test_cnn_with_a_mixture_tree_head_trains_end_to_end_on_lsp(tmp_path, type_fe
     assert dm.head_offsets is dm.type_offsets and dm.train.fields["types"].shape == (24, 13)
     assert int(dm.train.fields["types"].max()) < K
     model = PoseTreeCNN(size=32, stem=4, width=8, dilations=(1, 2), n_types=K, type_features=type_features)
-    cb = PoseBCFWCallback(lam=0.1, every_n_epochs=1, passes_per_call=3, initial_passes=0, solver_options={"seed": 0})
+    cb = BCFWCallback(lam=0.1, every_n_epochs=1, passes_per_call=3, initial_passes=0, solver_options={"seed": 0})
     trainer = _trainer(tmp_path, [cb])
     trainer.fit(model, datamodule=dm)
     head = model.head.model
@@ -218,7 +220,7 @@ def test_cnn_with_a_mixture_tree_head_trains_end_to_end_on_lsp(tmp_path, type_fe
 
 
 def test_cross_fitted_cnn_maps_every_image_by_its_out_of_fold_net_and_tests_with_the_ensemble() -> None:
-    from torch_bcfw.lightning.pose import CrossFittedCNN
+    from torch_bcfw.tasks.pose import CrossFittedCNN
 
     torch.manual_seed(0)
     cnn = CrossFittedCNN(3, 14, 4, 8, (1, 2), grid_size=8).eval()
@@ -241,7 +243,7 @@ def test_cross_fitted_cnn_maps_every_image_by_its_out_of_fold_net_and_tests_with
 
 
 def test_type_maps_are_normalised_per_cell_and_ensembled_like_the_heatmaps() -> None:
-    from torch_bcfw.lightning.pose import CrossFittedCNN, log_maps
+    from torch_bcfw.tasks.pose import CrossFittedCNN, log_maps
 
     torch.manual_seed(1)
     E, K, G = 13, 3, 8
@@ -269,7 +271,7 @@ def test_type_maps_are_normalised_per_cell_and_ensembled_like_the_heatmaps() -> 
 
 
 def test_the_type_loss_trains_the_type_channels_only_with_type_features(tmp_path) -> None:
-    from torch_bcfw.lightning.pose import PoseTreeCNN
+    from torch_bcfw.tasks.pose import PoseTreeCNN
 
     dm = _lsp(tmp_path, limit=8, test_limit=4, batch_size=8, n_types=2)
     batch = next(iter(dm.train_dataloader()))
@@ -291,7 +293,7 @@ def test_the_type_loss_trains_the_type_channels_only_with_type_features(tmp_path
 
 
 def test_cross_fitted_pose_model_never_trains_a_cnn_on_its_own_fold(tmp_path) -> None:
-    from torch_bcfw.lightning.pose import CrossFittedCNN, PoseTreeCNN
+    from torch_bcfw.tasks.pose import CrossFittedCNN, PoseTreeCNN
 
     K = 3
     dm = _lsp(tmp_path, limit=12, test_limit=6, batch_size=6, eval_batch_size=12, cross_fit=K)
@@ -317,7 +319,7 @@ def test_cross_fitted_pose_model_never_trains_a_cnn_on_its_own_fold(tmp_path) ->
         model.bcfw_features({k: v for k, v in full.items() if k != "fold"})
     # end to end: the callback solves the head on the out-of-fold heatmaps, test reports the ensemble
     model.train()
-    cb = PoseBCFWCallback(lam=0.1, every_n_epochs=1, passes_per_call=3, initial_passes=0, solver_options={"seed": 0})
+    cb = BCFWCallback(lam=0.1, every_n_epochs=1, passes_per_call=3, initial_passes=0, solver_options={"seed": 0})
     trainer = _trainer(tmp_path, [cb])
     trainer.fit(model, datamodule=dm)
     assert cb.calls == 1 and len(cb.last_data.unary) == 12 and cb.last_record["gap_best"] >= 0

@@ -7,11 +7,11 @@ import torch
 
 from conftest import brute_force_max, brute_force_primal, enumerate_labelings, random_chain_problem, random_multiclass_problem
 from torch_bcfw import fit
-from torch_bcfw.models import ChainDualState, DenseDualState
-from torch_bcfw.models.dual import DualState
+from torch_bcfw.duals import ChainDualState, DenseDualState
+from torch_bcfw.duals.base import DualState
+from torch_bcfw.duals.stepsize import FIXED, LINE_SEARCH
 from torch_bcfw.solvers.callbacks import Callback
 from torch_bcfw.solvers.certificate import certify
-from torch_bcfw.stepsize import FIXED, LINE_SEARCH
 
 
 def _labels_of(data, y, i):

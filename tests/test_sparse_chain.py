@@ -19,10 +19,11 @@ from torch_bcfw.datasets.conll_chain import (
     TAG_IDS, chunk_f1_from_ids, ids_to_tags, load_conll_problem, predictions_to_tags, tags_to_ids,
 )
 from torch_bcfw.datasets.registry import load_problem
-from torch_bcfw.models import Chain, ChainDualState, DenseDualState
-from torch_bcfw.models.chain import sequence_grams
-from torch_bcfw.models.dual import DualState
-from torch_bcfw.stepsize import FIXED, LINE_SEARCH
+from torch_bcfw.duals import ChainDualState, DenseDualState
+from torch_bcfw.duals.base import DualState
+from torch_bcfw.duals.chain import sequence_grams
+from torch_bcfw.duals.stepsize import FIXED, LINE_SEARCH
+from torch_bcfw.models import Chain
 
 
 def random_sparse_problem(n=8, F=30, K=3, max_len=5, min_len=1, per_token=4, seed=0, binary=False):

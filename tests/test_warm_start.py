@@ -12,8 +12,9 @@ import torch
 from conftest import brute_force_primal, random_chain_problem, random_multiclass_problem
 from torch_bcfw import fit
 from torch_bcfw.data import MulticlassData, SequenceData
+from torch_bcfw.duals import ActiveSetDualState
 from torch_bcfw.graph_data import GraphData
-from torch_bcfw.models import ActiveSetDualState, GraphCut, Multiclass
+from torch_bcfw.models import GraphCut, Multiclass
 
 LAM = 0.05
 
@@ -98,7 +99,7 @@ def test_same_features_resume_is_exact_for_the_dense_state():
 
 
 def test_features_fingerprint_sees_in_place_changes():
-    from torch_bcfw.models.dual import features_fingerprint
+    from torch_bcfw.duals.fingerprint import features_fingerprint
 
     _, data, _ = _problem("chain")
     before = features_fingerprint(data)

@@ -5,7 +5,8 @@ Objective (as in the BCFW papers)::
     min_w  lam/2 ||w||^2 + 1/n sum_i max_y [ L_i(y) - <w, phi(x_i, y_i) - phi(x_i, y)> ]
 
 Entry points: :func:`fit`, the models in :mod:`torch_bcfw.models`, the data containers
-:class:`SequenceData` / :class:`MulticlassData` / :class:`GraphData` / :class:`PoseData`, and the ``torch-bcfw`` command line.
+:class:`SequenceData` / :class:`MulticlassData` / :class:`GraphData` / :class:`PoseData` / :class:`MatchingData`
+(all following the :class:`StructuredData` protocol), and the ``torch-bcfw`` command line.
 """
 import os as _os
 
@@ -19,17 +20,18 @@ _os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 from .convert import lam_from_pystruct_C, lam_from_svmstruct_C, pystruct_C_from_lam, svmstruct_C_from_lam
 from .checkpoint import Checkpoint
 from .cross_validation import CrossValidationInterrupted, FoldFit, cross_validate
-from .data import MulticlassData, SequenceData
+from .data import MulticlassData, SequenceData, StructuredData
 from .fit import FitResult, fit
 from .estimator import SSVM
 from .graph_data import GraphData
-from .models import Chain, GraphCut, Matching, MatchingData, Multiclass, PoseData, PoseTree, StructuredModel, register_model
+from .models import Chain, GraphCut, Matching, MatchingData, Multiclass, PoseTree, StructuredModel, register_model
+from .pose_data import PoseData
 from .solvers.options import SolverOptions
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "fit", "FitResult", "SSVM", "Checkpoint", "cross_validate", "FoldFit", "CrossValidationInterrupted", "SolverOptions", "SequenceData", "MulticlassData", "GraphData", "PoseData", "MatchingData", "Chain",
+    "fit", "FitResult", "SSVM", "Checkpoint", "cross_validate", "FoldFit", "CrossValidationInterrupted", "SolverOptions", "StructuredData", "SequenceData", "MulticlassData", "GraphData", "PoseData", "MatchingData", "Chain",
     "Multiclass", "GraphCut", "PoseTree", "Matching",
     "StructuredModel", "register_model", "lam_from_pystruct_C", "pystruct_C_from_lam", "lam_from_svmstruct_C",
     "svmstruct_C_from_lam",

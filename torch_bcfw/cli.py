@@ -103,7 +103,7 @@ _FIT_SECTIONS = ("data", "lam", "solver", "options", "output")
 
 def _fit_settings(cfg: dict) -> tuple[float, str, dict]:
     """``(lam, solver, options)`` of a fit config, every entry checked before any data is loaded."""
-    from .models.dual import check_lam
+    from .duals.checks import check_lam
     from .solvers.options import SOLVERS, SolverOptions
 
     unknown = sorted(set(cfg) - set(_FIT_SECTIONS))
@@ -293,11 +293,15 @@ def cmd_compare(args) -> int:
     rows = summarise(results)  # finished runs only
     if rows:
         width = max(len(r["solver"]) for r in rows)
-        print(f"{'solver':<{width}}  {'gap':>10}  {'gap/primal':>10}  {'passes':>8}  {'time s':>8}  {'oracle':>9}  {'hits':>9}"
-              + ("  runs" if interrupted else ""))
+        def sci(v):
+            return f"{'-':>10}" if v is None else f"{v:10.3e}"
+
+        print(f"{'solver':<{width}}  {'gap':>10}  {'gap/primal':>10}  {'subopt':>10}  {'passes':>8}  {'time s':>8}  "
+              f"{'oracle':>9}  {'hits':>9}" + ("  runs" if interrupted else ""))
         for r in rows:
-            print(f"{r['solver']:<{width}}  {r['gap']:10.3e}  {r['gap/primal']:10.3e}  {r['passes']:8.1f}  {r['time']:8.1f}  "
-                  f"{r['oracle_calls']:9d}  {r['cache_hits']:9d}" + (f"  {r['runs']:4d}" if interrupted else ""))
+            print(f"{r['solver']:<{width}}  {sci(r['gap'])}  {sci(r['gap/primal'])}  {sci(r['suboptimality'])}  "
+                  f"{r['passes']:8.1f}  {r['time']:8.1f}  {r['oracle_calls']:9d}  {r['cache_hits']:9d}"
+                  + (f"  {r['runs']:4d}" if interrupted else ""))
     print(f"wrote {path} and {out / 'comparison.png'}")
     if interrupted:
         at = results.get("interrupted_at", {})

@@ -13,7 +13,14 @@ A config is a YAML file::
       - {label: BCPFW + gap + cache, preset: gap-pairwise-cache}
       - {label: batch FW, solver: fw, options: {max_passes: 50}}                       # per-solver options
       - {label: MP-BCFW, solver: mp-bcfw, sampling: perm}          # approximate steps are free, like cache hits
+      - {label: cutting plane, solver: cutting-plane, seeds: [1]}  # deterministic: one seed is enough
     output: runs/ocr_variants
+
+``lam: 1/n`` sets ``lam`` to one over the number of training examples (the BCFW paper's choice for OCR and
+CoNLL).  ``y`` picks what the figure draws: ``gap`` (the default: each run's certified duality gap; methods
+without a certificate, SSG, have no curve) or ``suboptimality`` (the primal value of the model each check
+returns minus ``D*``, the best dual value certified by any run of the comparison: an upper bound on the true
+suboptimality, drawn for every method, SSG included, as in the BCFW paper's figures).
 
 Effective passes count every oracle call, the exact gap passes included (one pass per check, as in the
 authors' code); cache hits are free.  Time is solver time plus gap-check time.  Writes
@@ -36,7 +43,8 @@ import numpy as np
 
 __all__ = ["run_comparison", "plot_comparison", "curve", "summarise", "finished_runs", "run_status", "COMPARE_KEYS"]
 
-COMPARE_KEYS = {"data", "lam", "seeds", "options", "solvers", "output"}
+COMPARE_KEYS = {"data", "lam", "seeds", "options", "solvers", "output", "y"}
+Y_AXES = ("gap", "suboptimality")
 
 
 def effective_passes(rec: dict, n: int) -> float:
@@ -74,16 +82,19 @@ def run_comparison(cfg: dict, model=None, train=None, log=print, callbacks=None)
         raise ValueError(f"unknown compare config section(s) {unknown}; expected {sorted(COMPARE_KEYS)}")
     if "lam" not in cfg:
         raise ValueError("the config needs a 'lam' entry (regularisation, > 0)")
+    y = cfg.get("y", "gap")
+    if y not in Y_AXES:
+        raise ValueError(f"compare config: y must be one of {list(Y_AXES)}, got {y!r}")
     solvers = cfg.get("solvers") or []
     if not solvers:
         raise ValueError("the config needs a non-empty 'solvers' list")
     seeds = [int(s) for s in (cfg.get("seeds") or [1])]
     if model is None:
         model, train, _ = load_problem(cfg.get("data", {}))
-    lam = float(cfg["lam"])
+    lam = config_lam(cfg["lam"], len(train))
     shared = dict(cfg.get("options") or {})
     out = {"lam": lam, "n": len(train), "seeds": seeds, "data": cfg.get("data", {}), "status": "finished",
-           "runs": {}}
+           "y": y, "runs": {}}
     warm = train[list(range(min(len(train), 32)))]
     where: dict = {"phase": "between runs"}
     try:
@@ -91,6 +102,7 @@ def run_comparison(cfg: dict, model=None, train=None, log=print, callbacks=None)
             spec = dict(spec)
             label = spec.pop("label", None) or spec.get("preset") or spec.get("solver", "bcfw")
             solver = spec.pop("solver", "bcfw")
+            run_seeds = [int(x) for x in spec.pop("seeds", None) or seeds]
             opts = {**shared, **dict(spec.pop("options", None) or {})}
             opts.update(spec)  # preset and any option given at the solver's top level
             # warm-up on a few examples so that compilation and first-call costs are not timed
@@ -99,7 +111,7 @@ def run_comparison(cfg: dict, model=None, train=None, log=print, callbacks=None)
             if w.stopped_by == "interrupted":
                 raise KeyboardInterrupt
             runs = {}
-            for seed in seeds:
+            for seed in run_seeds:
                 where = {"solver": label, "seed": seed}
                 t0 = time.perf_counter()
                 r = fit(model, train, lam, solver, seed=seed, callbacks=callbacks, **opts)
@@ -112,7 +124,8 @@ def run_comparison(cfg: dict, model=None, train=None, log=print, callbacks=None)
                     raise KeyboardInterrupt
                 where = {"phase": "between runs"}
                 last = r.history[-1]
-                log(f"{label:28s} seed {seed}: gap {last['gap']:.3e}  passes {effective_passes(last, len(train)):7.1f}  "
+                gap = "none (no certificate)" if last["gap"] is None else f"{last['gap']:.3e}"
+                log(f"{label:28s} seed {seed}: gap {gap}  passes {effective_passes(last, len(train)):7.1f}  "
                     f"oracle {last['oracle_calls']}  hits {last.get('cache_hits', 0)}  "
                     f"time {last['solver_time'] + last['gap_time']:.1f}s")
     except KeyboardInterrupt:
@@ -121,11 +134,38 @@ def run_comparison(cfg: dict, model=None, train=None, log=print, callbacks=None)
     return out
 
 
-def curve(history: list, n: int, x: str = "passes", y: str = "gap") -> tuple[np.ndarray, np.ndarray]:
-    """``(x, y)`` of one run: ``x`` effective passes (``"passes"``) or seconds (``"time"``)."""
+def config_lam(value, n: int) -> float:
+    """``lam`` of a compare config: a number > 0, or the string ``"1/n"`` (one over the ``n`` training examples)."""
+    if value == "1/n":
+        return 1.0 / n
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (math.isfinite(value) and value > 0):
+        raise ValueError(f"compare config: lam must be a number > 0 or \"1/n\", got {value!r}")
+    return float(value)
+
+
+def best_dual(results: dict) -> float | None:
+    """``D*``: the largest dual value (last or averaged iterate) certified by any finished run, a lower bound on the
+    optimum; ``None`` when no run has a dual (e.g. SSG only)."""
+    duals = [d for run in results["runs"].values() for s in finished_runs(run) for r in s["history"]
+             for d in (r.get("dual"), r.get("dual_avg")) if d is not None]
+    return max(duals) if duals else None
+
+
+def returned_primal(rec: dict) -> float:
+    """Primal value of the model a check returns: the lower of the last and the averaged iterate's."""
+    return min(p for p in (rec["primal"], rec.get("primal_avg")) if p is not None)
+
+
+def curve(history: list, n: int, x: str = "passes", y: str = "gap",
+          d_star: float | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """``(x, y)`` of one run: ``x`` effective passes (``"passes"``) or seconds (``"time"``); ``y`` a history
+    column (``"gap"``) or ``"suboptimality"`` (:func:`returned_primal` minus ``d_star``)."""
     xs, ys = [], []
     for r in history:
-        v = r.get(y)
+        if y == "suboptimality":
+            v = None if d_star is None else returned_primal(r) - d_star
+        else:
+            v = r.get(y)
         if v is None:
             continue
         xs.append(effective_passes(r, n) if x == "passes" else r["solver_time"] + r["gap_time"])
@@ -162,10 +202,13 @@ def _style(opts: dict, j: int) -> dict:
 
 
 def plot_comparison(results: dict, path, title: str | None = None) -> Path:
-    """Two panels (gap against effective passes, gap against seconds), one median line and min-max band per solver."""
+    """Two panels (gap or suboptimality, per ``results["y"]``, against effective passes and against seconds),
+    one median line and min-max band per solver."""
     from .plotting import pyplot, save_figure, style_axes
 
     n = results["n"]
+    y = results.get("y", "gap")
+    d_star = best_dual(results) if y == "suboptimality" else None
     fig, axes = pyplot().subplots(1, 2, figsize=(12, 4.6))
     for j, (label, run) in enumerate(results["runs"].items()):
         st = _style(run.get("options", {}), j)
@@ -174,7 +217,7 @@ def plot_comparison(results: dict, path, title: str | None = None) -> Path:
         elif run.get("solver", "bcfw") != "bcfw":
             st = {"color": "black", "linestyle": ":", "marker": None}
         for ax, x in zip(axes, ("passes", "time")):
-            band = _band([curve(s["history"], n, x) for s in finished_runs(run)])
+            band = _band([curve(s["history"], n, x, y, d_star) for s in finished_runs(run)])
             if band is None:
                 continue
             grid, med, lo, hi = band
@@ -183,6 +226,8 @@ def plot_comparison(results: dict, path, title: str | None = None) -> Path:
                     markersize=4, linewidth=1.6, label=label)
             ax.fill_between(grid, lo, hi, color=st["color"], alpha=0.15, linewidth=0)
     style_axes(axes, ("effective passes (oracle calls / n, gap passes included)", "time (s)"), legend_size=7)
+    if y == "suboptimality":
+        axes[0].set_ylabel("primal suboptimality (vs the best certified dual)")
     seeds = len(results.get("seeds", []))
     fig.suptitle(title or f"lam = {results['lam']:g}, n = {n}: median and min-max over {seeds} seeds")
     return save_figure(fig, path)
@@ -202,11 +247,18 @@ def first_reaching(history: list, n: int, target: float, relative: bool = True):
 
 
 def summarise(results: dict) -> list[dict]:
-    """One row per solver: medians over its *finished* runs (seeds) of the final gap, effective passes, time,
-    oracle calls, hits; ``runs`` is how many finished runs the medians are over (a solver without one has no
-    row; an interrupted run is never counted)."""
+    """One row per solver: medians over its *finished* runs (seeds) of the final gap (``None`` for a method without
+    a certificate), primal suboptimality against :func:`best_dual`, effective passes, time, oracle calls, hits;
+    ``runs`` is how many finished runs the medians are over (a solver without one has no row; an interrupted run
+    is never counted)."""
     n = results["n"]
+    d_star = best_dual(results)
     rows = []
+
+    def median(vals):
+        vals = [v for v in vals if v is not None]
+        return float(np.median(vals)) if vals else None
+
     for label, run in results["runs"].items():
         last = [s["history"][-1] for s in finished_runs(run) if s["history"]]
         if not last:
@@ -214,8 +266,9 @@ def summarise(results: dict) -> list[dict]:
         rows.append({
             "solver": label,
             "runs": len(last),
-            "gap": float(np.median([r["gap"] for r in last])),
-            "gap/primal": float(np.median([r["gap"] / r["primal"] for r in last])),
+            "gap": median([r["gap"] for r in last]),
+            "gap/primal": median([None if r["gap"] is None else r["gap"] / r["primal"] for r in last]),
+            "suboptimality": None if d_star is None else median([returned_primal(r) - d_star for r in last]),
             "passes": float(np.median([effective_passes(r, n) for r in last])),
             "time": float(np.median([r["solver_time"] + r["gap_time"] for r in last])),
             "oracle_calls": int(np.median([r["oracle_calls"] for r in last])),

@@ -1,4 +1,10 @@
-"""Data containers for structured prediction.
+"""Data containers for structured prediction, and the protocol they all follow.
+
+Every container (:class:`MulticlassData`, :class:`SequenceData`, :class:`~torch_bcfw.graph_data.GraphData`,
+:class:`~torch_bcfw.pose_data.PoseData`, :class:`~torch_bcfw.models.matching.MatchingData`) implements
+:class:`StructuredData`: ``len(data)`` examples, ``data[idx]`` selection, ``data.to(...)`` and
+``type(data).cat(parts)``, so code that only moves, splits and joins data (cross-validation, the Lightning
+callback) serves every model.
 
 Two containers cover the models of the core package:
 
@@ -28,14 +34,14 @@ from __future__ import annotations
 
 import operator
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Protocol, Sequence, runtime_checkable
 
 import numpy as np
 import torch
 from torch import Tensor
 
-__all__ = ["MulticlassData", "SequenceData", "SparseFeatures", "check_finite", "check_int", "check_bool",
-           "check_index_tensor", "check_input_tensor", "check_not_meta"]
+__all__ = ["MulticlassData", "SequenceData", "SparseFeatures", "StructuredData", "check_cat_parts", "check_finite",
+           "check_int", "check_bool", "check_index_tensor", "check_input_tensor", "check_not_meta"]
 
 
 def check_finite(x: Tensor, name: str) -> None:
@@ -112,6 +118,10 @@ def check_index_tensor(t, name: str, device=None) -> Tensor:
 
 
 def _as_index(idx, n: int) -> Tensor:
+    """Example indices ``idx`` (an int, a slice, a list / array / ``LongTensor`` of ints; negative ones count
+    from the end) as a CPU ``LongTensor`` of indices in ``[0, n)``."""
+    if isinstance(idx, slice):
+        return torch.arange(n)[idx]
     if isinstance(idx, Tensor) and idx.dtype == torch.bool:
         raise TypeError("example indices must hold integers, got a bool tensor (select with mask.nonzero()[:, 0])")
     try:
@@ -121,6 +131,54 @@ def _as_index(idx, n: int) -> Tensor:
     if idx.numel() and (int(idx.min()) < -n or int(idx.max()) >= n):
         raise IndexError(f"example index out of range for {n} examples")
     return torch.where(idx < 0, idx + n, idx)
+
+
+@runtime_checkable
+class StructuredData(Protocol):
+    """What every data container implements (a :class:`typing.Protocol`; ``isinstance`` checks the methods).
+
+    A container holds ``n`` examples (the blocks of the SSVM dual), their inputs and, for training data, their
+    labels packed in one tensor ``y`` (``None`` for prediction-only data):
+
+    * ``len(data)`` -- the number of examples ``n``;
+    * ``data[idx]`` -- the examples ``idx`` (an int, a slice, a list or a ``LongTensor`` of indices; repeats
+      allowed), in that order, as a container of the same type;
+    * ``data.to(device)``, ``data.to(dtype)``, ``data.to(device, dtype)`` -- the same examples on another
+      device and / or with the floating-point *features* cast (labels, offsets and masks keep their dtypes);
+    * ``type(data).cat(parts)`` -- the examples of a non-empty sequence of containers of that type (same
+      feature sizes, one device, labelled all or none) one after another;
+    * ``data.device`` -- the device of its tensors.
+    """
+
+    y: Tensor | None
+
+    @property
+    def device(self) -> torch.device: ...
+
+    def __len__(self) -> int: ...
+
+    def __getitem__(self, idx) -> "StructuredData": ...
+
+    def to(self, *args, **kwargs) -> "StructuredData": ...
+
+    @classmethod
+    def cat(cls, parts: Sequence["StructuredData"]) -> "StructuredData": ...
+
+
+def check_cat_parts(cls, parts: Sequence, key) -> None:
+    """The checks of every container's ``cat``: ``TypeError`` for a part that is not a ``cls``, ``ValueError``
+    unless ``parts`` is non-empty, its parts agree on ``key(part)`` (feature sizes, device, ...) and are labelled
+    all or none."""
+    if len(parts) == 0:
+        raise ValueError(f"{cls.__name__}.cat needs at least one part")
+    bad = [type(p).__name__ for p in parts if not isinstance(p, cls)]
+    if bad:
+        raise TypeError(f"{cls.__name__}.cat takes {cls.__name__} parts only, got {sorted(set(bad))}")
+    keys = {key(p) for p in parts}
+    if len(keys) != 1:
+        raise ValueError(f"{cls.__name__}.cat: the parts differ in feature sizes or device: {sorted(map(str, keys))}")
+    if len({p.y is None for p in parts}) != 1:
+        raise ValueError(f"{cls.__name__}.cat: some parts are labelled and others are not")
 
 
 #: largest dense padded feature tensor :meth:`SequenceData.padded` builds from sparse features
@@ -315,6 +373,18 @@ class SparseFeatures:
         dev = values.device
         return SparseFeatures(self.indptr.to(dev), self.indices.to(dev), values, self.n_features, check=False)
 
+    @classmethod
+    def cat(cls, parts: Sequence["SparseFeatures"]) -> "SparseFeatures":
+        """The rows of ``parts`` (same ``n_features`` and device) one after another."""
+        if len(parts) == 0 or len({(p.n_features, str(p.device)) for p in parts}) != 1:
+            raise ValueError("SparseFeatures.cat needs at least one matrix, all with the same n_features and device")
+        indptr, base = [parts[0].indptr[:1]], 0
+        for p in parts:
+            indptr.append(p.indptr[1:] + base)
+            base += p.nnz
+        return cls(torch.cat(indptr), torch.cat([p.indices for p in parts]), torch.cat([p.values for p in parts]),
+                   parts[0].n_features, check=False)
+
     def to_dense(self) -> Tensor:
         """The dense ``Tensor[n_rows, n_features]`` (duplicate entries of a row add up)."""
         out = torch.zeros(self.n_rows, self.n_features, dtype=self.dtype, device=self.device)
@@ -426,8 +496,17 @@ class MulticlassData:
         idx = _as_index(idx, len(self)).to(self.x.device)
         return MulticlassData(self.x[idx], None if self.y is None else self.y[idx])
 
-    def to(self, device) -> "MulticlassData":
-        return MulticlassData(self.x.to(device), None if self.y is None else self.y.to(device))
+    def to(self, *args, **kwargs) -> "MulticlassData":
+        """Move to a device and / or cast the features (``to(device)``, ``to(dtype)``, ``to(device, dtype)``)."""
+        x = self.x.to(*args, **kwargs)
+        return MulticlassData(x, None if self.y is None else self.y.to(x.device))
+
+    @classmethod
+    def cat(cls, parts: Sequence["MulticlassData"]) -> "MulticlassData":
+        """The examples of ``parts`` one after another (same ``F`` and device; labelled all or none)."""
+        check_cat_parts(cls, parts, lambda p: (p.x.shape[1], str(p.device)))
+        y = None if parts[0].y is None else torch.cat([p.y for p in parts])
+        return cls(torch.cat([p.x for p in parts]), y)
 
 
 @dataclass
@@ -630,10 +709,23 @@ class SequenceData:
         offsets[1:] = torch.cumsum(lengths, 0)
         return SequenceData(self.x[tok], None if self.y is None else self.y[tok], offsets.to(self.device))
 
-    def to(self, device) -> "SequenceData":
-        return SequenceData(
-            self.x.to(device), None if self.y is None else self.y.to(device), self.offsets.to(device)
-        )
+    def to(self, *args, **kwargs) -> "SequenceData":
+        """Move to a device and / or cast the token features (``to(device)``, ``to(dtype)``, ``to(device, dtype)``)."""
+        x = self.x.to(*args, **kwargs)
+        return SequenceData(x, None if self.y is None else self.y.to(x.device), self.offsets.to(x.device))
+
+    @classmethod
+    def cat(cls, parts: Sequence["SequenceData"]) -> "SequenceData":
+        """The sequences of ``parts`` one after another (same ``F``, layout and device; labelled all or none)."""
+        check_cat_parts(cls, parts, lambda p: (p.n_inputs, p.is_sparse, str(p.device)))
+        offsets = [parts[0].offsets[:1]]
+        base = 0
+        for p in parts:
+            offsets.append(p.offsets[1:] + base)
+            base += p.n_tokens
+        x = SparseFeatures.cat([p.x for p in parts]) if parts[0].is_sparse else torch.cat([p.x for p in parts])
+        y = None if parts[0].y is None else torch.cat([p.y for p in parts])
+        return cls(x, y, torch.cat(offsets))
 
     def padded(self, pad_label: int = -1) -> tuple[Tensor, Tensor, Tensor | None]:
         """Return ``(x [B, T, F], lengths [B], y [B, T] or None)`` padded with zeros / ``pad_label``.

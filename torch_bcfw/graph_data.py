@@ -318,7 +318,7 @@ class GraphData:
 
     # ----------------------------------------------------------------- selection
     def __getitem__(self, idx) -> "GraphData":
-        """The graphs ``idx`` (an int, a list or a ``LongTensor``; repeats allowed) as a new ``GraphData``."""
+        """The graphs ``idx`` (an int, a slice, a list or a ``LongTensor``; repeats allowed) as a new ``GraphData``."""
         idx = _as_index(idx, len(self))
         off, eoff = self.offsets.cpu(), self.edge_offsets.cpu()
         node_idx, new_off = _ranges(off, idx)
@@ -336,15 +336,20 @@ class GraphData:
                 out._cache[name] = [value[i] for i in sel]
         return out
 
-    def to(self, device) -> "GraphData":
+    def to(self, *args, **kwargs) -> "GraphData":
+        """Move to a device and / or cast the node and edge features (``to(device)``, ``to(dtype)``,
+        ``to(device, dtype)``)."""
+        x = self.x.to(*args, **kwargs)
+        device = x.device
         out = GraphData(
-            self.x.to(device), None if self.y is None else self.y.to(device), self.offsets.to(device),
-            self.edges.to(device), self.edge_x.to(device), self.edge_offsets.to(device),
+            x, None if self.y is None else self.y.to(device), self.offsets.to(device),
+            self.edges.to(device), self.edge_x.to(*args, **kwargs), self.edge_offsets.to(device),
             None if self.node_weight is None else self.node_weight.to(device), _check=False,
         )
-        for name, value in self._cache.items():  # CPU-side per-graph lists are device-independent
-            if name in ("cpu_graphs", "graph_keys") or name.startswith("gc_"):
-                out._cache[name] = value
+        if x.dtype == self.x.dtype and out.edge_x.dtype == self.edge_x.dtype:
+            for name, value in self._cache.items():  # CPU-side per-graph lists are device-independent
+                if name in ("cpu_graphs", "graph_keys") or name.startswith("gc_"):
+                    out._cache[name] = value
         return out
 
     def with_features(self, x: Tensor) -> "GraphData":

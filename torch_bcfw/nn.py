@@ -6,7 +6,9 @@ structured model of :mod:`torch_bcfw.models` with weights ``w``:
 
 * :class:`StructuredHead` holds ``w`` and decodes in :meth:`StructuredHead.forward`
   (``argmax_y <w, phi(x, y)>``: batched max-plus Viterbi for :class:`~torch_bcfw.models.Chain`,
-  an argmax for :class:`~torch_bcfw.models.Multiclass`), on the device of the features;
+  an argmax for :class:`~torch_bcfw.models.Multiclass`), on the device of the features; it works with
+  the differentiable operations the model provides (:meth:`~torch_bcfw.models.base.StructuredModel.head_ops`,
+  :mod:`torch_bcfw.head_ops`);
 * :class:`StructuredHingeLoss` is the SSVM loss of a batch,
   ``1/B sum_i max_y [L_i(y) + <w, phi(x_i, y)>] - <w, phi(x_i, y_i)>`` (plus ``lam/2 ||w||^2`` when
   asked).  The maximisation (loss-augmented decoding) runs without gradient; the hinge value is then
@@ -33,93 +35,17 @@ import torch
 from torch import Tensor, nn
 
 from .data import check_index_tensor
-from .inference.viterbi import viterbi_packed
 from .models.base import StructuredModel
-from .models.chain import Chain
-from .models.multiclass import Multiclass
 
 __all__ = ["StructuredHead", "StructuredHingeLoss", "structured_hinge"]
 
 
-# ---------------------------------------------------------------------------- model operations
-class _ChainOps:
-    """Differentiable scores, decoding and loss of a :class:`Chain` on packed token features."""
-
-    def __init__(self, model: Chain):
-        self.model = model
-        self.n_inputs = model.n_inputs
-
-    def unaries(self, w: Tensor, x: Tensor, offsets: Tensor) -> Tensor:
-        We, b, s, e, _ = self.model.unpack(w)
-        U = x @ We + b
-        n = offsets.numel() - 1
-        U = U.index_add(0, offsets[:-1], s.expand(n, -1))
-        return U.index_add(0, offsets[1:] - 1, e.expand(n, -1))
-
-    def loss_unaries(self, y: Tensor, offsets: Tensor, dtype) -> Tensor:
-        lengths = offsets[1:] - offsets[:-1]
-        inv_len = (1.0 / lengths.to(dtype)).repeat_interleave(lengths)
-        aug = inv_len[:, None].expand(-1, self.model.n_labels).clone()
-        aug[torch.arange(y.numel(), device=y.device), y] = 0.0
-        return aug
-
-    def decode(self, w: Tensor, x: Tensor, offsets: Tensor, y: Tensor | None = None) -> Tensor:
-        U = self.unaries(w, x, offsets)
-        if y is not None:
-            U = U + self.loss_unaries(y, offsets, U.dtype)
-        labels, _ = viterbi_packed(U, offsets, self.model.unpack(w)[4])
-        return labels
-
-    def scores(self, w: Tensor, x: Tensor, offsets: Tensor, y: Tensor) -> Tensor:
-        """``<w, phi(x_i, y_i)>`` per sequence, differentiable in ``w`` and ``x``: ``[n]``."""
-        U = self.unaries(w, x, offsets)
-        n = offsets.numel() - 1
-        lengths = offsets[1:] - offsets[:-1]
-        seq = torch.repeat_interleave(torch.arange(n, device=x.device), lengths)
-        out = U.new_zeros(n).index_add(0, seq, U.gather(1, y[:, None])[:, 0])
-        keep = torch.ones(y.numel(), dtype=torch.bool, device=x.device)
-        keep[offsets[1:] - 1] = False
-        j = torch.nonzero(keep)[:, 0]
-        trans = self.model.unpack(w)[4]
-        return out.index_add(0, seq[j], trans[y[j], y[j + 1]])
-
-    def loss(self, y_pred: Tensor, y: Tensor, offsets: Tensor, dtype) -> Tensor:
-        n = offsets.numel() - 1
-        lengths = offsets[1:] - offsets[:-1]
-        seq = torch.repeat_interleave(torch.arange(n, device=y.device), lengths)
-        wrong = torch.zeros(n, dtype=dtype, device=y.device).index_add(0, seq, (y_pred != y).to(dtype))
-        return wrong / lengths.to(dtype)
-
-
-class _MulticlassOps:
-    def __init__(self, model: Multiclass):
-        self.model = model
-        self.n_inputs = model.n_inputs
-
-    def class_scores(self, w: Tensor, x: Tensor) -> Tensor:
-        W = w.view(self.model.n_classes, -1)
-        s = x @ W[:, : self.n_inputs].T
-        return s + W[:, self.n_inputs] if self.model.bias else s
-
-    def decode(self, w: Tensor, x: Tensor, offsets=None, y: Tensor | None = None) -> Tensor:
-        s = self.class_scores(w, x)
-        if y is not None:
-            s = s + 1.0 - nn.functional.one_hot(y, self.model.n_classes).to(s.dtype)
-        return s.argmax(1)
-
-    def scores(self, w: Tensor, x: Tensor, offsets, y: Tensor) -> Tensor:
-        return self.class_scores(w, x).gather(1, y[:, None])[:, 0]
-
-    def loss(self, y_pred: Tensor, y: Tensor, offsets, dtype) -> Tensor:
-        return (y_pred != y).to(dtype)
-
-
 def _ops_for(model: StructuredModel):
-    if isinstance(model, Chain):
-        return _ChainOps(model)
-    if isinstance(model, Multiclass):
-        return _MulticlassOps(model)
-    raise TypeError(f"StructuredHead supports Chain and Multiclass models, got {type(model).__name__}")
+    ops = model.head_ops() if isinstance(model, StructuredModel) else None
+    if ops is None:
+        raise TypeError(f"StructuredHead supports models with differentiable head operations (StructuredModel.head_ops: "
+                        f"Chain, Multiclass), got {type(model).__name__}")
+    return ops
 
 
 # ---------------------------------------------------------------------------- layouts
@@ -134,7 +60,7 @@ def _pack(ops, x: Tensor, offsets, lengths, y: Tensor | None):
         )
     if not x.is_floating_point():
         raise ValueError(f"features must be floating point, got {x.dtype}")
-    if isinstance(ops, _MulticlassOps):
+    if not ops.sequences:
         if x.dim() != 2:
             raise ValueError(f"a multiclass head expects features [B, F], got shape {tuple(x.shape)}")
         if y is not None and y.shape != (x.shape[0],):
@@ -175,9 +101,9 @@ def _pack(ops, x: Tensor, offsets, lengths, y: Tensor | None):
     return x, offsets, y, lambda lab: lab
 
 
-def _check_labels(model, y: Tensor) -> Tensor:
+def _check_labels(ops, y: Tensor) -> Tensor:
     y = y.long()
-    K = model.n_labels if isinstance(model, Chain) else model.n_classes
+    K = ops.n_labels
     if y.numel() and (int(y.min()) < 0 or int(y.max()) >= K):
         raise ValueError(f"labels must lie in [0, {K - 1}], got range [{int(y.min())}, {int(y.max())}]")
     return y
@@ -196,7 +122,7 @@ def structured_hinge(model: StructuredModel, w: Tensor, x: Tensor, y: Tensor, of
         raise ValueError(f"reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
     ops = _ops_for(model)
     x, offsets, y, _ = _pack(ops, x, offsets, lengths, torch.as_tensor(y, device=x.device))
-    y = _check_labels(model, y)
+    y = _check_labels(ops, y)
     if w.shape != (model.n_features,):
         raise ValueError(f"weights must have shape [{model.n_features}], got {tuple(w.shape)}")
     w = w.to(device=x.device, dtype=x.dtype)
@@ -215,8 +141,9 @@ class StructuredHead(nn.Module):
     """The linear weights of a structured model, as a module that decodes.
 
     Args:
-        model: a :class:`~torch_bcfw.models.Chain` or :class:`~torch_bcfw.models.Multiclass`;
-            its input dimension ``model.n_inputs`` is the backbone's feature dimension.
+        model: a model with differentiable head operations (:meth:`~torch_bcfw.models.base.StructuredModel.head_ops`:
+            :class:`~torch_bcfw.models.Chain`, :class:`~torch_bcfw.models.Multiclass`); its input dimension
+            ``model.n_inputs`` is the backbone's feature dimension.
         trainable: ``False`` (default): ``w`` is a buffer written by BCFW
             (:class:`torch_bcfw.lightning.BCFWCallback` or :meth:`set_weights`); ``True``: an
             ``nn.Parameter`` trained by the optimiser together with the backbone.
@@ -288,7 +215,7 @@ class StructuredHead(nn.Module):
     def score(self, x: Tensor, y: Tensor, offsets: Tensor | None = None, lengths: Tensor | None = None) -> Tensor:
         """``<w, phi(x_i, y_i)>`` per example (differentiable in ``x`` and ``w``)."""
         x, offsets, y, _ = _pack(self.ops, x, offsets, lengths, torch.as_tensor(y, device=x.device))
-        y = _check_labels(self.model, y)
+        y = _check_labels(self.ops, y)
         return self.ops.scores(self.w.to(x.device, x.dtype), x, offsets, y)
 
 

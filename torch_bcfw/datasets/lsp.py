@@ -56,8 +56,6 @@ __all__ = [
     "joints_to_grid",
     "load_lsp_extended",
     "lsp_split_ids",
-    "pck",
-    "pck_difference",
     "reference_torso",
     "torso_size",
     "torso_with_fallback",
@@ -242,7 +240,7 @@ def torso_with_fallback(joints: Tensor, visible: Tensor, scale: Tensor, referenc
 
     The SSVM loss needs a positive torso size on every training image; in images 1-2000 of LSPET 342 have
     neither diagonal. The fallback is the training set's median torso in original pixels
-    (:func:`reference_torso`) times the image's resize factor. PCK (:func:`pck`) does *not* use the
+    (:func:`reference_torso`) times the image's resize factor. PCK (:func:`~torch_bcfw.metrics.pck.pck`) does *not* use the
     fallback: images without a torso are left out of it, as usual.
 
     Returns:
@@ -253,81 +251,6 @@ def torso_with_fallback(joints: Tensor, visible: Tensor, scale: Tensor, referenc
     size = torso_size(joints, visible)
     fallback = torch.as_tensor(scale, dtype=size.dtype, device=size.device) * reference
     return torch.where(torch.isfinite(size) & (size > 0), size, fallback)
-
-
-def pck(pred: Tensor, true: Tensor, visible: Tensor, torso: Tensor, alpha: float = 0.2) -> Tensor:
-    """Percentage of correct keypoints with torso normalisation (PCK@alpha), as a fraction.
-
-    A visible joint is correct if ``||pred - true|| <= alpha * torso``. Joints that are
-    not visible, and all joints of images whose torso size is not finite and positive
-    (see :func:`torso_size`), are not counted.
-
-    Args:
-        pred, true: [N, 14, 2] in the same units and coordinate order; visible: bool [N, 14];
-        torso: [N] in the same units; alpha: threshold as a fraction of the torso size.
-
-    Returns:
-        0-d tensor in [0, 1] (NaN if no joint is counted).
-    """
-    if pred.shape != true.shape or visible.shape != true.shape[:-1] or torso.shape != true.shape[:1]:
-        raise ValueError(f"shape mismatch: pred {tuple(pred.shape)}, true {tuple(true.shape)}, "
-                         f"visible {tuple(visible.shape)}, torso {tuple(torso.shape)}")
-    counted = _pck_counted(visible, torso)
-    return (_pck_correct(pred, true, torso, alpha) & counted).sum() / counted.sum()
-
-
-def _pck_counted(visible: Tensor, torso: Tensor) -> Tensor:
-    """bool ``[N, 14]``: the joints PCK counts (visible, in an image with a finite positive torso size)."""
-    return visible & (torch.isfinite(torso) & (torso > 0))[:, None]
-
-
-def _pck_correct(pred: Tensor, true: Tensor, torso: Tensor, alpha: float) -> Tensor:
-    """bool ``[N, 14]``: the joints predicted within ``alpha * torso``."""
-    return (pred - true).norm(dim=-1) <= alpha * torso[:, None]
-
-
-def pck_difference(pred: Tensor, baseline: Tensor, true: Tensor, visible: Tensor, torso: Tensor,
-                   alpha: float = 0.2, n_boot: int = 2000, level: float = 0.95, seed: int = 0) -> dict:
-    """PCK@alpha of ``pred`` minus that of ``baseline`` on the same images, with a paired bootstrap interval.
-
-    The joints of one image are not independent (a bad image loses most of them), so the interval resamples
-    images: ``n_boot`` draws of ``N`` images with replacement, PCK difference of each draw (a ratio of sums,
-    like :func:`pck`), percentile interval at ``level``.  An interval that contains 0 means the test split
-    cannot tell the two predictions apart.
-
-    Args:
-        pred, baseline, true: ``[N, 14, 2]`` in the same units; visible: bool ``[N, 14]``; torso: ``[N]``
-            (as in :func:`pck`: images without a finite positive torso are left out).
-
-    Returns:
-        ``{"diff", "low", "high"}`` (fractions), ``{"gained", "lost"}`` (joints right only in ``pred`` / only
-        in ``baseline``), ``"joints"`` (counted), ``"level"``, ``"n_boot"``.
-    """
-    if pred.shape != baseline.shape:
-        raise ValueError(f"pred {tuple(pred.shape)} and baseline {tuple(baseline.shape)} differ in shape")
-    if not 0 < level < 1:
-        raise ValueError(f"level must be in (0, 1), got {level}")
-    if int(n_boot) < 1:
-        raise ValueError(f"n_boot must be >= 1, got {n_boot}")
-    counted = _pck_counted(visible, torso)
-    hit_a = _pck_correct(pred, true, torso, alpha)
-    hit_b = _pck_correct(baseline, true, torso, alpha)
-    n_counted = counted.sum(1).double()  # [N]
-    delta = ((hit_a & counted).sum(1) - (hit_b & counted).sum(1)).double()  # [N]
-    total = float(n_counted.sum())
-    if total == 0:
-        raise ValueError("no joint is counted (no visible joint in an image with a torso size)")
-    gen = torch.Generator().manual_seed(int(seed))
-    boot = []
-    for start in range(0, int(n_boot), 256):  # [256, N] index draws at a time
-        draws = torch.randint(0, len(delta), (min(256, int(n_boot) - start), len(delta)), generator=gen)
-        boot.append(delta[draws].sum(1) / n_counted[draws].sum(1).clamp(min=1))
-    boot = torch.cat(boot)
-    tail = (1 - level) / 2
-    low, high = torch.quantile(boot, torch.tensor([tail, 1 - tail], dtype=boot.dtype)).tolist()
-    return {"diff": float(delta.sum()) / total, "low": low, "high": high,
-            "gained": int((hit_a & ~hit_b & counted).sum()), "lost": int((hit_b & ~hit_a & counted).sum()),
-            "joints": int(total), "level": float(level), "n_boot": int(n_boot)}
 
 
 def joints_to_grid(joints: Tensor, size: int, grid_size: int) -> Tensor:

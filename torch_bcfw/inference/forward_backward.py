@@ -7,6 +7,8 @@ sequence of a packed batch, ``log Z_i``, the node marginals ``mu [N_tok, K]`` an
 summed over the positions of the sequence ``T [n, K, K]`` (the expected transition counts), in float64, on
 the device of the potentials.  :func:`chain_marginals_one` is the same for one sequence, compiled (numba) for
 the per-example steps of online EG on CPU; tests pin it to the batched version and to enumeration.
+:func:`shared_transition_marginals` is :func:`chain_marginals` for one transition matrix shared by every
+sequence, in probability space (the prox steps of the extragradient method).
 """
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ import torch
 from numba import njit
 from torch import Tensor
 
-__all__ = ["chain_marginals", "chain_marginals_one"]
+__all__ = ["chain_marginals", "chain_marginals_one", "shared_transition_marginals"]
 
 
 def chain_marginals(node: Tensor, trans: Tensor, offsets: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -94,3 +96,47 @@ def chain_marginals_one(node, trans):
             for k in range(K):
                 T[j, k] += np.exp(alpha[t - 1, j] + trans[j, k] + node[t, k] + beta[t, k] - log_z)
     return log_z, mu, T
+
+
+def shared_transition_marginals(node: Tensor, trans: Tensor, offsets: Tensor) -> tuple[Tensor, Tensor]:
+    """:func:`chain_marginals` (``mu [N_tok, K]``, ``T [n, K, K]``) for one
+    transition matrix ``trans [K, K]`` shared by every sequence, by the scaled forward-backward recursions in
+    probability space (max-shifted potentials, per-step normalisation; every step a ``[n, K] x [K, K]`` product
+    instead of a ``[n, K, K]`` log-sum-exp: several times faster).  Probabilities below about ``1e-308`` of the
+    largest transition flush to 0; when a scaling factor vanishes or overflows (potentials spanning more than the
+    float64 exponent range) it falls back to the log-space recursions."""
+    node = node.to(torch.float64)
+    dev = node.device
+    offsets = offsets.to(dev)
+    lengths = offsets.diff()
+    n = lengths.numel()
+    Tm = int(lengths.max())
+    pos = torch.arange(Tm, device=dev)
+    mask = pos[:, None] < lengths[None, :]                              # [Tm, n]: time-major, rows contiguous
+    tok = torch.where(mask, offsets[:-1][None, :] + pos[:, None], -1)    # packed token of (t, i), -1 past the end
+    U = node[tok.clamp_min(0)]                                          # [Tm, n, K]
+    P = torch.exp(U - U.amax(2, keepdim=True))                          # max 1 per position
+    E = torch.exp(trans.to(dev, torch.float64) - trans.max())
+    a = torch.empty_like(P)
+    s = node.new_ones(Tm, n)
+    s[0] = P[0].sum(1)
+    a[0] = P[0] / s[0, :, None]
+    for t in range(1, Tm):
+        nxt = (a[t - 1] @ E) * P[t]
+        live = mask[t]
+        s[t] = torch.where(live, nxt.sum(1), s[t])
+        a[t] = torch.where(live[:, None], nxt / s[t, :, None], a[t - 1])
+    if not bool((s > 0).all() and torch.isfinite(s).all()):
+        _, mu, T = chain_marginals(node, trans, offsets)
+        return mu, T
+    b = torch.ones_like(P)
+    for t in range(Tm - 2, -1, -1):
+        prev = ((P[t + 1] * b[t + 1]) @ E.T) / s[t + 1, :, None]
+        b[t] = torch.where(mask[t + 1][:, None], prev, b[t])
+    mu = node.new_empty(node.shape)
+    mu[tok[mask]] = (a * b)[mask]
+    # expected transitions: sum_t a_{t-1}(j) E(j, k) P_t(k) b_t(k) / s_t over the live positions t >= 1
+    zero = torch.zeros((), dtype=P.dtype, device=dev)
+    right = torch.where(mask[1:, :, None], P[1:] * b[1:] / s[1:, :, None], zero)
+    T = torch.einsum("tij,tik->ijk", a[:-1], right) * E
+    return mu, T

@@ -30,11 +30,8 @@ The solver uses PyMaxflow (Boykov-Kolmogorov max-flow), imported lazily. Install
 
 from __future__ import annotations
 
-import multiprocessing
 import os
-from collections.abc import Sequence
-from concurrent.futures import ProcessPoolExecutor
-from types import ModuleType, TracebackType
+from types import ModuleType
 
 import numpy as np
 import torch
@@ -43,13 +40,9 @@ from torch import Tensor
 NEGATIVE_TOLERANCE = 1e-12
 """Penalties in ``[-NEGATIVE_TOLERANCE, 0)`` are clamped to 0; anything lower is an error."""
 
-Problem = tuple[Tensor, Tensor, Tensor]
-"""One graph-cut problem: ``(unary[N, 2], edges[M, 2], pairwise[M])``."""
-
 _CompactProblem = tuple[np.ndarray, np.ndarray, np.ndarray]
 """A validated problem as CPU arrays: ``(u1 - u0 float64[N], edges int32|int64[M, 2],
-pairwise float64[M])``; only the unary difference matters for the argmax, and the compact
-form halves what a process pool has to pickle."""
+pairwise float64[M])``; only the unary difference matters for the argmax."""
 
 
 def _import_maxflow() -> ModuleType:
@@ -95,7 +88,6 @@ def _validate_problem(
     unary: Tensor,
     edges: Tensor,
     pairwise: Tensor,
-    edge_cache: dict[tuple[int, int], np.ndarray] | None = None,
 ) -> _CompactProblem:
     """Check a problem and convert it to its compact CPU form.
 
@@ -103,9 +95,6 @@ def _validate_problem(
         unary: ``Tensor[N, 2]`` finite unary scores.
         edges: integer ``Tensor[M, 2]`` with entries in ``[0, N)`` and no self-loops.
         pairwise: ``Tensor[M]`` finite Potts penalties, ``>= -NEGATIVE_TOLERANCE``.
-        edge_cache: optional dict, keyed by ``(id(edges), N)``, that lets problems sharing
-            one ``edges`` tensor share one checked array (checked once, pickled once per
-            pool chunk). Only valid while those tensors are alive, i.e. within one call.
 
     Returns:
         ``(u1 - u0 float64[N], edges int32[M, 2], pairwise float64[M])`` with tiny negative
@@ -114,13 +103,7 @@ def _validate_problem(
     if unary.dim() != 2 or unary.shape[1] != 2:
         raise ValueError(f"unary must have shape [N, 2], got {tuple(unary.shape)}")
     n = unary.shape[0]
-    if edge_cache is None:
-        e = _validate_edges(edges, n)
-    else:
-        key = (id(edges), n)
-        if key not in edge_cache:
-            edge_cache[key] = _validate_edges(edges, n)
-        e = edge_cache[key]
+    e = _validate_edges(edges, n)
     if pairwise.shape != (e.shape[0],):
         raise ValueError(
             f"pairwise must have shape [M] = [{e.shape[0]}], got {tuple(pairwise.shape)}"
@@ -154,7 +137,7 @@ def _solve_compact(problem: _CompactProblem) -> np.ndarray:
         problem: ``(u1 - u0 float64[N], edges int[M, 2], pairwise float64[M])``.
 
     Returns:
-        ``bool[N]``, True where the label is 1 (bool keeps the pool's result traffic small).
+        ``bool[N]``, True where the label is 1.
     """
     gain = problem[0]
     if gain.shape[0] == 0:
@@ -237,107 +220,11 @@ def energy_score(unary: Tensor, edges: Tensor, pairwise: Tensor, labels: Tensor)
     return float(unary_part - (pairwise.to(unary.device, torch.float64) * cut).sum())
 
 
-# ----------------------------------------------------------------------------------------
-# Batches and the reusable process pool
-# ----------------------------------------------------------------------------------------
-
-
 def _available_cpus() -> int:
     """Number of CPUs this process may run on (affinity-aware where the OS supports it)."""
     if hasattr(os, "sched_getaffinity"):
         return len(os.sched_getaffinity(0))
     return os.cpu_count() or 1
-
-
-class GraphCutPool:
-    """Reusable solver for many graph-cut problems, in worker processes when ``processes > 1``.
-
-    PyMaxflow holds the GIL during max-flow, so threads do not help; this class keeps a
-    ``ProcessPoolExecutor`` alive across calls so that repeated batches (e.g. an exact
-    duality-gap pass every few epochs) pay the worker start-up only once. Problems are
-    validated in the calling process (errors surface there) and shipped as numpy arrays;
-    problems that share one ``edges`` tensor (e.g. same-size grids) share its transfer.
-
-    Use as a context manager, or call :meth:`close` when done::
-
-        with GraphCutPool(processes=4) as pool:
-            labels = pool.map(problems)
-
-    With the ``"forkserver"`` or ``"spawn"`` start methods, a script that creates a pool must
-    guard its entry point with ``if __name__ == "__main__":`` (standard multiprocessing rule).
-
-    Args:
-        processes: number of worker processes; ``1`` solves in the calling process and starts
-            nothing; ``None`` uses every CPU this process may run on.
-        start_method: multiprocessing start method of the workers. The default
-            ``"forkserver"`` avoids forking a process that may run torch threads; ``"spawn"``
-            works everywhere, ``"fork"`` starts fastest on Linux.
-    """
-
-    def __init__(self, processes: int | None = None, start_method: str = "forkserver"):
-        if processes is None:
-            processes = _available_cpus()
-        if processes < 1:
-            raise ValueError(f"processes must be >= 1, got {processes}")
-        self.processes = processes
-        self._executor: ProcessPoolExecutor | None = None
-        if processes > 1:
-            context = multiprocessing.get_context(start_method)
-            self._executor = ProcessPoolExecutor(max_workers=processes, mp_context=context)
-
-    def map(self, problems: Sequence[Problem]) -> list[Tensor]:
-        """Solve every ``(unary[N_i, 2], edges[M_i, 2], pairwise[M_i])`` problem exactly.
-
-        Returns:
-            ``list`` of ``LongTensor[N_i]`` labellings, in input order, each on the device
-            of its ``unary``.
-        """
-        edge_cache: dict[tuple[int, int], np.ndarray] = {}
-        compact = [_validate_problem(*problem, edge_cache) for problem in problems]
-        if self._executor is None:
-            solutions = [_solve_compact(problem) for problem in compact]
-        else:
-            chunksize = max(1, len(compact) // (4 * self.processes))
-            solutions = list(self._executor.map(_solve_compact, compact, chunksize=chunksize))
-        devices = [problem[0].device for problem in problems]
-        return [
-            _to_labels(labels, device) for labels, device in zip(solutions, devices, strict=True)
-        ]
-
-    def close(self) -> None:
-        """Shut the worker processes down (idempotent)."""
-        if self._executor is not None:
-            self._executor.shutdown()
-            self._executor = None
-
-    def __enter__(self) -> GraphCutPool:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self.close()
-
-
-def graphcut_map_batch(problems: Sequence[Problem], processes: int | None = None) -> list[Tensor]:
-    """Solve a list of problems with a throw-away :class:`GraphCutPool` (see there).
-
-    For repeated batches create one :class:`GraphCutPool` and reuse it instead: this
-    function starts (and stops) ``processes`` workers on every call when ``processes > 1``.
-
-    Args:
-        problems: sequence of ``(unary[N_i, 2], edges[M_i, 2], pairwise[M_i])``.
-        processes: ``1`` solves sequentially; ``> 1`` uses that many processes; ``None``
-            (default) uses every CPU this process may run on.
-
-    Returns:
-        ``list`` of ``LongTensor[N_i]`` labellings in input order.
-    """
-    with GraphCutPool(processes) as pool:
-        return pool.map(problems)
 
 
 # ----------------------------------------------------------------------------------------

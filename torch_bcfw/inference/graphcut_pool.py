@@ -1,9 +1,9 @@
 """A process pool for batches of graph cuts whose graphs stay resident in the workers.
 
 PyMaxflow holds the GIL, so a batch of cuts (an exact duality-gap pass, a batch Frank-Wolfe step, a
-prediction pass) only runs in parallel in several processes.  :class:`~torch_bcfw.inference.graphcut.GraphCutPool`
-ships every problem (unaries, edges, penalties) on every call and measured slower than one process on
-grid graphs (a 48 x 64 cut takes about 1 ms, comparable to pickling and piping its arrays).
+prediction pass) only runs in parallel in several processes.  Shipping every problem (unaries, edges,
+penalties) on every call costs as much as the cuts on grid graphs (a 48 x 64 cut takes about 1 ms,
+comparable to pickling and piping its arrays).
 
 :class:`ResidentGraphCutPool` ships each graph once and then only the weights
 (:meth:`ResidentGraphCutPool.solve_records`, the path of :class:`~torch_bcfw.models.graphcut.GraphCut`'s batched
@@ -109,7 +109,7 @@ def cut_inputs(x, w_u, node_scale, aug, augment, edges, edge_x, w_e, inv_z):
     """``(g, gain, c)`` of one graph: :func:`node_gains` and, when the graph needs a cut (nodes, edges and a
     positive pairwise weight), the :func:`edge_penalties` ``c``; else ``c`` is empty and the answer is
     ``gain > 0`` per node.  The one place that decides whether a graph is cut (:func:`decode_record`, the
-    compiled step loop of :class:`~torch_bcfw.models.graphcut_dual.GraphCutDualState`)."""
+    compiled step loop of :class:`~torch_bcfw.duals.graphcut.GraphCutDualState`)."""
     g, gain = node_gains(x, w_u, node_scale, aug, augment)
     if x.shape[0] == 0 or edges.shape[0] == 0 or w_e.shape[0] == 0 or not w_e.max() > 0.0:
         return g, gain, np.zeros(0)

@@ -1,15 +1,13 @@
 """Lightning integration: BCFW on the structured head of a trainable backbone.
 
-* :class:`BCFWCallback` -- every ``k`` epochs, computes the training features, re-binds the dual
-  state to them, runs BCFW passes, writes the head's weights and logs ``ssvm/gap`` & co.;
-* :mod:`torch_bcfw.lightning.ocr` -- the OCR letter CNN (datamodule and LightningModule) of
-  ``examples/ocr_cnn_lightning.py`` and ``configs/ocr_cnn.yaml``;
-* :mod:`torch_bcfw.lightning.conll` -- word, POS and character embeddings with a BiLSTM / CNN encoder on
-  CoNLL-2000 chunking (datamodule, vocabulary and LightningModule) of
-  ``examples/conll_embeddings_lightning.py`` and ``configs/conll_embeddings.yaml``;
+* :class:`BCFWCallback` -- every ``k`` epochs, computes the training features (any
+  :class:`~torch_bcfw.data.StructuredData` container), re-binds the dual state to them, runs BCFW passes,
+  writes the head's weights and logs ``ssvm/gap`` & co.;
 * :func:`torch_bcfw.lightning.cli.train_main` -- ``torch-bcfw train --config ...`` (LightningCLI).
 
-Needs the ``lightning`` extra (``pip install torch_bcfw[lightning]``).
+The ready-made tasks (datamodules, backbones, LightningModules) are in :mod:`torch_bcfw.tasks`; the modules
+``torch_bcfw.lightning.{ocr,conll,horses,pose,pose_data}`` name the same classes, so config ``class_path`` s
+written with them resolve.  Needs the ``lightning`` extra (``pip install torch_bcfw[lightning]``).
 """
 try:
     import lightning.pytorch  # noqa: F401

@@ -11,8 +11,9 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info
 
-from ..data import MulticlassData, SequenceData, check_index_tensor
-from ..models.dual import ActiveSetDualState, check_lam
+from ..data import MulticlassData, SequenceData, StructuredData, check_index_tensor
+from ..duals.active_set import ActiveSetDualState
+from ..duals.checks import check_lam
 from ..nn import StructuredHead
 from ..solvers.bcfw import BCFW
 from ..solvers.fw import FrankWolfe
@@ -24,7 +25,6 @@ from ..solvers.options import SolverOptions
 __all__ = ["BCFWCallback", "collect_features", "make_dual_state"]
 
 _ALGORITHMS = {"bcfw": BCFW, "fw": FrankWolfe, "mp-bcfw": MPBCFW}
-_STATE_CLASSES = {}
 
 
 def make_dual_state(model, data, lam: float):
@@ -36,23 +36,9 @@ def make_dual_state(model, data, lam: float):
     from ..models.base import StructuredModel
 
     if type(model).dual_state is StructuredModel.dual_state:
-        state = ActiveSetDualState(model, data, lam)
-    else:
-        state = model.dual_state(data, lam)
-        if not state.rebindable:
-            state = ActiveSetDualState(model, data, lam)
-    _STATE_CLASSES[type(state).__name__] = type(state)
-    return state
-
-
-def _state_class(name: str):
-    from ..models import ChainDualState
-
-    known = {c.__name__: c for c in (ActiveSetDualState, ChainDualState)}
-    known.update(_STATE_CLASSES)
-    if name not in known:
-        raise ValueError(f"BCFWCallback: unknown dual state class {name!r} in the saved state")
-    return known[name]
+        return ActiveSetDualState(model, data, lam)
+    state = model.dual_state(data, lam)
+    return state if state.rebindable else ActiveSetDualState(model, data, lam)
 
 
 def _to_primitive(obj):
@@ -100,44 +86,43 @@ def eval_outputs(pl_module, batches, each, to_device=None) -> list:
     return parts
 
 
-def collect_features(pl_module, batches, device="cpu", to_device=None):
+def as_structured_data(out) -> StructuredData:
+    """The output of ``bcfw_features(batch)`` as a data container: a :class:`~torch_bcfw.data.StructuredData`
+    container as it is, ``(x, y)`` (one row per example) as a :class:`~torch_bcfw.data.MulticlassData`,
+    ``(x, y, offsets)`` (packed sequences) as a :class:`~torch_bcfw.data.SequenceData`.  Raises ``TypeError``
+    for anything else and ``ValueError`` for a container without labels."""
+    if isinstance(out, (tuple, list)) and len(out) in (2, 3):
+        if out[1] is None:
+            raise ValueError("bcfw_features must return the labels of the training examples")
+        x, y = out[0].detach(), check_index_tensor(out[1].detach(), "bcfw_features labels").to(out[0].device)
+        if len(out) == 2:
+            out = MulticlassData(x, y)
+        else:
+            out = SequenceData(x, y, check_index_tensor(torch.as_tensor(out[2]).detach(), "bcfw_features offsets"))
+    elif not isinstance(out, StructuredData):
+        raise TypeError("bcfw_features(batch) must return a data container (SequenceData, MulticlassData, GraphData, "
+                        f"PoseData, MatchingData, ...), (x, y) or (x, y, offsets); got {type(out).__name__}")
+    if out.y is None:
+        raise ValueError("bcfw_features must return the labels of the training examples")
+    return out
+
+
+def collect_features(pl_module, batches, device="cpu", to_device=None) -> StructuredData:
     """Run ``pl_module.bcfw_features`` over ``batches`` in eval mode without gradient; concatenate.
 
-    ``bcfw_features(batch)`` returns a :class:`~torch_bcfw.data.SequenceData` /
-    :class:`~torch_bcfw.data.MulticlassData`, or a tuple ``(x, y)`` (one row per example) or
-    ``(x, y, offsets)`` (packed sequences).  The result is float64 on ``device``.  The train/eval
+    ``bcfw_features(batch)`` returns a data container (:class:`~torch_bcfw.data.StructuredData`) or a tuple
+    ``(x, y)`` / ``(x, y, offsets)`` (:func:`as_structured_data`); every batch must give the same container
+    type.  The result (``type(part).cat`` of the parts) is on ``device`` with float64 features.  The train/eval
     mode of every submodule is restored afterwards.
     """
     def each(out):
-        if isinstance(out, SequenceData):
-            out = (out.x, out.y, out.offsets)
-        elif isinstance(out, MulticlassData):
-            out = (out.x, out.y)
-        if not isinstance(out, (tuple, list)) or len(out) not in (2, 3):
-            raise TypeError(
-                "bcfw_features(batch) must return SequenceData, MulticlassData, (x, y) or (x, y, offsets); "
-                f"got {type(out).__name__}"
-            )
-        if out[1] is None:
-            raise ValueError("bcfw_features must return the labels of the training examples")
-        lens = None
-        if len(out) == 3:
-            off = check_index_tensor(torch.as_tensor(out[2]).detach().cpu(), "bcfw_features offsets")
-            lens = off[1:] - off[:-1]
-        y = check_index_tensor(out[1].detach(), "bcfw_features labels")
-        return out[0].detach().to(device, torch.float64), y.to(device), lens
+        return as_structured_data(out).to(device, torch.float64)
 
     parts = eval_outputs(pl_module, batches, each, to_device)
-    seq = parts[0][2] is not None
-    if any((p[2] is not None) != seq for p in parts):
-        raise TypeError("bcfw_features returned sequences for some batches and single examples for others")
-    x, y = torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
-    if seq:
-        lens = torch.cat([p[2] for p in parts])
-        offsets = torch.zeros(lens.numel() + 1, dtype=torch.long)
-        offsets[1:] = torch.cumsum(lens, 0)
-        return SequenceData(x, y, offsets.to(device))
-    return MulticlassData(x, y)
+    kinds = sorted({type(p).__name__ for p in parts})
+    if len(kinds) != 1:
+        raise TypeError(f"bcfw_features returned different containers for different batches: {kinds}")
+    return type(parts[0]).cat(parts)
 
 
 class BCFWCallback(Callback):
@@ -148,7 +133,7 @@ class BCFWCallback(Callback):
 
     1. computes the training features with the module in eval mode and without gradient
        (the *feature protocol* below),
-    2. re-binds its dual state to these features (:meth:`~torch_bcfw.models.dual.DualState.from_state_dict`:
+    2. re-binds its dual state to these features (:meth:`~torch_bcfw.duals.base.DualState.from_state_dict`:
        the stored dual variables -- label marginals for a chain, active sets of labelings otherwise --
        are kept and ``w = A(x) alpha`` is recomputed under the new features),
     3. runs ``passes_per_call`` effective passes of BCFW (or batch FW) from there, ends with an exact
@@ -163,9 +148,12 @@ class BCFWCallback(Callback):
 
     * ``bcfw_dataloader()`` -- an iterable over *all* training examples in a fixed order (no shuffling,
       no dropped batches), the same examples on every call;
-    * ``bcfw_features(batch)`` (on the LightningModule) -- the head's input for one batch: a
-      ``SequenceData`` / ``MulticlassData``, ``(x, y)`` or ``(x, y, offsets)`` (packed tokens).
-      Batches are moved to the module's device by the trainer's strategy first.
+    * ``bcfw_features(batch)`` (on the LightningModule) -- the head's input for one batch, with labels: any
+      data container of the head's model (:class:`~torch_bcfw.data.StructuredData`: ``SequenceData``,
+      ``MulticlassData``, ``GraphData``, ``PoseData``, ``MatchingData``), or ``(x, y)`` / ``(x, y, offsets)``
+      (one row per example / packed tokens).  Batches are moved to the module's device by the trainer's
+      strategy first; the callback joins the batches with the container's ``cat`` and solves on float64
+      features.
 
     **Ctrl-C.**  A solve interrupted by ``KeyboardInterrupt`` (which :func:`~torch_bcfw.solvers.loop.run_solver`
     turns into ``stopped_by = "interrupted"``) is discarded whole and the interrupt is raised again, so that
@@ -253,6 +241,7 @@ class BCFWCallback(Callback):
         self.last_record = None
         self.last_data = None
         self.interrupted = False  # a solve was cut by Ctrl-C (and discarded)
+        self._state_type = None  # the class of the dual state (make_dual_state's choice for the head's model)
 
     # ------------------------------------------------------------------ Lightning plumbing
     @property
@@ -310,26 +299,31 @@ class BCFWCallback(Callback):
             self.solved_epoch = trainer.current_epoch
 
     # ------------------------------------------------------------------ the solve
-    def training_data(self, trainer, pl_module):
-        """The current training features (float64, on the solver's device) via the feature protocol."""
+    def training_data(self, trainer, pl_module) -> StructuredData:
+        """The current training data (float64 features on the solver's device) via the feature protocol."""
         loader = _find(trainer, pl_module, "bcfw_dataloader")
         device = self.device if self.device is not None else pl_module.device
         to_device = trainer.strategy.batch_to_device if trainer is not None else None
         data = collect_features(pl_module, loader(), device=device, to_device=to_device)
         head = self._head(pl_module)
-        F = data.x.shape[1]
-        if F != head.n_inputs:
-            raise ValueError(
-                f"BCFWCallback: the features from bcfw_features have dimension {F} but head {self.head_attr!r} "
-                f"({type(head.model).__name__}) expects {head.n_inputs}"
-            )
-        head.model.check_data(data)
+        try:
+            head.model.check_data(data)
+        except (TypeError, ValueError) as exc:
+            raise type(exc)(f"BCFWCallback: the data from bcfw_features does not fit head {self.head_attr!r} "
+                            f"({type(head.model).__name__}): {exc}") from exc
         return data
 
     def _dual_state(self, model, data):
-        if self.dual_sd is None:
-            return make_dual_state(model, data, self.lam)
-        cls = _state_class(self.dual_sd["kind"])
+        if self.dual_sd is None or self._state_type is None:
+            state = make_dual_state(model, data, self.lam)
+            self._state_type = type(state)
+            if self.dual_sd is None:
+                return state
+        kind = self.dual_sd["kind"]
+        cls = next((c for c in (self._state_type, ActiveSetDualState) if c.__name__ == kind), None)
+        if cls is None:
+            raise ValueError(f"BCFWCallback: the saved dual state is a {kind}, but head {self.head_attr!r} "
+                             f"({type(model).__name__}) keeps a {self._state_type.__name__}")
         try:
             return cls.from_state_dict(model, data, self.lam, self.dual_sd)
         except ValueError as exc:

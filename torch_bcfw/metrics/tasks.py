@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import torch
+from .segmentation import segmentation_metrics
 
 __all__ = ["task_metrics", "register_task_metric", "TASK_METRICS", "conll_metrics", "segmentation_metrics"]
 
@@ -87,24 +87,6 @@ register_task_metric("conll", conll_metrics)
 
 
 # ----------------------------------------------------------------------------- horses: IoU
-def segmentation_metrics(pred, truth, offsets) -> dict[str, float]:
-    """Foreground IoU over all pixels, mean per-image IoU and pixel accuracy (%) of packed binary labelings
-    ``pred, truth: [N_tot]`` (1 = foreground) of the images ``offsets: [n + 1]``.  An image with no foreground in
-    either labeling has IoU 1."""
-    p, t = torch.as_tensor(pred).reshape(-1).bool().cpu(), torch.as_tensor(truth).reshape(-1).bool().cpu()
-    if p.shape != t.shape:
-        raise ValueError(f"{p.numel()} predicted labels but {t.numel()} true labels")
-    img = torch.repeat_interleave(torch.arange(len(offsets) - 1), torch.as_tensor(offsets).cpu().diff())
-    n = len(offsets) - 1
-    tp = torch.zeros(n, dtype=torch.float64).index_add_(0, img, (p & t).double())
-    union = torch.zeros(n, dtype=torch.float64).index_add_(0, img, (p | t).double())
-    per_image = torch.where(union > 0, tp / union.clamp_min(1), torch.ones_like(union))
-    total_union = float(union.sum())
-    return {"test IoU (%)": 100 * (float(tp.sum()) / total_union if total_union else 1.0),
-            "test mean IoU per image (%)": 100 * float(per_image.mean()),
-            "test pixel accuracy (%)": 100 * float((p == t).double().mean())}
-
-
 def horses_metrics(model, data, result, config: dict) -> dict[str, float]:
     """:func:`segmentation_metrics` of the graph-cut decoding of the test images."""
     return segmentation_metrics(result.predict(data), data.y, data.offsets)

@@ -13,10 +13,16 @@ A model implements:
 * :meth:`StructuredModel.oracle` -- *batched* loss-augmented decoding
   ``argmax_y L_i(y) + <w, phi(x_i, y)>`` (``loss_augmented=False``: plain decoding);
 * :meth:`StructuredModel.score` -- ``<w, phi(x_i, y)>`` for a batch;
-* :meth:`StructuredModel.dual_state` -- the per-block dual state the BCFW family works on.
-  The default (:class:`~torch_bcfw.models.dual.DenseDualState`) stores one dense
+* :meth:`StructuredModel.dual_state` -- the per-block dual state the BCFW family works on (the states live in
+  :mod:`torch_bcfw.duals`).  The default (:class:`~torch_bcfw.duals.dense.DenseDualState`) stores one dense
   ``w_i in R^d`` per example; a structured model can return a compact one instead (the chain
-  stores per-position label marginals and transition marginals, from which ``w_i`` is implicit).
+  stores per-position label marginals and transition marginals, from which ``w_i`` is implicit);
+* :meth:`StructuredModel.prox_geometry` -- optional: the prox steps of the extragradient method on the
+  polytope of the model's labelings (``None`` when the model has none).
+
+A solver sees a model only through these methods and a dual state only through the methods of
+:class:`~torch_bcfw.duals.base.DualState`; fused kernels are capabilities of a state, never a solver's
+knowledge of a concrete model.
 
 Labelings are batched the way the model's data stores labels (``LongTensor[B]`` for
 multiclass, packed ``LongTensor[N_tok]`` for sequences).
@@ -95,11 +101,28 @@ class StructuredModel(ABC):
         oracle to be exact.  The solvers keep ``w`` inside the box (Osokin et al. 2016, App. H)."""
         return None
 
+    def head_ops(self):
+        """The differentiable scores, decoding and loss a :class:`torch_bcfw.nn.StructuredHead` needs on this
+        model (an object of :mod:`torch_bcfw.head_ops`), or ``None`` (default): no generic ``torch.nn`` head."""
+        return None
+
     def dual_state(self, data, lam: float):
         """The per-block dual state for BCFW-type solvers (dense ``w_i`` by default)."""
-        from .dual import DenseDualState
+        from ..duals.dense import DenseDualState
 
         return DenseDualState(self, data, lam)
+
+    def builtin_oracle(self) -> bool:
+        """True when :meth:`oracle` is the model's own decoder, not overridden by a subclass (the chain's Viterbi,
+        the graph cut): a fused step loop of its dual state may then run its compiled copy of it instead of calling
+        :meth:`oracle` from Python.  False by default."""
+        return False
+
+    def prox_geometry(self, data, lam: float, proj_tol: float, proj_iters: int):
+        """The prox steps of ``solver="extragradient"`` on the polytope of this model's labelings (an object of
+        :mod:`torch_bcfw.duals.prox`: entropic for chains, Euclidean for matchings), or ``None`` (default) when
+        the model has none.  ``proj_tol`` / ``proj_iters``: accuracy and iteration cap of an iterative projection."""
+        return None
 
     # -------------------------------------------------------------- conveniences
     def hinge_terms(self, w: Tensor, data) -> tuple[Tensor, Tensor]:

@@ -40,6 +40,7 @@ import torch
 from torch import Tensor
 
 from ..data import check_bool, check_int
+from ..duals.graphcut import GraphCutDualState
 from ..graph_data import GraphData
 from ..inference.graphcut import NEGATIVE_TOLERANCE, _available_cpus
 from ..inference.graphcut_pool import ResidentGraphCutPool, decode_record, solve_records
@@ -159,19 +160,22 @@ class GraphCut(StructuredModel):
     def unary_feature(self, data: GraphData, mu: Tensor) -> Tensor:
         """Unary block of ``phi`` for (possibly fractional) node labels ``mu: Tensor[N_tot]`` (float64):
         ``sum_p a_p mu_p x_p / Z_i``, ``Tensor[n, F]``.  Linear in ``mu``, so node marginals give the
-        expected unary feature of a distribution over labelings (:class:`GraphCutDualState`)."""
+        expected unary feature of a distribution over labelings (:class:`~torch_bcfw.duals.graphcut.GraphCutDualState`)."""
         yw = data.node_scale() * mu
         if len(data) == 1:
             return (yw @ data.x64())[None]
         unary = torch.zeros(len(data), self.n_inputs, dtype=torch.float64, device=data.device)
         return unary.index_add_(0, data.node_graph(), data.x64() * yw[:, None])
 
-    def dual_state(self, data, lam: float):
-        """A :class:`~torch_bcfw.models.graphcut_dual.GraphCutDualState`: dense ``w_i`` plus node marginals, so
+    def dual_state(self, data, lam: float) -> GraphCutDualState:
+        """A :class:`~torch_bcfw.duals.graphcut.GraphCutDualState`: dense ``w_i`` plus node marginals, so
         the state can be re-bound to new node features (a backbone under the head)."""
-        from .graphcut_dual import GraphCutDualState
-
         return GraphCutDualState(self, data, lam)
+
+    def builtin_oracle(self) -> bool:
+        """True when :meth:`oracle` is this class's own graph cut, which the fused step loop of the dual state runs
+        inline; a subclass with its own oracle gets the generic steps."""
+        return type(self).oracle is GraphCut.oracle
 
     def loss_weights(self, data: GraphData) -> Tensor:
         """``omega: Tensor[N_tot]`` float64 with ``L_i(y) = sum_{p in i} omega_p [y_p != y_i,p]`` (cached on ``data``)."""

@@ -35,8 +35,9 @@ so the oracle is the exact max over all partial matchings; ``tests/test_matching
 enumeration.  The training truth must itself be a matching (gold *sure* links need not be one: a word may have
 several): :func:`torch_bcfw.datasets.hansards.matching_target` keeps a largest matching of them.
 
-The dual state is the generic :class:`~torch_bcfw.models.dual.DenseDualState` (``n x d`` floats: 100 pairs x
-~60 features for the Hansards protocol, nothing to save).
+The dual state is the generic :class:`~torch_bcfw.duals.dense.DenseDualState` (``n x d`` floats: 100 pairs x
+~60 features for the Hansards protocol, nothing to save).  The extragradient method projects onto the matching
+polytope (:meth:`Matching.prox_geometry`).
 
 Requires scipy (``pip install torch_bcfw[alignment]``).
 """
@@ -48,7 +49,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..data import _as_index, check_finite, check_index_tensor, check_input_tensor, check_int, check_not_meta
+from ..data import (_as_index, check_cat_parts, check_finite, check_index_tensor, check_input_tensor, check_int,
+                    check_not_meta)
 from .base import StructuredModel
 
 __all__ = ["Matching", "MatchingData", "max_weight_matching", "NORMALIZATIONS"]
@@ -234,7 +236,7 @@ class MatchingData:
 
     # ------------------------------------------------------------------ selection, devices
     def __getitem__(self, idx) -> "MatchingData":
-        """The pairs ``idx`` (int list or ``LongTensor``; repeats allowed), in that order."""
+        """The pairs ``idx`` (an int, a slice, a list or ``LongTensor``; repeats allowed), in that order."""
         idx = _as_index(idx, len(self))
         off = self.offsets.cpu()
         counts = off.diff()[idx]
@@ -245,10 +247,20 @@ class MatchingData:
         return MatchingData(self.x[links], self.sizes[idx.to(self.device)], pick(self.y), pick(self.sure),
                             pick(self.possible), check=False)
 
-    def to(self, device) -> "MatchingData":
-        mv = lambda t: None if t is None else t.to(device)  # noqa: E731
-        return MatchingData(self.x.to(device), self.sizes.to(device), mv(self.y), mv(self.sure), mv(self.possible),
-                            check=False)
+    def to(self, *args, **kwargs) -> "MatchingData":
+        """Move to a device and / or cast the link features (``to(device)``, ``to(dtype)``, ``to(device, dtype)``)."""
+        x = self.x.to(*args, **kwargs)
+        mv = lambda t: None if t is None else t.to(x.device)  # noqa: E731
+        return MatchingData(x, self.sizes.to(x.device), mv(self.y), mv(self.sure), mv(self.possible), check=False)
+
+    @classmethod
+    def cat(cls, parts: Sequence["MatchingData"]) -> "MatchingData":
+        """The pairs of ``parts`` one after another (same ``F`` and device; labels, sure and possible links in all
+        or none)."""
+        check_cat_parts(cls, parts, lambda p: (p.n_inputs, str(p.device), p.sure is None, p.possible is None))
+        join = lambda name: None if getattr(parts[0], name) is None else torch.cat([getattr(p, name) for p in parts])  # noqa: E731
+        return cls(torch.cat([p.x for p in parts]), torch.cat([p.sizes for p in parts]), join("y"), join("sure"),
+                   join("possible"), check=False)
 
     def with_features(self, x: Tensor) -> "MatchingData":
         """The same pairs and links with other link features ``x: [N_links, F']`` (validated)."""
@@ -420,3 +432,12 @@ class Matching(StructuredModel):
         y = self._check_y(data, y)
         weights = y.to(torch.float64) / self.normalizers(data)[data.pair_ids()]
         return weights @ data.x.to(torch.float64)
+
+    # ------------------------------------------------------------ what the solvers use
+    def prox_geometry(self, data: MatchingData, lam: float, proj_tol: float, proj_iters: int):
+        """Euclidean projections onto the matching polytope
+        (:class:`~torch_bcfw.duals.prox.EuclideanMatchingGeometry`), each to a certified distance ``<= proj_tol``
+        from the exact projection in at most ``proj_iters`` iterations."""
+        from ..duals.prox import EuclideanMatchingGeometry
+
+        return EuclideanMatchingGeometry(self, data, lam, proj_tol, proj_iters)

@@ -10,6 +10,7 @@ import torch
 from torch import Tensor
 
 from ..data import MulticlassData, check_bool, check_int
+from ..head_ops import MulticlassHeadOps
 from .base import StructuredModel
 
 __all__ = ["Multiclass"]
@@ -39,6 +40,9 @@ class Multiclass(StructuredModel):
 
     def config(self) -> dict:
         return {"n_features": self.n_inputs, "n_classes": self.n_classes, "bias": self.bias}
+
+    def head_ops(self) -> MulticlassHeadOps:
+        return MulticlassHeadOps(self)
 
     def check_data(self, data, require_labels: bool = True) -> None:
         if not isinstance(data, MulticlassData):

@@ -4,7 +4,7 @@
 Plain BCFW (uniform or permutation sampling, FW steps, no cache) runs ``state.run_steps`` exactly as
 before (the compiled chain kernel on CPU).  Any refinement runs a composed iteration
 (:mod:`torch_bcfw.solvers.variants`): a sampling policy, the oracle with the state's working set and an
-optional cache test, and a step rule, in chunks of :class:`~torch_bcfw.models.plan.StepPlan` (a state's
+optional cache test, and a step rule, in chunks of :class:`~torch_bcfw.duals.plan.StepPlan` (a state's
 fused kernel when it has one, else the generic loop).
 """
 from __future__ import annotations
@@ -15,8 +15,8 @@ import time
 import numpy as np
 import torch
 
-from ..models.plan import GAP_SAMPLING, ORDER_SAMPLING, StepPlan
-from ..stepsize import FIXED, FW_RULE, LINE_SEARCH, STEP_RULES
+from ..duals.plan import GAP_SAMPLING, ORDER_SAMPLING, StepPlan
+from ..duals.stepsize import FIXED, FW_RULE, LINE_SEARCH, STEP_RULES
 from .algorithm import DualAlgorithm
 from .certificate import Certificate
 from .options import parse_preset

@@ -28,7 +28,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..models.dual import features_fingerprint, labels_fingerprint
+from ..duals.fingerprint import features_fingerprint, labels_fingerprint
 from .algorithm import Algorithm
 
 __all__ = ["CuttingPlane", "solve_simplex_qp"]

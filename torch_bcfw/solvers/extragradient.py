@@ -33,7 +33,7 @@ duality gap of the averaged iterate falls as ``O(L D / t)``).
   transitions; exact in the first term for non-negative features such as OCR's pixels).  A prox step from a
   Gibbs distribution with log-potentials ``theta`` along part scores ``s`` is the Gibbs distribution of
   ``theta + eta s``: its marginals come from the expectation oracle (forward-backward batched over the examples,
-  CPU or CUDA: :func:`shared_transition_marginals`, or
+  CPU or CUDA: :func:`~torch_bcfw.inference.forward_backward.shared_transition_marginals`, or
   :func:`~torch_bcfw.inference.forward_backward.chain_marginals` when the potentials overflow probability space).
   The prox centre is the uniform distribution (``theta = 0``).
 * **Matchings: Euclidean geometry.**  ``h = 1/2 ||w||^2 + 1/2 sum_i ||z_i||^2``; ``sigma^2 = lambda_max(sum_i
@@ -69,33 +69,32 @@ not certified: it is no ``A(z)``.)
 
 **Accounting.**  One iteration makes two projections of every example, counted as ``2 n`` oracle calls (the
 history's ``passes`` are oracle calls / n); ``max_passes`` and ``gap_check`` count iterations (``n`` units each), as
-online EG's count its block updates.  Needs a chain (an expectation oracle) or a matching; refuses box constraints
-and the BCFW refinements.  A saved state refuses to load on other examples or features.
+online EG's count its block updates.  Needs a model with a prox geometry
+(:meth:`~torch_bcfw.models.base.StructuredModel.prox_geometry`, implemented in :mod:`torch_bcfw.duals.prox`: chains,
+matchings); refuses box constraints and the BCFW refinements.  A saved state refuses to load on other examples or
+features.
 
 **In practice** (2-core CPU, one thread, against BCFW on the same machine): an effective pass costs about 12 ms on
 OCR-small (BCFW 4), 27 ms on the Hansards alignment problem (BCFW 40) and 1.5 s on CoNLL-2000 (BCFW 0.26); the chain's
 prox steps share one transition matrix across the examples, so their forward-backward runs in probability space
-(:func:`shared_transition_marginals`, falling back to the log-space recursions when the potentials overflow).  On
-the alignment problem (``lam = 0.003``) the last iterate's primal suboptimality is about 2e-3 after 1000 effective
-passes (BCFW certifies 7e-4 after 50).  On chains with small ``lam`` the step ``1/L`` is very conservative (``L``
-bounds the coupling over every pair of labelings, and a prox step moves the marginals by ``eta / n`` times the
-scores) and the uniform prox centre is a poor dual point (``A(z)`` is large): the primal stays far above the
-optimum for hundreds of passes; a larger ``xg_step_scale`` (10-100) helps only partly.  On tiny problems the last
-iterate converges linearly and the averaged one as ``O(1/t)``.
+(:func:`~torch_bcfw.inference.forward_backward.shared_transition_marginals`, falling back to the log-space
+recursions when the potentials overflow).  On the alignment problem (``lam = 0.003``) the last iterate's primal
+suboptimality is about 2e-3 after 1000 effective passes (BCFW certifies 7e-4 after 50).  On chains with small
+``lam`` the step ``1/L`` is very conservative (``L`` bounds the coupling over every pair of labelings, and a prox
+step moves the marginals by ``eta / n`` times the scores) and the uniform prox centre is a poor dual point
+(``A(z)`` is large): the primal stays far above the optimum for hundreds of passes; a larger ``xg_step_scale``
+(10-100) helps only partly.  On tiny problems the last iterate converges linearly and the averaged one as ``O(1/t)``.
 """
 from __future__ import annotations
 
 import math
 
 import torch
-from torch import Tensor
 
-from ..inference.forward_backward import chain_marginals
-from ..inference.matching_projection import PAD_VALUE, project_matching_polytope
-from ..models.dual import features_fingerprint, labels_fingerprint
+from ..duals.fingerprint import features_fingerprint, labels_fingerprint
 from .algorithm import Algorithm
 
-__all__ = ["Extragradient", "lipschitz_constant", "shared_transition_marginals"]
+__all__ = ["Extragradient", "lipschitz_constant"]
 
 
 def lipschitz_constant(lam: float, sigma: float, gamma: float = 1.0, rho: float = 1.0) -> float:
@@ -105,204 +104,15 @@ def lipschitz_constant(lam: float, sigma: float, gamma: float = 1.0, rho: float 
     return 0.5 * (a + math.sqrt(a * a + 4.0 * sigma * sigma / (gamma * rho)))
 
 
-def shared_transition_marginals(node: Tensor, trans: Tensor, offsets: Tensor) -> tuple[Tensor, Tensor]:
-    """:func:`~torch_bcfw.inference.forward_backward.chain_marginals` (``mu [N_tok, K]``, ``T [n, K, K]``) for one
-    transition matrix ``trans [K, K]`` shared by every sequence, by the scaled forward-backward recursions in
-    probability space (max-shifted potentials, per-step normalisation; every step a ``[n, K] x [K, K]`` product
-    instead of a ``[n, K, K]`` log-sum-exp: several times faster).  Probabilities below about ``1e-308`` of the
-    largest transition flush to 0; when a scaling factor vanishes or overflows (potentials spanning more than the
-    float64 exponent range) it falls back to the log-space recursions."""
-    node = node.to(torch.float64)
-    dev = node.device
-    offsets = offsets.to(dev)
-    lengths = offsets.diff()
-    n = lengths.numel()
-    Tm = int(lengths.max())
-    pos = torch.arange(Tm, device=dev)
-    mask = pos[:, None] < lengths[None, :]                              # [Tm, n]: time-major, rows contiguous
-    tok = torch.where(mask, offsets[:-1][None, :] + pos[:, None], -1)    # packed token of (t, i), -1 past the end
-    U = node[tok.clamp_min(0)]                                          # [Tm, n, K]
-    P = torch.exp(U - U.amax(2, keepdim=True))                          # max 1 per position
-    E = torch.exp(trans.to(dev, torch.float64) - trans.max())
-    a = torch.empty_like(P)
-    s = node.new_ones(Tm, n)
-    s[0] = P[0].sum(1)
-    a[0] = P[0] / s[0, :, None]
-    for t in range(1, Tm):
-        nxt = (a[t - 1] @ E) * P[t]
-        live = mask[t]
-        s[t] = torch.where(live, nxt.sum(1), s[t])
-        a[t] = torch.where(live[:, None], nxt / s[t, :, None], a[t - 1])
-    if not bool((s > 0).all() and torch.isfinite(s).all()):
-        _, mu, T = chain_marginals(node, trans, offsets)
-        return mu, T
-    b = torch.ones_like(P)
-    for t in range(Tm - 2, -1, -1):
-        prev = ((P[t + 1] * b[t + 1]) @ E.T) / s[t + 1, :, None]
-        b[t] = torch.where(mask[t + 1][:, None], prev, b[t])
-    mu = node.new_empty(node.shape)
-    mu[tok[mask]] = (a * b)[mask]
-    # expected transitions: sum_t a_{t-1}(j) E(j, k) P_t(k) b_t(k) / s_t over the live positions t >= 1
-    zero = torch.zeros((), dtype=P.dtype, device=dev)
-    right = torch.where(mask[1:, :, None], P[1:] * b[1:] / s[1:, :, None], zero)
-    T = torch.einsum("tij,tik->ijk", a[:-1], right) * E
-    return mu, T
-
-
-class _ChainGeometry:
-    """Entropic prox steps on the chain's marginal polytope (see the module docstring)."""
-
-    kind = "entropic"
-
-    def __init__(self, model, data, lam: float):
-        self.model, self.data, self.lam, self.n = model, data, lam, len(data)
-        self.loss_unaries = model.loss_unaries(data)
-        self.phi_true = model.joint_feature_sum(data, data.y)
-        self.centre = torch.zeros_like(self.loss_unaries)  # prox centre: the uniform distribution (theta = 0)
-
-    def sigma(self) -> float:
-        from ..models.chain import sequence_grams
-
-        indptr, indices, values = (t.cpu() for t in self.data.x_csr())
-        off = self.data.offsets.cpu()
-        gram, gram_off = sequence_grams(indptr, indices, values.to(torch.float64), off, self.data.n_inputs)
-        seg = torch.repeat_interleave(torch.arange(self.n), gram_off.diff())
-        node = torch.zeros(self.n, dtype=torch.float64).index_add_(0, seg, gram.abs())
-        L = off.diff().to(torch.float64)
-        R2 = 2.0 * node + 4.0 + 2.0 * (L - 1.0) ** 2
-        return math.sqrt(float(R2.sum())) / self.n
-
-    def start(self):
-        """``(A, b)`` of the prox centre."""
-        W = torch.zeros(self.model.n_features, dtype=torch.float64, device=self.data.device)
-        mu, T = self.marginals(W, 0.0, 0.0)
-        return self._pair(mu, T.sum(0))
-
-    def _pair(self, mu, T_sum):
-        A = (self.phi_true - self.model.features_from_marginals(self.data, mu, T_sum)) / (self.lam * self.n)
-        b = float(self.model.expected_loss(self.data, mu).sum()) / self.n
-        return A, b
-
-    def marginals(self, W: Tensor, loss_weight: float, scale: float):
-        """Marginals of the Gibbs distributions with log-potentials ``scale (scores(W) + loss_weight loss)``."""
-        U = self.model.unary_scores(W, self.data)
-        node = self.centre + scale * (U + loss_weight * self.loss_unaries)
-        trans = scale * self.model.unpack(W)[4]
-        return shared_transition_marginals(node, trans, self.data.offsets)
-
-    def step(self, W_prev: Tensor, t: int, v_w: Tensor, eta: float):
-        """One lookahead and one correction: ``(A(v_z), A(u_z), b(u_z))``."""
-        c = eta / self.n
-        mu, T = self.marginals(W_prev, float(t), c)
-        Av, _ = self._pair(mu, T.sum(0))
-        mu, T = self.marginals(W_prev + v_w, float(t + 1), c)  # theta_v + eta/n (scores(v_w) + loss), by linearity
-        Au, bu = self._pair(mu, T.sum(0))
-        return Av, Au, bu
-
-    def point(self, W_prev: Tensor, t: int, v_w: Tensor, eta: float):
-        """The correction ``z^t`` itself: ``(mu [N_tok, K], T [n, K, K])``."""
-        return self.marginals(W_prev + v_w, float(t + 1), eta / self.n)
-
-    def warm_state(self) -> dict:
-        return {}
-
-
-class _MatchingGeometry:
-    """Euclidean projections onto the matching polytope (see the module docstring)."""
-
-    kind = "euclidean"
-
-    def __init__(self, model, data, lam: float, tol: float, iters: int):
-        self.model, self.data, self.lam, self.n = model, data, lam, len(data)
-        self.tol, self.iters = tol, iters
-        dev = data.device
-        Z = model.normalizers(data)
-        pid = data.pair_ids()
-        self.Xn = data.x.to(torch.float64) / Z[pid][:, None]  # phi_i(z) = Xn_i^T z_i
-        self.c = model.loss_link_costs(data) / Z[pid]       # L_i(z) = const_i + c_i^T z_i
-        self.const = float((model.miss_cost * data.y.to(torch.float64) / Z[pid]).sum())
-        self.y = data.y.to(torch.float64)
-        j, k = data.link_positions()
-        self.index = (pid, j, k)
-        self.shape = (self.n, int(data.sizes[:, 0].max()), int(data.sizes[:, 1].max()))
-        self.base = torch.full(self.shape, PAD_VALUE, dtype=torch.float64, device=dev)
-        B, M, F = self.shape
-        zeros = lambda k: torch.zeros(B, k, dtype=torch.float64, device=dev)  # noqa: E731
-        self.p = {"v": zeros(M), "u": zeros(M)}  # warm starts: row / column multipliers of the two projections
-        self.q = {"v": zeros(F), "u": zeros(F)}
-        self.warm = False
-        self.last_dist = 0.0
-        self.projection_iters = 0
-
-    def sigma(self) -> float:
-        G = self.Xn.T @ self.Xn
-        return math.sqrt(max(float(torch.linalg.eigvalsh(G.cpu())[-1]), 0.0)) / self.n
-
-    def start(self):
-        return torch.zeros(self.model.n_features, dtype=torch.float64, device=self.data.device), 0.0
-
-    def _pair(self, z):
-        A = self.Xn.T @ (self.y - z) / (self.lam * self.n)
-        b = (self.const + float(self.c @ z)) / self.n
-        return A, b
-
-    def project(self, a_links: Tensor, which: str, warm: bool) -> Tensor:
-        a = self.base.clone()
-        a[self.index] = a_links
-        res = project_matching_polytope(a, self.p[which] if warm else None, self.q[which] if warm else None,
-                                        tol=self.tol, max_iters=self.iters)
-        self.p[which], self.q[which] = res.p, res.q
-        self.last_dist = max(self.last_dist, float(res.dist.max()))
-        self.projection_iters += res.iters
-        return res.z[self.index]
-
-    def _lookahead(self, W_prev, t, eta, warm):
-        return self.project(self.y + eta / self.n * (t * self.c + self.Xn @ W_prev), "v", warm)
-
-    def step(self, W_prev: Tensor, t: int, v_w: Tensor, eta: float):
-        self.last_dist = 0.0
-        vz = self._lookahead(W_prev, t, eta, self.warm)
-        Av, _ = self._pair(vz)
-        uz = self.project(vz + eta / self.n * (self.c + self.Xn @ v_w), "u", self.warm)
-        self.warm = True
-        Au, bu = self._pair(uz)
-        return Av, Au, bu
-
-    def point(self, W_prev: Tensor, t: int, v_w: Tensor, eta: float):
-        """The correction ``z^t`` itself (``[N_links]``), recomputed from scratch (no warm start)."""
-        saved = ({k: v.clone() for k, v in self.p.items()}, {k: v.clone() for k, v in self.q.items()})
-        vz = self._lookahead(W_prev, t, eta, False)
-        uz = self.project(vz + eta / self.n * (self.c + self.Xn @ v_w), "u", False)
-        self.p, self.q = saved
-        return uz
-
-    def warm_state(self) -> dict:
-        return {"p_v": self.p["v"].cpu().clone(), "p_u": self.p["u"].cpu().clone(), "q_v": self.q["v"].cpu().clone(),
-                "q_u": self.q["u"].cpu().clone(), "warm": self.warm}
-
-    def load_warm_state(self, sd: dict) -> None:
-        dev = self.data.device
-        for key in ("p_v", "p_u", "q_v", "q_u"):
-            if sd[key].shape != getattr(self, key[0])[key[2]].shape:
-                raise ValueError("the extragradient state does not match this data (sentence sizes)")
-        self.p = {"v": sd["p_v"].to(dev, torch.float64).clone(), "u": sd["p_u"].to(dev, torch.float64).clone()}
-        self.q = {"v": sd["q_v"].to(dev, torch.float64).clone(), "u": sd["q_u"].to(dev, torch.float64).clone()}
-        self.warm = bool(sd["warm"])
-
-
 def _geometry(model, data, lam, options):
-    from ..models.matching import Matching
-
-    if isinstance(model, Matching):
-        return _MatchingGeometry(model, data, lam, options.xg_proj_tol, options.xg_proj_iters)
-    needed = ("gibbs_parts", "features_from_marginals", "expected_loss", "unary_scores", "loss_unaries")
-    if all(hasattr(model, name) for name in needed):
-        return _ChainGeometry(model, data, lam)
-    raise ValueError(
-        f"extragradient needs prox steps on the labelings' polytope: an expectation (marginal) oracle for entropic "
-        f"projections (Chain models) or the Euclidean projection onto the matching polytope (Matching models); "
-        f"{type(model).__name__} has neither"
-    )
+    geo = model.prox_geometry(data, lam, options.xg_proj_tol, options.xg_proj_iters)
+    if geo is None:
+        raise ValueError(
+            f"extragradient needs prox steps on the labelings' polytope: an expectation (marginal) oracle for entropic "
+            f"projections (chains) or the Euclidean projection onto the matching polytope (matchings); "
+            f"{type(model).__name__} has neither (StructuredModel.prox_geometry returns None)"
+        )
+    return geo
 
 
 class Extragradient(Algorithm):

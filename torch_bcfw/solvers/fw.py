@@ -8,7 +8,7 @@ With box constraints this is Alg. 8 of Osokin et al. 2016 (App. H): the dual sta
 """
 from __future__ import annotations
 
-from ..stepsize import FIXED, LINE_SEARCH
+from ..duals.stepsize import FIXED, LINE_SEARCH
 from .algorithm import DualAlgorithm
 
 __all__ = ["FrankWolfe"]

@@ -1,7 +1,7 @@
 """Multi-plane BCFW (Shah, Kolmogorov & Lampert, CVPR 2015, Alg. 3): BCFW for costly max-oracles.
 
 Every exact oracle answer is kept in its block's working set of *planes* (the state's
-:class:`~torch_bcfw.models.working_set.WorkingSet`, MP-BCFW policy: timestamps of last activity, LRU
+:class:`~torch_bcfw.duals.working_set.WorkingSet`, MP-BCFW policy: timestamps of last activity, LRU
 eviction at the cap, eviction by inactivity).  One **outer iteration** is
 
 1. an **exact pass**: ``n`` block iterations (blocks drawn by ``options.sampling``, as BCFW), each calls
@@ -42,7 +42,8 @@ step; :meth:`MPBCFW.averaged` returns their mixture ``(1 - g) avg_exact + g avg_
 ignored, as in the authors' code): the exact pass runs ``state.run_steps`` on the sampler's blocks, BCFW's
 own code path (the compiled chain kernel on CPU), and the average is the state's, so the trajectory is
 BCFW's bit for bit.  With ``N > 0`` the steps go through the dual state's public methods
-(``block_oracle``, ``corner_values``, ``block_step``): any model works.
+(``block_oracle``, ``corner_values``, ``block_step``): any model works; a state with a fused kernel for them
+(``can_run_mp_steps``, e.g. the chain's on CPU) runs the same steps compiled (``run_mp_steps``).
 
 Cost accounting: ``oracle_calls`` (exact), ``approx_steps``, ``approx_passes``, ``iteration`` and the
 clock time spent in exact and approximate passes are added to every history record
@@ -58,8 +59,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..models.working_set import WorkingSet, ws_corners, ws_fw_update
-from ..stepsize import FIXED, LINE_SEARCH, line_search_step
+from ..duals.working_set import WorkingSet, ws_corners, ws_fw_update
+from ..duals.stepsize import FIXED, LINE_SEARCH, line_search_step
 from .algorithm import DualAlgorithm
 from .callbacks import Callback
 from .sampling import make_sampler
@@ -208,7 +209,7 @@ class MPBCFW(DualAlgorithm):
         self._iter_exact_cost = 0.0  # the rule's cost (seconds or work units) of its exact pass so far
         self.averages = TwoAverages(self.state.d, self.state.w.device) if (options.averaging and self.N > 0) else None
         self.ws = self._working_set() if self.N > 0 else None
-        self.fused = True  # use the compiled chain steps when they apply (tests set False to run the generic loop)
+        self.fused = True  # use the state's fused steps when it has them (tests set False to run the generic loop)
 
     def _working_set(self) -> WorkingSet:
         st = self.state
@@ -250,60 +251,25 @@ class MPBCFW(DualAlgorithm):
         if self.averages is not None:
             self.averages.approx.update(st.v, st.ell)
 
-    # ------------------------------------------------------------ compiled chain steps
+    # ------------------------------------------------------------ fused steps of the state
     def _kernel(self) -> bool:
-        """True when the steps run in :func:`~torch_bcfw.models.chain_mp_kernels.chain_mp_steps` (a CPU chain
-        state without box constraints)."""
-        from ..models.chain import ChainDualState
-
-        return self.fused and isinstance(self.state, ChainDualState) and self.state.can_run_plan()
-
-    def _kernel_steps(self, mode: int, order, ylab, stamp: float, cutoff: float, avg) -> None:
-        from ..models.chain_mp_kernels import chain_mp_steps
-
-        st, ws = self.state, self.ws
-        kin = st._prepare_kernel()
-        ells = np.array([st.ell, st.avg_ell_u])
-        counters = np.zeros(2, dtype=np.int64)
-        avg_v = avg.v.numpy() if avg is not None else np.zeros(1)
-        avg_s = np.array([avg.ell, avg.k], dtype=np.float64) if avg is not None else np.zeros(2)
-        key, fl, lab = chain_mp_steps(
-            mode, np.ascontiguousarray(order, dtype=np.int64), ylab, float(stamp), float(cutoff), int(self.N),
-            avg is not None, *ws.arrays(), st.lam, st.k, st.avg_t,
-            kin["indptr"], kin["indices"], kin["values"], kin["y"], kin["offsets"], kin["gram"], kin["gram_off"],
-            *[t.numpy() for t in st.model.unpack(st.v)], st.mu.numpy(), st.T.numpy(), st.block_ell.numpy(), ells,
-            st.mu_acc.numpy(), st.T_acc.numpy(), st.avg_last.numpy(), st.v.numpy(), avg_v, avg_s, counters,
-        )
-        ws.set_pool(key, fl, lab)
-        st.ell, st.avg_ell_u = float(ells[0]), float(ells[1])
-        st.k, st.avg_t = int(counters[0]), int(counters[1])
-        if avg is not None:
-            avg.ell, avg.k = float(avg_s[0]), int(avg_s[1])
+        """True when the state runs the steps in its own fused kernel
+        (:meth:`~torch_bcfw.duals.base.DualState.run_mp_steps`, e.g. a CPU chain state without box constraints)."""
+        return self.fused and self.state.can_run_mp_steps()
 
     def _exact_steps(self, order, stamp: float) -> None:
-        """The exact block steps of ``order``: compiled (with the chain's own Viterbi, or with the answers of a
-        model whose oracle is overridden, e.g. a slowed-down one, called from Python), else generic."""
-        if not self._kernel():
-            for i in order:
-                self._exact_step(int(i), stamp)
-            return
-        from ..models.chain import Chain
-        from ..models.chain_mp_kernels import EXACT
-
-        avg = self.averages.exact if self.averages is not None else None
-        if type(self.model).oracle is Chain.oracle:
-            self._kernel_steps(EXACT, order, np.zeros(0, dtype=np.int64), stamp, -math.inf, avg)
+        """The exact block steps of ``order``: in the state's fused kernel when it has one, else generic."""
+        if self._kernel():
+            avg = self.averages.exact if self.averages is not None else None
+            self.state.run_mp_steps(True, order, stamp, -math.inf, self.N, avg)
             return
         for i in order:
-            y = self.state.block_oracle(int(i)).detach().cpu().numpy().astype(np.int64)
-            self._kernel_steps(EXACT, np.array([i]), y, stamp, -math.inf, avg)
+            self._exact_step(int(i), stamp)
 
     def _approx_pass(self, order, stamp: float, cutoff: float) -> None:
         if self._kernel():
-            from ..models.chain_mp_kernels import APPROX
-
             avg = self.averages.approx if self.averages is not None else None
-            self._kernel_steps(APPROX, order, np.zeros(0, dtype=np.int64), stamp, cutoff, avg)
+            self.state.run_mp_steps(False, order, stamp, cutoff, self.N, avg)
             return
         for i in order:
             self._approx_step(int(i), stamp, cutoff)

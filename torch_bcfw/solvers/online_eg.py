@@ -15,7 +15,7 @@ multiplied by ``eg_step_growth = 1.05``.  The start is the uniform distribution 
 Every iterate is a feasible dual point (in the interior of the simplex), ``w = A alpha`` and ``l = b^T alpha``
 are kept exactly, so the loop's certificate is exact.  No averaged iterate is kept (the paper shows none for
 EG).  ``max_passes`` and ``gap_check`` count block updates (``n`` per pass); the history's ``passes`` counts
-oracle calls, line-search calls included.  Needs a model with Gibbs parts and a marginal dual state (``Chain``).
+oracle calls, line-search calls included.  Needs a model with Gibbs parts and a marginal dual state (the chain).
 """
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ class OnlineEG(Algorithm):
         self.state = state if state is not None else model.dual_state(data, lam)
         if not (hasattr(model, "gibbs_parts") and hasattr(self.state, "set_block_marginals")):
             raise ValueError(f"online-eg needs the expectation (marginal) oracle, which {type(model).__name__} does not "
-                             "have; it is available for Chain models")
+                             "have; it is available for chain models")
         K, dev = model.n_labels, data.device
         self.theta_node = torch.zeros(data.n_tokens, K, dtype=torch.float64)  # CPU: the per-block steps
         self.theta_trans = torch.zeros(self.n, K, K, dtype=torch.float64)

@@ -11,7 +11,7 @@ is compared with.
   at ``psi~`` makes the gap ``<= kappa eps`` there.
 * ``lam_{j+1} <= lam <= lam_j``: ``w(lam) = w_j``, the weights optimised at ``lam_j`` to a gap ``<= kappa eps``.
   Moving to a smaller ``lam = rho lam_j`` keeps ``w`` and rescales the dual variables towards the ground truth
-  (Prop. 1, :meth:`~torch_bcfw.models.dual.DualState.rescale_lam`); the gap grows linearly,
+  (Prop. 1, :meth:`~torch_bcfw.duals.base.DualState.rescale_lam`); the gap grows linearly,
   ``g(rho) = g_j + (1 - rho) Delta_j``, so the next breakpoint ``rho = 1 - (eps - g_j) / Delta_j`` (eq. 13) is
   the smallest ``lam`` at which ``w_j`` is still certified ``eps``-approximate.  When ``Delta_j <= eps - g_j``
   (printed inverted in the paper's Alg. 7) ``w_j`` is ``eps``-approximate for every smaller ``lam``: the path

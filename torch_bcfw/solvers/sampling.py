@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..sumtree import tree_build, tree_size
+from ..duals.sumtree import tree_build, tree_size
 
 __all__ = ["Sampler", "UniformSampler", "PermutationSampler", "GapSampler", "GapEstimates", "make_sampler"]
 

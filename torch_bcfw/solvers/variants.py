@@ -1,10 +1,10 @@
 """The composed BCFW iteration of Osokin et al. 2016, generic over models: sampling policy, oracle with
 an optional working set (cache), step rule.
 
-:func:`generic_plan_steps` runs a :class:`~torch_bcfw.models.plan.StepPlan` through the public methods
+:func:`generic_plan_steps` runs a :class:`~torch_bcfw.duals.plan.StepPlan` through the public methods
 of any dual state (``block_value``, ``corner_values``, ``block_oracle``, ``block_step``, ``block_move``)
-and the shared compiled parts (the sum tree of :mod:`torch_bcfw.sumtree`, the working-set helpers of
-:mod:`torch_bcfw.models.working_set`, the step rules of :mod:`torch_bcfw.stepsize`).  One iteration:
+and the shared compiled parts (the sum tree of :mod:`torch_bcfw.duals.sumtree`, the working-set helpers of
+:mod:`torch_bcfw.duals.working_set`, the step rules of :mod:`torch_bcfw.duals.stepsize`).  One iteration:
 
 1. **sample** a block: the next of ``order``, or (gap sampling) the next never-visited block, else
    ``i ~ est^p`` from the sum tree; all estimates zero: stop and ask for an exact gap pass;
@@ -19,18 +19,18 @@ and the shared compiled parts (the sum tree of :mod:`torch_bcfw.sumtree`, the wo
    ``alpha_a / (1 - alpha_a)``), with drop steps; the working set's ``alpha`` follows the same move;
 5. without a cache, labelings whose weight became 0 leave the working set (it is the active set).
 
-A state with a fused kernel (:meth:`ChainDualState.run_plan`) runs the same iteration compiled; tests
-check both give the same trajectory.
+A state with a fused kernel (:meth:`~torch_bcfw.duals.base.DualState.run_plan`, e.g. the chain's on CPU) runs
+the same iteration compiled; tests check both give the same trajectory.
 """
 from __future__ import annotations
 
 import numpy as np
 import torch
 
-from ..models.plan import GAP_SAMPLING, PlanResult, StepPlan
-from ..models.working_set import ws_away_update, ws_corners, ws_fw_update, ws_pairwise_update
-from ..stepsize import AWAY_RULE, FW_RULE, PAIRWISE_RULE, away_choice, away_max_step
-from ..sumtree import est_set, gap_draw
+from ..duals.plan import GAP_SAMPLING, PlanResult, StepPlan
+from ..duals.working_set import ws_away_update, ws_corners, ws_fw_update, ws_pairwise_update
+from ..duals.stepsize import AWAY_RULE, FW_RULE, PAIRWISE_RULE, away_choice, away_max_step
+from ..duals.sumtree import est_set, gap_draw
 
 __all__ = ["generic_plan_steps", "run_plan"]
 
@@ -122,6 +122,6 @@ def generic_plan_steps(state, plan: StepPlan) -> PlanResult:
 
 def run_plan(state, plan: StepPlan, generic: bool = False) -> PlanResult:
     """Run ``plan`` in the state's fused kernel when it has one (and ``generic`` is False), else generically."""
-    if not generic and getattr(state, "can_run_plan", None) is not None and state.can_run_plan():
+    if not generic and state.can_run_plan():
         return state.run_plan(plan)
     return generic_plan_steps(state, plan)

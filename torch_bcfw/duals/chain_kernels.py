@@ -2,14 +2,14 @@
 
 One call runs a whole sequence of block steps (oracle + line search + update) without
 returning to Python; it implements exactly the steps of
-:meth:`torch_bcfw.models.dual.DualState.block_step` for
-:class:`torch_bcfw.models.chain.ChainDualState` (a test checks both give the same trajectory).
+:meth:`torch_bcfw.duals.base.DualState.block_step` for
+:class:`torch_bcfw.duals.chain.ChainDualState` (a test checks both give the same trajectory).
 
 Layout (see :class:`torch_bcfw.models.chain.Chain`): emission ``We[F, K]``, per-label bias,
 start and end biases ``[K]``, transitions ``trans[K, K]``.  Token features are given in CSR
 form (``indptr[N_tok+1], indices[nnz], values[nnz]``) so binary pixels and sparse indicator attributes
 cost only their non-zeros; ids, values and the Gram entries below may come in any narrower exact type
-(:meth:`~torch_bcfw.models.chain.ChainDualState._prepare_kernel`).
+(:meth:`~torch_bcfw.duals.chain.ChainDualState._prepare_kernel`).
 
 Block state: unary marginals ``mu[N_tok, K]`` and transition marginals ``T[n, K, K]`` with
 ``w_i = (phi_i(y_i) - phi_i(mu_i)) / (lam n)``.  For a direction ``delta = e_{y*} - mu_i``,
@@ -26,7 +26,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from ..inference.viterbi import viterbi_numba
-from ..stepsize import average_weight, step_size
+from .stepsize import average_weight, step_size
 
 
 # the intrinsic's mangled name: "p0" with the opaque pointers of LLVM >= 15, "p0i8" before
@@ -278,7 +278,7 @@ def chain_bcfw_steps(
     ``k0`` is the global step counter and ``t0`` the averaging clock before the first step.
     With ``averaging``, a block about to change first adds ``sum_{t=last_i+1..t} t`` times its
     state to ``mu_acc`` (per token) / ``T_acc`` (one ``K x K`` sum over blocks) (the lazy per-block weighted average of
-    :mod:`torch_bcfw.models.dual`).  While a block is processed, the state of the next one is prefetched
+    :mod:`torch_bcfw.duals.base`).  While a block is processed, the state of the next one is prefetched
     (:func:`prefetch_block`).  Returns the new ``(k, t)``.
     """
     n = offsets.shape[0] - 1

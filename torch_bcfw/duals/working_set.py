@@ -1,4 +1,4 @@
-"""Per-block working sets of labelings: one structure for the cache, the active set and (later) MP-BCFW planes.
+"""Per-block working sets of labelings: one structure for the cache, the active sets and the MP-BCFW planes.
 
 Block ``i`` of the SSVM dual has one simplex variable ``alpha_i`` over all labelings ``Y_i``.  The
 refinements of BCFW (Osokin et al. 2016) need a small explicit part of it per block:
@@ -6,9 +6,11 @@ refinements of BCFW (Osokin et al. 2016) need a small explicit part of it per bl
 * the **active set** ``S_i = {y : alpha_i(y) > 0}`` with the weights ``alpha_i(y)`` (pairwise and away
   steps, Algs. 3-4: the away corner is the active labeling with the lowest loss-augmented score);
 * the **cache** ``C_i`` of past oracle answers (Alg. 5: the cache corner is the best cached labeling);
-* the **planes** of the multi-plane BCFW of Shah et al. 2015 (the same labelings, scored at ``w``).
+* the **planes** of the multi-plane BCFW of Shah et al. 2015 (the same labelings, scored at ``w``);
+* the dual variables of :class:`~torch_bcfw.duals.active_set.ActiveSetDualState` (every labeling with
+  ``alpha_i(y) > 0`` or a non-zero averaging weight), from which it re-derives ``w`` under new features.
 
-One :class:`WorkingSet` serves all three: per block a list of *planes*, each a labeling with
+One :class:`WorkingSet` serves all four: per block a list of *planes*, each a labeling with
 
 * ``key``: a 64-bit FNV-1a hash of the labeling (lookups compare the key, then the labels exactly);
 * ``alpha``: its dual weight ``alpha_i(y)`` (0 for a cached labeling that is not active);
@@ -18,11 +20,13 @@ One :class:`WorkingSet` serves all three: per block a list of *planes*, each a l
 * ``last``: when the plane was last *active* in the sense of MP-BCFW (returned by the exact or the
   approximate oracle), a float timestamp (``floor`` = the outer iteration); 0 for planes of the other
   policies, which do not use it.  :func:`ws_evict_lru` and :func:`ws_drop_stale` evict by it;
+* ``acc``: the averaging accumulator ``sum_t S_t alpha_i^(t)(y)`` of a state that re-derives its averaged
+  iterate from the listed labelings (:class:`~torch_bcfw.duals.active_set.ActiveSetDualState`); 0 elsewhere;
 * the labels themselves (``int32``), from which a model's state scores the plane cheaply (the chain
   scores a labeling from the unary scores it computes anyway: ``O(L)`` per plane).
 
 Everything stored is independent of the features, so a working set survives
-:meth:`~torch_bcfw.models.dual.DualState.rebind`.  The invariant the solvers keep is
+:meth:`~torch_bcfw.duals.base.DualState.rebind`.  The invariant the solvers keep is
 ``alpha_i`` on the simplex with ``w_i = sum_y alpha_i(y) psi_i(y) / (lam n)`` (``w = A alpha``), the
 active set always inside the working set.  Initially every block holds its ground truth with
 ``alpha = 1`` (the BCFW starting point ``w = 0``).
@@ -40,11 +44,11 @@ import numpy as np
 import torch
 from numba import njit
 
-__all__ = ["WorkingSet", "label_hash", "ALPHA", "LOSS", "SCORE", "LAST"]
+__all__ = ["WorkingSet", "block_labelings", "label_hash", "ALPHA", "LOSS", "SCORE", "LAST", "ACC"]
 
 #: columns of the float pool ``fl[P, NCOL]``
-ALPHA, LOSS, SCORE, LAST = 0, 1, 2, 3
-NCOL = 4
+ALPHA, LOSS, SCORE, LAST, ACC = 0, 1, 2, 3, 4
+NCOL = 5
 #: entries of ``meta``: first free plane slot, first free label slot
 TOP_SLOT, TOP_LAB = 0, 1
 
@@ -132,6 +136,7 @@ def ws_write(i, j, h, y, loss, alpha, start, lab_start, lab_len, key, fl, lab):
     fl[s, LOSS] = loss
     fl[s, SCORE] = 0.0
     fl[s, LAST] = 0.0
+    fl[s, ACC] = 0.0
     L = lab_len[i]
     base = lab_start[i] + j * L
     for t in range(L):
@@ -332,6 +337,16 @@ def ws_corners(i, start, size, key, fl):
     return jmax, jmin, nact
 
 
+def block_labelings(y, offsets=None) -> list[np.ndarray]:
+    """The labeling of every block of labels ``y`` (``LongTensor[N]``, packed like a dataset's ``y``): the slices
+    ``offsets[i]:offsets[i + 1]`` for sequences, else one label per example.  1-D int64 numpy views."""
+    y = y.detach().cpu().numpy() if isinstance(y, torch.Tensor) else np.asarray(y)
+    if offsets is not None:
+        off = offsets.detach().cpu().numpy() if isinstance(offsets, torch.Tensor) else np.asarray(offsets)
+        return [y[off[i]:off[i + 1]] for i in range(len(off) - 1)]
+    return [y[i:i + 1] for i in range(len(y))]
+
+
 class WorkingSet:
     """Per-block planes (labelings with ``alpha``, ``L/n`` and a score slot); see the module docstring.
 
@@ -367,14 +382,7 @@ class WorkingSet:
     @classmethod
     def for_data(cls, data, init_cap: int = 4) -> "WorkingSet":
         """Ground-truth working set of ``data`` (packed sequences or one label per example)."""
-        y = data.y.detach().cpu().numpy()
-        offsets = getattr(data, "offsets", None)
-        if offsets is not None:
-            off = offsets.detach().cpu().numpy()
-            labels = [y[off[i]:off[i + 1]] for i in range(len(off) - 1)]
-        else:
-            labels = [y[i:i + 1] for i in range(len(y))]
-        return cls(labels, init_cap)
+        return cls(block_labelings(data.y, getattr(data, "offsets", None)), init_cap)
 
     # ------------------------------------------------------------------ kernel arguments
     def arrays(self) -> tuple:
@@ -422,6 +430,15 @@ class WorkingSet:
 
     def drop_inactive(self, i: int) -> None:
         ws_drop_inactive(i, self.start, self.size, self.lab_start, self.lab_len, self.key, self.fl, self.lab)
+
+    def remove(self, i: int, js) -> None:
+        """Remove the planes at positions ``js`` of block ``i`` (the others keep their order)."""
+        for j in sorted((int(j) for j in js), reverse=True):
+            ws_remove(i, j, self.start, self.size, self.lab_start, self.lab_len, self.key, self.fl, self.lab)
+
+    def column(self, i: int, col: int) -> np.ndarray:
+        """Column ``col`` (``ALPHA``, ``LOSS``, ``SCORE``, ``LAST`` or ``ACC``) of the planes of block ``i`` (a view)."""
+        return self.fl[self.slots(i), col]
 
     # ------------------------------------------------------------------ MP-BCFW policy (Shah et al. 2015)
     def last_active(self, i: int) -> np.ndarray:
@@ -502,7 +519,7 @@ class WorkingSet:
             m, L = int(size[i]), int(lab_len[i])
             s, ls = int(ws.start[i]), int(ws.lab_start[i])
             ws.key[s:s + m] = key[p:p + m]
-            ws.fl[s:s + m, :fl.shape[1]] = fl[p:p + m]  # states saved before the ``last`` column: 0
+            ws.fl[s:s + m, :fl.shape[1]] = fl[p:p + m]  # states saved with fewer columns: 0 in the others
             ws.lab[ls:ls + m * L] = lab[q:q + m * L]
             p += m
             q += m * L

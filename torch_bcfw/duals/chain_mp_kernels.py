@@ -1,5 +1,5 @@
 """Compiled MP-BCFW steps for the chain (Shah et al. 2015): the fast path of
-:class:`torch_bcfw.solvers.mpbcfw.MPBCFW` on a CPU :class:`~torch_bcfw.models.chain.ChainDualState`.
+:class:`torch_bcfw.solvers.mpbcfw.MPBCFW` on a CPU :class:`~torch_bcfw.duals.chain.ChainDualState`.
 
 :func:`chain_mp_steps` runs the block steps of :meth:`MPBCFW._exact_step` / :meth:`MPBCFW._approx_step`
 (which it must reproduce; a test compares them) on the marginal state, with the FW-step arithmetic of

@@ -9,11 +9,11 @@ the ``2^N_i`` labelings) enter ``w_i = A alpha_i`` only through
 * the expected pairwise block ``pw_i = sum_y alpha_i(y) phi_P(x_i, y)`` (``Tensor[n, E]``, feature-independent),
 
 and ``w_i = (phi(x_i, y_i) - [U_i(mu) ; pw_i]) / (lam n)`` with ``U_i(mu) = sum_p a_p mu_p x_p / Z_i``.
-:class:`GraphCutDualState` keeps the dense ``[n, d]`` table of :class:`~torch_bcfw.models.dual.DenseDualState`
+:class:`GraphCutDualState` keeps the dense ``[n, d]`` table of :class:`~torch_bcfw.duals.dense.DenseDualState`
 for the steps and moves ``(mu, pw)`` (and their averaging accumulators) along with it.  Its saved state holds
 ``(mu, pw)`` only, and loading it under new node features re-derives ``w_i`` exactly
-(:meth:`~torch_bcfw.models.dual.DualState.rebind`): ``O(N_tot)`` memory, whatever the number of distinct
-labelings visited (an :class:`~torch_bcfw.models.dual.ActiveSetDualState` would store every one of them).
+(:meth:`~torch_bcfw.duals.base.DualState.rebind`): ``O(N_tot)`` memory, whatever the number of distinct
+labelings visited (an :class:`~torch_bcfw.duals.active_set.ActiveSetDualState` would store every one of them).
 """
 from __future__ import annotations
 
@@ -29,8 +29,9 @@ from torch import Tensor
 
 from ..inference.graphcut import NEGATIVE_TOLERANCE, build_graph, cut_graph
 from ..inference.graphcut_pool import cut_inputs
-from ..stepsize import average_weight, step_size
-from .dual import DenseDualState
+from .dense import DenseDualState
+from .fingerprint import features_fingerprint
+from .stepsize import average_weight, step_size
 
 __all__ = ["GraphCutDualState"]
 
@@ -239,8 +240,6 @@ class GraphCutDualState(DenseDualState):
     def _pairwise_fingerprint(self) -> str:
         """Hash of what the expected pairwise block ``pw`` depends on: the edges, their features and the node
         weights (the node mass normalises both terms).  ``pw`` cannot be re-derived when these change."""
-        from .dual import features_fingerprint
-
         d = self.data
         return features_fingerprint([d.offsets, d.edges, d.edge_x, d.edge_offsets, d.node_weight])
 
@@ -277,16 +276,14 @@ class GraphCutDualState(DenseDualState):
         return blocks
 
     def run_steps(self, order: np.ndarray, step_code: int, averaging: bool = True) -> np.ndarray:
-        """Sequential BCFW steps as :meth:`~torch_bcfw.models.dual.DualState.run_steps` (same iterates up to
+        """Sequential BCFW steps as :meth:`~torch_bcfw.duals.base.DualState.run_steps` (same iterates up to
         rounding), fused on CPU: one compiled loop (:func:`_step_loop`) runs the loss-augmented oracle of the
         batched oracle's per-graph code (gains and penalties compiled, the cut by PyMaxflow called back in object
         mode) and one compiled kernel per step (:func:`_fused_block_step`: ``phi`` and the loss of the answer,
         the line search, the averaging and the updates of ``w_i``, ``mu``, ``pw``, ``v`` and ``w``), without
         per-step interpreter work besides the cut.  The oracle's share of the time is added to
         :attr:`oracle_seconds`."""
-        from .graphcut import GraphCut
-
-        if self.data.device.type != "cpu" or not self.model.pairwise or type(self.model).oracle is not GraphCut.oracle:
+        if self.data.device.type != "cpu" or not self.model.pairwise or not self.model.builtin_oracle():
             return super().run_steps(order, step_code, averaging)  # e.g. a subclass with its own oracle
         F, lam, n = self.F, self.lam, self.n
         V, WB, WBa = self.v.numpy(), self.w_blocks.numpy(), self.w_blocks_acc.numpy()

@@ -4,14 +4,14 @@
 from the same small compiled parts as the generic step loop of
 :func:`torch_bcfw.solvers.variants.generic_plan_steps` (which it must reproduce; tests compare them):
 
-* **sampling** (:mod:`torch_bcfw.sumtree`): a pre-drawn order (uniform / permutation), or gap sampling
+* **sampling** (:mod:`torch_bcfw.duals.sumtree`): a pre-drawn order (uniform / permutation), or gap sampling
   from a sum tree over the block-gap estimates, updated right after every oracle call, with the
   never-visited blocks served first from a random permutation;
 * **oracle with a working set** (:mod:`.working_set`): all planes of the block are scored from the unary
   scores the oracle needs anyway (``O(L)`` per plane); with a cache, the best plane is taken instead of
   calling the oracle when ``g_hat_i >= max(F g_i, (nu/n) g_global)`` (Alg. 5); otherwise Viterbi, and the
   answer joins the working set;
-* **step rule** (:mod:`torch_bcfw.stepsize`): FW (the exact arithmetic of
+* **step rule** (:mod:`torch_bcfw.duals.stepsize`): FW (the exact arithmetic of
   :func:`.chain_kernels.chain_bcfw_steps`), pairwise (``mu_i += gamma (e_s - e_a)``) or away
   (``mu_i += gamma (mu_i - e_a)``) with the clipped exact line search and drop steps.
 
@@ -27,10 +27,10 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from ..stepsize import AWAY_RULE, FW_RULE, PAIRWISE_RULE, average_weight, away_choice, away_max_step, clipped_step
-from ..sumtree import est_set, gap_draw
 from .chain_kernels import (_add_direction, _direction_sqnorm, _transition_stats, _unary_scores,
                             fw_move, loss_augmented_decode, step_scratch)
+from .stepsize import AWAY_RULE, FW_RULE, PAIRWISE_RULE, average_weight, away_choice, away_max_step, clipped_step
+from .sumtree import est_set, gap_draw
 from .working_set import ALPHA, LOSS, SCORE, label_hash, ws_away_update, ws_corners, ws_drop_inactive, ws_find, ws_fw_update, ws_insert, ws_pairwise_update
 
 #: status codes returned in ``counters[3]``

@@ -4,8 +4,9 @@ A :class:`StepPlan` names the parts of one iteration (sampling policy, oracle wi
 set and cache test, step rule) and holds the solver-side arrays they work on (gap estimates and their
 sum tree, the sampler's queue and pre-drawn randomness).  The generic step loop
 (:func:`torch_bcfw.solvers.variants.generic_plan_steps`) runs a plan through the state's public
-methods; a state may run it faster in a fused kernel (:meth:`ChainDualState.run_plan` on CPU) and must
-then give the same trajectory.  Neither side imports the other's module: this file is the contract.
+methods; a state may run it faster in a fused kernel (:meth:`~torch_bcfw.duals.base.DualState.run_plan`, e.g.
+the chain's on CPU) and must then give the same trajectory.  Neither side imports the other's module: this file
+is the contract.
 """
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ class StepPlan:
 
     Attributes:
         m: maximum number of block iterations.
-        rule: step-rule code (``FW_RULE``, ``PAIRWISE_RULE``, ``AWAY_RULE`` of :mod:`torch_bcfw.stepsize`).
+        rule: step-rule code (``FW_RULE``, ``PAIRWISE_RULE``, ``AWAY_RULE`` of :mod:`torch_bcfw.duals.stepsize`).
         step_code: ``LINE_SEARCH`` or ``FIXED`` (FW steps only).
         averaging: keep the weighted average of the iterates.
         sample_mode: ``ORDER_SAMPLING`` or ``GAP_SAMPLING``.

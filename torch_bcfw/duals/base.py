@@ -16,8 +16,9 @@ the visited block (``O(size of block i)``, not ``O(d)``), and ``wbar`` is assemb
 
 Subclasses decide how ``w_i`` (and its average accumulator) is stored:
 
-* :class:`DenseDualState` keeps a dense ``Tensor[n, d]`` table (generic, any model, any device);
-* a model can supply a compact state (:class:`torch_bcfw.models.chain.ChainDualState` keeps
+* :class:`~torch_bcfw.duals.dense.DenseDualState` keeps a dense ``Tensor[n, d]`` table (generic, any model,
+  any device);
+* a model can supply a compact state (:class:`~torch_bcfw.duals.chain.ChainDualState` keeps
   label marginals) as long as it implements :meth:`DualState.block_direction`,
   :meth:`DualState._move_block` and :meth:`DualState.block_w`.
 
@@ -25,21 +26,22 @@ A solver talks to the state through :meth:`block_step`, :meth:`run_steps`,
 :meth:`batch_step`, :meth:`averaged`, :meth:`refresh` and :meth:`state_dict`; the refinements of
 Osokin et al. 2016 also use :meth:`block_move` (pairwise / away steps), :meth:`block_value`,
 :meth:`corner_values`, :meth:`block_oracle`, :meth:`block_gaps` (all exact block gaps in one batched
-pass), :meth:`set_bounds` and, when a state has a fused kernel for them, ``run_plan``
-(:class:`~torch_bcfw.models.plan.StepPlan`).
+pass), :meth:`set_bounds` and, when a state has a fused kernel for them, :meth:`run_plan`
+(:class:`~torch_bcfw.duals.plan.StepPlan`) and :meth:`run_mp_steps` (multi-plane BCFW).
 
 Moving a state to new features (:meth:`DualState.rebind`, :meth:`DualState.from_state_dict`).
 When the token / example features ``x`` change (a backbone network is being trained under a
 structured head), the same dual variables ``alpha`` map to a different ``w = A(x) alpha``: every
 stored ``w_i`` is stale.  A state whose storage holds the dual variables themselves (label
-marginals for the chain, the labelings of the active set for :class:`ActiveSetDualState`) can be
+marginals for the chain, the labelings of the active set for
+:class:`~torch_bcfw.duals.active_set.ActiveSetDualState`) can be
 re-bound: the blocks are kept, ``w``, the dense caches and the averaged iterate are recomputed from
 them under the new features, and ``l = b^T alpha`` is unchanged because the task loss does not
 depend on the features.  So after a rebind ``w = A(x_new) alpha`` holds exactly, ``(w, l)`` is a
 feasible primal-dual pair *of the problem at the new features*, and the certificate computed from it
-is the exact duality gap at those features.  :class:`DenseDualState` stores only ``w_i = A(x_old)
-alpha_[i]``, from which ``alpha`` cannot be recovered: it refuses to rebind (use
-:class:`ActiveSetDualState`, which also keeps the labelings).
+is the exact duality gap at those features.  :class:`~torch_bcfw.duals.dense.DenseDualState` stores only
+``w_i = A(x_old) alpha_[i]``, from which ``alpha`` cannot be recovered: it refuses to rebind (use
+:class:`~torch_bcfw.duals.active_set.ActiveSetDualState`, which also keeps the labelings).
 
 Box constraints (Osokin et al. 2016, App. H).  After :meth:`DualState.set_bounds` the state keeps the
 *untruncated* sums ``v_i = A alpha_[i]`` and ``v = sum_i v_i`` (attribute ``v``) and exposes the feasible
@@ -52,121 +54,23 @@ Without bounds ``w`` and ``v`` are the same tensor and nothing changes.
 
 Explicit dual variables for the BCFW refinements.  Pairwise and away steps, the cache and the
 multi-plane variants need the labelings of each block with their weights: a state carries them in an
-optional :class:`~torch_bcfw.models.working_set.WorkingSet` (attribute ``working_set``, saved with the
+optional :class:`~torch_bcfw.duals.working_set.WorkingSet` (attribute ``working_set``, saved with the
 state and kept by :meth:`DualState.rebind`, since labelings do not depend on the features).  The state
 moves its storage along general directions of the simplex (:meth:`DualState.block_move`), so that
 ``w = A alpha`` holds for the weights listed there.
 """
 from __future__ import annotations
 
-import hashlib
-
 import numpy as np
 import torch
 from torch import Tensor
 
-from ..stepsize import PAIRWISE_RULE, average_weight, clipped_step, step_size
-from .working_set import WorkingSet
+from .checks import check_bounds, check_lam
+from .fingerprint import features_fingerprint, labels_fingerprint
+from .stepsize import PAIRWISE_RULE, average_weight, clipped_step, step_size
+from .working_set import ALPHA, WorkingSet, block_labelings
 
-__all__ = ["DualState", "DenseDualState", "ActiveSetDualState", "labels_fingerprint", "features_fingerprint",
-           "check_bounds"]
-
-
-def check_lam(lam: float) -> float:
-    """``lam`` as a Python float: a real number (int, float, numpy scalar or 0-d real tensor) that is finite and
-    ``> 0``.  ``TypeError`` for a bool, a string, a complex number or any other type (nothing is coerced);
-    ``ValueError`` for NaN, an infinity or ``lam <= 0``."""
-    import numbers
-
-    v = lam
-    if isinstance(v, torch.Tensor) and v.ndim == 0 and v.dtype != torch.bool and not v.dtype.is_complex:
-        v = v.item()
-    elif isinstance(v, np.ndarray) and v.ndim == 0 and v.dtype.kind in "iuf":
-        v = v.item()
-    if isinstance(v, (bool, np.bool_)) or not isinstance(v, numbers.Real):
-        raise TypeError(f"lam must be a real number > 0, got {lam!r} ({type(lam).__name__})")
-    v = float(v)
-    if not np.isfinite(v) or v <= 0.0:
-        raise ValueError(f"lam must be a finite number > 0, got {v}")
-    return v
-
-
-def check_bounds(lower, upper, d: int, device) -> tuple[Tensor, Tensor]:
-    """Validate box bounds: ``Tensor[d]`` (or scalars, or ``None`` = unbounded), no NaN, ``lower <= upper``.
-
-    Returns float64 tensors on ``device`` (``-inf`` / ``+inf`` where unbounded).
-    """
-    def one(b, fill, name):
-        if b is None:
-            return torch.full((d,), fill, dtype=torch.float64, device=device)
-        b = torch.as_tensor(b, dtype=torch.float64)
-        if b.dim() == 0:
-            b = b.expand(d)
-        if b.shape != (d,):
-            raise ValueError(f"{name} bound must have shape [{d}] (one entry per weight), got {tuple(b.shape)}")
-        if bool(torch.isnan(b).any()):
-            raise ValueError(f"{name} bound contains NaN")
-        return b.to(device).clone()
-
-    lo, hi = one(lower, -np.inf, "lower"), one(upper, np.inf, "upper")
-    if bool((lo > hi).any()):
-        j = int(torch.nonzero(lo > hi)[0, 0])
-        raise ValueError(f"lower bound exceeds upper bound at weight {j}: {float(lo[j])} > {float(hi[j])}")
-    if bool((lo == np.inf).any()) or bool((hi == -np.inf).any()):
-        raise ValueError("a lower bound of +inf or an upper bound of -inf leaves no feasible weight")
-    return lo, hi
-
-
-def labels_fingerprint(data) -> str:
-    """A short hash of ``data``'s labels and (for sequences) its sequence boundaries.
-
-    Saved with a state so a state is never loaded onto other examples (or the same examples in
-    another order) without an error.
-    """
-    h = hashlib.sha1()
-    h.update(np.ascontiguousarray(data.y.detach().cpu().numpy().astype(np.int64)).tobytes())
-    offsets = getattr(data, "offsets", None)
-    if offsets is not None:
-        h.update(b"|")
-        h.update(np.ascontiguousarray(offsets.detach().cpu().numpy().astype(np.int64)).tobytes())
-    return h.hexdigest()[:16]
-
-
-def _feed(h, obj, depth: int = 0) -> None:
-    if isinstance(obj, Tensor):
-        t = obj.detach()
-        if t.is_sparse or t.layout != torch.strided:
-            t = t.to_dense()
-        t = t.contiguous().cpu()
-        h.update(f"T{t.dtype}{tuple(t.shape)}".encode())
-        if t.numel():
-            h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
-    elif obj is None or isinstance(obj, (bool, int, float, str)):
-        h.update(f"{type(obj).__name__}:{obj!r}".encode())
-    elif isinstance(obj, (list, tuple)):
-        h.update(f"L{len(obj)}".encode())
-        for v in obj:
-            _feed(h, v, depth + 1)
-    elif hasattr(obj, "__dict__") and depth < 3:
-        h.update(type(obj).__name__.encode())
-        for k in sorted(k for k in vars(obj) if not k.startswith("_")):
-            h.update(k.encode())
-            _feed(h, getattr(obj, k), depth + 1)
-    else:
-        raise TypeError(f"cannot fingerprint a {type(obj).__name__} in the data")
-
-
-def features_fingerprint(data) -> str:
-    """A hash of everything ``data`` holds: features, labels, sequence boundaries, graphs (every public
-    attribute of the container, recursively; private caches are skipped).
-
-    Saved with a state: a state loaded onto data with other features either re-derives ``w = A(x) alpha``
-    from its stored dual variables (:attr:`DualState.rebindable` states) or is refused, so that a warm start
-    never certifies a dual value of the old features.
-    """
-    h = hashlib.blake2b(digest_size=16)
-    _feed(h, data)
-    return h.hexdigest()
+__all__ = ["DualState"]
 
 
 class DualState:
@@ -176,7 +80,7 @@ class DualState:
         w: ``Tensor[d]`` float64, ``sum_i w_i`` (with box constraints: ``clip(v, lower, upper)``).
         v: ``Tensor[d]`` float64, the untruncated ``sum_i w_i`` (the same tensor as ``w`` without bounds).
         ell: float, ``sum_i l_i`` (the linear part of the dual).
-        working_set: optional :class:`~torch_bcfw.models.working_set.WorkingSet` of explicit
+        working_set: optional :class:`~torch_bcfw.duals.working_set.WorkingSet` of explicit
             ``alpha_i`` (active sets, caches), or ``None``.
         block_ell: ``Tensor[n]`` float64, ``l_i``.
         k: int, number of block steps taken (the global counter of the fixed step size).
@@ -439,13 +343,11 @@ class DualState:
         self._restart_average()
         ws = self.working_set
         if ws is not None:
-            from .working_set import ALPHA
-
-            lab = SimpleLabels(y.detach().cpu(), getattr(self.data, "offsets", None))
+            labs = block_labelings(y, getattr(self.data, "offsets", None))
             losses = self.block_ell.detach().cpu().numpy()
             for i in range(self.n):
                 ws.alphas(i)[:] = 0.0
-                yi = _block_labels(lab, i).numpy()
+                yi = labs[i]
                 j = ws.find(i, yi)
                 if j < 0:
                     j = ws.insert(i, yi, float(losses[i]), 0, True)
@@ -472,12 +374,10 @@ class DualState:
         self._rescale_storage(rho)
         ws = self.working_set
         if ws is not None:
-            from .working_set import ALPHA
-
-            ylab = SimpleLabels(self.data.y.detach().cpu(), getattr(self.data, "offsets", None))
+            labs = block_labelings(self.data.y, getattr(self.data, "offsets", None))
             for i in range(self.n):
                 ws.alphas(i)[:] *= rho
-                yi = _block_labels(ylab, i).numpy()
+                yi = labs[i]
                 j = ws.find(i, yi)
                 if j < 0:
                     j = ws.insert(i, yi, 0.0, 0, True)
@@ -520,6 +420,32 @@ class DualState:
             y = self.model.oracle(self.w, self.block_data(i), loss_augmented=True)
             gaps[j], _ = self.block_step(i, y, step_code, averaging)
         return gaps
+
+    # ------------------------------------------------------------ fused kernels (capabilities of a state)
+    def can_run_plan(self) -> bool:
+        """True when :meth:`run_plan` runs a :class:`~torch_bcfw.duals.plan.StepPlan` in a fused kernel (no state
+        by default: the solvers then run the generic step loop through the public methods)."""
+        return False
+
+    def run_plan(self, plan):
+        """Run ``plan`` in a fused kernel, with the trajectory of the generic step loop
+        (:func:`torch_bcfw.solvers.variants.generic_plan_steps`); returns a :class:`~torch_bcfw.duals.plan.PlanResult`.
+        Only called when :meth:`can_run_plan`."""
+        raise NotImplementedError(f"{type(self).__name__} has no fused step loop")
+
+    def can_run_mp_steps(self) -> bool:
+        """True when :meth:`run_mp_steps` runs the block steps of multi-plane BCFW in a fused kernel (no state by
+        default: :class:`~torch_bcfw.solvers.mpbcfw.MPBCFW` then steps through the public methods)."""
+        return False
+
+    def run_mp_steps(self, exact: bool, order: np.ndarray, stamp: float, cutoff: float, max_planes: int,
+                     avg=None) -> None:
+        """MP-BCFW's exact (``exact``) or approximate block steps on the blocks ``order`` and :attr:`working_set`,
+        with the trajectory of :class:`~torch_bcfw.solvers.mpbcfw.MPBCFW`'s own steps: planes stamped ``stamp``,
+        at most ``max_planes`` per block, planes last active before ``cutoff`` dropped after an approximate step,
+        ``avg`` (``v: Tensor[d]`` updated in place, ``ell``, ``k``; or ``None``) updated after every step.
+        Only called when :meth:`can_run_mp_steps`."""
+        raise NotImplementedError(f"{type(self).__name__} has no fused multi-plane steps")
 
     def batch_step(self, y: Tensor, step_code: int, fw_iter: int, averaging: bool = True) -> tuple[float, float]:
         """One batch Frank-Wolfe step towards the corners ``y`` (oracle answers for all blocks).
@@ -610,7 +536,7 @@ class DualState:
         the averaged dual variables are kept; ``w = sum_i w_i`` and every feature-dependent cache are
         recomputed under ``data``'s features.  Returns ``max |w_new - w_old|``, the staleness removed.
         Raises ``NotImplementedError`` for states that do not store the dual variables
-        (:class:`DenseDualState`) and ``ValueError`` when ``data`` holds other examples.
+        (:class:`~torch_bcfw.duals.dense.DenseDualState`) and ``ValueError`` when ``data`` holds other examples.
         """
         self._check_rebindable()
         self.model.check_data(data)
@@ -712,230 +638,3 @@ class DualState:
         self.rebound = not same_features
         if self.rebound:  # w = A(x_new) alpha from the stored dual variables (l = b^T alpha is unchanged)
             self.refresh()
-
-
-class DenseDualState(DualState):
-    """Stores ``w_i`` as a dense ``Tensor[n, d]`` (float64).  Works for any model and device.
-
-    Not :attr:`~DualState.rebindable`: the table holds ``A(x) alpha_[i]`` for the features it was
-    built with, and ``alpha`` is not kept (see :class:`ActiveSetDualState`).
-    """
-
-    rebindable = False
-
-    def __init__(self, model, data, lam: float):
-        super().__init__(model, data, lam)
-        self.w_blocks = torch.zeros(self.n, self.d, dtype=torch.float64, device=data.device)
-        self.w_blocks_acc = torch.zeros_like(self.w_blocks)
-        self._phi_true = None
-
-    def _true_features(self, i: int) -> Tensor:
-        if self._phi_true is None:
-            self._phi_true = self.model.joint_feature(self.data, self.data.y)
-        return self._phi_true[i]
-
-    def block_direction(self, i: int, y: Tensor) -> tuple[Tensor, float]:
-        blk = self.block_data(i)
-        phi_y = self.model.joint_feature(blk, y)[0]
-        w_s = (self._true_features(i) - phi_y) / (self.lam * self.n)
-        ell_s = float(self.model.loss(blk, y)[0]) / self.n
-        return self.w_blocks[i] - w_s, ell_s
-
-    def _move_block(self, i: int, y: Tensor, gamma: float, v: Tensor) -> None:
-        self.w_blocks[i] -= gamma * v
-
-    def _move_block_general(self, i, y_s, y_a, coeffs, gamma, d, drop) -> None:
-        self.w_blocks[i] += gamma * d
-
-    def _block_dots(self) -> Tensor:
-        return self.lam * (self.w_blocks @ self.w)
-
-    def _move_all(self, y: Tensor, gamma: float) -> None:
-        w_s = (self.model.joint_feature(self.data, self.data.y) - self.model.joint_feature(self.data, y)) / (
-            self.lam * self.n
-        )
-        self.w_blocks.mul_(1.0 - gamma).add_(w_s, alpha=gamma)
-
-    def block_w(self, i: int) -> Tensor:
-        return self.w_blocks[i].clone()
-
-    def _w_from_blocks(self) -> Tensor:
-        return self.w_blocks.sum(0)
-
-    def _avg_accumulate(self, i, S) -> None:
-        if i is None:
-            self.w_blocks_acc.add_(S[:, None] * self.w_blocks)
-        else:
-            self.w_blocks_acc[i].add_(self.w_blocks[i], alpha=S)
-
-    def _avg_w(self, S: Tensor, total: float) -> Tensor:
-        return (self.w_blocks_acc.sum(0) + S @ self.w_blocks) / total
-
-    def _avg_reset_storage(self) -> None:
-        self.w_blocks_acc.zero_()
-
-    def _storage_dict(self) -> dict:
-        return {"w_blocks": self.w_blocks.cpu().clone(), "w_blocks_acc": self.w_blocks_acc.cpu().clone()}
-
-    def _load_storage(self, sd: dict) -> None:
-        self.w_blocks = sd["w_blocks"].to(self.w.device, torch.float64).clone()
-        self.w_blocks_acc = sd["w_blocks_acc"].to(self.w.device, torch.float64).clone()
-
-
-def _block_labels(data, i: int) -> Tensor:
-    """Labels of example ``i`` (a slice for sequences, a length-1 tensor otherwise)."""
-    offsets = getattr(data, "offsets", None)
-    if offsets is not None:
-        return data.y[int(offsets[i]) : int(offsets[i + 1])]
-    return data.y[i : i + 1]
-
-
-class ActiveSetDualState(DenseDualState):
-    """Dense ``w_i`` plus the dual variables themselves: per block, the labelings with non-zero
-    weight (the active set) and their weights.  Works for any model; can be re-bound to new features.
-
-    ``alpha_i`` is a dict ``labeling -> [labels (CPU LongTensor), weight, averaged weight]``; the dense
-    ``w_i`` table of :class:`DenseDualState` is kept as a cache for the solver steps and recomputed from
-    the active sets by :meth:`_rebuild_blocks` (``w_i = sum_y alpha_i(y) psi_i(y) / (lam n)``, one
-    batched :meth:`~torch_bcfw.models.base.StructuredModel.joint_feature` call).  A BCFW step adds at
-    most one labeling to one block, so the memory grows with the number of distinct oracle answers
-    (at most ``K`` per example for a multiclass model).
-    """
-
-    rebindable = True
-
-    def __init__(self, model, data, lam: float):
-        super().__init__(model, data, lam)
-        ycpu = data.y.detach().cpu()
-        self.active = []
-        for i in range(self.n):
-            y = _block_labels(SimpleLabels(ycpu, getattr(data, "offsets", None)), i).clone()
-            self.active.append({tuple(y.tolist()): [y, 1.0, 0.0]})
-
-    def _add(self, i: int, y: Tensor, gamma: float) -> None:
-        blk = self.active[i]
-        for e in blk.values():
-            e[1] *= 1.0 - gamma
-        y = y.detach().cpu().reshape(-1)
-        key = tuple(y.tolist())
-        if key in blk:
-            blk[key][1] += gamma
-        else:
-            blk[key] = [y.clone(), gamma, 0.0]
-        for k in [k for k, e in blk.items() if e[1] == 0.0 and e[2] == 0.0]:
-            del blk[k]
-
-    def _move_block(self, i: int, y: Tensor, gamma: float, v: Tensor) -> None:
-        super()._move_block(i, y, gamma, v)
-        self._add(i, y, gamma)
-
-    def _move_block_general(self, i, y_s, y_a, coeffs, gamma, d, drop) -> None:
-        super()._move_block_general(i, y_s, y_a, coeffs, gamma, d, drop)
-        p, q, r = coeffs
-        blk = self.active[i]
-        if r != 0.0:
-            for e in blk.values():
-                e[1] *= 1.0 + gamma * r
-        for y, c in ((y_s, p), (y_a, q)):
-            if c == 0.0:
-                continue
-            y = y.detach().cpu().reshape(-1)
-            key = tuple(y.tolist())
-            if key not in blk:
-                blk[key] = [y.clone(), 0.0, 0.0]
-            blk[key][1] += gamma * c
-        if drop:
-            blk[tuple(y_a.detach().cpu().reshape(-1).tolist())][1] = 0.0
-        for k in [k for k, e in blk.items() if e[1] <= 0.0 and e[2] == 0.0]:
-            del blk[k]
-
-    def _move_all(self, y: Tensor, gamma: float) -> None:
-        super()._move_all(y, gamma)
-        ycpu = y.detach().cpu()
-        lab = SimpleLabels(ycpu, getattr(self.data, "offsets", None))
-        for i in range(self.n):
-            self._add(i, _block_labels(lab, i), gamma)
-
-    def _avg_accumulate(self, i, S) -> None:
-        super()._avg_accumulate(i, S)
-        if i is None:
-            Sc = S.detach().cpu().tolist()
-            for j, blk in enumerate(self.active):
-                for e in blk.values():
-                    e[2] += Sc[j] * e[1]
-        else:
-            for e in self.active[i].values():
-                e[2] += float(S) * e[1]
-
-    def _rescale_storage(self, rho: float) -> None:
-        ycpu = SimpleLabels(self.data.y.detach().cpu(), getattr(self.data, "offsets", None))
-        for i, blk in enumerate(self.active):
-            for e in blk.values():
-                e[1] *= rho
-            y = _block_labels(ycpu, i).clone()
-            key = tuple(y.tolist())
-            if key not in blk:
-                blk[key] = [y, 0.0, 0.0]
-            blk[key][1] += 1.0 - rho
-            for k in [k for k, e in blk.items() if e[1] <= 0.0]:
-                del blk[k]
-
-    def _avg_reset_storage(self) -> None:
-        super()._avg_reset_storage()
-        for blk in self.active:
-            for e in blk.values():
-                e[2] = 0.0
-
-    def active_set_sizes(self) -> Tensor:
-        """``LongTensor[n]``: number of stored labelings per block."""
-        return torch.tensor([len(b) for b in self.active], dtype=torch.long)
-
-    def _flat(self):
-        blocks, labels, weights, accs = [], [], [], []
-        for i, blk in enumerate(self.active):
-            for y, a, acc in blk.values():
-                blocks.append(i)
-                labels.append(y)
-                weights.append(a)
-                accs.append(acc)
-        return (torch.tensor(blocks, dtype=torch.long), labels,
-                torch.tensor(weights, dtype=torch.float64), torch.tensor(accs, dtype=torch.float64))
-
-    def _rebuild_blocks(self, chunk: int = 4096) -> None:
-        blocks, labels, weights, accs = self._flat()
-        dev = self.w.device
-        self._phi_true = None
-        self.w_blocks = torch.zeros(self.n, self.d, dtype=torch.float64, device=dev)
-        self.w_blocks_acc = torch.zeros_like(self.w_blocks)
-        scale = 1.0 / (self.lam * self.n)
-        for s in range(0, blocks.numel(), chunk):
-            idx = blocks[s : s + chunk]
-            sub = self.data[idx]
-            y = torch.cat(labels[s : s + chunk]).to(dev)
-            psi = self.model.joint_feature(sub, sub.y) - self.model.joint_feature(sub, y)
-            ii = idx.to(dev)
-            self.w_blocks.index_add_(0, ii, psi * (weights[s : s + chunk].to(dev) * scale)[:, None])
-            self.w_blocks_acc.index_add_(0, ii, psi * (accs[s : s + chunk].to(dev) * scale)[:, None])
-
-    def _storage_dict(self) -> dict:
-        blocks, labels, weights, accs = self._flat()
-        return {
-            "blocks": blocks, "weights": weights, "accs": accs,
-            "labels": torch.cat(labels) if labels else torch.zeros(0, dtype=torch.long),
-            "label_lengths": torch.tensor([y.numel() for y in labels], dtype=torch.long),
-        }
-
-    def _load_storage(self, sd: dict) -> None:
-        self.active = [{} for _ in range(self.n)]
-        parts = torch.split(sd["labels"].long(), sd["label_lengths"].tolist())
-        for i, y, a, acc in zip(sd["blocks"].tolist(), parts, sd["weights"].tolist(), sd["accs"].tolist()):
-            self.active[i][tuple(y.tolist())] = [y.clone(), float(a), float(acc)]
-        self._rebuild_blocks()
-
-
-class SimpleLabels:
-    """Labels plus (optional) sequence boundaries: enough for :func:`_block_labels`."""
-
-    def __init__(self, y: Tensor, offsets: Tensor | None):
-        self.y = y
-        self.offsets = None if offsets is None else offsets.detach().cpu()

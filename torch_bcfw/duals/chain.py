@@ -1,0 +1,366 @@
+"""The chain's marginal dual state: per-position label marginals and per-sequence transition marginals.
+
+For :class:`~torch_bcfw.models.chain.Chain`, ``w_i = (phi_i(y_i) - phi_i(mu_i, T_i)) / (lam n)`` depends on block
+``i``'s dual variables only through their token marginals ``mu_i [L_i, K]`` and expected transition counts
+``T_i [K, K]``, so :class:`ChainDualState` stores these instead of a dense ``w_i`` per example: memory grows with
+the number of tokens, not with ``n * d``, and the state can be re-bound to new token features.
+
+On CPU the steps run in compiled kernels fed with CSR token features and per-sequence Gram matrices
+(:func:`sequence_grams`): plain BCFW steps (:mod:`.chain_kernels`), the composed steps of a
+:class:`~torch_bcfw.duals.plan.StepPlan` (:mod:`.chain_variant_kernels`) and the exact / approximate steps of
+multi-plane BCFW (:mod:`.chain_mp_kernels`).
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+from numba import njit
+from torch import Tensor
+
+from ..inference.viterbi import viterbi_packed
+from .base import DualState
+from .plan import PlanResult
+
+__all__ = ["ChainDualState", "sequence_grams"]
+
+
+class ChainDualState(DualState):
+    """Marginal dual state of the chain: ``mu [N_tok, K]`` and ``T [n, K, K]`` (see the module docstring).
+
+    ``w_i = (phi_i(y_i) - phi_i(mu_i, T_i)) / (lam n)``; the initial state is the ground truth
+    (``mu`` one-hot, ``T`` the true transition counts), i.e. ``w_i = 0``.  On CPU the steps run in
+    the compiled kernel :func:`~torch_bcfw.duals.chain_kernels.chain_bcfw_steps`; elsewhere in
+    torch through :meth:`~torch_bcfw.duals.base.DualState.block_step`.
+
+    Args:
+        model: a :class:`~torch_bcfw.models.chain.Chain`.
+        data: its :class:`~torch_bcfw.data.SequenceData`.
+        lam: the regularisation ``lam > 0``.
+    """
+
+    def __init__(self, model, data, lam: float):
+        super().__init__(model, data, lam)
+        self.mu = model.one_hot(data.y)
+        self.T = model.transition_counts(data, data.y)
+        self.mu_acc = torch.zeros_like(self.mu)
+        # only the sum over blocks of the averaged transition marginals enters wbar: one K x K accumulator
+        self.T_acc = torch.zeros_like(self.T[0])
+        self._phi_true_sum = model.joint_feature_sum(data, data.y)
+        self._kernel_inputs = None
+
+    # ------------------------------------------------------------ storage hooks
+    def _block_marginal_direction(self, i: int, y: Tensor) -> tuple[Tensor, Tensor]:
+        blk = self.block_data(i)
+        s, e = int(self.data.offsets[i]), int(self.data.offsets[i + 1])
+        D = self.model.one_hot(y) - self.mu[s:e]
+        dT = self.model.transition_counts(blk, y)[0] - self.T[i]
+        return D, dT
+
+    def block_direction(self, i: int, y: Tensor) -> tuple[Tensor, float]:
+        blk = self.block_data(i)
+        D, dT = self._block_marginal_direction(i, y)
+        v = self.model.features_from_marginals(blk, D, dT) / (self.lam * self.n)
+        return v, float(self.model.loss(blk, y)[0]) / self.n
+
+    def _move_block(self, i: int, y: Tensor, gamma: float, v: Tensor) -> None:
+        D, dT = self._block_marginal_direction(i, y)
+        s, e = int(self.data.offsets[i]), int(self.data.offsets[i + 1])
+        self.mu[s:e] += gamma * D
+        self.T[i] += gamma * dT
+
+    def _move_block_general(self, i, y_s, y_a, coeffs, gamma, d, drop) -> None:
+        p, q, r = coeffs
+        blk = self.block_data(i)
+        s, e = int(self.data.offsets[i]), int(self.data.offsets[i + 1])
+        D = r * self.mu[s:e] + p * self.model.one_hot(y_s) + q * self.model.one_hot(y_a)
+        dT = r * self.T[i] + p * self.model.transition_counts(blk, y_s)[0] + q * self.model.transition_counts(blk, y_a)[0]
+        self.mu[s:e] += gamma * D
+        self.T[i] += gamma * dT
+
+    def set_block_marginals(self, i: int, mu: Tensor, T: Tensor, ell_i: float) -> None:
+        """Move block ``i`` to the (interior) dual point with token marginals ``mu [L_i, K]``, expected transition
+        counts ``T [K, K]`` and ``l_i = ell_i`` (online EG): ``w`` and ``l`` follow exactly (``phi`` is linear in
+        the marginals).  The weighted average is not kept for such moves."""
+        blk = self.block_data(i)
+        s, e = int(self.data.offsets[i]), int(self.data.offsets[i + 1])
+        dv = self.model.features_from_marginals(blk, self.mu[s:e] - mu, self.T[i] - T) / (self.lam * self.n)
+        self.mu[s:e] = mu
+        self.T[i] = T
+        self.v = self.v + dv
+        self._sync_w()
+        self.ell += ell_i - float(self.block_ell[i])
+        self.block_ell[i] = ell_i
+
+    def block_value(self, i: int) -> float:
+        """``l_i - lam <w_i, w> = l_i + (score(mu_i) - score(y_i)) / n`` from the block's unary scores."""
+        blk = self.block_data(i)
+        s, e = int(self.data.offsets[i]), int(self.data.offsets[i + 1])
+        U = self.model.unary_scores(self.w, blk)
+        trans = self.model.unpack(self.w)[4]
+        s_mu = float((U * self.mu[s:e]).sum() + (self.T[i] * trans).sum())
+        s_true = float(self.model._score_from_unary(U, trans, blk, blk.y)[0])
+        return float(self.block_ell[i]) + (s_mu - s_true) / self.n
+
+    def block_gaps(self) -> tuple[Tensor, Tensor, Tensor]:
+        """All exact block gaps ``(score(y*) - score(mu_i)) / n - l_i + l_s`` from one unary pass and one
+        batched Viterbi (see :meth:`DualState.block_gaps`)."""
+        model, data = self.model, self.data
+        w = self.w
+        U = model.unary_scores(w, data)
+        trans = model.unpack(w)[4]
+        y_star, _ = viterbi_packed(U + model.loss_unaries(data, U.dtype), data.offsets, trans)
+        s_true = model._score_from_unary(U, trans, data, data.y)
+        H = model.loss(data, y_star) + model._score_from_unary(U, trans, data, y_star) - s_true
+        s_mu = torch.zeros(self.n, dtype=torch.float64, device=w.device)
+        s_mu.index_add_(0, data.token_sequence_ids(), (U * self.mu).sum(1))
+        s_mu += (self.T * trans).sum((1, 2))
+        dots = (s_true - s_mu) / self.n  # lam <w_i, w>
+        return H / self.n - (self.block_ell - dots), H, y_star
+
+    def _move_all(self, y: Tensor, gamma: float) -> None:
+        self.mu.mul_(1.0 - gamma).add_(self.model.one_hot(y), alpha=gamma)
+        self.T.mul_(1.0 - gamma).add_(self.model.transition_counts(self.data, y), alpha=gamma)
+
+    def block_w(self, i: int) -> Tensor:
+        blk = self.block_data(i)
+        s, e = int(self.data.offsets[i]), int(self.data.offsets[i + 1])
+        true = self.model.joint_feature_sum(blk, blk.y)
+        return (true - self.model.features_from_marginals(blk, self.mu[s:e], self.T[i])) / (self.lam * self.n)
+
+    def _w_from_blocks(self) -> Tensor:
+        cur = self.model.features_from_marginals(self.data, self.mu, self.T.sum(0))
+        return (self._phi_true_sum - cur) / (self.lam * self.n)
+
+    def _avg_accumulate(self, i, S) -> None:
+        if i is None:
+            self.mu_acc.add_(S.repeat_interleave(self.data.lengths)[:, None] * self.mu)
+            self.T_acc.add_((S[:, None, None] * self.T).sum(0))
+        else:
+            s, e = int(self.data.offsets[i]), int(self.data.offsets[i + 1])
+            self.mu_acc[s:e].add_(self.mu[s:e], alpha=S)
+            self.T_acc.add_(self.T[i], alpha=S)
+
+    def _avg_w(self, S: Tensor, total: float) -> Tensor:
+        mu = (self.mu_acc + S.repeat_interleave(self.data.lengths)[:, None] * self.mu) / total
+        T = (self.T_acc + (S[:, None, None] * self.T).sum(0)) / total
+        return (self._phi_true_sum - self.model.features_from_marginals(self.data, mu, T)) / (self.lam * self.n)
+
+    def _rescale_storage(self, rho: float) -> None:
+        """``mu <- rho mu + (1 - rho) onehot(y)``, ``T <- rho T + (1 - rho) T(y)`` (see :meth:`DualState.rescale_lam`)."""
+        self.mu.mul_(rho).add_(self.model.one_hot(self.data.y), alpha=1.0 - rho)
+        self.T.mul_(rho).add_(self.model.transition_counts(self.data, self.data.y), alpha=1.0 - rho)
+
+    def _avg_reset_storage(self) -> None:
+        self.mu_acc.zero_()
+        self.T_acc.zero_()
+
+    # ------------------------------------------------------------ compiled path
+    def _prepare_kernel(self) -> dict:
+        """CSR token features and per-sequence Gram matrices ``X_i X_i^T + 1`` (built once).
+
+        The CSR arrays come straight from :meth:`~torch_bcfw.data.SequenceData.x_csr` (stored sparse features,
+        or the non-zeros of dense ones), and the Gram matrices are computed from them by
+        :func:`sequence_grams`, so dense data and the same data stored sparse give identical
+        kernel inputs.  Feature ids, values and Gram entries go to the kernels in the narrowest types
+        that hold them exactly (:func:`_narrow_ids`, :func:`_narrow_exact`: one byte each for OCR's
+        binary pixels): a step reads them for every token of its block, a cache miss per line on a
+        random block order, and widening them back inside the kernels is exact.
+        """
+        if self._kernel_inputs is None:
+            indptr, indices, values = (t.cpu().contiguous() for t in self.data.x_csr())
+            values = values.to(torch.float64)
+            off = self.data.offsets.cpu()
+            gram, gram_off = sequence_grams(indptr, indices, values, off, self.data.n_inputs)
+            self._kernel_inputs = {
+                "indptr": indptr.numpy(),
+                "indices": _narrow_ids(indices, self.data.n_inputs),
+                "values": _narrow_exact(values),
+                "y": self.data.y.cpu().numpy(),
+                "offsets": off.numpy(),
+                "gram": _narrow_exact(gram),
+                "gram_off": gram_off.numpy(),
+            }
+        return self._kernel_inputs
+
+    def run_steps(self, order: np.ndarray, step_code: int, averaging: bool = True) -> np.ndarray:
+        if self.w.device.type != "cpu" or self.has_bounds:  # box constraints: the generic (torch) steps
+            return super().run_steps(order, step_code, averaging)
+        from .chain_kernels import chain_bcfw_steps
+
+        kin = self._prepare_kernel()
+        gaps = np.empty(len(order), dtype=np.float64)
+        ells = np.array([self.ell, self.avg_ell_u])
+        w_views = [t.numpy() for t in self.model.unpack(self.v)]
+        self.k, self.avg_t = chain_bcfw_steps(
+            np.ascontiguousarray(order, dtype=np.int64), step_code, averaging, self.lam, self.k,
+            kin["indptr"], kin["indices"], kin["values"], kin["y"], kin["offsets"], kin["gram"], kin["gram_off"],
+            *w_views, self.mu.numpy(), self.T.numpy(), self.block_ell.numpy(), ells, gaps,
+            self.avg_t, self.mu_acc.numpy(), self.T_acc.numpy(), self.avg_last.numpy(),
+        )
+        self.ell, self.avg_ell_u = float(ells[0]), float(ells[1])
+        return gaps
+
+    def can_run_plan(self) -> bool:
+        """The fused kernel :meth:`run_plan` applies: CPU tensors and no box constraints."""
+        return self.w.device.type == "cpu" and not self.has_bounds
+
+    def run_plan(self, plan) -> PlanResult:
+        """Run a :class:`~torch_bcfw.duals.plan.StepPlan` in the compiled loop
+        :func:`~torch_bcfw.duals.chain_variant_kernels.chain_plan_steps` (same trajectory as the generic
+        step loop; only when :meth:`can_run_plan`)."""
+        from .chain_variant_kernels import NEED_GAP_PASS, chain_plan_steps
+
+        kin = self._prepare_kernel()
+        m = int(plan.m)
+        gaps = np.full(m, np.nan)
+        blocks = np.full(m, -1, dtype=np.int64)
+        ells = np.array([self.ell, self.avg_ell_u])
+        counters = np.zeros(6, dtype=np.int64)
+        w_views = [t.numpy() for t in self.model.unpack(self.v)]
+        ws = self.working_set if plan.use_ws else None
+        if ws is not None:
+            wsa = ws.arrays()
+        else:
+            z = np.zeros(1, dtype=np.int64)
+            wsa = (z, z.copy(), z.copy(), z.copy(), z.copy(), np.zeros(2, dtype=np.int64), np.zeros(1, dtype=np.uint64),
+                   np.zeros((1, 3)), np.zeros(1, dtype=np.int32), np.zeros(1, dtype=np.uint8))
+        order = plan.order if plan.order is not None else np.zeros(0, dtype=np.int64)
+        uniforms = plan.uniforms if plan.uniforms is not None else np.zeros(0)
+        key, fl, lab = chain_plan_steps(
+            m, int(plan.sample_mode), np.ascontiguousarray(order, dtype=np.int64), np.ascontiguousarray(uniforms, dtype=np.float64),
+            plan.queue, plan.smeta, plan.est, plan.tree, int(plan.tsize), float(plan.power), bool(plan.track_est),
+            int(plan.rule), bool(plan.use_ws), bool(plan.cache), float(plan.F), float(plan.glob_thr), int(plan.max_size),
+            bool(plan.keep_inactive), *wsa,
+            int(plan.step_code), bool(plan.averaging), self.lam, self.k,
+            kin["indptr"], kin["indices"], kin["values"], kin["y"], kin["offsets"], kin["gram"], kin["gram_off"],
+            *w_views, self.mu.numpy(), self.T.numpy(), self.block_ell.numpy(), ells, gaps, blocks,
+            self.avg_t, self.mu_acc.numpy(), self.T_acc.numpy(), self.avg_last.numpy(), counters,
+        )
+        if ws is not None:
+            ws.set_pool(key, fl, lab)
+        self.ell, self.avg_ell_u = float(ells[0]), float(ells[1])
+        done = int(counters[0])
+        self.k, self.avg_t = int(counters[4]), int(counters[5])
+        return PlanResult(steps=done, oracle_calls=int(counters[1]), cache_hits=int(counters[2]),
+                          need_gap_pass=int(counters[3]) == NEED_GAP_PASS, blocks=blocks[:done], gaps=gaps[:done])
+
+    def can_run_mp_steps(self) -> bool:
+        """The fused multi-plane kernel :meth:`run_mp_steps` applies: CPU tensors and no box constraints."""
+        return self.can_run_plan()
+
+    def run_mp_steps(self, exact: bool, order: np.ndarray, stamp: float, cutoff: float, max_planes: int,
+                     avg=None) -> None:
+        """MP-BCFW's block steps on the blocks ``order`` (``int64[m]``) and this state's working set, compiled
+        (:func:`~torch_bcfw.duals.chain_mp_kernels.chain_mp_steps`; only when :meth:`can_run_mp_steps`).
+
+        ``exact``: each step calls the oracle and adds its answer to the block's planes (timestamp ``stamp``,
+        longest-inactive plane evicted beyond ``max_planes``), with the chain's own Viterbi inside the kernel, or,
+        for a model whose oracle is overridden (e.g. a slowed-down one), with its answers called from Python one
+        block at a time.  Otherwise an approximate pass: the best plane of each block at the current ``w``, then the
+        block's planes last active before ``cutoff`` are dropped.  ``avg``: the running average the steps update
+        (``v: Tensor[d]`` updated in place, ``ell``, ``k``), or ``None``.
+        """
+        from .chain_mp_kernels import APPROX, EXACT
+
+        none = np.zeros(0, dtype=np.int64)
+        if not exact:
+            self._mp_kernel(APPROX, order, none, stamp, cutoff, max_planes, avg)
+        elif self.model.builtin_oracle():
+            self._mp_kernel(EXACT, order, none, stamp, -math.inf, max_planes, avg)
+        else:
+            for i in order:
+                y = self.block_oracle(int(i)).detach().cpu().numpy().astype(np.int64)
+                self._mp_kernel(EXACT, np.array([i]), y, stamp, -math.inf, max_planes, avg)
+
+    def _mp_kernel(self, mode: int, order, ylab: np.ndarray, stamp: float, cutoff: float, max_planes: int,
+                   avg) -> None:
+        from .chain_mp_kernels import chain_mp_steps
+
+        ws = self.working_set
+        kin = self._prepare_kernel()
+        ells = np.array([self.ell, self.avg_ell_u])
+        counters = np.zeros(2, dtype=np.int64)
+        avg_v = avg.v.numpy() if avg is not None else np.zeros(1)
+        avg_s = np.array([avg.ell, avg.k], dtype=np.float64) if avg is not None else np.zeros(2)
+        key, fl, lab = chain_mp_steps(
+            mode, np.ascontiguousarray(order, dtype=np.int64), ylab, float(stamp), float(cutoff), int(max_planes),
+            avg is not None, *ws.arrays(), self.lam, self.k, self.avg_t,
+            kin["indptr"], kin["indices"], kin["values"], kin["y"], kin["offsets"], kin["gram"], kin["gram_off"],
+            *[t.numpy() for t in self.model.unpack(self.v)], self.mu.numpy(), self.T.numpy(), self.block_ell.numpy(),
+            ells, self.mu_acc.numpy(), self.T_acc.numpy(), self.avg_last.numpy(), self.v.numpy(), avg_v, avg_s,
+            counters,
+        )
+        ws.set_pool(key, fl, lab)
+        self.ell, self.avg_ell_u = float(ells[0]), float(ells[1])
+        self.k, self.avg_t = int(counters[0]), int(counters[1])
+        if avg is not None:
+            avg.ell, avg.k = float(avg_s[0]), int(avg_s[1])
+
+    def _storage_dict(self) -> dict:
+        return {name: getattr(self, name).cpu().clone() for name in ("mu", "T", "mu_acc", "T_acc")}
+
+    def _load_storage(self, sd: dict) -> None:
+        dev = self.w.device
+        for name in ("mu", "T", "mu_acc", "T_acc"):
+            setattr(self, name, sd[name].to(dev, torch.float64).clone())
+
+
+def _narrow_ids(ids: Tensor, n: int) -> np.ndarray:
+    """``ids`` (in ``[0, n)``) as the narrowest of uint8, uint16, uint32 that holds ``n - 1`` (int64 beyond)."""
+    dtype = next((t for t in (np.uint8, np.uint16, np.uint32) if n - 1 <= np.iinfo(t).max), np.int64)
+    return ids.numpy().astype(dtype)
+
+
+def _narrow_exact(x: Tensor) -> np.ndarray:
+    """The float64 ``x`` as uint8 when its entries are integers in ``[0, 255]``, else as float32 when that is exact,
+    else unchanged."""
+    if bool(((x >= 0) & (x <= 255) & (x == x.round())).all()):
+        return x.to(torch.uint8).numpy()
+    y = x.to(torch.float32)
+    return y.numpy() if torch.equal(y.to(torch.float64), x) else x.numpy()
+
+
+def sequence_grams(indptr: Tensor, indices: Tensor, values: Tensor, offsets: Tensor, n_features: int) -> tuple[Tensor, Tensor]:
+    """Per-sequence Gram matrices ``G_i = X_i X_i^T + 1`` of CSR token features (CPU).
+
+    ``G_i`` is ``L_i x L_i``, stored row-major at ``gram[gram_off[i] : gram_off[i+1]]``.  Each
+    entry is a sparse dot product (the ``+1`` is the per-label bias feature), so the cost is
+    ``sum_i L_i^2 * nnz per token`` and the features are never densified.
+
+    Returns:
+        ``(gram Tensor[sum_i L_i^2] float64, gram_off LongTensor[n + 1])``.
+    """
+    offsets = offsets.cpu().long()
+    lengths = offsets.diff()
+    gram_off = torch.zeros(lengths.numel() + 1, dtype=torch.long)
+    gram_off[1:] = torch.cumsum(lengths**2, 0)
+    gram = torch.empty(int(gram_off[-1]), dtype=torch.float64)
+    _sequence_grams(
+        indptr.cpu().long().numpy(), indices.cpu().long().numpy(), values.cpu().to(torch.float64).numpy(),
+        offsets.numpy(), gram_off.numpy(), int(n_features), gram.numpy(),
+    )
+    return gram, gram_off
+
+
+@njit(cache=True)
+def _sequence_grams(indptr, indices, values, offsets, gram_off, n_features, gram):
+    scratch = np.zeros(n_features)
+    for i in range(offsets.shape[0] - 1):
+        s = offsets[i]
+        L = offsets[i + 1] - s
+        g0 = gram_off[i]
+        for t in range(L):
+            a = s + t
+            for p in range(indptr[a], indptr[a + 1]):
+                scratch[indices[p]] += values[p]
+            for t2 in range(t, L):
+                b = s + t2
+                dot = 0.0
+                for p in range(indptr[b], indptr[b + 1]):
+                    dot += scratch[indices[p]] * values[p]
+                gram[g0 + t * L + t2] = dot + 1.0
+                gram[g0 + t2 * L + t] = dot + 1.0
+            for p in range(indptr[a], indptr[a + 1]):
+                scratch[indices[p]] = 0.0

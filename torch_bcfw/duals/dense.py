@@ -1,0 +1,77 @@
+"""The generic dual state: one dense ``w_i`` per example."""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from .base import DualState
+
+__all__ = ["DenseDualState"]
+
+
+class DenseDualState(DualState):
+    """Stores ``w_i`` as a dense ``Tensor[n, d]`` (float64).  Works for any model and device.
+
+    Not :attr:`~DualState.rebindable`: the table holds ``A(x) alpha_[i]`` for the features it was
+    built with, and ``alpha`` is not kept (see :class:`~torch_bcfw.duals.active_set.ActiveSetDualState`).
+    """
+
+    rebindable = False
+
+    def __init__(self, model, data, lam: float):
+        super().__init__(model, data, lam)
+        self.w_blocks = torch.zeros(self.n, self.d, dtype=torch.float64, device=data.device)
+        self.w_blocks_acc = torch.zeros_like(self.w_blocks)
+        self._phi_true = None
+
+    def _true_features(self, i: int) -> Tensor:
+        if self._phi_true is None:
+            self._phi_true = self.model.joint_feature(self.data, self.data.y)
+        return self._phi_true[i]
+
+    def block_direction(self, i: int, y: Tensor) -> tuple[Tensor, float]:
+        blk = self.block_data(i)
+        phi_y = self.model.joint_feature(blk, y)[0]
+        w_s = (self._true_features(i) - phi_y) / (self.lam * self.n)
+        ell_s = float(self.model.loss(blk, y)[0]) / self.n
+        return self.w_blocks[i] - w_s, ell_s
+
+    def _move_block(self, i: int, y: Tensor, gamma: float, v: Tensor) -> None:
+        self.w_blocks[i] -= gamma * v
+
+    def _move_block_general(self, i, y_s, y_a, coeffs, gamma, d, drop) -> None:
+        self.w_blocks[i] += gamma * d
+
+    def _block_dots(self) -> Tensor:
+        return self.lam * (self.w_blocks @ self.w)
+
+    def _move_all(self, y: Tensor, gamma: float) -> None:
+        w_s = (self.model.joint_feature(self.data, self.data.y) - self.model.joint_feature(self.data, y)) / (
+            self.lam * self.n
+        )
+        self.w_blocks.mul_(1.0 - gamma).add_(w_s, alpha=gamma)
+
+    def block_w(self, i: int) -> Tensor:
+        return self.w_blocks[i].clone()
+
+    def _w_from_blocks(self) -> Tensor:
+        return self.w_blocks.sum(0)
+
+    def _avg_accumulate(self, i, S) -> None:
+        if i is None:
+            self.w_blocks_acc.add_(S[:, None] * self.w_blocks)
+        else:
+            self.w_blocks_acc[i].add_(self.w_blocks[i], alpha=S)
+
+    def _avg_w(self, S: Tensor, total: float) -> Tensor:
+        return (self.w_blocks_acc.sum(0) + S @ self.w_blocks) / total
+
+    def _avg_reset_storage(self) -> None:
+        self.w_blocks_acc.zero_()
+
+    def _storage_dict(self) -> dict:
+        return {"w_blocks": self.w_blocks.cpu().clone(), "w_blocks_acc": self.w_blocks_acc.cpu().clone()}
+
+    def _load_storage(self, sd: dict) -> None:
+        self.w_blocks = sd["w_blocks"].to(self.w.device, torch.float64).clone()
+        self.w_blocks_acc = sd["w_blocks_acc"].to(self.w.device, torch.float64).clone()

@@ -1,0 +1,44 @@
+"""Binary segmentation scores: pixel accuracy and foreground IoU (over all pixels and per image).
+
+Foreground is label 1.  An image with no foreground in either the prediction or the truth has IoU 1.
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+__all__ = ["segmentation_counts", "segmentation_metrics", "segmentation_summary"]
+
+
+def segmentation_counts(pred: Tensor, truth: Tensor) -> Tensor:
+    """Per-image ``[tp, fp, fn, tn]`` counts of binary masks ``pred, truth: [B, H, W]``: ``LongTensor[B, 4]``."""
+    p, t = pred.bool().flatten(1), truth.bool().flatten(1)
+    return torch.stack([(p & t).sum(1), (p & ~t).sum(1), (~p & t).sum(1), (~p & ~t).sum(1)], 1)
+
+
+def segmentation_summary(counts: Tensor) -> dict[str, float]:
+    """Pixel accuracy, foreground IoU over all pixels, mean per-image foreground IoU of ``counts [B, 4]``."""
+    tp, fp, fn, tn = counts.double().sum(0)
+    per = counts.double()
+    union = per[:, 0] + per[:, 1] + per[:, 2]
+    per_iou = torch.where(union > 0, per[:, 0] / union.clamp_min(1), torch.ones_like(union))
+    return {"acc": float((tp + tn) / counts.double().sum()), "iou": float(tp / (tp + fp + fn)),
+            "miou": float(per_iou.mean())}
+
+
+def segmentation_metrics(pred, truth, offsets) -> dict[str, float]:
+    """Foreground IoU over all pixels, mean per-image IoU and pixel accuracy (%) of packed binary labelings
+    ``pred, truth: [N_tot]`` (1 = foreground) of the images ``offsets: [n + 1]``.  An image with no foreground in
+    either labeling has IoU 1."""
+    p, t = torch.as_tensor(pred).reshape(-1).bool().cpu(), torch.as_tensor(truth).reshape(-1).bool().cpu()
+    if p.shape != t.shape:
+        raise ValueError(f"{p.numel()} predicted labels but {t.numel()} true labels")
+    img = torch.repeat_interleave(torch.arange(len(offsets) - 1), torch.as_tensor(offsets).cpu().diff())
+    n = len(offsets) - 1
+    tp = torch.zeros(n, dtype=torch.float64).index_add_(0, img, (p & t).double())
+    union = torch.zeros(n, dtype=torch.float64).index_add_(0, img, (p | t).double())
+    per_image = torch.where(union > 0, tp / union.clamp_min(1), torch.ones_like(union))
+    total_union = float(union.sum())
+    return {"test IoU (%)": 100 * (float(tp.sum()) / total_union if total_union else 1.0),
+            "test mean IoU per image (%)": 100 * float(per_image.mean()),
+            "test pixel accuracy (%)": 100 * float((p == t).double().mean())}

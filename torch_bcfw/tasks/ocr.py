@@ -1,0 +1,201 @@
+"""A small CNN under a BCFW-solved chain head on the OCR words (the example of ``configs/ocr_cnn.yaml``).
+
+* :class:`OCRWordsDataModule` -- OCR-large / OCR-small words as packed batches
+  ``(images [N_tok, 1, 16, 8] float32, labels [N_tok], offsets [B + 1])``; implements
+  ``bcfw_dataloader()`` (all training words, fixed order) for :class:`~torch_bcfw.lightning.BCFWCallback`.
+* :class:`LetterCNN` -- plain torch convolutional backbone, 16x8 letter image -> ``feature_dim``
+  features (layer-normalised without affine parameters, so the hinge cannot be lowered by merely
+  scaling the features up).
+* :class:`OCRChainCNN` -- the LightningModule: backbone + :class:`~torch_bcfw.nn.StructuredHead` on a
+  :class:`~torch_bcfw.models.Chain`.  The first ``ce_epochs`` epochs train the backbone with per-letter
+  cross-entropy through an auxiliary linear classifier (the head's ``w`` is still being found); after
+  that with the :class:`~torch_bcfw.nn.StructuredHingeLoss` of the chain head (plus ``ce_weight`` times
+  the cross-entropy).  The head itself is never touched by the optimiser: the callback solves it.
+  Validation / test report ``letter_error`` (mean over words of the fraction of wrong letters: the
+  task loss of the SSVM, the figure the core ``fit`` reports) and ``char_error`` (over all letters).
+"""
+from __future__ import annotations
+
+import lightning.pytorch as pl
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from ..datasets.ocr import N_LETTERS, load_ocr_split
+from ..models import Chain
+from ..nn import StructuredHead, StructuredHingeLoss
+from .eval_hooks import EvalHooks
+
+__all__ = ["LetterCNN", "OCRChainCNN", "OCRWordsDataModule", "pack_words"]
+
+
+class _Words(torch.utils.data.Dataset):
+    def __init__(self, data):
+        lengths = data.lengths.tolist()
+        self.xs = torch.split(data.x.to(torch.float32), lengths)
+        self.ys = torch.split(data.y, lengths)
+
+    def __len__(self):
+        return len(self.xs)
+
+    def __getitem__(self, i):
+        return self.xs[i], self.ys[i]
+
+
+def pack_words(items):
+    """Collate ``[(x [L, 128], y [L])]`` into ``(images [N, 1, 16, 8], labels [N], offsets [B + 1])``."""
+    xs, ys = zip(*items)
+    lengths = torch.tensor([x.shape[0] for x in xs], dtype=torch.long)
+    offsets = torch.zeros(len(xs) + 1, dtype=torch.long)
+    offsets[1:] = torch.cumsum(lengths, 0)
+    return torch.cat(xs).view(-1, 1, 16, 8), torch.cat(ys), offsets
+
+
+class OCRWordsDataModule(pl.LightningDataModule):
+    """OCR words (Taskar et al. 2003) for Lightning.
+
+    Args:
+        path: folder with ``letters.pickle`` / ``letter.data`` (see :func:`~torch_bcfw.datasets.ocr.load_ocr`).
+        split: ``"large"`` (train on the folds != ``fold``, test on ``fold``) or ``"small"``.
+        fold: the test fold (``"large"``) / the training fold (``"small"``).
+        batch_size: words per training batch (shuffled every epoch).
+        eval_batch_size: words per batch of the test loader and of ``bcfw_dataloader``.
+        limit: keep only the first ``limit`` training words (quick runs); ``test_limit`` likewise.
+        seed: seed of the shuffling of the training batches.
+        validate_on_test: also return the test words as the validation loader (learning curves only;
+            there is no separate validation split in the OCR protocol).
+    """
+
+    def __init__(self, path: str | None = None, split: str = "large", fold: int = 0, batch_size: int = 32,
+                 eval_batch_size: int = 512, limit: int | None = None, test_limit: int | None = None,
+                 seed: int = 0, validate_on_test: bool = False, download: bool = False):
+        super().__init__()
+        self.path, self.split, self.fold = path, split, int(fold)
+        self.batch_size, self.eval_batch_size = int(batch_size), int(eval_batch_size)
+        self.limit, self.test_limit = limit, test_limit
+        self.seed, self.validate_on_test, self.download = int(seed), bool(validate_on_test), bool(download)
+        self.train = self.test = None
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.train is not None:
+            return
+        train, test = load_ocr_split(self.path, split=self.split, fold=self.fold, download=self.download)
+        if self.limit is not None:
+            train = train[list(range(min(int(self.limit), len(train))))]
+        if self.test_limit is not None:
+            test = test[list(range(min(int(self.test_limit), len(test))))]
+        self.train_data, self.test_data = train, test
+        self.train, self.test = _Words(train), _Words(test)
+
+    def train_dataloader(self):
+        g = torch.Generator().manual_seed(self.seed)
+        return torch.utils.data.DataLoader(self.train, batch_size=self.batch_size, shuffle=True, generator=g,
+                                           collate_fn=pack_words)
+
+    def _eval_loader(self, words):
+        return torch.utils.data.DataLoader(words, batch_size=self.eval_batch_size, shuffle=False, collate_fn=pack_words)
+
+    def val_dataloader(self):
+        return self._eval_loader(self.test) if self.validate_on_test else []
+
+    def test_dataloader(self):
+        return self._eval_loader(self.test)
+
+    def bcfw_dataloader(self):
+        """All training words in a fixed order (the callback's feature pass)."""
+        return self._eval_loader(self.train)
+
+
+class LetterCNN(nn.Module):
+    """16x8 letter image -> ``feature_dim`` features.
+
+    ``conv(c1) - conv(c1) - pool - conv(c2) - pool - dropout - linear(feature_dim) - LayerNorm`` (no affine).
+    """
+
+    def __init__(self, feature_dim: int = 64, channels: tuple[int, int] = (32, 64), dropout: float = 0.1):
+        super().__init__()
+        c1, c2 = channels
+        self.net = nn.Sequential(
+            nn.Conv2d(1, c1, 3, padding=1), nn.ReLU(),
+            nn.Conv2d(c1, c1, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),  # 8 x 4
+            nn.Conv2d(c1, c2, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),  # 4 x 2
+            nn.Flatten(), nn.Dropout(dropout), nn.Linear(c2 * 8, feature_dim),
+            nn.LayerNorm(feature_dim, elementwise_affine=False),
+        )
+        self.feature_dim = feature_dim
+
+    def forward(self, images):
+        return self.net(images)
+
+
+class OCRChainCNN(EvalHooks, pl.LightningModule):
+    """CNN backbone + chain head solved by :class:`~torch_bcfw.lightning.BCFWCallback` (attribute ``head``).
+
+    Args:
+        feature_dim: backbone output size ``F`` (the chain has ``d = 26 F + 3*26 + 26^2`` weights).
+        channels: convolution widths.
+        dropout: dropout before the backbone's last linear layer.
+        lr: Adam learning rate (cosine-annealed over the trainer's ``max_epochs``).
+        ce_epochs: epochs of cross-entropy warm-up through an auxiliary linear classifier.
+        ce_weight: weight of the cross-entropy once the hinge phase started (0: pure structured hinge).
+        hinge_weight: weight of the structured hinge.
+    """
+
+    def __init__(self, feature_dim: int = 64, channels: tuple[int, int] = (32, 64), dropout: float = 0.1,
+                 lr: float = 2e-3, ce_epochs: int = 2, ce_weight: float = 0.0, hinge_weight: float = 1.0,
+                 n_labels: int = N_LETTERS):
+        super().__init__()
+        self.save_hyperparameters()
+        self.backbone = LetterCNN(feature_dim, tuple(channels), dropout)
+        self.classifier = nn.Linear(feature_dim, n_labels)
+        self.head = StructuredHead(Chain(feature_dim, n_labels))
+        self.hinge = StructuredHingeLoss(self.head)
+        self._eval = []
+
+    # ------------------------------------------------------------ the feature protocol
+    def bcfw_features(self, batch):
+        images, labels, offsets = batch
+        return self.backbone(images), labels, offsets
+
+    # ------------------------------------------------------------ training
+    def training_step(self, batch, batch_idx):
+        images, labels, offsets = batch
+        feats = self.backbone(images)
+        hinge_phase = self.current_epoch >= self.hparams.ce_epochs and bool(self.head.w.abs().sum() > 0)
+        loss = 0.0
+        if not hinge_phase or self.hparams.ce_weight > 0:
+            ce = F.cross_entropy(self.classifier(feats), labels)
+            self.log("train/ce", ce, on_step=False, on_epoch=True, batch_size=len(labels))
+            loss = ce if not hinge_phase else self.hparams.ce_weight * ce
+        if hinge_phase:
+            h = self.hinge(feats, labels, offsets)
+            self.log("train/hinge", h, on_step=False, on_epoch=True, batch_size=len(offsets) - 1)
+            loss = loss + self.hparams.hinge_weight * h
+        return loss
+
+    def configure_optimizers(self):
+        params = list(self.backbone.parameters()) + list(self.classifier.parameters())
+        opt = torch.optim.Adam(params, lr=self.hparams.lr)
+        epochs = self.trainer.max_epochs if self.trainer is not None and self.trainer.max_epochs else 10
+        sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=max(1, epochs))
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "epoch"}}
+
+    # ------------------------------------------------------------ evaluation
+    def _eval_step(self, batch):
+        images, labels, offsets = batch
+        pred = self.head(self.backbone(images), offsets)
+        wrong = (pred != labels).double()
+        lengths = offsets[1:] - offsets[:-1]
+        seq = torch.repeat_interleave(torch.arange(len(lengths), device=labels.device), lengths)
+        per_word = torch.zeros(len(lengths), dtype=torch.float64, device=labels.device).index_add(0, seq, wrong)
+        self._eval.append(torch.stack([(per_word / lengths).sum(), per_word.sum(),
+                                       torch.tensor(float(len(lengths)), device=labels.device),
+                                       lengths.sum().double()]))
+
+    def _eval_end(self, prefix):
+        if not self._eval:
+            return
+        s = torch.stack(self._eval).sum(0)
+        self._eval = []
+        self.log(f"{prefix}/letter_error", s[0] / s[2])
+        self.log(f"{prefix}/char_error", s[1] / s[3])
