@@ -49,10 +49,17 @@ def _fmt(v) -> str:
     return str(v)
 
 
+def _plain(obj):
+    """JSON form of what ``json`` does not know: history records (``CheckRecord``) as their plain dicts."""
+    if hasattr(obj, "to_dict"):
+        return obj.to_dict()
+    raise TypeError(f"Object of type {type(obj).__name__} is not JSON serializable")
+
+
 def write_json(name: str, payload: dict) -> Path:
     RESULTS.mkdir(parents=True, exist_ok=True)
     path = RESULTS / name
     payload = {"machine": machine(), **payload}
-    path.write_text(json.dumps(payload, indent=1))
+    path.write_text(json.dumps(payload, indent=1, default=_plain))
     print(f"wrote {path}")
     return path

@@ -312,8 +312,11 @@ def _lightning():
 
 def _cut_solve(monkeypatch, cb_mod, call: int, how: str = "raise") -> list:
     """Ctrl-C inside the ``call``-th solve of the BCFW callback (0-based, counting the initial solve), at its
-    second chunk: its solver loop gets a :class:`CutRun`.  Returns the list of stop reasons of every solve."""
-    real = cb_mod.run_solver
+    second chunk: its solver loop gets a :class:`CutRun`.  Returns the list of stop reasons of every solve.
+    (The callback solves through :class:`~torch_bcfw.solvers.run.SolverRun`, whose module calls ``run_solver``.)"""
+    from torch_bcfw.solvers import run as run_mod
+
+    real = run_mod.run_solver
     ends = []
 
     def run_solver(alg, options, callbacks=(), **kw):
@@ -323,7 +326,7 @@ def _cut_solve(monkeypatch, cb_mod, call: int, how: str = "raise") -> list:
         ends.append(out.stopped_by)
         return out
 
-    monkeypatch.setattr(cb_mod, "run_solver", run_solver)
+    monkeypatch.setattr(run_mod, "run_solver", run_solver)
     return ends
 
 

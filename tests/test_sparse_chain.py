@@ -186,6 +186,74 @@ def test_csr_and_gram_construction():
     np.testing.assert_allclose(gram[4:].numpy(), (D[2] @ D[2] + 1).reshape(1).numpy())
 
 
+@pytest.mark.parametrize("binary", [False, True])
+def test_products_in_runs_of_bags_over_lean_transposed_entries_give_the_same_bits(monkeypatch, binary):
+    import torch_bcfw.data as data_module
+
+    _, sparse, dense = random_sparse_problem(n=30, F=25, K=3, max_len=8, per_token=6, seed=11, binary=binary)
+    X = sparse.x
+    g = torch.Generator().manual_seed(1)
+    W = torch.randn(X.n_features, 5, generator=g, dtype=torch.float64)
+    M = torch.randn(X.n_rows, 5, generator=g, dtype=torch.float64)
+    order = torch.sort(X.indices, stable=True).indices
+    indptr_t = torch.zeros(X.n_features + 1, dtype=torch.long)
+    indptr_t[1:] = torch.cumsum(torch.bincount(X.indices, minlength=X.n_features), 0)
+
+    def one_call(ids, table, offsets, weights):  # all entries at once, int64 ids, the CSC with its own values
+        return torch.nn.functional.embedding_bag(ids, table, offsets, mode="sum",
+                                                 per_sample_weights=weights.to(table.dtype), include_last_offset=True)
+
+    for chunk in (1, 7, 1 << 20):  # one bag at a time, a few bags per run (a larger bag alone), all at once
+        monkeypatch.setattr(data_module, "_BAG_CHUNK", chunk)
+        Y = SparseFeatures(X.indptr, X.indices, X.values, X.n_features)  # transposed entries not cached yet
+        for t in (torch.float64, torch.float32):
+            assert torch.equal(Y.matmul(W.to(t)), one_call(X.indices, W.to(t), X.indptr, X.values))
+            assert torch.equal(Y.t_matmul(M.to(t)), one_call(X.row_ids()[order], M.to(t), indptr_t, X.values[order]))
+    ip, rows, values = Y._transposed()
+    assert ip.dtype == rows.dtype == torch.int32 and torch.equal(rows.long(), X.row_ids()[order])
+    assert (values is X.values) == binary and torch.equal(values, X.values[order])
+    assert torch.allclose(X.t_matmul(M), dense.x.T @ M, atol=1e-13)
+    empty = SparseFeatures(torch.zeros(4, dtype=torch.long), torch.zeros(0, dtype=torch.long), None, 6)
+    assert torch.equal(empty.matmul(W[:6]), torch.zeros(3, 5, dtype=torch.float64))
+    assert torch.equal(empty.t_matmul(M[:3]), torch.zeros(6, 5, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("binary", [False, True])
+def test_label_sums_need_no_one_hot_table_and_give_its_bits(binary):
+    model, sparse, dense = random_sparse_problem(n=30, F=25, K=4, max_len=8, per_token=6, seed=12, binary=binary)
+    y = torch.randint(0, 4, (sparse.n_tokens,), generator=torch.Generator().manual_seed(2))
+    one_hot = torch.nn.functional.one_hot(y, 4).to(torch.float64)
+    assert torch.equal(model.one_hot(y), one_hot)
+    assert torch.equal(sparse.xt_one_hot(y, 4), sparse.xt_matmul(one_hot))
+    assert torch.equal(dense.xt_one_hot(y, 4), dense.xt_matmul(one_hot))
+    for data in (sparse, dense, sparse[[3, 0, 3]]):
+        labels = data.y if data is not sparse else y
+        ref = model.features_from_marginals(data, model.one_hot(labels), model.transition_counts(data, labels).sum(0))
+        assert torch.equal(model.joint_feature_sum(data, labels), ref)
+        assert torch.allclose(model.joint_feature(data, labels).sum(0), ref, atol=1e-12)
+    with pytest.raises(ValueError, match=r"labels must lie in \[0, 3\]"):
+        model.joint_feature_sum(sparse, torch.full((sparse.n_tokens,), 4))
+
+
+def test_fit_hands_the_chain_storage_to_its_result_and_copies_it_on_warm_start():
+    model, sparse, _ = random_sparse_problem(n=10, F=20, K=3, max_len=6, seed=13)
+    first = fit(model, sparse, 0.05, "bcfw", max_passes=2, gap_check=1, seed=0)
+    saved = {k: v.clone() for k, v in first.solver_state["state"]["storage"].items()}
+    later = fit(model, sparse, 0.05, "bcfw", init=first, max_passes=2, gap_check=1, seed=0)
+    assert all(torch.equal(first.solver_state["state"]["storage"][k], v) for k, v in saved.items())
+    assert not torch.equal(later.solver_state["state"]["storage"]["mu"], saved["mu"])  # the later fit moved on
+    state = ChainDualState(model, sparse, 0.05)
+    sd = state.state_dict()  # a copy: the state goes on
+    assert sd["storage"]["mu"].data_ptr() != state.mu.data_ptr()
+    state.hand_over_storage = True
+    mu = state.mu
+    sd = state.state_dict()  # moved: the state cannot step any more
+    assert sd["storage"]["mu"] is mu and state.mu is None
+    again = ChainDualState(model, sparse, 0.05)
+    again.load_state_dict(sd)
+    assert torch.equal(again.mu, mu) and again.mu.data_ptr() != mu.data_ptr()
+
+
 # ------------------------------------------------------------------ BCFW: sparse == dense
 
 

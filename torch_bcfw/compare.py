@@ -37,6 +37,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
@@ -285,7 +286,7 @@ def write_results(results: dict, out: Path) -> Path:
     def clean(o):
         if isinstance(o, float) and not math.isfinite(o):
             return None
-        if isinstance(o, dict):
+        if isinstance(o, Mapping):  # dicts and history records
             return {k: clean(v) for k, v in o.items()}
         if isinstance(o, (list, tuple)):
             return [clean(v) for v in o]

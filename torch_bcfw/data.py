@@ -184,6 +184,9 @@ def check_cat_parts(cls, parts: Sequence, key) -> None:
 #: largest dense padded feature tensor :meth:`SequenceData.padded` builds from sparse features
 _PADDED_SPARSE_LIMIT = 1 << 27
 
+#: stored entries per call of the gather-and-sum products: bounds their ``[entries]`` temporaries
+_BAG_CHUNK = 1 << 20
+
 
 def _sparse_err(msg: str) -> ValueError:
     return ValueError(f"SparseFeatures: {msg}")
@@ -200,7 +203,8 @@ class SparseFeatures:
     need: ``X W`` (:meth:`matmul`, a gather-and-sum with
     :func:`torch.nn.functional.embedding_bag`), ``X^T M`` (:meth:`t_matmul`, the same over the
     column-major entries, never densified), row selection ``X[rows]``, :meth:`to` (device or
-    dtype) and :meth:`to_dense`.  Treat it as immutable: ``X^T M`` caches the transposed entries.
+    dtype) and :meth:`to_dense`.  Treat it as immutable: ``X^T M`` caches the transposed entries
+    (32-bit row ids where they fit; the values themselves when all are 1).
 
     Args:
         indptr: ``LongTensor[n_rows + 1]``: non-decreasing, ``indptr[0] = 0``, ``indptr[-1] = nnz``.
@@ -396,12 +400,7 @@ class SparseFeatures:
         """``X W`` for ``W: [n_features, K]``: each row gathers and sums its rows of ``W`` (``[n_rows, K]``, ``W``'s dtype)."""
         if W.dim() != 2 or W.shape[0] != self.n_features:
             raise ValueError(f"SparseFeatures.matmul: expected W of shape [{self.n_features}, K], got {tuple(W.shape)}")
-        if self.nnz == 0:
-            return W.new_zeros(self.n_rows, W.shape[1])
-        return torch.nn.functional.embedding_bag(
-            self.indices, W, self.indptr, mode="sum", per_sample_weights=self.values.to(W.dtype),
-            include_last_offset=True,
-        )
+        return _bag_sums(self.indices, W, self.indptr, self.values)
 
     def t_matmul(self, M: Tensor) -> Tensor:
         """``X^T M`` for ``M: [n_rows, K]`` (``[n_features, K]``, ``M``'s dtype), never densifying ``X``.
@@ -415,20 +414,63 @@ class SparseFeatures:
         if self.nnz == 0:
             return M.new_zeros(self.n_features, M.shape[1])
         indptr_t, rows_t, values_t = self._transposed()
-        return torch.nn.functional.embedding_bag(
-            rows_t, M, indptr_t, mode="sum", per_sample_weights=values_t.to(M.dtype), include_last_offset=True,
-        )
+        return _bag_sums(rows_t, M, indptr_t, values_t)
+
+    def t_matmul_one_hot(self, labels: Tensor, n_labels: int, dtype: torch.dtype = torch.float64) -> Tensor:
+        """``X^T onehot(labels)`` for ``labels: LongTensor[n_rows]`` in ``[0, n_labels)``: ``Tensor[n_features,
+        n_labels]`` in ``dtype``, entry ``[f, k]`` the sum of column ``f``'s values over the rows labelled ``k``.
+
+        Scatter-adds the stored entries in row order, so every sum has the terms of ``t_matmul(one_hot)`` in
+        the same order (and the same numbers) without the ``[n_rows, n_labels]`` one-hot table or the
+        transposed entries: one ``[nnz]`` index temporary.
+        """
+        out = torch.zeros(self.n_features * n_labels, dtype=dtype, device=self.device)
+        slot = labels.to(torch.long).repeat_interleave(self.indptr.diff(), output_size=self.nnz)
+        slot.add_(self.indices, alpha=n_labels)  # entry (f, k) of the [F, K] output
+        out.index_add_(0, slot, self.values.to(dtype))
+        return out.view(self.n_features, n_labels)
 
     def _transposed(self) -> tuple[Tensor, Tensor, Tensor]:
-        """CSC form ``(indptr [F + 1], row ids [nnz], values [nnz])``: the entries sorted by column (cached)."""
+        """CSC form ``(indptr [F + 1], row ids [nnz], values [nnz])``: the entries sorted by column, stably (row
+        order within a column); ``indptr`` and the row ids are int32 when ``n_rows``, ``F`` and ``nnz`` fit (else
+        int64), and all-ones values are the stored values themselves (any order of ones is the same) (cached)."""
         cache = self.__dict__.get("_csc")
         if cache is None:
-            order = torch.sort(self.indices, stable=True).indices
-            indptr = torch.zeros(self.n_features + 1, dtype=torch.long, device=self.device)
+            narrow = max(self.n_rows, self.n_features, self.nnz) <= torch.iinfo(torch.int32).max
+            id_dtype = torch.int32 if narrow else torch.long
+            order = torch.sort(self.indices.to(id_dtype), stable=True).indices
+            indptr = torch.zeros(self.n_features + 1, dtype=id_dtype, device=self.device)
             indptr[1:] = torch.cumsum(torch.bincount(self.indices, minlength=self.n_features), 0)
-            cache = (indptr, self.row_ids()[order], self.values[order])
+            rows = torch.repeat_interleave(torch.arange(self.n_rows, dtype=id_dtype, device=self.device),
+                                           self.indptr.diff(), output_size=self.nnz)[order]
+            values = self.values if bool((self.values == 1).all()) else self.values[order]
+            cache = (indptr, rows, values)
             self._csc = cache
         return cache
+
+
+def _bag_sums(ids: Tensor, table: Tensor, offsets: Tensor, weights: Tensor) -> Tensor:
+    """``out[j] = sum_p weights[p] * table[ids[p]]`` over ``p in offsets[j] : offsets[j+1]``: ``Tensor[n_bags, K]``
+    in ``table``'s dtype.
+
+    :func:`torch.nn.functional.embedding_bag` over runs of whole bags of at most :data:`_BAG_CHUNK` entries (a
+    larger bag alone), so that its per-entry bookkeeping stays small; each bag is summed within one call, in entry
+    order, so the result does not depend on the runs.
+    """
+    n_bags = offsets.numel() - 1
+    out = table.new_zeros(n_bags, table.shape[1])
+    a = 0
+    while a < n_bags:
+        # the last bag boundary at most _BAG_CHUNK entries after bag a starts, at least one bag on
+        b = min(max(int(torch.searchsorted(offsets, offsets[a] + _BAG_CHUNK, right=True)) - 1, a + 1), n_bags)
+        s, e = int(offsets[a]), int(offsets[b])
+        if e > s:
+            out[a:b] = torch.nn.functional.embedding_bag(
+                ids[s:e], table, offsets[a : b + 1] - offsets[a], mode="sum",
+                per_sample_weights=weights[s:e].to(table.dtype), include_last_offset=True,
+            )
+        a = b
+    return out
 
 
 def _as_token_features(x) -> Tensor | SparseFeatures:
@@ -677,6 +719,15 @@ class SequenceData:
         if self.is_sparse:
             return self.x.t_matmul(M)
         return self.x.to(M.dtype).T @ M
+
+    def xt_one_hot(self, labels: Tensor, n_labels: int) -> Tensor:
+        """``X^T onehot(labels)`` for token labels ``labels: LongTensor[N_tok]``: ``Tensor[F, n_labels]`` (float64),
+        equal to ``xt_matmul`` of the one-hot table; sparse features never build that table
+        (:meth:`SparseFeatures.t_matmul_one_hot`)."""
+        if self.is_sparse:
+            return self.x.t_matmul_one_hot(labels, n_labels)
+        one_hot = torch.zeros(self.n_tokens, n_labels, dtype=torch.float64, device=self.device)
+        return self.xt_matmul(one_hot.scatter_(1, labels[:, None], 1.0))
 
     def x_csr(self) -> tuple[Tensor, Tensor, Tensor]:
         """``(indptr [N_tok + 1], indices [nnz], values [nnz])``: the token features in CSR form.

@@ -1,11 +1,9 @@
 """``torch_bcfw.fit``: train a structured model with BCFW, batch FW or SSG, and the result it returns."""
 from __future__ import annotations
 
-import copy
 import csv
 import io
 import json
-import math
 from dataclasses import dataclass, field
 
 import torch
@@ -17,21 +15,13 @@ from .duals.checks import check_lam
 from .models.registry import model_from_config, model_name
 from .serialization import atomic_save, atomic_write_text, load_checked, to_plain
 from .signals import deferred_signals
-from .solvers.bcfw import BCFW
-from .solvers.callbacks import Callback, ProgressBar
-from .solvers.cutting_plane import CuttingPlane
-from .solvers.extragradient import Extragradient
-from .solvers.fw import FrankWolfe
-from .solvers.online_eg import OnlineEG
-from .solvers.loop import RunOutput, run_solver
-from .solvers.mpbcfw import MPBCFW, RecordAccounting
+from .solvers.callbacks import Callback
+from .solvers.loop import RunOutput
 from .solvers.options import SOLVERS, SolverOptions
-from .solvers.ssg import SSG
+from .solvers.record import as_records, plain_history
+from .solvers.run import SolverRun
 
 __all__ = ["fit", "FitResult", "HISTORY_COLUMNS"]
-
-_ALGORITHMS = {"bcfw": BCFW, "fw": FrankWolfe, "ssg": SSG, "mp-bcfw": MPBCFW, "cutting-plane": CuttingPlane,
-               "online-eg": OnlineEG, "extragradient": Extragradient}
 
 #: columns of a history record, in CSV order
 HISTORY_COLUMNS = (
@@ -69,6 +59,7 @@ def _checked_weights(t, d: int, where: str) -> Tensor:
 
 
 def _checked_history(history, source: str) -> list:
+    """The saved history (a list of dicts of ``HISTORY_COLUMNS``) as check records."""
     if not isinstance(history, list):
         raise ValueError(f"{source}: history must be a list of records")
     for j, rec in enumerate(history):
@@ -79,7 +70,7 @@ def _checked_history(history, source: str) -> list:
                 raise ValueError(f"{source}: history[{j}] has an unknown column {k!r}")
             if not (v is None or isinstance(v, (int, float, str))):
                 raise ValueError(f"{source}: history[{j}][{k!r}] must be a number, a string or None")
-    return history
+    return as_records(history)
 
 
 @dataclass
@@ -94,7 +85,9 @@ class FitResult:
         options: the :class:`SolverOptions` used.
         w: ``Tensor[d]`` float64, the last iterate, as certified by the last check (``history[-1]``).
         w_avg: ``Tensor[d]`` the weighted average of the iterates at that check (``None`` without averaging).
-        history: one dict per exact gap check (see ``HISTORY_COLUMNS``).
+        history: one :class:`~torch_bcfw.solvers.record.CheckRecord` per exact gap check (a read-only mapping of
+            ``HISTORY_COLUMNS``; saved files and :meth:`write_history_json` hold its plain dict, which
+            :meth:`load` reads back as records).
         stopped_by: ``"max_passes"``, ``"gap_tol"``, ``"time_budget"``, ``"converged"`` (every exact block
             gap is zero) or ``"interrupted"``.
         solver_state: the algorithm's state (dual blocks, sampler, counters) for warm starts.  It is the latest
@@ -170,7 +163,7 @@ class FitResult:
             "options": self.options.to_dict(),
             "w": self.w.cpu(),
             "w_avg": None if self.w_avg is None else self.w_avg.cpu(),
-            "history": self.history,
+            "history": plain_history(self.history),
             "stopped_by": self.stopped_by,
             "solver_state": self.solver_state,
             "counters": self.counters,
@@ -242,7 +235,8 @@ class FitResult:
     def write_history_json(self, path) -> None:
         """Solver, ``lam``, options, stopping reason and history as JSON, written atomically."""
         atomic_write_text(path, json.dumps({"solver": self.solver, "lam": self.lam, "options": self.options.to_dict(),
-                                            "stopped_by": self.stopped_by, "history": self.history}, indent=1))
+                                            "stopped_by": self.stopped_by, "history": plain_history(self.history)},
+                                           indent=1))
 
     def summary(self) -> dict:
         """Final figures of the run (one flat dict)."""
@@ -313,25 +307,12 @@ def fit(
     if test_data is not None:
         model.check_data(test_data)
     _check_same_device(data, test_data)
-    alg = _ALGORITHMS[solver](model, data, lam, opts, bounds=bounds)
-    opts = alg.options  # preset="auto" is resolved by the algorithm
-    history, counters = [], {}
+    run = SolverRun(model, data, lam, solver, opts, bounds=bounds)
+    alg, opts = run.algorithm, run.options  # preset="auto" is resolved by the algorithm
     if init is not None:
-        if init.solver != solver:
-            raise ValueError(f"cannot warm-start solver {solver!r} from a {init.solver!r} result")
-        if not math.isclose(init.lam, lam, rel_tol=0, abs_tol=0):
-            raise ValueError(f"cannot warm-start at lam = {lam} from a result at lam = {init.lam}")
-        theirs = {k: getattr(init.options, k) for k in ("sampling", "step_rule", "cache")}
-        ours = {k: getattr(opts, k) for k in theirs}
-        if theirs != ours:
-            raise ValueError(f"cannot warm-start with {ours} from a result run with {theirs}: pass the options of the "
-                             f"run being continued (e.g. preset={init.options.preset!r})")
-        alg.load_state_dict(init.solver_state)
-        history = copy.deepcopy(init.history)
-        counters = dict(init.counters)
-    cbs = ([RecordAccounting(alg)] if hasattr(alg, "accounting") else []) + list(callbacks or [])
-    if opts.progress:
-        cbs.append(ProgressBar())
+        run.load_state_dict({"solver": init.solver, "lam": init.lam, "options": init.options,
+                             "solver_state": init.solver_state, "counters": init.counters, "history": init.history})
+    counters = run.counters
 
     def result(out: RunOutput, snapshot: bool = False) -> FitResult:
         # the weights go with the certificate of history[-1]: those its check certified (the algorithm may have
@@ -343,7 +324,10 @@ def fit(
         else:
             w, avg = alg.iterate()[0], alg.averaged()
             w_avg = None if avg is None else avg[0]
-        # state_dict() returns copies (tensors cloned to CPU) and alg is dropped when fit returns: no deep copy
+        if not snapshot and hasattr(run.state, "hand_over_storage"):
+            run.state.hand_over_storage = True  # the state is dropped when fit returns: its storage moves to the result
+        # state_dict() returns copies (tensors on CPU) or storage handed over, and alg is dropped when fit returns:
+        # no deep copy
         return FitResult(
             model=model, lam=lam, solver=solver, options=opts, w=w.clone(),
             w_avg=None if w_avg is None else w_avg.clone(), history=list(out.history) if snapshot else out.history,
@@ -361,8 +345,7 @@ def fit(
         checkpoint.start(alg.work / alg.n)
     after = save_if_due if checkpoint is not None else None
 
-    out = run_solver(alg, opts, test_data=test_data, callbacks=cbs, counters=counters, history=history,
-                     after_iteration=after)
+    out = run.run(test_data=test_data, callbacks=callbacks, after_iteration=after)
     res = result(out)
     if checkpoint is not None:
         with deferred_signals():

@@ -40,6 +40,12 @@ class ChainDualState(DualState):
         lam: the regularisation ``lam > 0``.
     """
 
+    #: True: :meth:`state_dict` moves the storage (``mu``, ``T`` and their accumulators, on CPU) into the dict
+    #: instead of copying it, and the state cannot step any more.  For the owner of a state dropped after saving
+    #: it (:func:`~torch_bcfw.fit` building its result): no second copy of the largest arrays.
+    #: :meth:`load_state_dict` always copies, so no state ever writes into a saved dict.
+    hand_over_storage = False
+
     def __init__(self, model, data, lam: float):
         super().__init__(model, data, lam)
         self.mu = model.one_hot(data.y)
@@ -299,12 +305,18 @@ class ChainDualState(DualState):
             avg.ell, avg.k = float(avg_s[0]), int(avg_s[1])
 
     def _storage_dict(self) -> dict:
-        return {name: getattr(self, name).cpu().clone() for name in ("mu", "T", "mu_acc", "T_acc")}
+        names = ("mu", "T", "mu_acc", "T_acc")
+        if not self.hand_over_storage:
+            return {name: getattr(self, name).to("cpu", copy=True) for name in names}
+        sd = {name: getattr(self, name).cpu() for name in names}
+        for name in names:  # moved out: a later step fails instead of writing into the saved tensors
+            setattr(self, name, None)
+        return sd
 
     def _load_storage(self, sd: dict) -> None:
         dev = self.w.device
         for name in ("mu", "T", "mu_acc", "T_acc"):
-            setattr(self, name, sd[name].to(dev, torch.float64).clone())
+            setattr(self, name, sd[name].to(dev, torch.float64, copy=True))
 
 
 def _narrow_ids(ids: Tensor, n: int) -> np.ndarray:

@@ -15,16 +15,12 @@ from ..data import MulticlassData, SequenceData, StructuredData, check_index_ten
 from ..duals.active_set import ActiveSetDualState
 from ..duals.checks import check_lam
 from ..nn import StructuredHead
-from ..solvers.bcfw import BCFW
-from ..solvers.fw import FrankWolfe
 from ..signals import deferred_signals
-from ..solvers.loop import run_solver
-from ..solvers.mpbcfw import MPBCFW, RecordAccounting
 from ..solvers.options import SolverOptions
+from ..solvers.record import CheckRecord, as_records, plain_history
+from ..solvers.run import DUAL_STATE_SOLVERS, SolverRun
 
 __all__ = ["BCFWCallback", "collect_features", "make_dual_state"]
-
-_ALGORITHMS = {"bcfw": BCFW, "fw": FrankWolfe, "mp-bcfw": MPBCFW}
 
 
 def make_dual_state(model, data, lam: float):
@@ -199,8 +195,8 @@ class BCFWCallback(Callback):
                  solver_options: dict | None = None, **options):
         super().__init__()
         self.lam = check_lam(lam)
-        if solver not in _ALGORITHMS:
-            raise ValueError(f"unknown solver {solver!r} for BCFWCallback; choose from {sorted(_ALGORITHMS)}")
+        if solver not in DUAL_STATE_SOLVERS:
+            raise ValueError(f"unknown solver {solver!r} for BCFWCallback; choose from {sorted(DUAL_STATE_SOLVERS)}")
         if int(every_n_epochs) < 1:
             raise ValueError(f"every_n_epochs must be >= 1, got {every_n_epochs}")
         if not passes_per_call > 0:
@@ -235,7 +231,7 @@ class BCFWCallback(Callback):
         self.dual_sd = None  # dual state dict after the last call (CPU tensors)
         self.alg_sd = None  # sampler / iteration and oracle counters
         self.counters = {}
-        self.history = []  # the solver's record of every call's final check (plus "epoch", "stale")
+        self.history = []  # the CheckRecord of every call's final check (with extra "epoch", "stale", ...)
         self.calls = 0
         self.solved_epoch = None  # the epoch whose end-of-epoch solve is done
         self.last_record = None
@@ -332,13 +328,15 @@ class BCFWCallback(Callback):
                 "on every call (no shuffling, no dropped batches)"
             ) from exc
 
-    def solve(self, trainer, pl_module, passes: float, log: bool = True) -> dict:
-        """One call: features, rebind, ``passes`` solver passes, exact check, write the head, log."""
+    def solve(self, trainer, pl_module, passes: float, log: bool = True) -> CheckRecord:
+        """One call: features, rebind, ``passes`` solver passes, exact check, write the head, log; returns the
+        record of the final check (with the extra columns ``epoch``, ``stale``, ``call``, ``feature_time``,
+        ``wall``)."""
         # validation hooks run under torch.inference_mode: keep the solver's tensors ordinary ones
         with torch.inference_mode(False):
             return self._solve(trainer, pl_module, passes, log)
 
-    def _solve(self, trainer, pl_module, passes: float, log: bool) -> dict:
+    def _solve(self, trainer, pl_module, passes: float, log: bool) -> CheckRecord:
         t0 = time.perf_counter()
         head = self._head(pl_module)
         model = head.model
@@ -349,17 +347,10 @@ class BCFWCallback(Callback):
         if self.dual_sd is not None:
             stale = float((state.w - self.dual_sd["w"].to(state.w.device)).abs().max()) if state.d else 0.0
         opts = SolverOptions.from_kwargs(**{**self.options.to_dict(), "max_passes": passes})
-        alg = _ALGORITHMS[self.solver](model, data, self.lam, opts, state=state)
-        if self.alg_sd is not None:
-            if "sampler" in self.alg_sd and hasattr(alg, "sampler"):
-                alg.sampler.load_state_dict(self.alg_sd["sampler"])
-            if "iteration" in self.alg_sd and hasattr(alg, "iteration"):
-                alg.iteration = int(self.alg_sd["iteration"])
-            alg.oracle_calls = int(self.alg_sd["oracle_calls"])
-        extra = (RecordAccounting(alg),) if hasattr(alg, "accounting") else ()  # mp-bcfw's cost accounting
-        # the solver works on copies of the counters and history: an interrupted call leaves no trace
-        counters, history = dict(self.counters), list(self.history)
-        out = run_solver(alg, opts, callbacks=extra, counters=counters, history=history)
+        run = SolverRun(model, data, self.lam, self.solver, opts, state=state)
+        # the run works on copies of the counters and history: an interrupted call leaves no trace
+        run.load_progress(self.alg_sd, self.counters, self.history)
+        out = run.run()
         if out.stopped_by == "interrupted":
             self.interrupted = True
             if self.verbose:
@@ -369,6 +360,7 @@ class BCFWCallback(Callback):
                 f"BCFWCallback {self.name!r}: the solve was interrupted; the head keeps the weights of the last "
                 "finished call"
             )
+        alg, history = run.algorithm, run.history
         rec = history[-1]
         del history[len(self.history):-1]  # keep one record per call
         w, _ = alg.iterate()
@@ -381,7 +373,7 @@ class BCFWCallback(Callback):
         with deferred_signals((signal.SIGINT,)):  # the head and the callback's state change together
             head.set_weights(w)
             self.dual_sd, self.alg_sd = dual_sd, alg_sd
-            self.counters, self.history = counters, history
+            self.counters, self.history = run.counters, history
             self.calls += 1
             self.last_record = rec
             self.last_data = data
@@ -420,7 +412,7 @@ class BCFWCallback(Callback):
             "dual_state": copy.deepcopy(self.dual_sd),
             "alg": copy.deepcopy(self.alg_sd),
             "counters": dict(self.counters),
-            "history": _to_primitive(copy.deepcopy(self.history)),
+            "history": _to_primitive(plain_history(self.history)),
             "calls": self.calls,
             "solved_epoch": self.solved_epoch,
         }
@@ -436,7 +428,7 @@ class BCFWCallback(Callback):
         self.dual_sd = state_dict["dual_state"]
         self.alg_sd = state_dict["alg"]
         self.counters = dict(state_dict["counters"])
-        self.history = list(state_dict["history"])
+        self.history = as_records(state_dict["history"])
         self.calls = int(state_dict["calls"])
         self.solved_epoch = state_dict.get("solved_epoch")
         self.last_record = self.history[-1] if self.history else None

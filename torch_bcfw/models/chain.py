@@ -221,11 +221,36 @@ class Chain(StructuredModel):
         )
 
     def one_hot(self, y: Tensor) -> Tensor:
-        return torch.nn.functional.one_hot(y, self.n_labels).to(torch.float64)
+        """The labels ``y: LongTensor[N_tok]`` as one-hot rows ``Tensor[N_tok, K]`` (float64)."""
+        out = torch.zeros(y.shape[0], self.n_labels, dtype=torch.float64, device=y.device)
+        return out.scatter_(1, y[:, None], 1.0)
 
     def joint_feature_sum(self, data: SequenceData, y: Tensor) -> Tensor:
+        """``sum_i phi(x_i, y_i)``: ``Tensor[d]`` (float64), from label counts and ``X^T onehot(y)``
+        (:meth:`SequenceData.xt_one_hot`).
+
+        The same numbers as ``features_from_marginals(data, one_hot(y), transition_counts(data, y).sum(0))``
+        (the counts are exact integers, the emission sums have the same terms in the same order), without the
+        ``[N_tok, K]`` one-hot table or the ``[n, K, K]`` per-sequence counts.
+        """
         y = self._check_y(data, y)
-        return self.features_from_marginals(data, self.one_hot(y), self.transition_counts(data, y).sum(0))
+        K = self.n_labels
+        if y.numel() and (int(y.min()) < 0 or int(y.max()) >= K):
+            raise ValueError(f"labels must lie in [0, {K - 1}], got range [{int(y.min())}, {int(y.max())}]")
+        j = self._pairs(data)
+
+        def counts(labels: Tensor, n: int) -> Tensor:
+            return torch.bincount(labels, minlength=n).to(torch.float64)
+
+        return torch.cat(
+            [
+                data.xt_one_hot(y, K).reshape(-1),
+                counts(y, K),
+                counts(y[data.offsets[:-1]], K),
+                counts(y[data.offsets[1:] - 1], K),
+                counts(y[j] * K + y[j + 1], K * K),
+            ]
+        )
 
     def joint_feature(self, data: SequenceData, y: Tensor) -> Tensor:
         """``phi(x_i, y_i')`` for every sequence: ``Tensor[n, d]`` (float64), scattered from the CSR entries.

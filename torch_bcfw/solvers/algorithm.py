@@ -84,6 +84,17 @@ class Algorithm:
     def load_state_dict(self, sd: dict) -> None:
         raise NotImplementedError
 
+    def load_progress(self, sd: dict) -> None:
+        """Continue the progress of the run that wrote ``sd`` (a :meth:`state_dict`) on a dual state of its own:
+        the block sampler's generator, the iteration count (batch and multi-plane FW) and the oracle calls.  What
+        belongs to the dual state or the features it was computed on (block-gap estimates, cache, averages) is
+        not loaded: this is the resume of a run whose dual state was re-bound to new features."""
+        if "sampler" in sd and hasattr(self, "sampler"):
+            self.sampler.load_state_dict(sd["sampler"])
+        if "iteration" in sd and hasattr(self, "iteration"):
+            self.iteration = int(sd["iteration"])
+        self.oracle_calls = int(sd["oracle_calls"])
+
 
 def normalise_bounds(bounds, model):
     """``(lower, upper)`` of the problem: ``bounds`` if given, else ``model.weight_bounds()``; ``None`` when

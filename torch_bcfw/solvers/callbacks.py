@@ -17,7 +17,8 @@ class Callback:
         """After each chunk of steps (usually one effective pass)."""
 
     def on_check(self, record: dict) -> None:
-        """After each exact gap check, with the new history record."""
+        """After each exact gap check, with the new history record (a
+        :class:`~torch_bcfw.solvers.record.CheckRecord`; ``record.update(...)`` adds columns)."""
 
     def on_end(self, record: dict | None, stopped_by: str) -> None:
         """When the run ends (``record`` is the last history record)."""

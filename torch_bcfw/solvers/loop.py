@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 from ..signals import deferred_signals
 from .certificate import certify, task_loss
+from .record import CheckRecord
 
 __all__ = ["run_solver", "RunOutput"]
 
@@ -28,7 +29,7 @@ class RunOutput:
     """What :func:`run_solver` returns.
 
     Attributes:
-        history: the check records (the caller's list, extended).
+        history: the :class:`~torch_bcfw.solvers.record.CheckRecord` of every check (the caller's list, extended).
         stopped_by: the stopping rule that ended the run.
         checked_weights: ``(w, w_avg or None)``, copies of the iterates the last completed check of this run
             certified (``None`` when no check completed).  After a second Ctrl-C during the final check the
@@ -41,42 +42,32 @@ class RunOutput:
     checked_weights: tuple | None = None
 
 
-def _check(alg, options, test_data, counters: dict, out: RunOutput) -> dict:
+def _check(alg, options, test_data, counters: dict, out: RunOutput) -> CheckRecord:
     """Exact certificate of the last (and averaged) iterate; returns the history record and stores copies of
     the certified iterates in ``out.checked_weights`` once the record is complete."""
     t0 = time.perf_counter()
     model, data, lam = alg.model, alg.data, alg.lam
     w, ell = alg.iterate()
     cert = alg.certificate()
-    rec = {
-        "passes": alg.oracle_calls / alg.n,
-        "oracle_calls": alg.oracle_calls,
-        "cache_hits": alg.cache_hits,
-        "steps": alg.work,
-        "primal": cert.primal,
-        "dual": cert.dual,
-        "gap": cert.gap,
-        "primal_avg": None,
-        "dual_avg": None,
-        "gap_avg": None,
-    }
+    rec = CheckRecord(passes=alg.oracle_calls / alg.n, oracle_calls=alg.oracle_calls, cache_hits=alg.cache_hits,
+                      steps=alg.work, primal=cert.primal, dual=cert.dual, gap=cert.gap)
     avg = alg.averaged()
     if avg is not None and options.check_averaged:
         c2 = certify(model, data, avg[0], avg[1], lam)
-        rec.update(primal_avg=c2.primal, dual_avg=c2.dual, gap_avg=c2.gap)
+        rec.primal_avg, rec.dual_avg, rec.gap_avg = c2.primal, c2.dual, c2.gap
     # any dual-feasible point bounds P* from below: certify the better primal against the better dual
-    primals = [(rec["primal"], "last")] + ([(rec["primal_avg"], "averaged")] if rec["primal_avg"] is not None else [])
-    duals = [d for d in (rec["dual"], rec["dual_avg"]) if d is not None]
-    best_primal, rec["selected"] = min(primals)
-    rec["gap_best"] = best_primal - max(duals) if duals else None
-    w_model = avg[0] if rec["selected"] == "averaged" else w
-    rec["train_loss"] = task_loss(model, data, w_model) if options.track_train_loss else None
-    rec["test_loss"] = task_loss(model, test_data, w_model) if test_data is not None else None
+    primals = [(rec.primal, "last")] + ([(rec.primal_avg, "averaged")] if rec.primal_avg is not None else [])
+    duals = [d for d in (rec.dual, rec.dual_avg) if d is not None]
+    best_primal, rec.selected = min(primals)
+    rec.gap_best = best_primal - max(duals) if duals else None
+    w_model = avg[0] if rec.selected == "averaged" else w
+    rec.train_loss = task_loss(model, data, w_model) if options.track_train_loss else None
+    rec.test_loss = task_loss(model, test_data, w_model) if test_data is not None else None
     counters["gap_time"] += time.perf_counter() - t0
-    counters["gap_oracle_calls"] += len(data) * (2 if rec["gap_avg"] is not None else 1)
-    rec["solver_time"] = counters["solver_time"]
-    rec["gap_time"] = counters["gap_time"]
-    rec["gap_oracle_calls"] = counters["gap_oracle_calls"]
+    counters["gap_oracle_calls"] += len(data) * (2 if rec.gap_avg is not None else 1)
+    rec.solver_time = counters["solver_time"]
+    rec.gap_time = counters["gap_time"]
+    rec.gap_oracle_calls = counters["gap_oracle_calls"]
     out.checked_weights = (w.detach().clone(), None if avg is None else avg[0].detach().clone())
     return rec
 
