@@ -67,7 +67,8 @@ from torch import Tensor
 
 from .checks import check_bounds, check_lam
 from .fingerprint import features_fingerprint, labels_fingerprint
-from .stepsize import PAIRWISE_RULE, average_weight, clipped_step, step_size
+from .plan import StepPlan, generic_plan_steps
+from .stepsize import PAIRWISE_RULE, average_weight, clipped_step, lazy_weight, step_size
 from .working_set import ALPHA, WorkingSet, block_labelings
 
 __all__ = ["DualState"]
@@ -153,8 +154,7 @@ class DualState:
 
     def _avg_touch(self, i: int) -> None:
         """Block ``i`` is about to change at clock ``avg_t``: bring its accumulator up to date."""
-        last = int(self.avg_last[i])
-        S = 0.5 * (self.avg_t * (self.avg_t + 1.0) - last * (last + 1.0))
+        S = lazy_weight(self.avg_t, int(self.avg_last[i]))
         if S != 0.0:
             self._avg_accumulate(i, S)
         self.avg_last[i] = self.avg_t
@@ -409,17 +409,14 @@ class DualState:
         """Zero the storage's average accumulators."""
         raise NotImplementedError
     def run_steps(self, order: np.ndarray, step_code: int, averaging: bool = True) -> np.ndarray:
-        """Sequential BCFW steps on the blocks in ``order`` (``int64[m]``), each after an exact oracle call.
+        """Sequential BCFW steps on the blocks in ``order`` (``int64[m]``), each after an exact oracle call: the plain
+        :class:`~torch_bcfw.duals.plan.StepPlan`, here in the generic step loop
+        (:func:`~torch_bcfw.duals.plan.generic_plan_steps`).
 
         Returns the ``m`` block gaps observed (``float64[m]``).  Compact states override this with
         a fused kernel; the result must be identical.
         """
-        gaps = np.empty(len(order), dtype=np.float64)
-        for j, i in enumerate(order):
-            i = int(i)
-            y = self.model.oracle(self.w, self.block_data(i), loss_augmented=True)
-            gaps[j], _ = self.block_step(i, y, step_code, averaging)
-        return gaps
+        return generic_plan_steps(self, StepPlan.plain(order, step_code, averaging)).gaps
 
     # ------------------------------------------------------------ fused kernels (capabilities of a state)
     def can_run_plan(self) -> bool:
@@ -463,8 +460,7 @@ class DualState:
         if gamma != 0.0:
             old_ell = self.ell
             if averaging:
-                last = self.avg_last.to(torch.float64)
-                S = 0.5 * (self.avg_t * (self.avg_t + 1.0) - last * (last + 1.0))
+                S = lazy_weight.py_func(self.avg_t, self.avg_last.to(torch.float64))
                 self._avg_accumulate(None, S.to(self.w.device))
                 self.avg_last.fill_(self.avg_t)
             self._move_all(y, gamma)
@@ -487,9 +483,8 @@ class DualState:
         T = self.avg_t
         if T == 0:
             return self.w.clone(), self.dual_ell()
-        total = 0.5 * T * (T + 1.0)
-        last = self.avg_last.to(torch.float64)
-        S = (total - 0.5 * last * (last + 1.0)).to(self.w.device)
+        total = average_weight(T)
+        S = lazy_weight.py_func(T, self.avg_last.to(torch.float64)).to(self.w.device)
         v_avg, ell_avg = self._avg_w(S, total), self.ell - self.avg_ell_u / total
         if self._box:  # the averaged alpha gives v_avg; its feasible pair is (clip(v_avg), l_avg - box term)
             return torch.clamp(v_avg, self.lower, self.upper), ell_avg - self.box_term(v_avg)

@@ -191,22 +191,31 @@ class ChainDualState(DualState):
         return self._kernel_inputs
 
     def run_steps(self, order: np.ndarray, step_code: int, averaging: bool = True) -> np.ndarray:
-        if self.w.device.type != "cpu" or self.has_bounds:  # box constraints: the generic (torch) steps
+        if not self.can_run_plan():  # box constraints: the generic (torch) steps
             return super().run_steps(order, step_code, averaging)
+        return self._plain_steps(order, step_code, averaging)
+
+    def _plain_steps(self, order: np.ndarray, step_code: int, averaging: bool) -> np.ndarray:
+        """The plain plan in the compiled kernel :func:`~torch_bcfw.duals.chain_kernels.chain_bcfw_steps`."""
         from .chain_kernels import chain_bcfw_steps
 
-        kin = self._prepare_kernel()
         gaps = np.empty(len(order), dtype=np.float64)
         ells = np.array([self.ell, self.avg_ell_u])
-        w_views = [t.numpy() for t in self.model.unpack(self.v)]
         self.k, self.avg_t = chain_bcfw_steps(
-            np.ascontiguousarray(order, dtype=np.int64), step_code, averaging, self.lam, self.k,
-            kin["indptr"], kin["indices"], kin["values"], kin["y"], kin["offsets"], kin["gram"], kin["gram_off"],
-            *w_views, self.mu.numpy(), self.T.numpy(), self.block_ell.numpy(), ells, gaps,
-            self.avg_t, self.mu_acc.numpy(), self.T_acc.numpy(), self.avg_last.numpy(),
+            np.ascontiguousarray(order, dtype=np.int64), step_code, averaging, self.lam, self.k, self.avg_t,
+            *self._kernel_groups(ells), gaps,
         )
         self.ell, self.avg_ell_u = float(ells[0]), float(ells[1])
         return gaps
+
+    def _kernel_groups(self, ells: np.ndarray) -> tuple:
+        """The argument groups every chain kernel takes (:mod:`.chain_kernels`): ``feats``, ``wts`` (views of ``v``),
+        ``state = (mu, T, block_ell, ells)`` and ``avg = (mu_acc, T_acc, avg_last)``."""
+        kin = self._prepare_kernel()
+        feats = (kin["indptr"], kin["indices"], kin["values"], kin["y"], kin["offsets"], kin["gram"], kin["gram_off"])
+        wts = tuple(t.numpy() for t in self.model.unpack(self.v))
+        return (feats, wts, (self.mu.numpy(), self.T.numpy(), self.block_ell.numpy(), ells),
+                (self.mu_acc.numpy(), self.T_acc.numpy(), self.avg_last.numpy()))
 
     def can_run_plan(self) -> bool:
         """The fused kernel :meth:`run_plan` applies: CPU tensors and no box constraints."""
@@ -214,17 +223,18 @@ class ChainDualState(DualState):
 
     def run_plan(self, plan) -> PlanResult:
         """Run a :class:`~torch_bcfw.duals.plan.StepPlan` in the compiled loop
-        :func:`~torch_bcfw.duals.chain_variant_kernels.chain_plan_steps` (same trajectory as the generic
-        step loop; only when :meth:`can_run_plan`)."""
+        :func:`~torch_bcfw.duals.chain_variant_kernels.chain_plan_steps`, a plain plan in
+        :func:`~torch_bcfw.duals.chain_kernels.chain_bcfw_steps` (same trajectory as the generic step loop; only
+        when :meth:`can_run_plan`)."""
+        if plan.is_plain:
+            return PlanResult.of_plain(plan, self._plain_steps(plan.order, plan.step_code, plan.averaging))
         from .chain_variant_kernels import NEED_GAP_PASS, chain_plan_steps
 
-        kin = self._prepare_kernel()
         m = int(plan.m)
         gaps = np.full(m, np.nan)
         blocks = np.full(m, -1, dtype=np.int64)
         ells = np.array([self.ell, self.avg_ell_u])
         counters = np.zeros(6, dtype=np.int64)
-        w_views = [t.numpy() for t in self.model.unpack(self.v)]
         ws = self.working_set if plan.use_ws else None
         if ws is not None:
             wsa = ws.arrays()
@@ -234,16 +244,14 @@ class ChainDualState(DualState):
                    np.zeros((1, 3)), np.zeros(1, dtype=np.int32), np.zeros(1, dtype=np.uint8))
         order = plan.order if plan.order is not None else np.zeros(0, dtype=np.int64)
         uniforms = plan.uniforms if plan.uniforms is not None else np.zeros(0)
-        key, fl, lab = chain_plan_steps(
-            m, int(plan.sample_mode), np.ascontiguousarray(order, dtype=np.int64), np.ascontiguousarray(uniforms, dtype=np.float64),
-            plan.queue, plan.smeta, plan.est, plan.tree, int(plan.tsize), float(plan.power), bool(plan.track_est),
-            int(plan.rule), bool(plan.use_ws), bool(plan.cache), float(plan.F), float(plan.glob_thr), int(plan.max_size),
-            bool(plan.keep_inactive), *wsa,
-            int(plan.step_code), bool(plan.averaging), self.lam, self.k,
-            kin["indptr"], kin["indices"], kin["values"], kin["y"], kin["offsets"], kin["gram"], kin["gram_off"],
-            *w_views, self.mu.numpy(), self.T.numpy(), self.block_ell.numpy(), ells, gaps, blocks,
-            self.avg_t, self.mu_acc.numpy(), self.T_acc.numpy(), self.avg_last.numpy(), counters,
-        )
+        parts = (m, int(plan.rule), bool(plan.use_ws), bool(plan.cache), float(plan.F), float(plan.glob_thr),
+                 int(plan.max_size), bool(plan.keep_inactive), bool(plan.track_est))
+        sampling = (int(plan.sample_mode), np.ascontiguousarray(order, dtype=np.int64),
+                    np.ascontiguousarray(uniforms, dtype=np.float64), plan.queue, plan.smeta, plan.est, plan.tree,
+                    int(plan.tsize), float(plan.power))
+        step = (int(plan.step_code), bool(plan.averaging), self.lam, self.k, self.avg_t)
+        key, fl, lab = chain_plan_steps(parts, sampling, tuple(wsa), step, *self._kernel_groups(ells),
+                                        (gaps, blocks, counters))
         if ws is not None:
             ws.set_pool(key, fl, lab)
         self.ell, self.avg_ell_u = float(ells[0]), float(ells[1])
@@ -285,18 +293,14 @@ class ChainDualState(DualState):
         from .chain_mp_kernels import chain_mp_steps
 
         ws = self.working_set
-        kin = self._prepare_kernel()
         ells = np.array([self.ell, self.avg_ell_u])
         counters = np.zeros(2, dtype=np.int64)
         avg_v = avg.v.numpy() if avg is not None else np.zeros(1)
         avg_s = np.array([avg.ell, avg.k], dtype=np.float64) if avg is not None else np.zeros(2)
         key, fl, lab = chain_mp_steps(
-            mode, np.ascontiguousarray(order, dtype=np.int64), ylab, float(stamp), float(cutoff), int(max_planes),
-            avg is not None, *ws.arrays(), self.lam, self.k, self.avg_t,
-            kin["indptr"], kin["indices"], kin["values"], kin["y"], kin["offsets"], kin["gram"], kin["gram_off"],
-            *[t.numpy() for t in self.model.unpack(self.v)], self.mu.numpy(), self.T.numpy(), self.block_ell.numpy(),
-            ells, self.mu_acc.numpy(), self.T_acc.numpy(), self.avg_last.numpy(), self.v.numpy(), avg_v, avg_s,
-            counters,
+            mode, np.ascontiguousarray(order, dtype=np.int64), ylab, (float(stamp), float(cutoff), int(max_planes)),
+            ws.arrays(), (self.lam, self.k, self.avg_t), *self._kernel_groups(ells),
+            (avg is not None, self.v.numpy(), avg_v, avg_s), counters,
         )
         ws.set_pool(key, fl, lab)
         self.ell, self.avg_ell_u = float(ells[0]), float(ells[1])

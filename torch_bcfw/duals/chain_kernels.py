@@ -11,6 +11,10 @@ form (``indptr[N_tok+1], indices[nnz], values[nnz]``) so binary pixels and spars
 cost only their non-zeros; ids, values and the Gram entries below may come in any narrower exact type
 (:meth:`~torch_bcfw.duals.chain.ChainDualState._prepare_kernel`).
 
+Arguments come in a few groups (tuples, unpacked on entry): ``feats = (indptr, indices, values, y, offsets, gram,
+gram_off)`` (:meth:`~torch_bcfw.duals.chain.ChainDualState._prepare_kernel`), ``wts = (We, bias, start, end, trans)``
+(views of ``w``), ``state = (mu, T, block_ell, ells)`` and ``avg = (mu_acc, T_acc, last)`` (the lazy average).
+
 Block state: unary marginals ``mu[N_tok, K]`` and transition marginals ``T[n, K, K]`` with
 ``w_i = (phi_i(y_i) - phi_i(mu_i)) / (lam n)``.  For a direction ``delta = e_{y*} - mu_i``,
 ``||phi_i(delta)||^2 = sum_{t,t'} G_i[t,t'] <delta_t, delta_t'> + ||delta_0||^2 + ||delta_{L-1}||^2
@@ -26,7 +30,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from ..inference.viterbi import viterbi_numba
-from .stepsize import average_weight, step_size
+from .stepsize import average_weight, lazy_weight, step_size
 
 
 # the intrinsic's mangled name: "p0" with the opaque pointers of LLVM >= 15, "p0i8" before
@@ -229,13 +233,19 @@ def _transition_update(Ti, trans, Ta, ystar, a, gamma, S):
 
 
 @njit(cache=True, fastmath=True)
-def fw_move(i, s, L, n, lam, k, step_code, averaging, clock, score_star, score_mu, ell_i, ell_s, sq_T, ystar,
-            indptr, indices, values, gram, gram_off, We, bias, start, end, trans,
-            mu, T, block_ell, ells, mu_acc, T_acc, last, D):
+def fw_move(i, s, L, step, clock, corner, ystar, D, feats, wts, state, avg):
     """The FW step of block ``i`` towards the labeling ``ystar``, given the unary part ``D[:L]`` of the direction
-    ``e_{y*} - mu_i``, the scores of ``y*`` and of ``mu_i`` under ``w`` (transitions included), the block's
-    ``l_i``, ``l_s = L_i(y*) / n`` and the transition part ``sq_T`` of ``||phi_i(delta)||^2``: block gap, line
-    search, lazy averaging and the updates of ``w``, ``mu_i``, ``T_i``, ``l_i``.  Returns ``(gap, gamma)``."""
+    ``e_{y*} - mu_i`` and ``corner = (score_star, score_mu, ell_i, ell_s, sq_T)``: the scores of ``y*`` and of
+    ``mu_i`` under ``w`` (transitions included), the block's ``l_i``, ``l_s = L_i(y*) / n`` and the transition part
+    ``sq_T`` of ``||phi_i(delta)||^2``; ``step = (step_code, averaging, lam, k)``.  Block gap, line search, lazy
+    averaging and the updates of ``w``, ``mu_i``, ``T_i``, ``l_i``.  Returns ``(gap, gamma)``."""
+    score_star, score_mu, ell_i, ell_s, sq_T = corner
+    step_code, averaging, lam, k = step
+    indptr, indices, values, y, offsets, gram, gram_off = feats
+    We, bias, start, end, trans = wts
+    mu, T, block_ell, ells = state
+    mu_acc, T_acc, last = avg
+    n = offsets.shape[0] - 1
     K = We.shape[1]
     lam_n = lam * n
     sq = _direction_sqnorm(i, L, D, gram, gram_off) + sq_T
@@ -247,8 +257,7 @@ def fw_move(i, s, L, n, lam, k, step_code, averaging, clock, score_star, score_m
         new_ell_i = (1.0 - gamma) * ell_i + gamma * ell_s
         S = 0.0
         if averaging:
-            lst = last[i]
-            S = 0.5 * (clock * (clock + 1.0) - lst * (lst + 1.0))
+            S = lazy_weight(clock, last[i])
             last[i] = clock
         ells[1] += average_weight(clock) * (new_ell_i - ell_i)
         _add_direction(a, s, L, indptr, indices, values, D, We, bias, start, end)
@@ -265,14 +274,8 @@ def fw_move(i, s, L, n, lam, k, step_code, averaging, clock, score_star, score_m
 
 
 @njit(cache=True)
-def chain_bcfw_steps(
-    order, step_code, averaging, lam, k0,
-    indptr, indices, values, y, offsets, gram, gram_off,
-    We, bias, start, end, trans,
-    mu, T, block_ell, ells, gaps,
-    t0, mu_acc, T_acc, last,
-):
-    """Run BCFW steps on the blocks ``order[j]``; write block gaps to ``gaps[j]``.
+def chain_bcfw_steps(order, step_code, averaging, lam, k0, t0, feats, wts, state, avg, gaps):
+    """Run BCFW steps on the blocks ``order[j]``; write block gaps to ``gaps[j]`` (argument groups: module docstring).
 
     ``ells = [l, l_u]`` (dual linear part and its averaging accumulator) is updated in place;
     ``k0`` is the global step counter and ``t0`` the averaging clock before the first step.
@@ -281,6 +284,10 @@ def chain_bcfw_steps(
     :mod:`torch_bcfw.duals.base`).  While a block is processed, the state of the next one is prefetched
     (:func:`prefetch_block`).  Returns the new ``(k, t)``.
     """
+    indptr, indices, values, y, offsets, gram, gram_off = feats
+    We, bias, start, end, trans = wts
+    mu, T, block_ell, ells = state
+    mu_acc, T_acc, last = avg
     n = offsets.shape[0] - 1
     K = We.shape[1]
     U, Ua, D, ystar, delta = step_scratch(offsets, K)
@@ -313,9 +320,8 @@ def chain_bcfw_steps(
             score_star += trans[ystar[t - 1], ystar[t]]
         ell_s = mistakes * inv_L / n
         score_T, sq_T = _transition_stats(T[i], trans, ystar[:L])
-        gaps[j], _ = fw_move(i, s, L, n, lam, k, step_code, averaging, clock, score_star, score_mu + score_T,
-                             block_ell[i], ell_s, sq_T, ystar, indptr, indices, values, gram, gram_off,
-                             We, bias, start, end, trans, mu, T, block_ell, ells, mu_acc, T_acc, last, D)
+        gaps[j], _ = fw_move(i, s, L, (step_code, averaging, lam, k), clock,
+                             (score_star, score_mu + score_T, block_ell[i], ell_s, sq_T), ystar, D, feats, wts, state, avg)
         k += 1
         clock += 1
     return k, clock

@@ -30,15 +30,18 @@ EXACT, APPROX = 0, 1
 
 
 @njit(cache=True)
-def chain_mp_steps(
-    mode, order, ylab, stamp, cutoff, max_planes, avg_on,
-    ws_start, ws_cap, ws_size, ws_labstart, ws_lablen, ws_meta, ws_key, ws_fl, ws_lab, ws_incomplete,
-    lam, k0, t0, indptr, indices, values, y, offsets, gram, gram_off,
-    We, bias, start, end, trans, mu, T, block_ell, ells, mu_acc, T_acc, last,
-    v, avg_v, avg_s, counters,
-):
-    """Steps on the blocks ``order`` (see the module docstring).  ``counters`` (out): ``[k, avg clock]``.
-    Returns the (possibly reallocated) working-set pool ``(key, fl, lab)``."""
+def chain_mp_steps(mode, order, ylab, planes, ws, step, feats, wts, state, avg, mp_avg, counters):
+    """Steps on the blocks ``order`` (see the module docstring).  Argument groups (tuples): ``planes = (stamp,
+    cutoff, max_planes)``, ``ws`` the working set's :meth:`~.working_set.WorkingSet.arrays`, ``step = (lam, k0,
+    t0)``, ``feats``, ``wts``, ``state``, ``avg`` as in :mod:`.chain_kernels`, ``mp_avg = (avg_on, v, avg_v, avg_s)``.
+    ``counters`` (out): ``[k, avg clock]``.  Returns the (possibly reallocated) working-set pool ``(key, fl, lab)``."""
+    stamp, cutoff, max_planes = planes
+    ws_start, ws_cap, ws_size, ws_labstart, ws_lablen, ws_meta, ws_key, ws_fl, ws_lab, ws_incomplete = ws
+    lam, k0, t0 = step
+    indptr, indices, values, y, offsets, gram, gram_off = feats
+    We, bias, start, end, trans = wts
+    mu, T, block_ell, ells = state
+    avg_on, v, avg_v, avg_s = mp_avg
     n = offsets.shape[0] - 1
     K = We.shape[1]
     U, Ua, D, ystar, delta = step_scratch(offsets, K)
@@ -92,9 +95,8 @@ def chain_mp_steps(
             ell_s = ws_fl[s0 + js, LOSS]
             score_star = _labels_score(U, trans, ystar, L)
         ws_fl[ws_start[i] + js, LAST] = stamp
-        gamma = _fw_step(i, s, L, n, lam, k, 0, False, clock, score_star, score_mu, ell_i, ell_s,
-                         ystar, indptr, indices, values, gram, gram_off, We, bias, start, end, trans,
-                         mu, T, block_ell, ells, mu_acc, T_acc, last, D)
+        gamma = _fw_step(i, s, L, (0, False, lam, k), clock, score_star, score_mu, ell_i, ell_s, ystar, D, feats, wts,
+                         state, avg)
         if gamma != 0.0:
             ws_fw_update(i, js, gamma, ws_start, ws_size, ws_fl)
         if mode == APPROX and cutoff > -np.inf:

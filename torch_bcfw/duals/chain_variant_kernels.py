@@ -29,7 +29,7 @@ from numba import njit
 
 from .chain_kernels import (_add_direction, _direction_sqnorm, _transition_stats, _unary_scores,
                             fw_move, loss_augmented_decode, step_scratch)
-from .stepsize import AWAY_RULE, FW_RULE, PAIRWISE_RULE, average_weight, away_choice, away_max_step, clipped_step
+from .stepsize import AWAY_RULE, FW_RULE, PAIRWISE_RULE, average_weight, away_choice, cache_hit, clipped_step, lazy_weight, move_bound
 from .sumtree import est_set, gap_draw
 from .working_set import ALPHA, LOSS, SCORE, label_hash, ws_away_update, ws_corners, ws_drop_inactive, ws_find, ws_fw_update, ws_insert, ws_pairwise_update
 
@@ -98,8 +98,7 @@ def _general_move(gamma, lam_n, s, L, indptr, indices, values, D, dT, We, bias, 
 
 @njit(cache=True, fastmath=True)
 def _avg_accumulate(i, s, L, clock, last, mu, T, mu_acc, T_acc):
-    lst = last[i]
-    S = 0.5 * (clock * (clock + 1.0) - lst * (lst + 1.0))
+    S = lazy_weight(clock, last[i])
     last[i] = clock
     if S != 0.0:
         K = mu.shape[1]
@@ -112,35 +111,30 @@ def _avg_accumulate(i, s, L, clock, last, mu, T, mu_acc, T_acc):
 
 
 @njit(cache=True, fastmath=True)
-def _fw_step(i, s, L, n, lam, k, step_code, averaging, clock, score_star, score_mu, ell_i, ell_s, ystar,
-             indptr, indices, values, gram, gram_off, We, bias, start, end, trans,
-             mu, T, block_ell, ells, mu_acc, T_acc, last, D):
+def _fw_step(i, s, L, step, clock, score_star, score_mu, ell_i, ell_s, ystar, D, feats, wts, state, avg):
     """The FW step of :func:`.chain_kernels.chain_bcfw_steps` towards the labeling ``ystar`` (``score_mu`` with
     transitions): forms the direction ``D`` and calls :func:`.chain_kernels.fw_move`; returns gamma."""
-    K = We.shape[1]
+    trans = wts[4]
+    mu, T = state[0], state[1]
+    K = trans.shape[0]
     for t in range(L):
         for c in range(K):
             D[t, c] = -mu[s + t, c]
         D[t, ystar[t]] += 1.0
     _, sq_T = _transition_stats(T[i], trans, ystar[:L])
-    _, gamma = fw_move(i, s, L, n, lam, k, step_code, averaging, clock, score_star, score_mu, ell_i, ell_s, sq_T,
-                       ystar, indptr, indices, values, gram, gram_off, We, bias, start, end, trans,
-                       mu, T, block_ell, ells, mu_acc, T_acc, last, D)
+    _, gamma = fw_move(i, s, L, step, clock, (score_star, score_mu, ell_i, ell_s, sq_T), ystar, D, feats, wts, state,
+                       avg)
     return gamma
 
 
 @njit(cache=True)
-def chain_plan_steps(
-    m, sample_mode, order, uniforms, queue, smeta, est, tree, tsize, power, track_est,
-    rule, use_ws, cache, F, glob_thr, max_size, keep_inactive,
-    ws_start, ws_cap, ws_size, ws_labstart, ws_lablen, ws_meta, ws_key, ws_fl, ws_lab, ws_incomplete,
-    step_code, averaging, lam, k0,
-    indptr, indices, values, y, offsets, gram, gram_off,
-    We, bias, start, end, trans,
-    mu, T, block_ell, ells, gaps, blocks,
-    t0, mu_acc, T_acc, last, counters,
-):
+def chain_plan_steps(parts, sampling, ws, step, feats, wts, state, avg, out):
     """Run up to ``m`` block iterations; see the module docstring.
+
+    Argument groups (tuples): ``parts = (m, rule, use_ws, cache, F, glob_thr, max_size, keep_inactive, track_est)``,
+    ``sampling = (sample_mode, order, uniforms, queue, smeta, est, tree, tsize, power)``, ``ws`` the working set's
+    :meth:`~.working_set.WorkingSet.arrays`, ``step = (step_code, averaging, lam, k0, t0)``, ``feats``, ``wts``,
+    ``state``, ``avg`` as in :mod:`.chain_kernels`, ``out = (gaps, blocks, counters)``.
 
     ``sample_mode`` 0: block ``order[j]``; 1: gap sampling (``queue``/``smeta``, ``tree`` of size ``tsize``
     over ``est``, uniforms ``uniforms[j]``).  ``track_est``: store the oracle's block gap as the block's
@@ -153,6 +147,15 @@ def chain_plan_steps(
     with status ``NEED_GAP_PASS`` when gap sampling found every estimate zero.  Returns the (possibly
     reallocated) working-set pool ``(key, fl, lab)``.
     """
+    m, rule, use_ws, cache, F, glob_thr, max_size, keep_inactive, track_est = parts
+    sample_mode, order, uniforms, queue, smeta, est, tree, tsize, power = sampling
+    ws_start, ws_cap, ws_size, ws_labstart, ws_lablen, ws_meta, ws_key, ws_fl, ws_lab, ws_incomplete = ws
+    step_code, averaging, lam, k0, t0 = step
+    indptr, indices, values, y, offsets, gram, gram_off = feats
+    We, bias, start, end, trans = wts
+    mu, T, block_ell, ells = state
+    mu_acc, T_acc, last = avg
+    gaps, blocks, counters = out
     n = offsets.shape[0] - 1
     K = We.shape[1]
     U, Ua, D, ystar, delta = step_scratch(offsets, K)
@@ -204,13 +207,7 @@ def chain_plan_steps(
                 ws_fl[s0 + q, SCORE] = ws_fl[s0 + q, LOSS] + _plane_score(U, trans, ws_lab, l0 + q * L, L) / n
             jmax, jmin, nact = ws_corners(i, ws_start, ws_size, ws_key, ws_fl)
             if cache:
-                ghat = ws_fl[s0 + jmax, SCORE] - h_i
-                thr = glob_thr
-                if est[i] == np.inf or (F == np.inf and est[i] > 0.0):
-                    thr = np.inf
-                elif F * est[i] > thr:
-                    thr = F * est[i]
-                hit = ghat >= thr
+                hit = cache_hit(ws_fl[s0 + jmax, SCORE] - h_i, est[i], F, glob_thr)
         if hit:
             n_hits += 1
             j_s = jmax
@@ -255,9 +252,8 @@ def chain_plan_steps(
             g_a = h_i - ws_fl[ws_start[i] + jmin, SCORE]
             kind = away_choice(g_fw, g_a, nact)
         if kind == FW_RULE:
-            gamma = _fw_step(i, s, L, n, lam, k, step_code, averaging, clock, score_star, score_mu, ell_i, ell_s,
-                             ystar, indptr, indices, values, gram, gram_off, We, bias, start, end, trans,
-                             mu, T, block_ell, ells, mu_acc, T_acc, last, D)
+            gamma = _fw_step(i, s, L, (step_code, averaging, lam, k), clock, score_star, score_mu, ell_i, ell_s,
+                             ystar, D, feats, wts, state, avg)
             if use_ws and gamma != 0.0:
                 ws_fw_update(i, j_s, gamma, ws_start, ws_size, ws_fl)
         elif kind == PAIRWISE_RULE or kind == AWAY_RULE:
@@ -273,15 +269,13 @@ def chain_plan_steps(
                 if kind == PAIRWISE_RULE:
                     num = h_s - h_a
                     sqT = _general_direction(s, L, 1.0, ystar, -1.0, ya, 0.0, mu, Ti, D, dT)
-                    gmax = alpha_a
                     dl = ell_s - ell_a
                 else:
                     num = h_i - h_a
                     sqT = _general_direction(s, L, 0.0, ystar, -1.0, ya, 1.0, mu, Ti, D, dT)
-                    gmax = away_max_step(alpha_a)
                     dl = ell_i - ell_a
                 den = (_direction_sqnorm(i, L, D, gram, gram_off) + sqT) / (lam_n * n)
-                gamma, drop = clipped_step(num, den, gmax)
+                gamma, drop = clipped_step(num, den, move_bound(kind, alpha_a))
                 if gamma != 0.0:
                     if averaging:
                         _avg_accumulate(i, s, L, clock, last, mu, T, mu_acc, T_acc)

@@ -31,7 +31,7 @@ from ..inference.graphcut import NEGATIVE_TOLERANCE, build_graph, cut_graph
 from ..inference.graphcut_pool import cut_inputs
 from .dense import DenseDualState
 from .fingerprint import features_fingerprint
-from .stepsize import average_weight, step_size
+from .stepsize import average_weight, lazy_weight, step_size
 
 __all__ = ["GraphCutDualState"]
 
@@ -122,8 +122,7 @@ def _fused_block_step(seg, x, ns, e0, e1, edge_x, inv_z, truth, omega, phi_true,
     if gamma != 0.0:
         S = 0.0
         if averaging:
-            t0 = last_t[i]
-            S = 0.5 * (avg_t * (avg_t + 1.0) - t0 * (t0 + 1.0))
+            S = lazy_weight(avg_t, last_t[i])
             if S != 0.0:
                 for q in range(D):
                     WBa[i, q] += S * WB[i, q]

@@ -1,20 +1,28 @@
-"""What a solver hands to a dual state for a chunk of composed BCFW iterations, and what comes back.
+"""What a solver hands to a dual state for a chunk of composed BCFW iterations, what comes back, and the one
+generic loop that runs it.
 
 A :class:`StepPlan` names the parts of one iteration (sampling policy, oracle with an optional working
 set and cache test, step rule) and holds the solver-side arrays they work on (gap estimates and their
-sum tree, the sampler's queue and pre-drawn randomness).  The generic step loop
-(:func:`torch_bcfw.solvers.variants.generic_plan_steps`) runs a plan through the state's public
-methods; a state may run it faster in a fused kernel (:meth:`~torch_bcfw.duals.base.DualState.run_plan`, e.g.
-the chain's on CPU) and must then give the same trajectory.  Neither side imports the other's module: this file
-is the contract.
+sum tree, the sampler's queue and pre-drawn randomness).  Plain BCFW is the plan with no refinement
+(:meth:`StepPlan.plain`: FW steps on given blocks, nothing measured or kept).  :func:`run_plan` is the one
+entry of every solver of the BCFW family: it runs a plan in the state's fused kernel when it has one
+(:meth:`~torch_bcfw.duals.base.DualState.run_plan`, e.g. the chain's on CPU; for a plain plan,
+:meth:`~torch_bcfw.duals.base.DualState.run_steps`, e.g. the graph-cut state's compiled loop), else in the
+generic step loop :func:`generic_plan_steps` through the state's public methods; a fused kernel must give the
+same trajectory.  This module imports no solver: the solvers hand plans over, the states run them.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 import numpy as np
+import torch
 
-__all__ = ["StepPlan", "PlanResult", "ORDER_SAMPLING", "GAP_SAMPLING"]
+from .stepsize import AWAY_RULE, FW_RULE, PAIRWISE_RULE, away_choice, cache_hit, move_bound
+from .sumtree import est_set, gap_draw
+from .working_set import ws_away_update, ws_corners, ws_fw_update, ws_pairwise_update
+
+__all__ = ["StepPlan", "PlanResult", "ORDER_SAMPLING", "GAP_SAMPLING", "generic_plan_steps", "run_plan"]
 
 ORDER_SAMPLING = 0  #: blocks come from ``order`` (uniform / permutation sampling)
 GAP_SAMPLING = 1    #: blocks come from the sum tree over the gap estimates (plus the unvisited queue)
@@ -63,6 +71,18 @@ class StepPlan:
     max_size: int = 0
     keep_inactive: bool = False
 
+    @classmethod
+    def plain(cls, order, step_code: int = 0, averaging: bool = False) -> "StepPlan":
+        """Plain BCFW: an FW step on each block of ``order`` after an oracle call, nothing measured or kept."""
+        order = np.ascontiguousarray(order, dtype=np.int64)
+        return cls(m=len(order), rule=FW_RULE, step_code=step_code, averaging=averaging, order=order)
+
+    @property
+    def is_plain(self) -> bool:
+        """No refinement: FW steps on the blocks of ``order``, no working set, cache or gap estimates."""
+        return (self.rule == FW_RULE and self.sample_mode == ORDER_SAMPLING and not self.use_ws and not self.cache
+                and not self.track_est)
+
 
 @dataclass
 class PlanResult:
@@ -76,3 +96,110 @@ class PlanResult:
     need_gap_pass: bool
     blocks: np.ndarray
     gaps: np.ndarray
+
+    @classmethod
+    def of_plain(cls, plan: StepPlan, gaps: np.ndarray) -> "PlanResult":
+        """The outcome of a plain plan (every block one oracle call) whose block gaps were ``gaps``."""
+        return cls(steps=plan.m, oracle_calls=plan.m, cache_hits=0, need_gap_pass=False, blocks=plan.order,
+                   gaps=gaps)
+
+
+def _as_labels(y, device) -> torch.Tensor:
+    return torch.as_tensor(np.asarray(y), dtype=torch.long).reshape(-1).to(device)
+
+
+def generic_plan_steps(state, plan: StepPlan) -> PlanResult:
+    """Run ``plan`` on ``state`` one block at a time through the state's public methods (``block_value``,
+    ``corner_values``, ``block_oracle``, ``block_step``, ``block_move``); see :mod:`torch_bcfw.solvers.variants`
+    for the iteration.  A plain plan measures nothing: its block gaps are those of the FW steps
+    (:meth:`~torch_bcfw.duals.base.DualState.block_step`), so it is exactly ``DualState.run_steps``."""
+    m = int(plan.m)
+    gaps = np.full(m, np.nan)
+    blocks = np.full(m, -1, dtype=np.int64)
+    ws = state.working_set if plan.use_ws else None
+    measure = ws is not None or plan.track_est  # the corner values h_i, h_s (block gaps and estimates)
+    dev = state.w.device
+    n_oracle = n_hits = done = 0
+    need_pass = False
+    for j in range(m):
+        if plan.sample_mode == GAP_SAMPLING:
+            i = int(gap_draw(plan.queue, plan.smeta, plan.tree, plan.tsize, float(plan.uniforms[j])))
+            if i < 0:
+                need_pass = True
+                break
+        else:
+            i = int(plan.order[j])
+        blocks[j] = i
+        h_i = state.block_value(i) if measure else 0.0
+        jmax = jmin = -1
+        nact = 0
+        hit = False
+        if ws is not None:
+            ys = ws.labelings(i)
+            ws.scores(i)[:] = state.corner_values(i, ys)
+            jmax, jmin, nact = (int(v) for v in ws_corners(i, ws.start, ws.size, ws.key, ws.fl))
+            if plan.cache:
+                hit = bool(cache_hit(float(ws.scores(i)[jmax]) - h_i, float(plan.est[i]), float(plan.F),
+                                     float(plan.glob_thr)))
+        if hit:
+            n_hits += 1
+            j_s = jmax
+            y_s = _as_labels(ws.labeling(i, j_s), dev)
+            h_s = float(ws.scores(i)[j_s])
+        else:
+            n_oracle += 1
+            y_s = state.block_oracle(i)
+            j_s = -1
+            h_s = 0.0
+            if measure:
+                h_s = float(state.corner_values(i, [y_s.cpu().numpy()])[0])
+                g = h_s - h_i
+                gaps[j] = g
+                if plan.track_est:
+                    est_set(plan.est, plan.tree, plan.tsize, i, g, plan.power, plan.sample_mode == GAP_SAMPLING)
+            if ws is not None:
+                ynp = y_s.cpu().numpy()
+                j_s = ws.find(i, ynp)
+                if j_s < 0:
+                    ell_s = float(state.model.loss(state.block_data(i), y_s)[0]) / state.n
+                    j_s = ws.insert(i, ynp, ell_s, plan.max_size, plan.rule != FW_RULE)
+                    ws.scores(i)[j_s] = h_s
+        kind = plan.rule
+        if plan.rule == AWAY_RULE:
+            kind = int(away_choice(h_s - h_i, h_i - float(ws.scores(i)[jmin]), nact))
+        if kind == FW_RULE:
+            num, gamma = state.block_step(i, y_s, plan.step_code, plan.averaging)
+            if not measure:
+                gaps[j] = num
+            if ws is not None and gamma != 0.0:
+                ws_fw_update(i, j_s, gamma, ws.start, ws.size, ws.fl)
+        elif kind in (PAIRWISE_RULE, AWAY_RULE) and not (kind == PAIRWISE_RULE and jmin == j_s):
+            alpha_a = float(ws.alphas(i)[jmin])
+            y_a = _as_labels(ws.labeling(i, jmin), dev)
+            _, gamma, drop = state.block_move(i, y_s, y_a, kind, float(move_bound(kind, alpha_a)),
+                                              averaging=plan.averaging)
+            if gamma != 0.0:
+                if kind == PAIRWISE_RULE:
+                    ws_pairwise_update(i, j_s, jmin, gamma, drop, ws.start, ws.fl)
+                else:
+                    ws_away_update(i, jmin, gamma, drop, ws.start, ws.size, ws.fl)
+        else:
+            state.skip_step()
+        if ws is not None and not plan.keep_inactive:
+            ws.drop_inactive(i)
+        done += 1
+    return PlanResult(steps=done, oracle_calls=n_oracle, cache_hits=n_hits, need_gap_pass=need_pass,
+                      blocks=blocks[:done], gaps=gaps[:done])
+
+
+def run_plan(state, plan: StepPlan, generic: bool = False) -> PlanResult:
+    """Run ``plan`` on ``state``: in the state's fused kernel when it has one (:meth:`DualState.can_run_plan`), a
+    plain plan in the state's plain step loop (:meth:`DualState.run_steps`: compiled for the graph-cut state, the
+    generic loop otherwise), else in :func:`generic_plan_steps`; ``generic``: always the generic loop."""
+    if generic:
+        return generic_plan_steps(state, plan)
+    if state.can_run_plan():
+        return state.run_plan(plan)
+    if plan.is_plain:
+        return PlanResult.of_plain(plan, state.run_steps(plan.order, plan.step_code, plan.averaging))
+    return generic_plan_steps(state, plan)

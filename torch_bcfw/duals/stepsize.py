@@ -45,6 +45,29 @@ def step_size(code: int, num: float, den: float, k: int, n: int) -> float:
     return fixed_block_step(k, n)
 
 
+def _lazy_weight(clock, last):
+    return 0.5 * (clock * (clock + 1.0) - last * (last + 1.0))
+
+
+#: ``sum_{t=last+1..clock} t = (clock (clock + 1) - last (last + 1)) / 2``: the weight with which a block that last
+#: changed at clock ``last`` enters the lazy weighted average when it changes again at ``clock`` (every step kernel and
+#: the torch steps use this one definition; ``lazy_weight.py_func`` takes tensors of ``last``).
+lazy_weight = njit(cache=True)(_lazy_weight)
+
+
+@njit(cache=True)
+def cache_hit(ghat: float, est_i: float, F: float, glob_thr: float) -> bool:
+    """Alg. 5's cache test (Osokin et al. 2016): the cache corner's block gap ``ghat`` is taken when
+    ``ghat >= max(F g_i, (nu/n) g_global)`` (``glob_thr`` the second term); a block never measured
+    (``g_i = inf``), or ``F = inf`` with ``g_i > 0``, always calls the oracle."""
+    thr = glob_thr
+    if est_i == np.inf or (F == np.inf and est_i > 0.0):
+        thr = np.inf
+    elif F * est_i > thr:
+        thr = F * est_i
+    return ghat >= thr
+
+
 @njit(cache=True)
 def average_weight(k: int) -> float:
     """Coefficient ``k (k + 1) / 2`` of the update made at iteration ``k`` in the lazy weighted average.
@@ -101,3 +124,11 @@ def away_choice(g_fw: float, g_away: float, n_active: int) -> int:
     if n_active <= 1 or not (g_away > 0.0):
         return -1
     return AWAY_RULE
+
+
+@njit(cache=True)
+def move_bound(rule: int, alpha_a: float) -> float:
+    """Largest step of a pairwise (``alpha_a``) or away (:func:`away_max_step`) move off the atom of weight ``alpha_a``."""
+    if rule == PAIRWISE_RULE:
+        return alpha_a
+    return away_max_step(alpha_a)

@@ -1,11 +1,12 @@
 """Block-Coordinate Frank-Wolfe (Lacoste-Julien et al. 2013, Alg. 4) and its refinements (Osokin et al.
 2016: gap sampling, pairwise and away steps, caching), on a model's dual state.
 
-Plain BCFW (uniform or permutation sampling, FW steps, no cache) runs ``state.run_steps`` exactly as
-before (the compiled chain kernel on CPU).  Any refinement runs a composed iteration
-(:mod:`torch_bcfw.solvers.variants`): a sampling policy, the oracle with the state's working set and an
-optional cache test, and a step rule, in chunks of :class:`~torch_bcfw.duals.plan.StepPlan` (a state's
-fused kernel when it has one, else the generic loop).
+Every run is a composed iteration (:mod:`torch_bcfw.solvers.variants`): a sampling policy, the oracle with the
+state's working set and an optional cache test, and a step rule, in chunks of
+:class:`~torch_bcfw.duals.plan.StepPlan` run by :func:`~torch_bcfw.duals.plan.run_plan` (a state's fused kernel
+when it has one, else the generic loop).  Plain BCFW (uniform or permutation sampling, FW steps, no cache) is the
+plan with no refinement (:meth:`StepPlan.plain <torch_bcfw.duals.plan.StepPlan.plain>`; the compiled chain
+kernel on CPU).
 """
 from __future__ import annotations
 
@@ -139,13 +140,10 @@ class BCFW(DualAlgorithm):
     def advance(self, m: int) -> None:
         self._resume_point = None
         if not self.refined:
-            order = self.sampler.draw(m)
-            self.last_block_gaps = self.state.run_steps(order, self.step_code, self.options.averaging)
-            self.last_blocks = order
-            self.oracle_calls += m
-            self.steps += m
-            return
-        res = run_plan(self.state, self._plan(m), generic=not self.fused)
+            plan = StepPlan.plain(self.sampler.draw(m), self.step_code, self.options.averaging)
+        else:
+            plan = self._plan(m)
+        res = run_plan(self.state, plan, generic=not self.fused)
         if isinstance(self.sampler, GapSampler):
             self.sampler.consumed(res.steps, m)
         self.steps += res.steps

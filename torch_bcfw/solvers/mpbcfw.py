@@ -39,8 +39,8 @@ step; :meth:`MPBCFW.averaged` returns their mixture ``(1 - g) avg_exact + g avg_
 ``O(d)``, like the step itself in the generic loop.
 
 **Reduction to BCFW.**  With ``N = 0`` there is no working set and no approximate pass (``M`` is
-ignored, as in the authors' code): the exact pass runs ``state.run_steps`` on the sampler's blocks, BCFW's
-own code path (the compiled chain kernel on CPU), and the average is the state's, so the trajectory is
+ignored, as in the authors' code): the exact pass runs the plain plan (``StepPlan.plain``) on the sampler's blocks,
+BCFW's own code path (the compiled chain kernel on CPU), and the average is the state's, so the trajectory is
 BCFW's bit for bit.  With ``N > 0`` the steps go through the dual state's public methods
 (``block_oracle``, ``corner_values``, ``block_step``): any model works; a state with a fused kernel for them
 (``can_run_mp_steps``, e.g. the chain's on CPU) runs the same steps compiled (``run_mp_steps``).
@@ -59,6 +59,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from ..duals.plan import StepPlan, run_plan
 from ..duals.working_set import WorkingSet, ws_corners, ws_fw_update
 from ..duals.stepsize import FIXED, LINE_SEARCH, line_search_step
 from .algorithm import DualAlgorithm
@@ -286,7 +287,8 @@ class MPBCFW(DualAlgorithm):
         order = self.sampler.draw(m)
         t0 = self.clock()
         if self.ws is None:  # N = 0: BCFW's own code path
-            self.last_block_gaps = self.state.run_steps(order, self.step_code, self.options.averaging)
+            plan = StepPlan.plain(order, self.step_code, self.options.averaging)
+            self.last_block_gaps = run_plan(self.state, plan).gaps
         else:
             self._exact_steps(order, float(self.iteration + 1))
         dt = self.clock() - t0
