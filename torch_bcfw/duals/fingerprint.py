@@ -17,11 +17,11 @@ def labels_fingerprint(data) -> str:
     another order) without an error.
     """
     h = hashlib.sha1()
-    h.update(np.ascontiguousarray(data.y.detach().cpu().numpy().astype(np.int64)).tobytes())
+    h.update(np.ascontiguousarray(data.y.detach().cpu().numpy().astype(np.int64)))  # hashed in place: no byte copy
     offsets = getattr(data, "offsets", None)
     if offsets is not None:
         h.update(b"|")
-        h.update(np.ascontiguousarray(offsets.detach().cpu().numpy().astype(np.int64)).tobytes())
+        h.update(np.ascontiguousarray(offsets.detach().cpu().numpy().astype(np.int64)))
     return h.hexdigest()[:16]
 
 
@@ -33,7 +33,7 @@ def _feed(h, obj, depth: int = 0) -> None:
         t = t.contiguous().cpu()
         h.update(f"T{t.dtype}{tuple(t.shape)}".encode())
         if t.numel():
-            h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+            h.update(t.reshape(-1).view(torch.uint8).numpy())  # the tensor's own bytes, not a copy
     elif obj is None or isinstance(obj, (bool, int, float, str)):
         h.update(f"{type(obj).__name__}:{obj!r}".encode())
     elif isinstance(obj, (list, tuple)):
