@@ -69,15 +69,24 @@ def _cut(gain: np.ndarray, edges: np.ndarray, penalties: np.ndarray) -> np.ndarr
 
 
 @njit(cache=True)
-def _fused_block_step(seg, x, ns, e0, e1, edge_x, inv_z, truth, omega, phi_true, a, i,
-                      WB, WBa, V, W, lo, hi, box, mu, mu_acc, pw, pw_acc, acc_w, bell, last_t,
-                      lam, scale, n, step_code, k, avg_t, averaging):
+def _fused_block_step(seg, graph, block, wts, state, avg, step):
     """One BCFW block step towards the labelling ``seg`` (bool[N_i]) of block ``i`` (nodes ``a .. a + N_i``).
+
+    Argument groups (tuples, unpacked on entry): ``graph = (x, ns, e0, e1, edge_x, inv_z, truth, omega)`` (the
+    block's graph record), ``block = (phi_true_i, a, i)``, ``wts = (V, W, lo, hi, box)``, ``state = (WB, mu, pw,
+    bell)``, ``avg = (WBa, mu_acc, pw_acc, acc_w, last_t)`` and ``step = (lam, scale, n, step_code, k, avg_t,
+    averaging)``.
 
     Computes ``phi_s = phi(x_i, seg)`` and ``l_s = L_i(seg) / n``, the direction ``d = w_i - w_s``, the block
     gap ``num = lam <d, w> - l_i + l_s`` and the step ``gamma``, then (``gamma != 0``) the lazy averaging
     update and ``w_i -= gamma d``, ``mu``, ``pw``, ``l_i``, ``v -= gamma d`` and ``w = clip(v)`` (``W`` is
     ``V`` itself without a box), all in place.  Returns ``(num, gamma, l_i old, l_i new)``."""
+    x, ns, e0, e1, edge_x, inv_z, truth, omega = graph
+    phi_true, a, i = block
+    V, W, lo, hi, box = wts
+    WB, mu, pw, bell = state
+    WBa, mu_acc, pw_acc, acc_w, last_t = avg
+    lam, scale, n, step_code, k, avg_t, averaging = step
     N, F = x.shape
     E = edge_x.shape[1]
     D = F + E
@@ -158,9 +167,12 @@ def _fused_block_step(seg, x, ns, e0, e1, edge_x, inv_z, truth, omega, phi_true,
 
 
 @njit(cache=True)
-def _step_loop(order, records, phi_true, seg_off, F, checked, WB, WBa, V, W, lo, hi, box, mu, mu_acc, pw, pw_acc,
-               acc_w, bell, last_t, lam, scale, n, step_code, averaging, counts, sums, gaps):
+def _step_loop(order, blocks, wts, state, avg, params, out):
     """The sequential BCFW steps of :meth:`GraphCutDualState.run_steps` in one compiled loop.
+
+    Argument groups (tuples, unpacked on entry): ``blocks = (records, phi_true, seg_off)``, ``wts``, ``state`` and
+    ``avg`` as :func:`_fused_block_step`'s, ``params = (F, checked, lam, scale, n, step_code, averaging)`` and
+    ``out = (counts, sums, gaps)``.
 
     Per step ``j`` (block ``i = order[j]``): the loss-augmented oracle -- node gains and edge penalties
     (:func:`~torch_bcfw.inference.graphcut_pool.cut_inputs`, as the batched oracle) and the cut by PyMaxflow
@@ -171,6 +183,10 @@ def _step_loop(order, records, phi_true, seg_off, F, checked, WB, WBa, V, W, lo,
     ``sums = [ell, avg_ell_u, oracle seconds]`` (float64); ``gaps[j]`` receives each step's block gap.
     Returns the number of steps done: ``j < len(order)`` when the unchecked pairwise weights (``checked``
     False) are below ``-NEGATIVE_TOLERANCE`` at step ``j`` (the caller raises)."""
+    records, phi_true, seg_off = blocks
+    W = wts[1]
+    F, checked, lam, scale, n, step_code, averaging = params
+    counts, sums, gaps = out
     ts = np.zeros(2, dtype=np.int64)
     for j in range(order.shape[0]):
         i = order[j]
@@ -190,9 +206,8 @@ def _step_loop(order, records, phi_true, seg_off, F, checked, WB, WBa, V, W, lo,
                 seg = _cut(gain, edges, c)
         sums[2] += _now(ts) - t0
         num, gamma, ell_i, new_ell = _fused_block_step(
-            seg, x, ns, e0, e1, edge_x, inv_z, truth, omega, phi_true[i], seg_off[i], i,
-            WB, WBa, V, W, lo, hi, box, mu, mu_acc, pw, pw_acc, acc_w, bell, last_t,
-            lam, scale, n, step_code, counts[0], counts[1], averaging)
+            seg, (x, ns, e0, e1, edge_x, inv_z, truth, omega), (phi_true[i], seg_off[i], i), wts, state, avg,
+            (lam, scale, n, step_code, counts[0], counts[1], averaging))
         gaps[j] = num
         if gamma != 0.0:
             sums[0] += new_ell - ell_i
@@ -298,10 +313,11 @@ class GraphCutDualState(DenseDualState):
         sums = np.array([self.ell, self.avg_ell_u, 0.0])
         done = len(order)
         try:
-            done = _step_loop(order, records, phi_true, seg_off, F, checked, WB, WBa, V, W, lo, hi, box,
-                              self.mu.numpy(), self.mu_acc.numpy(), self.pw.numpy(), self.pw_acc.numpy(),
-                              self.acc_w.numpy(), self.block_ell.numpy(), self.avg_last.numpy(),
-                              lam, 1.0 / (lam * n), n, step_code, averaging, counts, sums, gaps)
+            done = _step_loop(order, (records, phi_true, seg_off), (V, W, lo, hi, box),
+                              (WB, self.mu.numpy(), self.pw.numpy(), self.block_ell.numpy()),
+                              (WBa, self.mu_acc.numpy(), self.pw_acc.numpy(), self.acc_w.numpy(),
+                               self.avg_last.numpy()),
+                              (F, checked, lam, 1.0 / (lam * n), n, step_code, averaging), (counts, sums, gaps))
         finally:  # also when interrupted: the arrays already hold every finished step
             self.k, self.avg_t = int(counts[0]), int(counts[1])
             self.ell, self.avg_ell_u = float(sums[0]), float(sums[1])
