@@ -137,11 +137,14 @@ def run_comparison(cfg: dict, model=None, train=None, log=print, callbacks=None)
 
 def config_lam(value, n: int) -> float:
     """``lam`` of a compare config: a number > 0, or the string ``"1/n"`` (one over the ``n`` training examples)."""
+    from .duals.checks import check_lam
+
     if value == "1/n":
         return 1.0 / n
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (math.isfinite(value) and value > 0):
-        raise ValueError(f"compare config: lam must be a number > 0 or \"1/n\", got {value!r}")
-    return float(value)
+    try:
+        return check_lam(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"compare config: lam must be a number > 0 or \"1/n\", got {value!r}") from None
 
 
 def best_dual(results: dict) -> float | None:

@@ -159,6 +159,16 @@ class DualState:
             self._avg_accumulate(i, S)
         self.avg_last[i] = self.avg_t
 
+    def _commit_block(self, i: int, ell_i: float, new_ell_i: float, d: Tensor, alpha: float) -> None:
+        """After block ``i``'s dual variables moved: ``v += alpha d`` (``Tensor[d]``), its ``l_i`` becomes
+        ``new_ell_i``, and ``l`` and the averaging accumulator of ``l`` follow."""
+        self.block_ell[i] = new_ell_i
+        self.v.add_(d, alpha=alpha)
+        if self._box:
+            self._sync_w()
+        self.ell += new_ell_i - ell_i
+        self.avg_ell_u += average_weight(self.avg_t) * (new_ell_i - ell_i)
+
     # ------------------------------------------------------------ solver API
     def block_step(self, i: int, y: Tensor, step_code: int, averaging: bool = True) -> tuple[float, float]:
         """One Frank-Wolfe step on block ``i`` towards the corner of labeling ``y``.
@@ -175,13 +185,7 @@ class DualState:
             if averaging:
                 self._avg_touch(i)
             self._move_block(i, y, gamma, v)
-            new_ell_i = (1.0 - gamma) * ell_i + gamma * ell_s
-            self.block_ell[i] = new_ell_i
-            self.v.add_(v, alpha=-gamma)
-            if self._box:
-                self._sync_w()
-            self.ell += new_ell_i - ell_i
-            self.avg_ell_u += average_weight(self.avg_t) * (new_ell_i - ell_i)
+            self._commit_block(i, ell_i, (1.0 - gamma) * ell_i + gamma * ell_s, v, -gamma)
         self.k += 1
         self.avg_t += 1
         return num, gamma
@@ -212,13 +216,7 @@ class DualState:
             if averaging:
                 self._avg_touch(i)
             self._move_block_general(i, y_s, y_a, coeffs, gamma, d, drop and drop_exact)
-            new_ell_i = ell_i + gamma * dl
-            self.block_ell[i] = new_ell_i
-            self.v.add_(d, alpha=gamma)
-            if self._box:
-                self._sync_w()
-            self.ell += new_ell_i - ell_i
-            self.avg_ell_u += average_weight(self.avg_t) * (new_ell_i - ell_i)
+            self._commit_block(i, ell_i, ell_i + gamma * dl, d, gamma)
         self.k += 1
         self.avg_t += 1
         return num, gamma, drop
