@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["Checkpoint", "parse_interval"]
+__all__ = ["Checkpoint", "parse_interval", "rank_path"]
 
 _UNITS = {"s": 1.0, "sec": 1.0, "seconds": 1.0, "m": 60.0, "min": 60.0, "minutes": 60.0, "h": 3600.0,
           "hours": 3600.0}
@@ -75,12 +75,27 @@ class Checkpoint:
         """Start the clocks (called by ``fit`` when the run starts)."""
         self._last_passes, self._last_time = passes, time.monotonic()
 
-    def due(self, passes: float) -> bool:
-        """Whether a checkpoint is due at ``passes``; if so the clocks restart."""
+    def due(self, passes: float, agree=None) -> bool:
+        """Whether a checkpoint is due at ``passes``; if so the clocks restart.  ``agree(flag) -> bool``: the
+        decision of all processes of a sharded run together (each saves its shard at the same point)."""
         now = time.monotonic()
-        if (self.every_passes is not None and passes - self._last_passes >= self.every_passes - 1e-9) or (
+        flag = (self.every_passes is not None and passes - self._last_passes >= self.every_passes - 1e-9) or (
             self.every_seconds is not None and now - self._last_time >= self.every_seconds
-        ):
+        )
+        if agree is not None:
+            flag = agree(flag)
+        if flag:
             self._last_passes, self._last_time = passes, now
-            return True
-        return False
+        return bool(flag)
+
+    def for_rank(self, rank: int, world_size: int) -> "Checkpoint":
+        """The checkpoint of rank ``rank`` of a sharded run: ``path`` with ``.rank<r>-of-<P>`` before its suffix
+        (:func:`rank_path`), same intervals."""
+        return Checkpoint(rank_path(self.path, rank, world_size), self.every_passes, self.every_seconds)
+
+
+def rank_path(path, rank: int, world_size: int) -> Path:
+    """Where rank ``rank`` of ``world_size`` processes keeps its shard of the run saved at ``path``:
+    ``run.pt`` -> ``run.rank0-of-2.pt``.  Each rank saves and resumes from its own file."""
+    p = Path(path)
+    return p.with_name(f"{p.stem}.rank{rank}-of-{world_size}{p.suffix}")

@@ -254,6 +254,21 @@ def _check_same_device(data, test_data) -> None:
         raise ValueError(f"training data is on {data.device} but test data is on {test_data.device}")
 
 
+def _sharded(distributed: bool | None) -> bool:
+    """Whether ``fit`` shards its data over a process group (see ``distributed``)."""
+    if distributed is not None and not isinstance(distributed, bool):
+        raise TypeError(f"distributed must be True, False or None, got {distributed!r}")
+    if distributed is False:
+        return False
+    import torch.distributed as dist
+
+    live = dist.is_available() and dist.is_initialized()
+    if distributed and not live:
+        raise ValueError("distributed=True needs an initialised torch.distributed process group: launch with "
+                         "torchrun and call torch_bcfw.distributed.init_from_env() first")
+    return live and dist.get_world_size() > 1
+
+
 def fit(
     model: StructuredModel,
     data,
@@ -265,6 +280,7 @@ def fit(
     callbacks: list[Callback] | None = None,
     bounds=None,
     checkpoint: Checkpoint | None = None,
+    distributed: bool | None = None,
     **options,
 ) -> FitResult:
     """Train ``model`` on ``data`` by minimising ``lam/2 ||w||^2 + 1/n sum_i max_y [L_i(y) - <w, psi_i(y)>]``.
@@ -288,7 +304,13 @@ def fit(
             them and the certified gap is the gap of the constrained problem.
         checkpoint: a :class:`~torch_bcfw.checkpoint.Checkpoint`: save the run there periodically and at the end
             (atomically); ``fit(..., init=FitResult.load(path), max_passes=<the rest>)`` continues it exactly
-            (``result.counters["work"] / n`` passes are done).
+            (``result.counters["work"] / n`` passes are done).  In a sharded run every rank writes its own file
+            (:func:`~torch_bcfw.checkpoint.rank_path`: ``run.pt`` -> ``run.rank0-of-2.pt``) at the same point.
+        distributed: shard the examples over the ranks of the initialised ``torch.distributed`` process group
+            (``torchrun``; every rank passes the full ``data``, keeps its contiguous share and the dual state of
+            those blocks, ``w`` is replicated): mini-batch BCFW rounds split over the ranks with one all-reduce
+            each, certificates exact over all examples, the same result on every rank.  ``None`` (default): when a
+            group of more than one rank is initialised; ``False``: never.  ``solver="bcfw"`` only.
         **options: fields of :class:`~torch_bcfw.solvers.options.SolverOptions` (``max_passes``,
             ``gap_check``, ``gap_tol``, ``time_budget``, ``step``, ``sampling``, ``averaging``, ``seed``,
             ``progress``, ``step_rule``, ``cache``, ``preset``...).  ``preset="gap-pairwise-cache"`` (or any
@@ -307,7 +329,16 @@ def fit(
     if test_data is not None:
         model.check_data(test_data)
     _check_same_device(data, test_data)
-    run = SolverRun(model, data, lam, solver, opts, bounds=bounds)
+    comm, train = None, data
+    if _sharded(distributed):
+        from .distributed import DistributedContext, ShardComm, shard, shard_sizes
+
+        ctx = DistributedContext.from_process_group()
+        train = shard(data, ctx).data
+        comm = ShardComm(ctx, shard_sizes(len(data), ctx.world_size))
+        if checkpoint is not None and isinstance(checkpoint, Checkpoint):
+            checkpoint = checkpoint.for_rank(ctx.rank, ctx.world_size)
+    run = SolverRun(model, train, lam, solver, opts, bounds=bounds, comm=comm)
     alg, opts = run.algorithm, run.options  # preset="auto" is resolved by the algorithm
     if init is not None:
         run.load_state_dict({"solver": init.solver, "lam": init.lam, "options": init.options,
@@ -335,7 +366,7 @@ def fit(
         )
 
     def save_if_due(out: RunOutput) -> None:
-        if checkpoint.due(alg.work / alg.n):
+        if checkpoint.due(alg.work / alg.n, agree=alg.comm.any if alg.comm.sharded else None):
             with deferred_signals():  # a Ctrl-C / SIGTERM inside torch.save would break its zip writer
                 result(out, snapshot=True).save(checkpoint.path)
 
@@ -346,6 +377,9 @@ def fit(
     after = save_if_due if checkpoint is not None else None
 
     out = run.run(test_data=test_data, callbacks=callbacks, after_iteration=after)
+    if comm is not None:  # what the rounds' all-reduces cost this run
+        counters["allreduce_seconds"] = comm.round_seconds
+        counters["allreduce_rounds"] = comm.rounds
     res = result(out)
     if checkpoint is not None:
         with deferred_signals():

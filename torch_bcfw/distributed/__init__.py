@@ -7,11 +7,13 @@
 * :mod:`.collectives` -- float64 sum all-reduces (a vector and named scalars packed into one collective),
   broadcast from rank 0, the replicated-``w`` check; a dead peer raises :class:`DistributedError`.
 * :mod:`.certificate` -- :func:`global_certify`, the exact duality gap over all ranks' examples.
+* :mod:`.comm` -- :class:`ShardComm`, what a sharded BCFW run asks of the other ranks (one all-reduce per round).
 
 Launch: ``torchrun --nproc-per-node N script.py`` (one node), ``torchrun --nnodes M --node-rank k
 --nproc-per-node N --rdzv-backend c10d --rdzv-endpoint HOST:PORT script.py`` (several).
 """
 from .certificate import global_certify
+from .comm import ShardComm
 from .collectives import (all_gather_int64, all_reduce_packed, all_reduce_sum, assert_replicated,
                           broadcast_from_rank0, collective, pack_sum_buffer, unpack_sum_buffer)
 from .context import DEFAULT_TIMEOUT_S, DistributedContext, current_context, init_from_env
@@ -25,5 +27,5 @@ __all__ = [
     "gather_shards",
     "all_reduce_sum", "all_reduce_packed", "pack_sum_buffer", "unpack_sum_buffer", "broadcast_from_rank0",
     "all_gather_int64", "assert_replicated", "collective",
-    "global_certify",
+    "global_certify", "ShardComm",
 ]

@@ -5,6 +5,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from .base import DualState
 from .dense import DenseDualState
 from .working_set import ACC, ALPHA, WorkingSet, block_labelings
 
@@ -31,8 +32,8 @@ class ActiveSetDualState(DenseDualState):
 
     rebindable = True
 
-    def __init__(self, model, data, lam: float):
-        super().__init__(model, data, lam)
+    def __init__(self, model, data, lam: float, n_total: int | None = None):
+        super().__init__(model, data, lam, n_total)
         self.active_set = WorkingSet.for_data(data)
 
     # ------------------------------------------------------------ moves of alpha
@@ -44,7 +45,7 @@ class ActiveSetDualState(DenseDualState):
         j = ws.find(i, ynp)
         if j < 0:
             if loss is None:
-                loss = float(self.model.loss(self.block_data(i), y.reshape(-1).to(self.w.device))[0]) / self.n
+                loss = float(self.model.loss(self.block_data(i), y.reshape(-1).to(self.w.device))[0]) / self.n_total
             j = ws.insert(i, ynp, loss, 0, True)
         return j
 
@@ -84,10 +85,15 @@ class ActiveSetDualState(DenseDualState):
             ws.fl[ws.start[i] + ws.find(i, y_a.detach().cpu().numpy().reshape(-1)), ALPHA] = 0.0
         self._prune(i, nonpositive=True)
 
+    # the moves keep more than w_blocks: the per-block default of DualState
+    subset_direction = DualState.subset_direction
+    _move_subset = DualState._move_subset
+    _avg_touch_subset = DualState._avg_touch_subset
+
     def _move_all(self, y: Tensor, gamma: float) -> None:
         super()._move_all(y, gamma)
         labs = block_labelings(y, getattr(self.data, "offsets", None))
-        losses = (self.model.loss(self.data, y) / self.n).tolist()
+        losses = (self.model.loss(self.data, y) / self.n_total).tolist()
         for i in range(self.n):
             self._add(i, torch.from_numpy(labs[i]), gamma, losses[i])
 
@@ -140,7 +146,7 @@ class ActiveSetDualState(DenseDualState):
         self._phi_true = None
         self.w_blocks = torch.zeros(self.n, self.d, dtype=torch.float64, device=dev)
         self.w_blocks_acc = torch.zeros_like(self.w_blocks)
-        scale = 1.0 / (self.lam * self.n)
+        scale = 1.0 / (self.lam * self.n_total)
         for s in range(0, blocks.numel(), chunk):
             idx = blocks[s : s + chunk]
             sub = self.data[idx]
@@ -178,5 +184,5 @@ class ActiveSetDualState(DenseDualState):
         for s in range(0, len(blocks), chunk):
             sub = self.data[torch.tensor(blocks[s : s + chunk], dtype=torch.long)]
             y = torch.cat(labels[s : s + chunk]).to(self.w.device)
-            out += (self.model.loss(sub, y) / self.n).tolist()
+            out += (self.model.loss(sub, y) / self.n_total).tolist()
         return out

@@ -65,10 +65,11 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .checks import check_bounds, check_lam
+from .checks import check_bounds, check_lam, check_n_total
 from .fingerprint import features_fingerprint, labels_fingerprint
 from .plan import StepPlan, generic_plan_steps
-from .stepsize import PAIRWISE_RULE, average_weight, clipped_step, lazy_weight, step_size
+from .stepsize import (LINE_SEARCH, PAIRWISE_RULE, average_weight, clipped_step, lazy_weight,
+                       line_search_step, minibatch_fixed_step, step_size)
 from .working_set import ALPHA, WorkingSet, block_labelings
 
 __all__ = ["DualState"]
@@ -78,6 +79,9 @@ class DualState:
     """Shared bookkeeping of a primal-dual BCFW state (see the module docstring).
 
     Attributes:
+        n: number of blocks the state holds (``len(data)``).
+        n_total: the problem's number of examples ``n`` in the scalings ``1 / (lam n)`` and ``L_i / n`` (``n``,
+            unless the state holds one shard of a problem sharded over processes).
         w: ``Tensor[d]`` float64, ``sum_i w_i`` (with box constraints: ``clip(v, lower, upper)``).
         v: ``Tensor[d]`` float64, the untruncated ``sum_i w_i`` (the same tensor as ``w`` without bounds).
         ell: float, ``sum_i l_i`` (the linear part of the dual).
@@ -97,12 +101,13 @@ class DualState:
     #: features (a label-marginal storage has none: :meth:`_w_from_blocks` evaluates the marginals).
     rebindable = True
 
-    def __init__(self, model, data, lam: float):
+    def __init__(self, model, data, lam: float, n_total: int | None = None):
         model.check_data(data)
         self.model = model
         self.data = data
         self.lam = check_lam(lam)
         self.n = len(data)
+        self.n_total = check_n_total(n_total, self.n)
         self.d = model.n_features
         dev = data.device
         self.v = torch.zeros(self.d, dtype=torch.float64, device=dev)
@@ -180,7 +185,7 @@ class DualState:
         ell_i = float(self.block_ell[i])
         num = self.lam * float(v @ self.w) - ell_i + ell_s
         den = self.lam * float(v @ v)
-        gamma = step_size(step_code, num, den, self.k, self.n)
+        gamma = step_size(step_code, num, den, self.k, self.n_total)
         if gamma != 0.0:
             if averaging:
                 self._avg_touch(i)
@@ -252,7 +257,7 @@ class DualState:
         y = torch.cat([torch.as_tensor(np.asarray(t), dtype=torch.long).reshape(-1) for t in ys]).to(self.w.device)
         w = self.w
         H = self.model.loss(rep, y) + self.model.score(w, rep, y) - self.model.score(w, blk, blk.y)[0]
-        return (H / self.n).cpu().numpy().astype(np.float64)
+        return (H / self.n_total).cpu().numpy().astype(np.float64)
 
     def block_oracle(self, i: int) -> Tensor:
         """Loss-augmented decoding of example ``i`` at the current (truncated) ``w``."""
@@ -267,7 +272,7 @@ class DualState:
         """
         y_star, H = self.model.hinge_terms(self.w, self.data)
         dots = self._block_dots()
-        return H / self.n - (self.block_ell - dots), H, y_star
+        return H / self.n_total - (self.block_ell - dots), H, y_star
 
     def _block_dots(self) -> Tensor:
         """``lam <v_i, w>`` for every block (``Tensor[n]``)."""
@@ -334,7 +339,7 @@ class DualState:
         labelings) so that ``w = A alpha``, ``l = b^T alpha`` hold exactly at the state's ``lam``.
         """
         self._move_all(y, 1.0)
-        self.block_ell = self.model.loss(self.data, y).to(self.block_ell) / self.n
+        self.block_ell = self.model.loss(self.data, y).to(self.block_ell) / self.n_total
         self.v = self._w_from_blocks()
         self._sync_w()
         self.ell = float(self.block_ell.sum())
@@ -428,6 +433,15 @@ class DualState:
         Only called when :meth:`can_run_plan`."""
         raise NotImplementedError(f"{type(self).__name__} has no fused step loop")
 
+    def can_run_minibatch(self) -> bool:
+        """True when :meth:`run_minibatch` runs mini-batch plans in compiled rounds (no state by default: the rounds
+        then run through :meth:`subset_oracle` and :meth:`minibatch_step`)."""
+        return False
+
+    def run_minibatch(self, plan):
+        """Run a mini-batch plan in compiled rounds; only called when :meth:`can_run_minibatch`."""
+        raise NotImplementedError(f"{type(self).__name__} has no compiled mini-batch rounds")
+
     def can_run_mp_steps(self) -> bool:
         """True when :meth:`run_mp_steps` runs the block steps of multi-plane BCFW in a fused kernel (no state by
         default: :class:`~torch_bcfw.solvers.mpbcfw.MPBCFW` then steps through the public methods)."""
@@ -442,13 +456,102 @@ class DualState:
         Only called when :meth:`can_run_mp_steps`."""
         raise NotImplementedError(f"{type(self).__name__} has no fused multi-plane steps")
 
+    # ------------------------------------------------------------ mini-batch steps (Wang et al. 2016)
+    def subset_oracle(self, idx: Tensor):
+        """Loss-augmented decoding of the blocks ``idx`` (``LongTensor[tau]``, distinct) at the current ``w`` in one
+        batched oracle call.  Returns ``(sub, y)``: the examples ``data[idx]`` and their answers, laid out like
+        ``sub.y``."""
+        sub = self.data[idx] if len(idx) != 1 else self.block_data(int(idx[0]))
+        return sub, self.model.oracle(self.w, sub, loss_augmented=True)
+
+    def subset_direction(self, idx: Tensor, sub, y: Tensor) -> tuple[Tensor, Tensor, object]:
+        """The joint direction of blocks ``idx`` towards the corners ``y`` (``sub = data[idx]``).
+
+        Returns ``(V, ell_s, parts)``: ``V = sum_{i in idx} (w_i - w_s,i)`` (``Tensor[d]``; ``A d = -V`` for the
+        joint direction ``d = sum_i (s_[i] - alpha_[i])``), ``ell_s = L_i(y_i) / n`` (``Tensor[tau]``) and what
+        :meth:`_move_subset` needs (storage-specific).  Default: one :meth:`block_direction` per block; dense and
+        compact storages override it with batched tensor operations."""
+        labs = block_labelings(y, getattr(sub, "offsets", None))
+        V = torch.zeros_like(self.v)
+        vs, ells = [], []
+        for j, i in enumerate(idx.tolist()):
+            yj = torch.as_tensor(np.asarray(labs[j]), dtype=torch.long).reshape(-1).to(self.w.device)
+            v, ell_s = self.block_direction(i, yj)
+            V = v if j == 0 else V + v
+            vs.append((yj, v))
+            ells.append(ell_s)
+        return V, torch.tensor(ells, dtype=torch.float64, device=self.w.device), vs
+
+    def _move_subset(self, idx: Tensor, y: Tensor, gamma: float, parts) -> None:
+        """Move the blocks ``idx``: ``alpha_i <- (1 - gamma) alpha_i + gamma e_{y_i}`` (``parts`` from
+        :meth:`subset_direction`).  Default: one :meth:`_move_block` per block."""
+        for i, (yj, v) in zip(idx.tolist(), parts):
+            self._move_block(i, yj, gamma, v)
+
+    def _avg_touch_subset(self, idx: Tensor) -> None:
+        """The blocks ``idx`` are about to change at clock ``avg_t`` (:meth:`_avg_touch` for each)."""
+        for i in idx.tolist():
+            self._avg_touch(i)
+
+    def minibatch_step(self, idx: Tensor, sub, y: Tensor, step_code: int, averaging: bool = True,
+                       reduce=None) -> tuple[float, float]:
+        """One mini-batch Frank-Wolfe step (Wang et al. 2016): the blocks ``idx`` (distinct) move together
+        towards their corners ``y`` (oracle answers at the current ``w``) with one step size ``gamma``.
+
+        Along ``d = sum_{i in idx} (s_[i] - alpha_[i])`` the dual is ``f(alpha + gamma d) = l + gamma dl -
+        lam/2 ||w - gamma V||^2`` (``V = sum_i (w_i - w_s,i)``, ``dl = sum_i (l_s,i - l_i)``), so the exact line
+        search is ``gamma = clip(num / den, 0, 1)`` with ``num = lam <V, w> + dl``, which is the sum of the blocks'
+        gaps ``g_i = lam <w_i - w_s,i, w> - l_i + l_s,i``, and ``den = lam ||V||^2``, computed from the summed
+        ``V`` (the cross terms between blocks are what limit the speed-up).  ``FIXED``: ``gamma = min(1, 2 n tau /
+        (tau k + 2 n))`` (``k`` block steps so far; ``2n / (k + 2n)`` at ``tau = 1``).  At ``tau = 1`` this is
+        :meth:`block_step`, bit for bit.
+
+        ``reduce``: ``None``, or a callable summing ``(V, [sum_i l_i, sum_i l_s,i, len(idx)])`` over the processes
+        that share the round (``w`` replicated): then ``num``, ``den``, ``tau`` and ``gamma`` are the round's, ``w``
+        moves by the summed ``V``, and this state moves only its own blocks.  Returns ``(num, gamma)``.
+        """
+        if len(idx):
+            V, ell_s, parts = self.subset_direction(idx, sub, y)
+        else:  # a process with no block in a round split over processes: it still takes the round's step
+            V, ell_s, parts = torch.zeros_like(self.v), self.block_ell[:0], None
+        ell_i = self.block_ell[idx]
+        sums = torch.stack([ell_i.sum(), ell_s.sum(), ell_i.new_tensor(float(len(idx)))])
+        if reduce is not None:
+            V, sums = reduce(V, sums)
+        tau = int(sums[2])
+        num = self.lam * float(V @ self.w) - float(sums[0]) + float(sums[1])
+        den = self.lam * float(V @ V)
+        if step_code == LINE_SEARCH:
+            gamma = line_search_step(num, den)
+        else:
+            gamma = minibatch_fixed_step(self.k, self.n_total, tau)
+        if gamma != 0.0:
+            if averaging and len(idx):
+                if len(idx) == 1:
+                    self._avg_touch(int(idx[0]))
+                else:
+                    self._avg_touch_subset(idx)
+            if len(idx):
+                self._move_subset(idx, y, gamma, parts)
+            new_ell = (1.0 - gamma) * ell_i + gamma * ell_s
+            self.block_ell[idx] = new_ell
+            self.v.add_(V, alpha=-gamma)
+            if self._box:
+                self._sync_w()
+            dl = float((new_ell - ell_i).sum())
+            self.ell += dl
+            self.avg_ell_u += average_weight(self.avg_t) * dl
+        self.k += tau
+        self.avg_t += 1
+        return num, gamma
+
     def batch_step(self, y: Tensor, step_code: int, fw_iter: int, averaging: bool = True) -> tuple[float, float]:
         """One batch Frank-Wolfe step towards the corners ``y`` (oracle answers for all blocks).
 
         Returns ``(gap, gamma)``, ``gap`` being the exact duality gap of the state *before* the step
         (when ``y`` are exact oracle answers at the current ``w``).
         """
-        n, lam = self.n, self.lam
+        n, lam = self.n_total, self.lam
         w_s = (self.model.joint_feature_sum(self.data, self.data.y) - self.model.joint_feature_sum(self.data, y)) / (lam * n)
         ell_s = float(self.model.loss(self.data, y).sum()) / n
         v = self.v - w_s
@@ -472,25 +575,36 @@ class DualState:
         self.avg_t += 1
         return gap, gamma
 
-    def averaged(self) -> tuple[Tensor, float]:
+    def averaged(self, reduce=None) -> tuple[Tensor, float]:
         """The weighted average ``(wbar, lbar)`` of the iterates (weights ``t``, eq. 14 of the BCFW paper).
 
         Only meaningful when every step ran with ``averaging=True``.  With box constraints ``wbar`` is the
         truncation of the averaged ``v`` and ``lbar`` includes its box term (a feasible primal-dual pair).
+        ``reduce``: for a state holding one shard, the callable summing ``(vector, scalar)`` over the processes
+        (this state's blocks give their part of ``wbar`` and ``lbar``).
         """
         T = self.avg_t
         if T == 0:
-            return self.w.clone(), self.dual_ell()
+            ell = self.ell if reduce is None else reduce(self.v[:0], self.ell)[1]
+            return self.w.clone(), ell - self.box_term()
         total = average_weight(T)
         S = lazy_weight.py_func(T, self.avg_last.to(torch.float64)).to(self.w.device)
         v_avg, ell_avg = self._avg_w(S, total), self.ell - self.avg_ell_u / total
+        if reduce is not None:
+            v_avg, ell_avg = reduce(v_avg, ell_avg)
         if self._box:  # the averaged alpha gives v_avg; its feasible pair is (clip(v_avg), l_avg - box term)
             return torch.clamp(v_avg, self.lower, self.upper), ell_avg - self.box_term(v_avg)
         return v_avg, ell_avg
 
-    def refresh(self) -> float:
-        """Recompute ``w = sum_i w_i`` and ``l = sum_i l_i`` from the blocks; return the drift removed."""
+    def refresh(self, reduce=None) -> float:
+        """Recompute ``w = sum_i w_i`` and ``l = sum_i l_i`` from the blocks; return the drift removed.
+
+        ``reduce``: for a state holding one shard (its ``w`` is the sum over all processes' blocks, its ``l`` its own
+        blocks' part), the callable summing ``(vector, scalar)`` over the processes: ``w`` becomes the sum of every
+        process' blocks (the same on every process)."""
         v = self._w_from_blocks()
+        if reduce is not None:
+            v, _ = reduce(v, 0.0)
         drift = float((v - self.v).abs().max()) if self.d else 0.0
         self.v = v
         self._sync_w()
@@ -517,7 +631,7 @@ class DualState:
         so ``w = A(x) alpha`` holds exactly for the current ``x``.
         """
         cls._check_rebindable()
-        state = cls(model, data, lam)
+        state = cls(model, data, lam, sd.get("n_total"))
         state.load_state_dict(sd)  # a rebindable storage derives its feature-space caches at data's features
         state.refresh()
         return state
@@ -566,6 +680,7 @@ class DualState:
             "kind": type(self).__name__,
             "lam": self.lam,
             "n": self.n,
+            "n_total": self.n_total,
             "d": self.d,
             "w": self.v.cpu().clone(),  # untruncated (equal to w without bounds)
             "ell": self.ell,
@@ -601,6 +716,9 @@ class DualState:
             raise ValueError(
                 f"state was saved for n = {sd['n']}, d = {sd['d']} but this problem has n = {self.n}, d = {self.d}"
             )
+        if int(sd.get("n_total", sd["n"])) != self.n_total:
+            raise ValueError(f"state was saved for a problem of n_total = {sd.get('n_total', sd['n'])} examples, "
+                             f"this one has n_total = {self.n_total}")
         if "labels" in sd and sd["labels"] != labels_fingerprint(self.data):
             raise ValueError(
                 "state was saved for other examples (labels or sequence boundaries differ, or their order changed)"

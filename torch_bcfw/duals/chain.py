@@ -22,6 +22,7 @@ from torch import Tensor
 from ..inference.viterbi import viterbi_packed
 from .base import DualState
 from .plan import PlanResult
+from .stepsize import lazy_weight
 
 __all__ = ["ChainDualState", "sequence_grams"]
 
@@ -46,8 +47,8 @@ class ChainDualState(DualState):
     #: :meth:`load_state_dict` always copies, so no state ever writes into a saved dict.
     hand_over_storage = False
 
-    def __init__(self, model, data, lam: float):
-        super().__init__(model, data, lam)
+    def __init__(self, model, data, lam: float, n_total: int | None = None):
+        super().__init__(model, data, lam, n_total)
         self.mu = model.one_hot(data.y)
         self.T = model.transition_counts(data, data.y)
         self.mu_acc = torch.zeros_like(self.mu)
@@ -55,6 +56,7 @@ class ChainDualState(DualState):
         self.T_acc = torch.zeros_like(self.T[0])
         self._phi_true_sum = model.joint_feature_sum(data, data.y)
         self._kernel_inputs = None
+        self._acc = None  # the summed direction P of a mini-batch round and its touched rows (compiled rounds)
 
     # ------------------------------------------------------------ storage hooks
     def _block_marginal_direction(self, i: int, y: Tensor) -> tuple[Tensor, Tensor]:
@@ -67,8 +69,8 @@ class ChainDualState(DualState):
     def block_direction(self, i: int, y: Tensor) -> tuple[Tensor, float]:
         blk = self.block_data(i)
         D, dT = self._block_marginal_direction(i, y)
-        v = self.model.features_from_marginals(blk, D, dT) / (self.lam * self.n)
-        return v, float(self.model.loss(blk, y)[0]) / self.n
+        v = self.model.features_from_marginals(blk, D, dT) / (self.lam * self.n_total)
+        return v, float(self.model.loss(blk, y)[0]) / self.n_total
 
     def _move_block(self, i: int, y: Tensor, gamma: float, v: Tensor) -> None:
         D, dT = self._block_marginal_direction(i, y)
@@ -91,7 +93,7 @@ class ChainDualState(DualState):
         the marginals).  The weighted average is not kept for such moves."""
         blk = self.block_data(i)
         s, e = int(self.data.offsets[i]), int(self.data.offsets[i + 1])
-        dv = self.model.features_from_marginals(blk, self.mu[s:e] - mu, self.T[i] - T) / (self.lam * self.n)
+        dv = self.model.features_from_marginals(blk, self.mu[s:e] - mu, self.T[i] - T) / (self.lam * self.n_total)
         self.mu[s:e] = mu
         self.T[i] = T
         self.v = self.v + dv
@@ -107,7 +109,7 @@ class ChainDualState(DualState):
         trans = self.model.unpack(self.w)[4]
         s_mu = float((U * self.mu[s:e]).sum() + (self.T[i] * trans).sum())
         s_true = float(self.model._score_from_unary(U, trans, blk, blk.y)[0])
-        return float(self.block_ell[i]) + (s_mu - s_true) / self.n
+        return float(self.block_ell[i]) + (s_mu - s_true) / self.n_total
 
     def block_gaps(self) -> tuple[Tensor, Tensor, Tensor]:
         """All exact block gaps ``(score(y*) - score(mu_i)) / n - l_i + l_s`` from one unary pass and one
@@ -122,22 +124,53 @@ class ChainDualState(DualState):
         s_mu = torch.zeros(self.n, dtype=torch.float64, device=w.device)
         s_mu.index_add_(0, data.token_sequence_ids(), (U * self.mu).sum(1))
         s_mu += (self.T * trans).sum((1, 2))
-        dots = (s_true - s_mu) / self.n  # lam <w_i, w>
-        return H / self.n - (self.block_ell - dots), H, y_star
+        dots = (s_true - s_mu) / self.n_total  # lam <w_i, w>
+        return H / self.n_total - (self.block_ell - dots), H, y_star
 
     def _move_all(self, y: Tensor, gamma: float) -> None:
         self.mu.mul_(1.0 - gamma).add_(self.model.one_hot(y), alpha=gamma)
         self.T.mul_(1.0 - gamma).add_(self.model.transition_counts(self.data, y), alpha=gamma)
 
+    def _token_index(self, idx: Tensor) -> Tensor:
+        """Positions in ``mu`` of the tokens of the blocks ``idx``, block by block (``LongTensor[N_sub]``)."""
+        off = self.data.offsets
+        starts, lens = off[idx], off[idx + 1] - off[idx]
+        base = torch.repeat_interleave(starts - torch.cumsum(lens, 0) + lens, lens)
+        return base + torch.arange(int(lens.sum()), device=off.device)
+
+    def subset_direction(self, idx: Tensor, sub, y: Tensor):
+        """Batched on the marginals: ``parts = (tokens, D, dT)`` with ``D = onehot(y) - mu`` on the blocks' tokens
+        and ``dT = T(y) - T_i`` per block; ``V`` is one :meth:`features_from_marginals` of ``(D, sum dT)``."""
+        tok = self._token_index(idx)
+        D = self.model.one_hot(y) - self.mu[tok]
+        dT = self.model.transition_counts(sub, y) - self.T[idx]
+        V = self.model.features_from_marginals(sub, D, dT.sum(0)) / (self.lam * self.n_total)
+        ell_s = self.model.loss(sub, y).to(torch.float64) / self.n_total
+        return V, ell_s, (tok, D, dT)
+
+    def _move_subset(self, idx: Tensor, y: Tensor, gamma: float, parts) -> None:
+        tok, D, dT = parts
+        self.mu[tok] += gamma * D
+        self.T[idx] += gamma * dT
+
+    def _avg_touch_subset(self, idx: Tensor) -> None:
+        ic = idx.cpu()
+        S = lazy_weight.py_func(self.avg_t, self.avg_last[ic].to(torch.float64)).to(self.w.device)
+        lens = self.data.offsets[idx + 1] - self.data.offsets[idx]
+        tok = self._token_index(idx)
+        self.mu_acc[tok] += S.repeat_interleave(lens)[:, None] * self.mu[tok]
+        self.T_acc.add_((S[:, None, None] * self.T[idx]).sum(0))
+        self.avg_last[ic] = self.avg_t
+
     def block_w(self, i: int) -> Tensor:
         blk = self.block_data(i)
         s, e = int(self.data.offsets[i]), int(self.data.offsets[i + 1])
         true = self.model.joint_feature_sum(blk, blk.y)
-        return (true - self.model.features_from_marginals(blk, self.mu[s:e], self.T[i])) / (self.lam * self.n)
+        return (true - self.model.features_from_marginals(blk, self.mu[s:e], self.T[i])) / (self.lam * self.n_total)
 
     def _w_from_blocks(self) -> Tensor:
         cur = self.model.features_from_marginals(self.data, self.mu, self.T.sum(0))
-        return (self._phi_true_sum - cur) / (self.lam * self.n)
+        return (self._phi_true_sum - cur) / (self.lam * self.n_total)
 
     def _avg_accumulate(self, i, S) -> None:
         if i is None:
@@ -151,7 +184,7 @@ class ChainDualState(DualState):
     def _avg_w(self, S: Tensor, total: float) -> Tensor:
         mu = (self.mu_acc + S.repeat_interleave(self.data.lengths)[:, None] * self.mu) / total
         T = (self.T_acc + (S[:, None, None] * self.T).sum(0)) / total
-        return (self._phi_true_sum - self.model.features_from_marginals(self.data, mu, T)) / (self.lam * self.n)
+        return (self._phi_true_sum - self.model.features_from_marginals(self.data, mu, T)) / (self.lam * self.n_total)
 
     def _rescale_storage(self, rho: float) -> None:
         """``mu <- rho mu + (1 - rho) onehot(y)``, ``T <- rho T + (1 - rho) T(y)`` (see :meth:`DualState.rescale_lam`)."""
@@ -219,7 +252,7 @@ class ChainDualState(DualState):
 
     def can_run_plan(self) -> bool:
         """The fused kernel :meth:`run_plan` applies: CPU tensors and no box constraints."""
-        return self.w.device.type == "cpu" and not self.has_bounds
+        return self.w.device.type == "cpu" and not self.has_bounds and self.n_total == self.n
 
     def run_plan(self, plan) -> PlanResult:
         """Run a :class:`~torch_bcfw.duals.plan.StepPlan` in the compiled loop
@@ -259,6 +292,75 @@ class ChainDualState(DualState):
         self.k, self.avg_t = int(counters[4]), int(counters[5])
         return PlanResult(steps=done, oracle_calls=int(counters[1]), cache_hits=int(counters[2]),
                           need_gap_pass=int(counters[3]) == NEED_GAP_PASS, blocks=blocks[:done], gaps=gaps[:done])
+
+    def can_run_minibatch(self) -> bool:
+        """The compiled mini-batch rounds apply: CPU tensors and no box constraints."""
+        return self.w.device.type == "cpu" and not self.has_bounds
+
+    def run_minibatch(self, plan) -> PlanResult:
+        """Run a mini-batch :class:`~torch_bcfw.duals.plan.StepPlan` in the compiled rounds of
+        :mod:`.chain_minibatch_kernels` (the trajectory of :meth:`~torch_bcfw.duals.base.DualState.minibatch_step` up
+        to rounding): all rounds in one call when this state owns the problem's every block, else one call per
+        round part with the all-reduce ``plan.reduce`` between them."""
+        from . import chain_minibatch_kernels as mk
+
+        order = np.ascontiguousarray(plan.order, dtype=np.int64)
+        rof = np.ascontiguousarray(plan.rounds, dtype=np.int64)
+        gaps = np.full(len(order), np.nan)
+        rgaps = np.zeros(len(rof) - 1)
+        ells = np.array([self.ell, self.avg_ell_u])
+        feats, wts, state, avg = self._kernel_groups(ells)
+        if self._acc is None:
+            F = self.model.n_inputs
+            self._acc = (torch.zeros_like(self.v), np.zeros(F, dtype=np.uint8), np.zeros(F, dtype=np.int64),
+                         np.zeros(1, dtype=np.int64))
+        P, flag, rows, count = self._acc
+        acc = tuple(t.numpy() for t in self.model.unpack(P))
+        marks = (flag, rows, count)
+        if plan.reduce is None and self.n_total == self.n:
+            self.k, self.avg_t = mk.chain_minibatch_rounds(
+                order, rof, (int(plan.step_code), bool(plan.averaging), self.lam, self.n_total, self.k, self.avg_t),
+                feats, wts, state, avg, acc, marks, rgaps)
+        else:
+            self._reduced_rounds(plan, order, rof, rgaps, feats, wts, state, avg, acc, marks, P)
+        self.ell, self.avg_ell_u = float(ells[0]), float(ells[1])
+        nonempty = rof[:-1] < rof[1:]
+        gaps[rof[:-1][nonempty]] = rgaps[nonempty]
+        return PlanResult(steps=len(order), oracle_calls=len(order), cache_hits=0, need_gap_pass=False,
+                          blocks=plan.order, gaps=gaps)
+
+    def _reduced_rounds(self, plan, order, rof, rgaps, feats, wts, state, avg, acc, marks, P) -> None:
+        """Rounds split over processes: each round's ``(V, sums)`` goes through ``plan.reduce`` between the compiled
+        direction and move parts; ``w`` moves by the summed ``V`` (the same on every process)."""
+        from . import chain_minibatch_kernels as mk
+        from .stepsize import LINE_SEARCH as LS
+
+        K = self.model.n_labels
+        offsets = feats[4]
+        lens = offsets[1:] - offsets[:-1]
+        max_tok = max([int(lens[order[a:b]].sum()) for a, b in zip(rof[:-1], rof[1:])] + [1])
+        blk_scr, (D, Y) = mk.round_scratch(offsets, K, max_tok)
+        tok = np.empty(len(order) + 1, dtype=np.int64)
+        spare = np.zeros((K, K))
+        scale = 1.0 / (self.lam * self.n_total)
+        for j in range(len(rof) - 1):
+            blocks = order[rof[j]:rof[j + 1]]
+            num, s_i, s_s = mk.round_directions(blocks, self.n_total, feats, wts, state, acc, marks, blk_scr, D, Y, tok)
+            V = P * scale
+            V, sums = plan.reduce(V, torch.tensor([s_i, s_s, float(len(blocks))], dtype=torch.float64))
+            tau = int(sums[2])
+            g = self.lam * float(V @ self.w) - float(sums[0]) + float(sums[1])
+            den = self.lam * float(V @ V)
+            gamma = mk.line_search_step(g, den) if plan.step_code == LS else mk.minibatch_fixed_step(self.k, self.n_total, tau)
+            if gamma != 0.0 and len(blocks):
+                mk.round_move(blocks, gamma, self.lam, self.n_total, self.avg_t, bool(plan.averaging), False, feats,
+                              wts, state, avg, D, Y, tok, spare)
+            if gamma != 0.0:
+                self.v.add_(V, alpha=-gamma)
+            mk.clear_acc(acc, marks)
+            rgaps[j] = num
+            self.k += tau
+            self.avg_t += 1
 
     def can_run_mp_steps(self) -> bool:
         """The fused multi-plane kernel :meth:`run_mp_steps` applies: CPU tensors and no box constraints."""

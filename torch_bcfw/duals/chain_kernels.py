@@ -274,6 +274,34 @@ def fw_move(i, s, L, step, clock, corner, ystar, D, feats, wts, state, avg):
 
 
 @njit(cache=True)
+def block_corner(s, L, feats, wts, mu, U, Ua, ystar, delta, D):
+    """The oracle and the corner of the block whose ``L`` tokens start at ``s``, at the current ``w``: unary scores
+    ``U``, loss-augmented decoding into ``ystar[:L]``, and the unary part ``D[:L] = e_{y*} - mu_i`` of the direction.
+    Returns ``(score of y*, unary score of mu_i, mistakes of y*)`` (the transition part of ``mu_i``'s score is
+    :func:`_transition_stats`')."""
+    indptr, indices, values, y, offsets, gram, gram_off = feats
+    We, bias, start, end, trans = wts
+    K = We.shape[1]
+    _unary_scores(s, L, indptr, indices, values, We, bias, start, end, U)
+    loss_augmented_decode(U, Ua, L, s, y, 1.0 / L, trans, ystar, delta)
+    score_star = 0.0
+    score_mu = 0.0
+    mistakes = 0
+    for t in range(L):
+        score_star += U[t, ystar[t]]
+        if ystar[t] != y[s + t]:
+            mistakes += 1
+        for c in range(K):
+            m = mu[s + t, c]
+            score_mu += U[t, c] * m
+            D[t, c] = -m
+        D[t, ystar[t]] += 1.0
+    for t in range(1, L):
+        score_star += trans[ystar[t - 1], ystar[t]]
+    return score_star, score_mu, mistakes
+
+
+@njit(cache=True)
 def chain_bcfw_steps(order, step_code, averaging, lam, k0, t0, feats, wts, state, avg, gaps):
     """Run BCFW steps on the blocks ``order[j]``; write block gaps to ``gaps[j]`` (argument groups: module docstring).
 
@@ -299,25 +327,8 @@ def chain_bcfw_steps(order, step_code, averaging, lam, k0, t0, feats, wts, state
             prefetch_block(order[j + 1], offsets, indptr, indices, values, gram, gram_off, mu, T, mu_acc, averaging)
         s = offsets[i]
         L = offsets[i + 1] - s
-        _unary_scores(s, L, indptr, indices, values, We, bias, start, end, U)
+        score_star, score_mu, mistakes = block_corner(s, L, feats, wts, mu, U, Ua, ystar, delta, D)
         inv_L = 1.0 / L
-        loss_augmented_decode(U, Ua, L, s, y, inv_L, trans, ystar, delta)
-        # scores of the corner y* and of the current block state mu_i under w
-        score_star = 0.0
-        score_mu = 0.0
-        mistakes = 0
-        # and the direction delta = e_{y*} - mu_i (unary part D; transitions handled below)
-        for t in range(L):
-            score_star += U[t, ystar[t]]
-            if ystar[t] != y[s + t]:
-                mistakes += 1
-            for c in range(K):
-                m = mu[s + t, c]
-                score_mu += U[t, c] * m
-                D[t, c] = -m
-            D[t, ystar[t]] += 1.0
-        for t in range(1, L):
-            score_star += trans[ystar[t - 1], ystar[t]]
         ell_s = mistakes * inv_L / n
         score_T, sq_T = _transition_stats(T[i], trans, ystar[:L])
         gaps[j], _ = fw_move(i, s, L, (step_code, averaging, lam, k), clock,

@@ -7,7 +7,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-__all__ = ["check_lam", "check_bounds"]
+__all__ = ["check_lam", "check_bounds", "check_n_total"]
 
 
 def check_lam(lam: float) -> float:
@@ -25,6 +25,20 @@ def check_lam(lam: float) -> float:
     if not np.isfinite(v) or v <= 0.0:
         raise ValueError(f"lam must be a finite number > 0, got {v}")
     return v
+
+
+def check_n_total(n_total, n: int) -> int:
+    """The problem's number of examples: ``n`` (the state's own blocks) when ``n_total`` is ``None``, else
+    ``n_total`` as an int ``>= n`` (a state holding one shard of a sharded problem scales its blocks by the
+    problem's ``1 / (lam n_total)`` and ``L_i / n_total``).  ``TypeError`` for a non-integer, ``ValueError`` for
+    ``n_total < n``."""
+    if n_total is None:
+        return int(n)
+    if isinstance(n_total, (bool, np.bool_)) or not isinstance(n_total, numbers.Integral):
+        raise TypeError(f"n_total must be an int, got {n_total!r} ({type(n_total).__name__})")
+    if int(n_total) < n:
+        raise ValueError(f"n_total = {n_total} is smaller than the state's {n} examples")
+    return int(n_total)
 
 
 def check_bounds(lower, upper, d: int, device) -> tuple[Tensor, Tensor]:

@@ -5,6 +5,7 @@ import torch
 from torch import Tensor
 
 from .base import DualState
+from .stepsize import lazy_weight
 
 __all__ = ["DenseDualState"]
 
@@ -18,8 +19,8 @@ class DenseDualState(DualState):
 
     rebindable = False
 
-    def __init__(self, model, data, lam: float):
-        super().__init__(model, data, lam)
+    def __init__(self, model, data, lam: float, n_total: int | None = None):
+        super().__init__(model, data, lam, n_total)
         self.w_blocks = torch.zeros(self.n, self.d, dtype=torch.float64, device=data.device)
         self.w_blocks_acc = torch.zeros_like(self.w_blocks)
         self._phi_true = None
@@ -32,8 +33,8 @@ class DenseDualState(DualState):
     def block_direction(self, i: int, y: Tensor) -> tuple[Tensor, float]:
         blk = self.block_data(i)
         phi_y = self.model.joint_feature(blk, y)[0]
-        w_s = (self._true_features(i) - phi_y) / (self.lam * self.n)
-        ell_s = float(self.model.loss(blk, y)[0]) / self.n
+        w_s = (self._true_features(i) - phi_y) / (self.lam * self.n_total)
+        ell_s = float(self.model.loss(blk, y)[0]) / self.n_total
         return self.w_blocks[i] - w_s, ell_s
 
     def _move_block(self, i: int, y: Tensor, gamma: float, v: Tensor) -> None:
@@ -47,9 +48,27 @@ class DenseDualState(DualState):
 
     def _move_all(self, y: Tensor, gamma: float) -> None:
         w_s = (self.model.joint_feature(self.data, self.data.y) - self.model.joint_feature(self.data, y)) / (
-            self.lam * self.n
+            self.lam * self.n_total
         )
         self.w_blocks.mul_(1.0 - gamma).add_(w_s, alpha=gamma)
+
+    def subset_direction(self, idx: Tensor, sub, y: Tensor):
+        """Batched: ``parts = W_i - W_s`` (``Tensor[tau, d]``, the per-block directions)."""
+        if self._phi_true is None:
+            self._phi_true = self.model.joint_feature(self.data, self.data.y)
+        W_s = (self._phi_true[idx] - self.model.joint_feature(sub, y)) / (self.lam * self.n_total)
+        Vb = self.w_blocks[idx] - W_s
+        ell_s = self.model.loss(sub, y).to(torch.float64) / self.n_total
+        return Vb.sum(0), ell_s, Vb
+
+    def _move_subset(self, idx: Tensor, y: Tensor, gamma: float, parts) -> None:
+        self.w_blocks[idx] -= gamma * parts
+
+    def _avg_touch_subset(self, idx: Tensor) -> None:
+        ic = idx.cpu()
+        S = lazy_weight.py_func(self.avg_t, self.avg_last[ic].to(torch.float64)).to(self.w.device)
+        self.w_blocks_acc[idx] += S[:, None] * self.w_blocks[idx]
+        self.avg_last[ic] = self.avg_t
 
     def block_w(self, i: int) -> Tensor:
         return self.w_blocks[i].clone()

@@ -29,6 +29,7 @@ from torch import Tensor
 
 from ..inference.graphcut import NEGATIVE_TOLERANCE, build_graph, cut_graph
 from ..inference.graphcut_pool import cut_inputs
+from .base import DualState
 from .dense import DenseDualState
 from .fingerprint import features_fingerprint
 from .stepsize import average_weight, lazy_weight, step_size
@@ -232,8 +233,8 @@ class GraphCutDualState(DenseDualState):
 
     rebindable = True
 
-    def __init__(self, model, data, lam: float):
-        super().__init__(model, data, lam)
+    def __init__(self, model, data, lam: float, n_total: int | None = None):
+        super().__init__(model, data, lam, n_total)
         self.F = model.n_inputs
         self._seg = data.offsets.tolist()
         self.mu = data.y.to(torch.float64).clone()
@@ -297,7 +298,8 @@ class GraphCutDualState(DenseDualState):
         the line search, the averaging and the updates of ``w_i``, ``mu``, ``pw``, ``v`` and ``w``), without
         per-step interpreter work besides the cut.  The oracle's share of the time is added to
         :attr:`oracle_seconds`."""
-        if self.data.device.type != "cpu" or not self.model.pairwise or not self.model.builtin_oracle():
+        if (self.data.device.type != "cpu" or not self.model.pairwise or not self.model.builtin_oracle()
+                or self.n_total != self.n):
             return super().run_steps(order, step_code, averaging)  # e.g. a subclass with its own oracle
         F, lam, n = self.F, self.lam, self.n
         V, WB, WBa = self.v.numpy(), self.w_blocks.numpy(), self.w_blocks_acc.numpy()
@@ -332,8 +334,8 @@ class GraphCutDualState(DenseDualState):
         blk = self.block_data(i)
         phi_y = self.model.joint_feature(blk, y)[0]
         self._stash = (i, y, phi_y[self.F:])
-        w_s = (self._true_features(i) - phi_y) / (self.lam * self.n)
-        ell_s = float(self.model.loss(blk, y)[0]) / self.n
+        w_s = (self._true_features(i) - phi_y) / (self.lam * self.n_total)
+        ell_s = float(self.model.loss(blk, y)[0]) / self.n_total
         return self.w_blocks[i] - w_s, ell_s
 
     def _move_block(self, i: int, y: Tensor, gamma: float, v: Tensor) -> None:
@@ -355,6 +357,11 @@ class GraphCutDualState(DenseDualState):
             mu += gamma * r * self.mu[seg]
             pw += gamma * r * self.pw[i]
         self.mu[seg], self.pw[i] = mu, pw
+
+    # the moves keep more than w_blocks: the per-block default of DualState
+    subset_direction = DualState.subset_direction
+    _move_subset = DualState._move_subset
+    _avg_touch_subset = DualState._avg_touch_subset
 
     def _move_all(self, y: Tensor, gamma: float) -> None:
         super()._move_all(y, gamma)
@@ -405,7 +412,7 @@ class GraphCutDualState(DenseDualState):
         if self.mu.shape != (self.data.n_nodes,) or self.pw.shape != (self.n, self.d - self.F):
             raise ValueError("saved graph-cut dual state does not match the data (node count or feature sizes)")
         phi_true = self.model.joint_feature(self.data, self.data.y)
-        scale = 1.0 / (self.lam * self.n)
+        scale = 1.0 / (self.lam * self.n_total)
         expected = torch.cat([self.model.unary_feature(self.data, self.mu), self.pw], 1)
         expected_acc = torch.cat([self.model.unary_feature(self.data, self.mu_acc), self.pw_acc], 1)
         self.w_blocks = (phi_true - expected) * scale

@@ -22,7 +22,8 @@ from .stepsize import AWAY_RULE, FW_RULE, PAIRWISE_RULE, away_choice, cache_hit,
 from .sumtree import est_set, gap_draw
 from .working_set import ws_away_update, ws_corners, ws_fw_update, ws_pairwise_update
 
-__all__ = ["StepPlan", "PlanResult", "ORDER_SAMPLING", "GAP_SAMPLING", "generic_plan_steps", "run_plan"]
+__all__ = ["StepPlan", "PlanResult", "ORDER_SAMPLING", "GAP_SAMPLING", "generic_plan_steps", "minibatch_plan_steps",
+           "run_plan"]
 
 ORDER_SAMPLING = 0  #: blocks come from ``order`` (uniform / permutation sampling)
 GAP_SAMPLING = 1    #: blocks come from the sum tree over the gap estimates (plus the unvisited queue)
@@ -48,6 +49,10 @@ class StepPlan:
         max_size: cache size per block (0: unbounded).
         keep_inactive: keep labelings whose ``alpha`` dropped to 0 (a cache); else the working set is the
             active set exactly.
+        rounds: mini-batch BCFW (Wang et al. 2016): ``int64[r + 1]`` offsets into ``order``; the blocks
+            ``order[rounds[j]:rounds[j + 1]]`` (distinct) take one joint step (:meth:`DualState.minibatch_step`).
+            ``None``: one block per iteration.
+        reduce: for a round split over processes, the callable that sums a round's ``(V, sums)`` over them.
     """
 
     m: int
@@ -70,6 +75,18 @@ class StepPlan:
     glob_thr: float = np.inf
     max_size: int = 0
     keep_inactive: bool = False
+    rounds: np.ndarray | None = None
+    reduce: object = None
+
+    @classmethod
+    def minibatch(cls, order, rounds, step_code: int = 0, averaging: bool = False, reduce=None) -> "StepPlan":
+        """Mini-batch BCFW: one joint FW step per round of distinct blocks ``order[rounds[j]:rounds[j + 1]]``."""
+        order = np.ascontiguousarray(order, dtype=np.int64)
+        rounds = np.ascontiguousarray(rounds, dtype=np.int64)
+        if rounds.ndim != 1 or rounds.size < 1 or rounds[0] != 0 or rounds[-1] != len(order) or (np.diff(rounds) < 0).any():
+            raise ValueError("rounds must be non-decreasing offsets into order, from 0 to len(order)")
+        return cls(m=len(order), rule=FW_RULE, step_code=step_code, averaging=averaging, order=order,
+                   rounds=rounds, reduce=reduce)
 
     @classmethod
     def plain(cls, order, step_code: int = 0, averaging: bool = False) -> "StepPlan":
@@ -81,7 +98,7 @@ class StepPlan:
     def is_plain(self) -> bool:
         """No refinement: FW steps on the blocks of ``order``, no working set, cache or gap estimates."""
         return (self.rule == FW_RULE and self.sample_mode == ORDER_SAMPLING and not self.use_ws and not self.cache
-                and not self.track_est)
+                and not self.track_est and self.rounds is None)
 
 
 @dataclass
@@ -192,10 +209,32 @@ def generic_plan_steps(state, plan: StepPlan) -> PlanResult:
                       blocks=blocks[:done], gaps=gaps[:done])
 
 
+def minibatch_plan_steps(state, plan: StepPlan) -> PlanResult:
+    """Run a mini-batch plan: per round one batched oracle call on the round's blocks at the same ``w``
+    (:meth:`DualState.subset_oracle`) and one joint step (:meth:`DualState.minibatch_step`).  ``gaps`` holds each
+    round's line-search numerator (the sum of its block gaps) at the round's first block, ``nan`` elsewhere."""
+    if state.can_run_minibatch():
+        return state.run_minibatch(plan)
+    order = torch.as_tensor(plan.order, dtype=torch.long)
+    dev = state.w.device
+    gaps = np.full(len(order), np.nan)
+    for j in range(len(plan.rounds) - 1):
+        a, b = int(plan.rounds[j]), int(plan.rounds[j + 1])
+        idx = order[a:b].to(dev)
+        sub, y = state.subset_oracle(idx) if b > a else (None, None)  # none: a process without a block in the round
+        num, _ = state.minibatch_step(idx, sub, y, plan.step_code, plan.averaging, plan.reduce)
+        if b > a:
+            gaps[a] = num
+    return PlanResult(steps=len(order), oracle_calls=len(order), cache_hits=0, need_gap_pass=False,
+                      blocks=plan.order, gaps=gaps)
+
+
 def run_plan(state, plan: StepPlan, generic: bool = False) -> PlanResult:
     """Run ``plan`` on ``state``: in the state's fused kernel when it has one (:meth:`DualState.can_run_plan`), a
     plain plan in the state's plain step loop (:meth:`DualState.run_steps`: compiled for the graph-cut state, the
     generic loop otherwise), else in :func:`generic_plan_steps`; ``generic``: always the generic loop."""
+    if plan.rounds is not None:
+        return minibatch_plan_steps(state, plan)
     if generic:
         return generic_plan_steps(state, plan)
     if state.can_run_plan():

@@ -38,6 +38,15 @@ def fixed_block_step(k: int, n: int) -> float:
 
 
 @njit(cache=True)
+def minibatch_fixed_step(k: int, n: int, tau: int) -> float:
+    """The fixed step of mini-batch BCFW (Wang et al. 2016), clipped to 1: ``min(1, 2 n tau / (tau k + 2 n))`` after
+    ``k`` block steps (``tau k`` is ``tau^2`` times the rounds); ``fixed_block_step(k, n)`` at ``tau = 1``.  Unclipped
+    the schedule starts at ``tau`` and would leave the simplex."""
+    g = 2.0 * n * tau / (tau * k + 2.0 * n)
+    return 1.0 if g > 1.0 else g
+
+
+@njit(cache=True)
 def step_size(code: int, num: float, den: float, k: int, n: int) -> float:
     """Dispatch on the step-rule code (``LINE_SEARCH`` or ``FIXED``)."""
     if code == 0:

@@ -106,11 +106,12 @@ class StructuredModel(ABC):
         model (an object of :mod:`torch_bcfw.head_ops`), or ``None`` (default): no generic ``torch.nn`` head."""
         return None
 
-    def dual_state(self, data, lam: float):
-        """The per-block dual state for BCFW-type solvers (dense ``w_i`` by default)."""
+    def dual_state(self, data, lam: float, n_total: int | None = None):
+        """The per-block dual state for BCFW-type solvers (dense ``w_i`` by default); ``n_total``: the problem's
+        number of examples when ``data`` is one shard of it (see :class:`~torch_bcfw.duals.base.DualState`)."""
         from ..duals.dense import DenseDualState
 
-        return DenseDualState(self, data, lam)
+        return DenseDualState(self, data, lam, n_total)
 
     def builtin_oracle(self) -> bool:
         """True when :meth:`oracle` is the model's own decoder, not overridden by a subclass (the chain's Viterbi,

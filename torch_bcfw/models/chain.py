@@ -283,9 +283,9 @@ class Chain(StructuredModel):
         return out
 
     # ------------------------------------------------------------ what the solvers use
-    def dual_state(self, data: SequenceData, lam: float) -> ChainDualState:
+    def dual_state(self, data: SequenceData, lam: float, n_total: int | None = None) -> ChainDualState:
         """The marginal state :class:`~torch_bcfw.duals.chain.ChainDualState` (compiled steps on CPU)."""
-        return ChainDualState(self, data, lam)
+        return ChainDualState(self, data, lam, n_total)
 
     def builtin_oracle(self) -> bool:
         """True when :meth:`oracle` is the chain's own Viterbi, which the compiled step kernels of the dual state

@@ -167,10 +167,10 @@ class GraphCut(StructuredModel):
         unary = torch.zeros(len(data), self.n_inputs, dtype=torch.float64, device=data.device)
         return unary.index_add_(0, data.node_graph(), data.x64() * yw[:, None])
 
-    def dual_state(self, data, lam: float) -> GraphCutDualState:
+    def dual_state(self, data, lam: float, n_total: int | None = None) -> GraphCutDualState:
         """A :class:`~torch_bcfw.duals.graphcut.GraphCutDualState`: dense ``w_i`` plus node marginals, so
         the state can be re-bound to new node features (a backbone under the head)."""
-        return GraphCutDualState(self, data, lam)
+        return GraphCutDualState(self, data, lam, n_total)
 
     def builtin_oracle(self) -> bool:
         """True when :meth:`oracle` is this class's own graph cut, which the fused step loop of the dual state runs

@@ -4,7 +4,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .certificate import Certificate, certify
+from .certificate import Certificate
+from .comm import LOCAL
 
 __all__ = ["Algorithm", "DualAlgorithm", "normalise_bounds"]
 
@@ -25,9 +26,12 @@ class Algorithm:
     name = "base"
     has_dual = True
 
-    def __init__(self, model, data, lam: float, options):
+    def __init__(self, model, data, lam: float, options, comm=None):
         self.model, self.data, self.lam, self.options = model, data, lam, options
-        self.n = len(data)
+        #: where the blocks live (:mod:`torch_bcfw.solvers.comm`): this process, or shards over a process group
+        self.comm = LOCAL if comm is None else comm
+        #: the problem's number of examples (all processes); ``data`` holds this process' ``len(data)`` of them
+        self.n = self.comm.n_total if self.comm.sharded else len(data)
         self.oracle_calls = 0
         self.cache_hits = 0
         self.check_requested = False
@@ -73,7 +77,15 @@ class Algorithm:
     def certificate(self) -> Certificate:
         """Exact primal, dual and gap of the last iterate (one oracle pass at fixed ``w``)."""
         w, ell = self.iterate()
-        return certify(self.model, self.data, w, ell, self.lam)
+        return self.certify_point(w, ell)
+
+    def certify_point(self, w: Tensor, ell: float | None) -> Certificate:
+        """Exact primal, dual and gap of the pair ``(w, ell)`` over all examples (all processes)."""
+        return self.comm.certify(self.model, self.data, w, ell, self.lam)
+
+    def task_loss(self, w: Tensor) -> float:
+        """Mean task loss of ``w``'s decoding over all training examples (all processes)."""
+        return self.comm.task_loss(self.model, self.data, w)
 
     def on_scheduled_check(self) -> None:
         """Called before a scheduled gap check (e.g. to remove floating-point drift)."""
@@ -119,18 +131,25 @@ class DualAlgorithm(Algorithm):
     default the model's :meth:`~torch_bcfw.models.base.StructuredModel.weight_bounds`.
     """
 
-    def __init__(self, model, data, lam: float, options, state=None, bounds=None):
-        super().__init__(model, data, lam, options)
-        self.state = state if state is not None else model.dual_state(data, lam)
+    def __init__(self, model, data, lam: float, options, state=None, bounds=None, comm=None):
+        super().__init__(model, data, lam, options, comm)
+        if state is None:
+            state = model.dual_state(data, lam, n_total=self.n) if self.comm.sharded else model.dual_state(data, lam)
+        self.state = state
         b = normalise_bounds(bounds, model)
         if b is not None:
             self.state.set_bounds(*b)
 
     def iterate(self):
-        return self.state.w, self.state.dual_ell()
+        st = self.state
+        if not self.comm.sharded:
+            return st.w, st.dual_ell()
+        return st.w, self.comm.sum_scalar(st.ell) - st.box_term()
 
     def averaged(self):
-        return self.state.averaged() if self.options.averaging else None
+        if not self.options.averaging:
+            return None
+        return self.state.averaged(reduce=self.comm.sum_pair if self.comm.sharded else None)
 
     def on_scheduled_check(self) -> None:
-        self.state.refresh()
+        self.state.refresh(reduce=self.comm.sum_pair if self.comm.sharded else None)

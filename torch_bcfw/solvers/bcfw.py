@@ -20,6 +20,7 @@ from ..duals.plan import GAP_SAMPLING, ORDER_SAMPLING, StepPlan
 from ..duals.stepsize import FIXED, FW_RULE, LINE_SEARCH, STEP_RULES
 from .algorithm import DualAlgorithm
 from .certificate import Certificate
+from .comm import pass_rounds
 from .options import parse_preset
 from .sampling import GapEstimates, GapSampler, make_sampler
 from .variants import run_plan
@@ -74,10 +75,20 @@ class BCFW(DualAlgorithm):
 
     name = "bcfw"
 
-    def __init__(self, model, data, lam, options, state=None, bounds=None):
+    def __init__(self, model, data, lam, options, state=None, bounds=None, comm=None):
         if options.preset == "auto":
             options = resolve_auto_preset(model, data, options)
-        super().__init__(model, data, lam, options, state, bounds)
+        super().__init__(model, data, lam, options, state, bounds, comm)
+        self.batch_size = options.batch_size
+        #: mini-batch rounds (Wang et al. 2016): ``batch_size > 1``, or blocks sharded over processes
+        self.minibatch = self.batch_size > 1 or self.comm.sharded
+        if self.minibatch and options.refined:
+            raise ValueError(
+                "mini-batch BCFW (batch_size > 1) and BCFW over several processes take FW steps with uniform or perm "
+                f"sampling; gap sampling, pairwise / away steps and the cache are one-block refinements (got "
+                f"{options.variant_name()!r})")
+        if self.batch_size > self.n:
+            raise ValueError(f"batch_size = {self.batch_size} exceeds the number of examples n = {self.n}")
         self.step_code = LINE_SEARCH if options.step == "line_search" else FIXED
         self.rule = STEP_RULES[options.step_rule]
         self.refined = options.refined
@@ -95,7 +106,8 @@ class BCFW(DualAlgorithm):
             self.estimates = GapEstimates(self.n, options.gap_power)
             self.sampler = GapSampler(self.n, options.seed, self.estimates)
         else:
-            self.sampler = make_sampler(options.sampling, self.n, options.seed)
+            seed = options.seed if not self.comm.sharded else np.random.SeedSequence([options.seed, self.comm.rank])
+            self.sampler = make_sampler(options.sampling, len(data), seed)
         if self.refined:
             if self.estimates is None:
                 self.estimates = GapEstimates(self.n, options.gap_power)
@@ -139,6 +151,8 @@ class BCFW(DualAlgorithm):
 
     def advance(self, m: int) -> None:
         self._resume_point = None
+        if self.minibatch:
+            return self._advance_rounds(m)
         if not self.refined:
             plan = StepPlan.plain(self.sampler.draw(m), self.step_code, self.options.averaging)
         else:
@@ -156,6 +170,25 @@ class BCFW(DualAlgorithm):
             self.check_requested = True
         if self._since_refresh >= 0:
             self._since_refresh += res.steps
+
+    def _advance_rounds(self, m: int) -> None:
+        """At least ``m`` block iterations (all processes together) in whole rounds of about ``batch_size`` distinct
+        blocks.  A pass is always cut into the same rounds (:func:`~torch_bcfw.solvers.comm.pass_rounds`), so runs
+        split at a round boundary (a pass boundary, e.g. a checkpoint) continue exactly; a chunk that ends inside a
+        round finishes it.  This process draws its share of every round from its own blocks, and each round takes
+        one joint step (one collective when the blocks are sharded)."""
+        local, total = pass_rounds(self.n, self.batch_size, self.comm)
+        ends = np.cumsum(total)
+        pos = self.steps % self.n
+        j0 = int(np.searchsorted(ends, pos, side="right"))
+        j1 = int(np.searchsorted(ends, pos + m, side="left")) + 1
+        order, offsets = self.sampler.draw_rounds(local[j0:j1])
+        reduce = self.comm.sum_round if self.comm.sharded else None
+        res = run_plan(self.state, StepPlan.minibatch(order, offsets, self.step_code, self.options.averaging, reduce))
+        done = int(ends[j1 - 1]) - pos
+        self.oracle_calls += done
+        self.steps += done
+        self.last_block_gaps, self.last_blocks = res.gaps, res.blocks
 
     def on_scheduled_check(self) -> None:
         super().on_scheduled_check()
@@ -220,10 +253,19 @@ class BCFW(DualAlgorithm):
         run; its exact block gaps remain available as :attr:`exact_block_gaps`."""
         sd = {"state": self.state.state_dict(), "oracle_calls": self.oracle_calls, "steps": self.steps,
               "cache_hits": self.cache_hits}
+        if self.comm.sharded:
+            sd["shard"] = {"rank": self.comm.rank, "world_size": self.comm.world_size}
         sd.update(self._sampling_state() if self._resume_point is None else self._resume_point)
         return sd
 
     def load_state_dict(self, sd: dict) -> None:
+        saved = sd.get("shard", {"rank": 0, "world_size": 1})
+        ours = {"rank": self.comm.rank, "world_size": self.comm.world_size}
+        if saved != ours:
+            raise ValueError(
+                f"this run state was saved by rank {saved['rank']} of {saved['world_size']} process(es); this is rank "
+                f"{ours['rank']} of {ours['world_size']}: resume with the world size of the run that saved it, each "
+                "rank from its own file (a sharded state is not re-sharded)")
         self.state.load_state_dict(sd["state"])
         self.sampler.load_state_dict(sd["sampler"])
         self.oracle_calls = int(sd["oracle_calls"])

@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass, field
 
 from ..signals import deferred_signals
-from .certificate import certify, task_loss
+from .certificate import task_loss
 from .record import CheckRecord
 
 __all__ = ["run_solver", "RunOutput"]
@@ -46,14 +46,14 @@ def _check(alg, options, test_data, counters: dict, out: RunOutput) -> CheckReco
     """Exact certificate of the last (and averaged) iterate; returns the history record and stores copies of
     the certified iterates in ``out.checked_weights`` once the record is complete."""
     t0 = time.perf_counter()
-    model, data, lam = alg.model, alg.data, alg.lam
+    model = alg.model
     w, ell = alg.iterate()
     cert = alg.certificate()
     rec = CheckRecord(passes=alg.oracle_calls / alg.n, oracle_calls=alg.oracle_calls, cache_hits=alg.cache_hits,
                       steps=alg.work, primal=cert.primal, dual=cert.dual, gap=cert.gap)
     avg = alg.averaged()
     if avg is not None and options.check_averaged:
-        c2 = certify(model, data, avg[0], avg[1], lam)
+        c2 = alg.certify_point(avg[0], avg[1])
         rec.primal_avg, rec.dual_avg, rec.gap_avg = c2.primal, c2.dual, c2.gap
     # any dual-feasible point bounds P* from below: certify the better primal against the better dual
     primals = [(rec.primal, "last")] + ([(rec.primal_avg, "averaged")] if rec.primal_avg is not None else [])
@@ -61,10 +61,10 @@ def _check(alg, options, test_data, counters: dict, out: RunOutput) -> CheckReco
     best_primal, rec.selected = min(primals)
     rec.gap_best = best_primal - max(duals) if duals else None
     w_model = avg[0] if rec.selected == "averaged" else w
-    rec.train_loss = task_loss(model, data, w_model) if options.track_train_loss else None
+    rec.train_loss = alg.task_loss(w_model) if options.track_train_loss else None
     rec.test_loss = task_loss(model, test_data, w_model) if test_data is not None else None
     counters["gap_time"] += time.perf_counter() - t0
-    counters["gap_oracle_calls"] += len(data) * (2 if rec.gap_avg is not None else 1)
+    counters["gap_oracle_calls"] += alg.n * (2 if rec.gap_avg is not None else 1)
     rec.solver_time = counters["solver_time"]
     rec.gap_time = counters["gap_time"]
     rec.gap_oracle_calls = counters["gap_oracle_calls"]
@@ -148,7 +148,7 @@ def run_solver(alg, options, test_data=None, callbacks=(), counters: dict | None
             counters["work"] = alg.work
             if after_iteration is not None:
                 after_iteration(out)
-            if options.time_budget is not None and time.perf_counter() - wall0 >= options.time_budget:
+            if options.time_budget is not None and alg.comm.any(time.perf_counter() - wall0 >= options.time_budget):
                 out.stopped_by = "time_budget"
                 break
     except KeyboardInterrupt:

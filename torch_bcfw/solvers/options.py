@@ -225,6 +225,13 @@ class SolverOptions:
             computed to a certified distance ``<= xg_proj_tol`` from the exact one (default 1e-9; the projected point
             is feasible whatever this is).
         xg_proj_iters: ``solver="extragradient"`` on matchings: most Newton steps per projection (default 50).
+        batch_size: ``solver="bcfw"``: ``tau``, the blocks of one mini-batch round (Wang et al. 2016), an integer
+            ``>= 1`` (default 1: BCFW).  Above 1 every round draws ``tau`` distinct blocks (``uniform``: without
+            replacement within the round; ``perm``: consecutive blocks of the permutations), decodes them in one
+            batched oracle call at the same ``w`` and moves them together along the joint direction with one exact
+            line search (its numerator is the sum of the blocks' gaps) or the fixed step
+            ``min(1, 2 n tau / (tau k + 2 n))``.  FW steps only (no gap sampling, pairwise / away steps or cache).
+            With the blocks sharded over processes ``tau`` counts the blocks of all processes.
     """
 
     max_passes: float = 100
@@ -263,6 +270,7 @@ class SolverOptions:
     xg_step_scale: float = 1.0
     xg_proj_tol: float = 1e-9
     xg_proj_iters: int = 50
+    batch_size: int = 1
     extra: dict = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
@@ -329,6 +337,7 @@ class SolverOptions:
         self.xg_step_scale = float(_check_real("xg_step_scale", self.xg_step_scale, positive=True, finite=True))
         self.xg_proj_tol = float(_check_real("xg_proj_tol", self.xg_proj_tol, positive=True, finite=True))
         self.xg_proj_iters = _check_int("xg_proj_iters", self.xg_proj_iters, 1)
+        self.batch_size = _check_int("batch_size", self.batch_size, 1)
         if not isinstance(self.extra, dict):
             raise ValueError(f"extra must be a dict, got {self.extra!r}")
 

@@ -39,11 +39,17 @@ _STATE_OPTIONS = ("sampling", "step_rule", "cache")
 
 
 def make_algorithm(solver: str, model, data, lam: float, options: SolverOptions, *, state=None,
-                   bounds=None) -> Algorithm:
+                   bounds=None, comm=None) -> Algorithm:
     """The algorithm ``solver`` on ``(model, data, lam)``, on the dual state ``state`` (default: a new one of the
-    model's) and the box constraints ``bounds`` (default: the model's ``weight_bounds``)."""
+    model's) and the box constraints ``bounds`` (default: the model's ``weight_bounds``); ``comm``: a sharded
+    communicator (:class:`torch_bcfw.distributed.ShardComm`) when ``data`` is this process' shard (``"bcfw"``
+    only)."""
     if solver not in ALGORITHMS:
         raise ValueError(f"unknown solver {solver!r}; choose from {list(SOLVERS)}")
+    if comm is not None and comm.sharded:
+        if solver != "bcfw":
+            raise ValueError(f"solver {solver!r} runs in one process; over several processes use solver='bcfw'")
+        return BCFW(model, data, lam, options, state=state, bounds=bounds, comm=comm)
     return ALGORITHMS[solver](model, data, lam, options, state=state, bounds=bounds)
 
 
@@ -58,6 +64,8 @@ class SolverRun:
         state: the dual state to start from (solvers of :data:`DUAL_STATE_SOLVERS`; default: a new one).
         bounds: box constraints ``(lower, upper)`` on the weights (default: the model's ``weight_bounds``).
         saved: a :meth:`state_dict` to continue (:meth:`load_state_dict`).
+        comm: ``data`` is this process' shard of a problem sharded over a process group
+            (:class:`torch_bcfw.distributed.ShardComm`; ``"bcfw"`` only); default: all blocks here.
 
     Attributes:
         algorithm: the :class:`~torch_bcfw.solvers.algorithm.Algorithm`.
@@ -71,10 +79,10 @@ class SolverRun:
     """
 
     def __init__(self, model, data, lam: float, solver: str = "bcfw", options: SolverOptions | None = None, *,
-                 state=None, bounds=None, saved: dict | None = None):
+                 state=None, bounds=None, saved: dict | None = None, comm=None):
         self.model, self.data, self.lam, self.solver = model, data, lam, solver
         self.algorithm = make_algorithm(solver, model, data, lam, options if options is not None else SolverOptions(),
-                                        state=state, bounds=bounds)
+                                        state=state, bounds=bounds, comm=comm)
         self.options = self.algorithm.options
         self.counters: dict = {}
         self.history: list = []
@@ -103,7 +111,7 @@ class SolverRun:
         opts = self.options if max_passes is None else dataclasses.replace(self.options, max_passes=max_passes)
         alg = self.algorithm
         cbs = ([RecordAccounting(alg)] if hasattr(alg, "accounting") else []) + list(callbacks or [])
-        if opts.progress:
+        if opts.progress and alg.comm.rank == 0:
             cbs.append(ProgressBar())
         return run_solver(alg, opts, test_data=test_data, callbacks=cbs, counters=self.counters,
                           history=self.history, after_iteration=after_iteration)

@@ -27,6 +27,18 @@ class Sampler:
         """The next ``m`` block indices (``int64[m]``)."""
         raise NotImplementedError
 
+    def draw_rounds(self, sizes) -> tuple[np.ndarray, np.ndarray]:
+        """Blocks for mini-batch rounds of ``sizes[j]`` *distinct* blocks each (``sizes <= n``): ``(order
+        int64[sum sizes], offsets int64[len(sizes) + 1])``, round ``j`` being ``order[offsets[j]:offsets[j + 1]]``."""
+        sizes = np.asarray(sizes, dtype=np.int64)
+        if (sizes > self.n).any() or (sizes < 0).any():
+            raise ValueError(f"a round of distinct blocks needs 0 <= size <= n = {self.n}, got sizes up to {sizes.max()}")
+        offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+        return self._draw_distinct(sizes), offsets
+
+    def _draw_distinct(self, sizes: np.ndarray) -> np.ndarray:
+        raise NotImplementedError(f"{self.name!r} sampling does not draw mini-batch rounds")
+
     def state_dict(self) -> dict:
         return {"name": self.name, "rng": self.rng.bit_generator.state}
 
@@ -43,6 +55,11 @@ class UniformSampler(Sampler):
 
     def draw(self, m: int) -> np.ndarray:
         return self.rng.integers(0, self.n, size=m, dtype=np.int64)
+
+    def _draw_distinct(self, sizes: np.ndarray) -> np.ndarray:
+        """Each round uniformly without replacement, rounds independent."""
+        parts = [self.rng.choice(self.n, size=int(s), replace=False) for s in sizes]
+        return np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, dtype=np.int64)
 
 
 class PermutationSampler(Sampler):
@@ -65,6 +82,25 @@ class PermutationSampler(Sampler):
             out.append(take)
             need -= take.size
         return np.concatenate(out)
+
+    def _draw_distinct(self, sizes: np.ndarray) -> np.ndarray:
+        """Rounds are consecutive blocks of the permutations; a round that reaches the end of one permutation takes
+        the rest of it and the first blocks of the next that it does not already hold (those it skips stay first
+        in the queue), so every permutation still visits every block once."""
+        out = []
+        for s in sizes.tolist():
+            take = self._queue[:s]
+            self._queue = self._queue[s:]
+            if take.size < s:
+                fresh = self.rng.permutation(self.n).astype(np.int64)
+                ok = ~np.isin(fresh, take)
+                pos = np.flatnonzero(ok)[: s - take.size]
+                take = np.concatenate([take, fresh[pos]])
+                keep = np.ones(self.n, dtype=bool)
+                keep[pos] = False
+                self._queue = fresh[keep]
+            out.append(take)
+        return np.concatenate(out).astype(np.int64) if out else np.zeros(0, dtype=np.int64)
 
     def state_dict(self) -> dict:
         sd = super().state_dict()

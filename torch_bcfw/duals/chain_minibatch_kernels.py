@@ -1,0 +1,206 @@
+"""Compiled mini-batch rounds (Wang et al. 2016) for the chain's marginal dual state.
+
+A round of blocks ``B`` is three compiled parts, so that a round split over processes can all-reduce between them:
+
+1. :func:`round_directions` -- for every block of ``B`` at the same ``w``: unary scores, loss-augmented Viterbi,
+   the scores of the corner and of ``mu_i``, the direction ``delta_i = e_{y*} - mu_i`` (kept in the round's
+   scratch), and the sum ``P = sum_i phi_i(delta_i)`` accumulated in the feature space (``P`` has the layout of
+   ``w``; emission rows touched are listed so only they are read and cleared).  Returns the sum of the block
+   gaps and of ``l_i`` and ``l_s``.
+2. the step: ``V = P / (lam n)`` is the joint direction ``sum_i (w_i - w_s,i)``, ``num`` the sum of the block gaps,
+   ``den = lam ||V||^2 = ||P||^2 / (lam n^2)`` from the summed direction (:func:`touched_sqnorm` when ``P`` is
+   this process' own), ``gamma`` the clipped line search or the fixed step.
+3. :func:`round_move` -- every block of ``B`` moves with ``gamma``: ``mu_i``, ``T_i``, ``l_i``, the lazy average
+   and (``move_w``) ``w`` itself, block by block on the sparse features; ``P`` is cleared.
+
+:func:`chain_minibatch_rounds` runs whole chunks of rounds of one process in one call.  The per-block parts are
+those of the BCFW kernel (:mod:`.chain_kernels`): unary scores, decoding, direction, transition statistics.
+Argument groups as there: ``feats``, ``wts`` (views of ``w``), ``state = (mu, T, block_ell, ells)``, ``avg =
+(mu_acc, T_acc, last)``; here also ``acc = (PWe, Pbias, Pstart, Pend, Ptrans)`` (views of ``P``), ``marks =
+(flag uint8[F], rows int64[F], count int64[1])`` and the round scratch ``scr = (D [N, K], Y int64[N], tok
+int64[r + 1])`` with ``N`` at least the tokens of the round.
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from .chain_kernels import _add_direction, _transition_stats, _transition_update, block_corner, step_scratch
+from .stepsize import average_weight, lazy_weight, line_search_step, minibatch_fixed_step
+
+__all__ = ["round_directions", "touched_sqnorm", "round_move", "chain_minibatch_rounds", "round_scratch"]
+
+
+@njit(cache=True)
+def round_scratch(offsets, K, max_tokens):
+    """The per-block scratch of :func:`~.chain_kernels.step_scratch` and the round scratch for ``max_tokens``."""
+    return step_scratch(offsets, K), (np.empty((max_tokens, K)), np.empty(max_tokens, dtype=np.int64))
+
+
+@njit(cache=True)
+def round_directions(blocks, n_total, feats, wts, state, acc, marks, blk_scr, D, Y, tok):
+    """Part 1 for the blocks ``blocks`` (distinct); returns ``(sum of block gaps, sum l_i, sum l_s)``."""
+    indptr, indices, values, y, offsets, gram, gram_off = feats
+    We, bias, start, end, trans = wts
+    mu, T, block_ell, ells = state
+    PWe, Pbias, Pstart, Pend, Ptrans = acc
+    flag, rows, count = marks
+    U, Ua, _, ystar, delta = blk_scr
+    K = We.shape[1]
+    num = 0.0
+    sum_ell_i = 0.0
+    sum_ell_s = 0.0
+    pos = 0
+    tok[0] = 0
+    for j in range(blocks.shape[0]):
+        i = blocks[j]
+        s = offsets[i]
+        L = offsets[i + 1] - s
+        score_star, score_mu, mistakes = block_corner(s, L, feats, wts, mu, U, Ua, ystar, delta, D[pos:pos + L])
+        Y[pos:pos + L] = ystar[:L]
+        score_T, _ = _transition_stats(T[i], trans, ystar[:L])
+        ell_s = mistakes * (1.0 / L) / n_total
+        ell_i = block_ell[i]
+        num += (score_star - score_mu - score_T) / n_total - ell_i + ell_s
+        sum_ell_i += ell_i
+        sum_ell_s += ell_s
+        # P += phi_i(delta_i): emission rows (listed once), biases, transitions
+        _add_direction(1.0, s, L, indptr, indices, values, D[pos:pos + L], PWe, Pbias, Pstart, Pend)
+        for t in range(L):
+            for p in range(indptr[s + t], indptr[s + t + 1]):
+                f = indices[p]
+                if flag[f] == 0:
+                    flag[f] = 1
+                    rows[count[0]] = f
+                    count[0] += 1
+        Ti = T[i]
+        for a in range(K):
+            for b in range(K):
+                Ptrans[a, b] -= Ti[a, b]
+        for t in range(1, L):
+            Ptrans[ystar[t - 1], ystar[t]] += 1.0
+        pos += L
+        tok[j + 1] = pos
+    return num, sum_ell_i, sum_ell_s
+
+
+@njit(cache=True)
+def touched_sqnorm(acc, marks):
+    """``||P||^2`` over the emission rows listed in ``marks`` and the dense bias and transition parts."""
+    PWe, Pbias, Pstart, Pend, Ptrans = acc
+    flag, rows, count = marks
+    K = PWe.shape[1]
+    sq = 0.0
+    for q in range(count[0]):
+        f = rows[q]
+        for c in range(K):
+            sq += PWe[f, c] * PWe[f, c]
+    for c in range(K):
+        sq += Pbias[c] * Pbias[c] + Pstart[c] * Pstart[c] + Pend[c] * Pend[c]
+        for b in range(K):
+            sq += Ptrans[c, b] * Ptrans[c, b]
+    return sq
+
+
+@njit(cache=True)
+def clear_acc(acc, marks):
+    """``P <- 0`` on the listed rows and the dense parts; the list empties."""
+    PWe, Pbias, Pstart, Pend, Ptrans = acc
+    flag, rows, count = marks
+    K = PWe.shape[1]
+    for q in range(count[0]):
+        f = rows[q]
+        flag[f] = 0
+        for c in range(K):
+            PWe[f, c] = 0.0
+    count[0] = 0
+    for c in range(K):
+        Pbias[c] = 0.0
+        Pstart[c] = 0.0
+        Pend[c] = 0.0
+        for b in range(K):
+            Ptrans[c, b] = 0.0
+
+
+@njit(cache=True)
+def round_move(blocks, gamma, lam, n_total, clock, averaging, move_w, feats, wts, state, avg, D, Y, tok, spare):
+    """Part 3: move the blocks ``blocks`` with step ``gamma`` (their directions in ``D, Y, tok`` from part 1).
+    ``move_w``: also ``w += -gamma / (lam n) phi_i(delta_i)`` block by block (a process that owns the whole round);
+    else ``w`` is moved by the caller with the reduced direction (``spare``: a ``K x K`` scratch standing in for the
+    transition weights)."""
+    indptr, indices, values, y, offsets, gram, gram_off = feats
+    We, bias, start, end, trans = wts
+    mu, T, block_ell, ells = state
+    mu_acc, T_acc, last = avg
+    K = We.shape[1]
+    a = -gamma / (lam * n_total)
+    for j in range(blocks.shape[0]):
+        i = blocks[j]
+        s = offsets[i]
+        L = offsets[i + 1] - s
+        p0 = tok[j]
+        ell_i = block_ell[i]
+        mistakes = 0
+        for t in range(L):
+            if Y[p0 + t] != y[s + t]:
+                mistakes += 1
+        ell_s = mistakes * (1.0 / L) / n_total
+        new_ell_i = (1.0 - gamma) * ell_i + gamma * ell_s
+        S = 0.0
+        if averaging:
+            S = lazy_weight(clock, last[i])
+            last[i] = clock
+        ells[1] += average_weight(clock) * (new_ell_i - ell_i)
+        Dj = D[p0:p0 + L]
+        if move_w:
+            _add_direction(a, s, L, indptr, indices, values, Dj, We, bias, start, end)
+            _transition_update(T[i], trans, T_acc, Y[p0:p0 + L], a, gamma, S)
+        else:
+            _transition_update(T[i], spare, T_acc, Y[p0:p0 + L], a, gamma, S)
+        for t in range(L):
+            if S != 0.0:
+                for c in range(K):
+                    mu_acc[s + t, c] += S * mu[s + t, c]
+            for c in range(K):
+                mu[s + t, c] += gamma * Dj[t, c]
+        ells[0] += new_ell_i - ell_i
+        block_ell[i] = new_ell_i
+
+
+@njit(cache=True)
+def chain_minibatch_rounds(order, roffsets, step, feats, wts, state, avg, acc, marks, gaps):
+    """Rounds ``order[roffsets[j]:roffsets[j + 1]]`` of one process that owns every block of the problem (``n_total``
+    blocks in ``step = (step_code, averaging, lam, n_total, k, clock)``); ``gaps[j]`` gets round ``j``'s line-search
+    numerator (the sum of its block gaps).  Returns the new ``(k, clock)``."""
+    step_code, averaging, lam, n_total, k, clock = step
+    offsets = feats[4]
+    K = wts[0].shape[1]
+    max_tok = 0
+    for j in range(roffsets.shape[0] - 1):
+        m = 0
+        for q in range(roffsets[j], roffsets[j + 1]):
+            i = order[q]
+            m += offsets[i + 1] - offsets[i]
+        if m > max_tok:
+            max_tok = m
+    blk_scr, (D, Y) = round_scratch(offsets, K, max_tok)
+    tok = np.empty(order.shape[0] + 1, dtype=np.int64)
+    spare = np.zeros((K, K))
+    for j in range(roffsets.shape[0] - 1):
+        blocks = order[roffsets[j]:roffsets[j + 1]]
+        tau = blocks.shape[0]
+        if tau == 0:
+            continue
+        num, _, _ = round_directions(blocks, n_total, feats, wts, state, acc, marks, blk_scr, D, Y, tok)
+        den = touched_sqnorm(acc, marks) / (lam * n_total * n_total)
+        if step_code == 0:
+            gamma = line_search_step(num, den)
+        else:
+            gamma = minibatch_fixed_step(k, n_total, tau)
+        if gamma != 0.0:
+            round_move(blocks, gamma, lam, n_total, clock, averaging, True, feats, wts, state, avg, D, Y, tok, spare)
+        clear_acc(acc, marks)
+        gaps[j] = num
+        k += tau
+        clock += 1
+    return k, clock
