@@ -241,36 +241,48 @@ def fw_move(i, s, L, step, clock, corner, ystar, D, feats, wts, state, avg):
     averaging and the updates of ``w``, ``mu_i``, ``T_i``, ``l_i``.  Returns ``(gap, gamma)``."""
     score_star, score_mu, ell_i, ell_s, sq_T = corner
     step_code, averaging, lam, k = step
-    indptr, indices, values, y, offsets, gram, gram_off = feats
-    We, bias, start, end, trans = wts
-    mu, T, block_ell, ells = state
-    mu_acc, T_acc, last = avg
+    offsets, gram, gram_off = feats[4], feats[5], feats[6]
+    trans = wts[4]
     n = offsets.shape[0] - 1
-    K = We.shape[1]
     lam_n = lam * n
     sq = _direction_sqnorm(i, L, D, gram, gram_off) + sq_T
     num = (score_star - score_mu) / n - ell_i + ell_s
     den = sq / (lam_n * n)
     gamma = step_size(step_code, num, den, k, n)
     if gamma != 0.0:
-        a = -gamma / lam_n
-        new_ell_i = (1.0 - gamma) * ell_i + gamma * ell_s
-        S = 0.0
-        if averaging:
-            S = lazy_weight(clock, last[i])
-            last[i] = clock
-        ells[1] += average_weight(clock) * (new_ell_i - ell_i)
-        _add_direction(a, s, L, indptr, indices, values, D, We, bias, start, end)
-        _transition_update(T[i], trans, T_acc, ystar[:L], a, gamma, S)
-        for t in range(L):
-            if S != 0.0:
-                for c in range(K):
-                    mu_acc[s + t, c] += S * mu[s + t, c]
-            for c in range(K):
-                mu[s + t, c] += gamma * D[t, c]
-        ells[0] += new_ell_i - ell_i
-        block_ell[i] = new_ell_i
+        move_block(i, s, L, gamma, -gamma / lam_n, ell_s, clock, averaging, D, ystar[:L], feats, wts, state, avg, trans)
     return num, gamma
+
+
+@njit(cache=True, fastmath=True)
+def move_block(i, s, L, gamma, a, ell_s, clock, averaging, D, ystar, feats, wts, state, avg, trans):
+    """Block ``i`` (tokens ``s .. s+L-1``) moves by ``gamma`` towards ``ystar``: its ``l_i``, the lazy average (before
+    the move), ``w += a phi_i(delta)`` with ``a = -gamma / (lam n)`` for the emission and bias part and ``trans += a
+    (counts - T_i)`` (``trans``: the transition weights, or a scratch when ``w`` is moved elsewhere), ``T_i`` and
+    ``mu_i``."""
+    indptr, indices, values, y, offsets, gram, gram_off = feats
+    We, bias, start, end, _ = wts
+    mu, T, block_ell, ells = state
+    mu_acc, T_acc, last = avg
+    K = We.shape[1]
+    ell_i = block_ell[i]
+    new_ell_i = (1.0 - gamma) * ell_i + gamma * ell_s
+    S = 0.0
+    if averaging:
+        S = lazy_weight(clock, last[i])
+        last[i] = clock
+    ells[1] += average_weight(clock) * (new_ell_i - ell_i)
+    if a != 0.0:
+        _add_direction(a, s, L, indptr, indices, values, D, We, bias, start, end)
+    _transition_update(T[i], trans, T_acc, ystar, a, gamma, S)
+    for t in range(L):
+        if S != 0.0:
+            for c in range(K):
+                mu_acc[s + t, c] += S * mu[s + t, c]
+        for c in range(K):
+            mu[s + t, c] += gamma * D[t, c]
+    ells[0] += new_ell_i - ell_i
+    block_ell[i] = new_ell_i
 
 
 @njit(cache=True)

@@ -25,8 +25,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from .chain_kernels import _add_direction, _transition_stats, _transition_update, block_corner, step_scratch
-from .stepsize import average_weight, lazy_weight, line_search_step, minibatch_fixed_step
+from .chain_kernels import _add_direction, _transition_stats, block_corner, move_block, step_scratch
+from .stepsize import line_search_step, minibatch_fixed_step
 
 __all__ = ["round_directions", "touched_sqnorm", "round_move", "chain_minibatch_rounds", "round_scratch"]
 
@@ -128,43 +128,21 @@ def round_move(blocks, gamma, lam, n_total, clock, averaging, move_w, feats, wts
     ``move_w``: also ``w += -gamma / (lam n) phi_i(delta_i)`` block by block (a process that owns the whole round);
     else ``w`` is moved by the caller with the reduced direction (``spare``: a ``K x K`` scratch standing in for the
     transition weights)."""
-    indptr, indices, values, y, offsets, gram, gram_off = feats
-    We, bias, start, end, trans = wts
-    mu, T, block_ell, ells = state
-    mu_acc, T_acc, last = avg
-    K = We.shape[1]
-    a = -gamma / (lam * n_total)
+    y, offsets = feats[3], feats[4]
+    a = -gamma / (lam * n_total) if move_w else 0.0
+    trans = wts[4] if move_w else spare
     for j in range(blocks.shape[0]):
         i = blocks[j]
         s = offsets[i]
         L = offsets[i + 1] - s
         p0 = tok[j]
-        ell_i = block_ell[i]
         mistakes = 0
         for t in range(L):
             if Y[p0 + t] != y[s + t]:
                 mistakes += 1
         ell_s = mistakes * (1.0 / L) / n_total
-        new_ell_i = (1.0 - gamma) * ell_i + gamma * ell_s
-        S = 0.0
-        if averaging:
-            S = lazy_weight(clock, last[i])
-            last[i] = clock
-        ells[1] += average_weight(clock) * (new_ell_i - ell_i)
-        Dj = D[p0:p0 + L]
-        if move_w:
-            _add_direction(a, s, L, indptr, indices, values, Dj, We, bias, start, end)
-            _transition_update(T[i], trans, T_acc, Y[p0:p0 + L], a, gamma, S)
-        else:
-            _transition_update(T[i], spare, T_acc, Y[p0:p0 + L], a, gamma, S)
-        for t in range(L):
-            if S != 0.0:
-                for c in range(K):
-                    mu_acc[s + t, c] += S * mu[s + t, c]
-            for c in range(K):
-                mu[s + t, c] += gamma * Dj[t, c]
-        ells[0] += new_ell_i - ell_i
-        block_ell[i] = new_ell_i
+        move_block(i, s, L, gamma, a, ell_s, clock, averaging, D[p0:p0 + L], Y[p0:p0 + L], feats, wts, state, avg,
+                   trans)
 
 
 @njit(cache=True)
