@@ -57,3 +57,13 @@ def test_ocr_gap_pass_on_cuda():
     c_cpu = certify(model, train, w, 0.0, 0.01)
     c_gpu = certify(model, train.to("cuda"), w.cuda(), 0.0, 0.01)
     assert c_gpu.primal == pytest.approx(c_cpu.primal, rel=1e-10)
+
+
+@pytest.mark.parametrize("make", [lambda: random_chain_problem(n=12, seed=3), lambda: random_multiclass_problem(n=12)])
+def test_minibatch_rounds_on_cuda_follow_the_cpu_rounds(make):
+    """Mini-batch BCFW with the data on CUDA (batched torch rounds) against the same rounds on the CPU."""
+    model, data = make()
+    cpu = fit(model, data, 0.1, batch_size=4, max_passes=10, gap_check=5, seed=2)
+    gpu = fit(model, data.to("cuda"), 0.1, batch_size=4, max_passes=10, gap_check=5, seed=2)
+    assert torch.allclose(gpu.w.cpu(), cpu.w, atol=1e-10)
+    assert gpu.history[-1]["gap"] == pytest.approx(cpu.history[-1]["gap"], abs=1e-10)

@@ -59,6 +59,26 @@ def test_two_ranks_solve_one_problem_with_an_exact_global_certificate(name, tmp_
     assert all(Path(r["checkpoint"]).exists() for r in (r0, r1))
 
 
+def test_two_nodes_on_loopback_fit_the_same_head_as_one_node(tmp_path):
+    """``torchrun --nnodes 2`` (one process per 'node', c10d rendezvous on 127.0.0.1) gives the run of one node with
+    two processes, bit for bit: the layout depends on the world size only."""
+    import os
+
+    port, run_id = free_port(), f"fit{os.getpid()}"
+    nodes = tmp_path / "nodes"
+    nodes.mkdir()
+    cmds = [[sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank", str(k),
+             "--nproc-per-node", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
+             "--rdzv-id", run_id, "--local-addr", "127.0.0.1", str(WORKER), "fit", str(nodes), "multiclass"]
+            for k in range(2)]
+    runs = _run(cmds, [_env(), _env()], nodes)
+    assert [r.returncode for r in runs] == [0, 0], "\n".join(r.stdout[-3000:] for r in runs)
+    two_nodes = [json.loads((nodes / f"fit_multiclass_rank{r}.json").read_text()) for r in range(2)]
+    one_node = _launch("fit", "multiclass", tmp_path)
+    for a, b in zip(two_nodes, one_node):
+        assert a["w"] == b["w"] and a["w_avg"] == b["w_avg"] and _untimed(a["history"]) == _untimed(b["history"])
+
+
 def test_resume_from_each_ranks_checkpoint_is_exact(tmp_path):
     recs = _launch("resume", "multiclass", tmp_path)
     for rec in recs:
@@ -79,3 +99,71 @@ def test_a_dead_rank_stops_the_other_with_a_clear_error(tmp_path):
     rec = json.loads(path.read_text())
     assert rec["error"] is not None and "failed on rank 0 of 2" in rec["error"]
     assert rec["seconds"] < 30.0 < LAUNCH_TIMEOUT_S  # within the group's timeout (30 s), not a hang
+
+
+def test_torchrun_command_line_fit_and_resume(tmp_path):
+    """``torchrun --nproc-per-node 2 -m torch_bcfw fit``: rank 0 writes the usual files, each rank its shard of the
+    state, and ``--resume`` continues from those."""
+    from conftest import shared_data
+    from torch_bcfw import FitResult
+
+    out = tmp_path / "run"
+    cfg = tmp_path / "ocr.yaml"
+    cfg.write_text(f"data: {{name: ocr, path: {shared_data('ocr')}, split: small, fold: 0}}\nlam: 0.1\n"
+                   f"options: {{max_passes: 4, gap_check: 2, batch_size: 32}}\noutput: {out}\n")
+
+    def launch(*args):
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
+               "--master-port", str(free_port()), "-m", "torch_bcfw", "fit", "--quiet", *args]
+        runs = _run([cmd], [_env()], tmp_path)
+        assert runs[0].returncode == 0, runs[0].stdout[-4000:]
+        return runs[0].stdout
+
+    table = launch("--config", str(cfg))
+    assert "gap" in table
+    first = [FitResult.load(out / f"model.rank{r}-of-2.pt") for r in range(2)]
+    main = FitResult.load(out / "model.pt")
+    assert torch.equal(first[0].w, first[1].w) and torch.equal(main.w, first[0].w)
+    assert main.passes == 4 and (out / "history.csv").exists() and (out / "gap.png").exists()
+    assert [f.solver_state["shard"] for f in first] == [{"rank": 0, "world_size": 2}, {"rank": 1, "world_size": 2}]
+    assert not list(out.glob("checkpoint*.pt"))  # the models hold the newest state
+    launch("--resume", str(out), "--set", "options.max_passes=6")
+    again = [FitResult.load(out / f"model.rank{r}-of-2.pt") for r in range(2)]
+    assert again[0].passes == 6 and torch.equal(again[0].w, again[1].w)
+    assert len(again[0].history) > len(first[0].history)
+
+
+def test_lightning_ddp_callback_solves_one_head_over_all_ranks(tmp_path):
+    """``BCFWCallback`` under ``strategy="ddp"`` (2 CPU processes, gloo): the same head on both ranks, the logged gap
+    the exact certificate over all examples, the single-process optimum within it, and an exact resume from a
+    Lightning checkpoint (written by rank 0, holding every rank's dual state)."""
+    pytest.importorskip("lightning", reason="the [lightning] extra is not installed")
+    from conftest import brute_force_primal
+    from torch_bcfw.data import MulticlassData
+    from torch_bcfw.models import Multiclass
+
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
+           "--master-port", str(free_port()), str(WORKER.parent / "lightning_ddp_worker.py"), str(tmp_path)]
+    runs = _run([cmd], [_env()], tmp_path)
+    assert runs[0].returncode == 0, runs[0].stdout[-4000:]
+    r0, r1 = (json.loads((tmp_path / f"ddp_rank{r}.json").read_text()) for r in range(2))
+    assert (r0["rank"], r1["rank"], r0["world_size"]) == (0, 1, 2)
+    for key in ("full", "resumed"):
+        a, b = r0[key], r1[key]
+        assert a["head"] == b["head"] and a["backbone"] == b["backbone"] and a["logged_gap"] == b["logged_gap"]
+        assert a["shard_n"] == [7, 7]  # one head over both shards of the 14 examples
+    # resumed from the checkpoint after 2 epochs == 3 epochs in one run, bit for bit
+    assert r0["resumed"]["head"] == r0["full"]["head"] and r0["resumed"]["backbone"] == r0["full"]["backbone"]
+    assert r0["resumed"]["last"]["gap_best"] == r0["full"]["last"]["gap_best"]
+    # the logged certificate, recomputed independently at the final features
+    f, last = r0["full"], r0["full"]["last"]
+    lam = 0.05
+    model, data = Multiclass(3, 3), MulticlassData(torch.tensor(f["x"], dtype=torch.float64), torch.tensor(f["y"]))
+    head = torch.tensor(f["head"], dtype=torch.float64)
+    primal = last["primal_avg"] if last["selected"] == "averaged" else last["primal"]
+    assert brute_force_primal(model, data, head, lam) == pytest.approx(primal, abs=1e-10)
+    v = torch.tensor(f["shard_w"][0], dtype=torch.float64)
+    assert sum(f["shard_ell"]) - 0.5 * lam * float(v @ v) == pytest.approx(last["dual"], abs=1e-12)
+    assert f["logged_gap"] == pytest.approx(last["gap_best"], rel=1e-12)
+    one = fit(model, data, lam, preset="uniform-pairwise", max_passes=3000, gap_tol=1e-9)
+    assert one.gap <= 1e-9 and 0.0 <= primal - one.primal <= last["gap_best"] + 1e-9

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import sys
 import tempfile
@@ -124,9 +125,29 @@ def _fit_settings(cfg: dict) -> tuple[float, str, dict]:
     return lam, solver, dict(options)
 
 
-def _resume_source(folder: Path) -> Path:
-    """The newest complete state of the run in ``folder``: its checkpoint (a run that was killed) or its model."""
+def _torchrun_context(device):
+    """The process group of a ``torchrun`` launch with more than one process (initialised here from torchrun's
+    environment: gloo for CPU data, nccl for CUDA), or ``None`` for a plain launch."""
+    if int(os.environ.get("WORLD_SIZE", "1") or "1") <= 1:
+        return None
+    from .distributed import init_from_env
+
+    return init_from_env(device=device)
+
+
+def _rank_file(out: Path, name: str, ctx) -> Path:
+    """``out / name``, or this rank's file of it in a sharded run (``model.rank0-of-2.pt``)."""
+    from .checkpoint import rank_path
+
+    return out / name if ctx is None else rank_path(out / name, ctx.rank, ctx.world_size)
+
+
+def _resume_source(folder: Path, ctx=None) -> Path:
+    """The newest complete state of the run in ``folder``: its checkpoint (a run that was killed) or its model (in a
+    sharded run: this rank's files)."""
     for name in ("checkpoint.pt", "model.pt"):
+        if ctx is not None:
+            name = _rank_file(folder, name, ctx).name
         if (folder / name).is_file():
             return folder / name
     raise FileNotFoundError(f"--resume {folder}: nothing to resume there (looked for {folder / 'checkpoint.pt'} and "
@@ -236,9 +257,11 @@ def cmd_fit(args) -> int:
     for stale in (*out.glob(".checkpoint.pt.*.tmp"), *out.glob(".model.pt.*.tmp")):  # left by a killed save
         stale.unlink(missing_ok=True)
     model, train, test = load_problem(cfg["data"])
+    ctx = _torchrun_context(train.device)  # torchrun with several processes: the examples are sharded over them
+    main = ctx is None or ctx.is_main
     init = None
     if args.resume:
-        init = FitResult.load(_resume_source(out))
+        init = FitResult.load(_resume_source(out, ctx))
         if init.solver != solver or init.lam != lam:
             raise ValueError(f"--resume {out}: the saved run has solver {init.solver!r}, lam {init.lam} but the config "
                              f"has solver {solver!r}, lam {lam}")
@@ -248,15 +271,20 @@ def cmd_fit(args) -> int:
                   "to continue it", file=sys.stderr)
             print(_fit_table(init, len(train), out, cfg["data"], test))
             return 0
-    else:
+    elif main:
         atomic_write_text(out / "config.yaml", yaml.safe_dump(cfg, sort_keys=False))
     options.setdefault("progress", not args.quiet)
     ckpt = Checkpoint(out / "checkpoint.pt", **interval) if interval else None
     # compile (first run) or load the numba kernels before the solve, so that its clock measures the solve alone
-    compiled = precompile(model, train, lam, solver, test_data=test, announce=None if args.quiet else print_notice,
-                          **options)
+    compiled = precompile(model, train, lam, solver, test_data=test,
+                          announce=None if args.quiet or not main else print_notice, **options)
     with _TerminateAsInterrupt() as signals:
         result = fit(model, train, lam, solver, test_data=test, init=init, checkpoint=ckpt, **options)
+    if ctx is not None:  # every rank keeps its shard of the state (the resume of a sharded run reads these)
+        result.save(_rank_file(out, "model.pt", ctx))
+        _rank_file(out, "checkpoint.pt", ctx).unlink(missing_ok=True)
+        if not main:
+            return 0
     result.save(out / "model.pt")
     (out / "checkpoint.pt").unlink(missing_ok=True)  # model.pt now holds the newest state
     result.write_history_csv(out / "history.csv")

@@ -132,7 +132,9 @@ def precompile(model, data, lam: float, solver: str = "bcfw", *, test_data=None,
             n = len(data)
             sub = data[list(range(min(n, WARMUP_EXAMPLES)))]
             test_sub = None if test_data is None else test_data[list(range(min(len(test_data), WARMUP_EXAMPLES)))]
-            res = fit(model, sub, lam, solver, test_data=test_sub, **opts)
+            if "batch_size" in opts:
+                opts["batch_size"] = min(opts["batch_size"], len(sub))
+            res = fit(model, sub, lam, solver, test_data=test_sub, distributed=False, **opts)
         except KeyboardInterrupt:
             raise
         except Exception:  # noqa: BLE001 - a warm-up only: the real fit reports the error

@@ -27,7 +27,10 @@ A solver talks to the state through :meth:`block_step`, :meth:`run_steps`,
 Osokin et al. 2016 also use :meth:`block_move` (pairwise / away steps), :meth:`block_value`,
 :meth:`corner_values`, :meth:`block_oracle`, :meth:`block_gaps` (all exact block gaps in one batched
 pass), :meth:`set_bounds` and, when a state has a fused kernel for them, :meth:`run_plan`
-(:class:`~torch_bcfw.duals.plan.StepPlan`) and :meth:`run_mp_steps` (multi-plane BCFW).
+(:class:`~torch_bcfw.duals.plan.StepPlan`) and :meth:`run_mp_steps` (multi-plane BCFW).  Mini-batch BCFW (Wang et
+al. 2016) moves several blocks with one step: :meth:`subset_oracle` and :meth:`minibatch_step` (through the storage
+hooks :meth:`subset_direction` and :meth:`_move_subset`, batched tensor operations for the dense and chain
+storages), or :meth:`run_minibatch` where a state compiles whole rounds.
 
 Moving a state to new features (:meth:`DualState.rebind`, :meth:`DualState.from_state_dict`).
 When the token / example features ``x`` change (a backbone network is being trained under a

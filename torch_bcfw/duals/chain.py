@@ -56,7 +56,7 @@ class ChainDualState(DualState):
         self.T_acc = torch.zeros_like(self.T[0])
         self._phi_true_sum = model.joint_feature_sum(data, data.y)
         self._kernel_inputs = None
-        self._acc = None  # the summed direction P of a mini-batch round and its touched rows (compiled rounds)
+        self._acc = None  # the summed direction P of a mini-batch round and its touched entries (compiled rounds)
 
     # ------------------------------------------------------------ storage hooks
     def _block_marginal_direction(self, i: int, y: Tensor) -> tuple[Tensor, Tensor]:
@@ -311,12 +311,12 @@ class ChainDualState(DualState):
         ells = np.array([self.ell, self.avg_ell_u])
         feats, wts, state, avg = self._kernel_groups(ells)
         if self._acc is None:
-            F = self.model.n_inputs
-            self._acc = (torch.zeros_like(self.v), np.zeros(F, dtype=np.uint8), np.zeros(F, dtype=np.int64),
+            FK = self.model.n_inputs * self.model.n_labels  # the emission entries
+            self._acc = (torch.zeros_like(self.v), np.zeros(FK, dtype=np.uint8), np.zeros(FK, dtype=np.int64),
                          np.zeros(1, dtype=np.int64))
-        P, flag, rows, count = self._acc
+        P, flag, entries, count = self._acc
         acc = tuple(t.numpy() for t in self.model.unpack(P))
-        marks = (flag, rows, count)
+        marks = (flag, entries, count)
         if plan.reduce is None and self.n_total == self.n:
             self.k, self.avg_t = mk.chain_minibatch_rounds(
                 order, rof, (int(plan.step_code), bool(plan.averaging), self.lam, self.n_total, self.k, self.avg_t),
@@ -353,8 +353,8 @@ class ChainDualState(DualState):
             den = self.lam * float(V @ V)
             gamma = mk.line_search_step(g, den) if plan.step_code == LS else mk.minibatch_fixed_step(self.k, self.n_total, tau)
             if gamma != 0.0 and len(blocks):
-                mk.round_move(blocks, gamma, self.lam, self.n_total, self.avg_t, bool(plan.averaging), False, feats,
-                              wts, state, avg, D, Y, tok, spare)
+                mk.round_move(blocks, gamma, self.n_total, self.avg_t, bool(plan.averaging), feats, wts, state, avg, D,
+                              Y, tok, spare)
             if gamma != 0.0:
                 self.v.add_(V, alpha=-gamma)
             mk.clear_acc(acc, marks)

@@ -258,8 +258,7 @@ def fw_move(i, s, L, step, clock, corner, ystar, D, feats, wts, state, avg):
 def move_block(i, s, L, gamma, a, ell_s, clock, averaging, D, ystar, feats, wts, state, avg, trans):
     """Block ``i`` (tokens ``s .. s+L-1``) moves by ``gamma`` towards ``ystar``: its ``l_i``, the lazy average (before
     the move), ``w += a phi_i(delta)`` with ``a = -gamma / (lam n)`` for the emission and bias part and ``trans += a
-    (counts - T_i)`` (``trans``: the transition weights, or a scratch when ``w`` is moved elsewhere), ``T_i`` and
-    ``mu_i``."""
+    (counts - T_i)`` (``a = 0`` and ``trans`` a scratch when ``w`` is moved elsewhere), ``T_i`` and ``mu_i``."""
     indptr, indices, values, y, offsets, gram, gram_off = feats
     We, bias, start, end, _ = wts
     mu, T, block_ell, ells = state

@@ -9,7 +9,9 @@ entry of every solver of the BCFW family: it runs a plan in the state's fused ke
 (:meth:`~torch_bcfw.duals.base.DualState.run_plan`, e.g. the chain's on CPU; for a plain plan,
 :meth:`~torch_bcfw.duals.base.DualState.run_steps`, e.g. the graph-cut state's compiled loop), else in the
 generic step loop :func:`generic_plan_steps` through the state's public methods; a fused kernel must give the
-same trajectory.  This module imports no solver: the solvers hand plans over, the states run them.
+same trajectory.  A mini-batch plan (:meth:`StepPlan.minibatch`: rounds of distinct blocks, each one joint step,
+optionally split over processes by a ``reduce``) runs in :func:`minibatch_plan_steps`.  This module imports no
+solver: the solvers hand plans over, the states run them.
 """
 from __future__ import annotations
 

@@ -23,18 +23,28 @@ from ..solvers.run import DUAL_STATE_SOLVERS, SolverRun
 __all__ = ["BCFWCallback", "collect_features", "make_dual_state"]
 
 
-def make_dual_state(model, data, lam: float):
+def make_dual_state(model, data, lam: float, n_total: int | None = None):
     """The model's own dual state when it can be re-bound to new features, else an :class:`ActiveSetDualState`.
 
     (A model that keeps the default dense state gets the active-set state directly: it is dense too, with
-    an ``[n, d]`` table of ``w_i``, so it suits small and medium problems.)
+    an ``[n, d]`` table of ``w_i``, so it suits small and medium problems.)  ``n_total``: the problem's number of
+    examples when ``data`` is one rank's shard of it.
     """
     from ..models.base import StructuredModel
 
     if type(model).dual_state is StructuredModel.dual_state:
-        return ActiveSetDualState(model, data, lam)
-    state = model.dual_state(data, lam)
-    return state if state.rebindable else ActiveSetDualState(model, data, lam)
+        return ActiveSetDualState(model, data, lam, n_total)
+    state = model.dual_state(data, lam) if n_total is None else model.dual_state(data, lam, n_total=n_total)
+    return state if state.rebindable else ActiveSetDualState(model, data, lam, n_total)
+
+
+def _ddp_context(trainer):
+    """The process group of a multi-process Lightning run (DDP), or ``None``."""
+    if trainer is None or getattr(trainer, "world_size", 1) <= 1:
+        return None
+    from ..distributed import current_context
+
+    return current_context()
 
 
 def _to_primitive(obj):
@@ -238,6 +248,7 @@ class BCFWCallback(Callback):
         self.last_data = None
         self.interrupted = False  # a solve was cut by Ctrl-C (and discarded)
         self._state_type = None  # the class of the dual state (make_dual_state's choice for the head's model)
+        self.shards = None  # under DDP: (dual state, solver state) of every rank, in rank order
 
     # ------------------------------------------------------------------ Lightning plumbing
     @property
@@ -309,9 +320,9 @@ class BCFWCallback(Callback):
                             f"({type(head.model).__name__}): {exc}") from exc
         return data
 
-    def _dual_state(self, model, data):
+    def _dual_state(self, model, data, n_total=None):
         if self.dual_sd is None or self._state_type is None:
-            state = make_dual_state(model, data, self.lam)
+            state = make_dual_state(model, data, self.lam, n_total)
             self._state_type = type(state)
             if self.dual_sd is None:
                 return state
@@ -342,12 +353,20 @@ class BCFWCallback(Callback):
         model = head.model
         data = self.training_data(trainer, pl_module)
         t_feat = time.perf_counter() - t0
-        state = self._dual_state(model, data)
+        ctx = _ddp_context(trainer)
+        comm, mine, n_total = None, data, None
+        if ctx is not None:  # DDP: one head over all ranks' examples, each rank solving on its shard
+            from ..distributed import ShardComm, shard, shard_sizes
+
+            mine, n_total = shard(data, ctx).data, len(data)
+            comm = ShardComm(ctx, shard_sizes(len(data), ctx.world_size))
+            self._select_shard(ctx)
+        state = self._dual_state(model, mine, n_total)
         stale = 0.0
         if self.dual_sd is not None:
             stale = float((state.w - self.dual_sd["w"].to(state.w.device)).abs().max()) if state.d else 0.0
         opts = SolverOptions.from_kwargs(**{**self.options.to_dict(), "max_passes": passes})
-        run = SolverRun(model, data, self.lam, self.solver, opts, state=state)
+        run = SolverRun(model, mine, self.lam, self.solver, opts, state=state, comm=comm)
         # the run works on copies of the counters and history: an interrupted call leaves no trace
         run.load_progress(self.alg_sd, self.counters, self.history)
         out = run.run()
@@ -370,9 +389,17 @@ class BCFWCallback(Callback):
         rec.update(epoch=epoch, stale=stale, call=self.calls, feature_time=t_feat, wall=time.perf_counter() - t0)
         sd = alg.state_dict()
         dual_sd, alg_sd = _to_primitive(sd.pop("state")), _to_primitive(sd)
+        shards = None
+        if ctx is not None:  # every rank keeps every rank's state, so that any rank's checkpoint resumes all
+            from ..distributed import collective
+
+            shards = [None] * ctx.world_size
+            with collective("BCFWCallback shard states", ctx):
+                torch.distributed.all_gather_object(shards, (dual_sd, alg_sd))
         with deferred_signals((signal.SIGINT,)):  # the head and the callback's state change together
             head.set_weights(w)
             self.dual_sd, self.alg_sd = dual_sd, alg_sd
+            self.shards = shards
             self.counters, self.history = run.counters, history
             self.calls += 1
             self.last_record = rec
@@ -404,6 +431,19 @@ class BCFWCallback(Callback):
                           on_step=False, on_epoch=True, prog_bar=(k == "gap"), add_dataloader_idx=False)
 
     # ------------------------------------------------------------------ checkpoint
+    def _select_shard(self, ctx) -> None:
+        """Under DDP: take this rank's dual and solver state from :attr:`shards` (those of every rank, restored from a
+        checkpoint or gathered after the last solve); refuse a checkpoint of another world size or of one process."""
+        if self.shards is None:
+            if self.dual_sd is not None:
+                raise ValueError(f"BCFWCallback: the checkpoint holds the dual state of a single-process run; this run "
+                                 f"has {ctx.world_size} processes (resume with the same number of processes)")
+            return
+        if len(self.shards) != ctx.world_size:
+            raise ValueError(f"BCFWCallback: the checkpoint holds the dual states of {len(self.shards)} ranks, this run "
+                             f"has {ctx.world_size}: resume with the world size that wrote it")
+        self.dual_sd, self.alg_sd = self.shards[ctx.rank]
+
     def state_dict(self) -> dict:
         return {
             "version": 1,
@@ -415,6 +455,7 @@ class BCFWCallback(Callback):
             "history": _to_primitive(plain_history(self.history)),
             "calls": self.calls,
             "solved_epoch": self.solved_epoch,
+            "shards": copy.deepcopy(self.shards),
         }
 
     def load_state_dict(self, state_dict: dict) -> None:
@@ -430,5 +471,6 @@ class BCFWCallback(Callback):
         self.counters = dict(state_dict["counters"])
         self.history = as_records(state_dict["history"])
         self.calls = int(state_dict["calls"])
+        self.shards = state_dict.get("shards")
         self.solved_epoch = state_dict.get("solved_epoch")
         self.last_record = self.history[-1] if self.history else None

@@ -1,0 +1,280 @@
+"""Scaling BCFW out: mini-batch rounds in one process, and one problem sharded over processes.
+
+Two parts (``--part single``, ``--part procs`` or both):
+
+* **single** -- one process, one torch thread: for every ``tau`` of ``--taus`` on OCR-large (``lam = 0.01``, target a
+  certified gap of 0.01) and CoNLL-2000 chunking (``lam = 0.03``, the ``lam`` of ``configs/conll.yaml``; target a
+  certified gap of 1% of the primal; at the paper's ``lam = 1/n`` BCFW is still at 69% after 200 passes,
+  ``conll_full.py``):
+  seconds per effective pass, effective passes and solver seconds to the target.  ``tau = 1`` is BCFW in the
+  compiled chain kernel; ``tau > 1`` are the compiled mini-batch rounds (``fit(batch_size=tau)``), whose cost per
+  pass is compared with the kernel's in the same run.
+* **procs** -- the same ``fit(batch_size=tau)`` launched by ``torchrun`` with 1 and with 2 processes (gloo, one
+  thread each) on OCR-large, CoNLL, the horses graph cut (``lam = 1e-3``, target 5% relative) and a costly oracle
+  (``delayed``: OCR-small fold 0 at ``lam = 0.1`` whose oracle sleeps 5 ms per example, the simulated oracle of
+  ``mpbcfw_ocr.py``; target 5% relative): time to the target and the share of the solver time spent in the rounds'
+  all-reduces, waiting for the other rank included (``w``-sized buffers: d = 4082 for OCR, 1.6M for CoNLL, 24 for
+  horses).
+
+Writes ``benchmarks/results/scale.json`` and ``scale_<dataset>.png`` (certified gap against solver seconds, one
+curve per configuration).  ``python benchmarks/scale.py --part single --datasets ocr --taus 1,256`` is a quick run.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import DATA, RESULTS, ROOT, print_table, write_json  # noqa: E402
+
+#: per dataset: lam, target (kind, value), the effective-pass cap, the gap-check interval, tau of the process runs
+SETTINGS = {
+    "ocr": {"lam": 0.01, "target": ("gap", 0.01), "max_passes": 1000, "gap_check": 4, "proc_tau": 256},
+    "conll": {"lam": 0.03, "target": ("rel", 0.01), "max_passes": 150, "gap_check": 2, "proc_tau": 256},
+    "horses": {"lam": 1e-3, "target": ("rel", 0.05), "max_passes": 200, "gap_check": 2, "proc_tau": 8},
+    "delayed": {"lam": 0.1, "target": ("rel", 0.05), "max_passes": 60, "gap_check": 2, "proc_tau": 16},
+}
+
+#: seconds the delayed oracle sleeps per example (the costly oracle of benchmarks/mpbcfw_ocr.py)
+DELAY = 0.005
+
+
+def delayed_chain(n_labels: int = 26, n_inputs: int = 128):
+    """The OCR chain whose training oracle costs :data:`DELAY` seconds per example (simulated: one ``time.sleep``
+    per block of every round, paid by the process that owns the block)."""
+    from torch_bcfw.duals import ChainDualState
+    from torch_bcfw.models import Chain
+
+    class DelayedState(ChainDualState):
+        def run_minibatch(self, plan):
+            res = super().run_minibatch(plan)
+            for _ in range(len(plan.order)):
+                time.sleep(DELAY)
+            return res
+
+    class DelayedChain(Chain):
+        def dual_state(self, data, lam, n_total=None):
+            return DelayedState(self, data, lam, n_total)
+
+    return DelayedChain(n_inputs, n_labels)
+
+
+def load(name: str):
+    """``(model, data, lam)`` of a benchmark problem (the full training sets)."""
+    if name == "ocr":
+        from torch_bcfw.datasets.ocr import load_ocr_split
+        from torch_bcfw.models import Chain
+
+        train, _ = load_ocr_split(str(DATA / "ocr"), "large", 0)
+        return Chain(128, 26), train, SETTINGS[name]["lam"]
+    if name == "conll":
+        from torch_bcfw.datasets.conll_chain import load_conll_problem
+
+        prob = load_conll_problem(str(DATA / "conll2000"))
+        return prob.model, prob.train, SETTINGS[name]["lam"]
+    if name == "delayed":  # OCR-small fold 0 (626 words) with the 5 ms oracle
+        from torch_bcfw.datasets.ocr import load_ocr_split
+
+        train, _ = load_ocr_split(str(DATA / "ocr"), "small", 0)
+        return delayed_chain(), train, SETTINGS[name]["lam"]
+    if name == "horses":
+        from torch_bcfw.datasets.horses import horse_graph_data
+        from torch_bcfw.models import GraphCut
+
+        data = horse_graph_data(DATA / "weizmann_horse", "train", (48, 64))
+        return GraphCut(data.n_inputs, 2, loss="balanced", processes=1), data, SETTINGS[name]["lam"]
+    raise ValueError(f"unknown dataset {name!r}")
+
+
+def certified(rec: dict, kind: str) -> float:
+    """The certified gap of a history record, absolute or relative to the better primal."""
+    g = rec["gap_best"]
+    if kind == "gap":
+        return g
+    primal = min(p for p in (rec["primal"], rec.get("primal_avg")) if p is not None)
+    return g / primal
+
+
+def summarise(res, name: str, tau: int) -> dict:
+    """Per-pass cost and time to the target of one run (``res``: a FitResult)."""
+    kind, value = SETTINGS[name]["target"]
+    curve = [{"passes": h["passes"], "solver_time": h["solver_time"], "gap_time": h["gap_time"],
+              "gap": certified(h, kind)} for h in res.history]
+    hit = next((c for c in curve if c["gap"] <= value), None)
+    out = {"dataset": name, "tau": tau, "target": f"{kind} <= {value}", "passes_run": res.passes,
+           "s_per_pass": res.counters["solver_time"] / res.passes, "reached": hit is not None,
+           "passes_to_target": None if hit is None else hit["passes"],
+           "solver_s_to_target": None if hit is None else hit["solver_time"],
+           "total_s_to_target": None if hit is None else hit["solver_time"] + hit["gap_time"],
+           "final_gap": curve[-1]["gap"], "curve": curve}
+    for k in ("allreduce_seconds", "allreduce_rounds"):
+        if k in res.counters:
+            out[k] = res.counters[k]
+    return out
+
+
+def run_fit(model, data, lam, name: str, tau: int, max_passes: float | None = None, **kw):
+    from torch_bcfw import fit
+
+    s = SETTINGS[name]
+    kind, value = s["target"]
+    stop = {"gap_tol": value} if kind == "gap" else {"rel_gap_tol": value}
+    return fit(model, data, lam, batch_size=tau, max_passes=max_passes or s["max_passes"], gap_check=s["gap_check"],
+               track_train_loss=False, seed=0, **stop, **kw)
+
+
+# ----------------------------------------------------------------------------------------------- one process
+def part_single(datasets: list[str], taus: list[int], max_passes: float | None) -> list[dict]:
+    import torch
+
+    torch.set_num_threads(1)
+    rows = []
+    for name in datasets:
+        model, data, lam = load(name)
+        run_fit(model, data, lam, name, 1, max_passes=1)  # compile / load the kernels before timing
+        run_fit(model, data, lam, name, min(16, len(data)), max_passes=1)
+        for tau in taus:
+            r = summarise(run_fit(model, data, lam, name, tau, max_passes), name, tau)
+            r["path"] = "compiled kernel (BCFW)" if tau == 1 else "compiled mini-batch rounds"
+            rows.append(r)
+            print(f"{name} tau={tau}: {r['s_per_pass']:.4f} s/pass, to target: {r['passes_to_target']} passes, "
+                  f"{r['solver_s_to_target']} s", flush=True)
+        base = next((r["s_per_pass"] for r in rows if r["dataset"] == name and r["tau"] == 1), None)
+        for r in rows:
+            if r["dataset"] == name and base:
+                r["pass_cost_vs_kernel"] = r["s_per_pass"] / base
+    return rows
+
+
+# ----------------------------------------------------------------------------------------------- processes
+def child(args) -> None:
+    """One rank of a ``--part procs`` run (under torchrun)."""
+    import torch
+
+    from torch_bcfw.distributed import init_from_env
+
+    torch.set_num_threads(1)
+    ctx = init_from_env(timeout_s=600)
+    model, data, lam = load(args.dataset)
+    run_fit(model, data, lam, args.dataset, args.tau, max_passes=1)  # compile, and warm the group
+    t0 = time.perf_counter()
+    res = run_fit(model, data, lam, args.dataset, args.tau, args.max_passes)
+    wall = time.perf_counter() - t0
+    if ctx.rank == 0:
+        out = summarise(res, args.dataset, args.tau) | {"processes": ctx.world_size, "wall_s": wall}
+        Path(args.out).write_text(json.dumps(out))
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def part_procs(datasets: list[str], max_passes: float | None) -> list[dict]:
+    rows = []
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    for name in datasets:
+        tau = SETTINGS[name]["proc_tau"]
+        for procs in (1, 2):
+            with tempfile.TemporaryDirectory() as tmp:
+                out = Path(tmp) / "rank0.json"
+                cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(procs), "--master-addr",
+                       "127.0.0.1", "--master-port", str(_port()), str(Path(__file__).resolve()), "--child",
+                       "--dataset", name, "--tau", str(tau), "--out", str(out)]
+                if max_passes:
+                    cmd += ["--max-passes", str(max_passes)]
+                run = subprocess.run(cmd, env=env, capture_output=True, text=True)
+                if run.returncode != 0 or not out.exists():
+                    raise RuntimeError(f"{name} with {procs} processes failed:\n{run.stdout[-3000:]}{run.stderr[-3000:]}")
+                r = json.loads(out.read_text())
+            r["allreduce_share"] = (r.get("allreduce_seconds", 0.0) / (r["s_per_pass"] * r["passes_run"])
+                                    if procs > 1 else 0.0)
+            rows.append(r)
+            print(f"{name} tau={tau} procs={procs}: {r['s_per_pass']:.4f} s/pass, to target {r['solver_s_to_target']} s "
+                  f"(all-reduce share {r['allreduce_share']:.1%})", flush=True)
+        one, two = (next(r for r in rows if r["dataset"] == name and r["processes"] == p) for p in (1, 2))
+        for key in ("solver_s_to_target", "total_s_to_target"):
+            two[f"speedup_{key}"] = (one[key] / two[key]) if one[key] and two[key] else None
+        two["speedup_per_pass"] = one["s_per_pass"] / two["s_per_pass"]
+    return rows
+
+
+# ----------------------------------------------------------------------------------------------- output
+def plot(rows: list[dict], name: str, label) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for r in rows:
+        xs = [c["solver_time"] for c in r["curve"]]
+        ys = [max(c["gap"], 1e-12) for c in r["curve"]]
+        ax.plot(xs, ys, marker=".", label=label(r))
+    kind, value = SETTINGS[rows[0]["dataset"]]["target"]
+    ax.axhline(value, color="grey", ls=":", lw=1)
+    ax.set_yscale("log")
+    ax.set_xlabel("solver seconds")
+    ax.set_ylabel("certified gap" + (" / primal" if kind == "rel" else ""))
+    ax.set_title(name)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path = RESULTS / f"{name}.png"
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    print(f"wrote {path}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--part", choices=("single", "procs", "all"), default="all")
+    ap.add_argument("--datasets", default="ocr,conll", help="datasets of the single-process part")
+    ap.add_argument("--proc-datasets", default="ocr,conll,horses,delayed", help="datasets of the process part")
+    ap.add_argument("--taus", default="1,16,64,256,1024")
+    ap.add_argument("--max-passes", type=float, default=None, help="cap on the effective passes (default per dataset)")
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--dataset", help=argparse.SUPPRESS)
+    ap.add_argument("--tau", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--out", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        return child(args)
+    path = RESULTS / "scale.json"
+    payload = json.loads(path.read_text()) if path.exists() else {}
+    payload.pop("machine", None)
+    payload.setdefault("commands", []).append("python benchmarks/scale.py " + " ".join(sys.argv[1:]))
+    payload["date"] = time.strftime("%Y-%m-%d")
+    payload["load_average_before"] = os.getloadavg()
+    if args.part in ("single", "all"):
+        rows = part_single(args.datasets.split(","), [int(t) for t in args.taus.split(",")], args.max_passes)
+        print_table(rows, ["dataset", "tau", "path", "s_per_pass", "pass_cost_vs_kernel", "passes_to_target",
+                           "solver_s_to_target", "final_gap"])
+        payload["single"] = [r for r in payload.get("single", []) if r["dataset"] not in args.datasets.split(",")] + rows
+        rows = payload["single"]
+        for name in {r["dataset"] for r in rows}:
+            plot([r for r in rows if r["dataset"] == name], f"scale_{name}", lambda r: f"tau = {r['tau']}")
+    if args.part in ("procs", "all"):
+        rows = part_procs(args.proc_datasets.split(","), args.max_passes)
+        print_table(rows, ["dataset", "tau", "processes", "s_per_pass", "passes_to_target", "solver_s_to_target",
+                           "total_s_to_target", "allreduce_share", "speedup_solver_s_to_target",
+                           "speedup_total_s_to_target"])
+        payload["procs"] = ([r for r in payload.get("procs", []) if r["dataset"] not in args.proc_datasets.split(",")]
+                            + rows)
+        rows = payload["procs"]
+        for name in {r["dataset"] for r in rows}:
+            plot([r for r in rows if r["dataset"] == name], f"scale_procs_{name}",
+                 lambda r: f"{r['processes']} process(es), tau = {r['tau']}")
+    payload["load_average_after"] = os.getloadavg()
+    write_json("scale.json", payload)
+
+
+if __name__ == "__main__":
+    main()
