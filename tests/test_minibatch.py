@@ -223,3 +223,29 @@ def test_minibatch_run_continues_exactly_from_its_result():
             assert whole.history[-1]["gap"] == rest.history[-1]["gap"]
         cut = fit(model, data, 0.1, batch_size=3, sampling=sampling, max_passes=3.5, gap_check=2)
         assert cut.counters["work"] == 36  # a chunk ending inside a round finishes it
+
+
+def test_rounds_on_pose_trees_and_matchings_reach_the_optimum():
+    """The other structures (dense states, box constraints of the pose model) through the generic rounds."""
+    from test_matching import random_problem as matching_problem
+    from test_pose import TINY, G, _tiny_data
+
+    from torch_bcfw.models import Matching
+    from torch_bcfw.models.pose import PoseTree, mean_offsets
+
+    pose = _tiny_data(n=6, seed=4)
+    problems = [(PoseTree(G, mean_offsets(pose.positions, pose.visible, TINY), n_joints=3, n_unary=2, edges=TINY),
+                 pose, 0.2),
+                (Matching(3), matching_problem(n=6, seed=2), 0.1)]
+    for model, data, lam in problems:
+        ref = fit(model, data, lam, preset="uniform-pairwise", max_passes=300, gap_tol=1e-6, gap_check=50)
+        r = fit(model, data, lam, batch_size=3, max_passes=300, gap_tol=1e-3, gap_check=50, seed=1)
+        g = r.history[-1]["gap_best"]
+        assert g <= 0.05, type(model).__name__
+        best = min(r.primal, r.history[-1]["primal_avg"])
+        assert abs(best - ref.primal) <= g + ref.gap + 1e-12  # both certificates bracket the same optimum
+        # a round of every block with the line search is the batch Frank-Wolfe step
+        full = fit(model, data, lam, batch_size=len(data), max_passes=40, gap_check=10, averaging=False)
+        fw = fit(model, data, lam, solver="fw", max_passes=40, gap_check=10, averaging=False)
+        assert torch.allclose(full.w, fw.w, atol=1e-10)
+        assert [h["gap"] for h in full.history] == pytest.approx([h["gap"] for h in fw.history], abs=1e-10)
