@@ -254,7 +254,7 @@ def fw_move(i, s, L, step, clock, corner, ystar, D, feats, wts, state, avg):
     return num, gamma
 
 
-@njit(cache=True, fastmath=True)
+@njit(cache=True, fastmath=True, inline="always")
 def move_block(i, s, L, gamma, a, ell_s, clock, averaging, D, ystar, feats, wts, state, avg, trans):
     """Block ``i`` (tokens ``s .. s+L-1``) moves by ``gamma`` towards ``ystar``: its ``l_i``, the lazy average (before
     the move), ``w += a phi_i(delta)`` with ``a = -gamma / (lam n)`` for the emission and bias part and ``trans += a
@@ -284,7 +284,7 @@ def move_block(i, s, L, gamma, a, ell_s, clock, averaging, D, ystar, feats, wts,
     block_ell[i] = new_ell_i
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def block_corner(s, L, feats, wts, mu, U, Ua, ystar, delta, D):
     """The oracle and the corner of the block whose ``L`` tokens start at ``s``, at the current ``w``: unary scores
     ``U``, loss-augmented decoding into ``ystar[:L]``, and the unary part ``D[:L] = e_{y*} - mu_i`` of the direction.
