@@ -9,6 +9,8 @@ receives the same reduced buffer).  Certificates reduce the hinge sums of an ora
 """
 from __future__ import annotations
 
+import time
+
 import torch
 import torch.distributed as dist
 from torch import Tensor
@@ -43,8 +45,6 @@ class ShardComm:
 
     def sum_round(self, V: Tensor, sums: Tensor) -> tuple[Tensor, Tensor]:
         """One all-reduce of ``[V, sums]`` (float64); returns the sums on ``V``'s device."""
-        import time
-
         t0 = time.perf_counter()
         d = V.numel()
         buf = torch.cat([V.reshape(-1), sums.to(V)]).to(self.ctx.device, torch.float64)

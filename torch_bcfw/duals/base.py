@@ -71,8 +71,8 @@ from torch import Tensor
 from .checks import check_bounds, check_lam, check_n_total
 from .fingerprint import features_fingerprint, labels_fingerprint
 from .plan import StepPlan, generic_plan_steps
-from .stepsize import (LINE_SEARCH, PAIRWISE_RULE, average_weight, clipped_step, lazy_weight,
-                       line_search_step, minibatch_fixed_step, step_size)
+from .stepsize import (PAIRWISE_RULE, average_weight, clipped_step, lazy_weight, minibatch_step_size,
+                       step_size)
 from .working_set import ALPHA, WorkingSet, block_labelings
 
 __all__ = ["DualState"]
@@ -519,15 +519,7 @@ class DualState:
             V, ell_s, parts = torch.zeros_like(self.v), self.block_ell[:0], None
         ell_i = self.block_ell[idx]
         sums = torch.stack([ell_i.sum(), ell_s.sum(), ell_i.new_tensor(float(len(idx)))])
-        if reduce is not None:
-            V, sums = reduce(V, sums)
-        tau = int(sums[2])
-        num = self.lam * float(V @ self.w) - float(sums[0]) + float(sums[1])
-        den = self.lam * float(V @ V)
-        if step_code == LINE_SEARCH:
-            gamma = line_search_step(num, den)
-        else:
-            gamma = minibatch_fixed_step(self.k, self.n_total, tau)
+        V, num, gamma, tau = self._round_step(V, sums, step_code, reduce)
         if gamma != 0.0:
             if averaging and len(idx):
                 if len(idx) == 1:
@@ -547,6 +539,17 @@ class DualState:
         self.k += tau
         self.avg_t += 1
         return num, gamma
+
+    def _round_step(self, V: Tensor, sums: Tensor, step_code: int, reduce=None) -> tuple[Tensor, float, float, int]:
+        """The step of a round from its direction ``V`` (``Tensor[d]``) and ``sums = [sum l_i, sum l_s, blocks]``
+        (summed over the processes first when ``reduce`` is given): ``(V, num, gamma, tau)``, ``num`` the line
+        search's numerator (the sum of the round's block gaps) and ``tau`` the round's blocks."""
+        if reduce is not None:
+            V, sums = reduce(V, sums)
+        tau = int(sums[2])
+        num = self.lam * float(V @ self.w) - float(sums[0]) + float(sums[1])
+        den = self.lam * float(V @ V)
+        return V, num, minibatch_step_size(step_code, num, den, self.k, self.n_total, tau), tau
 
     def batch_step(self, y: Tensor, step_code: int, fw_iter: int, averaging: bool = True) -> tuple[float, float]:
         """One batch Frank-Wolfe step towards the corners ``y`` (oracle answers for all blocks).

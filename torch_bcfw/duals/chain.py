@@ -333,7 +333,6 @@ class ChainDualState(DualState):
         """Rounds split over processes: each round's ``(V, sums)`` goes through ``plan.reduce`` between the compiled
         direction and move parts; ``w`` moves by the summed ``V`` (the same on every process)."""
         from . import chain_minibatch_kernels as mk
-        from .stepsize import LINE_SEARCH as LS
 
         K = self.model.n_labels
         offsets = feats[4]
@@ -346,12 +345,8 @@ class ChainDualState(DualState):
         for j in range(len(rof) - 1):
             blocks = order[rof[j]:rof[j + 1]]
             num, s_i, s_s = mk.round_directions(blocks, self.n_total, feats, wts, state, acc, marks, blk_scr, D, Y, tok)
-            V = P * scale
-            V, sums = plan.reduce(V, torch.tensor([s_i, s_s, float(len(blocks))], dtype=torch.float64))
-            tau = int(sums[2])
-            g = self.lam * float(V @ self.w) - float(sums[0]) + float(sums[1])
-            den = self.lam * float(V @ V)
-            gamma = mk.line_search_step(g, den) if plan.step_code == LS else mk.minibatch_fixed_step(self.k, self.n_total, tau)
+            sums = torch.tensor([s_i, s_s, float(len(blocks))], dtype=torch.float64)
+            V, _, gamma, tau = self._round_step(P * scale, sums, plan.step_code, plan.reduce)
             if gamma != 0.0 and len(blocks):
                 mk.round_move(blocks, gamma, self.n_total, self.avg_t, bool(plan.averaging), feats, wts, state, avg, D,
                               Y, tok, spare)

@@ -27,7 +27,7 @@ import numpy as np
 from numba import njit
 
 from .chain_kernels import _transition_stats, block_corner, move_block, step_scratch
-from .stepsize import line_search_step, minibatch_fixed_step
+from .stepsize import minibatch_step_size
 
 __all__ = ["round_directions", "touched_sqnorm", "round_move", "chain_minibatch_rounds", "round_scratch"]
 
@@ -209,10 +209,7 @@ def chain_minibatch_rounds(order, roffsets, step, feats, wts, state, avg, acc, m
             continue
         num, _, _ = round_directions(blocks, n_total, feats, wts, state, acc, marks, blk_scr, D, Y, tok)
         den = touched_sqnorm(acc, marks) / (lam * n_total * n_total)
-        if step_code == 0:
-            gamma = line_search_step(num, den)
-        else:
-            gamma = minibatch_fixed_step(k, n_total, tau)
+        gamma = minibatch_step_size(step_code, num, den, k, n_total, tau)
         if gamma != 0.0:
             round_move(blocks, gamma, n_total, clock, averaging, feats, wts, state, avg, D, Y, tok, spare)
             apply_acc(-gamma / (lam * n_total), acc, marks, wts)

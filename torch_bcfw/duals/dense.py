@@ -25,7 +25,8 @@ class DenseDualState(DualState):
         self.w_blocks_acc = torch.zeros_like(self.w_blocks)
         self._phi_true = None
 
-    def _true_features(self, i: int) -> Tensor:
+    def _true_features(self, i) -> Tensor:
+        """``phi(x_i, y_i)`` of block(s) ``i`` (an index or ``LongTensor[tau]``), from a table built once."""
         if self._phi_true is None:
             self._phi_true = self.model.joint_feature(self.data, self.data.y)
         return self._phi_true[i]
@@ -54,9 +55,7 @@ class DenseDualState(DualState):
 
     def subset_direction(self, idx: Tensor, sub, y: Tensor):
         """Batched: ``parts = W_i - W_s`` (``Tensor[tau, d]``, the per-block directions)."""
-        if self._phi_true is None:
-            self._phi_true = self.model.joint_feature(self.data, self.data.y)
-        W_s = (self._phi_true[idx] - self.model.joint_feature(sub, y)) / (self.lam * self.n_total)
+        W_s = (self._true_features(idx) - self.model.joint_feature(sub, y)) / (self.lam * self.n_total)
         Vb = self.w_blocks[idx] - W_s
         ell_s = self.model.loss(sub, y).to(torch.float64) / self.n_total
         return Vb.sum(0), ell_s, Vb

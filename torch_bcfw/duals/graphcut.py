@@ -248,9 +248,7 @@ class GraphCutDualState(DenseDualState):
 
     # ------------------------------------------------------------ helpers
     def _true_pairwise(self) -> Tensor:
-        if self._phi_true is None:
-            self._phi_true = self.model.joint_feature(self.data, self.data.y)
-        return self._phi_true[:, self.F:]
+        return self._true_features(slice(None))[:, self.F:]
 
     def _pairwise_fingerprint(self) -> str:
         """Hash of what the expected pairwise block ``pw`` depends on: the edges, their features and the node

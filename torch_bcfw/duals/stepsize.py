@@ -47,6 +47,14 @@ def minibatch_fixed_step(k: int, n: int, tau: int) -> float:
 
 
 @njit(cache=True)
+def minibatch_step_size(code: int, num: float, den: float, k: int, n: int, tau: int) -> float:
+    """The step of a mini-batch round: the clipped line search (``LINE_SEARCH``) or :func:`minibatch_fixed_step`."""
+    if code == 0:
+        return line_search_step(num, den)
+    return minibatch_fixed_step(k, n, tau)
+
+
+@njit(cache=True)
 def step_size(code: int, num: float, den: float, k: int, n: int) -> float:
     """Dispatch on the step-rule code (``LINE_SEARCH`` or ``FIXED``)."""
     if code == 0:
