@@ -4,7 +4,7 @@ process group, every rank passing the full dataset.
 ``python distributed_fit_worker.py SCENARIO OUT_DIR PROBLEM`` under torchrun (or with torchrun's variables set);
 writes ``OUT_DIR/<scenario>_<problem>_rank<r>.json``.  Scenarios:
 
-* ``fit`` -- a mini-batch run (batch_size 4, checkpoints every 5 passes): weights, history and this rank's dual
+* ``fit`` -- a mini-batch run (batch_size 4, checkpoints every 5 passes; ``chain-gap``: gap sampling): weights, history and this rank's dual
   state (its blocks' ``l_i`` and ``w_i`` sum) for the independent checks of the test.
 * ``resume`` -- 6 passes then 6 more from each rank's checkpoint, against 12 passes in one run.
 * ``kill`` -- rank 1 dies after its second chunk; rank 0 records the error and how long it took to raise.
@@ -33,8 +33,16 @@ LAM = 0.1
 OPTIONS = {"batch_size": 4, "gap_check": 5, "seed": 3}
 
 
+#: options beyond OPTIONS per problem name (``chain-gap``: the chain problem with gap sampling in the rounds)
+EXTRA = {"chain-gap": {"sampling": "gap"}}
+
+
+def options(name: str) -> dict:
+    return OPTIONS | EXTRA.get(name, {})
+
+
 def problem(name: str):
-    if name == "chain":
+    if name.startswith("chain"):
         return random_chain_problem(n=13, F=3, K=3, max_len=4, seed=5)
     return random_multiclass_problem(n=15, F=4, K=4, seed=2)
 
@@ -65,17 +73,18 @@ def main() -> None:
     model, data = problem(name)
     if scenario == "fit":
         ck = Checkpoint(out_dir / f"{name}.pt", every_passes=5, every_seconds=None)
-        res = fit(model, data, LAM, max_passes=40, checkpoint=ck, **OPTIONS)
+        res = fit(model, data, LAM, max_passes=40, checkpoint=ck, **options(name))
         out = _record(res) | {"checkpoint": str(rank_path(ck.path, ctx.rank, ctx.world_size))}
     elif scenario == "resume":
         ck = Checkpoint(out_dir / f"resume_{name}.pt", every_passes=3, every_seconds=None)
-        fit(model, data, LAM, max_passes=6, checkpoint=ck, **OPTIONS)
+        fit(model, data, LAM, max_passes=6, checkpoint=ck, **options(name))
         first = FitResult.load(rank_path(ck.path, ctx.rank, ctx.world_size))
-        cont = fit(model, data, LAM, max_passes=6, init=first, **OPTIONS)
-        whole = fit(model, data, LAM, max_passes=12, **OPTIONS)
+        cont = fit(model, data, LAM, max_passes=6, init=first, **options(name))
+        whole = fit(model, data, LAM, max_passes=12, **options(name))
         out = {"resumed": _record(cont), "whole": _record(whole)}
         try:  # another rank's file: refused
-            fit(model, data, LAM, max_passes=1, init=FitResult.load(rank_path(ck.path, 1 - ctx.rank, 2)), **OPTIONS)
+            fit(model, data, LAM, max_passes=1, init=FitResult.load(rank_path(ck.path, 1 - ctx.rank, 2)),
+                **options(name))
             out["wrong_rank_error"] = None
         except ValueError as exc:
             out["wrong_rank_error"] = str(exc)

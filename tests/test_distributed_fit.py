@@ -34,7 +34,7 @@ def _untimed(history: list[dict]) -> list[dict]:
     return [{k: v for k, v in h.items() if k not in TIMING} for h in history]
 
 
-@pytest.mark.parametrize("name", ["chain", "multiclass"])
+@pytest.mark.parametrize("name", ["chain", "multiclass", "chain-gap"])
 def test_two_ranks_solve_one_problem_with_an_exact_global_certificate(name, tmp_path):
     r0, r1 = _launch("fit", name, tmp_path)
     # one head, replicated: the same weights and the same records on both ranks
@@ -79,8 +79,9 @@ def test_two_nodes_on_loopback_fit_the_same_head_as_one_node(tmp_path):
         assert a["w"] == b["w"] and a["w_avg"] == b["w_avg"] and _untimed(a["history"]) == _untimed(b["history"])
 
 
-def test_resume_from_each_ranks_checkpoint_is_exact(tmp_path):
-    recs = _launch("resume", "multiclass", tmp_path)
+@pytest.mark.parametrize("name", ["multiclass", "chain-gap"])
+def test_resume_from_each_ranks_checkpoint_is_exact(name, tmp_path):
+    recs = _launch("resume", name, tmp_path)
     for rec in recs:
         assert rec["resumed"]["w"] == rec["whole"]["w"] and rec["resumed"]["w_avg"] == rec["whole"]["w_avg"]
         assert _untimed(rec["resumed"]["history"])[-1] == _untimed(rec["whole"]["history"])[-1]

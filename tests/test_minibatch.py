@@ -8,6 +8,8 @@ import math
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as hs
 
 from conftest import brute_force_primal, random_chain_problem, random_multiclass_problem
 from test_warm_start import _graph_problem
@@ -17,7 +19,8 @@ from torch_bcfw.duals.plan import StepPlan, generic_plan_steps, run_plan
 from torch_bcfw.duals.stepsize import FIXED, LINE_SEARCH, fixed_block_step, minibatch_fixed_step
 from torch_bcfw.solvers.comm import round_sizes, share_of
 from torch_bcfw.solvers.options import SolverOptions
-from torch_bcfw.solvers.sampling import PermutationSampler, UniformSampler
+from torch_bcfw.duals.sumtree import gap_draw_round, tree_build, tree_size
+from torch_bcfw.solvers.sampling import GapEstimates, GapSampler, PermutationSampler, UniformSampler
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -65,7 +68,7 @@ def test_line_search_numerator_is_the_sum_of_the_block_gaps_and_gamma_maximises_
     psi = model.joint_feature(sub, sub.y) - model.joint_feature(sub, y)
     V = sum(st.block_w(i) for i in idx.tolist()) - psi.sum(0) / (lam * n)
     dl = float(model.loss(sub, y).sum()) / n - float(st.block_ell[idx].sum())
-    num, gamma = st.minibatch_step(idx, sub, y, LINE_SEARCH, False)
+    num, gamma, _ = st.minibatch_step(idx, sub, y, LINE_SEARCH, False)
     assert num == pytest.approx(float(g[idx].sum()), rel=1e-10, abs=1e-13)
     assert num == pytest.approx(lam * float(V @ w0) + dl, rel=1e-10, abs=1e-13)
 
@@ -118,7 +121,7 @@ def test_every_minibatch_variant_reaches_the_batch_fw_optimum(kind):
     boxed = fit(model, data, lam, "fw", bounds=(lo, hi), max_passes=2000, gap_check=25, gap_tol=1e-3,
                 averaging=False, track_train_loss=False)
     assert boxed.gap <= 1e-3
-    for sampling in ("uniform", "perm"):
+    for sampling in ("uniform", "perm", "gap"):
         for step in ("line_search", "fixed"):
             for tau in (3, len(data)):
                 r = fit(model, data, lam, batch_size=tau, sampling=sampling, step=step, max_passes=3000, gap_check=20,
@@ -155,6 +158,97 @@ def test_compiled_chain_rounds_follow_the_generic_rounds(code):
         assert (st.k, st.avg_t) == (generic.k, generic.avg_t)
         assert torch.allclose(st.mu, generic.mu, atol=1e-13) and torch.allclose(st.T, generic.T, atol=1e-13)
         assert st.refresh() < 1e-12
+
+
+def _gap_plan(est: GapEstimates, sampler: GapSampler, sizes, code, reduce=None) -> StepPlan:
+    offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    plan = StepPlan.minibatch(np.zeros(int(offsets[-1]), dtype=np.int64), offsets, code, True, reduce)
+    return plan.draw_by_gap(sampler.uniforms(plan.m), sampler.queue, sampler.smeta, est.est, est.tree, est.size,
+                            est.power)
+
+
+@pytest.mark.parametrize("kind,storage", [("chain", "own"), ("chain", "active-set"), ("multiclass", "own"),
+                                          ("multiclass", "active-set"), ("graphcut", "own")])
+def test_rounds_measure_each_block_gap(kind, storage):
+    """The block gaps a round reports (for gap sampling) are the exact block gaps at the round's ``w``, those of the
+    batched gap pass, and sum to the line search's numerator."""
+    model, data = PROBLEMS[kind]()
+    st = STATES[storage](model, data, 0.1)
+    st.can_run_minibatch = lambda: False
+    if model.weight_bounds() is not None:
+        st.set_bounds(*model.weight_bounds())
+    run_plan(st, StepPlan.plain(np.random.default_rng(3).integers(0, len(data), 20), LINE_SEARCH, False))
+    idx = torch.tensor([3, 0, 2])
+    g, _, _ = st.block_gaps()
+    sub, y = st.subset_oracle(idx)
+    bg = np.empty(3)
+    num, gamma, tau = st.minibatch_step(idx, sub, y, LINE_SEARCH, False, block_gaps=bg)
+    np.testing.assert_allclose(bg, g[idx].numpy(), rtol=1e-10, atol=1e-13)
+    assert num == pytest.approx(bg.sum(), rel=1e-10, abs=1e-13) and tau == 3
+
+
+@pytest.mark.parametrize("code", [LINE_SEARCH, FIXED])
+def test_gap_sampled_rounds_compiled_follow_the_generic_rounds(code):
+    """Gap sampling in rounds: the chain's compiled rounds draw the same blocks from the same estimates and take the
+    same steps as the torch rounds; the estimates hold each drawn block's gap at its round."""
+    model, data = random_chain_problem(n=20, seed=2, max_len=6)
+    states = [model.dual_state(data, 0.05) for _ in range(3)]
+    states[2].can_run_minibatch = lambda: False
+    ests = [GapEstimates(20) for _ in states]
+    samplers = [GapSampler(20, 5, e) for e in ests]
+    reduces = [None, lambda V, sums: (V, sums), None]
+    results = []
+    for _ in range(8):
+        results.append([run_plan(st, _gap_plan(e, smp, round_sizes(20, 20, 6), code, red))
+                        for st, e, smp, red in zip(states, ests, samplers, reduces)])
+    for rf, rs, rg in results:
+        assert np.array_equal(rf.blocks, rg.blocks) and np.array_equal(rs.blocks, rg.blocks)
+        np.testing.assert_allclose(rf.gaps, rg.gaps, atol=1e-13)
+        assert rf.rounds == rg.rounds == 4 and rf.oracle_calls == rg.oracle_calls == 20
+    first = np.concatenate([r[2].blocks for r in results[:1]])
+    assert sorted(first.tolist()) == list(range(20))  # the first pass visits every block once (the queue)
+    for st, e in zip(states[:2], ests[:2]):
+        assert torch.allclose(st.w, states[2].w, atol=1e-13) and (st.k, st.avg_t) == (states[2].k, states[2].avg_t)
+        np.testing.assert_allclose(e.est, ests[2].est, atol=1e-13)
+    assert np.isfinite(ests[2].est).all() and (ests[2].est >= 0).all()
+
+
+@settings(max_examples=60, deadline=None)
+@given(est=hs.lists(hs.sampled_from([0.0, 0.0, 1e-9, 0.5, 1.0, 3.0]), min_size=1, max_size=40),
+       slots=hs.integers(1, 50), queued=hs.integers(0, 5), seed=hs.integers(0, 2**16))
+def test_gap_draw_round_draws_distinct_blocks_with_positive_estimates(est, slots, queued, seed):
+    n = len(est)
+    est = np.array(est)
+    queue = np.random.default_rng(seed).permutation(n).astype(np.int64)
+    qpos = max(0, n - queued)
+    est[queue[qpos:]] = np.inf  # never-visited blocks: zero leaves, served first
+    size = tree_size(n)
+    tree = np.zeros(2 * size)
+    tree_build(tree, size, est, 1.0)
+    smeta = np.array([qpos], dtype=np.int64)
+    out = np.full(slots, -1, dtype=np.int64)
+    c = gap_draw_round(queue, smeta, tree, size, np.random.default_rng(seed).random(slots), out)
+    drawn = out[:c].tolist()
+    n_queued, n_pos = n - qpos, int((est[np.isfinite(est)] > 0).sum())
+    assert c == min(slots, n_queued + n_pos) and (out[c:] == -1).all()
+    assert len(set(drawn)) == c  # distinct
+    assert drawn[:min(c, n_queued)] == queue[qpos:qpos + min(c, n_queued)].tolist()  # the queue first
+    assert all(est[i] > 0 for i in drawn)  # a zero estimate is never drawn
+
+
+def test_gap_sampled_rounds_stop_for_an_exact_gap_pass_when_every_estimate_is_zero():
+    model, data = random_multiclass_problem(n=9)
+    st = model.dual_state(data, 0.1)
+    est = GapEstimates(9)
+    est.refresh(np.zeros(9))
+    smp = GapSampler(9, 0, est)
+    smp.end_first_visits()
+    res = run_plan(st, _gap_plan(est, smp, [3, 3, 3], LINE_SEARCH))
+    assert res.need_gap_pass and res.rounds == 0 and res.steps == 0 and (st.k, st.avg_t) == (0, 0)
+    est.refresh(np.r_[1.0, np.zeros(8)])  # one positive estimate: rounds of that block alone (its new gap > 0)
+    res = run_plan(st, _gap_plan(est, smp, [3, 3, 3], LINE_SEARCH))
+    assert not res.need_gap_pass and res.rounds == 3 and res.oracle_calls == 3 and st.k == 3
+    assert res.blocks.tolist() == [0, -1, -1] * 3 and est.est[0] > 0 and (est.est[1:] == 0).all()
 
 
 def test_fixed_step_is_bcfw_at_one_block_and_never_leaves_the_simplex():
@@ -200,7 +294,7 @@ def test_batch_size_option_is_checked():
     model, data = random_multiclass_problem(n=8)
     with pytest.raises(ValueError, match="exceeds the number of examples"):
         fit(model, data, 0.1, batch_size=9, max_passes=1)
-    for refined in ({"sampling": "gap"}, {"step_rule": "pairwise"}, {"cache": True}, {"preset": "gap-fw"}):
+    for refined in ({"step_rule": "pairwise"}, {"step_rule": "away"}, {"cache": True}, {"preset": "gap-pairwise"}):
         with pytest.raises(ValueError, match="one-block refinements"):
             fit(model, data, 0.1, batch_size=2, max_passes=1, **refined)
     with pytest.raises(TypeError, match="distributed must be"):
@@ -212,7 +306,7 @@ def test_batch_size_option_is_checked():
 def test_minibatch_run_continues_exactly_from_its_result():
     """Passes are cut into the same rounds whatever the chunks: a split at a round boundary continues exactly."""
     model, data = random_chain_problem(n=10, seed=4)
-    for sampling in ("uniform", "perm"):
+    for sampling in ("uniform", "perm", "gap"):
         whole = fit(model, data, 0.1, batch_size=3, sampling=sampling, max_passes=7, gap_check=2)
         for split in (3, 3.6):  # 3.6 passes: 36 blocks, the end of a round of the cut 3 + 3 + 2 + 2
             first = fit(model, data, 0.1, batch_size=3, sampling=sampling, max_passes=split, gap_check=2)

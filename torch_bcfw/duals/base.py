@@ -497,7 +497,7 @@ class DualState:
             self._avg_touch(i)
 
     def minibatch_step(self, idx: Tensor, sub, y: Tensor, step_code: int, averaging: bool = True,
-                       reduce=None) -> tuple[float, float]:
+                       reduce=None, block_gaps: np.ndarray | None = None) -> tuple[float, float, int]:
         """One mini-batch Frank-Wolfe step (Wang et al. 2016): the blocks ``idx`` (distinct) move together
         towards their corners ``y`` (oracle answers at the current ``w``) with one step size ``gamma``.
 
@@ -511,15 +511,22 @@ class DualState:
 
         ``reduce``: ``None``, or a callable summing ``(V, [sum_i l_i, sum_i l_s,i, len(idx)])`` over the processes
         that share the round (``w`` replicated): then ``num``, ``den``, ``tau`` and ``gamma`` are the round's, ``w``
-        moves by the summed ``V``, and this state moves only its own blocks.  Returns ``(num, gamma)``.
+        moves by the summed ``V``, and this state moves only its own blocks.  ``block_gaps``: ``float64[len(idx)]``
+        that receives each block's gap ``g_i`` before the step (:meth:`_subset_block_gaps`; gap sampling).
+        Returns ``(num, gamma, tau)``, ``tau`` the round's blocks over all processes (a round of none takes no step
+        and does not advance the clocks).
         """
         if len(idx):
             V, ell_s, parts = self.subset_direction(idx, sub, y)
         else:  # a process with no block in a round split over processes: it still takes the round's step
             V, ell_s, parts = torch.zeros_like(self.v), self.block_ell[:0], None
         ell_i = self.block_ell[idx]
+        if block_gaps is not None and len(idx):
+            block_gaps[:] = (self._subset_block_gaps(idx, sub, parts) - ell_i + ell_s).cpu().numpy()
         sums = torch.stack([ell_i.sum(), ell_s.sum(), ell_i.new_tensor(float(len(idx)))])
         V, num, gamma, tau = self._round_step(V, sums, step_code, reduce)
+        if tau == 0:
+            return num, 0.0, 0
         if gamma != 0.0:
             if averaging and len(idx):
                 if len(idx) == 1:
@@ -538,7 +545,13 @@ class DualState:
             self.avg_ell_u += average_weight(self.avg_t) * dl
         self.k += tau
         self.avg_t += 1
-        return num, gamma
+        return num, gamma, tau
+
+    def _subset_block_gaps(self, idx: Tensor, sub, parts) -> Tensor:
+        """``lam <w_i - w_s,i, w>`` for each block of a round (``Tensor[tau]``; ``parts`` from
+        :meth:`subset_direction`), the direction part of the block gaps ``g_i = lam <w_i - w_s,i, w> - l_i + l_s,i``.
+        Default: from the per-block directions of the default :meth:`subset_direction`."""
+        return torch.stack([self.lam * (v @ self.w) for _, v in parts])
 
     def _round_step(self, V: Tensor, sums: Tensor, step_code: int, reduce=None) -> tuple[Tensor, float, float, int]:
         """The step of a round from its direction ``V`` (``Tensor[d]``) and ``sums = [sum l_i, sum l_s, blocks]``

@@ -148,6 +148,15 @@ class ChainDualState(DualState):
         ell_s = self.model.loss(sub, y).to(torch.float64) / self.n_total
         return V, ell_s, (tok, D, dT)
 
+    def _subset_block_gaps(self, idx: Tensor, sub, parts) -> Tensor:
+        """``lam <w_i - w_s,i, w> = (score(D_i) + <dT_i, trans>) / n`` from the unary scores of the round's tokens."""
+        _, D, dT = parts
+        U = self.model.unary_scores(self.w, sub)
+        trans = self.model.unpack(self.w)[4]
+        s = torch.zeros(len(idx), dtype=torch.float64, device=self.w.device)
+        s.index_add_(0, sub.token_sequence_ids(), (U * D).sum(1))
+        return (s + (dT * trans).sum((1, 2))) / self.n_total
+
     def _move_subset(self, idx: Tensor, y: Tensor, gamma: float, parts) -> None:
         tok, D, dT = parts
         self.mu[tok] += gamma * D
@@ -299,14 +308,14 @@ class ChainDualState(DualState):
 
     def run_minibatch(self, plan) -> PlanResult:
         """Run a mini-batch :class:`~torch_bcfw.duals.plan.StepPlan` in the compiled rounds of
-        :mod:`.chain_minibatch_kernels` (the trajectory of :meth:`~torch_bcfw.duals.base.DualState.minibatch_step` up
-        to rounding): all rounds in one call when this state owns the problem's every block, else one call per
-        round part with the all-reduce ``plan.reduce`` between them."""
+        :mod:`.chain_minibatch_kernels` (the trajectory of :func:`~torch_bcfw.duals.plan.minibatch_plan_steps` up to
+        rounding): all rounds in one call when this state owns the problem's every block, else one call per round
+        part with the all-reduce ``plan.reduce`` between them."""
         from . import chain_minibatch_kernels as mk
+        from .plan import GAP_SAMPLING
 
-        order = np.ascontiguousarray(plan.order, dtype=np.int64)
+        order = plan.order  # filled round by round with gap sampling
         rof = np.ascontiguousarray(plan.rounds, dtype=np.int64)
-        gaps = np.full(len(order), np.nan)
         rgaps = np.zeros(len(rof) - 1)
         ells = np.array([self.ell, self.avg_ell_u])
         feats, wts, state, avg = self._kernel_groups(ells)
@@ -317,45 +326,68 @@ class ChainDualState(DualState):
         P, flag, entries, count = self._acc
         acc = tuple(t.numpy() for t in self.model.unpack(P))
         marks = (flag, entries, count)
+        by_gap = plan.sample_mode == GAP_SAMPLING
+        sampling = (by_gap, plan.uniforms if by_gap else np.zeros(0), plan.queue, plan.smeta, plan.est, plan.tree,
+                    int(plan.tsize), float(plan.power))
         if plan.reduce is None and self.n_total == self.n:
-            self.k, self.avg_t = mk.chain_minibatch_rounds(
+            self.k, self.avg_t, taken, stepped = mk.chain_minibatch_rounds(
                 order, rof, (int(plan.step_code), bool(plan.averaging), self.lam, self.n_total, self.k, self.avg_t),
-                feats, wts, state, avg, acc, marks, rgaps)
+                sampling, feats, wts, state, avg, acc, marks, rgaps)
         else:
-            self._reduced_rounds(plan, order, rof, rgaps, feats, wts, state, avg, acc, marks, P)
+            taken, stepped = self._reduced_rounds(plan, sampling, rof, rgaps, feats, wts, state, avg, acc, marks, P)
         self.ell, self.avg_ell_u = float(ells[0]), float(ells[1])
-        nonempty = rof[:-1] < rof[1:]
-        gaps[rof[:-1][nonempty]] = rgaps[nonempty]
-        return PlanResult(steps=len(order), oracle_calls=len(order), cache_hits=0, need_gap_pass=False,
-                          blocks=plan.order, gaps=gaps)
+        slots = int(rof[taken])
+        gaps = np.full(slots, np.nan)
+        j = np.flatnonzero(rof[:taken] < rof[1:taken + 1])
+        j = j[order[rof[j]] >= 0]  # rounds with a block here (gap sampling fills a round's first slot first)
+        gaps[rof[j]] = rgaps[j]
+        return PlanResult(steps=slots, oracle_calls=int(stepped), cache_hits=0, need_gap_pass=taken < len(rof) - 1,
+                          blocks=order[:slots], gaps=gaps, rounds=int(taken))
 
-    def _reduced_rounds(self, plan, order, rof, rgaps, feats, wts, state, avg, acc, marks, P) -> None:
+    def _reduced_rounds(self, plan, sampling, rof, rgaps, feats, wts, state, avg, acc, marks, P) -> tuple[int, int]:
         """Rounds split over processes: each round's ``(V, sums)`` goes through ``plan.reduce`` between the compiled
-        direction and move parts; ``w`` moves by the summed ``V`` (the same on every process)."""
+        direction and move parts; ``w`` moves by the summed ``V`` (the same on every process).  Returns the rounds
+        taken and the blocks they stepped over all processes."""
         from . import chain_minibatch_kernels as mk
+        from .sumtree import est_set, gap_draw_round
 
+        by_gap, uniforms, queue, smeta, est, tree, tsize, power = sampling
+        order = plan.order
         K = self.model.n_labels
         offsets = feats[4]
-        lens = offsets[1:] - offsets[:-1]
-        max_tok = max([int(lens[order[a:b]].sum()) for a, b in zip(rof[:-1], rof[1:])] + [1])
+        max_tok = max(1, int(mk._max_round_tokens(order, rof, offsets, by_gap)))
         blk_scr, (D, Y) = mk.round_scratch(offsets, K, max_tok)
         tok = np.empty(len(order) + 1, dtype=np.int64)
+        bgaps = np.empty(len(order))
         spare = np.zeros((K, K))
         scale = 1.0 / (self.lam * self.n_total)
+        taken = stepped = 0
         for j in range(len(rof) - 1):
-            blocks = order[rof[j]:rof[j + 1]]
-            num, s_i, s_s = mk.round_directions(blocks, self.n_total, feats, wts, state, acc, marks, blk_scr, D, Y, tok)
+            a, b = int(rof[j]), int(rof[j + 1])
+            if by_gap:
+                b = a + int(gap_draw_round(queue, smeta, tree, tsize, uniforms[a:b], order[a:b]))
+            blocks = order[a:b]
+            num, s_i, s_s = mk.round_directions(blocks, self.n_total, feats, wts, state, acc, marks, blk_scr, D, Y, tok,
+                                                bgaps)
             sums = torch.tensor([s_i, s_s, float(len(blocks))], dtype=torch.float64)
             V, _, gamma, tau = self._round_step(P * scale, sums, plan.step_code, plan.reduce)
+            if tau == 0:  # gap sampling: every estimate is zero on every process
+                break
             if gamma != 0.0 and len(blocks):
                 mk.round_move(blocks, gamma, self.n_total, self.avg_t, bool(plan.averaging), feats, wts, state, avg, D,
                               Y, tok, spare)
             if gamma != 0.0:
                 self.v.add_(V, alpha=-gamma)
             mk.clear_acc(acc, marks)
+            if by_gap:
+                for q in range(len(blocks)):
+                    est_set(est, tree, tsize, int(blocks[q]), float(bgaps[q]), power, True)
             rgaps[j] = num
             self.k += tau
             self.avg_t += 1
+            taken += 1
+            stepped += tau
+        return taken, stepped
 
     def can_run_mp_steps(self) -> bool:
         """The fused multi-plane kernel :meth:`run_mp_steps` applies: CPU tensors and no box constraints."""

@@ -28,6 +28,7 @@ from numba import njit
 
 from .chain_kernels import _transition_stats, block_corner, move_block, step_scratch
 from .stepsize import minibatch_step_size
+from .sumtree import est_set, gap_draw_round
 
 __all__ = ["round_directions", "touched_sqnorm", "round_move", "chain_minibatch_rounds", "round_scratch"]
 
@@ -66,8 +67,9 @@ def _accumulate_direction(s, L, indptr, indices, values, D, acc, marks):
 
 
 @njit(cache=True)
-def round_directions(blocks, n_total, feats, wts, state, acc, marks, blk_scr, D, Y, tok):
-    """Part 1 for the blocks ``blocks`` (distinct); returns ``(sum of block gaps, sum l_i, sum l_s)``."""
+def round_directions(blocks, n_total, feats, wts, state, acc, marks, blk_scr, D, Y, tok, bgaps):
+    """Part 1 for the blocks ``blocks`` (distinct); ``bgaps[j]`` gets block ``blocks[j]``'s gap.  Returns ``(sum of
+    block gaps, sum l_i, sum l_s)``."""
     indptr, indices, values, y, offsets, gram, gram_off = feats
     We, bias, start, end, trans = wts
     mu, T, block_ell, ells = state
@@ -88,7 +90,9 @@ def round_directions(blocks, n_total, feats, wts, state, acc, marks, blk_scr, D,
         score_T, _ = _transition_stats(T[i], trans, ystar[:L])
         ell_s = mistakes * (1.0 / L) / n_total
         ell_i = block_ell[i]
-        num += (score_star - score_mu - score_T) / n_total - ell_i + ell_s
+        g = (score_star - score_mu - score_T) / n_total - ell_i + ell_s
+        bgaps[j] = g
+        num += g
         sum_ell_i += ell_i
         sum_ell_s += ell_s
         # P += phi_i(delta_i): emission entries (listed once), biases, transitions
@@ -184,37 +188,70 @@ def round_move(blocks, gamma, n_total, clock, averaging, feats, wts, state, avg,
 
 
 @njit(cache=True)
-def chain_minibatch_rounds(order, roffsets, step, feats, wts, state, avg, acc, marks, gaps):
-    """Rounds ``order[roffsets[j]:roffsets[j + 1]]`` of one process that owns every block of the problem (``n_total``
-    blocks in ``step = (step_code, averaging, lam, n_total, k, clock)``); ``gaps[j]`` gets round ``j``'s line-search
-    numerator (the sum of its block gaps).  Returns the new ``(k, clock)``."""
-    step_code, averaging, lam, n_total, k, clock = step
-    offsets = feats[4]
-    K = wts[0].shape[1]
+def _max_round_tokens(order, roffsets, offsets, by_gap):
+    """Tokens of the largest round: of its blocks, or with gap sampling (blocks drawn inside the loop) of the longest
+    sequences that fit in its slots."""
     max_tok = 0
+    if by_gap:
+        lens = np.sort(offsets[1:] - offsets[:-1])[::-1]
+        for j in range(roffsets.shape[0] - 1):
+            m = 0
+            for q in range(min(roffsets[j + 1] - roffsets[j], lens.shape[0])):
+                m += lens[q]
+            max_tok = max(max_tok, m)
+        return max_tok
     for j in range(roffsets.shape[0] - 1):
         m = 0
         for q in range(roffsets[j], roffsets[j + 1]):
             i = order[q]
             m += offsets[i + 1] - offsets[i]
-        if m > max_tok:
-            max_tok = m
+        max_tok = max(max_tok, m)
+    return max_tok
+
+
+@njit(cache=True)
+def chain_minibatch_rounds(order, roffsets, step, sampling, feats, wts, state, avg, acc, marks, gaps):
+    """Rounds ``order[roffsets[j]:roffsets[j + 1]]`` of one process that owns every block of the problem (``n_total``
+    blocks in ``step = (step_code, averaging, lam, n_total, k, clock)``); ``gaps[j]`` gets round ``j``'s line-search
+    numerator (the sum of its block gaps).  ``sampling = (by_gap, uniforms, queue, smeta, est, tree, tsize,
+    power)``: with ``by_gap`` the slots of ``order`` are filled round by round from the sum tree
+    (:func:`~.sumtree.gap_draw_round`) and the estimates take the block gaps; a round that finds every estimate zero
+    ends the call.  Returns ``(k, clock, rounds taken, blocks stepped)``."""
+    step_code, averaging, lam, n_total, k, clock = step
+    by_gap, uniforms, queue, smeta, est, tree, tsize, power = sampling
+    offsets = feats[4]
+    K = wts[0].shape[1]
+    max_tok = _max_round_tokens(order, roffsets, offsets, by_gap)
     blk_scr, (D, Y) = round_scratch(offsets, K, max_tok)
     tok = np.empty(order.shape[0] + 1, dtype=np.int64)
+    bgaps = np.empty(order.shape[0])
     spare = np.zeros((K, K))
+    taken = 0
+    stepped = 0
     for j in range(roffsets.shape[0] - 1):
-        blocks = order[roffsets[j]:roffsets[j + 1]]
+        a = roffsets[j]
+        b = roffsets[j + 1]
+        if by_gap:
+            b = a + gap_draw_round(queue, smeta, tree, tsize, uniforms[a:b], order[a:b])
+            if b == a:
+                break
+        blocks = order[a:b]
         tau = blocks.shape[0]
+        taken += 1
         if tau == 0:
             continue
-        num, _, _ = round_directions(blocks, n_total, feats, wts, state, acc, marks, blk_scr, D, Y, tok)
+        num, _, _ = round_directions(blocks, n_total, feats, wts, state, acc, marks, blk_scr, D, Y, tok, bgaps)
         den = touched_sqnorm(acc, marks) / (lam * n_total * n_total)
         gamma = minibatch_step_size(step_code, num, den, k, n_total, tau)
         if gamma != 0.0:
             round_move(blocks, gamma, n_total, clock, averaging, feats, wts, state, avg, D, Y, tok, spare)
             apply_acc(-gamma / (lam * n_total), acc, marks, wts)
         clear_acc(acc, marks)
+        if by_gap:
+            for q in range(tau):
+                est_set(est, tree, tsize, blocks[q], bgaps[q], power, True)
         gaps[j] = num
         k += tau
         clock += 1
-    return k, clock
+        stepped += tau
+    return k, clock, taken, stepped

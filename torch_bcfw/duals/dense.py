@@ -63,6 +63,9 @@ class DenseDualState(DualState):
     def _move_subset(self, idx: Tensor, y: Tensor, gamma: float, parts) -> None:
         self.w_blocks[idx] -= gamma * parts
 
+    def _subset_block_gaps(self, idx: Tensor, sub, parts) -> Tensor:
+        return self.lam * (parts @ self.w)
+
     def _avg_touch_subset(self, idx: Tensor) -> None:
         ic = idx.cpu()
         S = lazy_weight.py_func(self.avg_t, self.avg_last[ic].to(torch.float64)).to(self.w.device)

@@ -360,6 +360,7 @@ class GraphCutDualState(DenseDualState):
     subset_direction = DualState.subset_direction
     _move_subset = DualState._move_subset
     _avg_touch_subset = DualState._avg_touch_subset
+    _subset_block_gaps = DualState._subset_block_gaps
 
     def _move_all(self, y: Tensor, gamma: float) -> None:
         super()._move_all(y, gamma)

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from .stepsize import AWAY_RULE, FW_RULE, PAIRWISE_RULE, away_choice, cache_hit, move_bound
-from .sumtree import est_set, gap_draw
+from .sumtree import est_set, gap_draw, gap_draw_round
 from .working_set import ws_away_update, ws_corners, ws_fw_update, ws_pairwise_update
 
 __all__ = ["StepPlan", "PlanResult", "ORDER_SAMPLING", "GAP_SAMPLING", "generic_plan_steps", "minibatch_plan_steps",
@@ -53,6 +53,8 @@ class StepPlan:
             active set exactly.
         rounds: mini-batch BCFW (Wang et al. 2016): ``int64[r + 1]`` offsets into ``order``; the blocks
             ``order[rounds[j]:rounds[j + 1]]`` (distinct) take one joint step (:meth:`DualState.minibatch_step`).
+            With ``GAP_SAMPLING`` the slots ``rounds[j]:rounds[j + 1]`` are filled inside the loop
+            (:func:`~torch_bcfw.duals.sumtree.gap_draw_round`, one uniform per slot) and unfilled slots stay -1.
             ``None``: one block per iteration.
         reduce: for a round split over processes, the callable that sums a round's ``(V, sums)`` over them.
     """
@@ -90,6 +92,15 @@ class StepPlan:
         return cls(m=len(order), rule=FW_RULE, step_code=step_code, averaging=averaging, order=order,
                    rounds=rounds, reduce=reduce)
 
+    def draw_by_gap(self, uniforms, queue, smeta, est, tree, tsize: int, power: float) -> "StepPlan":
+        """Gap sampling for the rounds of a mini-batch plan: ``order`` becomes the slots the loop fills from the
+        sum tree (estimates updated after every round); returns ``self``."""
+        self.order = np.full(self.m, -1, dtype=np.int64)
+        self.sample_mode, self.track_est = GAP_SAMPLING, True
+        self.uniforms, self.queue, self.smeta = np.ascontiguousarray(uniforms, dtype=np.float64), queue, smeta
+        self.est, self.tree, self.tsize, self.power = est, tree, int(tsize), float(power)
+        return self
+
     @classmethod
     def plain(cls, order, step_code: int = 0, averaging: bool = False) -> "StepPlan":
         """Plain BCFW: an FW step on each block of ``order`` after an oracle call, nothing measured or kept."""
@@ -107,7 +118,8 @@ class StepPlan:
 class PlanResult:
     """Outcome of a chunk: iterations done, oracle calls, cache hits, ``need_gap_pass`` (gap sampling found
     every estimate zero), and per iteration the block (``blocks``) and its oracle block gap (``gaps``,
-    ``nan`` on a cache hit)."""
+    ``nan`` on a cache hit).  Mini-batch plans: ``rounds`` taken (a round that found every estimate zero is not
+    taken), ``oracle_calls`` the blocks of those rounds over all processes, ``steps`` the slots of those rounds here."""
 
     steps: int
     oracle_calls: int
@@ -115,6 +127,7 @@ class PlanResult:
     need_gap_pass: bool
     blocks: np.ndarray
     gaps: np.ndarray
+    rounds: int = 0
 
     @classmethod
     def of_plain(cls, plan: StepPlan, gaps: np.ndarray) -> "PlanResult":
@@ -214,21 +227,38 @@ def generic_plan_steps(state, plan: StepPlan) -> PlanResult:
 def minibatch_plan_steps(state, plan: StepPlan) -> PlanResult:
     """Run a mini-batch plan: per round one batched oracle call on the round's blocks at the same ``w``
     (:meth:`DualState.subset_oracle`) and one joint step (:meth:`DualState.minibatch_step`).  ``gaps`` holds each
-    round's line-search numerator (the sum of its block gaps) at the round's first block, ``nan`` elsewhere."""
+    round's line-search numerator (the sum of its block gaps) at the round's first slot, ``nan`` elsewhere.  With gap
+    sampling each round draws its blocks from the estimates, which take the round's block gaps; a round that finds
+    every estimate zero (on every process) ends the chunk and asks for an exact gap pass."""
     if state.can_run_minibatch():
         return state.run_minibatch(plan)
-    order = torch.as_tensor(plan.order, dtype=torch.long)
+    by_gap = plan.sample_mode == GAP_SAMPLING
+    order = plan.order
     dev = state.w.device
     gaps = np.full(len(order), np.nan)
+    taken = blocks_done = 0
+    need_pass = False
     for j in range(len(plan.rounds) - 1):
         a, b = int(plan.rounds[j]), int(plan.rounds[j + 1])
-        idx = order[a:b].to(dev)
+        if by_gap:
+            b = a + int(gap_draw_round(plan.queue, plan.smeta, plan.tree, plan.tsize, plan.uniforms[a:b], order[a:b]))
+        idx = torch.as_tensor(order[a:b], dtype=torch.long).to(dev)
         sub, y = state.subset_oracle(idx) if b > a else (None, None)  # none: a process without a block in the round
-        num, _ = state.minibatch_step(idx, sub, y, plan.step_code, plan.averaging, plan.reduce)
+        bgaps = np.empty(b - a) if plan.track_est else None
+        num, _, tau = state.minibatch_step(idx, sub, y, plan.step_code, plan.averaging, plan.reduce, bgaps)
+        if tau == 0:  # gap sampling: every estimate is zero on every process
+            need_pass = True
+            break
+        if bgaps is not None:
+            for i, g in zip(order[a:b].tolist(), bgaps.tolist()):
+                est_set(plan.est, plan.tree, plan.tsize, i, g, plan.power, by_gap)
         if b > a:
             gaps[a] = num
-    return PlanResult(steps=len(order), oracle_calls=len(order), cache_hits=0, need_gap_pass=False,
-                      blocks=plan.order, gaps=gaps)
+        taken += 1
+        blocks_done += tau
+    slots = int(plan.rounds[taken])
+    return PlanResult(steps=slots, oracle_calls=blocks_done, cache_hits=0, need_gap_pass=need_pass,
+                      blocks=order[:slots], gaps=gaps[:slots], rounds=taken)
 
 
 def run_plan(state, plan: StepPlan, generic: bool = False) -> PlanResult:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-__all__ = ["tree_size", "tree_set", "tree_build", "tree_sample", "est_set", "gap_draw"]
+__all__ = ["tree_size", "tree_set", "tree_build", "tree_sample", "est_set", "gap_draw", "gap_draw_round"]
 
 
 def tree_size(n: int) -> int:
@@ -95,3 +95,25 @@ def gap_draw(queue, smeta, tree, size, u) -> int:
     if not (tree[1] > 0.0):
         return -1
     return tree_sample(tree, size, u)
+
+
+@njit(cache=True)
+def gap_draw_round(queue, smeta, tree, size, uniforms, out) -> int:
+    """Up to ``len(out)`` *distinct* blocks for a mini-batch round, written to ``out``: the unvisited blocks first
+    (``queue``), then draws ``i ~ tree`` without replacement (one uniform of ``uniforms`` per slot; a drawn block's
+    leaf is set to 0 until the caller stores its new estimate with :func:`est_set`).  Returns how many were drawn:
+    fewer than ``len(out)`` when the positive estimates run out, 0 when all are zero (the caller must refresh
+    them with an exact gap pass).  Unvisited blocks have a zero leaf, so a queue block is never drawn twice."""
+    c = 0
+    for j in range(out.shape[0]):
+        if smeta[0] < queue.shape[0]:
+            out[c] = queue[smeta[0]]
+            smeta[0] += 1
+        elif tree[1] > 0.0:
+            i = tree_sample(tree, size, uniforms[j])
+            tree_set(tree, size, i, 0.0)
+            out[c] = i
+        else:
+            break
+        c += 1
+    return c

@@ -82,10 +82,10 @@ class BCFW(DualAlgorithm):
         self.batch_size = options.batch_size
         #: mini-batch rounds (Wang et al. 2016): ``batch_size > 1``, or blocks sharded over processes
         self.minibatch = self.batch_size > 1 or self.comm.sharded
-        if self.minibatch and options.refined:
+        if self.minibatch and (options.cache or options.step_rule != "fw"):
             raise ValueError(
-                "mini-batch BCFW (batch_size > 1) and BCFW over several processes take FW steps with uniform or perm "
-                f"sampling; gap sampling, pairwise / away steps and the cache are one-block refinements (got "
+                "mini-batch BCFW (batch_size > 1) and BCFW over several processes take FW steps (uniform, perm or gap "
+                f"sampling); pairwise / away steps and the cache are one-block refinements (got "
                 f"{options.variant_name()!r})")
         if self.batch_size > self.n:
             raise ValueError(f"batch_size = {self.batch_size} exceeds the number of examples n = {self.n}")
@@ -102,22 +102,24 @@ class BCFW(DualAlgorithm):
         self.exact_block_gaps = None  # (g, H) of the last exact gap pass (refined runs)
         self._scheduled = False  # the next certificate is a check of the run's schedule (on_scheduled_check)
         self._resume_point = None  # the sampling state before an unscheduled certificate (see state_dict)
+        # this process' blocks: their gap estimates and sampler (seeded per process when the blocks are sharded)
+        n_here = len(data)
+        seed = options.seed if not self.comm.sharded else np.random.SeedSequence([options.seed, self.comm.rank])
         if options.sampling == "gap":
-            self.estimates = GapEstimates(self.n, options.gap_power)
-            self.sampler = GapSampler(self.n, options.seed, self.estimates)
+            self.estimates = GapEstimates(n_here, options.gap_power)
+            self.sampler = GapSampler(n_here, seed, self.estimates)
         else:
-            seed = options.seed if not self.comm.sharded else np.random.SeedSequence([options.seed, self.comm.rank])
-            self.sampler = make_sampler(options.sampling, len(data), seed)
+            self.sampler = make_sampler(options.sampling, n_here, seed)
         if self.refined:
             if self.estimates is None:
-                self.estimates = GapEstimates(self.n, options.gap_power)
+                self.estimates = GapEstimates(n_here, options.gap_power)
             self.use_ws = options.cache or self.rule != FW_RULE
             if self.use_ws:
                 self.state.ensure_working_set()
             st = self.state
             fresh = st.k == 0 and not st.has_bounds and (st.d == 0 or float(st.v.abs().max()) == 0.0)
             if fresh:  # exact gap at alpha_i = e_{y_i}: P(0) - D(0) = mean_i max_y L_i(y)
-                self.glob_gap = float(model.max_loss(data).mean())
+                self.glob_gap = self.comm.sum_scalar(float(model.max_loss(data).sum())) / self.n
 
     @property
     def work(self) -> int:
@@ -182,13 +184,33 @@ class BCFW(DualAlgorithm):
         pos = self.steps % self.n
         j0 = int(np.searchsorted(ends, pos, side="right"))
         j1 = int(np.searchsorted(ends, pos + m, side="left")) + 1
-        order, offsets = self.sampler.draw_rounds(local[j0:j1])
         reduce = self.comm.sum_round if self.comm.sharded else None
-        res = run_plan(self.state, StepPlan.minibatch(order, offsets, self.step_code, self.options.averaging, reduce))
-        done = int(ends[j1 - 1]) - pos
-        self.oracle_calls += done
+        if isinstance(self.sampler, GapSampler):  # blocks drawn round by round from the estimates
+            sizes = local[j0:j1]
+            offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+            est = self.estimates
+            plan = StepPlan.minibatch(np.zeros(int(offsets[-1]), dtype=np.int64), offsets, self.step_code,
+                                      self.options.averaging, reduce)
+            plan.draw_by_gap(self.sampler.uniforms(plan.m), self.sampler.queue, self.sampler.smeta, est.est, est.tree,
+                             est.size, est.power)
+        else:
+            order, offsets = self.sampler.draw_rounds(local[j0:j1])
+            plan = StepPlan.minibatch(order, offsets, self.step_code, self.options.averaging, reduce)
+        res = run_plan(self.state, plan)
+        done = int(ends[j0 + res.rounds - 1]) - pos if res.rounds else 0
+        if isinstance(self.sampler, GapSampler):
+            self.sampler.consumed(res.steps, plan.m)
+            self.oracle_calls += res.oracle_calls
+            if self._since_refresh >= 0:
+                self._since_refresh += done
+        else:
+            self.oracle_calls += done
         self.steps += done
         self.last_block_gaps, self.last_blocks = res.gaps, res.blocks
+        if res.need_gap_pass:
+            if self._since_refresh == 0 and done == 0:
+                self.converged = True  # the exact block gaps just computed are all zero: optimal
+            self.check_requested = True
 
     def on_scheduled_check(self) -> None:
         super().on_scheduled_check()
@@ -211,8 +233,13 @@ class BCFW(DualAlgorithm):
             self.sampler.end_first_visits()
         w = st.w
         sq = float(w @ w)
-        primal = 0.5 * self.lam * sq + float(H.mean())
-        dual = st.dual_ell() - 0.5 * self.lam * sq
+        if self.comm.sharded:  # sum_i H_i and l over every process' blocks
+            sums = self.comm.sum_pair(torch.stack([H.sum(), H.new_tensor(st.ell)]), 0.0)[0]
+            hinge, ell = float(sums[0]) / self.n, float(sums[1]) - st.box_term()
+        else:
+            hinge, ell = float(H.mean()), st.dual_ell()
+        primal = 0.5 * self.lam * sq + hinge
+        dual = ell - 0.5 * self.lam * sq
         self.glob_gap = max(primal - dual, 0.0)
         self._since_refresh = 0
         return Certificate(primal, dual, primal - dual, y_star)
@@ -220,7 +247,7 @@ class BCFW(DualAlgorithm):
     def estimated_gap(self) -> float | None:
         if self.estimates is None:
             return None
-        return float(self.estimates.est.sum())  # +inf while some block was never measured
+        return self.comm.sum_scalar(float(self.estimates.est.sum()))  # +inf while some block was never measured
 
     def set_exact_block_gaps(self, g) -> None:
         """Start from known exact block gaps ``g`` (``float64[n]``, e.g. those a rescaling of ``lam`` predicts):
