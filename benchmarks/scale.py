@@ -1,6 +1,6 @@
 """Scaling BCFW out: mini-batch rounds in one process, and one problem sharded over processes.
 
-Two parts (``--part single``, ``--part procs`` or both):
+Three parts (``--part single``, ``--part refine``, ``--part procs`` or all):
 
 * **single** -- one process, one torch thread: for every ``tau`` of ``--taus`` on OCR-large (``lam = 0.01``, target a
   certified gap of 0.01) and CoNLL-2000 chunking (``lam = 0.03``, the ``lam`` of ``configs/conll.yaml``; target a
@@ -9,6 +9,9 @@ Two parts (``--part single``, ``--part procs`` or both):
   seconds per effective pass, effective passes and solver seconds to the target.  ``tau = 1`` is BCFW in the
   compiled chain kernel; ``tau > 1`` are the compiled mini-batch rounds (``fit(batch_size=tau)``), whose cost per
   pass is compared with the kernel's in the same run.
+* **refine** -- one process: gap sampling inside the rounds against uniform rounds on OCR-large (``tau`` 64 and 256),
+  and gap sampling with the cache on the costly oracle (``delayed``, ``tau = 16``): passes, oracle calls and seconds
+  to the target.
 * **procs** -- the same ``fit(batch_size=tau)`` launched by ``torchrun`` with 1 and with 2 processes (gloo, one
   thread each) on OCR-large, CoNLL, the horses graph cut (``lam = 1e-3``, target 5% relative) and a costly oracle
   (``delayed``: OCR-small fold 0 at ``lam = 0.1`` whose oracle sleeps 5 ms per example, the simulated oracle of
@@ -53,11 +56,16 @@ def delayed_chain(n_labels: int = 26, n_inputs: int = 128):
     from torch_bcfw.models import Chain
 
     class DelayedState(ChainDualState):
-        def run_minibatch(self, plan):
+        def run_minibatch(self, plan):  # the compiled rounds: the oracle of every block drawn
             res = super().run_minibatch(plan)
-            for _ in range(len(plan.order)):
+            for _ in range(int((res.blocks >= 0).sum())):
                 time.sleep(DELAY)
             return res
+
+        def subset_oracle(self, idx):  # the torch rounds (with the cache: the blocks that miss it)
+            for _ in range(len(idx)):
+                time.sleep(DELAY)
+            return super().subset_oracle(idx)
 
     class DelayedChain(Chain):
         def dual_state(self, data, lam, n_total=None):
@@ -150,6 +158,37 @@ def part_single(datasets: list[str], taus: list[int], max_passes: float | None) 
         for r in rows:
             if r["dataset"] == name and base:
                 r["pass_cost_vs_kernel"] = r["s_per_pass"] / base
+    return rows
+
+
+#: ``--part refine``: per dataset, tau and the refinements compared in rounds
+REFINE = {"ocr": (64, 256), "delayed": (16,)}
+VARIANTS = {"uniform": {"sampling": "uniform"}, "gap": {"sampling": "gap"},
+            "gap + cache": {"sampling": "gap", "cache": True}}
+
+
+def part_refine(datasets: list[str], max_passes: float | None) -> list[dict]:
+    """Gap sampling and the cache inside mini-batch rounds, against uniform rounds, one process."""
+    import torch
+
+    torch.set_num_threads(1)
+    rows = []
+    for name in datasets:
+        model, data, lam = load(name)
+        variants = VARIANTS if name == "delayed" else {k: v for k, v in VARIANTS.items() if "cache" not in k}
+        for tau in REFINE[name]:
+            for label, kw in variants.items():
+                run_fit(model, data, lam, name, tau, max_passes=1, **kw)  # compile before timing
+                res = run_fit(model, data, lam, name, tau, max_passes, **kw)
+                r = summarise(res, name, tau) | {"variant": label}
+                last = res.history[-1]
+                r["oracle_calls"], r["cache_hits"] = last["oracle_calls"], last["cache_hits"]
+                kind, value = SETTINGS[name]["target"]
+                hit = next((h for h in res.history if certified(h, kind) <= value), None)
+                r["oracle_calls_to_target"] = None if hit is None else hit["oracle_calls"]
+                rows.append(r)
+                print(f"{name} tau={tau} {label}: to target {r['passes_to_target']} passes, {r['solver_s_to_target']} s, "
+                      f"{r['oracle_calls_to_target']} oracle calls", flush=True)
     return rows
 
 
@@ -250,7 +289,8 @@ def plot(rows: list[dict], name: str, label) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--part", choices=("single", "procs", "all"), default="all")
+    ap.add_argument("--part", choices=("single", "procs", "refine", "all"), default="all")
+    ap.add_argument("--refine-datasets", default="ocr,delayed", help="datasets of the refinements part")
     ap.add_argument("--datasets", default="ocr,conll", help="datasets of the single-process part")
     ap.add_argument("--proc-datasets", default="ocr,conll,horses,delayed", help="datasets of the process part")
     ap.add_argument("--taus", default="1,16,64,256,1024")
@@ -268,11 +308,12 @@ def main() -> None:
     if args.replot:
         if payload.get("procs"):
             speedups(payload["procs"])
-        for part, label in (("single", lambda r: f"tau = {r['tau']}"),
-                            ("procs", lambda r: f"{r['processes']} process(es), tau = {r['tau']}")):
+        for part, prefix, label in (("single", "scale_", lambda r: f"tau = {r['tau']}"),
+                                    ("procs", "scale_procs_", lambda r: f"{r['processes']} process(es), tau = {r['tau']}"),
+                                    ("refine", "scale_refine_", lambda r: f"tau = {r['tau']}, {r['variant']}")):
             rows = payload.get(part, [])
             for name in sorted({r["dataset"] for r in rows}):
-                plot([r for r in rows if r["dataset"] == name], f"scale_{'procs_' if part == 'procs' else ''}{name}", label)
+                plot([r for r in rows if r["dataset"] == name], f"{prefix}{name}", label)
         path.write_text(json.dumps(payload, indent=1))
         return None
     payload.pop("machine", None)
@@ -300,6 +341,15 @@ def main() -> None:
         for name in {r["dataset"] for r in rows}:
             plot([r for r in rows if r["dataset"] == name], f"scale_procs_{name}",
                  lambda r: f"{r['processes']} process(es), tau = {r['tau']}")
+    if args.part in ("refine", "all"):
+        rows = part_refine(args.refine_datasets.split(","), args.max_passes)
+        print_table(rows, ["dataset", "tau", "variant", "s_per_pass", "passes_to_target", "solver_s_to_target",
+                           "oracle_calls_to_target", "cache_hits", "final_gap"])
+        payload["refine"] = ([r for r in payload.get("refine", []) if r["dataset"] not in args.refine_datasets.split(",")]
+                             + rows)
+        for name in {r["dataset"] for r in payload["refine"]}:
+            plot([r for r in payload["refine"] if r["dataset"] == name], f"scale_refine_{name}",
+                 lambda r: f"tau = {r['tau']}, {r['variant']}")
     payload["load_average_after"] = os.getloadavg()
     write_json("scale.json", payload)
 

@@ -4,7 +4,8 @@ process group, every rank passing the full dataset.
 ``python distributed_fit_worker.py SCENARIO OUT_DIR PROBLEM`` under torchrun (or with torchrun's variables set);
 writes ``OUT_DIR/<scenario>_<problem>_rank<r>.json``.  Scenarios:
 
-* ``fit`` -- a mini-batch run (batch_size 4, checkpoints every 5 passes; ``chain-gap``: gap sampling): weights, history and this rank's dual
+* ``fit`` -- a mini-batch run (batch_size 4, checkpoints every 5 passes; ``chain-gap-cache``: gap sampling and
+  the cache): weights, history and this rank's dual
   state (its blocks' ``l_i`` and ``w_i`` sum) for the independent checks of the test.
 * ``resume`` -- 6 passes then 6 more from each rank's checkpoint, against 12 passes in one run.
 * ``kill`` -- rank 1 dies after its second chunk; rank 0 records the error and how long it took to raise.
@@ -33,8 +34,8 @@ LAM = 0.1
 OPTIONS = {"batch_size": 4, "gap_check": 5, "seed": 3}
 
 
-#: options beyond OPTIONS per problem name (``chain-gap``: the chain problem with gap sampling in the rounds)
-EXTRA = {"chain-gap": {"sampling": "gap"}}
+#: options beyond OPTIONS per problem name (``chain-gap-cache``: the chain problem, gap sampling and the cache)
+EXTRA = {"chain-gap-cache": {"sampling": "gap", "cache": True}}
 
 
 def options(name: str) -> dict:

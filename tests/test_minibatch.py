@@ -131,6 +131,10 @@ def test_every_minibatch_variant_reaches_the_batch_fw_optimum(kind):
                 assert abs(r.primal - ref.primal) <= r.history[-1]["gap_best"] + ref.gap + 1e-12
                 dist = float((r.weights - ref.weights).norm())
                 assert dist <= math.sqrt(2 * r.history[-1]["gap_best"] / lam) + math.sqrt(2 * ref.gap / lam) + 1e-9
+        c = fit(model, data, lam, batch_size=3, sampling=sampling, cache=True, max_passes=3000, gap_check=20,
+                gap_tol=2e-4, track_train_loss=False)
+        assert c.history[-1]["gap_best"] <= 2e-4 and abs(c.primal - ref.primal) <= c.history[-1]["gap_best"] + ref.gap
+        assert c.history[-1]["cache_hits"] > 0, sampling
         b = fit(model, data, lam, batch_size=3, sampling=sampling, bounds=(lo, hi), max_passes=3000, gap_check=20,
                 gap_tol=2e-4, averaging=False, track_train_loss=False)
         assert b.gap <= 2e-4 and abs(b.primal - boxed.primal) <= b.gap + boxed.gap + 1e-12
@@ -251,6 +255,32 @@ def test_gap_sampled_rounds_stop_for_an_exact_gap_pass_when_every_estimate_is_ze
     assert res.blocks.tolist() == [0, -1, -1] * 3 and est.est[0] > 0 and (est.est[1:] == 0).all()
 
 
+@pytest.mark.parametrize("kind", ["chain", "multiclass", "graphcut"])
+def test_cached_rounds_keep_the_working_set_equal_to_the_state(kind):
+    """With the cache, a round's blocks move towards cached corners (hits) or oracle answers (misses, one batched
+    call): the working set's ``alpha`` stay on the simplex and ``w_i = sum_j alpha_ij w_s(y_j)`` for every block."""
+    model, data = PROBLEMS[kind]()
+    n, lam = len(data), 0.1
+    r = fit(model, data, lam, batch_size=3, cache=True, max_passes=30, gap_check=10,
+            track_train_loss=False)
+    last = r.history[-1]
+    assert last["cache_hits"] > 0 and last["oracle_calls"] + last["cache_hits"] == r.counters["work"] == 30 * n
+    st = model.dual_state(data, lam)
+    st.load_state_dict(r.solver_state["state"])
+    ws = st.working_set
+    for i in range(n):
+        a = ws.alphas(i)
+        assert a.min() >= -1e-15 and a.sum() == pytest.approx(1.0, abs=1e-12)
+        blk = st.block_data(i)
+        w_i = torch.zeros_like(st.w)
+        for j, y in enumerate(ws.labelings(i)):
+            y = torch.as_tensor(np.asarray(y), dtype=torch.long).reshape(blk.y.shape)
+            psi = model.joint_feature(blk, blk.y)[0] - model.joint_feature(blk, y)[0]
+            w_i += float(a[j]) * psi / (lam * n)
+        assert torch.allclose(st.block_w(i), w_i, atol=1e-12), i
+    assert st.refresh() < 1e-12
+
+
 def test_fixed_step_is_bcfw_at_one_block_and_never_leaves_the_simplex():
     for n in (1, 7, 6251):
         for k in range(0, 5 * n, max(1, n // 7)):
@@ -294,7 +324,7 @@ def test_batch_size_option_is_checked():
     model, data = random_multiclass_problem(n=8)
     with pytest.raises(ValueError, match="exceeds the number of examples"):
         fit(model, data, 0.1, batch_size=9, max_passes=1)
-    for refined in ({"step_rule": "pairwise"}, {"step_rule": "away"}, {"cache": True}, {"preset": "gap-pairwise"}):
+    for refined in ({"step_rule": "pairwise"}, {"step_rule": "away"}, {"preset": "gap-pairwise-cache"}):
         with pytest.raises(ValueError, match="one-block refinements"):
             fit(model, data, 0.1, batch_size=2, max_passes=1, **refined)
     with pytest.raises(TypeError, match="distributed must be"):

@@ -22,7 +22,7 @@ import torch
 
 from .stepsize import AWAY_RULE, FW_RULE, PAIRWISE_RULE, away_choice, cache_hit, move_bound
 from .sumtree import est_set, gap_draw, gap_draw_round
-from .working_set import ws_away_update, ws_corners, ws_fw_update, ws_pairwise_update
+from .working_set import block_labelings, ws_away_update, ws_corners, ws_fw_update, ws_pairwise_update
 
 __all__ = ["StepPlan", "PlanResult", "ORDER_SAMPLING", "GAP_SAMPLING", "generic_plan_steps", "minibatch_plan_steps",
            "run_plan"]
@@ -119,7 +119,8 @@ class PlanResult:
     """Outcome of a chunk: iterations done, oracle calls, cache hits, ``need_gap_pass`` (gap sampling found
     every estimate zero), and per iteration the block (``blocks``) and its oracle block gap (``gaps``,
     ``nan`` on a cache hit).  Mini-batch plans: ``rounds`` taken (a round that found every estimate zero is not
-    taken), ``oracle_calls`` the blocks of those rounds over all processes, ``steps`` the slots of those rounds here."""
+    taken), ``steps`` the slots of those rounds here, ``oracle_calls`` their blocks over all processes minus this
+    process' cache hits (``cache_hits``), and ``gaps`` each round's line-search numerator at its first slot."""
 
     steps: int
     oracle_calls: int
@@ -224,40 +225,89 @@ def generic_plan_steps(state, plan: StepPlan) -> PlanResult:
                       blocks=blocks[:done], gaps=gaps[:done])
 
 
+def _round_corners(state, plan: StepPlan, blocks: list[int]):
+    """The corners of a round's blocks with the cache (Osokin et al. 2016, Alg. 5, per block): a block whose best
+    cached labeling passes the cache test moves towards it, the others towards the answers of ONE batched oracle call
+    at the round's ``w``; the oracle answers join the working set.  Returns ``(sub, y, js, hit)``: the round's
+    examples and corners (laid out like ``sub.y``), each corner's plane in the working set and the hit mask."""
+    ws = state.working_set
+    dev = state.w.device
+    hit = np.zeros(len(blocks), dtype=bool)
+    js = np.full(len(blocks), -1, dtype=np.int64)
+    labs: list = [None] * len(blocks)
+    for q, i in enumerate(blocks):
+        ws.scores(i)[:] = state.corner_values(i, ws.labelings(i))
+        if plan.cache:
+            jmax = int(ws_corners(i, ws.start, ws.size, ws.key, ws.fl)[0])
+            if cache_hit(float(ws.scores(i)[jmax]) - state.block_value(i), float(plan.est[i]), float(plan.F),
+                         float(plan.glob_thr)):
+                hit[q], js[q], labs[q] = True, jmax, ws.labeling(i, jmax).astype(np.int64)
+    miss = [q for q in range(len(blocks)) if not hit[q]]
+    if miss:
+        idx_m = torch.as_tensor([blocks[q] for q in miss], dtype=torch.long, device=dev)
+        sub_m, y_m = state.subset_oracle(idx_m)
+        ell_m = (state.model.loss(sub_m, y_m).to(torch.float64) / state.n_total).cpu().numpy()
+        for r, (q, ynp) in enumerate(zip(miss, block_labelings(y_m, getattr(sub_m, "offsets", None)))):
+            i = blocks[q]
+            j = ws.find(i, ynp)
+            js[q] = j if j >= 0 else ws.insert(i, ynp, float(ell_m[r]), plan.max_size, False)
+            labs[q] = np.asarray(ynp, dtype=np.int64).reshape(-1)
+    idx = torch.as_tensor(blocks, dtype=torch.long, device=dev)
+    sub = state.data[idx] if len(blocks) != 1 else state.block_data(blocks[0])
+    y = torch.as_tensor(np.concatenate(labs), dtype=torch.long, device=dev).reshape(sub.y.shape)
+    return sub, y, js, hit
+
+
 def minibatch_plan_steps(state, plan: StepPlan) -> PlanResult:
     """Run a mini-batch plan: per round one batched oracle call on the round's blocks at the same ``w``
     (:meth:`DualState.subset_oracle`) and one joint step (:meth:`DualState.minibatch_step`).  ``gaps`` holds each
     round's line-search numerator (the sum of its block gaps) at the round's first slot, ``nan`` elsewhere.  With gap
     sampling each round draws its blocks from the estimates, which take the round's block gaps; a round that finds
-    every estimate zero (on every process) ends the chunk and asks for an exact gap pass."""
-    if state.can_run_minibatch():
+    every estimate zero (on every process) ends the chunk and asks for an exact gap pass.  With the cache
+    (``plan.cache``) the oracle is called for the blocks that miss it (:func:`_round_corners`), only their gaps
+    update the estimates, and the working set follows every step."""
+    if state.can_run_minibatch() and not plan.use_ws:
         return state.run_minibatch(plan)
     by_gap = plan.sample_mode == GAP_SAMPLING
+    ws = state.working_set if plan.use_ws else None
     order = plan.order
     dev = state.w.device
     gaps = np.full(len(order), np.nan)
-    taken = blocks_done = 0
+    taken = blocks_done = n_hits = 0
     need_pass = False
     for j in range(len(plan.rounds) - 1):
         a, b = int(plan.rounds[j]), int(plan.rounds[j + 1])
         if by_gap:
             b = a + int(gap_draw_round(plan.queue, plan.smeta, plan.tree, plan.tsize, plan.uniforms[a:b], order[a:b]))
-        idx = torch.as_tensor(order[a:b], dtype=torch.long).to(dev)
-        sub, y = state.subset_oracle(idx) if b > a else (None, None)  # none: a process without a block in the round
-        bgaps = np.empty(b - a) if plan.track_est else None
-        num, _, tau = state.minibatch_step(idx, sub, y, plan.step_code, plan.averaging, plan.reduce, bgaps)
+        blocks = order[a:b].tolist()
+        idx = torch.as_tensor(blocks, dtype=torch.long).to(dev)
+        hit = np.zeros(len(blocks), dtype=bool)
+        if not blocks:  # a process without a block in the round (or none left to draw)
+            sub = y = None
+        elif ws is not None:
+            sub, y, js, hit = _round_corners(state, plan, blocks)
+        else:
+            sub, y = state.subset_oracle(idx)
+        bgaps = np.empty(len(blocks)) if plan.track_est else None
+        num, gamma, tau = state.minibatch_step(idx, sub, y, plan.step_code, plan.averaging, plan.reduce, bgaps)
         if tau == 0:  # gap sampling: every estimate is zero on every process
             need_pass = True
             break
+        if ws is not None and gamma != 0.0:
+            for i, jj in zip(blocks, js.tolist()):
+                ws_fw_update(i, jj, gamma, ws.start, ws.size, ws.fl)
         if bgaps is not None:
-            for i, g in zip(order[a:b].tolist(), bgaps.tolist()):
-                est_set(plan.est, plan.tree, plan.tsize, i, g, plan.power, by_gap)
-        if b > a:
+            for i, g, h in zip(blocks, bgaps.tolist(), hit.tolist()):
+                # a cached corner's gap is not the block's gap: a hit keeps its estimate (Alg. 5; its leaf, zeroed
+                # by the draw, comes back)
+                est_set(plan.est, plan.tree, plan.tsize, i, float(plan.est[i]) if h else g, plan.power, by_gap)
+        if blocks:
             gaps[a] = num
         taken += 1
         blocks_done += tau
+        n_hits += int(hit.sum())
     slots = int(plan.rounds[taken])
-    return PlanResult(steps=slots, oracle_calls=blocks_done, cache_hits=0, need_gap_pass=need_pass,
+    return PlanResult(steps=slots, oracle_calls=blocks_done - n_hits, cache_hits=n_hits, need_gap_pass=need_pass,
                       blocks=order[:slots], gaps=gaps[:slots], rounds=taken)
 
 

@@ -82,10 +82,10 @@ class BCFW(DualAlgorithm):
         self.batch_size = options.batch_size
         #: mini-batch rounds (Wang et al. 2016): ``batch_size > 1``, or blocks sharded over processes
         self.minibatch = self.batch_size > 1 or self.comm.sharded
-        if self.minibatch and (options.cache or options.step_rule != "fw"):
+        if self.minibatch and options.step_rule != "fw":
             raise ValueError(
-                "mini-batch BCFW (batch_size > 1) and BCFW over several processes take FW steps (uniform, perm or gap "
-                f"sampling); pairwise / away steps and the cache are one-block refinements (got "
+                "mini-batch BCFW (batch_size > 1) and BCFW over several processes take joint FW steps (with any "
+                f"sampling and the cache); pairwise / away steps are one-block refinements (got "
                 f"{options.variant_name()!r})")
         if self.batch_size > self.n:
             raise ValueError(f"batch_size = {self.batch_size} exceeds the number of examples n = {self.n}")
@@ -130,18 +130,21 @@ class BCFW(DualAlgorithm):
         # start from a run that stopped mid-pass (so that the gap checks of the schedule fall where they would)
         return self.n - self.steps % self.n
 
-    def _plan(self, m: int) -> StepPlan:
+    def _refine(self, plan: StepPlan) -> StepPlan:
+        """The refinements' parts of ``plan``: the gap estimates (kept up to date by the oracle calls), the working
+        set and the cache test."""
         o = self.options
         est = self.estimates
-        plan = StepPlan(
-            m=m, rule=self.rule, step_code=self.step_code, averaging=o.averaging,
-            est=est.est, tree=est.tree, tsize=est.size, power=est.power, track_est=True,
-            use_ws=self.use_ws, cache=o.cache, F=o.cache_F, max_size=o.cache_size if o.cache else 0,
-            keep_inactive=o.cache,
-        )
+        plan.est, plan.tree, plan.tsize, plan.power, plan.track_est = est.est, est.tree, est.size, est.power, True
+        plan.use_ws, plan.cache, plan.F = self.use_ws, o.cache, o.cache_F
+        plan.max_size, plan.keep_inactive = (o.cache_size if o.cache else 0), o.cache
         if o.cache:
             g = self.glob_gap
             plan.glob_thr = np.inf if (o.cache_nu == np.inf or g == np.inf) else o.cache_nu / self.n * g
+        return plan
+
+    def _plan(self, m: int) -> StepPlan:
+        plan = self._refine(StepPlan(m=m, rule=self.rule, step_code=self.step_code, averaging=self.options.averaging))
         if isinstance(self.sampler, GapSampler):
             plan.sample_mode = GAP_SAMPLING
             plan.uniforms = self.sampler.uniforms(m)
@@ -185,22 +188,30 @@ class BCFW(DualAlgorithm):
         j0 = int(np.searchsorted(ends, pos, side="right"))
         j1 = int(np.searchsorted(ends, pos + m, side="left")) + 1
         reduce = self.comm.sum_round if self.comm.sharded else None
-        if isinstance(self.sampler, GapSampler):  # blocks drawn round by round from the estimates
+        by_gap = isinstance(self.sampler, GapSampler)
+        if by_gap:  # blocks drawn round by round from the estimates
             sizes = local[j0:j1]
             offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
-            est = self.estimates
             plan = StepPlan.minibatch(np.zeros(int(offsets[-1]), dtype=np.int64), offsets, self.step_code,
                                       self.options.averaging, reduce)
+            est = self.estimates
             plan.draw_by_gap(self.sampler.uniforms(plan.m), self.sampler.queue, self.sampler.smeta, est.est, est.tree,
                              est.size, est.power)
         else:
             order, offsets = self.sampler.draw_rounds(local[j0:j1])
             plan = StepPlan.minibatch(order, offsets, self.step_code, self.options.averaging, reduce)
+        if self.refined:
+            self._refine(plan)
         res = run_plan(self.state, plan)
         done = int(ends[j0 + res.rounds - 1]) - pos if res.rounds else 0
-        if isinstance(self.sampler, GapSampler):
+        if by_gap:
             self.sampler.consumed(res.steps, plan.m)
-            self.oracle_calls += res.oracle_calls
+        if self.refined:
+            hits = res.cache_hits
+            if self.comm.sharded and self.options.cache:
+                hits = int(self.comm.sum_scalar(res.cache_hits))  # every process' hits
+            self.oracle_calls += res.oracle_calls + res.cache_hits - hits
+            self.cache_hits += hits
             if self._since_refresh >= 0:
                 self._since_refresh += done
         else:

@@ -230,8 +230,10 @@ class SolverOptions:
             replacement within the round; ``perm``: consecutive blocks of the permutations), decodes them in one
             batched oracle call at the same ``w`` and moves them together along the joint direction with one exact
             line search (its numerator is the sum of the blocks' gaps) or the fixed step
-            ``min(1, 2 n tau / (tau k + 2 n))``.  FW steps only (no gap sampling, pairwise / away steps or cache).
-            With the blocks sharded over processes ``tau`` counts the blocks of all processes.
+            ``min(1, 2 n tau / (tau k + 2 n))``.  ``gap``: each round draws its blocks from the gap estimates
+            without replacement, and the round's block gaps update them; ``cache``: the oracle is called once for
+            the round's blocks that miss the cache.  FW steps only (pairwise / away steps are refused).  With the
+            blocks sharded over processes ``tau`` counts the blocks of all processes.
     """
 
     max_passes: float = 100
