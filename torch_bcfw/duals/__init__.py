@@ -5,9 +5,10 @@
   checks of ``lam`` / bounds and the fingerprints saved with a state;
 * :mod:`.dense` -- :class:`DenseDualState` (one dense ``w_i`` per example, any model);
   :mod:`.active_set` -- :class:`ActiveSetDualState` (dense ``w_i`` plus the labelings, re-bindable);
-* :mod:`.chain` -- :class:`ChainDualState` (label marginals) and its compiled kernels (:mod:`.chain_kernels`,
-  :mod:`.chain_variant_kernels`, :mod:`.chain_mp_kernels`); :mod:`.graphcut` -- ``GraphCutDualState``
-  (node marginals, fused graph-cut step loop);
+* :mod:`.chain` -- :class:`ChainDualState` (label marginals), its compiled block operations (:mod:`.chain_kernels`)
+  and what composes them: the step driver (:mod:`.chain_driver`), the mini-batch rounds
+  (:mod:`.chain_minibatch_kernels`) and MP-BCFW's steps (:mod:`.chain_mp_kernels`); :mod:`.graphcut` --
+  ``GraphCutDualState`` (node marginals, fused graph-cut step loop);
 * :mod:`.working_set` -- :class:`WorkingSet`, the per-block labelings (active sets, caches, MP-BCFW planes);
   :mod:`.plan` -- the :class:`StepPlan` a solver hands a state; :mod:`.stepsize` and :mod:`.sumtree` -- step
   rules and the gap sampler's sum tree shared by the Python and compiled step loops;

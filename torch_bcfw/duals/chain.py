@@ -6,9 +6,9 @@ For :class:`~torch_bcfw.models.chain.Chain`, ``w_i = (phi_i(y_i) - phi_i(mu_i, T
 the number of tokens, not with ``n * d``, and the state can be re-bound to new token features.
 
 On CPU the steps run in compiled kernels fed with CSR token features and per-sequence Gram matrices
-(:func:`sequence_grams`): plain BCFW steps (:mod:`.chain_kernels`), the composed steps of a
-:class:`~torch_bcfw.duals.plan.StepPlan` (:mod:`.chain_variant_kernels`) and the exact / approximate steps of
-multi-plane BCFW (:mod:`.chain_mp_kernels`).
+(:func:`sequence_grams`): the chain's block operations (:mod:`.chain_kernels`) composed into one step driver for
+every :class:`~torch_bcfw.duals.plan.StepPlan`, plain BCFW included (:mod:`.chain_driver`), the mini-batch rounds
+(:mod:`.chain_minibatch_kernels`) and the exact / approximate steps of multi-plane BCFW (:mod:`.chain_mp_kernels`).
 """
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from torch import Tensor
 
 from ..inference.viterbi import viterbi_packed
 from .base import DualState
-from .plan import PlanResult
+from .plan import PlanResult, StepPlan
 from .stepsize import lazy_weight
 
 __all__ = ["ChainDualState", "sequence_grams"]
@@ -32,7 +32,7 @@ class ChainDualState(DualState):
 
     ``w_i = (phi_i(y_i) - phi_i(mu_i, T_i)) / (lam n)``; the initial state is the ground truth
     (``mu`` one-hot, ``T`` the true transition counts), i.e. ``w_i = 0``.  On CPU the steps run in
-    the compiled kernel :func:`~torch_bcfw.duals.chain_kernels.chain_bcfw_steps`; elsewhere in
+    the compiled driver :func:`~torch_bcfw.duals.chain_driver.chain_plan_steps`; elsewhere in
     torch through :meth:`~torch_bcfw.duals.base.DualState.block_step`.
 
     Args:
@@ -235,20 +235,7 @@ class ChainDualState(DualState):
     def run_steps(self, order: np.ndarray, step_code: int, averaging: bool = True) -> np.ndarray:
         if not self.can_run_plan():  # box constraints: the generic (torch) steps
             return super().run_steps(order, step_code, averaging)
-        return self._plain_steps(order, step_code, averaging)
-
-    def _plain_steps(self, order: np.ndarray, step_code: int, averaging: bool) -> np.ndarray:
-        """The plain plan in the compiled kernel :func:`~torch_bcfw.duals.chain_kernels.chain_bcfw_steps`."""
-        from .chain_kernels import chain_bcfw_steps
-
-        gaps = np.empty(len(order), dtype=np.float64)
-        ells = np.array([self.ell, self.avg_ell_u])
-        self.k, self.avg_t = chain_bcfw_steps(
-            np.ascontiguousarray(order, dtype=np.int64), step_code, averaging, self.lam, self.k, self.avg_t,
-            *self._kernel_groups(ells), gaps,
-        )
-        self.ell, self.avg_ell_u = float(ells[0]), float(ells[1])
-        return gaps
+        return self.run_plan(StepPlan.plain(order, step_code, averaging)).gaps
 
     def _kernel_groups(self, ells: np.ndarray) -> tuple:
         """The argument groups every chain kernel takes (:mod:`.chain_kernels`): ``feats``, ``wts`` (views of ``v``),
@@ -264,13 +251,10 @@ class ChainDualState(DualState):
         return self.w.device.type == "cpu" and not self.has_bounds and self.n_total == self.n
 
     def run_plan(self, plan) -> PlanResult:
-        """Run a :class:`~torch_bcfw.duals.plan.StepPlan` in the compiled loop
-        :func:`~torch_bcfw.duals.chain_variant_kernels.chain_plan_steps`, a plain plan in
-        :func:`~torch_bcfw.duals.chain_kernels.chain_bcfw_steps` (same trajectory as the generic step loop; only
+        """Run a :class:`~torch_bcfw.duals.plan.StepPlan`, plain or refined, in the compiled driver
+        :func:`~torch_bcfw.duals.chain_driver.chain_plan_steps` (same trajectory as the generic step loop; only
         when :meth:`can_run_plan`)."""
-        if plan.is_plain:
-            return PlanResult.of_plain(plan, self._plain_steps(plan.order, plan.step_code, plan.averaging))
-        from .chain_variant_kernels import NEED_GAP_PASS, chain_plan_steps
+        from .chain_driver import NEED_GAP_PASS, chain_plan_steps
 
         m = int(plan.m)
         gaps = np.full(m, np.nan)

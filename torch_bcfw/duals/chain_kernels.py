@@ -1,9 +1,12 @@
-"""Compiled BCFW step kernel for the linear chain with marginal dual state.
+"""The chain's compiled block operations, for the marginal dual state: what a block step is made of.
 
-One call runs a whole sequence of block steps (oracle + line search + update) without
-returning to Python; it implements exactly the steps of
-:meth:`torch_bcfw.duals.base.DualState.block_step` for
-:class:`torch_bcfw.duals.chain.ChainDualState` (a test checks both give the same trajectory).
+Unary scores, loss-augmented decoding and the corner of a block (:func:`corner_base`, :func:`add_corner`,
+:func:`block_corner`), the squared norm of a direction (:func:`_direction_sqnorm`, :func:`_transition_stats`), the
+move of a block with its lazy average (:func:`move_block`, :func:`fw_move`: the steps of
+:meth:`torch_bcfw.duals.base.DualState.block_step` for :class:`torch_bcfw.duals.chain.ChainDualState`) and the
+prefetch of the next block's state.  The step driver (:mod:`.chain_driver`), the mini-batch rounds
+(:mod:`.chain_minibatch_kernels`) and MP-BCFW's steps (:mod:`.chain_mp_kernels`) compose them; tests check each
+against the generic torch steps.
 
 Layout (see :class:`torch_bcfw.models.chain.Chain`): emission ``We[F, K]``, per-label bias,
 start and end biases ``[K]``, transitions ``trans[K, K]``.  Token features are given in CSR
@@ -285,65 +288,47 @@ def move_block(i, s, L, gamma, a, ell_s, clock, averaging, D, ystar, feats, wts,
 
 
 @njit(cache=True, inline="always")
-def block_corner(s, L, feats, wts, mu, U, Ua, ystar, delta, D):
-    """The oracle and the corner of the block whose ``L`` tokens start at ``s``, at the current ``w``: unary scores
-    ``U``, loss-augmented decoding into ``ystar[:L]``, and the unary part ``D[:L] = e_{y*} - mu_i`` of the direction.
-    Returns ``(score of y*, unary score of mu_i, mistakes of y*)`` (the transition part of ``mu_i``'s score is
-    :func:`_transition_stats`')."""
+def corner_base(s, L, feats, wts, mu, U, D):
+    """What a block's step needs before its corner is known, at the current ``w``: the unary scores ``U`` of the block
+    whose ``L`` tokens start at ``s``, and ``D[:L] = -mu_i`` (the unary part of the direction before the corner's
+    one-hot, :func:`add_corner`).  Returns the unary score of ``mu_i`` (its transition part: :func:`_transition_stats`)."""
     indptr, indices, values, y, offsets, gram, gram_off = feats
     We, bias, start, end, trans = wts
     K = We.shape[1]
     _unary_scores(s, L, indptr, indices, values, We, bias, start, end, U)
-    loss_augmented_decode(U, Ua, L, s, y, 1.0 / L, trans, ystar, delta)
-    score_star = 0.0
     score_mu = 0.0
+    for t in range(L):
+        for c in range(K):
+            m = mu[s + t, c]
+            score_mu += U[t, c] * m
+            D[t, c] = -m
+    return score_mu
+
+
+@njit(cache=True, inline="always")
+def add_corner(s, L, y, trans, U, ystar, D):
+    """The corner ``ystar[:L]`` of the block whose tokens start at ``s``: ``D[t, y*_t] += 1`` (so ``D = e_{y*} - mu_i``).
+    Returns ``(score of y*, mistakes of y*)``."""
+    score_star = 0.0
     mistakes = 0
     for t in range(L):
         score_star += U[t, ystar[t]]
         if ystar[t] != y[s + t]:
             mistakes += 1
-        for c in range(K):
-            m = mu[s + t, c]
-            score_mu += U[t, c] * m
-            D[t, c] = -m
         D[t, ystar[t]] += 1.0
     for t in range(1, L):
         score_star += trans[ystar[t - 1], ystar[t]]
+    return score_star, mistakes
+
+
+@njit(cache=True, inline="always")
+def block_corner(s, L, feats, wts, mu, U, Ua, ystar, delta, D):
+    """The oracle and the corner of the block whose ``L`` tokens start at ``s``, at the current ``w``: unary scores
+    ``U``, loss-augmented decoding into ``ystar[:L]``, and the unary part ``D[:L] = e_{y*} - mu_i`` of the direction.
+    Returns ``(score of y*, unary score of mu_i, mistakes of y*)`` (the transition part of ``mu_i``'s score is
+    :func:`_transition_stats`')."""
+    y, trans = feats[3], wts[4]
+    score_mu = corner_base(s, L, feats, wts, mu, U, D)
+    loss_augmented_decode(U, Ua, L, s, y, 1.0 / L, trans, ystar, delta)
+    score_star, mistakes = add_corner(s, L, y, trans, U, ystar, D)
     return score_star, score_mu, mistakes
-
-
-@njit(cache=True)
-def chain_bcfw_steps(order, step_code, averaging, lam, k0, t0, feats, wts, state, avg, gaps):
-    """Run BCFW steps on the blocks ``order[j]``; write block gaps to ``gaps[j]`` (argument groups: module docstring).
-
-    ``ells = [l, l_u]`` (dual linear part and its averaging accumulator) is updated in place;
-    ``k0`` is the global step counter and ``t0`` the averaging clock before the first step.
-    With ``averaging``, a block about to change first adds ``sum_{t=last_i+1..t} t`` times its
-    state to ``mu_acc`` (per token) / ``T_acc`` (one ``K x K`` sum over blocks) (the lazy per-block weighted average of
-    :mod:`torch_bcfw.duals.base`).  While a block is processed, the state of the next one is prefetched
-    (:func:`prefetch_block`).  Returns the new ``(k, t)``.
-    """
-    indptr, indices, values, y, offsets, gram, gram_off = feats
-    We, bias, start, end, trans = wts
-    mu, T, block_ell, ells = state
-    mu_acc, T_acc, last = avg
-    n = offsets.shape[0] - 1
-    K = We.shape[1]
-    U, Ua, D, ystar, delta = step_scratch(offsets, K)
-    k = k0
-    clock = t0
-    for j in range(order.shape[0]):
-        i = order[j]
-        if j + 1 < order.shape[0]:
-            prefetch_block(order[j + 1], offsets, indptr, indices, values, gram, gram_off, mu, T, mu_acc, averaging)
-        s = offsets[i]
-        L = offsets[i + 1] - s
-        score_star, score_mu, mistakes = block_corner(s, L, feats, wts, mu, U, Ua, ystar, delta, D)
-        inv_L = 1.0 / L
-        ell_s = mistakes * inv_L / n
-        score_T, sq_T = _transition_stats(T[i], trans, ystar[:L])
-        gaps[j], _ = fw_move(i, s, L, (step_code, averaging, lam, k), clock,
-                             (score_star, score_mu + score_T, block_ell[i], ell_s, sq_T), ystar, D, feats, wts, state, avg)
-        k += 1
-        clock += 1
-    return k, clock

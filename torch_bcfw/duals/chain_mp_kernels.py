@@ -3,7 +3,7 @@
 
 :func:`chain_mp_steps` runs the block steps of :meth:`MPBCFW._exact_step` / :meth:`MPBCFW._approx_step`
 (which it must reproduce; a test compares them) on the marginal state, with the FW-step arithmetic of
-:func:`.chain_variant_kernels._fw_step` and the working-set helpers of :mod:`.working_set`:
+:func:`_fw_step` and the working-set helpers of :mod:`.working_set`:
 
 * ``mode = EXACT``: the oracle answer (given in ``ylab`` by the caller, one block per call, or Viterbi on
   the loss-augmented unary scores when ``ylab`` is empty) joins the block's planes (``last = stamp``; LRU
@@ -20,13 +20,30 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from .chain_kernels import _unary_scores, loss_augmented_decode, step_scratch
-from .chain_variant_kernels import _fw_step, _labels_score, _plane_score
+from .chain_driver import _labels_score, _plane_score
+from .chain_kernels import _transition_stats, _unary_scores, fw_move, loss_augmented_decode, step_scratch
 from .working_set import LAST, LOSS, SCORE, label_hash, ws_corners, ws_drop_stale, ws_evict_lru, ws_find, ws_fw_update, ws_insert
 
 __all__ = ["chain_mp_steps", "EXACT", "APPROX"]
 
 EXACT, APPROX = 0, 1
+
+
+@njit(cache=True, fastmath=True)
+def _fw_step(i, s, L, step, clock, score_star, score_mu, ell_i, ell_s, ystar, D, feats, wts, state, avg):
+    """The FW step towards the labeling ``ystar`` (``score_mu`` with transitions): forms the direction ``D`` and calls
+    :func:`.chain_kernels.fw_move`; returns gamma."""
+    trans = wts[4]
+    mu, T = state[0], state[1]
+    K = trans.shape[0]
+    for t in range(L):
+        for c in range(K):
+            D[t, c] = -mu[s + t, c]
+        D[t, ystar[t]] += 1.0
+    _, sq_T = _transition_stats(T[i], trans, ystar[:L])
+    _, gamma = fw_move(i, s, L, step, clock, (score_star, score_mu, ell_i, ell_s, sq_T), ystar, D, feats, wts, state,
+                       avg)
+    return gamma
 
 
 @njit(cache=True)

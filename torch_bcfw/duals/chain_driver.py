@@ -1,19 +1,24 @@
-"""Compiled step loop of the BCFW refinements (gap sampling, pairwise / away steps, caching) for the chain.
+"""The compiled step driver of the chain: BCFW and its refinements (gap sampling, pairwise / away steps, caching).
 
-:func:`chain_plan_steps` runs a whole chunk of block iterations without returning to Python, composed
-from the same small compiled parts as the generic step loop of
-:func:`torch_bcfw.solvers.variants.generic_plan_steps` (which it must reproduce; tests compare them):
+:func:`chain_plan_steps` runs a whole chunk of block iterations of a :class:`~torch_bcfw.duals.plan.StepPlan`
+without returning to Python, composed from the chain's compiled block operations (:mod:`.chain_kernels`: unary
+scores, decoding, corner, direction norm, move, average accumulation) and the same small parts as the generic step
+loop :func:`~torch_bcfw.duals.plan.generic_plan_steps` (which it must reproduce; tests compare them):
 
-* **sampling** (:mod:`torch_bcfw.duals.sumtree`): a pre-drawn order (uniform / permutation), or gap sampling
-  from a sum tree over the block-gap estimates, updated right after every oracle call, with the
-  never-visited blocks served first from a random permutation;
+* **sampling** (:mod:`torch_bcfw.duals.sumtree`): a pre-drawn order (uniform / permutation; the next block's state
+  is prefetched), or gap sampling from a sum tree over the block-gap estimates, updated right after every oracle
+  call, with the never-visited blocks served first from a random permutation;
 * **oracle with a working set** (:mod:`.working_set`): all planes of the block are scored from the unary
   scores the oracle needs anyway (``O(L)`` per plane); with a cache, the best plane is taken instead of
   calling the oracle when ``g_hat_i >= max(F g_i, (nu/n) g_global)`` (Alg. 5); otherwise Viterbi, and the
   answer joins the working set;
-* **step rule** (:mod:`torch_bcfw.duals.stepsize`): FW (the exact arithmetic of
-  :func:`.chain_kernels.chain_bcfw_steps`), pairwise (``mu_i += gamma (e_s - e_a)``) or away
-  (``mu_i += gamma (mu_i - e_a)``) with the clipped exact line search and drop steps.
+* **step rule** (:mod:`torch_bcfw.duals.stepsize`): FW (:func:`.chain_kernels.fw_move`), pairwise
+  (``mu_i += gamma (e_s - e_a)``) or away (``mu_i += gamma (mu_i - e_a)``) with the clipped exact line search
+  and drop steps.
+
+Plain BCFW is the plan with none of the refinements: each iteration is then the oracle and the FW step, nothing
+measured or kept.  The mini-batch rounds (:mod:`.chain_minibatch_kernels`) and MP-BCFW's steps
+(:mod:`.chain_mp_kernels`) are built from the same block operations.
 
 The marginal state ``mu_i, T_i`` equals ``sum_y alpha_i(y) (onehot(y), counts(y))`` for the weights in the
 working set (up to round-off), because every move of the marginals is the same combination of corners as
@@ -27,11 +32,15 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from .chain_kernels import (_add_direction, _direction_sqnorm, _transition_stats, _unary_scores,
-                            fw_move, loss_augmented_decode, step_scratch)
-from .stepsize import AWAY_RULE, FW_RULE, PAIRWISE_RULE, average_weight, away_choice, cache_hit, clipped_step, lazy_weight, move_bound
+from .chain_kernels import (_add_direction, _direction_sqnorm, _transition_stats, add_corner, corner_base, fw_move,
+                            loss_augmented_decode, prefetch_block, step_scratch)
+from .stepsize import (AWAY_RULE, FW_RULE, PAIRWISE_RULE, average_weight, away_choice, cache_hit, clipped_step,
+                       lazy_weight, move_bound)
 from .sumtree import est_set, gap_draw
-from .working_set import ALPHA, LOSS, SCORE, label_hash, ws_away_update, ws_corners, ws_drop_inactive, ws_find, ws_fw_update, ws_insert, ws_pairwise_update
+from .working_set import (ALPHA, LOSS, SCORE, label_hash, ws_away_update, ws_corners, ws_drop_inactive, ws_find,
+                          ws_fw_update, ws_insert, ws_pairwise_update)
+
+__all__ = ["chain_plan_steps", "DONE", "NEED_GAP_PASS"]
 
 #: status codes returned in ``counters[3]``
 DONE, NEED_GAP_PASS = 0, 1
@@ -110,21 +119,15 @@ def _avg_accumulate(i, s, L, clock, last, mu, T, mu_acc, T_acc):
                 T_acc[p, c] += S * T[i, p, c]
 
 
-@njit(cache=True, fastmath=True)
-def _fw_step(i, s, L, step, clock, score_star, score_mu, ell_i, ell_s, ystar, D, feats, wts, state, avg):
-    """The FW step of :func:`.chain_kernels.chain_bcfw_steps` towards the labeling ``ystar`` (``score_mu`` with
-    transitions): forms the direction ``D`` and calls :func:`.chain_kernels.fw_move`; returns gamma."""
-    trans = wts[4]
-    mu, T = state[0], state[1]
+@njit(cache=True)
+def _transition_score(Ti, trans):
+    """``<T_i, trans>``, the transition part of ``mu_i``'s score."""
     K = trans.shape[0]
-    for t in range(L):
+    score = 0.0
+    for p in range(K):
         for c in range(K):
-            D[t, c] = -mu[s + t, c]
-        D[t, ystar[t]] += 1.0
-    _, sq_T = _transition_stats(T[i], trans, ystar[:L])
-    _, gamma = fw_move(i, s, L, step, clock, (score_star, score_mu, ell_i, ell_s, sq_T), ystar, D, feats, wts, state,
-                       avg)
-    return gamma
+            score += Ti[p, c] * trans[p, c]
+    return score
 
 
 @njit(cache=True)
@@ -136,11 +139,13 @@ def chain_plan_steps(parts, sampling, ws, step, feats, wts, state, avg, out):
     :meth:`~.working_set.WorkingSet.arrays`, ``step = (step_code, averaging, lam, k0, t0)``, ``feats``, ``wts``,
     ``state``, ``avg`` as in :mod:`.chain_kernels`, ``out = (gaps, blocks, counters)``.
 
-    ``sample_mode`` 0: block ``order[j]``; 1: gap sampling (``queue``/``smeta``, ``tree`` of size ``tsize``
-    over ``est``, uniforms ``uniforms[j]``).  ``track_est``: store the oracle's block gap as the block's
-    estimate (and update the tree when gap sampling).  ``rule``: FW / pairwise / away code; ``use_ws``: keep
-    the working set (``ws_*`` arrays); ``cache``: cache-hit test with ``F`` and ``glob_thr = nu/n g_global``;
-    ``max_size``: cache size (0: unbounded); ``keep_inactive``: keep planes with ``alpha = 0`` (the cache).
+    ``sample_mode`` 0: block ``order[j]`` (the next block's state is prefetched while one is processed); 1: gap
+    sampling (``queue``/``smeta``, ``tree`` of size ``tsize`` over ``est``, uniforms ``uniforms[j]``).
+    ``track_est``: store the oracle's block gap as the block's estimate (and update the tree when gap sampling).
+    ``rule``: FW / pairwise / away code; ``use_ws``: keep the working set (``ws_*`` arrays); ``cache``: cache-hit
+    test with ``F`` and ``glob_thr = nu/n g_global``; ``max_size``: cache size (0: unbounded); ``keep_inactive``:
+    keep planes with ``alpha = 0`` (the cache).  With none of these (a plain plan) an iteration is exactly a BCFW
+    step: oracle, FW step, nothing measured or kept.
 
     Per iteration ``j``: ``blocks[j]`` the block, ``gaps[j]`` its exact block gap when the oracle was called
     (``nan`` on a cache hit).  ``counters`` (out): ``[iterations, oracle calls, cache hits, status, k, clock]``
@@ -162,6 +167,7 @@ def chain_plan_steps(parts, sampling, ws, step, feats, wts, state, avg, out):
     dT = np.empty((K, K))
     ya = np.empty(ystar.shape[0], dtype=np.int64)
     yh = np.empty(ystar.shape[0], dtype=np.int32)
+    measure = use_ws or track_est  # h_i before the oracle (cache test, block gaps of the estimates)
     lam_n = lam * n
     k = k0
     clock = t0
@@ -173,6 +179,8 @@ def chain_plan_steps(parts, sampling, ws, step, feats, wts, state, avg, out):
         # ---- sampling policy
         if sample_mode == 0:
             i = order[j]
+            if j + 1 < m:
+                prefetch_block(order[j + 1], offsets, indptr, indices, values, gram, gram_off, mu, T, mu_acc, averaging)
         else:
             i = gap_draw(queue, smeta, tree, tsize, uniforms[j])
             if i < 0:
@@ -181,20 +189,13 @@ def chain_plan_steps(parts, sampling, ws, step, feats, wts, state, avg, out):
         blocks[j] = i
         s = offsets[i]
         L = offsets[i + 1] - s
-        _unary_scores(s, L, indptr, indices, values, We, bias, start, end, U)
-        inv_L = 1.0 / L
-        score_mu = 0.0
-        for t in range(L):
-            for c in range(K):
-                score_mu += U[t, c] * mu[s + t, c]
-        score_T = 0.0
         Ti = T[i]
-        for p in range(K):
-            for c in range(K):
-                score_T += Ti[p, c] * trans[p, c]
-        score_mu += score_T
         ell_i = block_ell[i]
-        h_i = ell_i + score_mu / n
+        score_mu = corner_base(s, L, feats, wts, mu, U, D)  # D = -mu_i
+        h_i = 0.0
+        if measure:
+            score_mu += _transition_score(Ti, trans)
+            h_i = ell_i + score_mu / n
         # ---- oracle with the working set
         jmax = -1
         jmin = -1
@@ -208,6 +209,7 @@ def chain_plan_steps(parts, sampling, ws, step, feats, wts, state, avg, out):
             jmax, jmin, nact = ws_corners(i, ws_start, ws_size, ws_key, ws_fl)
             if cache:
                 hit = cache_hit(ws_fl[s0 + jmax, SCORE] - h_i, est[i], F, glob_thr)
+        j_s = -1
         if hit:
             n_hits += 1
             j_s = jmax
@@ -216,24 +218,19 @@ def chain_plan_steps(parts, sampling, ws, step, feats, wts, state, avg, out):
                 ystar[t] = ws_lab[base + t]
             ell_s = ws_fl[ws_start[i] + j_s, LOSS]
             score_star = _labels_score(U, trans, ystar, L)
+            for t in range(L):
+                D[t, ystar[t]] += 1.0
             gaps[j] = np.nan
         else:
             n_oracle += 1
-            loss_augmented_decode(U, Ua, L, s, y, inv_L, trans, ystar, delta)
-            score_star = 0.0
-            mistakes = 0
-            for t in range(L):
-                score_star += U[t, ystar[t]]
-                if ystar[t] != y[s + t]:
-                    mistakes += 1
-            for t in range(1, L):
-                score_star += trans[ystar[t - 1], ystar[t]]
-            ell_s = mistakes * inv_L / n
-            g = (score_star - score_mu) / n - ell_i + ell_s
-            gaps[j] = g
-            if track_est:
-                est_set(est, tree, tsize, i, g, power, sample_mode == 1)
-            j_s = -1
+            loss_augmented_decode(U, Ua, L, s, y, 1.0 / L, trans, ystar, delta)
+            score_star, mistakes = add_corner(s, L, y, trans, U, ystar, D)
+            ell_s = mistakes * (1.0 / L) / n
+            if measure:
+                g = (score_star - score_mu) / n - ell_i + ell_s
+                gaps[j] = g
+                if track_est:
+                    est_set(est, tree, tsize, i, g, power, sample_mode == 1)
             if use_ws:
                 for t in range(L):
                     yh[t] = ystar[t]
@@ -252,8 +249,12 @@ def chain_plan_steps(parts, sampling, ws, step, feats, wts, state, avg, out):
             g_a = h_i - ws_fl[ws_start[i] + jmin, SCORE]
             kind = away_choice(g_fw, g_a, nact)
         if kind == FW_RULE:
-            gamma = _fw_step(i, s, L, (step_code, averaging, lam, k), clock, score_star, score_mu, ell_i, ell_s,
-                             ystar, D, feats, wts, state, avg)
+            score_T, sq_T = _transition_stats(Ti, trans, ystar[:L])
+            corner = (score_star, score_mu if measure else score_mu + score_T, ell_i, ell_s, sq_T)
+            num, gamma = fw_move(i, s, L, (step_code, averaging, lam, k), clock, corner, ystar, D, feats, wts, state,
+                                 avg)
+            if not measure:
+                gaps[j] = num
             if use_ws and gamma != 0.0:
                 ws_fw_update(i, j_s, gamma, ws_start, ws_size, ws_fl)
         elif kind == PAIRWISE_RULE or kind == AWAY_RULE:
