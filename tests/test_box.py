@@ -8,7 +8,7 @@ import torch
 from conftest import brute_force_primal, random_chain_problem, random_multiclass_problem
 from torch_bcfw import fit
 from torch_bcfw.duals.base import DualState
-from torch_bcfw.duals.plan import StepPlan
+from torch_bcfw.duals.plan import StepPlan, WorkingSetUse
 from torch_bcfw.duals.stepsize import LINE_SEARCH, PAIRWISE_RULE
 from torch_bcfw.solvers.certificate import certify
 from torch_bcfw.solvers.variants import generic_plan_steps
@@ -64,7 +64,7 @@ def test_infinite_bounds_reproduce_plain_bcfw_exactly(kind):
     b2.set_bounds(None, None)
     for st in (p2, b2):
         st.ensure_working_set()
-        generic_plan_steps(st, StepPlan(m=40, rule=PAIRWISE_RULE, order=order[:40], use_ws=True))
+        generic_plan_steps(st, StepPlan(m=40, rule=PAIRWISE_RULE, order=order[:40], working_set=WorkingSetUse()))
     assert torch.equal(p2.w, b2.w) and p2.ell == b2.ell
     # through fit: bounds that are infinite everywhere are the unconstrained problem (the plain fast path)
     kw = dict(max_passes=6, gap_check=3, seed=3)

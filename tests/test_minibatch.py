@@ -20,6 +20,7 @@ from torch_bcfw.duals.stepsize import FIXED, LINE_SEARCH, fixed_block_step, mini
 from torch_bcfw.solvers.comm import round_sizes, share_of
 from torch_bcfw.solvers.options import SolverOptions
 from torch_bcfw.duals.sumtree import gap_draw_round, tree_build, tree_size
+from torch_bcfw.duals.working_set import block_labelings
 from torch_bcfw.solvers.sampling import GapEstimates, GapSampler, PermutationSampler, UniformSampler
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -167,8 +168,7 @@ def test_compiled_chain_rounds_follow_the_generic_rounds(code):
 def _gap_plan(est: GapEstimates, sampler: GapSampler, sizes, code, reduce=None) -> StepPlan:
     offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
     plan = StepPlan.minibatch(np.zeros(int(offsets[-1]), dtype=np.int64), offsets, code, True, reduce)
-    return plan.draw_by_gap(sampler.uniforms(plan.m), sampler.queue, sampler.smeta, est.est, est.tree, est.size,
-                            est.power)
+    return plan.draw_by_gap(sampler.uniforms(plan.m), sampler.queue, sampler.smeta, est)
 
 
 @pytest.mark.parametrize("kind,storage", [("chain", "own"), ("chain", "active-set"), ("multiclass", "own"),
@@ -185,6 +185,13 @@ def test_rounds_measure_each_block_gap(kind, storage):
     idx = torch.tensor([3, 0, 2])
     g, _, _ = st.block_gaps()
     sub, y = st.subset_oracle(idx)
+    # the batched values of the cache test against the per-block ones
+    np.testing.assert_allclose(st.subset_values(idx, sub).numpy(), [st.block_value(i) for i in idx.tolist()],
+                               rtol=1e-10, atol=1e-13)
+    ys = [np.asarray(lab) for lab in block_labelings(y, getattr(sub, "offsets", None))]
+    pairs = [(i, ys[q]) for q, i in enumerate(idx.tolist())] + [(1, block_labelings(data.y, getattr(data, "offsets", None))[1])]
+    np.testing.assert_allclose(st.pair_values([i for i, _ in pairs], [t for _, t in pairs]),
+                               [st.corner_values(i, [t])[0] for i, t in pairs], rtol=1e-10, atol=1e-13)
     bg = np.empty(3)
     num, gamma, tau = st.minibatch_step(idx, sub, y, LINE_SEARCH, False, block_gaps=bg)
     np.testing.assert_allclose(bg, g[idx].numpy(), rtol=1e-10, atol=1e-13)

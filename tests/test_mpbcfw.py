@@ -119,6 +119,32 @@ def test_compiled_chain_steps_equal_the_generic_loop():
         np.testing.assert_allclose(a.ws.alphas(i), b.ws.alphas(i), atol=1e-12)
 
 
+def test_compiled_steps_call_an_overridden_oracle_from_python():
+    """A chain whose oracle is overridden (here: counted) runs MP-BCFW's exact steps in the compiled driver with that
+    oracle's answers, one block per call: every exact step calls it, and the trajectory is the built-in one's."""
+    from torch_bcfw.models import Chain
+
+    calls = []
+
+    class CountingChain(Chain):
+        def oracle(self, w, data, loss_augmented=True):
+            calls.append(len(data))
+            return super().oracle(w, data, loss_augmented)
+
+    model, data = _chain()
+    counted = CountingChain(model.n_inputs, model.n_labels)
+    assert not counted.builtin_oracle() and model.builtin_oracle()
+    kw = dict(mp_max_planes=3, mp_inactive_iters=2, mp_max_approx_passes=2, mp_approx_ratio=INF)
+    a, b = _alg(model, data, **kw), _alg(counted, data, **kw)
+    for _ in range(4):
+        a.advance(len(data))
+        b.advance(len(data))
+    assert sum(calls) == 4 * len(data) and set(calls) == {1}
+    assert torch.allclose(a.state.w, b.state.w, atol=1e-12) and a.state.ell == pytest.approx(b.state.ell, abs=1e-12)
+    for i in range(len(data)):
+        assert [t.tolist() for t in a.ws.labelings(i)] == [t.tolist() for t in b.ws.labelings(i)]
+
+
 # ---------------------------------------------------------------------- certificates and the optimum
 @pytest.mark.parametrize("kind", ["chain", "multiclass"])
 def test_gap_is_primal_minus_dual_by_enumeration(kind):
@@ -247,17 +273,18 @@ def test_two_averages_closed_form_and_best_mixture():
     model, data = _chain()
     alg = _alg(model, data, 0.05, mp_max_approx_passes=2, mp_approx_ratio=INF, fused=False)
     exact, approx = [], []
-    orig_exact, orig_approx = alg._exact_step, alg._approx_step
 
-    def rec_exact(i, stamp):
-        orig_exact(i, stamp)
-        exact.append((alg.state.v.clone(), alg.state.ell))
+    def recording(avg, seq):  # the iterate after every step, as the plan hands it to the running average
+        update = avg.update
 
-    def rec_approx(i, stamp, cutoff):
-        orig_approx(i, stamp, cutoff)
-        approx.append((alg.state.v.clone(), alg.state.ell))
+        def rec(v, ell):
+            assert torch.equal(v, alg.state.v) and ell == alg.state.ell
+            seq.append((v.clone(), ell))
+            update(v, ell)
+        return rec
 
-    alg._exact_step, alg._approx_step = rec_exact, rec_approx
+    alg.averages.exact.update = recording(alg.averages.exact, exact)
+    alg.averages.approx.update = recording(alg.averages.approx, approx)
     for _ in range(3):
         alg.advance(len(data))
     for avg, seq in ((alg.averages.exact, exact), (alg.averages.approx, approx)):

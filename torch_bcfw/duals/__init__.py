@@ -7,7 +7,7 @@
   :mod:`.active_set` -- :class:`ActiveSetDualState` (dense ``w_i`` plus the labelings, re-bindable);
 * :mod:`.chain` -- :class:`ChainDualState` (label marginals), its compiled block operations (:mod:`.chain_kernels`)
   and what composes them: the step driver (:mod:`.chain_driver`), the mini-batch rounds
-  (:mod:`.chain_minibatch_kernels`) and MP-BCFW's steps (:mod:`.chain_mp_kernels`); :mod:`.graphcut` --
+  (:mod:`.chain_minibatch_kernels`); :mod:`.graphcut` --
   ``GraphCutDualState`` (node marginals, fused graph-cut step loop);
 * :mod:`.working_set` -- :class:`WorkingSet`, the per-block labelings (active sets, caches, MP-BCFW planes);
   :mod:`.plan` -- the :class:`StepPlan` a solver hands a state; :mod:`.stepsize` and :mod:`.sumtree` -- step

@@ -26,8 +26,8 @@ A solver talks to the state through :meth:`block_step`, :meth:`run_steps`,
 :meth:`batch_step`, :meth:`averaged`, :meth:`refresh` and :meth:`state_dict`; the refinements of
 Osokin et al. 2016 also use :meth:`block_move` (pairwise / away steps), :meth:`block_value`,
 :meth:`corner_values`, :meth:`block_oracle`, :meth:`block_gaps` (all exact block gaps in one batched
-pass), :meth:`set_bounds` and, when a state has a fused kernel for them, :meth:`run_plan`
-(:class:`~torch_bcfw.duals.plan.StepPlan`) and :meth:`run_mp_steps` (multi-plane BCFW).  Mini-batch BCFW (Wang et
+pass), :meth:`set_bounds` and, when a state has a fused kernel for them, :meth:`run_plan` (every
+:class:`~torch_bcfw.duals.plan.StepPlan`: plain, refined and multi-plane BCFW).  Mini-batch BCFW (Wang et
 al. 2016) moves several blocks with one step: :meth:`subset_oracle` and :meth:`minibatch_step` (through the storage
 hooks :meth:`subset_direction` and :meth:`_move_subset`, batched tensor operations for the dense and chain
 storages), or :meth:`run_minibatch` where a state compiles whole rounds.
@@ -262,6 +262,21 @@ class DualState:
         H = self.model.loss(rep, y) + self.model.score(w, rep, y) - self.model.score(w, blk, blk.y)[0]
         return (H / self.n_total).cpu().numpy().astype(np.float64)
 
+    def pair_values(self, blocks, ys: list) -> np.ndarray:
+        """:meth:`corner_values` of many blocks at once: ``H_i(y; w) / n`` for the pairs ``(blocks[q], ys[q])`` in one
+        batched loss and score call (``float64[len(ys)]``; the cache test of a mini-batch round)."""
+        rep = self.data[torch.as_tensor(np.asarray(blocks, dtype=np.int64), device=self.w.device)]
+        y = torch.cat([torch.as_tensor(np.asarray(t), dtype=torch.long).reshape(-1) for t in ys]).to(self.w.device)
+        y = y.reshape(rep.y.shape)
+        w = self.w
+        H = self.model.loss(rep, y) + self.model.score(w, rep, y) - self.model.score(w, rep, rep.y)
+        return (H / self.n_total).cpu().numpy().astype(np.float64)
+
+    def subset_values(self, idx: Tensor, sub) -> Tensor:
+        """:meth:`block_value` of the blocks ``idx`` (``sub = data[idx]``): ``l_i - lam <v_i, w>`` (``Tensor[tau]``).
+        Default: one :meth:`block_value` per block; dense and compact storages batch it."""
+        return torch.tensor([self.block_value(i) for i in idx.tolist()], dtype=torch.float64)
+
     def block_oracle(self, i: int) -> Tensor:
         """Loss-augmented decoding of example ``i`` at the current (truncated) ``w``."""
         return self.model.oracle(self.w, self.block_data(i), loss_augmented=True)
@@ -444,20 +459,6 @@ class DualState:
     def run_minibatch(self, plan):
         """Run a mini-batch plan in compiled rounds; only called when :meth:`can_run_minibatch`."""
         raise NotImplementedError(f"{type(self).__name__} has no compiled mini-batch rounds")
-
-    def can_run_mp_steps(self) -> bool:
-        """True when :meth:`run_mp_steps` runs the block steps of multi-plane BCFW in a fused kernel (no state by
-        default: :class:`~torch_bcfw.solvers.mpbcfw.MPBCFW` then steps through the public methods)."""
-        return False
-
-    def run_mp_steps(self, exact: bool, order: np.ndarray, stamp: float, cutoff: float, max_planes: int,
-                     avg=None) -> None:
-        """MP-BCFW's exact (``exact``) or approximate block steps on the blocks ``order`` and :attr:`working_set`,
-        with the trajectory of :class:`~torch_bcfw.solvers.mpbcfw.MPBCFW`'s own steps: planes stamped ``stamp``,
-        at most ``max_planes`` per block, planes last active before ``cutoff`` dropped after an approximate step,
-        ``avg`` (``v: Tensor[d]`` updated in place, ``ell``, ``k``; or ``None``) updated after every step.
-        Only called when :meth:`can_run_mp_steps`."""
-        raise NotImplementedError(f"{type(self).__name__} has no fused multi-plane steps")
 
     # ------------------------------------------------------------ mini-batch steps (Wang et al. 2016)
     def subset_oracle(self, idx: Tensor):

@@ -8,11 +8,11 @@ the number of tokens, not with ``n * d``, and the state can be re-bound to new t
 On CPU the steps run in compiled kernels fed with CSR token features and per-sequence Gram matrices
 (:func:`sequence_grams`): the chain's block operations (:mod:`.chain_kernels`) composed into one step driver for
 every :class:`~torch_bcfw.duals.plan.StepPlan`, plain BCFW included (:mod:`.chain_driver`), the mini-batch rounds
-(:mod:`.chain_minibatch_kernels`) and the exact / approximate steps of multi-plane BCFW (:mod:`.chain_mp_kernels`).
+(:mod:`.chain_minibatch_kernels`).
 """
 from __future__ import annotations
 
-import math
+import dataclasses
 
 import numpy as np
 import torch
@@ -21,10 +21,20 @@ from torch import Tensor
 
 from ..inference.viterbi import viterbi_packed
 from .base import DualState
-from .plan import PlanResult, StepPlan
+from .plan import CacheTest, MultiPlane, PlanResult, StepPlan, WorkingSetUse
 from .stepsize import lazy_weight
 
 __all__ = ["ChainDualState", "sequence_grams"]
+
+
+def _gap_groups(plan) -> tuple:
+    """``(uniforms, queue, smeta, est, tree, size, power)`` of a plan's gap sampling and estimates for the compiled
+    kernels (empty arrays for the parts it does not have)."""
+    gap, est = plan.gap, plan.estimates
+    uniforms, queue, smeta = ((gap.uniforms, gap.queue, gap.smeta) if gap is not None
+                              else (np.zeros(0), np.zeros(0, dtype=np.int64), np.zeros(1, dtype=np.int64)))
+    e = (est.est, est.tree, int(est.size), float(est.power)) if est is not None else (np.zeros(0), np.zeros(2), 1, 1.0)
+    return (np.ascontiguousarray(uniforms, dtype=np.float64), queue, smeta) + e
 
 
 class ChainDualState(DualState):
@@ -148,6 +158,16 @@ class ChainDualState(DualState):
         ell_s = self.model.loss(sub, y).to(torch.float64) / self.n_total
         return V, ell_s, (tok, D, dT)
 
+    def subset_values(self, idx: Tensor, sub) -> Tensor:
+        """``l_i + (score(mu_i) - score(y_i)) / n`` from one unary pass over the blocks' tokens."""
+        U = self.model.unary_scores(self.w, sub)
+        trans = self.model.unpack(self.w)[4]
+        s_mu = torch.zeros(len(idx), dtype=torch.float64, device=self.w.device)
+        s_mu.index_add_(0, sub.token_sequence_ids(), (U * self.mu[self._token_index(idx)]).sum(1))
+        s_mu += (self.T[idx] * trans).sum((1, 2))
+        s_true = self.model._score_from_unary(U, trans, sub, sub.y)
+        return self.block_ell[idx] + (s_mu - s_true) / self.n_total
+
     def _subset_block_gaps(self, idx: Tensor, sub, parts) -> Tensor:
         """``lam <w_i - w_s,i, w> = (score(D_i) + <dT_i, trans>) / n`` from the unary scores of the round's tokens."""
         _, D, dT = parts
@@ -251,17 +271,37 @@ class ChainDualState(DualState):
         return self.w.device.type == "cpu" and not self.has_bounds and self.n_total == self.n
 
     def run_plan(self, plan) -> PlanResult:
-        """Run a :class:`~torch_bcfw.duals.plan.StepPlan`, plain or refined, in the compiled driver
+        """Run a :class:`~torch_bcfw.duals.plan.StepPlan` (plain, refined or multi-plane) in the compiled driver
         :func:`~torch_bcfw.duals.chain_driver.chain_plan_steps` (same trajectory as the generic step loop; only
-        when :meth:`can_run_plan`)."""
-        from .chain_driver import NEED_GAP_PASS, chain_plan_steps
+        when :meth:`can_run_plan`).  MP-BCFW's exact steps for a model whose oracle is overridden (e.g. a
+        slowed-down one) call that oracle from Python, one block per driver call."""
+        from .chain_driver import NEED_GAP_PASS
+        from .plan import MP_EXACT
+
+        ws = self.working_set if plan.working_set is not None else None
+        planes = plan.working_set.planes if ws is not None else None
+        if planes is not None and planes.mode == MP_EXACT and not self.model.builtin_oracle():
+            parts = []
+            for i in plan.order.tolist():
+                y = self.block_oracle(int(i)).detach().cpu().numpy().astype(np.int64)
+                one = dataclasses.replace(plan, m=1, order=np.array([i], dtype=np.int64))
+                parts.append(self._drive(one, ws, y))
+            return PlanResult(steps=plan.m, oracle_calls=plan.m, cache_hits=0, need_gap_pass=False,
+                              blocks=plan.order, gaps=np.concatenate([r[1][:1] for r in parts]))
+        done, gaps, blocks, counters = self._drive(plan, ws, np.zeros(0, dtype=np.int64))
+        return PlanResult(steps=done, oracle_calls=int(counters[1]), cache_hits=int(counters[2]),
+                          need_gap_pass=int(counters[3]) == NEED_GAP_PASS, blocks=blocks[:done], gaps=gaps[:done])
+
+    def _drive(self, plan, ws, ylab: np.ndarray):
+        """One call of the compiled driver on ``plan`` (``ylab``: given oracle answers of a one-block plan).
+        Returns ``(iterations, gaps, blocks, counters)``."""
+        from .chain_driver import chain_plan_steps
 
         m = int(plan.m)
         gaps = np.full(m, np.nan)
         blocks = np.full(m, -1, dtype=np.int64)
         ells = np.array([self.ell, self.avg_ell_u])
         counters = np.zeros(6, dtype=np.int64)
-        ws = self.working_set if plan.use_ws else None
         if ws is not None:
             wsa = ws.arrays()
         else:
@@ -269,22 +309,27 @@ class ChainDualState(DualState):
             wsa = (z, z.copy(), z.copy(), z.copy(), z.copy(), np.zeros(2, dtype=np.int64), np.zeros(1, dtype=np.uint64),
                    np.zeros((1, 3)), np.zeros(1, dtype=np.int32), np.zeros(1, dtype=np.uint8))
         order = plan.order if plan.order is not None else np.zeros(0, dtype=np.int64)
-        uniforms = plan.uniforms if plan.uniforms is not None else np.zeros(0)
-        parts = (m, int(plan.rule), bool(plan.use_ws), bool(plan.cache), float(plan.F), float(plan.glob_thr),
-                 int(plan.max_size), bool(plan.keep_inactive), bool(plan.track_est))
-        sampling = (int(plan.sample_mode), np.ascontiguousarray(order, dtype=np.int64),
-                    np.ascontiguousarray(uniforms, dtype=np.float64), plan.queue, plan.smeta, plan.est, plan.tree,
-                    int(plan.tsize), float(plan.power))
+        wsu = plan.working_set if plan.working_set is not None else WorkingSetUse()
+        cache = wsu.cache if wsu.cache is not None else CacheTest()
+        parts = (m, int(plan.rule), plan.working_set is not None, wsu.cache is not None, float(cache.F),
+                 float(cache.glob_thr), int(wsu.max_size), bool(wsu.keep_inactive), plan.estimates is not None)
+        sampling = (1 if plan.gap is not None else 0, np.ascontiguousarray(order, dtype=np.int64)) + _gap_groups(plan)
+        planes = wsu.planes if wsu.planes is not None else MultiPlane(0, 0.0)
+        run = planes.running
+        avg_v = run.v.numpy() if run is not None else np.zeros(1)
+        avg_s = np.array([run.ell, run.k], dtype=np.float64) if run is not None else np.zeros(2)
+        mp = (int(planes.mode), np.ascontiguousarray(ylab, dtype=np.int64), float(planes.stamp), float(planes.cutoff),
+              int(planes.max_planes), run is not None, self.v.numpy(), avg_v, avg_s)
         step = (int(plan.step_code), bool(plan.averaging), self.lam, self.k, self.avg_t)
-        key, fl, lab = chain_plan_steps(parts, sampling, tuple(wsa), step, *self._kernel_groups(ells),
+        key, fl, lab = chain_plan_steps(parts, sampling, tuple(wsa), mp, step, *self._kernel_groups(ells),
                                         (gaps, blocks, counters))
         if ws is not None:
             ws.set_pool(key, fl, lab)
+        if run is not None:
+            run.ell, run.k = float(avg_s[0]), int(avg_s[1])
         self.ell, self.avg_ell_u = float(ells[0]), float(ells[1])
-        done = int(counters[0])
         self.k, self.avg_t = int(counters[4]), int(counters[5])
-        return PlanResult(steps=done, oracle_calls=int(counters[1]), cache_hits=int(counters[2]),
-                          need_gap_pass=int(counters[3]) == NEED_GAP_PASS, blocks=blocks[:done], gaps=gaps[:done])
+        return int(counters[0]), gaps, blocks, counters
 
     def can_run_minibatch(self) -> bool:
         """The compiled mini-batch rounds apply: CPU tensors and no box constraints."""
@@ -294,12 +339,11 @@ class ChainDualState(DualState):
         """Run a mini-batch :class:`~torch_bcfw.duals.plan.StepPlan` in the compiled rounds of
         :mod:`.chain_minibatch_kernels` (the trajectory of :func:`~torch_bcfw.duals.plan.minibatch_plan_steps` up to
         rounding): all rounds in one call when this state owns the problem's every block, else one call per round
-        part with the all-reduce ``plan.reduce`` between them."""
+        part with the all-reduce ``plan.rounds.reduce`` between them."""
         from . import chain_minibatch_kernels as mk
-        from .plan import GAP_SAMPLING
 
         order = plan.order  # filled round by round with gap sampling
-        rof = np.ascontiguousarray(plan.rounds, dtype=np.int64)
+        rof = np.ascontiguousarray(plan.rounds.offsets, dtype=np.int64)
         rgaps = np.zeros(len(rof) - 1)
         ells = np.array([self.ell, self.avg_ell_u])
         feats, wts, state, avg = self._kernel_groups(ells)
@@ -310,10 +354,8 @@ class ChainDualState(DualState):
         P, flag, entries, count = self._acc
         acc = tuple(t.numpy() for t in self.model.unpack(P))
         marks = (flag, entries, count)
-        by_gap = plan.sample_mode == GAP_SAMPLING
-        sampling = (by_gap, plan.uniforms if by_gap else np.zeros(0), plan.queue, plan.smeta, plan.est, plan.tree,
-                    int(plan.tsize), float(plan.power))
-        if plan.reduce is None and self.n_total == self.n:
+        sampling = (plan.gap is not None,) + _gap_groups(plan)
+        if plan.rounds.reduce is None and self.n_total == self.n:
             self.k, self.avg_t, taken, stepped = mk.chain_minibatch_rounds(
                 order, rof, (int(plan.step_code), bool(plan.averaging), self.lam, self.n_total, self.k, self.avg_t),
                 sampling, feats, wts, state, avg, acc, marks, rgaps)
@@ -329,7 +371,7 @@ class ChainDualState(DualState):
                           blocks=order[:slots], gaps=gaps, rounds=int(taken))
 
     def _reduced_rounds(self, plan, sampling, rof, rgaps, feats, wts, state, avg, acc, marks, P) -> tuple[int, int]:
-        """Rounds split over processes: each round's ``(V, sums)`` goes through ``plan.reduce`` between the compiled
+        """Rounds split over processes: each round's ``(V, sums)`` goes through ``plan.rounds.reduce`` between the compiled
         direction and move parts; ``w`` moves by the summed ``V`` (the same on every process).  Returns the rounds
         taken and the blocks they stepped over all processes."""
         from . import chain_minibatch_kernels as mk
@@ -354,7 +396,7 @@ class ChainDualState(DualState):
             num, s_i, s_s = mk.round_directions(blocks, self.n_total, feats, wts, state, acc, marks, blk_scr, D, Y, tok,
                                                 bgaps)
             sums = torch.tensor([s_i, s_s, float(len(blocks))], dtype=torch.float64)
-            V, _, gamma, tau = self._round_step(P * scale, sums, plan.step_code, plan.reduce)
+            V, _, gamma, tau = self._round_step(P * scale, sums, plan.step_code, plan.rounds.reduce)
             if tau == 0:  # gap sampling: every estimate is zero on every process
                 break
             if gamma != 0.0 and len(blocks):
@@ -372,54 +414,6 @@ class ChainDualState(DualState):
             taken += 1
             stepped += tau
         return taken, stepped
-
-    def can_run_mp_steps(self) -> bool:
-        """The fused multi-plane kernel :meth:`run_mp_steps` applies: CPU tensors and no box constraints."""
-        return self.can_run_plan()
-
-    def run_mp_steps(self, exact: bool, order: np.ndarray, stamp: float, cutoff: float, max_planes: int,
-                     avg=None) -> None:
-        """MP-BCFW's block steps on the blocks ``order`` (``int64[m]``) and this state's working set, compiled
-        (:func:`~torch_bcfw.duals.chain_mp_kernels.chain_mp_steps`; only when :meth:`can_run_mp_steps`).
-
-        ``exact``: each step calls the oracle and adds its answer to the block's planes (timestamp ``stamp``,
-        longest-inactive plane evicted beyond ``max_planes``), with the chain's own Viterbi inside the kernel, or,
-        for a model whose oracle is overridden (e.g. a slowed-down one), with its answers called from Python one
-        block at a time.  Otherwise an approximate pass: the best plane of each block at the current ``w``, then the
-        block's planes last active before ``cutoff`` are dropped.  ``avg``: the running average the steps update
-        (``v: Tensor[d]`` updated in place, ``ell``, ``k``), or ``None``.
-        """
-        from .chain_mp_kernels import APPROX, EXACT
-
-        none = np.zeros(0, dtype=np.int64)
-        if not exact:
-            self._mp_kernel(APPROX, order, none, stamp, cutoff, max_planes, avg)
-        elif self.model.builtin_oracle():
-            self._mp_kernel(EXACT, order, none, stamp, -math.inf, max_planes, avg)
-        else:
-            for i in order:
-                y = self.block_oracle(int(i)).detach().cpu().numpy().astype(np.int64)
-                self._mp_kernel(EXACT, np.array([i]), y, stamp, -math.inf, max_planes, avg)
-
-    def _mp_kernel(self, mode: int, order, ylab: np.ndarray, stamp: float, cutoff: float, max_planes: int,
-                   avg) -> None:
-        from .chain_mp_kernels import chain_mp_steps
-
-        ws = self.working_set
-        ells = np.array([self.ell, self.avg_ell_u])
-        counters = np.zeros(2, dtype=np.int64)
-        avg_v = avg.v.numpy() if avg is not None else np.zeros(1)
-        avg_s = np.array([avg.ell, avg.k], dtype=np.float64) if avg is not None else np.zeros(2)
-        key, fl, lab = chain_mp_steps(
-            mode, np.ascontiguousarray(order, dtype=np.int64), ylab, (float(stamp), float(cutoff), int(max_planes)),
-            ws.arrays(), (self.lam, self.k, self.avg_t), *self._kernel_groups(ells),
-            (avg is not None, self.v.numpy(), avg_v, avg_s), counters,
-        )
-        ws.set_pool(key, fl, lab)
-        self.ell, self.avg_ell_u = float(ells[0]), float(ells[1])
-        self.k, self.avg_t = int(counters[0]), int(counters[1])
-        if avg is not None:
-            avg.ell, avg.k = float(avg_s[0]), int(avg_s[1])
 
     def _storage_dict(self) -> dict:
         names = ("mu", "T", "mu_acc", "T_acc")

@@ -63,6 +63,9 @@ class DenseDualState(DualState):
     def _move_subset(self, idx: Tensor, y: Tensor, gamma: float, parts) -> None:
         self.w_blocks[idx] -= gamma * parts
 
+    def subset_values(self, idx: Tensor, sub) -> Tensor:
+        return self.block_ell[idx] - self.lam * (self.w_blocks[idx] @ self.w)
+
     def _subset_block_gaps(self, idx: Tensor, sub, parts) -> Tensor:
         return self.lam * (parts @ self.w)
 

@@ -15,7 +15,7 @@ solver: the solvers hand plans over, the states run them.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -24,63 +24,112 @@ from .stepsize import AWAY_RULE, FW_RULE, PAIRWISE_RULE, away_choice, cache_hit,
 from .sumtree import est_set, gap_draw, gap_draw_round
 from .working_set import block_labelings, ws_away_update, ws_corners, ws_fw_update, ws_pairwise_update
 
-__all__ = ["StepPlan", "PlanResult", "ORDER_SAMPLING", "GAP_SAMPLING", "generic_plan_steps", "minibatch_plan_steps",
-           "run_plan"]
+__all__ = ["StepPlan", "GapDraws", "CacheTest", "MultiPlane", "WorkingSetUse", "Rounds", "PlanResult", "MP_EXACT",
+           "MP_APPROX", "generic_plan_steps", "minibatch_plan_steps", "run_plan"]
 
-ORDER_SAMPLING = 0  #: blocks come from ``order`` (uniform / permutation sampling)
-GAP_SAMPLING = 1    #: blocks come from the sum tree over the gap estimates (plus the unvisited queue)
+MP_EXACT = 1   #: multi-plane BCFW: exact steps, the oracle answers join the planes
+MP_APPROX = 2  #: multi-plane BCFW: approximate steps on the best stored plane
+
+
+@dataclass
+class GapDraws:
+    """The sampling part of gap sampling (Osokin et al. 2016, Alg. 2): blocks drawn inside the loop from the sum tree
+    of the plan's :attr:`StepPlan.estimates`, never-visited blocks first.
+
+    Attributes:
+        uniforms: ``float64[m]`` uniforms in [0, 1) for the tree draws, one per iteration (per slot of a round).
+        queue, smeta: never-visited blocks and the position in ``queue`` (``int64[1]``, updated).
+    """
+
+    uniforms: np.ndarray
+    queue: np.ndarray
+    smeta: np.ndarray
+
+
+@dataclass
+class CacheTest:
+    """The cache test of Alg. 5 (Osokin et al. 2016): the best stored labeling is the corner, without an oracle call,
+    when its block gap is at least ``max(F g_i, glob_thr)``, ``glob_thr = (nu / n) g_global``."""
+
+    F: float = 0.25
+    glob_thr: float = np.inf
+
+
+@dataclass
+class MultiPlane:
+    """The planes of multi-plane BCFW (Shah et al. 2015) in the working set.
+
+    Attributes:
+        mode: ``MP_EXACT`` (the oracle answer joins the block's planes, the longest-inactive plane evicted beyond
+            ``max_planes``) or ``MP_APPROX`` (the best stored plane at the current ``w`` is the corner; then the planes
+            last active before ``cutoff`` are dropped); either stamps the corner's plane ``stamp``.
+        running: MP-BCFW-avg's running average, updated after every step (``update(v, l)``, fields ``v``, ``ell``,
+            ``k``), or ``None``.
+    """
+
+    mode: int
+    stamp: float
+    cutoff: float = -np.inf
+    max_planes: int = 0
+    running: object = None
+
+
+@dataclass
+class WorkingSetUse:
+    """The oracle's working-set part: the state's :class:`~torch_bcfw.duals.working_set.WorkingSet` is kept (its
+    ``alpha`` follow every step, oracle answers join it).
+
+    Attributes:
+        keep_inactive: keep labelings whose ``alpha`` dropped to 0 (a cache); else the working set is the active set.
+        max_size: labelings per block (0: unbounded).
+        cache: the cache test before the oracle call, or ``None``.
+        planes: MP-BCFW's planes, or ``None``.
+    """
+
+    keep_inactive: bool = False
+    max_size: int = 0
+    cache: CacheTest | None = None
+    planes: MultiPlane | None = None
+
+
+@dataclass
+class Rounds:
+    """Mini-batch BCFW (Wang et al. 2016): ``offsets`` (``int64[r + 1]``) cut the plan's ``order`` into rounds of
+    distinct blocks, each one joint step (:meth:`DualState.minibatch_step`); ``reduce``: for rounds split over
+    processes, the callable that sums a round's ``(V, sums)`` over them.  With gap sampling the slots
+    ``offsets[j]:offsets[j + 1]`` are filled inside the loop (:func:`~torch_bcfw.duals.sumtree.gap_draw_round`) and
+    unfilled slots stay -1."""
+
+    offsets: np.ndarray
+    reduce: object = None
 
 
 @dataclass
 class StepPlan:
-    """One chunk of iterations.
+    """One chunk of iterations: the blocks, the step rule and the optional parts of the BCFW family.
 
     Attributes:
         m: maximum number of block iterations.
+        order: ``int64[m]`` blocks (uniform / permutation sampling; the slots of gap-sampled rounds).
         rule: step-rule code (``FW_RULE``, ``PAIRWISE_RULE``, ``AWAY_RULE`` of :mod:`torch_bcfw.duals.stepsize`).
         step_code: ``LINE_SEARCH`` or ``FIXED`` (FW steps only).
         averaging: keep the weighted average of the iterates.
-        sample_mode: ``ORDER_SAMPLING`` or ``GAP_SAMPLING``.
-        order: ``int64[m]`` blocks (``ORDER_SAMPLING``).
-        uniforms: ``float64[m]`` uniforms in [0, 1) for the tree draws (``GAP_SAMPLING``).
-        queue, smeta: never-visited blocks and the position in ``queue`` (``int64[1]``, updated).
-        est, tree, tsize, power: gap estimates ``g_i^(k_i)``, their sum tree over ``est^power``.
-        track_est: write the oracle's block gap into ``est`` after every oracle call.
-        use_ws: keep the state's working set (active sets / cache).
-        cache: test the cache corner before calling the oracle; ``F``, ``glob_thr = (nu / n) g_global``.
-        max_size: cache size per block (0: unbounded).
-        keep_inactive: keep labelings whose ``alpha`` dropped to 0 (a cache); else the working set is the
-            active set exactly.
-        rounds: mini-batch BCFW (Wang et al. 2016): ``int64[r + 1]`` offsets into ``order``; the blocks
-            ``order[rounds[j]:rounds[j + 1]]`` (distinct) take one joint step (:meth:`DualState.minibatch_step`).
-            With ``GAP_SAMPLING`` the slots ``rounds[j]:rounds[j + 1]`` are filled inside the loop
-            (:func:`~torch_bcfw.duals.sumtree.gap_draw_round`, one uniform per slot) and unfilled slots stay -1.
-            ``None``: one block per iteration.
-        reduce: for a round split over processes, the callable that sums a round's ``(V, sums)`` over them.
+        gap: :class:`GapDraws` (gap sampling), or ``None`` (the blocks of ``order``).
+        estimates: the gap estimates ``g_i^(k_i)`` the oracle calls update (``est``, their sum tree ``tree`` of
+            ``size`` leaves over ``est^power``: a :class:`~torch_bcfw.solvers.sampling.GapEstimates`), or ``None``.
+        working_set: :class:`WorkingSetUse` (active sets, the cache, MP-BCFW's planes), or ``None``.
+        rounds: :class:`Rounds` (mini-batch BCFW), or ``None`` (one block per iteration).
     """
 
     m: int
-    rule: int
+    order: np.ndarray | None = None
+    rule: int = FW_RULE
     step_code: int = 0
     averaging: bool = False
-    sample_mode: int = ORDER_SAMPLING
-    order: np.ndarray | None = None
-    uniforms: np.ndarray | None = None
-    queue: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
-    smeta: np.ndarray = field(default_factory=lambda: np.zeros(1, dtype=np.int64))
-    est: np.ndarray = field(default_factory=lambda: np.zeros(0))
-    tree: np.ndarray = field(default_factory=lambda: np.zeros(2))
-    tsize: int = 1
-    power: float = 1.0
-    track_est: bool = False
-    use_ws: bool = False
-    cache: bool = False
-    F: float = 0.25
-    glob_thr: float = np.inf
-    max_size: int = 0
-    keep_inactive: bool = False
-    rounds: np.ndarray | None = None
-    reduce: object = None
+    gap: GapDraws | None = None
+    estimates: object = None
+    working_set: WorkingSetUse | None = None
+    rounds: Rounds | None = None
 
     @classmethod
     def minibatch(cls, order, rounds, step_code: int = 0, averaging: bool = False, reduce=None) -> "StepPlan":
@@ -89,29 +138,39 @@ class StepPlan:
         rounds = np.ascontiguousarray(rounds, dtype=np.int64)
         if rounds.ndim != 1 or rounds.size < 1 or rounds[0] != 0 or rounds[-1] != len(order) or (np.diff(rounds) < 0).any():
             raise ValueError("rounds must be non-decreasing offsets into order, from 0 to len(order)")
-        return cls(m=len(order), rule=FW_RULE, step_code=step_code, averaging=averaging, order=order,
-                   rounds=rounds, reduce=reduce)
+        return cls(m=len(order), order=order, step_code=step_code, averaging=averaging, rounds=Rounds(rounds, reduce))
 
-    def draw_by_gap(self, uniforms, queue, smeta, est, tree, tsize: int, power: float) -> "StepPlan":
-        """Gap sampling for the rounds of a mini-batch plan: ``order`` becomes the slots the loop fills from the
-        sum tree (estimates updated after every round); returns ``self``."""
-        self.order = np.full(self.m, -1, dtype=np.int64)
-        self.sample_mode, self.track_est = GAP_SAMPLING, True
-        self.uniforms, self.queue, self.smeta = np.ascontiguousarray(uniforms, dtype=np.float64), queue, smeta
-        self.est, self.tree, self.tsize, self.power = est, tree, int(tsize), float(power)
+    def draw_by_gap(self, uniforms, queue, smeta, estimates) -> "StepPlan":
+        """Gap sampling from ``estimates`` (updated by the oracle calls); for a mini-batch plan ``order`` becomes the
+        slots the loop fills round by round.  Returns ``self``."""
+        if self.rounds is not None:
+            self.order = np.full(self.m, -1, dtype=np.int64)
+        self.gap = GapDraws(np.ascontiguousarray(uniforms, dtype=np.float64), queue, smeta)
+        self.estimates = estimates
         return self
+
+    @classmethod
+    def multi_plane(cls, order, mode: int, stamp: float, max_planes: int = 0, cutoff: float = -np.inf,
+                    running=None) -> "StepPlan":
+        """MP-BCFW's exact (``MP_EXACT``) or approximate (``MP_APPROX``) FW steps on the blocks of ``order`` with the
+        state's working set as the planes: line search, no lazy average (``running`` is MP-BCFW-avg's)."""
+        order = np.ascontiguousarray(order, dtype=np.int64)
+        if mode not in (MP_EXACT, MP_APPROX):
+            raise ValueError(f"mode must be MP_EXACT or MP_APPROX, got {mode!r}")
+        planes = MultiPlane(mode, float(stamp), float(cutoff), int(max_planes), running)
+        return cls(m=len(order), order=order, working_set=WorkingSetUse(keep_inactive=True, planes=planes))
 
     @classmethod
     def plain(cls, order, step_code: int = 0, averaging: bool = False) -> "StepPlan":
         """Plain BCFW: an FW step on each block of ``order`` after an oracle call, nothing measured or kept."""
         order = np.ascontiguousarray(order, dtype=np.int64)
-        return cls(m=len(order), rule=FW_RULE, step_code=step_code, averaging=averaging, order=order)
+        return cls(m=len(order), order=order, step_code=step_code, averaging=averaging)
 
     @property
     def is_plain(self) -> bool:
         """No refinement: FW steps on the blocks of ``order``, no working set, cache or gap estimates."""
-        return (self.rule == FW_RULE and self.sample_mode == ORDER_SAMPLING and not self.use_ws and not self.cache
-                and not self.track_est and self.rounds is None)
+        return (self.rule == FW_RULE and self.gap is None and self.working_set is None and self.estimates is None
+                and self.rounds is None)
 
 
 @dataclass
@@ -149,14 +208,18 @@ def generic_plan_steps(state, plan: StepPlan) -> PlanResult:
     m = int(plan.m)
     gaps = np.full(m, np.nan)
     blocks = np.full(m, -1, dtype=np.int64)
-    ws = state.working_set if plan.use_ws else None
-    measure = ws is not None or plan.track_est  # the corner values h_i, h_s (block gaps and estimates)
+    wsu, gap, est = plan.working_set, plan.gap, plan.estimates
+    ws = state.working_set if wsu is not None else None
+    cache = wsu.cache if wsu is not None else None
+    planes = wsu.planes if wsu is not None else None
+    mp = planes.mode if planes is not None else 0
+    measure = (ws is not None and not mp) or est is not None  # the corner values h_i, h_s (block gaps and estimates)
     dev = state.w.device
     n_oracle = n_hits = done = 0
     need_pass = False
     for j in range(m):
-        if plan.sample_mode == GAP_SAMPLING:
-            i = int(gap_draw(plan.queue, plan.smeta, plan.tree, plan.tsize, float(plan.uniforms[j])))
+        if gap is not None:
+            i = int(gap_draw(gap.queue, gap.smeta, est.tree, est.size, float(gap.uniforms[j])))
             if i < 0:
                 need_pass = True
                 break
@@ -167,13 +230,14 @@ def generic_plan_steps(state, plan: StepPlan) -> PlanResult:
         jmax = jmin = -1
         nact = 0
         hit = False
-        if ws is not None:
+        if ws is not None and mp != MP_EXACT:
             ys = ws.labelings(i)
             ws.scores(i)[:] = state.corner_values(i, ys)
             jmax, jmin, nact = (int(v) for v in ws_corners(i, ws.start, ws.size, ws.key, ws.fl))
-            if plan.cache:
-                hit = bool(cache_hit(float(ws.scores(i)[jmax]) - h_i, float(plan.est[i]), float(plan.F),
-                                     float(plan.glob_thr)))
+            if cache is not None:
+                hit = bool(cache_hit(float(ws.scores(i)[jmax]) - h_i, float(est.est[i]), float(cache.F),
+                                     float(cache.glob_thr)))
+            hit = hit or mp == MP_APPROX  # MP-BCFW's approximate step: always the best plane
         if hit:
             n_hits += 1
             j_s = jmax
@@ -188,15 +252,20 @@ def generic_plan_steps(state, plan: StepPlan) -> PlanResult:
                 h_s = float(state.corner_values(i, [y_s.cpu().numpy()])[0])
                 g = h_s - h_i
                 gaps[j] = g
-                if plan.track_est:
-                    est_set(plan.est, plan.tree, plan.tsize, i, g, plan.power, plan.sample_mode == GAP_SAMPLING)
+                if est is not None:
+                    est_set(est.est, est.tree, est.size, i, g, est.power, gap is not None)
             if ws is not None:
                 ynp = y_s.cpu().numpy()
                 j_s = ws.find(i, ynp)
-                if j_s < 0:
-                    ell_s = float(state.model.loss(state.block_data(i), y_s)[0]) / state.n
-                    j_s = ws.insert(i, ynp, ell_s, plan.max_size, plan.rule != FW_RULE)
+                if j_s < 0 or mp:
+                    ell_s = float(state.model.loss(state.block_data(i), y_s)[0]) / state.n_total
+                if mp:  # a new plane evicts the longest inactive beyond max_planes
+                    j_s = ws.add_plane(i, ynp, ell_s, planes.stamp, planes.max_planes)
+                elif j_s < 0:
+                    j_s = ws.insert(i, ynp, ell_s, wsu.max_size, plan.rule != FW_RULE)
                     ws.scores(i)[j_s] = h_s
+        if mp == MP_APPROX:
+            ws.touch(i, j_s, planes.stamp)
         kind = plan.rule
         if plan.rule == AWAY_RULE:
             kind = int(away_choice(h_s - h_i, h_i - float(ws.scores(i)[jmin]), nact))
@@ -218,8 +287,12 @@ def generic_plan_steps(state, plan: StepPlan) -> PlanResult:
                     ws_away_update(i, jmin, gamma, drop, ws.start, ws.size, ws.fl)
         else:
             state.skip_step()
-        if ws is not None and not plan.keep_inactive:
+        if ws is not None and not wsu.keep_inactive:
             ws.drop_inactive(i)
+        if mp == MP_APPROX and planes.cutoff > -np.inf:
+            ws.drop_stale(i, planes.cutoff)
+        if planes is not None and planes.running is not None:
+            planes.running.update(state.v, state.ell)
         done += 1
     return PlanResult(steps=done, oracle_calls=n_oracle, cache_hits=n_hits, need_gap_pass=need_pass,
                       blocks=blocks[:done], gaps=gaps[:done])
@@ -228,32 +301,40 @@ def generic_plan_steps(state, plan: StepPlan) -> PlanResult:
 def _round_corners(state, plan: StepPlan, blocks: list[int]):
     """The corners of a round's blocks with the cache (Osokin et al. 2016, Alg. 5, per block): a block whose best
     cached labeling passes the cache test moves towards it, the others towards the answers of ONE batched oracle call
-    at the round's ``w``; the oracle answers join the working set.  Returns ``(sub, y, js, hit)``: the round's
-    examples and corners (laid out like ``sub.y``), each corner's plane in the working set and the hit mask."""
+    at the round's ``w``; the oracle answers join the working set.  The test itself is batched: every cached labeling
+    of the round scored in one call (:meth:`DualState.pair_values`), the blocks' values in another
+    (:meth:`DualState.subset_values`).  Returns ``(sub, y, js, hit)``: the round's examples and corners (laid out like
+    ``sub.y``), each corner's plane in the working set and the hit mask."""
     ws = state.working_set
     dev = state.w.device
+    idx = torch.as_tensor(blocks, dtype=torch.long, device=dev)
+    sub = state.data[idx] if len(blocks) != 1 else state.block_data(blocks[0])
     hit = np.zeros(len(blocks), dtype=bool)
     js = np.full(len(blocks), -1, dtype=np.int64)
     labs: list = [None] * len(blocks)
-    for q, i in enumerate(blocks):
-        ws.scores(i)[:] = state.corner_values(i, ws.labelings(i))
-        if plan.cache:
+    cache, est = plan.working_set.cache, plan.estimates
+    if cache is not None:
+        owners = [i for i in blocks for _ in range(int(ws.size[i]))]
+        scores = state.pair_values(owners, [y for i in blocks for y in ws.labelings(i)])
+        h = state.subset_values(idx, sub).cpu().numpy()
+        at = 0
+        for q, i in enumerate(blocks):
+            ws.scores(i)[:] = scores[at:at + int(ws.size[i])]
+            at += int(ws.size[i])
             jmax = int(ws_corners(i, ws.start, ws.size, ws.key, ws.fl)[0])
-            if cache_hit(float(ws.scores(i)[jmax]) - state.block_value(i), float(plan.est[i]), float(plan.F),
-                         float(plan.glob_thr)):
+            if cache_hit(float(ws.scores(i)[jmax]) - float(h[q]), float(est.est[i]), float(cache.F),
+                         float(cache.glob_thr)):
                 hit[q], js[q], labs[q] = True, jmax, ws.labeling(i, jmax).astype(np.int64)
     miss = [q for q in range(len(blocks)) if not hit[q]]
     if miss:
-        idx_m = torch.as_tensor([blocks[q] for q in miss], dtype=torch.long, device=dev)
+        idx_m = idx[torch.as_tensor(miss, dtype=torch.long, device=dev)]
         sub_m, y_m = state.subset_oracle(idx_m)
         ell_m = (state.model.loss(sub_m, y_m).to(torch.float64) / state.n_total).cpu().numpy()
         for r, (q, ynp) in enumerate(zip(miss, block_labelings(y_m, getattr(sub_m, "offsets", None)))):
             i = blocks[q]
             j = ws.find(i, ynp)
-            js[q] = j if j >= 0 else ws.insert(i, ynp, float(ell_m[r]), plan.max_size, False)
+            js[q] = j if j >= 0 else ws.insert(i, ynp, float(ell_m[r]), plan.working_set.max_size, False)
             labs[q] = np.asarray(ynp, dtype=np.int64).reshape(-1)
-    idx = torch.as_tensor(blocks, dtype=torch.long, device=dev)
-    sub = state.data[idx] if len(blocks) != 1 else state.block_data(blocks[0])
     y = torch.as_tensor(np.concatenate(labs), dtype=torch.long, device=dev).reshape(sub.y.shape)
     return sub, y, js, hit
 
@@ -264,21 +345,21 @@ def minibatch_plan_steps(state, plan: StepPlan) -> PlanResult:
     round's line-search numerator (the sum of its block gaps) at the round's first slot, ``nan`` elsewhere.  With gap
     sampling each round draws its blocks from the estimates, which take the round's block gaps; a round that finds
     every estimate zero (on every process) ends the chunk and asks for an exact gap pass.  With the cache
-    (``plan.cache``) the oracle is called for the blocks that miss it (:func:`_round_corners`), only their gaps
+    (``plan.working_set.cache``) the oracle is called for the blocks that miss it (:func:`_round_corners`), only their gaps
     update the estimates, and the working set follows every step."""
-    if state.can_run_minibatch() and not plan.use_ws:
+    if state.can_run_minibatch() and plan.working_set is None:
         return state.run_minibatch(plan)
-    by_gap = plan.sample_mode == GAP_SAMPLING
-    ws = state.working_set if plan.use_ws else None
+    gap, est, offsets, reduce = plan.gap, plan.estimates, plan.rounds.offsets, plan.rounds.reduce
+    ws = state.working_set if plan.working_set is not None else None
     order = plan.order
     dev = state.w.device
     gaps = np.full(len(order), np.nan)
     taken = blocks_done = n_hits = 0
     need_pass = False
-    for j in range(len(plan.rounds) - 1):
-        a, b = int(plan.rounds[j]), int(plan.rounds[j + 1])
-        if by_gap:
-            b = a + int(gap_draw_round(plan.queue, plan.smeta, plan.tree, plan.tsize, plan.uniforms[a:b], order[a:b]))
+    for j in range(len(offsets) - 1):
+        a, b = int(offsets[j]), int(offsets[j + 1])
+        if gap is not None:
+            b = a + int(gap_draw_round(gap.queue, gap.smeta, est.tree, est.size, gap.uniforms[a:b], order[a:b]))
         blocks = order[a:b].tolist()
         idx = torch.as_tensor(blocks, dtype=torch.long).to(dev)
         hit = np.zeros(len(blocks), dtype=bool)
@@ -288,8 +369,8 @@ def minibatch_plan_steps(state, plan: StepPlan) -> PlanResult:
             sub, y, js, hit = _round_corners(state, plan, blocks)
         else:
             sub, y = state.subset_oracle(idx)
-        bgaps = np.empty(len(blocks)) if plan.track_est else None
-        num, gamma, tau = state.minibatch_step(idx, sub, y, plan.step_code, plan.averaging, plan.reduce, bgaps)
+        bgaps = np.empty(len(blocks)) if est is not None else None
+        num, gamma, tau = state.minibatch_step(idx, sub, y, plan.step_code, plan.averaging, reduce, bgaps)
         if tau == 0:  # gap sampling: every estimate is zero on every process
             need_pass = True
             break
@@ -300,13 +381,13 @@ def minibatch_plan_steps(state, plan: StepPlan) -> PlanResult:
             for i, g, h in zip(blocks, bgaps.tolist(), hit.tolist()):
                 # a cached corner's gap is not the block's gap: a hit keeps its estimate (Alg. 5; its leaf, zeroed
                 # by the draw, comes back)
-                est_set(plan.est, plan.tree, plan.tsize, i, float(plan.est[i]) if h else g, plan.power, by_gap)
+                est_set(est.est, est.tree, est.size, i, float(est.est[i]) if h else g, est.power, gap is not None)
         if blocks:
             gaps[a] = num
         taken += 1
         blocks_done += tau
         n_hits += int(hit.sum())
-    slots = int(plan.rounds[taken])
+    slots = int(offsets[taken])
     return PlanResult(steps=slots, oracle_calls=blocks_done - n_hits, cache_hits=n_hits, need_gap_pass=need_pass,
                       blocks=order[:slots], gaps=gaps[:slots], rounds=taken)
 

@@ -16,7 +16,7 @@ import time
 import numpy as np
 import torch
 
-from ..duals.plan import GAP_SAMPLING, ORDER_SAMPLING, StepPlan
+from ..duals.plan import CacheTest, StepPlan, WorkingSetUse
 from ..duals.stepsize import FIXED, FW_RULE, LINE_SEARCH, STEP_RULES
 from .algorithm import DualAlgorithm
 from .certificate import Certificate
@@ -134,23 +134,20 @@ class BCFW(DualAlgorithm):
         """The refinements' parts of ``plan``: the gap estimates (kept up to date by the oracle calls), the working
         set and the cache test."""
         o = self.options
-        est = self.estimates
-        plan.est, plan.tree, plan.tsize, plan.power, plan.track_est = est.est, est.tree, est.size, est.power, True
-        plan.use_ws, plan.cache, plan.F = self.use_ws, o.cache, o.cache_F
-        plan.max_size, plan.keep_inactive = (o.cache_size if o.cache else 0), o.cache
-        if o.cache:
-            g = self.glob_gap
-            plan.glob_thr = np.inf if (o.cache_nu == np.inf or g == np.inf) else o.cache_nu / self.n * g
+        plan.estimates = self.estimates
+        if self.use_ws:
+            cache = None
+            if o.cache:
+                g = self.glob_gap
+                cache = CacheTest(o.cache_F, np.inf if (o.cache_nu == np.inf or g == np.inf) else o.cache_nu / self.n * g)
+            plan.working_set = WorkingSetUse(keep_inactive=o.cache, max_size=o.cache_size if o.cache else 0, cache=cache)
         return plan
 
     def _plan(self, m: int) -> StepPlan:
         plan = self._refine(StepPlan(m=m, rule=self.rule, step_code=self.step_code, averaging=self.options.averaging))
         if isinstance(self.sampler, GapSampler):
-            plan.sample_mode = GAP_SAMPLING
-            plan.uniforms = self.sampler.uniforms(m)
-            plan.queue, plan.smeta = self.sampler.queue, self.sampler.smeta
+            plan.draw_by_gap(self.sampler.uniforms(m), self.sampler.queue, self.sampler.smeta, self.estimates)
         else:
-            plan.sample_mode = ORDER_SAMPLING
             plan.order = self.sampler.draw(m)
         return plan
 
@@ -194,9 +191,7 @@ class BCFW(DualAlgorithm):
             offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
             plan = StepPlan.minibatch(np.zeros(int(offsets[-1]), dtype=np.int64), offsets, self.step_code,
                                       self.options.averaging, reduce)
-            est = self.estimates
-            plan.draw_by_gap(self.sampler.uniforms(plan.m), self.sampler.queue, self.sampler.smeta, est.est, est.tree,
-                             est.size, est.power)
+            plan.draw_by_gap(self.sampler.uniforms(plan.m), self.sampler.queue, self.sampler.smeta, self.estimates)
         else:
             order, offsets = self.sampler.draw_rounds(local[j0:j1])
             plan = StepPlan.minibatch(order, offsets, self.step_code, self.options.averaging, reduce)

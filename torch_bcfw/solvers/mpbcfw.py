@@ -41,9 +41,11 @@ step; :meth:`MPBCFW.averaged` returns their mixture ``(1 - g) avg_exact + g avg_
 **Reduction to BCFW.**  With ``N = 0`` there is no working set and no approximate pass (``M`` is
 ignored, as in the authors' code): the exact pass runs the plain plan (``StepPlan.plain``) on the sampler's blocks,
 BCFW's own code path (the compiled chain kernel on CPU), and the average is the state's, so the trajectory is
-BCFW's bit for bit.  With ``N > 0`` the steps go through the dual state's public methods
-(``block_oracle``, ``corner_values``, ``block_step``): any model works; a state with a fused kernel for them
-(``can_run_mp_steps``, e.g. the chain's on CPU) runs the same steps compiled (``run_mp_steps``).
+BCFW's bit for bit.  With ``N > 0`` the exact and approximate passes are multi-plane plans
+(:meth:`StepPlan.multi_plane <torch_bcfw.duals.plan.StepPlan.multi_plane>`: the working set as the planes, the plane
+stamps, eviction and staleness, the running average) run like every plan of the family: in the state's compiled
+driver when it has one (the chain's on CPU), else in the generic step loop through the state's public methods
+(``block_oracle``, ``corner_values``, ``block_step``), so any model works.
 
 Cost accounting: ``oracle_calls`` (exact), ``approx_steps``, ``approx_passes``, ``iteration`` and the
 clock time spent in exact and approximate passes are added to every history record
@@ -59,8 +61,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..duals.plan import StepPlan, run_plan
-from ..duals.working_set import WorkingSet, ws_corners, ws_fw_update
+from ..duals.plan import MP_APPROX, MP_EXACT, StepPlan, run_plan
+from ..duals.working_set import WorkingSet
 from ..duals.stepsize import FIXED, LINE_SEARCH, line_search_step
 from .algorithm import DualAlgorithm
 from .callbacks import Callback
@@ -227,53 +229,16 @@ class MPBCFW(DualAlgorithm):
         w = self.state.w
         return self.state.dual_ell() - 0.5 * self.lam * float(w @ w)
 
-    def _exact_step(self, i: int, stamp: float) -> None:
-        st, ws = self.state, self.ws
-        y = st.block_oracle(i)
-        ell_s = float(self.model.loss(st.block_data(i), y)[0]) / self.n
-        j = ws.add_plane(i, y.detach().cpu().numpy(), ell_s, stamp, self.N)
-        _, gamma = st.block_step(i, y, LINE_SEARCH, averaging=False)
-        if gamma != 0.0:
-            ws_fw_update(i, j, gamma, ws.start, ws.size, ws.fl)
-        if self.averages is not None:
-            self.averages.exact.update(st.v, st.ell)
-
-    def _approx_step(self, i: int, stamp: float, cutoff: float) -> None:
-        st, ws = self.state, self.ws
-        ws.scores(i)[:] = st.corner_values(i, ws.labelings(i))
-        j = int(ws_corners(i, ws.start, ws.size, ws.key, ws.fl)[0])
-        ws.touch(i, j, stamp)
-        y = torch.as_tensor(ws.labeling(i, j), dtype=torch.long).to(st.w.device)
-        _, gamma = st.block_step(i, y, LINE_SEARCH, averaging=False)
-        if gamma != 0.0:
-            ws_fw_update(i, j, gamma, ws.start, ws.size, ws.fl)
-        if cutoff > -math.inf:
-            ws.drop_stale(i, cutoff)
-        if self.averages is not None:
-            self.averages.approx.update(st.v, st.ell)
-
-    # ------------------------------------------------------------ fused steps of the state
-    def _kernel(self) -> bool:
-        """True when the state runs the steps in its own fused kernel
-        (:meth:`~torch_bcfw.duals.base.DualState.run_mp_steps`, e.g. a CPU chain state without box constraints)."""
-        return self.fused and self.state.can_run_mp_steps()
-
     def _exact_steps(self, order, stamp: float) -> None:
-        """The exact block steps of ``order``: in the state's fused kernel when it has one, else generic."""
-        if self._kernel():
-            avg = self.averages.exact if self.averages is not None else None
-            self.state.run_mp_steps(True, order, stamp, -math.inf, self.N, avg)
-            return
-        for i in order:
-            self._exact_step(int(i), stamp)
+        """The exact block steps of ``order``: a multi-plane plan (:meth:`StepPlan.multi_plane`) run by the state's
+        compiled driver when it has one, else the generic step loop."""
+        avg = self.averages.exact if self.averages is not None else None
+        run_plan(self.state, StepPlan.multi_plane(order, MP_EXACT, stamp, self.N, running=avg), generic=not self.fused)
 
     def _approx_pass(self, order, stamp: float, cutoff: float) -> None:
-        if self._kernel():
-            avg = self.averages.approx if self.averages is not None else None
-            self.state.run_mp_steps(False, order, stamp, cutoff, self.N, avg)
-            return
-        for i in order:
-            self._approx_step(int(i), stamp, cutoff)
+        avg = self.averages.approx if self.averages is not None else None
+        run_plan(self.state, StepPlan.multi_plane(order, MP_APPROX, stamp, cutoff=cutoff, running=avg),
+                 generic=not self.fused)
 
     # ------------------------------------------------------------ the algorithm
     def chunk_size(self) -> int:
