@@ -2,8 +2,9 @@
 loops (issue 25, item 1: one plan, one dispatch, shared block-step pieces).
 
 Usage:  python benchmarks/driver_speed.py --old /tmp/oldtree [--rounds 3] [--conll-passes 3] [--skip conll,horses]
+                                         [--pin CPU] [--json NAME]
         (make the old copy with ``git archive HEAD torch_bcfw | tar -x -C /tmp/oldtree`` before editing)
-Writes benchmarks/results/driver_speed.json and prints a table.
+Writes benchmarks/results/driver_speed.json (or ``--json NAME``) and prints a table.
 
 Every measurement runs in its own child process with ``PYTHONPATH`` pointing at one package (``--old`` or this
 working tree; each child reports the ``torch_bcfw.__file__`` it imported), old and new alternating ``--rounds``
@@ -94,6 +95,8 @@ CHILDREN = {"ocr": child_ocr, "conll": child_conll, "horses": child_horses, "ide
 def run_child(kind: str, tree: str, args, extra=()) -> dict:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([tree, str(ROOT / "benchmarks")]))
     cmd = [sys.executable, __file__, "--child", kind, "--conll-passes", str(args.conll_passes), *extra]
+    if args.pin is not None:
+        cmd += ["--pin", str(args.pin)]
     p = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if p.returncode != 0:
         raise RuntimeError(f"child {kind} on {tree} failed:\n{p.stderr[-3000:]}")
@@ -108,9 +111,17 @@ def main() -> None:
     ap.add_argument("--skip", default="", help="comma-separated: ocr, conll, horses, identity")
     ap.add_argument("--child", choices=sorted(CHILDREN))
     ap.add_argument("--out")
+    ap.add_argument("--json", default="driver_speed.json", help="name of the JSON written to benchmarks/results")
+    ap.add_argument("--pin", type=int, help="run every child on this CPU only, with one torch thread (steadier timings)")
     args = ap.parse_args()
     if args.child:
         import torch_bcfw
+
+        if args.pin is not None:
+            import torch
+
+            os.sched_setaffinity(0, {args.pin})
+            torch.set_num_threads(1)
 
         res = CHILDREN[args.child](args)
         res["package"] = torch_bcfw.__file__
@@ -120,7 +131,7 @@ def main() -> None:
         ap.error("--old PATH (a copy of the previous package) is required")
     trees = {"old": str(Path(args.old).resolve()), "new": str(ROOT)}
     skip = set(filter(None, args.skip.split(",")))
-    rows, payload = [], {"rounds": args.rounds, "trees": trees, "measures": {}}
+    rows, payload = [], {"rounds": args.rounds, "trees": trees, "pin": args.pin, "measures": {}}
     for kind, metric in (("ocr", "s_per_pass"), ("conll", "s_per_pass"), ("horses", "overhead")):
         if kind in skip:
             continue
@@ -154,7 +165,7 @@ def main() -> None:
     print_table(rows, ["measure", "old", "new", "ratio", "target"])
     payload["table"] = rows
     payload["date"] = time.strftime("%Y-%m-%d")
-    write_json("driver_speed.json", payload)
+    write_json(args.json, payload)
 
 
 if __name__ == "__main__":
