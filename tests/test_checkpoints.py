@@ -2,7 +2,6 @@
 and ``--resume`` finishing with exactly the result of an uninterrupted run."""
 from __future__ import annotations
 
-import os
 import random
 import signal
 import subprocess

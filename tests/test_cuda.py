@@ -1,13 +1,10 @@
 """The core checks again on a CUDA device (skipped only when CUDA is absent)."""
-import numpy as np
 import pytest
 import torch
 
 from conftest import brute_force_max, random_chain_problem, random_multiclass_problem, requires_cuda, shared_data
 from torch_bcfw import fit
-from torch_bcfw.duals import ChainDualState
-from torch_bcfw.duals.stepsize import LINE_SEARCH
-from torch_bcfw.inference.viterbi import viterbi_packed, viterbi_packed_torch
+from torch_bcfw.inference.viterbi import viterbi_packed
 from torch_bcfw.solvers.certificate import certify
 
 pytestmark = [pytest.mark.cuda, requires_cuda]

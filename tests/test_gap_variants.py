@@ -13,11 +13,10 @@ import torch
 
 from conftest import brute_force_primal, random_chain_problem, random_multiclass_problem
 from torch_bcfw import fit
-from torch_bcfw.duals.sumtree import gap_draw, tree_build, tree_sample
+from torch_bcfw.duals.sumtree import gap_draw, tree_sample
 from torch_bcfw.duals.working_set import WorkingSet, label_hash
 from torch_bcfw.models.table import app_c_toy
 from torch_bcfw.solvers.bcfw import BCFW
-from torch_bcfw.solvers.loop import run_solver
 from torch_bcfw.solvers.options import PRESETS, SolverOptions, parse_preset
 from torch_bcfw.solvers.sampling import GapEstimates, GapSampler
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import brute_force_max, brute_force_primal, enumerate_labelings, random_chain_problem, random_multiclass_problem
+from conftest import brute_force_max, brute_force_primal, random_chain_problem, random_multiclass_problem
 from torch_bcfw import fit
 from torch_bcfw.duals.active_set import ActiveSetDualState
 from torch_bcfw.duals.stepsize import LINE_SEARCH
