@@ -252,15 +252,9 @@ class DualState:
 
         ``ys`` holds labelings as 1-D integer arrays or tensors (the layout of the block's labels).
         Returns ``float64[len(ys)]``; consistent with :meth:`block_value` (corner minus block value is a
-        block gap).  One batched :meth:`~torch_bcfw.models.base.StructuredModel.score` call.
+        block gap).  One batched loss and score call (:meth:`pair_values`).
         """
-        m = len(ys)
-        blk = self.block_data(i)
-        rep = self.data[[i] * m]
-        y = torch.cat([torch.as_tensor(np.asarray(t), dtype=torch.long).reshape(-1) for t in ys]).to(self.w.device)
-        w = self.w
-        H = self.model.loss(rep, y) + self.model.score(w, rep, y) - self.model.score(w, blk, blk.y)[0]
-        return (H / self.n_total).cpu().numpy().astype(np.float64)
+        return self.pair_values([i] * len(ys), ys)
 
     def pair_values(self, blocks, ys: list) -> np.ndarray:
         """:meth:`corner_values` of many blocks at once: ``H_i(y; w) / n`` for the pairs ``(blocks[q], ys[q])`` in one

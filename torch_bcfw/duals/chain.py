@@ -27,6 +27,14 @@ from .stepsize import lazy_weight
 __all__ = ["ChainDualState", "sequence_grams"]
 
 
+def _marginal_scores(U: Tensor, trans: Tensor, data, M: Tensor, T: Tensor) -> Tensor:
+    """The score of per-block marginals under ``w``: ``sum_t <U_t, M_t> + <T_i, trans>`` for every block of ``data``
+    (``U, M``: ``[N_tok, K]`` unary scores and token marginals, ``T``: ``[n, K, K]``); ``Tensor[n]``."""
+    s = torch.zeros(len(data), dtype=torch.float64, device=U.device)
+    s.index_add_(0, data.token_sequence_ids(), (U * M).sum(1))
+    return s + (T * trans).sum((1, 2))
+
+
 def _gap_groups(plan) -> tuple:
     """``(uniforms, queue, smeta, est, tree, size, power)`` of a plan's gap sampling and estimates for the compiled
     kernels (empty arrays for the parts it does not have)."""
@@ -131,10 +139,7 @@ class ChainDualState(DualState):
         y_star, _ = viterbi_packed(U + model.loss_unaries(data, U.dtype), data.offsets, trans)
         s_true = model._score_from_unary(U, trans, data, data.y)
         H = model.loss(data, y_star) + model._score_from_unary(U, trans, data, y_star) - s_true
-        s_mu = torch.zeros(self.n, dtype=torch.float64, device=w.device)
-        s_mu.index_add_(0, data.token_sequence_ids(), (U * self.mu).sum(1))
-        s_mu += (self.T * trans).sum((1, 2))
-        dots = (s_true - s_mu) / self.n_total  # lam <w_i, w>
+        dots = (s_true - _marginal_scores(U, trans, data, self.mu, self.T)) / self.n_total  # lam <w_i, w>
         return H / self.n_total - (self.block_ell - dots), H, y_star
 
     def _move_all(self, y: Tensor, gamma: float) -> None:
@@ -162,20 +167,14 @@ class ChainDualState(DualState):
         """``l_i + (score(mu_i) - score(y_i)) / n`` from one unary pass over the blocks' tokens."""
         U = self.model.unary_scores(self.w, sub)
         trans = self.model.unpack(self.w)[4]
-        s_mu = torch.zeros(len(idx), dtype=torch.float64, device=self.w.device)
-        s_mu.index_add_(0, sub.token_sequence_ids(), (U * self.mu[self._token_index(idx)]).sum(1))
-        s_mu += (self.T[idx] * trans).sum((1, 2))
+        s_mu = _marginal_scores(U, trans, sub, self.mu[self._token_index(idx)], self.T[idx])
         s_true = self.model._score_from_unary(U, trans, sub, sub.y)
         return self.block_ell[idx] + (s_mu - s_true) / self.n_total
 
     def _subset_block_gaps(self, idx: Tensor, sub, parts) -> Tensor:
         """``lam <w_i - w_s,i, w> = (score(D_i) + <dT_i, trans>) / n`` from the unary scores of the round's tokens."""
         _, D, dT = parts
-        U = self.model.unary_scores(self.w, sub)
-        trans = self.model.unpack(self.w)[4]
-        s = torch.zeros(len(idx), dtype=torch.float64, device=self.w.device)
-        s.index_add_(0, sub.token_sequence_ids(), (U * D).sum(1))
-        return (s + (dT * trans).sum((1, 2))) / self.n_total
+        return _marginal_scores(self.model.unary_scores(self.w, sub), self.model.unpack(self.w)[4], sub, D, dT) / self.n_total
 
     def _move_subset(self, idx: Tensor, y: Tensor, gamma: float, parts) -> None:
         tok, D, dT = parts

@@ -256,14 +256,14 @@ def generic_plan_steps(state, plan: StepPlan) -> PlanResult:
                     est_set(est.est, est.tree, est.size, i, g, est.power, gap is not None)
             if ws is not None:
                 ynp = y_s.cpu().numpy()
-                j_s = ws.find(i, ynp)
-                if j_s < 0 or mp:
+                j_s = -1 if mp else ws.find(i, ynp)
+                if j_s < 0:
                     ell_s = float(state.model.loss(state.block_data(i), y_s)[0]) / state.n_total
-                if mp:  # a new plane evicts the longest inactive beyond max_planes
-                    j_s = ws.add_plane(i, ynp, ell_s, planes.stamp, planes.max_planes)
-                elif j_s < 0:
-                    j_s = ws.insert(i, ynp, ell_s, wsu.max_size, plan.rule != FW_RULE)
-                    ws.scores(i)[j_s] = h_s
+                    if mp:  # stored once: a new plane evicts the longest inactive beyond max_planes
+                        j_s = ws.add_plane(i, ynp, ell_s, planes.stamp, planes.max_planes)
+                    else:
+                        j_s = ws.insert(i, ynp, ell_s, wsu.max_size, plan.rule != FW_RULE)
+                        ws.scores(i)[j_s] = h_s
         if mp == MP_APPROX:
             ws.touch(i, j_s, planes.stamp)
         kind = plan.rule
