@@ -2,14 +2,17 @@
 loops (issue 25, item 1: one plan, one dispatch, shared block-step pieces).
 
 Usage:  python benchmarks/driver_speed.py --old /tmp/oldtree [--rounds 3] [--conll-passes 3] [--skip conll,horses]
-                                         [--pin CPU] [--json NAME]
+                                         [--pin CPU] [--json NAME] [--same-process]
         (make the old copy with ``git archive HEAD torch_bcfw | tar -x -C /tmp/oldtree`` before editing)
 Writes benchmarks/results/driver_speed.json (or ``--json NAME``) and prints a table.
 
 Every measurement runs in its own child process with ``PYTHONPATH`` pointing at one package (``--old`` or this
 working tree; each child reports the ``torch_bcfw.__file__`` it imported), old and new alternating ``--rounds``
 times; medians are compared (ratio new / old, target <= 1.05).  In each child numba's compilation is excluded by a
-warm-up run first.
+warm-up run first.  Separate processes differ by ~10% from run to run; ``--same-process`` measures both packages in
+ONE process instead (the old copy imported as ``torch_bcfw_old``, its absolute imports renamed), ``--rounds``
+pairs in the order old, new, new, old, ..., each package with its own data objects, so the ratio is free of the
+process-to-process spread.
 
 * OCR-large (fold 0, 6251 words, ``Chain(128, 26)``, ``lam = 0.01``): ``fit(max_passes=20, gap_check=20)``,
   solver seconds per pass (``counters['solver_time'] / passes``, the compiled plain-BCFW kernel);
@@ -92,6 +95,88 @@ def child_identity(args) -> dict:
 CHILDREN = {"ocr": child_ocr, "conll": child_conll, "horses": child_horses, "identity": child_identity}
 
 
+def renamed_copy(old: str, dest: str) -> str:
+    """Copy the package ``old/torch_bcfw`` to ``dest/torch_bcfw_old`` with its absolute imports renamed; returns
+    ``dest``."""
+    import re
+    import shutil
+
+    target = Path(dest) / "torch_bcfw_old"
+    shutil.copytree(Path(old) / "torch_bcfw", target, ignore=shutil.ignore_patterns("__pycache__"))
+    for path in target.rglob("*.py"):
+        src = path.read_text(encoding="utf-8")
+        src = re.sub(r"^(\s*)from torch_bcfw(\.| import)", r"\1from torch_bcfw_old\2", src, flags=re.M)
+        src = re.sub(r"^(\s*)import torch_bcfw$", r"\1import torch_bcfw_old as torch_bcfw", src, flags=re.M)
+        path.write_text(src, encoding="utf-8")
+    return dest
+
+
+def _horses_overhead(pkg, data, passes: int = 5) -> float:
+    """``horses_oracle.solver_overhead`` for the package ``pkg``: BCFW time outside the oracle per oracle time,
+    median over ``passes`` passes after a warm-up pass."""
+    import importlib
+
+    GraphCut = importlib.import_module(pkg.__name__ + ".models").GraphCut
+    BCFW = importlib.import_module(pkg.__name__ + ".solvers.bcfw").BCFW
+    SolverOptions = importlib.import_module(pkg.__name__ + ".solvers.options").SolverOptions
+    model = GraphCut(data.n_inputs, 2, loss="balanced", processes=1)
+    alg = BCFW(model, data, 1e-2, SolverOptions.from_kwargs(max_passes=passes + 1, seed=0))
+    n = len(data)
+    alg.advance(n)
+    fractions = []
+    for _ in range(passes):
+        o0, t0 = alg.state.oracle_seconds, time.perf_counter()
+        alg.advance(n)
+        t = time.perf_counter() - t0
+        o = alg.state.oracle_seconds - o0
+        fractions.append((t - o) / o)
+    return statistics.median(fractions)
+
+
+def paired(args, skip: set) -> dict:
+    """Both packages in this process: per measure, ``--rounds`` pairs (old, new, new, old, ...); returns the runs."""
+    import importlib
+
+    sys.path.insert(0, args.renamed)
+    old = importlib.import_module("torch_bcfw_old")
+    import torch_bcfw as new
+
+    pkgs = {"old": old, "new": new}
+    out = {"package": {s: p.__file__ for s, p in pkgs.items()}}
+
+    def sub(pkg, name):
+        return importlib.import_module(pkg.__name__ + "." + name)
+
+    measures = {}
+    if "ocr" not in skip:
+        def ocr(pkg, data, passes=20):
+            r = pkg.fit(sub(pkg, "models").Chain(128, 26), data, 0.01, max_passes=passes, gap_check=passes)
+            return r.counters["solver_time"] / r.passes
+        data = {s: sub(p, "datasets.ocr").load_ocr_split(str(DATA / "ocr"), "large", 0)[0] for s, p in pkgs.items()}
+        measures["ocr"] = (ocr, data, 2)
+    if "conll" not in skip:
+        def conll(pkg, prob, passes=args.conll_passes):
+            r = pkg.fit(prob.model, prob.train, 1.0 / len(prob.train), max_passes=passes, gap_check=passes)
+            return r.counters["solver_time"] / r.passes
+        data = {s: sub(p, "datasets.conll_chain").load_conll_problem(str(DATA / "conll2000")) for s, p in pkgs.items()}
+        measures["conll"] = (conll, data, 1)
+    if "horses" not in skip:
+        def horses(pkg, data, passes=5):
+            return _horses_overhead(pkg, data, passes)
+        data = {s: sub(p, "datasets.horses").horse_graph_data(DATA / "weizmann_horse", "train", (48, 64))
+                for s, p in pkgs.items()}
+        measures["horses"] = (horses, data, 1)
+    for kind, (run, data, warm) in measures.items():
+        for side in ("old", "new"):
+            run(pkgs[side], data[side], warm)  # compile / load the kernels
+        runs = {"old": [], "new": []}
+        for r in range(args.rounds):
+            for side in (("old", "new") if r % 2 == 0 else ("new", "old")):
+                runs[side].append(run(pkgs[side], data[side]))
+        out[kind] = runs
+    return out
+
+
 def run_child(kind: str, tree: str, args, extra=()) -> dict:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([tree, str(ROOT / "benchmarks")]))
     cmd = [sys.executable, __file__, "--child", kind, "--conll-passes", str(args.conll_passes), *extra]
@@ -109,11 +194,21 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--conll-passes", type=int, default=3)
     ap.add_argument("--skip", default="", help="comma-separated: ocr, conll, horses, identity")
-    ap.add_argument("--child", choices=sorted(CHILDREN))
+    ap.add_argument("--child", choices=sorted(CHILDREN) + ["paired"])
     ap.add_argument("--out")
     ap.add_argument("--json", default="driver_speed.json", help="name of the JSON written to benchmarks/results")
     ap.add_argument("--pin", type=int, help="run every child on this CPU only, with one torch thread (steadier timings)")
+    ap.add_argument("--same-process", action="store_true", help="both packages in one child process (see above)")
+    ap.add_argument("--renamed", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.child == "paired":
+        if args.pin is not None:
+            import torch
+
+            os.sched_setaffinity(0, {args.pin})
+            torch.set_num_threads(1)
+        print(json.dumps(paired(args, set(filter(None, args.skip.split(","))))))
+        return
     if args.child:
         import torch_bcfw
 
@@ -131,9 +226,31 @@ def main() -> None:
         ap.error("--old PATH (a copy of the previous package) is required")
     trees = {"old": str(Path(args.old).resolve()), "new": str(ROOT)}
     skip = set(filter(None, args.skip.split(",")))
-    rows, payload = [], {"rounds": args.rounds, "trees": trees, "pin": args.pin, "measures": {}}
+    rows, payload = [], {"rounds": args.rounds, "trees": trees, "pin": args.pin, "measures": {},
+                         "same_process": args.same_process}
+    together = None
+    if args.same_process:
+        with tempfile.TemporaryDirectory() as tmp:
+            renamed_copy(trees["old"], tmp)
+            env = dict(os.environ, PYTHONPATH=os.pathsep.join([trees["new"], str(ROOT / "benchmarks")]))
+            cmd = [sys.executable, __file__, "--child", "paired", "--renamed", tmp, "--rounds", str(args.rounds),
+                   "--conll-passes", str(args.conll_passes), "--skip", ",".join(skip | {"identity"})]
+            if args.pin is not None:
+                cmd += ["--pin", str(args.pin)]
+            p = subprocess.run(cmd, env=env, capture_output=True, text=True)
+            if p.returncode != 0:
+                raise RuntimeError(f"paired child failed:\n{p.stderr[-3000:]}")
+            together = json.loads(p.stdout.strip().splitlines()[-1])
+        payload["packages"] = together["package"]
     for kind, metric in (("ocr", "s_per_pass"), ("conll", "s_per_pass"), ("horses", "overhead")):
         if kind in skip:
+            continue
+        if together is not None:
+            runs = {s: [{metric: v} for v in together[kind][s]] for s in ("old", "new")}
+            med = {s: statistics.median(r[metric] for r in runs[s]) for s in runs}
+            payload["measures"][kind] = {"metric": metric, "runs": runs, "median": med, "ratio": med["new"] / med["old"]}
+            rows.append({"measure": f"{kind} {metric}", "old": med["old"], "new": med["new"],
+                         "ratio": med["new"] / med["old"], "target": "<= 1.05"})
             continue
         runs = {"old": [], "new": []}
         for _ in range(args.rounds):

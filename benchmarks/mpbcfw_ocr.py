@@ -8,9 +8,8 @@ over the seeds) and prints the table.
 **The costly oracle is simulated**: :class:`SlowChain` is the OCR chain whose training oracle sleeps
 ``delay`` seconds per example (``time.sleep``, default 5 ms, the order of the graph-cut oracles of the
 paper's HorseSeg / Stanford runs).  Every training oracle call of every solver pays it, one sleep per call:
-the Python oracle (MP-BCFW's exact passes), and the compiled loops of BCFW (``run_steps``, one kernel call
-and one sleep per block) and of the cached gap-sampling BCFW (``run_plan``, one sleep per oracle call of
-the chunk; cache hits are free).  The exact gap checks (``hinge_terms``) are **not** slowed down and are
+the Python oracle (MP-BCFW's exact passes) and the compiled step driver of BCFW and of the cached
+gap-sampling BCFW (``run_plan``, one sleep per oracle call of the chunk; cache hits are free).  The exact gap checks (``hinge_terms``) are **not** slowed down and are
 left out of the time axis (solver time only), as the paper leaves out its bound evaluations; but gap sampling
 and the cache *use* those exact block gaps, so the table also reports ``passes_charged`` / ``seconds_charged``:
 for such a solver every check counts as a pass of ``n`` oracle calls (Osokin et al.'s effective passes) and pays
@@ -65,13 +64,6 @@ TARGETS = (0.5, 0.3, 0.2, 0.1, 0.05)
 
 class SlowChainDualState(ChainDualState):
     """The chain's marginal state whose compiled loops pay the model's delay per oracle call."""
-
-    def run_steps(self, order, step_code, averaging=True):
-        gaps = np.empty(len(order))
-        for j in range(len(order)):  # one kernel call and one sleep per block, like a slow oracle
-            gaps[j:j + 1] = super().run_steps(order[j:j + 1], step_code, averaging)
-            self.model.pay(1)
-        return gaps
 
     def run_plan(self, plan):
         res = super().run_plan(plan)

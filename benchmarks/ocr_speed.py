@@ -5,7 +5,7 @@ Writes benchmarks/results/ocr_speed.json and prints a table.
 
 Compared in the same run on the same machine:
   * the compiled (numba) fused BCFW step kernel of ``ChainDualState`` (with / without averaging);
-  * the generic torch step path (``DualState.run_steps``: one batched-oracle call per block step);
+  * the generic torch step path (``generic_plan_steps``: one batched-oracle call per block step);
   * a plain NumPy step loop with dense ``w_i`` (benchmarks/baselines.py, pystruct-style);
   * with ``--pystruct-python PATH`` (an interpreter with pystruct 0.3.2, see benchmarks/pystruct_ocr.py):
     pystruct's ``FrankWolfeSSVM`` on the same words, in a subprocess after the kernel timings;
@@ -26,7 +26,7 @@ import torch
 from common import DATA, print_table, timed, write_json
 from baselines import NumpyChainBCFW
 from torch_bcfw.datasets.ocr import load_ocr_split
-from torch_bcfw.duals.base import DualState
+from torch_bcfw.duals.plan import StepPlan, generic_plan_steps
 from torch_bcfw.duals.stepsize import LINE_SEARCH
 from torch_bcfw.inference.viterbi import _viterbi_same_length, viterbi_packed_torch
 from torch_bcfw.models import Chain
@@ -56,7 +56,7 @@ def main() -> None:
     state = model.dual_state(train, lam)
     state.run_steps(rng.integers(0, n, 3 * n), LINE_SEARCH, True)
     order = rng.integers(0, n, m)
-    t = timed(lambda: DualState.run_steps(state, order, LINE_SEARCH, True), repeat=2)
+    t = timed(lambda: generic_plan_steps(state, StepPlan.plain(order, LINE_SEARCH, True)), repeat=2)
     rows.append({"what": "BCFW pass, generic torch step path (extrapolated)", "s_min": t["min"] * n / m,
                  "s_median": t["median"] * n / m})
 

@@ -128,20 +128,16 @@ def unnormalised_chain():
     """``Chain`` with the Hamming loss not divided by the sentence length (wrong tokens counted), for a held-out check.
 
     The chain's compiled step kernels hard-code the normalised loss, so this model runs BCFW through the library's
-    generic torch steps (``DualState.run_steps``: the same steps, one to two orders of magnitude slower; on the
+    generic torch steps (``generic_plan_steps``: the same steps, one to two orders of magnitude slower; on the
     normalised loss both paths give the same iterates).  Only ``--tune-only`` uses it.
     """
     import torch
 
-    from torch_bcfw.duals.base import DualState
     from torch_bcfw.duals.chain import ChainDualState
     from torch_bcfw.models import Chain
 
     class GenericStepsState(ChainDualState):
-        def run_steps(self, order, step_code, averaging=True):
-            return DualState.run_steps(self, order, step_code, averaging)
-
-        def can_run_plan(self):
+        def can_run_plan(self, plan):
             return False
 
     class UnnormalisedChain(Chain):

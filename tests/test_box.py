@@ -7,7 +7,6 @@ import torch
 
 from conftest import brute_force_primal, random_chain_problem, random_multiclass_problem
 from torch_bcfw import fit
-from torch_bcfw.duals.base import DualState
 from torch_bcfw.duals.plan import StepPlan, WorkingSetUse
 from torch_bcfw.duals.stepsize import LINE_SEARCH, PAIRWISE_RULE
 from torch_bcfw.solvers.certificate import certify
@@ -49,7 +48,7 @@ def test_infinite_bounds_reproduce_plain_bcfw_exactly(kind):
     boxed = model.dual_state(data, 0.05)
     boxed.set_bounds(torch.full((d,), -math.inf), torch.full((d,), math.inf))
     assert boxed.has_bounds and boxed.w is not boxed.v
-    g1 = DualState.run_steps(plain, order, LINE_SEARCH)  # the generic torch steps, which the box path uses
+    g1 = generic_plan_steps(plain, StepPlan.plain(order, LINE_SEARCH, True)).gaps  # the generic torch steps (the box path's)
     g2 = boxed.run_steps(order, LINE_SEARCH)
     assert np.array_equal(g1, g2)
     assert torch.equal(plain.w, boxed.w) and torch.equal(plain.v, boxed.v) and plain.ell == boxed.ell

@@ -10,7 +10,7 @@ import torch
 
 import torch_bcfw
 from conftest import random_multiclass_problem
-from torch_bcfw.duals import ActiveSetDualState, DenseDualState, WorkingSet
+from torch_bcfw.duals import ActiveSetDualState, DenseDualState, StepPlan, WorkingSet
 from torch_bcfw.duals.stepsize import LINE_SEARCH
 
 PACKAGE = Path(torch_bcfw.__file__).parent
@@ -56,7 +56,7 @@ def test_contract_defaults():
     model, data = random_multiclass_problem(n=5, F=3, K=3, seed=0)
     assert model.prox_geometry(data, 0.1, 1e-9, 10) is None
     state = DenseDualState(model, data, 0.1)
-    assert not state.can_run_plan() and not state.can_run_minibatch()
+    assert not state.can_run_plan(StepPlan.plain(np.arange(5), 0)) and not state.can_run_minibatch()
 
 
 def test_active_set_keeps_its_labelings_in_a_working_set():

@@ -70,7 +70,7 @@ from torch import Tensor
 
 from .checks import check_bounds, check_lam, check_n_total
 from .fingerprint import features_fingerprint, labels_fingerprint
-from .plan import StepPlan, generic_plan_steps
+from .plan import StepPlan, run_plan
 from .stepsize import (PAIRWISE_RULE, average_weight, clipped_step, lazy_weight, minibatch_step_size,
                        step_size)
 from .working_set import ALPHA, WorkingSet, block_labelings
@@ -425,25 +425,26 @@ class DualState:
         raise NotImplementedError
     def run_steps(self, order: np.ndarray, step_code: int, averaging: bool = True) -> np.ndarray:
         """Sequential BCFW steps on the blocks in ``order`` (``int64[m]``), each after an exact oracle call: the plain
-        :class:`~torch_bcfw.duals.plan.StepPlan`, here in the generic step loop
-        (:func:`~torch_bcfw.duals.plan.generic_plan_steps`).
+        :class:`~torch_bcfw.duals.plan.StepPlan`, run by :func:`~torch_bcfw.duals.plan.run_plan` (the compiled
+        driver when the state has one, else the generic step loop
+        :func:`~torch_bcfw.duals.plan.generic_plan_steps`; the trajectories agree).
 
-        Returns the ``m`` block gaps observed (``float64[m]``).  Compact states override this with
-        a fused kernel; the result must be identical.
+        Returns the ``m`` block gaps observed (``float64[m]``).
         """
-        return generic_plan_steps(self, StepPlan.plain(order, step_code, averaging)).gaps
+        return run_plan(self, StepPlan.plain(order, step_code, averaging)).gaps
 
     # ------------------------------------------------------------ fused kernels (capabilities of a state)
-    def can_run_plan(self) -> bool:
-        """True when :meth:`run_plan` runs a :class:`~torch_bcfw.duals.plan.StepPlan` in a fused kernel (no state
-        by default: the solvers then run the generic step loop through the public methods)."""
+    def can_run_plan(self, plan) -> bool:
+        """True when :meth:`run_plan` runs ``plan`` (a :class:`~torch_bcfw.duals.plan.StepPlan`) in the compiled
+        driver, i.e. the state supplies the block operations (:mod:`torch_bcfw.duals.block_ops`) the plan needs (no
+        state by default: the solvers then run the generic step loop through the public methods)."""
         return False
 
     def run_plan(self, plan):
-        """Run ``plan`` in a fused kernel, with the trajectory of the generic step loop
-        (:func:`torch_bcfw.solvers.variants.generic_plan_steps`); returns a :class:`~torch_bcfw.duals.plan.PlanResult`.
-        Only called when :meth:`can_run_plan`."""
-        raise NotImplementedError(f"{type(self).__name__} has no fused step loop")
+        """Run ``plan`` in the compiled driver (:func:`torch_bcfw.duals.driver.plan_steps`), with the trajectory of
+        the generic step loop (:func:`torch_bcfw.duals.plan.generic_plan_steps`); returns a
+        :class:`~torch_bcfw.duals.plan.PlanResult`.  Only called when :meth:`can_run_plan`."""
+        raise NotImplementedError(f"{type(self).__name__} has no compiled step driver")
 
     def can_run_minibatch(self) -> bool:
         """True when :meth:`run_minibatch` runs mini-batch plans in compiled rounds (no state by default: the rounds

@@ -6,9 +6,9 @@ For :class:`~torch_bcfw.models.chain.Chain`, ``w_i = (phi_i(y_i) - phi_i(mu_i, T
 the number of tokens, not with ``n * d``, and the state can be re-bound to new token features.
 
 On CPU the steps run in compiled kernels fed with CSR token features and per-sequence Gram matrices
-(:func:`sequence_grams`): the chain's block operations (:mod:`.chain_kernels`) composed into one step driver for
-every :class:`~torch_bcfw.duals.plan.StepPlan`, plain BCFW included (:mod:`.chain_driver`), the mini-batch rounds
-(:mod:`.chain_minibatch_kernels`).
+(:func:`sequence_grams`): the chain's block operations (:mod:`.chain_kernels`, given to the step driver
+:mod:`.driver` by :mod:`.chain_ops`) run every :class:`~torch_bcfw.duals.plan.StepPlan`, plain BCFW included; the
+mini-batch rounds are :mod:`.chain_minibatch_kernels`.
 """
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from torch import Tensor
 
 from ..inference.viterbi import viterbi_packed
 from .base import DualState
-from .plan import CacheTest, MultiPlane, PlanResult, StepPlan, WorkingSetUse
+from .plan import PlanResult, gap_groups
 from .stepsize import lazy_weight
 
 __all__ = ["ChainDualState", "sequence_grams"]
@@ -35,22 +35,12 @@ def _marginal_scores(U: Tensor, trans: Tensor, data, M: Tensor, T: Tensor) -> Te
     return s + (T * trans).sum((1, 2))
 
 
-def _gap_groups(plan) -> tuple:
-    """``(uniforms, queue, smeta, est, tree, size, power)`` of a plan's gap sampling and estimates for the compiled
-    kernels (empty arrays for the parts it does not have)."""
-    gap, est = plan.gap, plan.estimates
-    uniforms, queue, smeta = ((gap.uniforms, gap.queue, gap.smeta) if gap is not None
-                              else (np.zeros(0), np.zeros(0, dtype=np.int64), np.zeros(1, dtype=np.int64)))
-    e = (est.est, est.tree, int(est.size), float(est.power)) if est is not None else (np.zeros(0), np.zeros(2), 1, 1.0)
-    return (np.ascontiguousarray(uniforms, dtype=np.float64), queue, smeta) + e
-
-
 class ChainDualState(DualState):
     """Marginal dual state of the chain: ``mu [N_tok, K]`` and ``T [n, K, K]`` (see the module docstring).
 
     ``w_i = (phi_i(y_i) - phi_i(mu_i, T_i)) / (lam n)``; the initial state is the ground truth
     (``mu`` one-hot, ``T`` the true transition counts), i.e. ``w_i = 0``.  On CPU the steps run in
-    the compiled driver :func:`~torch_bcfw.duals.chain_driver.chain_plan_steps`; elsewhere in
+    the compiled driver :func:`~torch_bcfw.duals.driver.plan_steps`; elsewhere in
     torch through :meth:`~torch_bcfw.duals.base.DualState.block_step`.
 
     Args:
@@ -251,11 +241,6 @@ class ChainDualState(DualState):
             }
         return self._kernel_inputs
 
-    def run_steps(self, order: np.ndarray, step_code: int, averaging: bool = True) -> np.ndarray:
-        if not self.can_run_plan():  # box constraints: the generic (torch) steps
-            return super().run_steps(order, step_code, averaging)
-        return self.run_plan(StepPlan.plain(order, step_code, averaging)).gaps
-
     def _kernel_groups(self, ells: np.ndarray) -> tuple:
         """The argument groups every chain kernel takes (:mod:`.chain_kernels`): ``feats``, ``wts`` (views of ``v``),
         ``state = (mu, T, block_ell, ells)`` and ``avg = (mu_acc, T_acc, avg_last)``."""
@@ -265,16 +250,16 @@ class ChainDualState(DualState):
         return (feats, wts, (self.mu.numpy(), self.T.numpy(), self.block_ell.numpy(), ells),
                 (self.mu_acc.numpy(), self.T_acc.numpy(), self.avg_last.numpy()))
 
-    def can_run_plan(self) -> bool:
-        """The fused kernel :meth:`run_plan` applies: CPU tensors and no box constraints."""
+    def can_run_plan(self, plan) -> bool:
+        """The compiled driver runs every plan here: CPU tensors, no box constraints, all the blocks of the problem."""
         return self.w.device.type == "cpu" and not self.has_bounds and self.n_total == self.n
 
     def run_plan(self, plan) -> PlanResult:
         """Run a :class:`~torch_bcfw.duals.plan.StepPlan` (plain, refined or multi-plane) in the compiled driver
-        :func:`~torch_bcfw.duals.chain_driver.chain_plan_steps` (same trajectory as the generic step loop; only
+        :func:`~torch_bcfw.duals.driver.plan_steps` (same trajectory as the generic step loop; only
         when :meth:`can_run_plan`).  MP-BCFW's exact steps for a model whose oracle is overridden (e.g. a
         slowed-down one) call that oracle from Python, one block per driver call."""
-        from .chain_driver import NEED_GAP_PASS
+        from .driver import NEED_GAP_PASS
         from .plan import MP_EXACT
 
         ws = self.working_set if plan.working_set is not None else None
@@ -284,51 +269,21 @@ class ChainDualState(DualState):
             for i in plan.order.tolist():
                 y = self.block_oracle(int(i)).detach().cpu().numpy().astype(np.int64)
                 one = dataclasses.replace(plan, m=1, order=np.array([i], dtype=np.int64))
-                parts.append(self._drive(one, ws, y))
+                parts.append(self._drive(one, y))
             return PlanResult(steps=plan.m, oracle_calls=plan.m, cache_hits=0, need_gap_pass=False,
                               blocks=plan.order, gaps=np.concatenate([r[1][:1] for r in parts]))
-        done, gaps, blocks, counters = self._drive(plan, ws, np.zeros(0, dtype=np.int64))
+        done, gaps, blocks, counters = self._drive(plan, np.zeros(0, dtype=np.int64))
         return PlanResult(steps=done, oracle_calls=int(counters[1]), cache_hits=int(counters[2]),
                           need_gap_pass=int(counters[3]) == NEED_GAP_PASS, blocks=blocks[:done], gaps=gaps[:done])
 
-    def _drive(self, plan, ws, ylab: np.ndarray):
-        """One call of the compiled driver on ``plan`` (``ylab``: given oracle answers of a one-block plan).
-        Returns ``(iterations, gaps, blocks, counters)``."""
-        from .chain_driver import chain_plan_steps
+    def _drive(self, plan, ylab: np.ndarray):
+        """One call of the compiled driver on ``plan`` with the chain's block operations (``ylab``: given oracle
+        answers of a one-block plan); see :func:`~torch_bcfw.duals.driver.drive`."""
+        from .chain_ops import chain_kernel
+        from .driver import drive
 
-        m = int(plan.m)
-        gaps = np.full(m, np.nan)
-        blocks = np.full(m, -1, dtype=np.int64)
         ells = np.array([self.ell, self.avg_ell_u])
-        counters = np.zeros(6, dtype=np.int64)
-        if ws is not None:
-            wsa = ws.arrays()
-        else:
-            z = np.zeros(1, dtype=np.int64)
-            wsa = (z, z.copy(), z.copy(), z.copy(), z.copy(), np.zeros(2, dtype=np.int64), np.zeros(1, dtype=np.uint64),
-                   np.zeros((1, 3)), np.zeros(1, dtype=np.int32), np.zeros(1, dtype=np.uint8))
-        order = plan.order if plan.order is not None else np.zeros(0, dtype=np.int64)
-        wsu = plan.working_set if plan.working_set is not None else WorkingSetUse()
-        cache = wsu.cache if wsu.cache is not None else CacheTest()
-        parts = (m, int(plan.rule), plan.working_set is not None, wsu.cache is not None, float(cache.F),
-                 float(cache.glob_thr), int(wsu.max_size), bool(wsu.keep_inactive), plan.estimates is not None)
-        sampling = (1 if plan.gap is not None else 0, np.ascontiguousarray(order, dtype=np.int64)) + _gap_groups(plan)
-        planes = wsu.planes if wsu.planes is not None else MultiPlane(0, 0.0)
-        run = planes.running
-        avg_v = run.v.numpy() if run is not None else np.zeros(1)
-        avg_s = np.array([run.ell, run.k], dtype=np.float64) if run is not None else np.zeros(2)
-        mp = (int(planes.mode), np.ascontiguousarray(ylab, dtype=np.int64), float(planes.stamp), float(planes.cutoff),
-              int(planes.max_planes), run is not None, self.v.numpy(), avg_v, avg_s)
-        step = (int(plan.step_code), bool(plan.averaging), self.lam, self.k, self.avg_t)
-        key, fl, lab = chain_plan_steps(parts, sampling, tuple(wsa), mp, step, *self._kernel_groups(ells),
-                                        (gaps, blocks, counters))
-        if ws is not None:
-            ws.set_pool(key, fl, lab)
-        if run is not None:
-            run.ell, run.k = float(avg_s[0]), int(avg_s[1])
-        self.ell, self.avg_ell_u = float(ells[0]), float(ells[1])
-        self.k, self.avg_t = int(counters[4]), int(counters[5])
-        return int(counters[0]), gaps, blocks, counters
+        return drive(self, chain_kernel(*self._kernel_groups(ells)), ells, plan, ylab)
 
     def can_run_minibatch(self) -> bool:
         """The compiled mini-batch rounds apply: CPU tensors and no box constraints."""
@@ -353,7 +308,7 @@ class ChainDualState(DualState):
         P, flag, entries, count = self._acc
         acc = tuple(t.numpy() for t in self.model.unpack(P))
         marks = (flag, entries, count)
-        sampling = (plan.gap is not None,) + _gap_groups(plan)
+        sampling = (plan.gap is not None,) + gap_groups(plan)
         if plan.rounds.reduce is None and self.n_total == self.n:
             self.k, self.avg_t, taken, stepped = mk.chain_minibatch_rounds(
                 order, rof, (int(plan.step_code), bool(plan.averaging), self.lam, self.n_total, self.k, self.avg_t),

@@ -4,9 +4,9 @@ Unary scores, loss-augmented decoding and the corner of a block (:func:`corner_b
 :func:`block_corner`), the squared norm of a direction (:func:`_direction_sqnorm`, :func:`_transition_stats`), the
 move of a block with its lazy average (:func:`move_block`, :func:`fw_move`: the steps of
 :meth:`torch_bcfw.duals.base.DualState.block_step` for :class:`torch_bcfw.duals.chain.ChainDualState`) and the
-prefetch of the next block's state.  The step driver (:mod:`.chain_driver`: plain, refined and multi-plane
-BCFW) and the mini-batch rounds (:mod:`.chain_minibatch_kernels`) compose them; tests check each against the
-generic torch steps.
+prefetch of the next block's state.  The step driver (:mod:`.driver` through :mod:`.chain_ops`: plain, refined and
+multi-plane BCFW) and the mini-batch rounds (:mod:`.chain_minibatch_kernels`) compose them; tests check each against
+the generic torch steps.
 
 Layout (see :class:`torch_bcfw.models.chain.Chain`): emission ``We[F, K]``, per-label bias,
 start and end biases ``[K]``, transitions ``trans[K, K]``.  Token features are given in CSR

@@ -20,18 +20,22 @@ from __future__ import annotations
 import hashlib
 import sys
 import time
+from typing import NamedTuple
 
 import numpy as np
 import torch
 from numba import njit, objmode, types
+from numba.extending import overload
 from numba.typed import List
 from torch import Tensor
 
 from ..inference.graphcut import NEGATIVE_TOLERANCE, build_graph, cut_graph
 from ..inference.graphcut_pool import cut_inputs
+from . import block_ops as ops
 from .base import DualState
 from .dense import DenseDualState
 from .fingerprint import features_fingerprint
+from .plan import PlanResult
 from .stepsize import average_weight, lazy_weight, step_size
 
 __all__ = ["GraphCutDualState"]
@@ -167,55 +171,161 @@ def _fused_block_step(seg, graph, block, wts, state, avg, step):
     return num, gamma, ell_i, new_ell
 
 
+class GraphCutKernel(NamedTuple):
+    """The graph cut's kernel bundle for the step driver (:func:`~torch_bcfw.duals.driver.plan_steps`):
+    ``records`` (typed list of the blocks' :data:`~torch_bcfw.inference.graphcut_pool.GraphRecord`), ``phi_true``
+    (``float64[n, d]``), ``seg_off`` (``int64[n + 1]`` node offsets), ``wts``, ``state`` and ``avg`` as
+    :func:`_fused_block_step`'s, ``F`` (unary dimension), ``checked`` (the box keeps ``w_P >= 0``: no check before a
+    cut), ``sums = [l, avg_l_u, oracle seconds]`` and the scratch ``seg`` (``bool[N_max]``, the oracle's answer)."""
+
+    records: object
+    phi_true: np.ndarray
+    seg_off: np.ndarray
+    wts: tuple
+    state: tuple
+    avg: tuple
+    F: int
+    checked: bool
+    sums: np.ndarray
+    seg: np.ndarray
+
+
 @njit(cache=True)
-def _step_loop(order, blocks, wts, state, avg, params, out):
-    """The sequential BCFW steps of :meth:`GraphCutDualState.run_steps` in one compiled loop.
-
-    Argument groups (tuples, unpacked on entry): ``blocks = (records, phi_true, seg_off)``, ``wts``, ``state`` and
-    ``avg`` as :func:`_fused_block_step`'s, ``params = (F, checked, lam, scale, n, step_code, averaging)`` and
-    ``out = (counts, sums, gaps)``.
-
-    Per step ``j`` (block ``i = order[j]``): the loss-augmented oracle -- node gains and edge penalties
-    (:func:`~torch_bcfw.inference.graphcut_pool.cut_inputs`, as the batched oracle) and the cut by PyMaxflow
-    (:func:`_cut`, in object mode) -- then :func:`_fused_block_step`.  ``records``: typed list of the blocks'
-    :data:`~torch_bcfw.inference.graphcut_pool.GraphRecord`; ``phi_true``: ``float64[n, d]``; ``seg_off``:
-    ``int64[n + 1]`` node offsets.  The counters live in arrays updated after every step, so an exception raised
-    by the cut (Ctrl-C) leaves them consistent with the finished steps: ``counts = [k, avg_t]`` (int64),
-    ``sums = [ell, avg_ell_u, oracle seconds]`` (float64); ``gaps[j]`` receives each step's block gap.
-    Returns the number of steps done: ``j < len(order)`` when the unchecked pairwise weights (``checked``
-    False) are below ``-NEGATIVE_TOLERANCE`` at step ``j`` (the caller raises)."""
-    records, phi_true, seg_off = blocks
-    W = wts[1]
-    F, checked, lam, scale, n, step_code, averaging = params
-    counts, sums, gaps = out
+def _graph_oracle(K, i, N):
+    """The loss-augmented oracle of block ``i`` (``N`` nodes) at the current clipped ``w``, into ``K.seg[:N]``: node
+    gains and edge penalties (:func:`~torch_bcfw.inference.graphcut_pool.cut_inputs`, as the batched oracle), then
+    the cut by PyMaxflow (:func:`_cut`, in object mode).  Its wall time is added to ``K.sums[2]``.  Returns False
+    (nothing cut) when the unchecked pairwise weights are below ``-NEGATIVE_TOLERANCE``."""
+    x, ns, aug, truth, omega, edges, e0, e1, edge_x, inv_z = K.records[i]
     ts = np.zeros(2, dtype=np.int64)
-    for j in range(order.shape[0]):
-        i = order[j]
-        x, ns, aug, truth, omega, edges, e0, e1, edge_x, inv_z = records[i]
-        t0 = _now(ts)
-        w_u = W[:F]
-        w_p = W[F:]
-        if not checked:
-            if w_p.size and w_p.min() < -NEGATIVE_TOLERANCE:
-                return j
-            w_p = np.maximum(w_p, 0.0)
-        _, gain, c = cut_inputs(x, w_u, ns, aug, True, edges, edge_x, w_p, inv_z)
-        if c.shape[0] == 0:
-            seg = gain > 0.0
-        else:
-            with objmode(seg="boolean[::1]"):
-                seg = _cut(gain, edges, c)
-        sums[2] += _now(ts) - t0
-        num, gamma, ell_i, new_ell = _fused_block_step(
-            seg, (x, ns, e0, e1, edge_x, inv_z, truth, omega), (phi_true[i], seg_off[i], i), wts, state, avg,
-            (lam, scale, n, step_code, counts[0], counts[1], averaging))
-        gaps[j] = num
-        if gamma != 0.0:
-            sums[0] += new_ell - ell_i
-            sums[1] += average_weight(counts[1]) * (new_ell - ell_i)
-        counts[0] += 1
-        counts[1] += 1
-    return order.shape[0]
+    t0 = _now(ts)
+    W = K.wts[1]
+    w_u = W[:K.F]
+    w_p = W[K.F:]
+    if not K.checked:
+        if w_p.size and w_p.min() < -NEGATIVE_TOLERANCE:
+            return False
+        w_p = np.maximum(w_p, 0.0)
+    _, gain, c = cut_inputs(x, w_u, ns, aug, True, edges, edge_x, w_p, inv_z)
+    if c.shape[0] == 0:
+        seg = gain > 0.0
+    else:
+        with objmode(seg="boolean[::1]"):
+            seg = _cut(gain, edges, c)
+    K.sums[2] += _now(ts) - t0
+    K.seg[:N] = seg
+    return True
+
+
+@njit(cache=True)
+def _graph_fw_step(K, i, s, N, step, clock):
+    """:func:`_fused_block_step` towards ``K.seg[:N]``, and the losses ``K.sums[:2]`` it moves."""
+    step_code, averaging, lam, k = step
+    x, ns, aug, truth, omega, edges, e0, e1, edge_x, inv_z = K.records[i]
+    n = K.phi_true.shape[0]
+    num, gamma, ell_i, new_ell = _fused_block_step(
+        K.seg[:N], (x, ns, e0, e1, edge_x, inv_z, truth, omega), (K.phi_true[i], s, i), K.wts, K.state, K.avg,
+        (lam, 1.0 / (lam * n), n, step_code, k, clock, averaging))
+    if gamma != 0.0:
+        K.sums[0] += new_ell - ell_i
+        K.sums[1] += average_weight(clock) * (new_ell - ell_i)
+    return num, gamma
+
+
+# ---------------------------------------------------------------- the contract (:mod:`.block_ops`) for GraphCutKernel
+# Plain plans only (:meth:`GraphCutDualState.can_run_plan`): the FW step computes the answer's features and loss
+# itself, so the oracle reports no corner scores (nan), and the working-set operations are not supplied.
+_graph = ops.bundle_of(GraphCutKernel)
+
+
+@njit(cache=True)
+def _fail():
+    raise NotImplementedError("the graph-cut state runs plain plans only in the compiled driver")
+
+
+@overload(ops.n_blocks, jit_options={"cache": True})
+def _n_blocks(K):
+    if _graph(K):
+        return lambda K: K.phi_true.shape[0]
+
+
+@overload(ops.block_span, jit_options={"cache": True})
+def _block_span(K, i):
+    if _graph(K):
+        return lambda K, i: (K.seg_off[i], K.seg_off[i + 1] - K.seg_off[i])
+
+
+@overload(ops.block_loss, jit_options={"cache": True})
+def _block_loss(K, i):
+    if _graph(K):
+        return lambda K, i: K.state[3][i]
+
+
+@overload(ops.dual_loss, jit_options={"cache": True})
+def _dual_loss(K):
+    if _graph(K):
+        return lambda K: K.sums[0]
+
+
+@overload(ops.prefetch, jit_options={"cache": True})
+def _prefetch(K, i, averaging):
+    if _graph(K):
+        return lambda K, i, averaging: None
+
+
+@overload(ops.begin_block, jit_options={"cache": True})
+def _begin_block(K, i, s, L, measure):
+    if _graph(K):
+        def impl(K, i, s, L, measure):
+            if measure:
+                _fail()
+            return np.nan
+        return impl
+
+
+@overload(ops.oracle_corner, jit_options={"cache": True})
+def _oracle_corner(K, i, s, L, ylab):
+    if _graph(K):
+        return lambda K, i, s, L, ylab: (np.nan, np.nan, _graph_oracle(K, i, L))
+
+
+@overload(ops.fw_step, jit_options={"cache": True})
+def _fw_step(K, i, s, L, step, clock, corner):
+    if _graph(K):
+        return lambda K, i, s, L, step, clock, corner: _graph_fw_step(K, i, s, L, step, clock)
+
+
+@overload(ops.plane_score, jit_options={"cache": True})
+def _plane_score(K, s, L, lab, base):
+    if _graph(K):
+        def impl(K, s, L, lab, base):
+            _fail()
+            return np.nan
+        return impl
+
+
+@overload(ops.plane_corner, jit_options={"cache": True})
+def _plane_corner(K, s, L, lab, base):
+    if _graph(K):
+        def impl(K, s, L, lab, base):
+            _fail()
+            return np.nan
+        return impl
+
+
+@overload(ops.corner_labels, jit_options={"cache": True})
+def _corner_labels(K, L):
+    if _graph(K):
+        def impl(K, L):
+            _fail()
+            return np.zeros(0, dtype=np.int32)
+        return impl
+
+
+@overload(ops.active_set_step, jit_options={"cache": True})
+def _active_set_step(K, kind, i, s, L, j_s, j_a, values, clock, step, planes):
+    if _graph(K):
+        return lambda K, kind, i, s, L, j_s, j_a, values, clock, step, planes: _fail()
 
 
 class GraphCutDualState(DenseDualState):
@@ -274,7 +384,7 @@ class GraphCutDualState(DenseDualState):
 
     # ------------------------------------------------------------ the fused step loop
     def _blocks(self) -> tuple:
-        """For :meth:`run_steps` (built once): the blocks' :data:`~torch_bcfw.inference.graphcut_pool.GraphRecord`
+        """For :meth:`kernel` (built once): the blocks' :data:`~torch_bcfw.inference.graphcut_pool.GraphRecord`
         (the model's cached per-graph CPU arrays, shared with the batched oracle) as a numba typed list,
         ``phi(x_i, y_i): float64[n, d]`` and the node offsets ``int64[n + 1]``."""
         blocks = self.__dict__.get("_np_blocks")
@@ -288,18 +398,15 @@ class GraphCutDualState(DenseDualState):
             self._np_blocks = blocks
         return blocks
 
-    def run_steps(self, order: np.ndarray, step_code: int, averaging: bool = True) -> np.ndarray:
-        """Sequential BCFW steps as :meth:`~torch_bcfw.duals.base.DualState.run_steps` (same iterates up to
-        rounding), fused on CPU: one compiled loop (:func:`_step_loop`) runs the loss-augmented oracle of the
-        batched oracle's per-graph code (gains and penalties compiled, the cut by PyMaxflow called back in object
-        mode) and one compiled kernel per step (:func:`_fused_block_step`: ``phi`` and the loss of the answer,
-        the line search, the averaging and the updates of ``w_i``, ``mu``, ``pw``, ``v`` and ``w``), without
-        per-step interpreter work besides the cut.  The oracle's share of the time is added to
-        :attr:`oracle_seconds`."""
-        if (self.data.device.type != "cpu" or not self.model.pairwise or not self.model.builtin_oracle()
-                or self.n_total != self.n):
-            return super().run_steps(order, step_code, averaging)  # e.g. a subclass with its own oracle
-        F, lam, n = self.F, self.lam, self.n
+    def can_run_plan(self, plan) -> bool:
+        """Plain plans run in the compiled driver on CPU, with the model's own oracle, over all the blocks of the
+        problem (see :meth:`run_plan`)."""
+        return (plan.is_plain and self.data.device.type == "cpu" and self.model.pairwise
+                and self.model.builtin_oracle() and self.n_total == self.n)
+
+    def kernel(self, sums: np.ndarray) -> GraphCutKernel:
+        """The kernel bundle of the current state (views of its tensors; ``sums = [l, avg_l_u, 0]``)."""
+        F = self.F
         V, WB, WBa = self.v.numpy(), self.w_blocks.numpy(), self.w_blocks_acc.numpy()
         box = bool(self._box)
         lo = self.lower.numpy() if box else V[:0]
@@ -307,25 +414,33 @@ class GraphCutDualState(DenseDualState):
         W = np.clip(V, lo, hi) if box else V  # updated in place by the kernel
         checked = box and bool((lo[F:] >= 0.0).all())  # the box keeps w_P >= 0: no per-step check needed
         records, phi_true, seg_off = self._blocks()
-        order = np.ascontiguousarray(order, dtype=np.int64)
-        gaps = np.empty(len(order), dtype=np.float64)
-        counts = np.array([self.k, self.avg_t], dtype=np.int64)
-        sums = np.array([self.ell, self.avg_ell_u, 0.0])
-        done = len(order)
-        try:
-            done = _step_loop(order, (records, phi_true, seg_off), (V, W, lo, hi, box),
+        seg = np.empty(int(np.diff(seg_off).max(initial=0)), dtype=np.bool_)
+        return GraphCutKernel(records, phi_true, seg_off, (V, W, lo, hi, box),
                               (WB, self.mu.numpy(), self.pw.numpy(), self.block_ell.numpy()),
                               (WBa, self.mu_acc.numpy(), self.pw_acc.numpy(), self.acc_w.numpy(),
-                               self.avg_last.numpy()),
-                              (F, checked, lam, 1.0 / (lam * n), n, step_code, averaging), (counts, sums, gaps))
-        finally:  # also when interrupted: the arrays already hold every finished step
-            self.k, self.avg_t = int(counts[0]), int(counts[1])
-            self.ell, self.avg_ell_u = float(sums[0]), float(sums[1])
+                               self.avg_last.numpy()), F, checked, sums, seg)
+
+    def run_plan(self, plan) -> PlanResult:
+        """A plain plan in the compiled driver (:func:`~torch_bcfw.duals.driver.plan_steps`; same iterates as the
+        generic loop up to rounding) with the graph cut's block operations: the loss-augmented oracle of the batched
+        oracle's per-graph code (gains and penalties compiled, the cut by PyMaxflow called back in object mode) and
+        one compiled kernel per step (:func:`_fused_block_step`: ``phi`` and the loss of the answer, the line
+        search, the averaging and the updates of ``w_i``, ``mu``, ``pw``, ``v`` and ``w``), without per-step
+        interpreter work besides the cut.  The oracle's share of the time is added to :attr:`oracle_seconds`.
+        Interrupted (Ctrl-C inside the cut), the state holds exactly the finished steps."""
+        from .driver import ORACLE_REFUSED, drive
+
+        sums = np.array([self.ell, self.avg_ell_u, 0.0])
+        K = self.kernel(sums)
+        try:
+            done, gaps, blocks, counters = drive(self, K, sums, plan)
+        finally:
             self.oracle_seconds += float(sums[2])
             self._sync_w()
-        if done < len(order):
-            _checked_pairwise(W[F:])  # raises: negative pairwise weights without a box
-        return gaps
+        if int(counters[3]) == ORACLE_REFUSED:
+            _checked_pairwise(K.wts[1][self.F:])  # raises: negative pairwise weights without a box
+        return PlanResult(steps=done, oracle_calls=int(counters[1]), cache_hits=0, need_gap_pass=False,
+                          blocks=blocks[:done], gaps=gaps[:done])
 
     # ------------------------------------------------------------ storage hooks
     def block_direction(self, i: int, y: Tensor) -> tuple[Tensor, float]:

@@ -5,11 +5,11 @@ A :class:`StepPlan` names the parts of one iteration (sampling policy, oracle wi
 set and cache test, step rule) and holds the solver-side arrays they work on (gap estimates and their
 sum tree, the sampler's queue and pre-drawn randomness).  Plain BCFW is the plan with no refinement
 (:meth:`StepPlan.plain`: FW steps on given blocks, nothing measured or kept).  :func:`run_plan` is the one
-entry of every solver of the BCFW family: it runs a plan in the state's fused kernel when it has one
-(:meth:`~torch_bcfw.duals.base.DualState.run_plan`, e.g. the chain's on CPU; for a plain plan,
-:meth:`~torch_bcfw.duals.base.DualState.run_steps`, e.g. the graph-cut state's compiled loop), else in the
-generic step loop :func:`generic_plan_steps` through the state's public methods; a fused kernel must give the
-same trajectory.  A mini-batch plan (:meth:`StepPlan.minibatch`: rounds of distinct blocks, each one joint step,
+entry of every solver of the BCFW family: it runs a plan in the compiled step driver
+(:func:`torch_bcfw.duals.driver.plan_steps`) when the state supplies the block operations the plan needs
+(:meth:`~torch_bcfw.duals.base.DualState.can_run_plan`: the chain's every plan on CPU, the graph cut's plain
+plans), else in the generic step loop :func:`generic_plan_steps` through the state's public methods; the driver
+must give the same trajectory.  A mini-batch plan (:meth:`StepPlan.minibatch`: rounds of distinct blocks, each one joint step,
 optionally split over processes by a ``reduce``) runs in :func:`minibatch_plan_steps`.  This module imports no
 solver: the solvers hand plans over, the states run them.
 """
@@ -189,12 +189,6 @@ class PlanResult:
     gaps: np.ndarray
     rounds: int = 0
 
-    @classmethod
-    def of_plain(cls, plan: StepPlan, gaps: np.ndarray) -> "PlanResult":
-        """The outcome of a plain plan (every block one oracle call) whose block gaps were ``gaps``."""
-        return cls(steps=plan.m, oracle_calls=plan.m, cache_hits=0, need_gap_pass=False, blocks=plan.order,
-                   gaps=gaps)
-
 
 def _as_labels(y, device) -> torch.Tensor:
     return torch.as_tensor(np.asarray(y), dtype=torch.long).reshape(-1).to(device)
@@ -204,7 +198,7 @@ def generic_plan_steps(state, plan: StepPlan) -> PlanResult:
     """Run ``plan`` on ``state`` one block at a time through the state's public methods (``block_value``,
     ``corner_values``, ``block_oracle``, ``block_step``, ``block_move``); see :mod:`torch_bcfw.solvers.variants`
     for the iteration.  A plain plan measures nothing: its block gaps are those of the FW steps
-    (:meth:`~torch_bcfw.duals.base.DualState.block_step`), so it is exactly ``DualState.run_steps``."""
+    (:meth:`~torch_bcfw.duals.base.DualState.block_step`)."""
     m = int(plan.m)
     gaps = np.full(m, np.nan)
     blocks = np.full(m, -1, dtype=np.int64)
@@ -392,16 +386,22 @@ def minibatch_plan_steps(state, plan: StepPlan) -> PlanResult:
                       blocks=order[:slots], gaps=gaps[:slots], rounds=taken)
 
 
+def gap_groups(plan) -> tuple:
+    """``(uniforms, queue, smeta, est, tree, size, power)`` of a plan's gap sampling and estimates for the compiled
+    kernels (empty arrays for the parts it does not have)."""
+    gap, est = plan.gap, plan.estimates
+    uniforms, queue, smeta = ((gap.uniforms, gap.queue, gap.smeta) if gap is not None
+                              else (np.zeros(0), np.zeros(0, dtype=np.int64), np.zeros(1, dtype=np.int64)))
+    e = (est.est, est.tree, int(est.size), float(est.power)) if est is not None else (np.zeros(0), np.zeros(2), 1, 1.0)
+    return (np.ascontiguousarray(uniforms, dtype=np.float64), queue, smeta) + e
+
+
 def run_plan(state, plan: StepPlan, generic: bool = False) -> PlanResult:
-    """Run ``plan`` on ``state``: in the state's fused kernel when it has one (:meth:`DualState.can_run_plan`), a
-    plain plan in the state's plain step loop (:meth:`DualState.run_steps`: compiled for the graph-cut state, the
-    generic loop otherwise), else in :func:`generic_plan_steps`; ``generic``: always the generic loop."""
+    """Run ``plan`` on ``state``: mini-batch rounds in :func:`minibatch_plan_steps`; otherwise in the compiled step
+    driver when the state runs that plan there (:meth:`DualState.can_run_plan`), else in
+    :func:`generic_plan_steps`; ``generic``: always the generic loop."""
     if plan.rounds is not None:
         return minibatch_plan_steps(state, plan)
-    if generic:
-        return generic_plan_steps(state, plan)
-    if state.can_run_plan():
+    if not generic and state.can_run_plan(plan):
         return state.run_plan(plan)
-    if plan.is_plain:
-        return PlanResult.of_plain(plan, state.run_steps(plan.order, plan.step_code, plan.averaging))
     return generic_plan_steps(state, plan)

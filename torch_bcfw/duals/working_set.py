@@ -31,7 +31,7 @@ Everything stored is independent of the features, so a working set survives
 active set always inside the working set.  Initially every block holds its ground truth with
 ``alpha = 1`` (the BCFW starting point ``w = 0``).
 
-Storage is a pool of numpy arrays so that compiled step kernels (:mod:`.chain_driver`) and the
+Storage is a pool of numpy arrays so that compiled step kernels (:mod:`.driver`) and the
 generic Python step loop share the same helpers (``ws_*`` below, compiled with numba): a block owns a
 contiguous region of ``cap[i]`` plane slots (and ``cap[i] * lab_len[i]`` label slots); a full region is
 moved to the end of the pool with twice the capacity; a full pool is reallocated at twice the size

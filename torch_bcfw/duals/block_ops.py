@@ -1,0 +1,75 @@
+"""The compiled block operations a dual state supplies to the step driver (:func:`~torch_bcfw.duals.driver.plan_steps`).
+
+The driver is written once; what differs between dual states is how a block is scored, decoded and moved.  A
+state that runs plans in the driver packs its arrays (features, ``w``, its storage, averaging accumulators,
+scratch) into a **kernel bundle**: an instance of a :class:`~typing.NamedTuple` class of its own.  The functions
+below are the contract: plain Python stubs here, each state's module registers its compiled implementations with
+numba's ``overload``, guarded by :func:`bundle_of` so that an implementation applies to its state's bundle only.
+The driver is compiled once per bundle type (and cached on disk like every kernel).
+
+Notation: block ``i`` has ``L`` positions starting at ``s`` (tokens of a chain, nodes of a graph); ``n`` blocks.
+Scores are of labelings under ``w`` without the block constant (``h(y) = L_i(y)/n + score(y)/n`` up to it), so
+``h(y*) - h_i`` is the block gap.  The corner of a step (the labeling it moves towards) and the direction are kept
+in the bundle's scratch between :func:`oracle_corner` / :func:`plane_corner` and the step.
+
+Operations (``K``: the bundle):
+
+* :func:`n_blocks` ``(K) -> n``; :func:`block_span` ``(K, i) -> (s, L)``; :func:`block_loss` ``(K, i) -> l_i``;
+  :func:`dual_loss` ``(K) -> l`` (the sum of the ``l_i``);
+* :func:`prefetch` ``(K, i, averaging)``: start loading block ``i``'s state (the next block of a pre-drawn order);
+* :func:`begin_block` ``(K, i, s, L, measure) -> score``: what a step needs before its corner, at the current ``w``
+  (e.g. the unary scores); returns the score of the block's current point ``mu_i`` -- complete when ``measure``
+  (then ``h_i = l_i + score / n``), else whatever :func:`fw_step` expects back;
+* :func:`plane_score` ``(K, s, L, lab, base) -> score`` of the stored labeling ``lab[base : base + L]``;
+* :func:`plane_corner` ``(K, s, L, lab, base) -> score``: that stored labeling becomes the corner;
+* :func:`oracle_corner` ``(K, i, s, L, ylab) -> (score, l_s, ok)``: the loss-augmented oracle's answer (``ylab``
+  when it is not empty: an answer given by the caller) becomes the corner; ``ok`` False when the oracle cannot
+  run at the current ``w`` (the driver stops with :data:`~torch_bcfw.duals.driver.ORACLE_REFUSED`);
+* :func:`corner_labels` ``(K, L) -> int32[L]``: the corner's labeling, to be stored in the working set;
+* :func:`fw_step` ``(K, i, s, L, step, clock, corner) -> (gap, gamma)``: the FW step towards the corner with
+  ``step = (step_code, averaging, lam, k)`` and ``corner = (score, score_mu, measure, l_i, l_s)``: line search,
+  lazy averaging, the moves of ``w``, the block's storage and ``l_i``;
+* :func:`active_set_step` ``(K, kind, i, s, L, j_s, j_a, values, clock, step, planes)``: a pairwise or away step
+  against the working-set plane ``j_a`` (``values = (h_i, h_s, l_i, l_s)``, ``step = (averaging, lam)``,
+  ``planes = (start, size, lab_start, fl, lab)``), the working set's ``alpha`` following.
+
+A state implements what the plans it accepts need (:meth:`~torch_bcfw.duals.base.DualState.can_run_plan`); an
+operation it cannot perform raises when called.
+"""
+from __future__ import annotations
+
+from numba import types
+
+__all__ = ["bundle_of", "n_blocks", "block_span", "block_loss", "dual_loss", "prefetch", "begin_block",
+           "plane_score", "plane_corner", "oracle_corner", "corner_labels", "fw_step", "active_set_step"]
+
+
+def bundle_of(cls):
+    """The guard of an implementation: ``bundle_of(MyBundle)(K)`` is True when the numba type ``K`` is ``MyBundle``."""
+
+    def applies(K) -> bool:
+        return isinstance(K, types.BaseNamedTuple) and K.instance_class is cls
+
+    return applies
+
+
+def _stub(name: str):
+    def op(*args):
+        raise NotImplementedError(f"{name} is a compiled block operation: call it from the step driver")
+
+    op.__name__ = op.__qualname__ = name
+    return op
+
+
+n_blocks = _stub("n_blocks")
+block_span = _stub("block_span")
+block_loss = _stub("block_loss")
+dual_loss = _stub("dual_loss")
+prefetch = _stub("prefetch")
+begin_block = _stub("begin_block")
+plane_score = _stub("plane_score")
+plane_corner = _stub("plane_corner")
+oracle_corner = _stub("oracle_corner")
+corner_labels = _stub("corner_labels")
+fw_step = _stub("fw_step")
+active_set_step = _stub("active_set_step")

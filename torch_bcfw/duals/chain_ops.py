@@ -1,0 +1,317 @@
+"""The chain's compiled block operations (:mod:`.block_ops`) for the step driver :func:`~torch_bcfw.duals.driver.plan_steps`.
+
+:class:`ChainKernel` is the chain's kernel bundle (built by :meth:`~torch_bcfw.duals.chain.ChainDualState.kernel`):
+the argument groups of :mod:`.chain_kernels` (``feats``, ``wts``, ``state``, ``avg``) and the scratch of one block
+step.  The implementations below, registered with numba's ``overload`` for that bundle, compose the chain's block
+operations (:mod:`.chain_kernels`: unary scores, Viterbi, corner, direction norm, move) into the contract: every
+plan (plain, refined, multi-plane) runs on the chain.
+
+The marginal state ``mu_i, T_i`` equals ``sum_y alpha_i(y) (onehot(y), counts(y))`` for the weights in the
+working set (up to round-off), because every move of the marginals is the same combination of corners as
+the move of ``alpha``.  Box constraints are not handled here (the state falls back to the generic loop).
+
+All scores are kept shifted by the block constant ``-<w, phi(x_i, y_i)>/n``: ``h(y) = L_i(y)/n +
+score(y)/n`` and ``h_i = l_i + score(mu_i)/n``, so ``h(y) - h_i`` is a block gap.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+from numba import njit
+from numba.extending import overload
+
+from . import block_ops as ops
+from .chain_kernels import (_add_direction, _direction_sqnorm, _transition_stats, add_corner, corner_base, fw_move,
+                            loss_augmented_decode, max_length, prefetch_block)
+from .stepsize import PAIRWISE_RULE, average_weight, clipped_step, lazy_weight, move_bound
+from .working_set import ALPHA, LOSS, SCORE, ws_away_update, ws_pairwise_update
+
+__all__ = ["ChainKernel", "chain_kernel"]
+
+
+class ChainKernel(NamedTuple):
+    """The chain's kernel bundle: ``feats``, ``wts``, ``state``, ``avg`` as in :mod:`.chain_kernels` and the scratch
+    ``(U, Ua, D, ystar, delta, dT, ya, yh)`` of one block step (:func:`chain_kernel`)."""
+
+    feats: tuple
+    wts: tuple
+    state: tuple
+    avg: tuple
+    scratch: tuple
+
+
+def chain_kernel(feats: tuple, wts: tuple, state: tuple, avg: tuple) -> ChainKernel:
+    """The bundle with its scratch sized for the longest sequence: unary scores ``U``, loss-augmented unaries ``Ua``,
+    direction ``D``, Viterbi messages ``delta`` (float64 ``[Lmax, K]``), the corner ``ystar`` (int64 ``[Lmax]``),
+    the transition direction ``dT`` (``[K, K]``), an active-set corner ``ya`` (int64) and the corner as stored in the
+    working set ``yh`` (int32)."""
+    K = wts[0].shape[1]
+    Lmax = int(max_length(feats[4]))
+    scratch = (np.empty((Lmax, K)), np.empty((Lmax, K)), np.empty((Lmax, K)), np.empty(Lmax, dtype=np.int64),
+               np.empty((Lmax, K)), np.empty((K, K)), np.empty(Lmax, dtype=np.int64), np.empty(Lmax, dtype=np.int32))
+    return ChainKernel(feats, wts, state, avg, scratch)
+
+
+@njit(cache=True, fastmath=True)
+def _plane_score(U, trans, lab, base, L):
+    sc = 0.0
+    for t in range(L):
+        sc += U[t, lab[base + t]]
+    for t in range(1, L):
+        sc += trans[lab[base + t - 1], lab[base + t]]
+    return sc
+
+
+@njit(cache=True, fastmath=True)
+def _labels_score(U, trans, ys, L):
+    sc = 0.0
+    for t in range(L):
+        sc += U[t, ys[t]]
+    for t in range(1, L):
+        sc += trans[ys[t - 1], ys[t]]
+    return sc
+
+
+@njit(cache=True, fastmath=True)
+def _general_direction(s, L, p, ys, q, ya, r, mu, Ti, D, dT):
+    """``D = r mu_i + p onehot(ys) + q onehot(ya)``, ``dT = r T_i + p counts(ys) + q counts(ya)``; returns ``||dT||^2``."""
+    K = D.shape[1]
+    for t in range(L):
+        for c in range(K):
+            D[t, c] = r * mu[s + t, c]
+        D[t, ys[t]] += p
+        D[t, ya[t]] += q
+    for a in range(K):
+        for b in range(K):
+            dT[a, b] = r * Ti[a, b]
+    for t in range(1, L):
+        dT[ys[t - 1], ys[t]] += p
+        dT[ya[t - 1], ya[t]] += q
+    sq = 0.0
+    for a in range(K):
+        for b in range(K):
+            sq += dT[a, b] * dT[a, b]
+    return sq
+
+
+@njit(cache=True, fastmath=True)
+def _general_move(gamma, lam_n, s, L, indptr, indices, values, D, dT, We, bias, start, end, trans, mu, Ti):
+    """``mu_i += gamma D``, ``T_i += gamma dT`` and the matching ``w -= gamma phi(D, dT) / (lam n)``."""
+    a = -gamma / lam_n
+    _add_direction(a, s, L, indptr, indices, values, D, We, bias, start, end)
+    K = trans.shape[0]
+    for p in range(K):
+        for c in range(K):
+            v = dT[p, c]
+            if v != 0.0:
+                trans[p, c] += a * v
+                Ti[p, c] += gamma * v
+    for t in range(L):
+        for c in range(K):
+            mu[s + t, c] += gamma * D[t, c]
+
+
+@njit(cache=True, fastmath=True)
+def _avg_accumulate(i, s, L, clock, last, mu, T, mu_acc, T_acc):
+    S = lazy_weight(clock, last[i])
+    last[i] = clock
+    if S != 0.0:
+        K = mu.shape[1]
+        for t in range(L):
+            for c in range(K):
+                mu_acc[s + t, c] += S * mu[s + t, c]
+        for p in range(K):
+            for c in range(K):
+                T_acc[p, c] += S * T[i, p, c]
+
+
+@njit(cache=True)
+def _active_set_step(kind, i, s, L, j_s, j_a, values, clock, step, planes, feats, wts, state, avg, scratch):
+    """A pairwise (``mu_i += gamma (e_s - e_a)``) or away (``mu_i += gamma (mu_i - e_a)``) step of block ``i`` against
+    its plane ``j_a`` with the clipped exact line search (a drop step at the bound), the working set's ``alpha``
+    following.  ``values = (h_i, h_s, l_i, l_s)``, ``step = (averaging, lam)``, ``planes = (start, size, lab_start,
+    fl, lab)`` of the working set, ``scratch = (ystar, D, dT, ya)`` (``ystar``: the FW corner ``s``)."""
+    h_i, h_s, ell_i, ell_s = values
+    averaging, lam = step
+    ws_start, ws_size, ws_labstart, ws_fl, ws_lab = planes
+    ystar, D, dT, ya = scratch
+    indptr, indices, xvals, y, offsets, gram, gram_off = feats
+    We, bias, start, end, trans = wts
+    mu, T, block_ell, ells = state
+    mu_acc, T_acc, last = avg
+    n = offsets.shape[0] - 1
+    lam_n = lam * n
+    Ti = T[i]
+    sa = ws_start[i] + j_a
+    base = ws_labstart[i] + j_a * L
+    for t in range(L):
+        ya[t] = ws_lab[base + t]
+    alpha_a = ws_fl[sa, ALPHA]
+    ell_a = ws_fl[sa, LOSS]
+    h_a = ws_fl[sa, SCORE]
+    if kind == PAIRWISE_RULE:
+        num = h_s - h_a
+        sqT = _general_direction(s, L, 1.0, ystar, -1.0, ya, 0.0, mu, Ti, D, dT)
+        dl = ell_s - ell_a
+    else:
+        num = h_i - h_a
+        sqT = _general_direction(s, L, 0.0, ystar, -1.0, ya, 1.0, mu, Ti, D, dT)
+        dl = ell_i - ell_a
+    den = (_direction_sqnorm(i, L, D, gram, gram_off) + sqT) / (lam_n * n)
+    gamma, drop = clipped_step(num, den, move_bound(kind, alpha_a))
+    if gamma != 0.0:
+        if averaging:
+            _avg_accumulate(i, s, L, clock, last, mu, T, mu_acc, T_acc)
+        new_ell_i = ell_i + gamma * dl
+        ells[1] += average_weight(clock) * (new_ell_i - ell_i)
+        _general_move(gamma, lam_n, s, L, indptr, indices, xvals, D, dT, We, bias, start, end, trans, mu, Ti)
+        ells[0] += new_ell_i - ell_i
+        block_ell[i] = new_ell_i
+        if kind == PAIRWISE_RULE:
+            ws_pairwise_update(i, j_s, j_a, gamma, drop, ws_start, ws_fl)
+        else:
+            ws_away_update(i, j_a, gamma, drop, ws_start, ws_size, ws_fl)
+
+
+@njit(cache=True)
+def _transition_score(Ti, trans):
+    """``<T_i, trans>``, the transition part of ``mu_i``'s score."""
+    K = trans.shape[0]
+    score = 0.0
+    for p in range(K):
+        for c in range(K):
+            score += Ti[p, c] * trans[p, c]
+    return score
+
+
+
+
+# ---------------------------------------------------------------- the contract (:mod:`.block_ops`) for ChainKernel
+_chain = ops.bundle_of(ChainKernel)
+
+
+@overload(ops.n_blocks, jit_options={"cache": True})
+def _n_blocks(K):
+    if _chain(K):
+        return lambda K: K.feats[4].shape[0] - 1
+
+
+@overload(ops.block_span, jit_options={"cache": True})
+def _block_span(K, i):
+    if _chain(K):
+        def impl(K, i):
+            offsets = K.feats[4]
+            s = offsets[i]
+            return s, offsets[i + 1] - s
+        return impl
+
+
+@overload(ops.block_loss, jit_options={"cache": True})
+def _block_loss(K, i):
+    if _chain(K):
+        return lambda K, i: K.state[2][i]
+
+
+@overload(ops.dual_loss, jit_options={"cache": True})
+def _dual_loss(K):
+    if _chain(K):
+        return lambda K: K.state[3][0]
+
+
+@overload(ops.prefetch, jit_options={"cache": True})
+def _prefetch(K, i, averaging):
+    if _chain(K):
+        def impl(K, i, averaging):
+            indptr, indices, values, y, offsets, gram, gram_off = K.feats
+            mu, T = K.state[0], K.state[1]
+            prefetch_block(i, offsets, indptr, indices, values, gram, gram_off, mu, T, K.avg[0], averaging)
+        return impl
+
+
+@overload(ops.begin_block, jit_options={"cache": True})
+def _begin_block(K, i, s, L, measure):
+    """Unary scores ``U`` and ``D = -mu_i``; the unary score of ``mu_i``, plus its transition score when ``measure``
+    (:func:`_fw_step` adds it otherwise, from the sweep it makes anyway)."""
+    if _chain(K):
+        def impl(K, i, s, L, measure):
+            U, D = K.scratch[0], K.scratch[2]
+            mu, T = K.state[0], K.state[1]
+            score_mu = corner_base(s, L, K.feats, K.wts, mu, U, D)
+            if measure:
+                score_mu += _transition_score(T[i], K.wts[4])
+            return score_mu
+        return impl
+
+
+@overload(ops.plane_score, jit_options={"cache": True})
+def _plane_score_op(K, s, L, lab, base):
+    if _chain(K):
+        return lambda K, s, L, lab, base: _plane_score(K.scratch[0], K.wts[4], lab, base, L)
+
+
+@overload(ops.plane_corner, jit_options={"cache": True})
+def _plane_corner(K, s, L, lab, base):
+    if _chain(K):
+        def impl(K, s, L, lab, base):
+            U, D, ystar = K.scratch[0], K.scratch[2], K.scratch[3]
+            for t in range(L):
+                ystar[t] = lab[base + t]
+            score_star = _labels_score(U, K.wts[4], ystar, L)
+            for t in range(L):
+                D[t, ystar[t]] += 1.0
+            return score_star
+        return impl
+
+
+@overload(ops.oracle_corner, jit_options={"cache": True})
+def _oracle_corner(K, i, s, L, ylab):
+    """Viterbi on the loss-augmented scores (or the given ``ylab``); ``D = e_{y*} - mu_i``."""
+    if _chain(K):
+        def impl(K, i, s, L, ylab):
+            U, Ua, D, ystar, delta = K.scratch[0], K.scratch[1], K.scratch[2], K.scratch[3], K.scratch[4]
+            y, offsets = K.feats[3], K.feats[4]
+            trans = K.wts[4]
+            n = offsets.shape[0] - 1
+            if ylab.shape[0] > 0:
+                for t in range(L):
+                    ystar[t] = ylab[t]
+            else:
+                loss_augmented_decode(U, Ua, L, s, y, 1.0 / L, trans, ystar, delta)
+            score_star, mistakes = add_corner(s, L, y, trans, U, ystar, D)
+            return score_star, mistakes * (1.0 / L) / n, True
+        return impl
+
+
+@overload(ops.corner_labels, jit_options={"cache": True})
+def _corner_labels(K, L):
+    if _chain(K):
+        def impl(K, L):
+            ystar, yh = K.scratch[3], K.scratch[7]
+            for t in range(L):
+                yh[t] = ystar[t]
+            return yh[:L]
+        return impl
+
+
+@overload(ops.fw_step, jit_options={"cache": True})
+def _fw_step(K, i, s, L, step, clock, corner):
+    """:func:`~.chain_kernels.fw_move` with the transition statistics of the corner."""
+    if _chain(K):
+        def impl(K, i, s, L, step, clock, corner):
+            score_star, score_mu, measure, ell_i, ell_s = corner
+            D, ystar = K.scratch[2], K.scratch[3]
+            score_T, sq_T = _transition_stats(K.state[1][i], K.wts[4], ystar[:L])
+            full = (score_star, score_mu if measure else score_mu + score_T, ell_i, ell_s, sq_T)
+            return fw_move(i, s, L, step, clock, full, ystar, D, K.feats, K.wts, K.state, K.avg)
+        return impl
+
+
+@overload(ops.active_set_step, jit_options={"cache": True})
+def _active_set_step_op(K, kind, i, s, L, j_s, j_a, values, clock, step, planes):
+    if _chain(K):
+        def impl(K, kind, i, s, L, j_s, j_a, values, clock, step, planes):
+            sc = K.scratch
+            _active_set_step(kind, i, s, L, j_s, j_a, values, clock, step, planes, K.feats, K.wts, K.state, K.avg,
+                             (sc[3], sc[2], sc[5], sc[6]))
+        return impl
