@@ -21,6 +21,7 @@ from torch import Tensor
 
 from ..inference.viterbi import viterbi_packed
 from .base import DualState
+from .chain_ops import ChainFeatures
 from .plan import PlanResult, gap_groups
 from .stepsize import lazy_weight
 
@@ -245,7 +246,8 @@ class ChainDualState(DualState):
         """The argument groups every chain kernel takes (:mod:`.chain_kernels`): ``feats``, ``wts`` (views of ``v``),
         ``state = (mu, T, block_ell, ells)`` and ``avg = (mu_acc, T_acc, avg_last)``."""
         kin = self._prepare_kernel()
-        feats = (kin["indptr"], kin["indices"], kin["values"], kin["y"], kin["offsets"], kin["gram"], kin["gram_off"])
+        feats = ChainFeatures(kin["indptr"], kin["indices"], kin["values"], kin["y"], kin["offsets"], kin["gram"],
+                              kin["gram_off"])
         wts = tuple(t.numpy() for t in self.model.unpack(self.v))
         return (feats, wts, (self.mu.numpy(), self.T.numpy(), self.block_ell.numpy(), ells),
                 (self.mu_acc.numpy(), self.T_acc.numpy(), self.avg_last.numpy()))
@@ -279,11 +281,10 @@ class ChainDualState(DualState):
     def _drive(self, plan, ylab: np.ndarray):
         """One call of the compiled driver on ``plan`` with the chain's block operations (``ylab``: given oracle
         answers of a one-block plan); see :func:`~torch_bcfw.duals.driver.drive`."""
-        from .chain_ops import chain_kernel
         from .driver import drive
 
         ells = np.array([self.ell, self.avg_ell_u])
-        return drive(self, chain_kernel(*self._kernel_groups(ells)), ells, plan, ylab)
+        return drive(self, self._kernel_groups(ells), ells, plan, ylab)
 
     def can_run_minibatch(self) -> bool:
         """The compiled mini-batch rounds apply: CPU tensors and no box constraints."""

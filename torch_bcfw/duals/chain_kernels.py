@@ -18,6 +18,11 @@ Arguments come in a few groups (tuples, unpacked on entry): ``feats = (indptr, i
 gram_off)`` (:meth:`~torch_bcfw.duals.chain.ChainDualState._prepare_kernel`), ``wts = (We, bias, start, end, trans)``
 (views of ``w``), ``state = (mu, T, block_ell, ells)`` and ``avg = (mu_acc, T_acc, last)`` (the lazy average).
 
+The kernels that allocate nothing compile without numba's runtime (``_nrt=False``): their array arguments then
+carry no reference counting, whose atomic increments and decrements otherwise take about a fifth of an OCR pass
+(``docs/results/driver_speed.md``).  A kernel that needs the runtime (an allocation, a slice assignment) fails to
+compile so marked, so the mark cannot hide a leak.
+
 Block state: unary marginals ``mu[N_tok, K]`` and transition marginals ``T[n, K, K]`` with
 ``w_i = (phi_i(y_i) - phi_i(mu_i)) / (lam n)``.  For a direction ``delta = e_{y*} - mu_i``,
 ``||phi_i(delta)||^2 = sum_{t,t'} G_i[t,t'] <delta_t, delta_t'> + ||delta_0||^2 + ||delta_{L-1}||^2
@@ -55,7 +60,7 @@ def _prefetch(typingctx, arr, idx):
     return types.void(arr, types.intp), codegen
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _prefetch_range(a, lo, hi):
     """Prefetch the flat elements ``lo:hi`` of the C-contiguous array ``a`` (one hint per 64-byte line)."""
     step = max(64 // a.itemsize, 1)
@@ -65,7 +70,7 @@ def _prefetch_range(a, lo, hi):
         _prefetch(a, hi - 1)
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def prefetch_block(i, offsets, indptr, indices, values, gram, gram_off, mu, T, mu_acc, averaging):
     """Start loading the state of block ``i`` (``T_i``, ``mu_i``, its features and Gram matrix) into the cache while
     the current block is processed: the blocks are visited in random order, so these are cache misses otherwise."""
@@ -101,7 +106,7 @@ def step_scratch(offsets, K):
             np.empty((Lmax, K)))
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def loss_augmented_decode(U, Ua, L, s, y, inv_L, trans, ystar, delta):
     """``ystar[:L] <- argmax_y sum_t (U[t, y_t] + inv_L [y_t != y_{s+t}]) + transitions`` (normalised Hamming
     loss folded into the unaries ``Ua``; ``delta``: scratch of :func:`viterbi_numba`)."""
@@ -113,7 +118,7 @@ def loss_augmented_decode(U, Ua, L, s, y, inv_L, trans, ystar, delta):
     viterbi_numba(Ua[:L], trans, ystar[:L], delta)
 
 
-@njit(cache=True, fastmath=True)
+@njit(cache=True, fastmath=True, _nrt=False)
 def _unary_scores(s, L, indptr, indices, values, We, bias, start, end, U):
     """``U[t] = x_{s+t}^T We + bias`` (plus the start / end biases at ``t = 0`` / ``L-1``) from the CSR features;
     four non-zeros per sweep over the labels (a quarter of the loads and stores of ``U[t]``)."""
@@ -141,7 +146,7 @@ def _unary_scores(s, L, indptr, indices, values, We, bias, start, end, U):
         U[L - 1, c] += end[c]
 
 
-@njit(cache=True, fastmath={"contract"})
+@njit(cache=True, fastmath={"contract"}, _nrt=False)
 def _add_direction(a, s, L, indptr, indices, values, D, We, bias, start, end):
     """``w += a * phi_i(delta)`` for the unary part ``D[L, K]`` of the direction (emission and biases).
 
@@ -164,7 +169,7 @@ def _add_direction(a, s, L, indptr, indices, values, D, We, bias, start, end):
         end[c] += a * D[L - 1, c]
 
 
-@njit(cache=True, fastmath=True)
+@njit(cache=True, fastmath=True, _nrt=False)
 def _direction_sqnorm(i, L, D, gram, gram_off):
     """Unary part of ``||phi_i(delta)||^2`` from ``G_i = X_i X_i^T + 1`` plus the start/end terms."""
     K = D.shape[1]
@@ -187,7 +192,7 @@ def _direction_sqnorm(i, L, D, gram, gram_off):
     return sq
 
 
-@njit(cache=True, fastmath=True)
+@njit(cache=True, fastmath=True, _nrt=False)
 def _transition_stats(Ti, trans, ystar):
     """``(<T_i, trans>, ||counts(y*) - T_i||^2)`` in one sweep over ``T_i`` (``dT`` is never formed)."""
     K = trans.shape[0]
@@ -211,7 +216,7 @@ def _transition_stats(Ti, trans, ystar):
     return score, sq
 
 
-@njit(cache=True, fastmath=True)
+@njit(cache=True, fastmath=True, _nrt=False)
 def _transition_update(Ti, trans, Ta, ystar, a, gamma, S):
     """``trans += a (counts - T_i)``, ``Ta += S T_i`` (when ``S != 0``), ``T_i <- (1-gamma) T_i + gamma counts``."""
     K = trans.shape[0]
@@ -235,7 +240,7 @@ def _transition_update(Ti, trans, Ta, ystar, a, gamma, S):
         Ti[ystar[t - 1], ystar[t]] += gamma
 
 
-@njit(cache=True, fastmath=True)
+@njit(cache=True, fastmath=True, _nrt=False)
 def fw_move(i, s, L, step, clock, corner, ystar, D, feats, wts, state, avg):
     """The FW step of block ``i`` towards the labeling ``ystar``, given the unary part ``D[:L]`` of the direction
     ``e_{y*} - mu_i`` and ``corner = (score_star, score_mu, ell_i, ell_s, sq_T)``: the scores of ``y*`` and of

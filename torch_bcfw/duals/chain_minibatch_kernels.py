@@ -39,7 +39,7 @@ def round_scratch(offsets, K, max_tokens):
     return step_scratch(offsets, K), (np.empty((max_tokens, K)), np.empty(max_tokens, dtype=np.int64))
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _accumulate_direction(s, L, indptr, indices, values, D, acc, marks):
     """``P += phi(delta)`` for the unary part ``D[L, K]`` of a block's direction: the emission entries ``(f, c)`` of
     the non-zeros of ``D`` (listed in ``marks`` the first time they are touched, as ``f K + c``) and the biases."""
@@ -108,7 +108,7 @@ def round_directions(blocks, n_total, feats, wts, state, acc, marks, blk_scr, D,
     return num, sum_ell_i, sum_ell_s
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def touched_sqnorm(acc, marks):
     """``||P||^2`` over the emission entries listed in ``marks`` and the dense bias and transition parts."""
     PWe, Pbias, Pstart, Pend, Ptrans = acc
@@ -126,7 +126,7 @@ def touched_sqnorm(acc, marks):
     return sq
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def apply_acc(a, acc, marks, wts):
     """``w += a P`` over the listed emission entries and the dense bias and transition parts: the move of ``w`` by
     the round's summed direction, one sweep instead of one sparse update per block."""
@@ -147,7 +147,7 @@ def apply_acc(a, acc, marks, wts):
             trans[c, b] += a * Ptrans[c, b]
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def clear_acc(acc, marks):
     """``P <- 0`` on the listed entries and the dense parts; the list empties."""
     PWe, Pbias, Pstart, Pend, Ptrans = acc
@@ -167,7 +167,7 @@ def clear_acc(acc, marks):
             Ptrans[c, b] = 0.0
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def round_move(blocks, gamma, n_total, clock, averaging, feats, wts, state, avg, D, Y, tok, spare):
     """Part 3: move the blocks ``blocks`` with step ``gamma`` (their directions in ``D, Y, tok`` from part 1): ``mu_i``,
     ``T_i``, ``l_i`` and the lazy average.  ``w`` is left to the caller (:func:`apply_acc`, or the reduced ``V``);

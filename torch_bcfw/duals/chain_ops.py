@@ -1,8 +1,8 @@
 """The chain's compiled block operations (:mod:`.block_ops`) for the step driver :func:`~torch_bcfw.duals.driver.plan_steps`.
 
-:class:`ChainKernel` is the chain's kernel bundle (built by :meth:`~torch_bcfw.duals.chain.ChainDualState.kernel`):
-the argument groups of :mod:`.chain_kernels` (``feats``, ``wts``, ``state``, ``avg``) and the scratch of one block
-step.  The implementations below, registered with numba's ``overload`` for that bundle, compose the chain's block
+:class:`ChainFeatures` is the data group of the chain's kernel bundle ``(feats, wts, state, avg)`` (the argument
+groups of :mod:`.chain_kernels`); the scratch of a block step comes from :func:`~.block_ops.block_scratch`.  The
+implementations below, registered with numba's ``overload`` for that data group, compose the chain's block
 operations (:mod:`.chain_kernels`: unary scores, Viterbi, corner, direction norm, move) into the contract: every
 plan (plain, refined, multi-plane) runs on the chain.
 
@@ -23,37 +23,27 @@ from numba.extending import overload
 
 from . import block_ops as ops
 from .chain_kernels import (_add_direction, _direction_sqnorm, _transition_stats, add_corner, corner_base, fw_move,
-                            loss_augmented_decode, max_length, prefetch_block)
+                            loss_augmented_decode, prefetch_block, step_scratch)
 from .stepsize import PAIRWISE_RULE, average_weight, clipped_step, lazy_weight, move_bound
 from .working_set import ALPHA, LOSS, SCORE, ws_away_update, ws_pairwise_update
 
-__all__ = ["ChainKernel", "chain_kernel"]
+__all__ = ["ChainFeatures"]
 
 
-class ChainKernel(NamedTuple):
-    """The chain's kernel bundle: ``feats``, ``wts``, ``state``, ``avg`` as in :mod:`.chain_kernels` and the scratch
-    ``(U, Ua, D, ystar, delta, dT, ya, yh)`` of one block step (:func:`chain_kernel`)."""
+class ChainFeatures(NamedTuple):
+    """The chain's ``feats`` group (:mod:`.chain_kernels`), the data group of its kernel bundle: CSR token features,
+    labels, sequence offsets and the per-sequence Gram matrices (:meth:`~.chain.ChainDualState._prepare_kernel`)."""
 
-    feats: tuple
-    wts: tuple
-    state: tuple
-    avg: tuple
-    scratch: tuple
-
-
-def chain_kernel(feats: tuple, wts: tuple, state: tuple, avg: tuple) -> ChainKernel:
-    """The bundle with its scratch sized for the longest sequence: unary scores ``U``, loss-augmented unaries ``Ua``,
-    direction ``D``, Viterbi messages ``delta`` (float64 ``[Lmax, K]``), the corner ``ystar`` (int64 ``[Lmax]``),
-    the transition direction ``dT`` (``[K, K]``), an active-set corner ``ya`` (int64) and the corner as stored in the
-    working set ``yh`` (int32)."""
-    K = wts[0].shape[1]
-    Lmax = int(max_length(feats[4]))
-    scratch = (np.empty((Lmax, K)), np.empty((Lmax, K)), np.empty((Lmax, K)), np.empty(Lmax, dtype=np.int64),
-               np.empty((Lmax, K)), np.empty((K, K)), np.empty(Lmax, dtype=np.int64), np.empty(Lmax, dtype=np.int32))
-    return ChainKernel(feats, wts, state, avg, scratch)
+    indptr: np.ndarray
+    indices: np.ndarray
+    values: np.ndarray
+    y: np.ndarray
+    offsets: np.ndarray
+    gram: np.ndarray
+    gram_off: np.ndarray
 
 
-@njit(cache=True, fastmath=True)
+@njit(cache=True, fastmath=True, _nrt=False)
 def _plane_score(U, trans, lab, base, L):
     sc = 0.0
     for t in range(L):
@@ -63,7 +53,7 @@ def _plane_score(U, trans, lab, base, L):
     return sc
 
 
-@njit(cache=True, fastmath=True)
+@njit(cache=True, fastmath=True, _nrt=False)
 def _labels_score(U, trans, ys, L):
     sc = 0.0
     for t in range(L):
@@ -73,7 +63,7 @@ def _labels_score(U, trans, ys, L):
     return sc
 
 
-@njit(cache=True, fastmath=True)
+@njit(cache=True, fastmath=True, _nrt=False)
 def _general_direction(s, L, p, ys, q, ya, r, mu, Ti, D, dT):
     """``D = r mu_i + p onehot(ys) + q onehot(ya)``, ``dT = r T_i + p counts(ys) + q counts(ya)``; returns ``||dT||^2``."""
     K = D.shape[1]
@@ -95,7 +85,7 @@ def _general_direction(s, L, p, ys, q, ya, r, mu, Ti, D, dT):
     return sq
 
 
-@njit(cache=True, fastmath=True)
+@njit(cache=True, fastmath=True, _nrt=False)
 def _general_move(gamma, lam_n, s, L, indptr, indices, values, D, dT, We, bias, start, end, trans, mu, Ti):
     """``mu_i += gamma D``, ``T_i += gamma dT`` and the matching ``w -= gamma phi(D, dT) / (lam n)``."""
     a = -gamma / lam_n
@@ -112,7 +102,7 @@ def _general_move(gamma, lam_n, s, L, indptr, indices, values, D, dT, We, bias, 
             mu[s + t, c] += gamma * D[t, c]
 
 
-@njit(cache=True, fastmath=True)
+@njit(cache=True, fastmath=True, _nrt=False)
 def _avg_accumulate(i, s, L, clock, last, mu, T, mu_acc, T_acc):
     S = lazy_weight(clock, last[i])
     last[i] = clock
@@ -126,7 +116,7 @@ def _avg_accumulate(i, s, L, clock, last, mu, T, mu_acc, T_acc):
                 T_acc[p, c] += S * T[i, p, c]
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _active_set_step(kind, i, s, L, j_s, j_a, values, clock, step, planes, feats, wts, state, avg, scratch):
     """A pairwise (``mu_i += gamma (e_s - e_a)``) or away (``mu_i += gamma (mu_i - e_a)``) step of block ``i`` against
     its plane ``j_a`` with the clipped exact line search (a drop step at the bound), the working set's ``alpha``
@@ -174,7 +164,7 @@ def _active_set_step(kind, i, s, L, j_s, j_a, values, clock, step, planes, feats
             ws_away_update(i, j_a, gamma, drop, ws_start, ws_size, ws_fl)
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _transition_score(Ti, trans):
     """``<T_i, trans>``, the transition part of ``mu_i``'s score."""
     K = trans.shape[0]
@@ -187,131 +177,164 @@ def _transition_score(Ti, trans):
 
 
 
-# ---------------------------------------------------------------- the contract (:mod:`.block_ops`) for ChainKernel
-_chain = ops.bundle_of(ChainKernel)
+# Each operation below is one call of one of these helpers (inlined), which takes just the arrays it uses.
+@njit(cache=True, inline="always")
+def _span(offsets, i):
+    s = offsets[i]
+    return s, offsets[i + 1] - s
 
 
-@overload(ops.n_blocks, jit_options={"cache": True})
-def _n_blocks(K):
-    if _chain(K):
-        return lambda K: K.feats[4].shape[0] - 1
+@njit(cache=True, inline="always")
+def _begin(i, s, L, measure, feats, wts, mu, T, U, D):
+    """:func:`~.chain_kernels.corner_base` (``U``, ``D = -mu_i``), plus the transition score when ``measure``."""
+    score_mu = corner_base(s, L, feats, wts, mu, U, D)
+    if measure:
+        score_mu += _transition_score(T[i], wts[4])
+    return score_mu
 
 
-@overload(ops.block_span, jit_options={"cache": True})
-def _block_span(K, i):
-    if _chain(K):
-        def impl(K, i):
-            offsets = K.feats[4]
-            s = offsets[i]
-            return s, offsets[i + 1] - s
+@njit(cache=True, inline="always")
+def _stored_corner(L, lab, base, trans, U, D, ystar):
+    """The stored labeling ``lab[base : base + L]`` as the corner ``ystar``: its score, ``D += onehot``."""
+    for t in range(L):
+        ystar[t] = lab[base + t]
+    score_star = _labels_score(U, trans, ystar, L)
+    for t in range(L):
+        D[t, ystar[t]] += 1.0
+    return score_star
+
+
+@njit(cache=True, inline="always")
+def _decoded_corner(s, L, ylab, y, n, trans, U, Ua, D, ystar, delta):
+    """Viterbi on the loss-augmented scores (or the given ``ylab``) as the corner: ``(score, l_s, True)``."""
+    if ylab.shape[0] > 0:
+        for t in range(L):
+            ystar[t] = ylab[t]
+    else:
+        loss_augmented_decode(U, Ua, L, s, y, 1.0 / L, trans, ystar, delta)
+    score_star, mistakes = add_corner(s, L, y, trans, U, ystar, D)
+    return score_star, mistakes * (1.0 / L) / n, True
+
+
+@njit(cache=True, inline="always")
+def _as_int32(L, ystar, yh):
+    for t in range(L):
+        yh[t] = ystar[t]
+    return yh[:L]
+
+
+@njit(cache=True, inline="always")
+def _fw(i, s, L, step, clock, corner, D, ystar, feats, wts, state, avg):
+    """:func:`~.chain_kernels.fw_move` with the transition statistics of the corner."""
+    score_star, score_mu, measure, ell_i, ell_s = corner
+    score_T, sq_T = _transition_stats(state[1][i], wts[4], ystar[:L])
+    full = (score_star, score_mu if measure else score_mu + score_T, ell_i, ell_s, sq_T)
+    return fw_move(i, s, L, step, clock, full, ystar, D, feats, wts, state, avg)
+
+
+# ---------------------------------------------------------------- the contract (:mod:`.block_ops`) for the chain
+_chain = ops.bundle_of(ChainFeatures)
+
+
+@overload(ops.n_blocks, jit_options={"cache": True}, inline="always")
+def _n_blocks(data, wts, state, avg):
+    if _chain(data):
+        return lambda data, wts, state, avg: data[4].shape[0] - 1
+
+
+@overload(ops.block_span, jit_options={"cache": True}, inline="always")
+def _block_span(data, wts, state, avg, i):
+    if _chain(data):
+        return lambda data, wts, state, avg, i: _span(data[4], i)
+
+
+@overload(ops.block_loss, jit_options={"cache": True}, inline="always")
+def _block_loss(data, wts, state, avg, i):
+    if _chain(data):
+        return lambda data, wts, state, avg, i: state[2][i]
+
+
+@overload(ops.dual_loss, jit_options={"cache": True}, inline="always")
+def _dual_loss(data, wts, state, avg):
+    if _chain(data):
+        return lambda data, wts, state, avg: state[3][0]
+
+
+@overload(ops.prefetch, jit_options={"cache": True}, inline="always")
+def _prefetch(data, wts, state, avg, i, averaging):
+    if _chain(data):
+        def impl(data, wts, state, avg, i, averaging):
+            prefetch_block(i, data[4], data[0], data[1], data[2], data[5], data[6], state[0], state[1], avg[0],
+                           averaging)
         return impl
 
 
-@overload(ops.block_loss, jit_options={"cache": True})
-def _block_loss(K, i):
-    if _chain(K):
-        return lambda K, i: K.state[2][i]
-
-
-@overload(ops.dual_loss, jit_options={"cache": True})
-def _dual_loss(K):
-    if _chain(K):
-        return lambda K: K.state[3][0]
-
-
-@overload(ops.prefetch, jit_options={"cache": True})
-def _prefetch(K, i, averaging):
-    if _chain(K):
-        def impl(K, i, averaging):
-            indptr, indices, values, y, offsets, gram, gram_off = K.feats
-            mu, T = K.state[0], K.state[1]
-            prefetch_block(i, offsets, indptr, indices, values, gram, gram_off, mu, T, K.avg[0], averaging)
+@overload(ops.block_scratch, jit_options={"cache": True}, inline="always")
+def _block_scratch(data, wts, state, avg):
+    """``(U, Ua, D, ystar, delta)`` of :func:`~.chain_kernels.step_scratch`, the transition direction ``dT``
+    (``[K, K]``), an active-set corner ``ya`` (int64) and the corner as stored in the working set ``yh`` (int32)."""
+    if _chain(data):
+        def impl(data, wts, state, avg):
+            nl = wts[0].shape[1]
+            U, Ua, D, ystar, delta = step_scratch(data[4], nl)
+            return (U, Ua, D, ystar, delta, np.empty((nl, nl)), np.empty(ystar.shape[0], dtype=np.int64),
+                    np.empty(ystar.shape[0], dtype=np.int32))
         return impl
 
 
-@overload(ops.begin_block, jit_options={"cache": True})
-def _begin_block(K, i, s, L, measure):
+@overload(ops.begin_block, jit_options={"cache": True}, inline="always")
+def _begin_block(data, wts, state, avg, scr, i, s, L, measure):
     """Unary scores ``U`` and ``D = -mu_i``; the unary score of ``mu_i``, plus its transition score when ``measure``
     (:func:`_fw_step` adds it otherwise, from the sweep it makes anyway)."""
-    if _chain(K):
-        def impl(K, i, s, L, measure):
-            U, D = K.scratch[0], K.scratch[2]
-            mu, T = K.state[0], K.state[1]
-            score_mu = corner_base(s, L, K.feats, K.wts, mu, U, D)
-            if measure:
-                score_mu += _transition_score(T[i], K.wts[4])
-            return score_mu
+    if _chain(data):
+        def impl(data, wts, state, avg, scr, i, s, L, measure):
+            return _begin(i, s, L, measure, data, wts, state[0], state[1], scr[0], scr[2])
         return impl
 
 
-@overload(ops.plane_score, jit_options={"cache": True})
-def _plane_score_op(K, s, L, lab, base):
-    if _chain(K):
-        return lambda K, s, L, lab, base: _plane_score(K.scratch[0], K.wts[4], lab, base, L)
+@overload(ops.plane_score, jit_options={"cache": True}, inline="always")
+def _plane_score_op(data, wts, state, avg, scr, s, L, lab, base):
+    if _chain(data):
+        return lambda data, wts, state, avg, scr, s, L, lab, base: _plane_score(scr[0], wts[4], lab, base, L)
 
 
-@overload(ops.plane_corner, jit_options={"cache": True})
-def _plane_corner(K, s, L, lab, base):
-    if _chain(K):
-        def impl(K, s, L, lab, base):
-            U, D, ystar = K.scratch[0], K.scratch[2], K.scratch[3]
-            for t in range(L):
-                ystar[t] = lab[base + t]
-            score_star = _labels_score(U, K.wts[4], ystar, L)
-            for t in range(L):
-                D[t, ystar[t]] += 1.0
-            return score_star
+@overload(ops.plane_corner, jit_options={"cache": True}, inline="always")
+def _plane_corner(data, wts, state, avg, scr, s, L, lab, base):
+    if _chain(data):
+        def impl(data, wts, state, avg, scr, s, L, lab, base):
+            return _stored_corner(L, lab, base, wts[4], scr[0], scr[2], scr[3])
         return impl
 
 
-@overload(ops.oracle_corner, jit_options={"cache": True})
-def _oracle_corner(K, i, s, L, ylab):
+@overload(ops.oracle_corner, jit_options={"cache": True}, inline="always")
+def _oracle_corner(data, wts, state, avg, scr, i, s, L, ylab):
     """Viterbi on the loss-augmented scores (or the given ``ylab``); ``D = e_{y*} - mu_i``."""
-    if _chain(K):
-        def impl(K, i, s, L, ylab):
-            U, Ua, D, ystar, delta = K.scratch[0], K.scratch[1], K.scratch[2], K.scratch[3], K.scratch[4]
-            y, offsets = K.feats[3], K.feats[4]
-            trans = K.wts[4]
-            n = offsets.shape[0] - 1
-            if ylab.shape[0] > 0:
-                for t in range(L):
-                    ystar[t] = ylab[t]
-            else:
-                loss_augmented_decode(U, Ua, L, s, y, 1.0 / L, trans, ystar, delta)
-            score_star, mistakes = add_corner(s, L, y, trans, U, ystar, D)
-            return score_star, mistakes * (1.0 / L) / n, True
+    if _chain(data):
+        def impl(data, wts, state, avg, scr, i, s, L, ylab):
+            return _decoded_corner(s, L, ylab, data[3], data[4].shape[0] - 1, wts[4], scr[0], scr[1], scr[2], scr[3],
+                                   scr[4])
         return impl
 
 
-@overload(ops.corner_labels, jit_options={"cache": True})
-def _corner_labels(K, L):
-    if _chain(K):
-        def impl(K, L):
-            ystar, yh = K.scratch[3], K.scratch[7]
-            for t in range(L):
-                yh[t] = ystar[t]
-            return yh[:L]
-        return impl
+@overload(ops.corner_labels, jit_options={"cache": True}, inline="always")
+def _corner_labels(data, wts, state, avg, scr, L):
+    if _chain(data):
+        return lambda data, wts, state, avg, scr, L: _as_int32(L, scr[3], scr[7])
 
 
-@overload(ops.fw_step, jit_options={"cache": True})
-def _fw_step(K, i, s, L, step, clock, corner):
+@overload(ops.fw_step, jit_options={"cache": True}, inline="always")
+def _fw_step(data, wts, state, avg, scr, i, s, L, step, clock, corner):
     """:func:`~.chain_kernels.fw_move` with the transition statistics of the corner."""
-    if _chain(K):
-        def impl(K, i, s, L, step, clock, corner):
-            score_star, score_mu, measure, ell_i, ell_s = corner
-            D, ystar = K.scratch[2], K.scratch[3]
-            score_T, sq_T = _transition_stats(K.state[1][i], K.wts[4], ystar[:L])
-            full = (score_star, score_mu if measure else score_mu + score_T, ell_i, ell_s, sq_T)
-            return fw_move(i, s, L, step, clock, full, ystar, D, K.feats, K.wts, K.state, K.avg)
+    if _chain(data):
+        def impl(data, wts, state, avg, scr, i, s, L, step, clock, corner):
+            return _fw(i, s, L, step, clock, corner, scr[2], scr[3], data, wts, state, avg)
         return impl
 
 
-@overload(ops.active_set_step, jit_options={"cache": True})
-def _active_set_step_op(K, kind, i, s, L, j_s, j_a, values, clock, step, planes):
-    if _chain(K):
-        def impl(K, kind, i, s, L, j_s, j_a, values, clock, step, planes):
-            sc = K.scratch
-            _active_set_step(kind, i, s, L, j_s, j_a, values, clock, step, planes, K.feats, K.wts, K.state, K.avg,
-                             (sc[3], sc[2], sc[5], sc[6]))
+@overload(ops.active_set_step, jit_options={"cache": True}, inline="always")
+def _active_set_step_op(data, wts, state, avg, scr, kind, i, s, L, j_s, j_a, values, clock, step, planes):
+    if _chain(data):
+        def impl(data, wts, state, avg, scr, kind, i, s, L, j_s, j_a, values, clock, step, planes):
+            _active_set_step(kind, i, s, L, j_s, j_a, values, clock, step, planes, data, wts, state, avg,
+                             (scr[3], scr[2], scr[5], scr[6]))
         return impl

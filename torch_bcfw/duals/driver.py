@@ -27,8 +27,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from .block_ops import (active_set_step, begin_block, block_loss, block_span, corner_labels, dual_loss, fw_step,
-                        n_blocks, oracle_corner, plane_corner, plane_score, prefetch)
+from .block_ops import (active_set_step, begin_block, block_loss, block_scratch, block_span, corner_labels, dual_loss,
+                        fw_step, n_blocks, oracle_corner, plane_corner, plane_score, prefetch)
 from .plan import MP_APPROX, MP_EXACT, CacheTest, MultiPlane, WorkingSetUse, gap_groups
 from .stepsize import AWAY_RULE, FW_RULE, PAIRWISE_RULE, away_choice, cache_hit
 from .sumtree import est_set, gap_draw
@@ -73,7 +73,8 @@ def _running_average(v, ell, avg_v, avg_s) -> None:
 
 @njit(cache=True)
 def plan_steps(K, parts, sampling, ws, mp, step, out):
-    """Run up to ``m`` block iterations on the state whose kernel bundle is ``K``; see the module docstring.
+    """Run up to ``m`` block iterations on the state whose kernel bundle is ``K = (data, weights, storage,
+    averages)`` (:mod:`.block_ops`); see the module docstring.
 
     Argument groups (tuples): ``parts = (m, rule, use_ws, cache, F, glob_thr, max_size, keep_inactive, track_est)``,
     ``sampling = (sample_mode, order, uniforms, queue, smeta, est, tree, tsize, power)``, ``ws`` the working set's
@@ -107,7 +108,9 @@ def plan_steps(K, parts, sampling, ws, mp, step, out):
     planes, ylab, stamp, cutoff, max_planes, avg_on, v, avg_v, avg_s = mp
     step_code, averaging, lam, k0, t0 = step
     gaps, blocks, counters = out
-    n = n_blocks(K)
+    data, wts, store, avg = K  # once: the operations take the groups, not the bundle
+    n = n_blocks(data, wts, store, avg)
+    scr = block_scratch(data, wts, store, avg)  # allocated here: known to alias none of the state's arrays
     measure = (use_ws and planes == 0) or track_est  # h_i before the oracle (cache test, block gaps of the estimates)
     k = k0
     clock = t0
@@ -124,16 +127,16 @@ def plan_steps(K, parts, sampling, ws, mp, step, out):
         if sample_mode == 0:
             i = order[j]
             if j + 1 < m:
-                prefetch(K, order[j + 1], averaging)
+                prefetch(data, wts, store, avg, order[j + 1], averaging)
         else:
             i = gap_draw(queue, smeta, tree, tsize, uniforms[j])
             if i < 0:
                 counters[3] = NEED_GAP_PASS
                 break
         blocks[j] = i
-        s, L = block_span(K, i)
-        ell_i = block_loss(K, i)
-        score_mu = begin_block(K, i, s, L, measure)
+        s, L = block_span(data, wts, store, avg, i)
+        ell_i = block_loss(data, wts, store, avg, i)
+        score_mu = begin_block(data, wts, store, avg, scr, i, s, L, measure)
         h_i = 0.0
         if measure:
             h_i = ell_i + score_mu / n
@@ -146,7 +149,8 @@ def plan_steps(K, parts, sampling, ws, mp, step, out):
             s0 = ws_start[i]
             l0 = ws_labstart[i]
             for q in range(ws_size[i]):
-                ws_fl[s0 + q, SCORE] = ws_fl[s0 + q, LOSS] + plane_score(K, s, L, ws_lab, l0 + q * L) / n
+                sc = plane_score(data, wts, store, avg, scr, s, L, ws_lab, l0 + q * L)
+                ws_fl[s0 + q, SCORE] = ws_fl[s0 + q, LOSS] + sc / n
             jmax, jmin, nact = ws_corners(i, ws_start, ws_size, ws_key, ws_fl)
             if cache:
                 hit = cache_hit(ws_fl[s0 + jmax, SCORE] - h_i, est[i], F, glob_thr)
@@ -155,11 +159,11 @@ def plan_steps(K, parts, sampling, ws, mp, step, out):
         if hit:
             n_hits += 1
             j_s = jmax
-            score_star = plane_corner(K, s, L, ws_lab, ws_labstart[i] + j_s * L)
+            score_star = plane_corner(data, wts, store, avg, scr, s, L, ws_lab, ws_labstart[i] + j_s * L)
             ell_s = ws_fl[ws_start[i] + j_s, LOSS]
             gaps[j] = np.nan
         else:
-            score_star, ell_s, ok = oracle_corner(K, i, s, L, ylab)
+            score_star, ell_s, ok = oracle_corner(data, wts, store, avg, scr, i, s, L, ylab)
             if not ok:
                 counters[3] = ORACLE_REFUSED
                 break
@@ -173,8 +177,8 @@ def plan_steps(K, parts, sampling, ws, mp, step, out):
                 # MP-BCFW: a new plane evicts the longest inactive beyond max_planes, and may grow the active set
                 evict = max_planes if planes != 0 else 0
                 j_s, ws_key, ws_fl, ws_lab = _store_answer(
-                    i, corner_labels(K, L), ell_s, ell_s + score_star / n, max_size, evict,
-                    rule != FW_RULE or planes != 0,
+                    i, corner_labels(data, wts, store, avg, scr, L), ell_s, ell_s + score_star / n, max_size,
+                    evict, rule != FW_RULE or planes != 0,
                     (ws_start, ws_cap, ws_size, ws_labstart, ws_lablen, ws_meta, ws_key, ws_fl, ws_lab, ws_incomplete))
         if planes != 0:
             ws_fl[ws_start[i] + j_s, LAST] = stamp
@@ -186,15 +190,15 @@ def plan_steps(K, parts, sampling, ws, mp, step, out):
             g_a = h_i - ws_fl[ws_start[i] + jmin, SCORE]
             kind = away_choice(g_fw, g_a, nact)
         if kind == FW_RULE:
-            num, gamma = fw_step(K, i, s, L, (step_code, averaging, lam, k), clock,
+            num, gamma = fw_step(data, wts, store, avg, scr, i, s, L, (step_code, averaging, lam, k), clock,
                                  (score_star, score_mu, measure, ell_i, ell_s))
             if not measure:
                 gaps[j] = num
             if use_ws and gamma != 0.0:
                 ws_fw_update(i, j_s, gamma, ws_start, ws_size, ws_fl)
         elif (kind == PAIRWISE_RULE or kind == AWAY_RULE) and not (kind == PAIRWISE_RULE and jmin == j_s):
-            active_set_step(K, kind, i, s, L, j_s, jmin, (h_i, h_s, ell_i, ell_s), clock, (averaging, lam),
-                            (ws_start, ws_size, ws_labstart, ws_fl, ws_lab))
+            active_set_step(data, wts, store, avg, scr, kind, i, s, L, j_s, jmin, (h_i, h_s, ell_i, ell_s), clock,
+                            (averaging, lam), (ws_start, ws_size, ws_labstart, ws_fl, ws_lab))
         if use_ws and not keep_inactive:
             ws_drop_inactive(i, ws_start, ws_size, ws_labstart, ws_lablen, ws_key, ws_fl, ws_lab)
         if planes == MP_APPROX and cutoff > -np.inf:
@@ -202,7 +206,7 @@ def plan_steps(K, parts, sampling, ws, mp, step, out):
         k += 1
         clock += 1
         if avg_on:
-            _running_average(v, dual_loss(K), avg_v, avg_s)
+            _running_average(v, dual_loss(data, wts, store, avg), avg_v, avg_s)
         counters[0] = j + 1
         counters[1] = n_oracle
         counters[2] = n_hits

@@ -171,38 +171,34 @@ def _fused_block_step(seg, graph, block, wts, state, avg, step):
     return num, gamma, ell_i, new_ell
 
 
-class GraphCutKernel(NamedTuple):
-    """The graph cut's kernel bundle for the step driver (:func:`~torch_bcfw.duals.driver.plan_steps`):
-    ``records`` (typed list of the blocks' :data:`~torch_bcfw.inference.graphcut_pool.GraphRecord`), ``phi_true``
-    (``float64[n, d]``), ``seg_off`` (``int64[n + 1]`` node offsets), ``wts``, ``state`` and ``avg`` as
-    :func:`_fused_block_step`'s, ``F`` (unary dimension), ``checked`` (the box keeps ``w_P >= 0``: no check before a
-    cut), ``sums = [l, avg_l_u, oracle seconds]`` and the scratch ``seg`` (``bool[N_max]``, the oracle's answer)."""
+class GraphCutData(NamedTuple):
+    """The data group of the graph cut's kernel bundle ``(data, wts, store, avg)`` for the step driver
+    (:func:`~torch_bcfw.duals.driver.plan_steps`): ``records`` (typed list of the blocks'
+    :data:`~torch_bcfw.inference.graphcut_pool.GraphRecord`), ``phi_true`` (``float64[n, d]``), ``seg_off``
+    (``int64[n + 1]`` node offsets), ``F`` (unary dimension) and ``checked`` (the box keeps ``w_P >= 0``: no check
+    before a cut).  ``wts`` and ``avg`` are :func:`_fused_block_step`'s, ``store`` its ``state`` plus ``sums = [l,
+    avg_l_u, oracle seconds]``.  The scratch of a step is the oracle's answer ``seg`` (``bool[N_max]``)."""
 
     records: object
     phi_true: np.ndarray
     seg_off: np.ndarray
-    wts: tuple
-    state: tuple
-    avg: tuple
     F: int
     checked: bool
-    sums: np.ndarray
-    seg: np.ndarray
 
 
 @njit(cache=True)
-def _graph_oracle(K, i, N):
-    """The loss-augmented oracle of block ``i`` (``N`` nodes) at the current clipped ``w``, into ``K.seg[:N]``: node
+def _graph_oracle(data, wts, sums, seg_out, i, N):
+    """The loss-augmented oracle of block ``i`` (``N`` nodes) at the current clipped ``w``, into ``seg_out[:N]``: node
     gains and edge penalties (:func:`~torch_bcfw.inference.graphcut_pool.cut_inputs`, as the batched oracle), then
-    the cut by PyMaxflow (:func:`_cut`, in object mode).  Its wall time is added to ``K.sums[2]``.  Returns False
+    the cut by PyMaxflow (:func:`_cut`, in object mode).  Its wall time is added to ``sums[2]``.  Returns False
     (nothing cut) when the unchecked pairwise weights are below ``-NEGATIVE_TOLERANCE``."""
-    x, ns, aug, truth, omega, edges, e0, e1, edge_x, inv_z = K.records[i]
+    x, ns, aug, truth, omega, edges, e0, e1, edge_x, inv_z = data.records[i]
     ts = np.zeros(2, dtype=np.int64)
     t0 = _now(ts)
-    W = K.wts[1]
-    w_u = W[:K.F]
-    w_p = W[K.F:]
-    if not K.checked:
+    W = wts[1]
+    w_u = W[:data.F]
+    w_p = W[data.F:]
+    if not data.checked:
         if w_p.size and w_p.min() < -NEGATIVE_TOLERANCE:
             return False
         w_p = np.maximum(w_p, 0.0)
@@ -212,30 +208,31 @@ def _graph_oracle(K, i, N):
     else:
         with objmode(seg="boolean[::1]"):
             seg = _cut(gain, edges, c)
-    K.sums[2] += _now(ts) - t0
-    K.seg[:N] = seg
+    sums[2] += _now(ts) - t0
+    seg_out[:N] = seg
     return True
 
 
 @njit(cache=True)
-def _graph_fw_step(K, i, s, N, step, clock):
-    """:func:`_fused_block_step` towards ``K.seg[:N]``, and the losses ``K.sums[:2]`` it moves."""
+def _graph_fw_step(data, wts, store, avg, seg, i, s, N, step, clock):
+    """:func:`_fused_block_step` towards ``seg[:N]``, and the losses ``sums[:2]`` it moves."""
     step_code, averaging, lam, k = step
-    x, ns, aug, truth, omega, edges, e0, e1, edge_x, inv_z = K.records[i]
-    n = K.phi_true.shape[0]
+    WB, mu, pw, bell, sums = store
+    x, ns, aug, truth, omega, edges, e0, e1, edge_x, inv_z = data.records[i]
+    n = data.phi_true.shape[0]
     num, gamma, ell_i, new_ell = _fused_block_step(
-        K.seg[:N], (x, ns, e0, e1, edge_x, inv_z, truth, omega), (K.phi_true[i], s, i), K.wts, K.state, K.avg,
+        seg[:N], (x, ns, e0, e1, edge_x, inv_z, truth, omega), (data.phi_true[i], s, i), wts, (WB, mu, pw, bell), avg,
         (lam, 1.0 / (lam * n), n, step_code, k, clock, averaging))
     if gamma != 0.0:
-        K.sums[0] += new_ell - ell_i
-        K.sums[1] += average_weight(clock) * (new_ell - ell_i)
+        sums[0] += new_ell - ell_i
+        sums[1] += average_weight(clock) * (new_ell - ell_i)
     return num, gamma
 
 
-# ---------------------------------------------------------------- the contract (:mod:`.block_ops`) for GraphCutKernel
+# ---------------------------------------------------------------- the contract (:mod:`.block_ops`) for the graph cut
 # Plain plans only (:meth:`GraphCutDualState.can_run_plan`): the FW step computes the answer's features and loss
 # itself, so the oracle reports no corner scores (nan), and the working-set operations are not supplied.
-_graph = ops.bundle_of(GraphCutKernel)
+_graph = ops.bundle_of(GraphCutData)
 
 
 @njit(cache=True)
@@ -243,40 +240,52 @@ def _fail():
     raise NotImplementedError("the graph-cut state runs plain plans only in the compiled driver")
 
 
+@overload(ops.block_scratch, jit_options={"cache": True})
+def _block_scratch(data, wts, store, avg):
+    if _graph(data):
+        def impl(data, wts, store, avg):
+            off = data.seg_off
+            nmax = 0
+            for i in range(off.shape[0] - 1):
+                nmax = max(nmax, off[i + 1] - off[i])
+            return np.empty(nmax, dtype=np.bool_)
+        return impl
+
+
 @overload(ops.n_blocks, jit_options={"cache": True})
-def _n_blocks(K):
-    if _graph(K):
-        return lambda K: K.phi_true.shape[0]
+def _n_blocks(data, wts, store, avg):
+    if _graph(data):
+        return lambda data, wts, store, avg: data.phi_true.shape[0]
 
 
 @overload(ops.block_span, jit_options={"cache": True})
-def _block_span(K, i):
-    if _graph(K):
-        return lambda K, i: (K.seg_off[i], K.seg_off[i + 1] - K.seg_off[i])
+def _block_span(data, wts, store, avg, i):
+    if _graph(data):
+        return lambda data, wts, store, avg, i: (data.seg_off[i], data.seg_off[i + 1] - data.seg_off[i])
 
 
 @overload(ops.block_loss, jit_options={"cache": True})
-def _block_loss(K, i):
-    if _graph(K):
-        return lambda K, i: K.state[3][i]
+def _block_loss(data, wts, store, avg, i):
+    if _graph(data):
+        return lambda data, wts, store, avg, i: store[3][i]
 
 
 @overload(ops.dual_loss, jit_options={"cache": True})
-def _dual_loss(K):
-    if _graph(K):
-        return lambda K: K.sums[0]
+def _dual_loss(data, wts, store, avg):
+    if _graph(data):
+        return lambda data, wts, store, avg: store[4][0]
 
 
 @overload(ops.prefetch, jit_options={"cache": True})
-def _prefetch(K, i, averaging):
-    if _graph(K):
-        return lambda K, i, averaging: None
+def _prefetch(data, wts, store, avg, i, averaging):
+    if _graph(data):
+        return lambda data, wts, store, avg, i, averaging: None
 
 
 @overload(ops.begin_block, jit_options={"cache": True})
-def _begin_block(K, i, s, L, measure):
-    if _graph(K):
-        def impl(K, i, s, L, measure):
+def _begin_block(data, wts, store, avg, scr, i, s, L, measure):
+    if _graph(data):
+        def impl(data, wts, store, avg, scr, i, s, L, measure):
             if measure:
                 _fail()
             return np.nan
@@ -284,48 +293,54 @@ def _begin_block(K, i, s, L, measure):
 
 
 @overload(ops.oracle_corner, jit_options={"cache": True})
-def _oracle_corner(K, i, s, L, ylab):
-    if _graph(K):
-        return lambda K, i, s, L, ylab: (np.nan, np.nan, _graph_oracle(K, i, L))
+def _oracle_corner(data, wts, store, avg, scr, i, s, L, ylab):
+    if _graph(data):
+        def impl(data, wts, store, avg, scr, i, s, L, ylab):
+            return np.nan, np.nan, _graph_oracle(data, wts, store[4], scr, i, L)
+        return impl
 
 
 @overload(ops.fw_step, jit_options={"cache": True})
-def _fw_step(K, i, s, L, step, clock, corner):
-    if _graph(K):
-        return lambda K, i, s, L, step, clock, corner: _graph_fw_step(K, i, s, L, step, clock)
+def _fw_step(data, wts, store, avg, scr, i, s, L, step, clock, corner):
+    if _graph(data):
+        def impl(data, wts, store, avg, scr, i, s, L, step, clock, corner):
+            return _graph_fw_step(data, wts, store, avg, scr, i, s, L, step, clock)
+        return impl
 
 
 @overload(ops.plane_score, jit_options={"cache": True})
-def _plane_score(K, s, L, lab, base):
-    if _graph(K):
-        def impl(K, s, L, lab, base):
+def _plane_score(data, wts, store, avg, scr, s, L, lab, base):
+    if _graph(data):
+        def impl(data, wts, store, avg, scr, s, L, lab, base):
             _fail()
             return np.nan
         return impl
 
 
 @overload(ops.plane_corner, jit_options={"cache": True})
-def _plane_corner(K, s, L, lab, base):
-    if _graph(K):
-        def impl(K, s, L, lab, base):
+def _plane_corner(data, wts, store, avg, scr, s, L, lab, base):
+    if _graph(data):
+        def impl(data, wts, store, avg, scr, s, L, lab, base):
             _fail()
             return np.nan
         return impl
 
 
 @overload(ops.corner_labels, jit_options={"cache": True})
-def _corner_labels(K, L):
-    if _graph(K):
-        def impl(K, L):
+def _corner_labels(data, wts, store, avg, scr, L):
+    if _graph(data):
+        def impl(data, wts, store, avg, scr, L):
             _fail()
             return np.zeros(0, dtype=np.int32)
         return impl
 
 
 @overload(ops.active_set_step, jit_options={"cache": True})
-def _active_set_step(K, kind, i, s, L, j_s, j_a, values, clock, step, planes):
-    if _graph(K):
-        return lambda K, kind, i, s, L, j_s, j_a, values, clock, step, planes: _fail()
+def _active_set_step(data, wts, store, avg, scr, kind, i, s, L, j_s, j_a, values, clock, step, planes):
+    if _graph(data):
+        def impl(data, wts, store, avg, scr, kind, i, s, L, j_s, j_a, values, clock, step, planes):
+            _fail()
+        return impl
 
 
 class GraphCutDualState(DenseDualState):
@@ -404,8 +419,9 @@ class GraphCutDualState(DenseDualState):
         return (plan.is_plain and self.data.device.type == "cpu" and self.model.pairwise
                 and self.model.builtin_oracle() and self.n_total == self.n)
 
-    def kernel(self, sums: np.ndarray) -> GraphCutKernel:
-        """The kernel bundle of the current state (views of its tensors; ``sums = [l, avg_l_u, 0]``)."""
+    def kernel(self, sums: np.ndarray) -> tuple:
+        """The kernel bundle ``(data, wts, store, avg)`` of the current state (:class:`GraphCutData`; views of its
+        tensors; ``sums = [l, avg_l_u, 0]``)."""
         F = self.F
         V, WB, WBa = self.v.numpy(), self.w_blocks.numpy(), self.w_blocks_acc.numpy()
         box = bool(self._box)
@@ -414,11 +430,9 @@ class GraphCutDualState(DenseDualState):
         W = np.clip(V, lo, hi) if box else V  # updated in place by the kernel
         checked = box and bool((lo[F:] >= 0.0).all())  # the box keeps w_P >= 0: no per-step check needed
         records, phi_true, seg_off = self._blocks()
-        seg = np.empty(int(np.diff(seg_off).max(initial=0)), dtype=np.bool_)
-        return GraphCutKernel(records, phi_true, seg_off, (V, W, lo, hi, box),
-                              (WB, self.mu.numpy(), self.pw.numpy(), self.block_ell.numpy()),
-                              (WBa, self.mu_acc.numpy(), self.pw_acc.numpy(), self.acc_w.numpy(),
-                               self.avg_last.numpy()), F, checked, sums, seg)
+        return (GraphCutData(records, phi_true, seg_off, F, checked), (V, W, lo, hi, box),
+                (WB, self.mu.numpy(), self.pw.numpy(), self.block_ell.numpy(), sums),
+                (WBa, self.mu_acc.numpy(), self.pw_acc.numpy(), self.acc_w.numpy(), self.avg_last.numpy()))
 
     def run_plan(self, plan) -> PlanResult:
         """A plain plan in the compiled driver (:func:`~torch_bcfw.duals.driver.plan_steps`; same iterates as the
@@ -438,7 +452,7 @@ class GraphCutDualState(DenseDualState):
             self.oracle_seconds += float(sums[2])
             self._sync_w()
         if int(counters[3]) == ORACLE_REFUSED:
-            _checked_pairwise(K.wts[1][self.F:])  # raises: negative pairwise weights without a box
+            _checked_pairwise(K[1][1][self.F:])  # raises: negative pairwise weights without a box
         return PlanResult(steps=done, oracle_calls=int(counters[1]), cache_hits=0, need_gap_pass=False,
                           blocks=blocks[:done], gaps=gaps[:done])
 

@@ -132,7 +132,7 @@ def _viterbi_batch_numba(unary, offsets, transition, labels, scores):
         scores[i] = viterbi_numba(unary[s:s + L], transition, labels[s:s + L], delta)
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def viterbi_numba(unary: np.ndarray, transition: np.ndarray, out: np.ndarray, delta: np.ndarray) -> float:
     """Single-sequence max-plus Viterbi (compiled).
 
@@ -157,7 +157,7 @@ def viterbi_numba(unary: np.ndarray, transition: np.ndarray, out: np.ndarray, de
     return delta[L - 1, out[L - 1]]
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _max_plus_row(prev: np.ndarray, transition: np.ndarray, cur: np.ndarray) -> None:
     """``cur[c] = max_a prev[a] + transition[a, c]``, vectorised over ``c``, four previous labels ``a`` per sweep
     (max is exact, so the grouping does not change the values)."""
@@ -184,7 +184,7 @@ def _max_plus_row(prev: np.ndarray, transition: np.ndarray, cur: np.ndarray) -> 
             cur[c] = v if v > cur[c] else cur[c]
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _first_argmax(v: np.ndarray) -> int:
     """Index of the first maximum of ``v`` (the tie rule of ``torch.max``)."""
     arg = 0
@@ -194,7 +194,7 @@ def _first_argmax(v: np.ndarray) -> int:
     return arg
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _best_predecessor(prev: np.ndarray, transition: np.ndarray, c: int) -> int:
     """First ``a`` maximising ``prev[a] + transition[a, c]``: the backpointer of label ``c`` (scanning ``a``
     in increasing order with strict ``>``, as the forward recursion of :func:`viterbi_numba` does)."""
