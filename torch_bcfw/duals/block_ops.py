@@ -40,6 +40,18 @@ Operations (``G``: the four groups ``data, wts, store, avg``):
   step against the working-set plane ``j_a`` (``values = (h_i, h_s, l_i, l_s)``, ``step = (averaging, lam)``,
   ``planes = (start, size, lab_start, fl, lab)``), the working set's ``alpha`` following.
 
+Round operations, for the mini-batch rounds (:func:`~torch_bcfw.duals.driver.round_steps`; ``R``: the state's
+round accumulators, e.g. the summed direction ``P`` in the layout of ``w``):
+
+* :func:`round_scratch` ``(G, R, order, roffsets, by_gap) -> rscr``: the scratch of the rounds
+  ``order[roffsets[j]:roffsets[j + 1]]`` (with ``by_gap`` the rounds are drawn later: sized for the largest blocks);
+* :func:`round_directions` ``(G, R, rscr, blocks, n_total, bgaps) -> (num, sum l_i, sum l_s)``: every block's corner
+  at the same ``w``, its block gap in ``bgaps``, and ``P += phi_i(e_{y*} - mu_i)``;
+* :func:`round_sqnorm` ``(G, R) -> ||P||^2``; :func:`round_apply` ``(G, R, a)``: ``w += a P``;
+  :func:`round_clear` ``(G, R)``: ``P <- 0``;
+* :func:`round_move` ``(G, R, rscr, blocks, gamma, n_total, clock, averaging)``: every block's storage and ``l_i``
+  move by ``gamma`` towards its corner (with the lazy average), ``w`` left to :func:`round_apply`.
+
 A state implements what the plans it accepts need (:meth:`~torch_bcfw.duals.base.DualState.can_run_plan`); an
 operation it cannot perform raises when called.
 """
@@ -48,7 +60,8 @@ from __future__ import annotations
 from numba import types
 
 __all__ = ["bundle_of", "block_scratch", "n_blocks", "block_span", "block_loss", "dual_loss", "prefetch", "begin_block",
-           "plane_score", "plane_corner", "oracle_corner", "corner_labels", "fw_step", "active_set_step"]
+           "plane_score", "plane_corner", "oracle_corner", "corner_labels", "fw_step", "active_set_step",
+           "round_scratch", "round_directions", "round_sqnorm", "round_apply", "round_clear", "round_move"]
 
 
 def bundle_of(cls):
@@ -82,3 +95,9 @@ oracle_corner = _stub("oracle_corner")
 corner_labels = _stub("corner_labels")
 fw_step = _stub("fw_step")
 active_set_step = _stub("active_set_step")
+round_scratch = _stub("round_scratch")
+round_directions = _stub("round_directions")
+round_sqnorm = _stub("round_sqnorm")
+round_apply = _stub("round_apply")
+round_clear = _stub("round_clear")
+round_move = _stub("round_move")

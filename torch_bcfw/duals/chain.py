@@ -8,7 +8,8 @@ the number of tokens, not with ``n * d``, and the state can be re-bound to new t
 On CPU the steps run in compiled kernels fed with CSR token features and per-sequence Gram matrices
 (:func:`sequence_grams`): the chain's block operations (:mod:`.chain_kernels`, given to the step driver
 :mod:`.driver` by :mod:`.chain_ops`) run every :class:`~torch_bcfw.duals.plan.StepPlan`, plain BCFW included; the
-mini-batch rounds are :mod:`.chain_minibatch_kernels`.
+mini-batch rounds too (:func:`~torch_bcfw.duals.driver.round_steps`, with the parts of
+:mod:`.chain_minibatch_kernels`).
 """
 from __future__ import annotations
 
@@ -291,11 +292,11 @@ class ChainDualState(DualState):
         return self.w.device.type == "cpu" and not self.has_bounds
 
     def run_minibatch(self, plan) -> PlanResult:
-        """Run a mini-batch :class:`~torch_bcfw.duals.plan.StepPlan` in the compiled rounds of
-        :mod:`.chain_minibatch_kernels` (the trajectory of :func:`~torch_bcfw.duals.plan.minibatch_plan_steps` up to
-        rounding): all rounds in one call when this state owns the problem's every block, else one call per round
+        """Run a mini-batch :class:`~torch_bcfw.duals.plan.StepPlan` in the compiled rounds
+        (:func:`~torch_bcfw.duals.driver.round_steps` with the chain's round operations, :mod:`.chain_ops`; the
+        trajectory of :func:`~torch_bcfw.duals.plan.minibatch_plan_steps` up to rounding): all rounds in one call when this state owns the problem's every block, else one call per round
         part with the all-reduce ``plan.rounds.reduce`` between them."""
-        from . import chain_minibatch_kernels as mk
+        from .driver import round_steps
 
         order = plan.order  # filled round by round with gap sampling
         rof = np.ascontiguousarray(plan.rounds.offsets, dtype=np.int64)
@@ -311,9 +312,9 @@ class ChainDualState(DualState):
         marks = (flag, entries, count)
         sampling = (plan.gap is not None,) + gap_groups(plan)
         if plan.rounds.reduce is None and self.n_total == self.n:
-            self.k, self.avg_t, taken, stepped = mk.chain_minibatch_rounds(
-                order, rof, (int(plan.step_code), bool(plan.averaging), self.lam, self.n_total, self.k, self.avg_t),
-                sampling, feats, wts, state, avg, acc, marks, rgaps)
+            self.k, self.avg_t, taken, stepped = round_steps(
+                (feats, wts, state, avg), (acc, marks), order, rof,
+                (int(plan.step_code), bool(plan.averaging), self.lam, self.n_total, self.k, self.avg_t), sampling, rgaps)
         else:
             taken, stepped = self._reduced_rounds(plan, sampling, rof, rgaps, feats, wts, state, avg, acc, marks, P)
         self.ell, self.avg_ell_u = float(ells[0]), float(ells[1])

@@ -14,8 +14,8 @@ A round of blocks ``B`` is three compiled parts, so that a round split over proc
    average; ``w`` moves by ``-gamma V`` in one sweep over the touched entries of ``P`` (:func:`apply_acc`), or by the
    caller with the reduced ``V``; ``P`` is cleared.
 
-:func:`chain_minibatch_rounds` runs whole chunks of rounds of one process in one call.  The per-block parts are
-those of the BCFW kernel (:mod:`.chain_kernels`): unary scores, decoding, direction, transition statistics.
+:func:`~torch_bcfw.duals.driver.round_steps` runs whole chunks of rounds of one process in one call with these
+parts (given to it by :mod:`.chain_ops`).  The per-block parts are those of the BCFW kernel (:mod:`.chain_kernels`): unary scores, decoding, direction, transition statistics.
 Argument groups as there: ``feats``, ``wts`` (views of ``w``), ``state = (mu, T, block_ell, ells)``, ``avg =
 (mu_acc, T_acc, last)``; here also ``acc = (PWe, Pbias, Pstart, Pend, Ptrans)`` (views of ``P``), ``marks =
 (flag uint8[F K], entries int64[F K], count int64[1])`` and the round scratch ``scr = (D [N, K], Y int64[N], tok
@@ -27,10 +27,8 @@ import numpy as np
 from numba import njit
 
 from .chain_kernels import _transition_stats, block_corner, move_block, step_scratch
-from .stepsize import minibatch_step_size
-from .sumtree import est_set, gap_draw_round
 
-__all__ = ["round_directions", "touched_sqnorm", "round_move", "chain_minibatch_rounds", "round_scratch"]
+__all__ = ["round_directions", "touched_sqnorm", "round_move", "apply_acc", "clear_acc", "round_scratch"]
 
 
 @njit(cache=True)
@@ -207,51 +205,3 @@ def _max_round_tokens(order, roffsets, offsets, by_gap):
             m += offsets[i + 1] - offsets[i]
         max_tok = max(max_tok, m)
     return max_tok
-
-
-@njit(cache=True)
-def chain_minibatch_rounds(order, roffsets, step, sampling, feats, wts, state, avg, acc, marks, gaps):
-    """Rounds ``order[roffsets[j]:roffsets[j + 1]]`` of one process that owns every block of the problem (``n_total``
-    blocks in ``step = (step_code, averaging, lam, n_total, k, clock)``); ``gaps[j]`` gets round ``j``'s line-search
-    numerator (the sum of its block gaps).  ``sampling = (by_gap, uniforms, queue, smeta, est, tree, tsize,
-    power)``: with ``by_gap`` the slots of ``order`` are filled round by round from the sum tree
-    (:func:`~.sumtree.gap_draw_round`) and the estimates take the block gaps; a round that finds every estimate zero
-    ends the call.  Returns ``(k, clock, rounds taken, blocks stepped)``."""
-    step_code, averaging, lam, n_total, k, clock = step
-    by_gap, uniforms, queue, smeta, est, tree, tsize, power = sampling
-    offsets = feats[4]
-    K = wts[0].shape[1]
-    max_tok = _max_round_tokens(order, roffsets, offsets, by_gap)
-    blk_scr, (D, Y) = round_scratch(offsets, K, max_tok)
-    tok = np.empty(order.shape[0] + 1, dtype=np.int64)
-    bgaps = np.empty(order.shape[0])
-    spare = np.zeros((K, K))
-    taken = 0
-    stepped = 0
-    for j in range(roffsets.shape[0] - 1):
-        a = roffsets[j]
-        b = roffsets[j + 1]
-        if by_gap:
-            b = a + gap_draw_round(queue, smeta, tree, tsize, uniforms[a:b], order[a:b])
-            if b == a:
-                break
-        blocks = order[a:b]
-        tau = blocks.shape[0]
-        taken += 1
-        if tau == 0:
-            continue
-        num, _, _ = round_directions(blocks, n_total, feats, wts, state, acc, marks, blk_scr, D, Y, tok, bgaps)
-        den = touched_sqnorm(acc, marks) / (lam * n_total * n_total)
-        gamma = minibatch_step_size(step_code, num, den, k, n_total, tau)
-        if gamma != 0.0:
-            round_move(blocks, gamma, n_total, clock, averaging, feats, wts, state, avg, D, Y, tok, spare)
-            apply_acc(-gamma / (lam * n_total), acc, marks, wts)
-        clear_acc(acc, marks)
-        if by_gap:
-            for q in range(tau):
-                est_set(est, tree, tsize, blocks[q], bgaps[q], power, True)
-        gaps[j] = num
-        k += tau
-        clock += 1
-        stepped += tau
-    return k, clock, taken, stepped

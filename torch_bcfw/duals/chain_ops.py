@@ -22,6 +22,7 @@ from numba import njit
 from numba.extending import overload
 
 from . import block_ops as ops
+from . import chain_minibatch_kernels as mk
 from .chain_kernels import (_add_direction, _direction_sqnorm, _transition_stats, add_corner, corner_base, fw_move,
                             loss_augmented_decode, prefetch_block, step_scratch)
 from .stepsize import PAIRWISE_RULE, average_weight, clipped_step, lazy_weight, move_bound
@@ -337,4 +338,53 @@ def _active_set_step_op(data, wts, state, avg, scr, kind, i, s, L, j_s, j_a, val
         def impl(data, wts, state, avg, scr, kind, i, s, L, j_s, j_a, values, clock, step, planes):
             _active_set_step(kind, i, s, L, j_s, j_a, values, clock, step, planes, data, wts, state, avg,
                              (scr[3], scr[2], scr[5], scr[6]))
+        return impl
+
+
+# ---------------------------------------------------------------- round operations: R = (acc, marks) of
+# :mod:`.chain_minibatch_kernels` (views of the summed direction P, its touched emission entries); the round scratch
+# rscr = (blk_scr, D, Y, tok, spare)
+@overload(ops.round_scratch, jit_options={"cache": True}, inline="always")
+def _round_scratch(data, wts, state, avg, R, order, roffsets, by_gap):
+    if _chain(data):
+        def impl(data, wts, state, avg, R, order, roffsets, by_gap):
+            nl = wts[0].shape[1]
+            blk, (D, Y) = mk.round_scratch(data[4], nl, mk._max_round_tokens(order, roffsets, data[4], by_gap))
+            return blk, D, Y, np.empty(order.shape[0] + 1, dtype=np.int64), np.zeros((nl, nl))
+        return impl
+
+
+@overload(ops.round_directions, jit_options={"cache": True}, inline="always")
+def _round_directions(data, wts, state, avg, R, rscr, blocks, n_total, bgaps):
+    if _chain(data):
+        def impl(data, wts, state, avg, R, rscr, blocks, n_total, bgaps):
+            return mk.round_directions(blocks, n_total, data, wts, state, R[0], R[1], rscr[0], rscr[1], rscr[2],
+                                       rscr[3], bgaps)
+        return impl
+
+
+@overload(ops.round_sqnorm, jit_options={"cache": True}, inline="always")
+def _round_sqnorm(data, wts, state, avg, R):
+    if _chain(data):
+        return lambda data, wts, state, avg, R: mk.touched_sqnorm(R[0], R[1])
+
+
+@overload(ops.round_apply, jit_options={"cache": True}, inline="always")
+def _round_apply(data, wts, state, avg, R, a):
+    if _chain(data):
+        return lambda data, wts, state, avg, R, a: mk.apply_acc(a, R[0], R[1], wts)
+
+
+@overload(ops.round_clear, jit_options={"cache": True}, inline="always")
+def _round_clear(data, wts, state, avg, R):
+    if _chain(data):
+        return lambda data, wts, state, avg, R: mk.clear_acc(R[0], R[1])
+
+
+@overload(ops.round_move, jit_options={"cache": True}, inline="always")
+def _round_move(data, wts, state, avg, R, rscr, blocks, gamma, n_total, clock, averaging):
+    if _chain(data):
+        def impl(data, wts, state, avg, R, rscr, blocks, gamma, n_total, clock, averaging):
+            mk.round_move(blocks, gamma, n_total, clock, averaging, data, wts, state, avg, rscr[1], rscr[2], rscr[3],
+                          rscr[4])
         return impl

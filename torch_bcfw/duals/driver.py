@@ -28,14 +28,15 @@ import numpy as np
 from numba import njit
 
 from .block_ops import (active_set_step, begin_block, block_loss, block_scratch, block_span, corner_labels, dual_loss,
-                        fw_step, n_blocks, oracle_corner, plane_corner, plane_score, prefetch)
+                        fw_step, n_blocks, oracle_corner, plane_corner, plane_score, prefetch, round_apply, round_clear,
+                        round_directions, round_move, round_scratch, round_sqnorm)
 from .plan import MP_APPROX, MP_EXACT, CacheTest, MultiPlane, WorkingSetUse, gap_groups
-from .stepsize import AWAY_RULE, FW_RULE, PAIRWISE_RULE, away_choice, cache_hit
-from .sumtree import est_set, gap_draw
+from .stepsize import AWAY_RULE, FW_RULE, PAIRWISE_RULE, away_choice, cache_hit, minibatch_step_size
+from .sumtree import est_set, gap_draw, gap_draw_round
 from .working_set import (LAST, LOSS, SCORE, label_hash, ws_corners, ws_drop_inactive, ws_drop_stale, ws_evict_lru,
                           ws_find, ws_fw_update, ws_insert)
 
-__all__ = ["plan_steps", "drive", "DONE", "NEED_GAP_PASS", "ORACLE_REFUSED"]
+__all__ = ["plan_steps", "round_steps", "drive", "DONE", "NEED_GAP_PASS", "ORACLE_REFUSED"]
 
 #: status codes returned in ``counters[3]``: the chunk ran; gap sampling found every estimate zero; the oracle could
 #: not run at the current ``w`` (e.g. negative pairwise weights of a graph cut)
@@ -213,6 +214,57 @@ def plan_steps(K, parts, sampling, ws, mp, step, out):
         counters[4] = k
         counters[5] = clock
     return ws_key, ws_fl, ws_lab
+
+
+@njit(cache=True)
+def round_steps(K, R, order, roffsets, step, sampling, gaps):
+    """Mini-batch rounds (Wang et al. 2016) ``order[roffsets[j]:roffsets[j + 1]]`` of one process that owns every
+    block of the problem, on the state whose kernel bundle is ``K`` and round accumulators ``R`` (the round
+    operations of :mod:`.block_ops`).
+
+    Per round of distinct blocks ``B`` at the same ``w``: the corners and the summed direction
+    ``P = sum_i phi_i(delta_i)`` (:func:`~.block_ops.round_directions`, which gives the sum of the block gaps),
+    ``den = ||P||^2 / (lam n^2)`` (:func:`~.block_ops.round_sqnorm`), the step ``gamma`` (clipped line search or the
+    fixed step), then the blocks' move (:func:`~.block_ops.round_move`) and ``w -= gamma P / (lam n)``
+    (:func:`~.block_ops.round_apply`); ``P`` is cleared.  ``step = (step_code, averaging, lam, n_total, k, clock)``;
+    ``gaps[j]`` gets round ``j``'s line-search numerator.  ``sampling = (by_gap, uniforms, queue, smeta, est, tree,
+    tsize, power)``: with ``by_gap`` the slots of ``order`` are filled round by round from the sum tree
+    (:func:`~.sumtree.gap_draw_round`) and the estimates take the block gaps; a round that finds every estimate zero
+    ends the call.  Returns ``(k, clock, rounds taken, blocks stepped)``."""
+    step_code, averaging, lam, n_total, k, clock = step
+    by_gap, uniforms, queue, smeta, est, tree, tsize, power = sampling
+    data, wts, store, avg = K
+    rscr = round_scratch(data, wts, store, avg, R, order, roffsets, by_gap)
+    bgaps = np.empty(order.shape[0])
+    taken = 0
+    stepped = 0
+    for j in range(roffsets.shape[0] - 1):
+        a = roffsets[j]
+        b = roffsets[j + 1]
+        if by_gap:
+            b = a + gap_draw_round(queue, smeta, tree, tsize, uniforms[a:b], order[a:b])
+            if b == a:
+                break
+        blocks = order[a:b]
+        tau = blocks.shape[0]
+        taken += 1
+        if tau == 0:
+            continue
+        num, _, _ = round_directions(data, wts, store, avg, R, rscr, blocks, n_total, bgaps)
+        den = round_sqnorm(data, wts, store, avg, R) / (lam * n_total * n_total)
+        gamma = minibatch_step_size(step_code, num, den, k, n_total, tau)
+        if gamma != 0.0:
+            round_move(data, wts, store, avg, R, rscr, blocks, gamma, n_total, clock, averaging)
+            round_apply(data, wts, store, avg, R, -gamma / (lam * n_total))
+        round_clear(data, wts, store, avg, R)
+        if by_gap:
+            for q in range(tau):
+                est_set(est, tree, tsize, blocks[q], bgaps[q], power, True)
+        gaps[j] = num
+        k += tau
+        clock += 1
+        stepped += tau
+    return k, clock, taken, stepped
 
 
 def drive(state, K, ells: np.ndarray, plan, ylab: np.ndarray | None = None) -> tuple:
