@@ -18,7 +18,8 @@ process-to-process spread.
   solver seconds per pass (``counters['solver_time'] / passes``, the compiled plain-BCFW kernel);
 * CoNLL-2000 (all 8936 sentences, d = 1,643,026): ``--conll-passes`` passes of plain BCFW, solver seconds per pass;
 * horses (200 training images, graph cut, the compiled step loop of ``GraphCutDualState``): solver overhead per
-  oracle time, median over 5 passes (``benchmarks/horses_oracle.py``'s ``solver_overhead``);
+  oracle time, median over 5 passes (``benchmarks/horses_oracle.py``'s ``solver_overhead``); with
+  ``--same-process`` also the seconds per pass (``horses_pass``);
 * bit-identity on OCR-large (10 passes, gap check every 5): final weights (``torch.equal``) and histories (every
   field but times) of presets ``uniform-fw`` (plain BCFW), ``gap-pairwise-cache`` and of ``solver='mp-bcfw'``.
 """
@@ -111,9 +112,9 @@ def renamed_copy(old: str, dest: str) -> str:
     return dest
 
 
-def _horses_overhead(pkg, data, passes: int = 5) -> float:
-    """``horses_oracle.solver_overhead`` for the package ``pkg``: BCFW time outside the oracle per oracle time,
-    median over ``passes`` passes after a warm-up pass."""
+def _horses_overhead(pkg, data, passes: int = 5) -> tuple[float, float]:
+    """``horses_oracle.solver_overhead`` for the package ``pkg``: BCFW time outside the oracle per oracle time and
+    the seconds per pass, medians over ``passes`` passes after a warm-up pass."""
     import importlib
 
     GraphCut = importlib.import_module(pkg.__name__ + ".models").GraphCut
@@ -123,14 +124,15 @@ def _horses_overhead(pkg, data, passes: int = 5) -> float:
     alg = BCFW(model, data, 1e-2, SolverOptions.from_kwargs(max_passes=passes + 1, seed=0))
     n = len(data)
     alg.advance(n)
-    fractions = []
+    fractions, seconds = [], []
     for _ in range(passes):
         o0, t0 = alg.state.oracle_seconds, time.perf_counter()
         alg.advance(n)
         t = time.perf_counter() - t0
         o = alg.state.oracle_seconds - o0
         fractions.append((t - o) / o)
-    return statistics.median(fractions)
+        seconds.append(t)
+    return statistics.median(fractions), statistics.median(seconds)
 
 
 def paired(args, skip: set) -> dict:
@@ -162,7 +164,7 @@ def paired(args, skip: set) -> dict:
         measures["conll"] = (conll, data, 1)
     if "horses" not in skip:
         def horses(pkg, data, passes=5):
-            return _horses_overhead(pkg, data, passes)
+            return _horses_overhead(pkg, data, passes)  # (overhead, seconds per pass)
         data = {s: sub(p, "datasets.horses").horse_graph_data(DATA / "weizmann_horse", "train", (48, 64))
                 for s, p in pkgs.items()}
         measures["horses"] = (horses, data, 1)
@@ -173,6 +175,9 @@ def paired(args, skip: set) -> dict:
         for r in range(args.rounds):
             for side in (("old", "new") if r % 2 == 0 else ("new", "old")):
                 runs[side].append(run(pkgs[side], data[side]))
+        if kind == "horses":
+            out["horses_pass"] = {s: [r[1] for r in runs[s]] for s in runs}
+            runs = {s: [r[0] for r in runs[s]] for s in runs}
         out[kind] = runs
     return out
 
@@ -242,7 +247,10 @@ def main() -> None:
                 raise RuntimeError(f"paired child failed:\n{p.stderr[-3000:]}")
             together = json.loads(p.stdout.strip().splitlines()[-1])
         payload["packages"] = together["package"]
-    for kind, metric in (("ocr", "s_per_pass"), ("conll", "s_per_pass"), ("horses", "overhead")):
+    kinds = (("ocr", "s_per_pass"), ("conll", "s_per_pass"), ("horses", "overhead"))
+    if together is not None and "horses" not in skip:
+        kinds += (("horses_pass", "s_per_pass"),)
+    for kind, metric in kinds:
         if kind in skip:
             continue
         if together is not None:

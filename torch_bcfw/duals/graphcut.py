@@ -187,13 +187,13 @@ class GraphCutData(NamedTuple):
 
 
 @njit(cache=True)
-def _graph_oracle(data, wts, sums, seg_out, i, N):
-    """The loss-augmented oracle of block ``i`` (``N`` nodes) at the current clipped ``w``, into ``seg_out[:N]``: node
+def _graph_oracle(data, wts, sums, scr, i, N):
+    """The loss-augmented oracle of block ``i`` (``N`` nodes) at the current clipped ``w``, into the scratch ``scr = (answer, clock)``: ``answer[:N]``; node
     gains and edge penalties (:func:`~torch_bcfw.inference.graphcut_pool.cut_inputs`, as the batched oracle), then
     the cut by PyMaxflow (:func:`_cut`, in object mode).  Its wall time is added to ``sums[2]``.  Returns False
     (nothing cut) when the unchecked pairwise weights are below ``-NEGATIVE_TOLERANCE``."""
     x, ns, aug, truth, omega, edges, e0, e1, edge_x, inv_z = data.records[i]
-    ts = np.zeros(2, dtype=np.int64)
+    seg_out, ts = scr
     t0 = _now(ts)
     W = wts[1]
     w_u = W[:data.F]
@@ -209,11 +209,12 @@ def _graph_oracle(data, wts, sums, seg_out, i, N):
         with objmode(seg="boolean[::1]"):
             seg = _cut(gain, edges, c)
     sums[2] += _now(ts) - t0
-    seg_out[:N] = seg
+    for p in range(N):
+        seg_out[p] = seg[p]
     return True
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _graph_fw_step(data, wts, store, avg, seg, i, s, N, step, clock):
     """:func:`_fused_block_step` towards ``seg[:N]``, and the losses ``sums[:2]`` it moves."""
     step_code, averaging, lam, k = step
@@ -221,7 +222,7 @@ def _graph_fw_step(data, wts, store, avg, seg, i, s, N, step, clock):
     x, ns, aug, truth, omega, edges, e0, e1, edge_x, inv_z = data.records[i]
     n = data.phi_true.shape[0]
     num, gamma, ell_i, new_ell = _fused_block_step(
-        seg[:N], (x, ns, e0, e1, edge_x, inv_z, truth, omega), (data.phi_true[i], s, i), wts, (WB, mu, pw, bell), avg,
+        seg[0][:N], (x, ns, e0, e1, edge_x, inv_z, truth, omega), (data.phi_true[i], s, i), wts, (WB, mu, pw, bell), avg,
         (lam, 1.0 / (lam * n), n, step_code, k, clock, averaging))
     if gamma != 0.0:
         sums[0] += new_ell - ell_i
@@ -248,7 +249,7 @@ def _block_scratch(data, wts, store, avg):
             nmax = 0
             for i in range(off.shape[0] - 1):
                 nmax = max(nmax, off[i + 1] - off[i])
-            return np.empty(nmax, dtype=np.bool_)
+            return np.empty(nmax, dtype=np.bool_), np.zeros(2, dtype=np.int64)
         return impl
 
 
