@@ -23,7 +23,7 @@ from torch import Tensor
 from ..inference.viterbi import viterbi_packed
 from .base import DualState
 from .chain_ops import ChainFeatures
-from .plan import PlanResult, gap_groups
+from .plan import PlanResult
 from .stepsize import lazy_weight
 
 __all__ = ["ChainDualState", "sequence_grams"]
@@ -293,83 +293,19 @@ class ChainDualState(DualState):
 
     def run_minibatch(self, plan) -> PlanResult:
         """Run a mini-batch :class:`~torch_bcfw.duals.plan.StepPlan` in the compiled rounds
-        (:func:`~torch_bcfw.duals.driver.round_steps` with the chain's round operations, :mod:`.chain_ops`; the
-        trajectory of :func:`~torch_bcfw.duals.plan.minibatch_plan_steps` up to rounding): all rounds in one call when this state owns the problem's every block, else one call per round
-        part with the all-reduce ``plan.rounds.reduce`` between them."""
-        from .driver import round_steps
+        (:func:`~torch_bcfw.duals.driver.drive_rounds` with the chain's round operations, :mod:`.chain_ops`; the
+        trajectory of :func:`~torch_bcfw.duals.plan.minibatch_plan_steps` up to rounding).  The round accumulators:
+        the summed direction ``P`` (a tensor shaped as ``w``) and the list of its touched emission entries."""
+        from .driver import drive_rounds
 
-        order = plan.order  # filled round by round with gap sampling
-        rof = np.ascontiguousarray(plan.rounds.offsets, dtype=np.int64)
-        rgaps = np.zeros(len(rof) - 1)
         ells = np.array([self.ell, self.avg_ell_u])
-        feats, wts, state, avg = self._kernel_groups(ells)
         if self._acc is None:
             FK = self.model.n_inputs * self.model.n_labels  # the emission entries
             self._acc = (torch.zeros_like(self.v), np.zeros(FK, dtype=np.uint8), np.zeros(FK, dtype=np.int64),
                          np.zeros(1, dtype=np.int64))
         P, flag, entries, count = self._acc
         acc = tuple(t.numpy() for t in self.model.unpack(P))
-        marks = (flag, entries, count)
-        sampling = (plan.gap is not None,) + gap_groups(plan)
-        if plan.rounds.reduce is None and self.n_total == self.n:
-            self.k, self.avg_t, taken, stepped = round_steps(
-                (feats, wts, state, avg), (acc, marks), order, rof,
-                (int(plan.step_code), bool(plan.averaging), self.lam, self.n_total, self.k, self.avg_t), sampling, rgaps)
-        else:
-            taken, stepped = self._reduced_rounds(plan, sampling, rof, rgaps, feats, wts, state, avg, acc, marks, P)
-        self.ell, self.avg_ell_u = float(ells[0]), float(ells[1])
-        slots = int(rof[taken])
-        gaps = np.full(slots, np.nan)
-        j = np.flatnonzero(rof[:taken] < rof[1:taken + 1])
-        j = j[order[rof[j]] >= 0]  # rounds with a block here (gap sampling fills a round's first slot first)
-        gaps[rof[j]] = rgaps[j]
-        return PlanResult(steps=slots, oracle_calls=int(stepped), cache_hits=0, need_gap_pass=taken < len(rof) - 1,
-                          blocks=order[:slots], gaps=gaps, rounds=int(taken))
-
-    def _reduced_rounds(self, plan, sampling, rof, rgaps, feats, wts, state, avg, acc, marks, P) -> tuple[int, int]:
-        """Rounds split over processes: each round's ``(V, sums)`` goes through ``plan.rounds.reduce`` between the compiled
-        direction and move parts; ``w`` moves by the summed ``V`` (the same on every process).  Returns the rounds
-        taken and the blocks they stepped over all processes."""
-        from . import chain_minibatch_kernels as mk
-        from .sumtree import est_set, gap_draw_round
-
-        by_gap, uniforms, queue, smeta, est, tree, tsize, power = sampling
-        order = plan.order
-        K = self.model.n_labels
-        offsets = feats[4]
-        max_tok = max(1, int(mk._max_round_tokens(order, rof, offsets, by_gap)))
-        blk_scr, (D, Y) = mk.round_scratch(offsets, K, max_tok)
-        tok = np.empty(len(order) + 1, dtype=np.int64)
-        bgaps = np.empty(len(order))
-        spare = np.zeros((K, K))
-        scale = 1.0 / (self.lam * self.n_total)
-        taken = stepped = 0
-        for j in range(len(rof) - 1):
-            a, b = int(rof[j]), int(rof[j + 1])
-            if by_gap:
-                b = a + int(gap_draw_round(queue, smeta, tree, tsize, uniforms[a:b], order[a:b]))
-            blocks = order[a:b]
-            num, s_i, s_s = mk.round_directions(blocks, self.n_total, feats, wts, state, acc, marks, blk_scr, D, Y, tok,
-                                                bgaps)
-            sums = torch.tensor([s_i, s_s, float(len(blocks))], dtype=torch.float64)
-            V, _, gamma, tau = self._round_step(P * scale, sums, plan.step_code, plan.rounds.reduce)
-            if tau == 0:  # gap sampling: every estimate is zero on every process
-                break
-            if gamma != 0.0 and len(blocks):
-                mk.round_move(blocks, gamma, self.n_total, self.avg_t, bool(plan.averaging), feats, wts, state, avg, D,
-                              Y, tok, spare)
-            if gamma != 0.0:
-                self.v.add_(V, alpha=-gamma)
-            mk.clear_acc(acc, marks)
-            if by_gap:
-                for q in range(len(blocks)):
-                    est_set(est, tree, tsize, int(blocks[q]), float(bgaps[q]), power, True)
-            rgaps[j] = num
-            self.k += tau
-            self.avg_t += 1
-            taken += 1
-            stepped += tau
-        return taken, stepped
+        return drive_rounds(self, self._kernel_groups(ells), (acc, (flag, entries, count)), P, ells, plan)
 
     def _storage_dict(self) -> dict:
         names = ("mu", "T", "mu_acc", "T_acc")

@@ -25,18 +25,19 @@ Instances: the chain (:mod:`.chain_ops`, every plan) and the graph cut (:mod:`.g
 from __future__ import annotations
 
 import numpy as np
+import torch
 from numba import njit
 
 from .block_ops import (active_set_step, begin_block, block_loss, block_scratch, block_span, corner_labels, dual_loss,
                         fw_step, n_blocks, oracle_corner, plane_corner, plane_score, prefetch, round_apply, round_clear,
                         round_directions, round_move, round_scratch, round_sqnorm)
-from .plan import MP_APPROX, MP_EXACT, CacheTest, MultiPlane, WorkingSetUse, gap_groups
+from .plan import MP_APPROX, MP_EXACT, CacheTest, MultiPlane, PlanResult, WorkingSetUse, gap_groups
 from .stepsize import AWAY_RULE, FW_RULE, PAIRWISE_RULE, away_choice, cache_hit, minibatch_step_size
 from .sumtree import est_set, gap_draw, gap_draw_round
 from .working_set import (LAST, LOSS, SCORE, label_hash, ws_corners, ws_drop_inactive, ws_drop_stale, ws_evict_lru,
                           ws_find, ws_fw_update, ws_insert)
 
-__all__ = ["plan_steps", "round_steps", "drive", "DONE", "NEED_GAP_PASS", "ORACLE_REFUSED"]
+__all__ = ["plan_steps", "round_steps", "drive", "drive_rounds", "DONE", "NEED_GAP_PASS", "ORACLE_REFUSED"]
 
 #: status codes returned in ``counters[3]``: the chunk ran; gap sampling found every estimate zero; the oracle could
 #: not run at the current ``w`` (e.g. negative pairwise weights of a graph cut)
@@ -267,6 +268,31 @@ def round_steps(K, R, order, roffsets, step, sampling, gaps):
     return k, clock, taken, stepped
 
 
+# The round operations one at a time, for rounds split over processes (an all-reduce between them; :func:`drive_rounds`)
+@njit(cache=True)
+def _rounds_scratch(K, R, order, roffsets, by_gap):
+    data, wts, store, avg = K
+    return round_scratch(data, wts, store, avg, R, order, roffsets, by_gap)
+
+
+@njit(cache=True)
+def _rounds_directions(K, R, rscr, blocks, n_total, bgaps):
+    data, wts, store, avg = K
+    return round_directions(data, wts, store, avg, R, rscr, blocks, n_total, bgaps)
+
+
+@njit(cache=True)
+def _rounds_move(K, R, rscr, blocks, gamma, n_total, clock, averaging):
+    data, wts, store, avg = K
+    round_move(data, wts, store, avg, R, rscr, blocks, gamma, n_total, clock, averaging)
+
+
+@njit(cache=True)
+def _rounds_clear(K, R):
+    data, wts, store, avg = K
+    round_clear(data, wts, store, avg, R)
+
+
 def drive(state, K, ells: np.ndarray, plan, ylab: np.ndarray | None = None) -> tuple:
     """One call of :func:`plan_steps` on ``plan`` for ``state`` (a :class:`~torch_bcfw.duals.base.DualState`) with its
     kernel bundle ``K``.  ``ells``: the float64 array the bundle's operations keep ``[l, avg_l_u, ...]`` in;
@@ -312,3 +338,65 @@ def drive(state, K, ells: np.ndarray, plan, ylab: np.ndarray | None = None) -> t
         state.ell, state.avg_ell_u = float(ells[0]), float(ells[1])
         state.k, state.avg_t = int(counters[4]), int(counters[5])
     return int(counters[0]), gaps, blocks, counters
+
+
+def drive_rounds(state, K, R, P, ells: np.ndarray, plan) -> PlanResult:
+    """The mini-batch rounds of ``plan`` for ``state`` with its kernel bundle ``K`` and round accumulators ``R``
+    (``P``: the summed direction as a tensor in the layout of ``w``, the storage of ``R``; ``ells`` as in
+    :func:`drive`): all rounds in one :func:`round_steps` call when this process owns the problem's every block and
+    nothing is reduced, else one compiled call per round part with the all-reduce ``plan.rounds.reduce`` of
+    ``(V, sums)`` between the directions and the move (``w`` then moves by the summed ``V``, the same on every
+    process).  Gap sampling draws each round from the sum tree; a round that finds every estimate zero (on every
+    process) ends the call."""
+    order = plan.order  # filled round by round with gap sampling
+    rof = np.ascontiguousarray(plan.rounds.offsets, dtype=np.int64)
+    rgaps = np.zeros(len(rof) - 1)
+    sampling = (plan.gap is not None,) + gap_groups(plan)
+    step = (int(plan.step_code), bool(plan.averaging), state.lam, state.n_total, state.k, state.avg_t)
+    if plan.rounds.reduce is None and state.n_total == state.n:
+        state.k, state.avg_t, taken, stepped = round_steps(K, R, order, rof, step, sampling, rgaps)
+    else:
+        taken, stepped = _reduced_rounds(state, K, R, P, plan, sampling, rof, rgaps)
+    state.ell, state.avg_ell_u = float(ells[0]), float(ells[1])
+    slots = int(rof[taken])
+    gaps = np.full(slots, np.nan)
+    j = np.flatnonzero(rof[:taken] < rof[1:taken + 1])
+    j = j[order[rof[j]] >= 0]  # rounds with a block here (gap sampling fills a round's first slot first)
+    gaps[rof[j]] = rgaps[j]
+    return PlanResult(steps=slots, oracle_calls=int(stepped), cache_hits=0, need_gap_pass=taken < len(rof) - 1,
+                      blocks=order[:slots], gaps=gaps, rounds=int(taken))
+
+
+def _reduced_rounds(state, K, R, P, plan, sampling, rof, rgaps) -> tuple[int, int]:
+    """Rounds split over processes (see :func:`drive_rounds`).  Returns the rounds taken and the blocks they stepped
+    over all processes."""
+    by_gap, uniforms, queue, smeta, est, tree, tsize, power = sampling
+    order = plan.order
+    rscr = _rounds_scratch(K, R, order, rof, by_gap)
+    bgaps = np.empty(len(order))
+    scale = 1.0 / (state.lam * state.n_total)
+    taken = stepped = 0
+    for j in range(len(rof) - 1):
+        a, b = int(rof[j]), int(rof[j + 1])
+        if by_gap:
+            b = a + int(gap_draw_round(queue, smeta, tree, tsize, uniforms[a:b], order[a:b]))
+        blocks = order[a:b]
+        num, s_i, s_s = _rounds_directions(K, R, rscr, blocks, state.n_total, bgaps)
+        sums = torch.tensor([s_i, s_s, float(len(blocks))], dtype=torch.float64)
+        V, _, gamma, tau = state._round_step(P * scale, sums, plan.step_code, plan.rounds.reduce)
+        if tau == 0:  # gap sampling: every estimate is zero on every process
+            break
+        if gamma != 0.0 and len(blocks):
+            _rounds_move(K, R, rscr, blocks, gamma, state.n_total, state.avg_t, bool(plan.averaging))
+        if gamma != 0.0:
+            state.v.add_(V, alpha=-gamma)
+        _rounds_clear(K, R)
+        if by_gap:
+            for q in range(len(blocks)):
+                est_set(est, tree, tsize, int(blocks[q]), float(bgaps[q]), power, True)
+        rgaps[j] = num
+        state.k += tau
+        state.avg_t += 1
+        taken += 1
+        stepped += tau
+    return taken, stepped
