@@ -262,7 +262,6 @@ class ChainDualState(DualState):
         :func:`~torch_bcfw.duals.driver.plan_steps` (same trajectory as the generic step loop; only
         when :meth:`can_run_plan`).  MP-BCFW's exact steps for a model whose oracle is overridden (e.g. a
         slowed-down one) call that oracle from Python, one block per driver call."""
-        from .driver import NEED_GAP_PASS
         from .plan import MP_EXACT
 
         ws = self.working_set if plan.working_set is not None else None
@@ -274,18 +273,17 @@ class ChainDualState(DualState):
                 one = dataclasses.replace(plan, m=1, order=np.array([i], dtype=np.int64))
                 parts.append(self._drive(one, y))
             return PlanResult(steps=plan.m, oracle_calls=plan.m, cache_hits=0, need_gap_pass=False,
-                              blocks=plan.order, gaps=np.concatenate([r[1][:1] for r in parts]))
-        done, gaps, blocks, counters = self._drive(plan, np.zeros(0, dtype=np.int64))
-        return PlanResult(steps=done, oracle_calls=int(counters[1]), cache_hits=int(counters[2]),
-                          need_gap_pass=int(counters[3]) == NEED_GAP_PASS, blocks=blocks[:done], gaps=gaps[:done])
+                              blocks=plan.order, gaps=np.concatenate([r.gaps[:1] for r in parts]))
+        return self._drive(plan, np.zeros(0, dtype=np.int64))
 
     def _drive(self, plan, ylab: np.ndarray):
         """One call of the compiled driver on ``plan`` with the chain's block operations (``ylab``: given oracle
-        answers of a one-block plan); see :func:`~torch_bcfw.duals.driver.drive`."""
+        answers of a one-block plan); see :func:`~torch_bcfw.duals.driver.drive`.  Returns its
+        :class:`~torch_bcfw.duals.plan.PlanResult`."""
         from .driver import drive
 
         ells = np.array([self.ell, self.avg_ell_u])
-        return drive(self, self._kernel_groups(ells), ells, plan, ylab)
+        return drive(self, self._kernel_groups(ells), ells, plan, ylab)[0]
 
     def can_run_minibatch(self) -> bool:
         """The compiled mini-batch rounds apply: CPU tensors and no box constraints."""

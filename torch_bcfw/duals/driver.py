@@ -293,7 +293,7 @@ def _rounds_clear(K, R):
     round_clear(data, wts, store, avg, R)
 
 
-def drive(state, K, ells: np.ndarray, plan, ylab: np.ndarray | None = None) -> tuple:
+def drive(state, K, ells: np.ndarray, plan, ylab: np.ndarray | None = None) -> tuple[PlanResult, int]:
     """One call of :func:`plan_steps` on ``plan`` for ``state`` (a :class:`~torch_bcfw.duals.base.DualState`) with its
     kernel bundle ``K``.  ``ells``: the float64 array the bundle's operations keep ``[l, avg_l_u, ...]`` in;
     ``ylab``: given oracle answers of a one-block plan (int64; ``None``: the state's compiled oracle).
@@ -302,7 +302,7 @@ def drive(state, K, ells: np.ndarray, plan, ylab: np.ndarray | None = None) -> t
     arrays for the parts it does not have).  Afterwards -- also when an oracle raised (Ctrl-C inside a callback) --
     the state's counters ``k, avg_t`` and ``l, avg_l_u`` are those of the finished iterations, the working set
     holds the (possibly reallocated) pool and MP-BCFW-avg's running average its new weight.
-    Returns ``(iterations, gaps, blocks, counters)`` (see :func:`plan_steps`)."""
+    Returns ``(PlanResult, status)`` (status: :data:`DONE`, :data:`NEED_GAP_PASS` or :data:`ORACLE_REFUSED`)."""
     m = int(plan.m)
     gaps = np.full(m, np.nan)
     blocks = np.full(m, -1, dtype=np.int64)
@@ -337,7 +337,10 @@ def drive(state, K, ells: np.ndarray, plan, ylab: np.ndarray | None = None) -> t
             run.ell, run.k = float(avg_s[0]), int(avg_s[1])
         state.ell, state.avg_ell_u = float(ells[0]), float(ells[1])
         state.k, state.avg_t = int(counters[4]), int(counters[5])
-    return int(counters[0]), gaps, blocks, counters
+    done = int(counters[0])
+    result = PlanResult(steps=done, oracle_calls=int(counters[1]), cache_hits=int(counters[2]),
+                        need_gap_pass=int(counters[3]) == NEED_GAP_PASS, blocks=blocks[:done], gaps=gaps[:done])
+    return result, int(counters[3])
 
 
 def drive_rounds(state, K, R, P, ells: np.ndarray, plan) -> PlanResult:

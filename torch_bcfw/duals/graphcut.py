@@ -310,16 +310,9 @@ def _fw_step(data, wts, store, avg, scr, i, s, L, step, clock, corner):
 
 
 @overload(ops.plane_score, jit_options={"cache": True})
-def _plane_score(data, wts, store, avg, scr, s, L, lab, base):
-    if _graph(data):
-        def impl(data, wts, store, avg, scr, s, L, lab, base):
-            _fail()
-            return np.nan
-        return impl
-
-
 @overload(ops.plane_corner, jit_options={"cache": True})
-def _plane_corner(data, wts, store, avg, scr, s, L, lab, base):
+def _stored_plane(data, wts, store, avg, scr, s, L, lab, base):
+    """Both working-set plane operations (same signature): refused."""
     if _graph(data):
         def impl(data, wts, store, avg, scr, s, L, lab, base):
             _fail()
@@ -448,14 +441,13 @@ class GraphCutDualState(DenseDualState):
         sums = np.array([self.ell, self.avg_ell_u, 0.0])
         K = self.kernel(sums)
         try:
-            done, gaps, blocks, counters = drive(self, K, sums, plan)
+            result, status = drive(self, K, sums, plan)
         finally:
             self.oracle_seconds += float(sums[2])
             self._sync_w()
-        if int(counters[3]) == ORACLE_REFUSED:
+        if status == ORACLE_REFUSED:
             _checked_pairwise(K[1][1][self.F:])  # raises: negative pairwise weights without a box
-        return PlanResult(steps=done, oracle_calls=int(counters[1]), cache_hits=0, need_gap_pass=False,
-                          blocks=blocks[:done], gaps=gaps[:done])
+        return result
 
     # ------------------------------------------------------------ storage hooks
     def block_direction(self, i: int, y: Tensor) -> tuple[Tensor, float]:
