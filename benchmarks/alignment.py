@@ -44,6 +44,7 @@ from torch_bcfw.features.alignment import (
     LINK_FEATURE_NAMES, dice_competitive_linking, link_indicator_features, run_eflomal, symmetrize,
 )
 from torch_bcfw.metrics.alignment import alignment_scores, alignment_scores_from_labelings
+from torch_bcfw.solvers.record import plain_history
 
 
 def scores(pairs, mats):
@@ -101,7 +102,7 @@ def solver_comparison(model, data, lam, passes, out_png):
     for name, (solver, opts) in configs.items():
         r = fit(model, data, lam, solver, max_passes=passes, gap_check=5, seed=1,
                 progress=False, **opts)
-        hist[name] = r.history
+        hist[name] = plain_history(r.history)
         gap = "-" if r.gap is None else f"{r.gap:.3e}"
         print(f"  {name}: certified gap {gap} after {r.passes:g} passes", flush=True)
     duals = [v for hs in hist.values() for h in hs for v in (h.get("dual"), h.get("dual_avg")) if v is not None]

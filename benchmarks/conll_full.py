@@ -71,13 +71,13 @@ def run_single(args) -> dict:
         f1 = prob.f1(result.weights)
         f1_last, f1_avg = prob.f1(result.w)["f1"], prob.f1(result.w_avg)["f1"]
         rec = result.history[-1]
-        curve.append({"passes": result.passes, "gap": result.gap, "gap_last": rec["gap"], "gap_avg": rec["gap_avg"],
+        curve.append({"passes": result.passes, "gap": result.gap, "gap_last": rec.gap, "gap_avg": rec.gap_avg,
                       "primal": result.primal, "selected": result.selected, "test_f1": f1["f1"],
                       "test_f1_last": f1_last, "test_f1_avg": f1_avg,
-                      "test_hamming": rec["test_loss"], "train_hamming": rec["train_loss"],
-                      "solver_time": rec["solver_time"], "gap_time": rec["gap_time"], "f1_time": time.perf_counter() - t1})
+                      "test_hamming": rec.test_loss, "train_hamming": rec.train_loss,
+                      "solver_time": rec.solver_time, "gap_time": rec.gap_time, "f1_time": time.perf_counter() - t1})
         print(f"  lam={lam:.4g} pass {result.passes:6.1f}  gap {result.gap:.3e}  primal {result.primal:.5f}  "
-              f"F1 {100 * f1['f1']:.2f}  train err {rec['train_loss']:.4f}  t {rec['solver_time'] + rec['gap_time']:.0f}s",
+              f"F1 {100 * f1['f1']:.2f}  train err {rec.train_loss:.4f}  t {rec.solver_time + rec.gap_time:.0f}s",
               file=sys.stderr, flush=True)
         if result.stopped_by != "max_passes":
             break
@@ -95,7 +95,7 @@ def run_single(args) -> dict:
         "test_recall": final_f1["recall"], "train_f1": train_f1["f1"],
         "test_f1_last": curve[-1]["test_f1_last"], "test_f1_avg": curve[-1]["test_f1_avg"],
         "rel_gap": result.gap / result.primal,
-        "test_hamming": result.history[-1]["test_loss"], "best_test_f1_seen": best["test_f1"],
+        "test_hamming": result.history[-1].test_loss, "best_test_f1_seen": best["test_f1"],
         "best_test_f1_passes": best["passes"],
         "solver_time_s": c["solver_time"], "gap_time_s": c["gap_time"], "gap_oracle_calls": c["gap_oracle_calls"],
         "s_per_pass": c["solver_time"] / result.passes, "s_per_oracle": c["solver_time"] / calls,

@@ -66,11 +66,11 @@ def breakdown(model: GraphCut, data, w: torch.Tensor) -> dict:
     w_u, w_e = w[: model.n_inputs].numpy(), model.pairwise_weights(w).numpy()
     for blk in blocks:
         t0 = time.perf_counter()
-        x, ns, aug, _, _, edges, _, _, edge_x, inv_z = model.graph_records(blk)[0]
-        _, gain = node_gains(x, w_u, ns, aug, True)
-        c = edge_penalties(edge_x, w_e, inv_z)
+        rec = model.graph_records(blk)[0]
+        _, gain = node_gains(rec.x, w_u, rec.node_scale, rec.aug, True)
+        c = edge_penalties(rec.edge_x, w_e, rec.inv_z)
         t1 = time.perf_counter()
-        graph, nodes = build_graph(gain, edges, c)
+        graph, nodes = build_graph(gain, rec.edges, c)
         t2 = time.perf_counter()
         cut_graph(graph, nodes)
         t3 = time.perf_counter()

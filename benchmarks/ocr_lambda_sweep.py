@@ -28,9 +28,9 @@ def main() -> None:
         last = r.history[-1]
         letter_err = float((r.predict(test) != test.y).double().mean())
         rows.append({"lam": lam, "passes": r.passes, "stopped_by": r.stopped_by, "model": r.selected,
-                     "gap": r.gap, "gap_last": last["gap"], "gap_avg": last["gap_avg"], "primal": r.primal,
-                     "rel_gap": r.gap / r.primal, "train_err": last["train_loss"], "test_err": last["test_loss"], "test_letter_err": letter_err,
-                     "solver_s": last["solver_time"], "gap_check_s": last["gap_time"]})
+                     "gap": r.gap, "gap_last": last.gap, "gap_avg": last.gap_avg, "primal": r.primal,
+                     "rel_gap": r.gap / r.primal, "train_err": last.train_loss, "test_err": last.test_loss, "test_letter_err": letter_err,
+                     "solver_s": last.solver_time, "gap_check_s": last.gap_time})
         runs[str(lam)] = r.history
     print_table(rows, ["lam", "passes", "stopped_by", "model", "gap", "rel_gap", "primal", "train_err", "test_err",
                        "test_letter_err", "solver_s", "gap_check_s"])

@@ -18,7 +18,7 @@ leave the gap passes out.  Seconds = solver time + gap-check time.
 
 Overhead: each variant runs 20 passes at ``lam = 0.01`` to reach a typical state, then ``--repeat`` timed
 passes of ``n`` iterations (no gap checks); the variants are measured round-robin in one process so that the
-shared machine's load affects all alike.  Ratios are to plain BCFW (the compiled step driver ``plan_steps`` with the chain's block operations).
+shared machine's load affects all alike.  Ratios are to plain BCFW (the chain's compiled step loop ``chain_plan_steps``).
 """
 from __future__ import annotations
 
@@ -39,6 +39,7 @@ from torch_bcfw.datasets.ocr import load_ocr_split
 from torch_bcfw.models import Chain
 from torch_bcfw.solvers.bcfw import BCFW
 from torch_bcfw.solvers.options import SolverOptions
+from torch_bcfw.solvers.record import plain_history
 
 VARIANTS = [
     ("BCFW", "uniform-fw"), ("BCFW + gap", "gap-fw"), ("BCFW + cache", "uniform-fw-cache"),
@@ -69,10 +70,10 @@ def run_all(model, train, seeds, cap, results, save):
                 r = fit(model, train, lam, preset=preset, seed=seed, max_passes=min(passes, cap),
                         rel_gap_tol=target if stop else None, **COMMON)
                 run["options"] = r.options.to_dict()
-                run["seeds"][str(seed)] = {"history": r.history, "stopped_by": r.stopped_by,
+                run["seeds"][str(seed)] = {"history": plain_history(r.history), "stopped_by": r.stopped_by,
                                            "wall": time.perf_counter() - t0}
-                last = r.history[-1]
-                p, s = first_reaching(r.history, n, target)
+                last = run["seeds"][str(seed)]["history"][-1]
+                p, s = first_reaching(run["seeds"][str(seed)]["history"], n, target)
                 print(f"{key} {label:22s} seed {seed}: reach {p} passes {s} s | final gap {last['gap']:.3e} "
                       f"rel {last['gap'] / last['primal']:.3e} eff passes {effective_passes(last, n):.1f} "
                       f"oracle {last['oracle_calls']} hits {last['cache_hits']}", flush=True)

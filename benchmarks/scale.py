@@ -56,11 +56,11 @@ def delayed_chain(n_labels: int = 26, n_inputs: int = 128):
     from torch_bcfw.models import Chain
 
     class DelayedState(ChainDualState):
-        def run_minibatch(self, plan):  # the compiled rounds: the oracle of every block drawn
-            res = super().run_minibatch(plan)
-            for _ in range(int((res.blocks >= 0).sum())):
-                time.sleep(DELAY)
-            return res
+        def round_step(self, blocks, plan):  # the compiled rounds: the oracle of every block drawn
+            if self.can_run_plan(plan):
+                for _ in range(len(blocks)):
+                    time.sleep(DELAY)
+            return super().round_step(blocks, plan)
 
         def subset_oracle(self, idx):  # the torch rounds (with the cache: the blocks that miss it)
             for _ in range(len(idx)):
@@ -101,22 +101,22 @@ def load(name: str):
     raise ValueError(f"unknown dataset {name!r}")
 
 
-def certified(rec: dict, kind: str) -> float:
-    """The certified gap of a history record, absolute or relative to the better primal."""
-    g = rec["gap_best"]
+def certified(rec, kind: str) -> float:
+    """The certified gap of a history record (a ``CheckRecord``), absolute or relative to the better primal."""
+    g = rec.gap_best
     if kind == "gap":
         return g
-    primal = min(p for p in (rec["primal"], rec.get("primal_avg")) if p is not None)
+    primal = min(p for p in (rec.primal, rec.primal_avg) if p is not None)
     return g / primal
 
 
 def summarise(res, name: str, tau: int) -> dict:
     """Per-pass cost and time to the target of one run (``res``: a FitResult)."""
     kind, value = SETTINGS[name]["target"]
-    n = res.history[-1]["oracle_calls"] / res.history[-1]["passes"]
+    n = res.history[-1].oracle_calls / res.history[-1].passes
     # effective passes: block iterations / n (with the cache, oracle calls and cache hits)
-    curve = [{"passes": (h["oracle_calls"] + (h.get("cache_hits") or 0)) / n, "solver_time": h["solver_time"],
-              "gap_time": h["gap_time"], "gap": certified(h, kind)} for h in res.history]
+    curve = [{"passes": (h.oracle_calls + (h.cache_hits or 0)) / n, "solver_time": h.solver_time,
+              "gap_time": h.gap_time, "gap": certified(h, kind)} for h in res.history]
     hit = next((c for c in curve if c["gap"] <= value), None)
     passes = res.counters["work"] / n
     out = {"dataset": name, "tau": tau, "target": f"{kind} <= {value}", "passes_run": passes,
@@ -187,10 +187,10 @@ def part_refine(datasets: list[str], max_passes: float | None) -> list[dict]:
                 res = run_fit(model, data, lam, name, tau, cap, **kw)
                 r = summarise(res, name, tau) | {"variant": label}
                 last = res.history[-1]
-                r["oracle_calls"], r["cache_hits"] = last["oracle_calls"], last["cache_hits"]
+                r["oracle_calls"], r["cache_hits"] = last.oracle_calls, last.cache_hits
                 kind, value = SETTINGS[name]["target"]
                 hit = next((h for h in res.history if certified(h, kind) <= value), None)
-                r["oracle_calls_to_target"] = None if hit is None else hit["oracle_calls"]
+                r["oracle_calls_to_target"] = None if hit is None else hit.oracle_calls
                 rows.append(r)
                 print(f"{name} tau={tau} {label}: to target {r['passes_to_target']} passes, {r['solver_s_to_target']} s, "
                       f"{r['oracle_calls_to_target']} oracle calls", flush=True)

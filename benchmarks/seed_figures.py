@@ -29,6 +29,7 @@ from common import DATA, RESULTS, print_table, write_json  # noqa: E402
 
 from torch_bcfw import fit  # noqa: E402
 from torch_bcfw.solvers.options import SOLVERS  # noqa: E402
+from torch_bcfw.solvers.record import plain_history  # noqa: E402
 
 FIGURES = ("ocr-0.01", "ocr-0.001", "ocr-1/n", "conll-1/n", "matching-0.001")
 
@@ -96,7 +97,7 @@ def runs_of(figure, model, train, test, lam, passes, seeds, gap_check, methods=N
                     break
                 print(f"  {label} seed {seed}: {time.perf_counter() - t0:.1f} s, {r.passes:.1f} passes, "
                       f"gap {r.gap if r.gap is None else f'{r.gap:.3g}'}")
-                done[key].append(r.history)
+                done[key].append(plain_history(r.history))
         if done[key] is None:
             continue
         out[label] = {"solver": solver, "curve": curve, "stochastic": stochastic, "histories": done[key]}
@@ -211,8 +212,8 @@ def main(argv=None) -> None:
                   gap_tol=args.reference_gap, track_train_loss=False)
         print(f"  reference: {ref.passes:.0f} passes of BCFW (gap-pairwise), certified gap {ref.gap:.3g}")
         runs = runs_of(figure, model, train, test, lam, args.passes, seeds, args.gap_check, methods)
-        d_star = best_dual(runs, ref.history)
-        best_gap = min(rec["gap_best"] for h in [ref.history] for rec in h if rec.get("gap_best") is not None)
+        d_star = best_dual(runs, plain_history(ref.history))
+        best_gap = min(rec.gap_best for rec in ref.history if rec.gap_best is not None)
         gc = args.gap_check
         marks = sorted({m for m in (gc, 2 * gc, 4 * gc, 10 * gc, 20 * gc, args.passes) if m <= args.passes})
         rows = [summary(label, run, d_star, marks) for label, run in runs.items()]

@@ -133,7 +133,7 @@ def main() -> None:
         "cross_fit": args.cross_fit, "type_features": args.type_features, "loss_radius": args.loss_radius,
         "dilations": list(dilations), "backbone": args.backbone,
         "deformation_scale": args.deformation_scale, "threads": args.threads,
-        "wall_s": {"fit": wall_fit, "total": time.perf_counter() - t0, "last_solve": rec["wall"] if rec else None},
+        "wall_s": {"fit": wall_fit, "total": time.perf_counter() - t0, "last_solve": rec.wall if rec else None},
     }
     if cv is not None:
         report["cross_validation"] = cv

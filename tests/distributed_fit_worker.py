@@ -50,7 +50,7 @@ def problem(name: str):
 
 def _record(res: FitResult) -> dict:
     st = res.solver_state["state"]
-    return {"w": res.w.tolist(), "w_avg": res.w_avg.tolist(), "history": [dict(r) for r in res.history],
+    return {"w": res.w.tolist(), "w_avg": res.w_avg.tolist(), "history": [r.to_dict() for r in res.history],
             "ell_local": float(st["block_ell"].sum()), "n_local": int(st["n"]), "n_total": int(st["n_total"]),
             "stopped_by": res.stopped_by}
 

@@ -37,7 +37,7 @@ def trainer(root: Path, cb, epochs: int) -> pl.Trainer:
 def record(module, cb, raw) -> dict:
     feats = _features(module, raw)
     return {"head": module.head.w.tolist(), "backbone": module.backbone.weight.flatten().tolist(),
-            "last": dict(cb.last_record), "logged_gap": float(module.trainer.callback_metrics["ssvm/gap"]),
+            "last": cb.last_record.to_dict(), "logged_gap": float(module.trainer.callback_metrics["ssvm/gap"]),
             "x": feats.x.tolist(), "y": feats.y.tolist(),
             "shard_ell": [float(s[0]["block_ell"].sum()) for s in cb.shards],
             "shard_n": [int(s[0]["n"]) for s in cb.shards], "shard_w": [s[0]["w"].tolist() for s in cb.shards]}

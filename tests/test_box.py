@@ -7,10 +7,9 @@ import torch
 
 from conftest import brute_force_primal, random_chain_problem, random_multiclass_problem
 from torch_bcfw import fit
-from torch_bcfw.duals.plan import StepPlan, WorkingSetUse
+from torch_bcfw.duals.plan import StepPlan, WorkingSetUse, generic_plan_steps
 from torch_bcfw.duals.stepsize import LINE_SEARCH, PAIRWISE_RULE
 from torch_bcfw.solvers.certificate import certify
-from torch_bcfw.solvers.variants import generic_plan_steps
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -70,7 +69,7 @@ def test_infinite_bounds_reproduce_plain_bcfw_exactly(kind):
     r1 = fit(model, data, 0.05, **kw)
     r2 = fit(model, data, 0.05, bounds=(torch.full((d,), -math.inf), None), **kw)
     assert torch.equal(r1.w, r2.w) and torch.equal(r1.w_avg, r2.w_avg)
-    assert [h["gap"] for h in r1.history] == [h["gap"] for h in r2.history]
+    assert [h.gap for h in r1.history] == [h.gap for h in r2.history]
 
 
 def test_box_gap_is_the_exact_constrained_gap_and_the_dual_never_decreases():

@@ -49,12 +49,12 @@ def test_weights_and_certificate_come_from_the_same_check(at_chunk, second):
     assert r.stopped_by == "interrupted"
     last = r.history[-1]
     assert r.primal == pytest.approx(brute_force_primal(model, data, r.weights, LAM), abs=1e-12)
-    assert last["primal"] == pytest.approx(brute_force_primal(model, data, r.w, LAM), abs=1e-12)
-    assert last["primal_avg"] == pytest.approx(brute_force_primal(model, data, r.w_avg, LAM), abs=1e-12)
+    assert last.primal == pytest.approx(brute_force_primal(model, data, r.w, LAM), abs=1e-12)
+    assert last.primal_avg == pytest.approx(brute_force_primal(model, data, r.w_avg, LAM), abs=1e-12)
     # the certified passes: the interrupt's own check, or the last scheduled one (every 2 passes, before the
     # interrupted chunk) when the second Ctrl-C cut it
     expected = at_chunk if not second else 2 * ((at_chunk - 1) // 2)
-    assert last["passes"] == expected
+    assert last.passes == expected
     if second:
         state_w = r.solver_state["state"]["w"]
         assert not torch.equal(state_w, r.w)  # the state moved on; the returned weights did not
@@ -92,5 +92,5 @@ def test_ctrl_c_inside_a_step_is_held_until_the_step_is_done():
     assert torch.allclose(st.w_blocks.sum(0), st.w, atol=1e-14)  # w = A alpha
     ref = fit(Multiclass(3, 4), data, LAM, max_passes=2000, gap_check=100, gap_tol=1e-11)
     p_star_bound = brute_force_primal(model, data, ref.weights, LAM)
-    assert r.history[-1]["dual"] <= p_star_bound + 1e-12
+    assert r.history[-1].dual <= p_star_bound + 1e-12
     assert r.gap >= 0

@@ -44,7 +44,7 @@ def test_precompile_leaves_the_fit_unchanged():
     timer = precompile(model, data, 0.1, test_data=data, max_passes=4, gap_check=2, gap_tol=0.5, progress=True)
     assert isinstance(timer, CompileTimer) and timer.seconds >= 0
     after = fit(model, data, 0.1, max_passes=4, gap_check=2)
-    assert (after.w == before.w).all() and after.history[-1]["gap_best"] == before.history[-1]["gap_best"]
+    assert (after.w == before.w).all() and after.history[-1].gap_best == before.history[-1].gap_best
     mc, mdata = random_multiclass_problem()
     precompile(mc, mdata, 0.1, "fw", max_passes=3)
     precompile(mc, mdata, 0.1, "ssg")
@@ -64,7 +64,7 @@ pre = precompile(model, data, 0.1, test_data=data, announce=said.append, max_pas
 with CompileTimer() as during:
     res = fit(model, data, 0.1, test_data=data, max_passes=4, gap_check=2)
 print(json.dumps({{"pre": pre.seconds, "pre_functions": len(pre.functions), "said": said,
-                  "during": during.functions, "solver_time": res.history[-1]["solver_time"]}}))
+                  "during": during.functions, "solver_time": res.history[-1].solver_time}}))
 """
 
 

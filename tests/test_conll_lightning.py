@@ -22,7 +22,7 @@ from torch_bcfw.tasks.conll import (
     TokenEncoder,
     pack_sentences,
 )
-from torch_bcfw.models import ChainDualState
+from torch_bcfw.duals import ChainDualState
 from torch_bcfw.solvers.certificate import certify
 
 ROOT = Path(__file__).resolve().parents[1]

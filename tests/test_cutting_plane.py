@@ -22,11 +22,11 @@ def test_reaches_the_enumerated_optimum_with_an_exact_certificate(problem):
     ref = fit(model, data, LAM, "bcfw", preset="pairwise", max_passes=3000, gap_check=50, gap_tol=1e-10)
     # P* lies below the brute-force primal of any weights and above any dual value of BCFW (an independent method)
     p_star_upper = min(brute_force_primal(model, data, w, LAM) for w in (ref.weights, r.weights))
-    p_star_lower = max(d for d in (ref.history[-1]["dual"], ref.history[-1]["dual_avg"]) if d is not None)
+    p_star_lower = max(d for d in (ref.history[-1].dual, ref.history[-1].dual_avg) if d is not None)
     for rec in r.history:
-        assert rec["dual"] <= p_star_upper + 1e-10
-        assert rec["gap"] == pytest.approx(rec["primal"] - rec["dual"], abs=1e-14)
-        assert rec["gap"] >= -1e-12
+        assert rec.dual <= p_star_upper + 1e-10
+        assert rec.gap == pytest.approx(rec.primal - rec.dual, abs=1e-14)
+        assert rec.gap >= -1e-12
     assert r.gap <= 1e-8 and r.primal - p_star_lower <= 1e-8 + ref.gap
     assert r.primal == pytest.approx(brute_force_primal(model, data, r.weights, LAM), abs=1e-12)
 
@@ -34,9 +34,9 @@ def test_reaches_the_enumerated_optimum_with_an_exact_certificate(problem):
 def test_one_plane_per_pass_and_monotone_dual():
     model, data = random_chain_problem(n=6, seed=5)
     r = fit(model, data, LAM, "cutting-plane", max_passes=15, gap_check=1)
-    duals = [rec["dual"] for rec in r.history]
+    duals = [rec.dual for rec in r.history]
     assert all(b >= a - 1e-12 for a, b in zip(duals, duals[1:]))  # fully corrective: the dual never drops
-    assert r.solver_state["a"].shape[0] == 16 and r.history[-1]["oracle_calls"] == 15 * len(data)
+    assert r.solver_state["a"].shape[0] == 16 and r.history[-1].oracle_calls == 15 * len(data)
 
 
 def test_resume_through_save_and_load_is_exact(tmp_path):
@@ -46,8 +46,8 @@ def test_resume_through_save_and_load_is_exact(tmp_path):
     part.save(tmp_path / "cp.pt")
     rest = fit(model, data, LAM, "cutting-plane", max_passes=7, gap_check=3, init=FitResult.load(tmp_path / "cp.pt"))
     assert torch.equal(whole.w, rest.w)
-    assert [r["gap"] for r in whole.history if r["passes"] % 3 == 0] == \
-        [r["gap"] for r in rest.history if r["passes"] % 3 == 0]
+    assert [r.gap for r in whole.history if r.passes % 3 == 0] == \
+        [r.gap for r in rest.history if r.passes % 3 == 0]
 
 
 def test_refuses_bounds_refinements_and_other_features():

@@ -207,17 +207,17 @@ def test_lipschitz_constant_is_the_operator_norm_on_matchings():
 def _reference(model, data):
     ref = fit(model, data, LAM, "cutting-plane", gap_tol=1e-10, gap_check=1, max_passes=500)
     assert ref.stopped_by == "gap_tol"
-    return ref.history[-1]["dual"]
+    return ref.history[-1].dual
 
 
 def _check_history(r, p_star_upper):
     for rec in r.history:
         for key in ("", "_avg"):
-            if rec["dual" + key] is None:
+            if getattr(rec, "dual" + key) is None:
                 continue
-            assert rec["gap" + key] == pytest.approx(rec["primal" + key] - rec["dual" + key], abs=1e-14)
-            assert rec["gap" + key] >= -1e-12
-            assert rec["dual" + key] <= p_star_upper + 1e-10  # weak duality against an enumerated primal
+            assert getattr(rec, "gap" + key) == pytest.approx(getattr(rec, "primal" + key) - getattr(rec, "dual" + key), abs=1e-14)
+            assert getattr(rec, "gap" + key) >= -1e-12
+            assert getattr(rec, "dual" + key) <= p_star_upper + 1e-10  # weak duality against an enumerated primal
 
 
 def test_chain_reaches_the_enumerated_optimum_with_exact_certificates():
@@ -229,10 +229,10 @@ def test_chain_reaches_the_enumerated_optimum_with_exact_certificates():
     assert r.primal == pytest.approx(p_upper, abs=1e-12)  # the certified primal is the enumerated one
     assert r.gap <= 1e-9 and r.primal - d_star <= 1e-9
     iterations = r.counters["work"] // len(data)
-    assert r.history[-1]["oracle_calls"] == 2 * len(data) * iterations  # 2 projections per example and iteration
+    assert r.history[-1].oracle_calls == 2 * len(data) * iterations  # 2 projections per example and iteration
     # the default step (1/L) converges too, more slowly
     r1 = fit(model, data, LAM, "extragradient", max_passes=1000, gap_check=250)
-    gaps = [rec["gap_best"] for rec in r1.history]
+    gaps = [rec.gap_best for rec in r1.history]
     assert gaps[-1] < 1e-3 * gaps[0] and r1.primal - d_star < 1e-3
 
 
@@ -330,8 +330,8 @@ def test_resume_through_save_and_load_is_exact(tmp_path, problem):
     part.save(tmp_path / "xg.pt")
     rest = fit(model, data, LAM, "extragradient", max_passes=8, gap_check=4, init=FitResult.load(tmp_path / "xg.pt"))
     assert torch.equal(whole.w, rest.w) and torch.equal(whole.w_avg, rest.w_avg)
-    assert [r["dual"] for r in whole.history] == [r["dual"] for r in rest.history]
-    assert whole.history[-1]["oracle_calls"] == rest.history[-1]["oracle_calls"] == 24 * len(data)
+    assert [r.dual for r in whole.history] == [r.dual for r in rest.history]
+    assert whole.history[-1].oracle_calls == rest.history[-1].oracle_calls == 24 * len(data)
 
 
 def test_errors():

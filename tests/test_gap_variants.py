@@ -193,15 +193,15 @@ def test_cache_with_infinite_threshold_equals_no_cache(sampling, rule):
               track_train_loss=False)
     plain = fit(model, data, 0.05, cache=False, **kw)
     never = fit(model, data, 0.05, cache=True, cache_nu=math.inf, **kw)
-    assert never.history[-1]["cache_hits"] == 0
-    assert never.history[-1]["oracle_calls"] == plain.history[-1]["oracle_calls"]
+    assert never.history[-1].cache_hits == 0
+    assert never.history[-1].oracle_calls == plain.history[-1].oracle_calls
     if sampling == "uniform" and rule == "fw":
         # without a cache this is plain BCFW, whose compiled loop is another kernel: equal up to round-off
         assert torch.allclose(plain.w, never.w, atol=1e-12) and torch.allclose(plain.w_avg, never.w_avg, atol=1e-12)
-        np.testing.assert_allclose([h["gap"] for h in plain.history], [h["gap"] for h in never.history], atol=1e-12)
+        np.testing.assert_allclose([h.gap for h in plain.history], [h.gap for h in never.history], atol=1e-12)
     else:  # the same composed loop with and without the cache: bit for bit
         assert torch.equal(plain.w, never.w) and torch.equal(plain.w_avg, never.w_avg)
-        assert [h["gap"] for h in plain.history] == [h["gap"] for h in never.history]
+        assert [h.gap for h in plain.history] == [h.gap for h in never.history]
 
 
 @pytest.mark.parametrize("preset", ALL)
@@ -233,7 +233,7 @@ def test_plain_fw_through_the_composed_loop_equals_plain_bcfw():
     plain = fit(model, data, 0.05, **kw)
     composed = fit(model, data, 0.05, cache=True, cache_nu=math.inf, **kw)
     assert torch.allclose(plain.w, composed.w, atol=1e-12)
-    np.testing.assert_allclose([h["gap"] for h in plain.history], [h["gap"] for h in composed.history], atol=1e-12)
+    np.testing.assert_allclose([h.gap for h in plain.history], [h.gap for h in composed.history], atol=1e-12)
 
 
 # ---------------------------------------------------------------------- optimum and certificates
@@ -255,7 +255,7 @@ def test_all_variants_reach_the_batch_fw_optimum(kind):
         assert r.gap <= tol or r.stopped_by == "converged", preset
         assert brute_force_primal(model, data, r.weights, lam) == pytest.approx(r.primal, abs=1e-10)
         h = r.history[-1]
-        assert h["oracle_calls"] + h["cache_hits"] == h["steps"]
+        assert h.oracle_calls + h.cache_hits == h.steps
         runs[preset] = r
     for a, ra in runs.items():
         for b, rb in runs.items():
@@ -305,8 +305,8 @@ def test_refined_warm_start_continues_exactly(tmp_path):
 
     second = fit(model, data, 0.05, max_passes=10, init=FitResult.load(tmp_path / "r.pt"), **kw)
     assert torch.equal(full.w, second.w)
-    assert [h["gap"] for h in full.history] == [h["gap"] for h in second.history]
-    assert full.history[-1]["cache_hits"] == second.history[-1]["cache_hits"] > 0
+    assert [h.gap for h in full.history] == [h.gap for h in second.history]
+    assert full.history[-1].cache_hits == second.history[-1].cache_hits > 0
 
 
 def test_pairwise_needs_the_dual_variables():

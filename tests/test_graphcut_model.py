@@ -150,16 +150,16 @@ def test_certified_gap_is_primal_minus_dual(loss):
     lam = 0.01
     res = fit(model, data, lam, solver="bcfw", max_passes=60, gap_check=20, seed=0)
     rec = res.history[-1]
-    assert rec["gap"] == pytest.approx(rec["primal"] - rec["dual"], abs=1e-12)
-    assert rec["primal"] == pytest.approx(reference_primal(model, data, res.w, lam), abs=1e-10)
-    assert -1e-12 <= rec["gap"] < 0.05 * rec["primal"]
+    assert rec.gap == pytest.approx(rec.primal - rec.dual, abs=1e-12)
+    assert rec.primal == pytest.approx(reference_primal(model, data, res.w, lam), abs=1e-10)
+    assert -1e-12 <= rec.gap < 0.05 * rec.primal
     assert bool((res.w[2:] >= 0).all())
     # weak duality against independent primal values: the dual bounds P(w) for every feasible w
     gen = torch.Generator().manual_seed(2)
     for _ in range(5):
         w = torch.randn(4, generator=gen, dtype=torch.float64)
         w[2:] = w[2:].abs()
-        assert rec["dual"] <= reference_primal(model, data, w, lam) + 1e-12
+        assert rec.dual <= reference_primal(model, data, w, lam) + 1e-12
 
 
 class EnumeratedGraphCut(GraphCut):
@@ -185,7 +185,7 @@ def test_positivity_constraint_holds_where_the_optimum_is_repulsive():
         assert bool((res.w[2:] >= 0).all()) and bool((res.w_avg[2:] >= 0).all())
     fw = fit(model, data, lam, solver="fw", max_passes=10, gap_check=5)
     assert bool((fw.w[2:] >= 0).all())
-    assert res.history[-1]["primal"] > free.history[-1]["primal"]  # the constraint binds
+    assert res.history[-1].primal > free.history[-1].primal  # the constraint binds
 
 
 def test_non_submodular_weights_raise():

@@ -18,7 +18,8 @@ from torch import nn
 
 from torch_bcfw.data import MulticlassData, SequenceData
 from torch_bcfw.lightning import BCFWCallback
-from torch_bcfw.models import ActiveSetDualState, Chain, Multiclass
+from torch_bcfw.duals import ActiveSetDualState
+from torch_bcfw.models import Chain, Multiclass
 from torch_bcfw.nn import StructuredHead, StructuredHingeLoss
 from torch_bcfw.solvers.certificate import certify
 
@@ -94,7 +95,7 @@ def test_logged_gap_is_the_exact_gap_at_the_current_features(tmp_path):
     _trainer(tmp_path, [cb], epochs=2).fit(module)
     rec = cb.last_record
     logged = {k: float(v) for k, v in _trainer_metrics(module).items()}
-    assert logged["ssvm/gap"] == pytest.approx(rec["gap_best"], rel=1e-12, abs=1e-15)
+    assert logged["ssvm/gap"] == pytest.approx(rec.gap_best, rel=1e-12, abs=1e-15)
     # independent computation at the features the backbone gives now (the callback ran after the last update)
     data = _features(module, raw)
     model, w_head = module.head.model, module.head.w
@@ -110,10 +111,10 @@ def test_logged_gap_is_the_exact_gap_at_the_current_features(tmp_path):
     assert logged["ssvm/gap"] == pytest.approx(primal - dual, abs=1e-10)
     assert logged["ssvm/gap"] >= 0
     # the features did change between calls: a state not re-bound would have been stale
-    assert rec["stale"] > 1e-6
+    assert rec.stale > 1e-6
     assert logged["ssvm/passes"] == pytest.approx(3 + 2 * 3)
     assert logged["ssvm/oracle_calls"] == 9 * n
-    assert len(cb.history) == 3 and [h["epoch"] for h in cb.history] == [0, 0, 1]
+    assert len(cb.history) == 3 and [h.epoch for h in cb.history] == [0, 0, 1]
 
 
 def _trainer_metrics(module):
@@ -159,8 +160,8 @@ def test_checkpoint_resume_equals_uninterrupted_run(tmp_path):
 
     assert torch.equal(second.head.w, full.head.w)
     assert torch.equal(second.backbone.weight, full.backbone.weight)
-    assert second_cb.last_record["gap_best"] == full_cb.last_record["gap_best"]
-    assert [h["gap_best"] for h in second_cb.history] == [h["gap_best"] for h in full_cb.history]
+    assert second_cb.last_record.gap_best == full_cb.last_record.gap_best
+    assert [h.gap_best for h in second_cb.history] == [h.gap_best for h in full_cb.history]
     assert second_cb.alg_sd == full_cb.alg_sd
     assert float(second.trainer.callback_metrics["ssvm/gap"]) == float(full.trainer.callback_metrics["ssvm/gap"])
 

@@ -161,18 +161,18 @@ def test_gap_equals_primal_minus_dual_by_enumeration():
     lam = 0.05
     r = fit(model, data, lam, max_passes=40, gap_check=10, seed=0, progress=False)
     last = r.history[-1]
-    assert last["primal"] == pytest.approx(brute_force_primal(model, data, r.w, lam), abs=1e-12)
-    assert last["primal_avg"] == pytest.approx(brute_force_primal(model, data, r.w_avg, lam), abs=1e-12)
+    assert last.primal == pytest.approx(brute_force_primal(model, data, r.w, lam), abs=1e-12)
+    assert last.primal_avg == pytest.approx(brute_force_primal(model, data, r.w_avg, lam), abs=1e-12)
     st = r.solver_state["state"]
     dual = st["ell"] - 0.5 * lam * float(st["w"] @ st["w"])  # D(alpha) = b^T alpha - lam/2 ||A alpha||^2
-    assert last["dual"] == pytest.approx(dual, abs=1e-12)
-    assert last["gap"] == pytest.approx(last["primal"] - last["dual"], abs=1e-12)
+    assert last.dual == pytest.approx(dual, abs=1e-12)
+    assert last.gap == pytest.approx(last.primal - last.dual, abs=1e-12)
     ref = fit(model, data, lam, max_passes=400, gap_check=50, gap_tol=1e-6, progress=False)
-    ref_dual = ref.history[-1]["dual"] if ref.selected == "last" else ref.history[-1]["dual_avg"]
+    ref_dual = ref.history[-1].dual if ref.selected == "last" else ref.history[-1].dual_avg
     p_ref = brute_force_primal(model, data, ref.weights, lam)
     assert p_ref - ref_dual == pytest.approx(ref.gap, abs=1e-12) and ref.gap <= 1e-4
     # weak duality across the two runs: every dual value bounds every enumerated primal value from below
-    assert last["dual"] <= p_ref + 1e-12 and ref_dual <= last["primal"] + 1e-12
+    assert last.dual <= p_ref + 1e-12 and ref_dual <= last.primal + 1e-12
     assert r.primal - ref_dual >= r.primal - p_ref >= -1e-12  # P(w) - P* <= P(w) - D(ref): a certified bound
 
 

@@ -15,7 +15,7 @@ from conftest import brute_force_primal, random_chain_problem, random_multiclass
 from test_warm_start import _graph_problem
 from torch_bcfw import fit
 from torch_bcfw.duals.active_set import ActiveSetDualState
-from torch_bcfw.duals.plan import StepPlan, generic_plan_steps, run_plan
+from torch_bcfw.duals.plan import StepPlan, generic_plan_steps
 from torch_bcfw.duals.stepsize import FIXED, LINE_SEARCH, fixed_block_step, minibatch_fixed_step
 from torch_bcfw.solvers.comm import round_sizes, share_of
 from torch_bcfw.solvers.options import SolverOptions
@@ -42,13 +42,13 @@ def test_rounds_of_one_block_are_bcfw_bit_for_bit(kind, storage, code):
     itself: it never builds rounds)."""
     model, data = PROBLEMS[kind]()
     a, b = (STATES[storage](model, data, 0.1) for _ in range(2))
-    b.can_run_minibatch = lambda: False  # the torch rounds (the chain's compiled rounds: next tests)
+    b.can_run_plan = lambda plan: False  # the torch rounds (the chain's compiled rounds: next tests)
     if model.weight_bounds() is not None:  # graph cut: pairwise weights >= 0 (box constraints)
         for st in (a, b):
             st.set_bounds(*model.weight_bounds())
     order = np.random.default_rng(0).integers(0, len(data), 50)
     ra = generic_plan_steps(a, StepPlan.plain(order, code, True))
-    rb = run_plan(b, StepPlan.minibatch(order, np.arange(len(order) + 1), code, True))
+    rb = b.run_plan(StepPlan.minibatch(order, np.arange(len(order) + 1), code, True))
     (wa, la), (wb, lb) = a.averaged(), b.averaged()
     assert torch.equal(a.w, b.w) and torch.equal(wa, wb) and la == lb
     assert np.array_equal(ra.gaps, rb.gaps)  # every step's block gap
@@ -60,7 +60,7 @@ def test_line_search_numerator_is_the_sum_of_the_block_gaps_and_gamma_maximises_
     model, data = PROBLEMS[kind]()
     lam, n = 0.1, len(data)
     st = model.dual_state(data, lam)
-    run_plan(st, StepPlan.plain(np.random.default_rng(1).integers(0, n, 30), LINE_SEARCH, False))
+    st.run_plan(StepPlan.plain(np.random.default_rng(1).integers(0, n, 30), LINE_SEARCH, False))
     idx = torch.tensor([0, 2, 3, 5])
     sub, y = st.subset_oracle(idx)
     g, _, _ = st.block_gaps()  # exact block gaps at the current w, from the batched gap pass
@@ -93,7 +93,7 @@ def test_rounds_keep_alpha_on_the_simplex_and_w_equal_to_A_alpha(kind, code):
     for _ in range(15):
         order, offsets = sampler.draw_rounds(round_sizes(len(data), len(data), 4))
         for s in (st, own):
-            run_plan(s, StepPlan.minibatch(order, offsets, code, True))
+            s.run_plan(StepPlan.minibatch(order, offsets, code, True))
     assert torch.allclose(st.w, own.w, atol=1e-12) and st.ell == pytest.approx(own.ell, abs=1e-14)
     ws = st.active_set
     w = torch.zeros_like(st.w)
@@ -127,15 +127,15 @@ def test_every_minibatch_variant_reaches_the_batch_fw_optimum(kind):
             for tau in (3, len(data)):
                 r = fit(model, data, lam, batch_size=tau, sampling=sampling, step=step, max_passes=3000, gap_check=20,
                         gap_tol=2e-4, track_train_loss=False)
-                assert r.history[-1]["gap_best"] <= 2e-4, (sampling, step, tau)
+                assert r.history[-1].gap_best <= 2e-4, (sampling, step, tau)
                 assert brute_force_primal(model, data, r.weights, lam) == pytest.approx(r.primal, abs=1e-10)
-                assert abs(r.primal - ref.primal) <= r.history[-1]["gap_best"] + ref.gap + 1e-12
+                assert abs(r.primal - ref.primal) <= r.history[-1].gap_best + ref.gap + 1e-12
                 dist = float((r.weights - ref.weights).norm())
-                assert dist <= math.sqrt(2 * r.history[-1]["gap_best"] / lam) + math.sqrt(2 * ref.gap / lam) + 1e-9
+                assert dist <= math.sqrt(2 * r.history[-1].gap_best / lam) + math.sqrt(2 * ref.gap / lam) + 1e-9
         c = fit(model, data, lam, batch_size=3, sampling=sampling, cache=True, max_passes=3000, gap_check=20,
                 gap_tol=2e-4, track_train_loss=False)
-        assert c.history[-1]["gap_best"] <= 2e-4 and abs(c.primal - ref.primal) <= c.history[-1]["gap_best"] + ref.gap
-        assert c.history[-1]["cache_hits"] > 0, sampling
+        assert c.history[-1].gap_best <= 2e-4 and abs(c.primal - ref.primal) <= c.history[-1].gap_best + ref.gap
+        assert c.history[-1].cache_hits > 0, sampling
         b = fit(model, data, lam, batch_size=3, sampling=sampling, bounds=(lo, hi), max_passes=3000, gap_check=20,
                 gap_tol=2e-4, averaging=False, track_train_loss=False)
         assert b.gap <= 2e-4 and abs(b.primal - boxed.primal) <= b.gap + boxed.gap + 1e-12
@@ -144,18 +144,18 @@ def test_every_minibatch_variant_reaches_the_batch_fw_optimum(kind):
 
 @pytest.mark.parametrize("code", [LINE_SEARCH, FIXED])
 def test_compiled_chain_rounds_follow_the_generic_rounds(code):
-    """The chain's compiled rounds (one call for all rounds, or one per round around a reduce) against the torch
-    rounds through ``subset_oracle`` / ``minibatch_step``."""
+    """The chain's compiled rounds (local, or around a reduce) against the torch rounds through ``subset_oracle`` /
+    ``minibatch_step``."""
     model, data = random_chain_problem(n=20, seed=2, max_len=6)
     fused, split, generic = (model.dual_state(data, 0.05) for _ in range(3))
-    generic.can_run_minibatch = lambda: False
-    assert fused.can_run_minibatch()
+    generic.can_run_plan = lambda plan: False
+    assert fused.can_run_plan(StepPlan.minibatch(np.arange(3), [0, 3]))
     sampler = UniformSampler(20, 0)
     for _ in range(10):
         order, offsets = sampler.draw_rounds(round_sizes(20, 20, 6))
-        rf = run_plan(fused, StepPlan.minibatch(order, offsets, code, True))
-        run_plan(split, StepPlan.minibatch(order, offsets, code, True, reduce=lambda V, sums: (V, sums)))
-        rg = run_plan(generic, StepPlan.minibatch(order, offsets, code, True))
+        rf = fused.run_plan(StepPlan.minibatch(order, offsets, code, True))
+        split.run_plan(StepPlan.minibatch(order, offsets, code, True, reduce=lambda V, sums: (V, sums)))
+        rg = generic.run_plan(StepPlan.minibatch(order, offsets, code, True))
         np.testing.assert_allclose(rf.gaps, rg.gaps, atol=1e-13)
     for st in (fused, split):
         assert torch.allclose(st.w, generic.w, atol=1e-13) and st.ell == pytest.approx(generic.ell, abs=1e-13)
@@ -178,10 +178,10 @@ def test_rounds_measure_each_block_gap(kind, storage):
     batched gap pass, and sum to the line search's numerator."""
     model, data = PROBLEMS[kind]()
     st = STATES[storage](model, data, 0.1)
-    st.can_run_minibatch = lambda: False
+    st.can_run_plan = lambda plan: False
     if model.weight_bounds() is not None:
         st.set_bounds(*model.weight_bounds())
-    run_plan(st, StepPlan.plain(np.random.default_rng(3).integers(0, len(data), 20), LINE_SEARCH, False))
+    st.run_plan(StepPlan.plain(np.random.default_rng(3).integers(0, len(data), 20), LINE_SEARCH, False))
     idx = torch.tensor([3, 0, 2])
     g, _, _ = st.block_gaps()
     sub, y = st.subset_oracle(idx)
@@ -204,13 +204,13 @@ def test_gap_sampled_rounds_compiled_follow_the_generic_rounds(code):
     same steps as the torch rounds; the estimates hold each drawn block's gap at its round."""
     model, data = random_chain_problem(n=20, seed=2, max_len=6)
     states = [model.dual_state(data, 0.05) for _ in range(3)]
-    states[2].can_run_minibatch = lambda: False
+    states[2].can_run_plan = lambda plan: False
     ests = [GapEstimates(20) for _ in states]
     samplers = [GapSampler(20, 5, e) for e in ests]
     reduces = [None, lambda V, sums: (V, sums), None]
     results = []
     for _ in range(8):
-        results.append([run_plan(st, _gap_plan(e, smp, round_sizes(20, 20, 6), code, red))
+        results.append([st.run_plan(_gap_plan(e, smp, round_sizes(20, 20, 6), code, red))
                         for st, e, smp, red in zip(states, ests, samplers, reduces)])
     for rf, rs, rg in results:
         assert np.array_equal(rf.blocks, rg.blocks) and np.array_equal(rs.blocks, rg.blocks)
@@ -254,10 +254,10 @@ def test_gap_sampled_rounds_stop_for_an_exact_gap_pass_when_every_estimate_is_ze
     est.refresh(np.zeros(9))
     smp = GapSampler(9, 0, est)
     smp.end_first_visits()
-    res = run_plan(st, _gap_plan(est, smp, [3, 3, 3], LINE_SEARCH))
+    res = st.run_plan(_gap_plan(est, smp, [3, 3, 3], LINE_SEARCH))
     assert res.need_gap_pass and res.rounds == 0 and res.steps == 0 and (st.k, st.avg_t) == (0, 0)
     est.refresh(np.r_[1.0, np.zeros(8)])  # one positive estimate: rounds of that block alone (its new gap > 0)
-    res = run_plan(st, _gap_plan(est, smp, [3, 3, 3], LINE_SEARCH))
+    res = st.run_plan(_gap_plan(est, smp, [3, 3, 3], LINE_SEARCH))
     assert not res.need_gap_pass and res.rounds == 3 and res.oracle_calls == 3 and st.k == 3
     assert res.blocks.tolist() == [0, -1, -1] * 3 and est.est[0] > 0 and (est.est[1:] == 0).all()
 
@@ -271,7 +271,7 @@ def test_cached_rounds_keep_the_working_set_equal_to_the_state(kind):
     r = fit(model, data, lam, batch_size=3, cache=True, max_passes=30, gap_check=10,
             track_train_loss=False)
     last = r.history[-1]
-    assert last["cache_hits"] > 0 and last["oracle_calls"] + last["cache_hits"] == r.counters["work"] == 30 * n
+    assert last.cache_hits > 0 and last.oracle_calls + last.cache_hits == r.counters["work"] == 30 * n
     st = model.dual_state(data, lam)
     st.load_state_dict(r.solver_state["state"])
     ws = st.working_set
@@ -351,7 +351,7 @@ def test_minibatch_run_continues_exactly_from_its_result():
             rest = fit(model, data, 0.1, batch_size=3, sampling=sampling, max_passes=7 - split, gap_check=2,
                        init=first)
             assert torch.equal(whole.w, rest.w) and torch.equal(whole.w_avg, rest.w_avg)
-            assert whole.history[-1]["gap"] == rest.history[-1]["gap"]
+            assert whole.history[-1].gap == rest.history[-1].gap
         cut = fit(model, data, 0.1, batch_size=3, sampling=sampling, max_passes=3.5, gap_check=2)
         assert cut.counters["work"] == 36  # a chunk ending inside a round finishes it
 
@@ -371,12 +371,12 @@ def test_rounds_on_pose_trees_and_matchings_reach_the_optimum():
     for model, data, lam in problems:
         ref = fit(model, data, lam, preset="uniform-pairwise", max_passes=300, gap_tol=1e-6, gap_check=50)
         r = fit(model, data, lam, batch_size=3, max_passes=300, gap_tol=1e-3, gap_check=50, seed=1)
-        g = r.history[-1]["gap_best"]
+        g = r.history[-1].gap_best
         assert g <= 0.05, type(model).__name__
-        best = min(r.primal, r.history[-1]["primal_avg"])
+        best = min(r.primal, r.history[-1].primal_avg)
         assert abs(best - ref.primal) <= g + ref.gap + 1e-12  # both certificates bracket the same optimum
         # a round of every block with the line search is the batch Frank-Wolfe step
         full = fit(model, data, lam, batch_size=len(data), max_passes=40, gap_check=10, averaging=False)
         fw = fit(model, data, lam, solver="fw", max_passes=40, gap_check=10, averaging=False)
         assert torch.allclose(full.w, fw.w, atol=1e-10)
-        assert [h["gap"] for h in full.history] == pytest.approx([h["gap"] for h in fw.history], abs=1e-10)
+        assert [h.gap for h in full.history] == pytest.approx([h.gap for h in fw.history], abs=1e-10)

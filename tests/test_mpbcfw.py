@@ -11,7 +11,7 @@ from conftest import brute_force_primal, random_chain_problem, random_multiclass
 from torch_bcfw import FitResult, fit
 from torch_bcfw.duals.working_set import WorkingSet
 from torch_bcfw.models import Multiclass
-from torch_bcfw.solvers.loop import run_solver
+from torch_bcfw.solvers.run import run_solver
 from torch_bcfw.solvers.mpbcfw import MPBCFW, stop_approximate_passes
 from torch_bcfw.solvers.options import SolverOptions
 
@@ -48,9 +48,9 @@ def test_no_planes_no_approximate_passes_is_bcfw(kind, sampling):
     a = fit(model, data, 0.05, "bcfw", **kw)
     b = fit(model, data, 0.05, "mp-bcfw", mp_max_planes=0, mp_max_approx_passes=0, **kw)
     assert torch.equal(a.w, b.w) and torch.equal(a.w_avg, b.w_avg)
-    assert [h["gap"] for h in a.history] == [h["gap"] for h in b.history]
-    assert [h["gap_avg"] for h in a.history] == [h["gap_avg"] for h in b.history]
-    assert b.history[-1]["approx_steps"] == 0 and b.history[-1]["exact_calls"] == 7 * len(data)
+    assert [h.gap for h in a.history] == [h.gap for h in b.history]
+    assert [h.gap_avg for h in a.history] == [h.gap_avg for h in b.history]
+    assert b.history[-1].approx_steps == 0 and b.history[-1].exact_calls == 7 * len(data)
 
 
 # ---------------------------------------------------------------------- working set (MP-BCFW policy)
@@ -169,11 +169,11 @@ def test_gap_is_primal_minus_dual_by_enumeration(kind):
             ell += float(a) * float(model.loss(blk, y)[0]) / n
     assert torch.allclose(r.w, w, atol=1e-12)
     primal = brute_force_primal(model, data, w, lam)
-    assert h["primal"] == pytest.approx(primal, abs=1e-10)
-    assert h["gap"] == pytest.approx(primal - (ell - 0.5 * lam * float(w @ w)), abs=1e-10)
-    assert h["gap"] >= 0 and h["gap_avg"] >= 0
-    assert h["primal_avg"] == pytest.approx(brute_force_primal(model, data, r.w_avg, lam), abs=1e-10)
-    assert h["approx_steps"] > 0 and h["exact_calls"] == 6 * n and 0.0 <= h["avg_mix"] <= 1.0
+    assert h.primal == pytest.approx(primal, abs=1e-10)
+    assert h.gap == pytest.approx(primal - (ell - 0.5 * lam * float(w @ w)), abs=1e-10)
+    assert h.gap >= 0 and h.gap_avg >= 0
+    assert h.primal_avg == pytest.approx(brute_force_primal(model, data, r.w_avg, lam), abs=1e-10)
+    assert h.approx_steps > 0 and h.exact_calls == 6 * n and 0.0 <= h.avg_mix <= 1.0
 
 
 @pytest.mark.parametrize("kind", ["chain", "multiclass"])
@@ -189,7 +189,7 @@ def test_reaches_the_batch_fw_optimum_with_fewer_oracle_calls_than_bcfw(kind):
     assert abs(rm.primal - rf.primal) <= rm.gap + rf.gap + 1e-12
     assert float((rm.weights - rf.weights).norm()) <= math.sqrt(2 * rm.gap / lam) + math.sqrt(2 * rf.gap / lam)
     assert brute_force_primal(model, data, rm.weights, lam) == pytest.approx(rm.primal, abs=1e-10)
-    assert rm.history[-1]["oracle_calls"] <= rb.history[-1]["oracle_calls"]
+    assert rm.history[-1].oracle_calls <= rb.history[-1].oracle_calls
 
 
 # ---------------------------------------------------------------------- the automatic rule
@@ -317,7 +317,7 @@ def test_checkpoint_resumes_exactly(tmp_path):
     second = fit(model, data, 0.05, "mp-bcfw", max_passes=10, init=FitResult.load(tmp_path / "r.pt"), **kw)
     assert torch.equal(full.w, second.w) and torch.equal(full.w_avg, second.w_avg)
     keys = ("gap", "gap_avg", "approx_steps", "planes_mean", "outer_iterations")
-    assert [[h[k] for k in keys] for h in full.history] == [[h[k] for k in keys] for h in second.history]
+    assert [[getattr(h, k) for k in keys] for h in full.history] == [[getattr(h, k) for k in keys] for h in second.history]
     # mid-pass: a fractional number of passes leaves an exact pass in progress, which the resume completes
     a = fit(model, data, 0.05, "mp-bcfw", max_passes=2.5, **kw)
     b = fit(model, data, 0.05, "mp-bcfw", max_passes=2.5, init=a, **kw)
@@ -380,7 +380,7 @@ def test_lightning_callback_runs_mp_bcfw(tmp_path):
     module = Toy(raw)
     _trainer(tmp_path, [cb], epochs=2).fit(module)
     rec = cb.last_record
-    assert rec["approx_steps"] > 0 and rec["outer_iterations"] == 9
+    assert rec.approx_steps > 0 and rec.outer_iterations == 9
     assert cb.dual_sd.get("working_set") is not None
     data = _features(module, raw)
     model, w_head = module.head.model, module.head.w

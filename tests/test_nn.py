@@ -165,7 +165,7 @@ def test_head_and_loss_on_cuda():
 import numpy as np
 
 from torch_bcfw.data import MulticlassData
-from torch_bcfw.models import ActiveSetDualState, ChainDualState, DenseDualState
+from torch_bcfw.duals import ActiveSetDualState, ChainDualState, DenseDualState
 from torch_bcfw.duals.stepsize import LINE_SEARCH
 
 

@@ -13,7 +13,7 @@ LAM = 0.05
 
 def _optimum_bounds(model, data):
     ref = fit(model, data, LAM, "cutting-plane", max_passes=300, gap_check=5, gap_tol=1e-10)
-    return ref.history[-1]["dual"], brute_force_primal(model, data, ref.weights, LAM)
+    return ref.history[-1].dual, brute_force_primal(model, data, ref.weights, LAM)
 
 
 @pytest.mark.parametrize("seed", [2, 3])
@@ -21,14 +21,14 @@ def test_certificates_are_exact_and_the_dual_climbs_to_the_optimum(seed):
     model, data = random_chain_problem(n=5, F=3, K=2, max_len=3, seed=seed)
     lo, hi = _optimum_bounds(model, data)
     r = fit(model, data, LAM, "online-eg", max_passes=400, gap_check=20)
-    duals = [rec["dual"] for rec in r.history]
+    duals = [rec.dual for rec in r.history]
     assert all(b >= a - 1e-13 for a, b in zip(duals, duals[1:]))  # every accepted step increases the dual
     for rec in r.history:
-        assert rec["dual"] <= hi + 1e-10 and rec["gap"] >= 0
-        assert rec["gap"] == pytest.approx(rec["primal"] - rec["dual"], abs=1e-14)
+        assert rec.dual <= hi + 1e-10 and rec.gap >= 0
+        assert rec.gap == pytest.approx(rec.primal - rec.dual, abs=1e-14)
     assert r.primal == pytest.approx(brute_force_primal(model, data, r.weights, LAM), abs=1e-12)
     assert hi - duals[-1] < 0.25 * (hi - duals[0])  # progress (EG is slow: the paper's "substantially worse")
-    assert r.history[-1]["oracle_calls"] >= 400 * len(data)  # line-search calls are counted
+    assert r.history[-1].oracle_calls >= 400 * len(data)  # line-search calls are counted
 
 
 def test_iterates_are_interior_points_of_the_marginal_polytope():
@@ -49,7 +49,7 @@ def test_resume_through_save_and_load_is_exact(tmp_path):
     part.save(tmp_path / "eg.pt")
     rest = fit(model, data, LAM, "online-eg", max_passes=8, gap_check=4, init=FitResult.load(tmp_path / "eg.pt"))
     assert torch.equal(whole.w, rest.w)
-    assert [r["dual"] for r in whole.history] == [r["dual"] for r in rest.history]
+    assert [r.dual for r in whole.history] == [r.dual for r in rest.history]
 
 
 def test_errors():

@@ -205,7 +205,7 @@ def test_gap_is_primal_minus_dual_on_a_tiny_problem() -> None:
     rec = res.history[-1]
     primal = _primal(model, data, res.weights, lam)
     assert res.primal == pytest.approx(primal, abs=1e-9)
-    dual = max(d for d in (rec["dual"], rec["dual_avg"]) if d is not None)
+    dual = max(d for d in (rec.dual, rec.dual_avg) if d is not None)
     assert res.gap == pytest.approx(primal - dual, abs=1e-9)
     assert res.gap >= -1e-12
     # weak duality: the dual bounds the primal of every feasible w from below

@@ -295,37 +295,37 @@ def check_certificates(result, problem: Problem, enum: Enumerated, records=None,
     last = result.history[-1]
     assert last is records[-1]
     # 1. reported primals = enumeration at the returned weights
-    assert _close(last["primal"], enum.primal(result.w)), (last["primal"], enum.primal(result.w))
-    if last["primal_avg"] is not None:
+    assert _close(last.primal, enum.primal(result.w)), (last.primal, enum.primal(result.w))
+    if last.primal_avg is not None:
         assert result.w_avg is not None
-        assert _close(last["primal_avg"], enum.primal(result.w_avg)), (last["primal_avg"], enum.primal(result.w_avg))
+        assert _close(last.primal_avg, enum.primal(result.w_avg)), (last.primal_avg, enum.primal(result.w_avg))
     assert _close(result.primal, enum.primal(result.weights))
-    assert result.primal == min(p for p in (last["primal"], last["primal_avg"]) if p is not None)
+    assert result.primal == min(p for p in (last.primal, last.primal_avg) if p is not None)
     has_dual = (solver or result.solver) != "ssg"
     # 2. no dual value above P*
     bound = enum.optimum_bound(problem, result.w, result.w_avg)
     for rec in records:
         for key in ("dual", "dual_avg"):
-            if rec[key] is not None:
+            if getattr(rec, key) is not None:
                 assert has_dual
-                assert rec[key] <= bound + DUAL_TOL, f"{key} = {rec[key]!r} > P* <= {bound!r} at {rec['passes']} passes"
+                assert getattr(rec, key) <= bound + DUAL_TOL, f"{key} = {getattr(rec, key)!r} > P* <= {bound!r} at {rec.passes} passes"
     # 3. gaps: primal - dual, recomputed, and >= 0 up to rounding
     for rec in records:
         for p, d, g in (("primal", "dual", "gap"), ("primal_avg", "dual_avg", "gap_avg")):
-            if rec[d] is None:
-                assert rec[g] is None
+            if getattr(rec, d) is None:
+                assert getattr(rec, g) is None
                 continue
-            assert rec[g] == pytest.approx(rec[p] - rec[d], rel=1e-12, abs=1e-15)
-            assert rec[g] >= -GAP_TOL
-        duals = [v for v in (rec["dual"], rec["dual_avg"]) if v is not None]
+            assert getattr(rec, g) == pytest.approx(getattr(rec, p) - getattr(rec, d), rel=1e-12, abs=1e-15)
+            assert getattr(rec, g) >= -GAP_TOL
+        duals = [v for v in (rec.dual, rec.dual_avg) if v is not None]
         if not duals:
-            assert rec["gap_best"] is None
+            assert rec.gap_best is None
             continue
-        best = min(v for v in (rec["primal"], rec["primal_avg"]) if v is not None) - max(duals)
-        assert rec["gap_best"] == pytest.approx(best, rel=1e-12, abs=1e-15)
-        assert rec["gap_best"] >= -GAP_TOL
+        best = min(v for v in (rec.primal, rec.primal_avg) if v is not None) - max(duals)
+        assert rec.gap_best == pytest.approx(best, rel=1e-12, abs=1e-15)
+        assert rec.gap_best >= -GAP_TOL
     if has_dual:
-        assert result.gap == last["gap_best"]
+        assert result.gap == last.gap_best
     else:
         assert result.gap is None
 
@@ -394,7 +394,7 @@ _TIMINGS = {"solver_time", "gap_time", "exact_time", "approx_time", "gap_oracle_
 
 
 def _values(history):
-    return [{k: v for k, v in rec.items() if k not in _TIMINGS} for rec in history]
+    return [{k: v for k, v in rec.to_dict().items() if k not in _TIMINGS} for rec in history]
 
 
 def assert_same_run(rest, whole, part):
@@ -439,7 +439,7 @@ def test_interrupt_at_a_random_chunk(data):
     if cb.fired:
         assert result.stopped_by == "interrupted"
         # the returned iterate is the one at the interrupt, certified by a final check
-        assert result.history[-1]["steps"] == result.solver_state.get("steps", result.history[-1]["steps"])
+        assert result.history[-1].steps == result.solver_state.get("steps", result.history[-1].steps)
     else:
         assert result.stopped_by in ("max_passes", "gap_tol", "converged")
     check_certificates(result, problem, Enumerated(problem))
@@ -488,7 +488,7 @@ def test_ssg_resume_within_a_pass_keeps_the_check_schedule():
     rest = fit(model, data, 0.1, "ssg", max_passes=2, gap_check=1, init=part)
     assert torch.equal(rest.w, whole.w)
     # whole: checks at 1, 2, 3 and 3.33 passes; rest: 1, 1.33 (the split), then only 3.33
-    assert [r["passes"] for r in rest.history if r["passes"] != 4 / 3] == [r["passes"] for r in whole.history]
+    assert [r.passes for r in rest.history if r.passes != 4 / 3] == [r.passes for r in whole.history]
 
 
 def test_graphcut_warm_start_on_other_edge_features():

@@ -24,7 +24,7 @@ TIMING = {"solver_time", "gap_time", "gap_oracle_calls", "exact_time", "approx_t
 
 
 def _records(history):
-    return [{k: v for k, v in rec.items() if k not in TIMING} for rec in history]
+    return [{k: v for k, v in rec.to_dict().items() if k not in TIMING} for rec in history]
 
 
 # ---------------------------------------------------------------------- MP-BCFW: the automatic rule's clock
@@ -64,12 +64,12 @@ def test_mp_bcfw_identical_seeds_give_identical_runs():
             _with_clock(_noisy(0), lambda: _mp_run(model, data)),
             _with_clock(_noisy(1), lambda: _mp_run(model, data, mp_clock="work"))]
     ref = runs[0]
-    assert ref.options.mp_clock == "auto" and ref.history[-1]["approx_passes"] > 3  # the rule is at work
+    assert ref.options.mp_clock == "auto" and ref.history[-1].approx_passes > 3  # the rule is at work
     for r in runs[1:]:
         assert torch.equal(r.w, ref.w) and torch.equal(r.w_avg, ref.w_avg)
         assert _records(r.history) == _records(ref.history)
-        assert [h["primal"] for h in r.history] == [h["primal"] for h in ref.history]
-        assert [h["dual"] for h in r.history] == [h["dual"] for h in ref.history]
+        assert [h.primal for h in r.history] == [h.primal for h in ref.history]
+        assert [h.dual for h in r.history] == [h.dual for h in ref.history]
 
 
 def test_mp_bcfw_wall_clock_rule_still_reads_the_clock():
@@ -77,11 +77,11 @@ def test_mp_bcfw_wall_clock_rule_still_reads_the_clock():
     a = _with_clock(_ticking(), lambda: _mp_run(model, data, mp_clock="wall"))
     b = _with_clock(_noisy(0), lambda: _mp_run(model, data, mp_clock="wall"))
     c = _with_clock(_noisy(1), lambda: _mp_run(model, data, mp_clock="wall"))
-    passes = [[h["approx_passes"] for h in r.history] for r in (a, b, c)]
+    passes = [[h.approx_passes for h in r.history] for r in (a, b, c)]
     assert len({tuple(p) for p in passes}) > 1, passes  # the number of approximate passes follows the clock
     for r in (a, b, c):  # and every run is still a valid MP-BCFW run
-        duals = [h["dual"] for h in r.history]
-        assert all(h["gap"] >= -1e-12 for h in r.history) and duals == sorted(duals)  # line search: dual ascent
+        duals = [h.dual for h in r.history]
+        assert all(h.gap >= -1e-12 for h in r.history) and duals == sorted(duals)  # line search: dual ascent
         assert r.options.mp_clock == "wall"
 
 
@@ -98,7 +98,7 @@ def test_mp_bcfw_wall_clock_buys_approximate_passes_for_a_costly_oracle_and_work
     base, data = random_multiclass_problem(n=10, F=3, K=4, seed=5)
     slow, fast = _SlowOracle(base.n_inputs, base.n_classes), Multiclass(base.n_inputs, base.n_classes)
     kw = dict(max_passes=4, gap_check=2, mp_max_approx_passes=30)
-    wall = [fit(m, data, 0.01, "mp-bcfw", mp_clock="wall", **kw).history[-1]["approx_passes"] for m in (slow, fast)]
+    wall = [fit(m, data, 0.01, "mp-bcfw", mp_clock="wall", **kw).history[-1].approx_passes for m in (slow, fast)]
     assert wall[0] > wall[1]  # the real (wall) rule: a costly oracle makes approximate passes worth more
     work = [fit(m, data, 0.01, "mp-bcfw", **kw) for m in (slow, fast)]
     assert torch.equal(work[0].w, work[1].w) and _records(work[0].history) == _records(work[1].history)
@@ -132,14 +132,14 @@ def _split_run(model, data, kw, split, total=20, save_to=None):
 def _assert_same_run(full, first, second):
     assert torch.equal(full.w, second.w)
     assert torch.equal(full.w_avg, second.w_avg)
-    checked = {rec["steps"] for rec in full.history}
-    extra = [rec for rec in second.history if rec["steps"] not in checked]
+    checked = {rec.steps for rec in full.history}
+    extra = [rec for rec in second.history if rec.steps not in checked]
     # the only extra record is the final check of the first run, at the split
-    assert extra == ([first.history[-1]] if first.history[-1]["steps"] not in checked else [])
-    kept = [rec for rec in second.history if rec["steps"] in checked]
+    assert extra == ([first.history[-1]] if first.history[-1].steps not in checked else [])
+    kept = [rec for rec in second.history if rec.steps in checked]
     assert _records(kept) == _records(full.history)
     for key in ("primal", "dual", "gap", "primal_avg", "dual_avg", "gap_avg"):
-        assert [rec[key] for rec in kept] == [rec[key] for rec in full.history]
+        assert [getattr(rec, key) for rec in kept] == [getattr(rec, key) for rec in full.history]
 
 
 @pytest.mark.parametrize("split", SPLITS)
@@ -150,7 +150,7 @@ def test_bcfw_resume_is_exact_at_any_split(config, split):
     full = fit(model, data, 0.05, max_passes=20, **kw)
     assert full.stopped_by == "max_passes" and len(full.history) == 4
     if config == "gap-pairwise-cache":
-        assert full.history[-1]["cache_hits"] > 0
+        assert full.history[-1].cache_hits > 0
     first, second = _split_run(model, data, kw, split)
     _assert_same_run(full, first, second)
 
@@ -194,5 +194,5 @@ def test_resume_of_a_run_that_asks_for_its_own_gap_pass():
         first = fit(model, data, lam, max_passes=split, **kw)
         second = fit(model, data, lam, max_passes=30 - split, init=first, **kw)
         assert torch.equal(full.w, second.w)
-        assert second.history[-1]["steps"] == full.history[-1]["steps"]
-        assert second.history[-1]["gap"] == full.history[-1]["gap"]
+        assert second.history[-1].steps == full.history[-1].steps
+        assert second.history[-1].gap == full.history[-1].gap

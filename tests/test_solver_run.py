@@ -63,7 +63,7 @@ def test_fit_and_the_callback_build_their_algorithm_through_the_run(tmp_path, mo
     cb = BCFWCallback(lam=LAM, passes_per_call=2)
     rec = cb.solve(None, Toy(raw), 2.0, log=False)
     assert built == [False, True]  # fit: the model's new state; the callback: its (re-bound) state
-    assert isinstance(rec, CheckRecord) and rec["stale"] == 0.0 and rec.extra["call"] == 0
+    assert isinstance(rec, CheckRecord) and rec.stale == 0.0 and rec.extra["call"] == 0
     rec2 = cb.solve(None, Toy(raw), 2.0, log=False)
     assert rec2.oracle_calls == 2 * rec.oracle_calls  # load_progress: the oracle calls go on
     assert [type(r) for r in cb.history] == [CheckRecord, CheckRecord]
@@ -100,8 +100,8 @@ def test_run_resumes_from_its_state_dict_bit_for_bit():
     assert all(type(h) is dict for h in saved["history"])
     rest = SolverRun(model, data, LAM, "bcfw", opts, saved=copy.deepcopy(saved))
     rest.run()
-    untimed = [[v for k, v in r.items() if not k.endswith("_time")] for r in whole.history]
-    assert [[v for k, v in r.items() if not k.endswith("_time")] for r in rest.history] == untimed
+    untimed = [[v for k, v in r.to_dict().items() if not k.endswith("_time")] for r in whole.history]
+    assert [[v for k, v in r.to_dict().items() if not k.endswith("_time")] for r in rest.history] == untimed
     assert all(isinstance(r, CheckRecord) for r in rest.history)
     assert torch.equal(rest.state.w, whole.state.w)
     assert rest.counters["work"] == whole.counters["work"] and rest.passes == whole.passes == 4
@@ -124,28 +124,28 @@ def test_record_fields_and_types():
     r = fit(model, data, LAM, max_passes=2, gap_check=1)
     rec = r.history[-1]
     assert isinstance(rec, CheckRecord) and RECORD_FIELDS == LEGACY_COLUMNS
-    assert tuple(rec) == LEGACY_COLUMNS and len(rec) == len(LEGACY_COLUMNS) and rec.extra == {}
+    assert tuple(rec.to_dict()) == LEGACY_COLUMNS and rec.extra == {}
     for name in ("passes", "primal", "dual", "gap", "primal_avg", "dual_avg", "gap_avg", "gap_best", "train_loss",
                  "solver_time", "gap_time"):
         assert type(getattr(rec, name)) is float, name
     for name in ("oracle_calls", "cache_hits", "steps", "gap_oracle_calls"):
         assert type(getattr(rec, name)) is int, name
     assert rec.selected in ("last", "averaged") and rec.test_loss is None
-    assert rec["gap"] == rec.gap and rec.get("dual_avg") == rec.dual_avg and rec.get("epoch") is None
-    assert "gap" in rec and "epoch" not in rec and dict(rec) == rec.to_dict() == rec
+    assert not hasattr(rec, "epoch") and CheckRecord.from_dict(rec.to_dict()) == rec
 
 
-def test_record_mapping_update_and_equality():
+def test_record_columns_update_and_equality():
     rec = CheckRecord(passes=1.0, oracle_calls=3, gap=0.5)
-    rec.update({"approx_steps": 7}, epoch=2)
-    rec["gap"] = 0.25
+    rec.update({"approx_steps": 7}, epoch=2, gap=0.25)
     assert rec.gap == 0.25 and rec.extra == {"approx_steps": 7, "epoch": 2}
-    assert list(rec)[-2:] == ["approx_steps", "epoch"] and rec["epoch"] == 2
+    assert list(rec.to_dict())[-2:] == ["approx_steps", "epoch"] and rec.epoch == 2 and rec.approx_steps == 7
     d = rec.to_dict()
-    assert rec == d and d == rec and rec != {**d, "epoch": 3}
+    assert CheckRecord.from_dict(d) == rec and CheckRecord.from_dict({**d, "epoch": 3}) != rec
     assert copy.deepcopy(rec) == rec and copy.deepcopy(rec) is not rec
-    with pytest.raises(KeyError):
-        rec["nope"]
+    with pytest.raises(AttributeError, match="no column 'nope'"):
+        rec.nope
+    with pytest.raises(TypeError):
+        rec["gap"]  # one way to read a record: attributes
     with pytest.raises(TypeError):
         hash(rec)
 
@@ -156,7 +156,7 @@ def test_history_json_is_the_format_of_plain_dicts(tmp_path):
     r.write_history_json(tmp_path / "h.json")
     text = (tmp_path / "h.json").read_text()
     hist = json.loads(text)["history"]
-    assert hist == [dict(rec.items()) for rec in r.history] == plain_history(r.history)
+    assert hist == [rec.to_dict() for rec in r.history] == plain_history(r.history)
     assert tuple(hist[-1])[:len(LEGACY_COLUMNS)] == LEGACY_COLUMNS and "approx_steps" in hist[-1]
     # the same text as the history written as plain dicts
     plain = json.dumps({"solver": r.solver, "lam": r.lam, "options": r.options.to_dict(), "stopped_by": r.stopped_by,
@@ -178,15 +178,15 @@ def test_saved_result_round_trip_and_old_dict_history(tmp_path):
     raw["history"] = old
     torch.save(raw, tmp_path / "old.pt")
     loaded = FitResult.load(tmp_path / "old.pt")
-    assert loaded.history == old and "cache_hits" not in loaded.history[-1]
-    assert loaded.history[-1].get("cache_hits") is None and loaded.history[-1].cache_hits is None
+    assert [h.to_dict() for h in loaded.history] == old and "cache_hits" not in loaded.history[-1].to_dict()
+    assert loaded.history[-1].cache_hits is None and loaded.history[-1].cache_hits is None
     assert FitResult.to_dict(loaded)["history"] == old  # saved again as it was
     cont = fit(model, data, LAM, init=loaded, max_passes=1, gap_check=1)  # and a warm start continues it
-    assert cont.history[:len(old)] == old and len(cont.history) == len(old) + 1
+    assert [h.to_dict() for h in cont.history[:len(old)]] == old and len(cont.history) == len(old) + 1
 
 
 def test_as_records_copies():
     recs = as_records([{"passes": 1.0, "epoch": 0}])
     again = as_records(recs)
-    again[0]["epoch"] = 5
-    assert recs[0]["epoch"] == 0 and again[0].passes == 1.0
+    again[0].update(epoch=5)
+    assert recs[0].epoch == 0 and again[0].passes == 1.0

@@ -191,8 +191,8 @@ def test_lacoste_julien_bound_holds_on_average(step):
     lam = 0.1
     opt = fit(model, data, lam, "bcfw", max_passes=2000, gap_check=100, averaging=False, track_train_loss=False)
     # conservative: P(w_best) >= D* on the left-hand side, D(alpha_best) <= D* = h0 on the right
-    d_star = min(h["primal"] for h in opt.history)
-    h0 = max(h["dual"] for h in opt.history)
+    d_star = min(h.primal for h in opt.history)
+    h0 = max(h.dual for h in opt.history)
     C = _exact_block_curvature(model, data, lam)  # h0 = D* - D(alpha_0) and D(alpha_0) = 0
     n, K_steps = len(data), 150
     subopt = np.zeros(K_steps)
@@ -217,7 +217,7 @@ def test_identical_seeds_give_identical_results():
     b = fit(model, data, 0.01, max_passes=7, gap_check=2, seed=3)
     c = fit(model, data, 0.01, max_passes=7, gap_check=2, seed=4)
     assert torch.equal(a.w, b.w) and torch.equal(a.w_avg, b.w_avg)
-    assert [h["gap"] for h in a.history] == [h["gap"] for h in b.history]
+    assert [h.gap for h in a.history] == [h.gap for h in b.history]
     assert not torch.equal(a.w, c.w)
 
 
@@ -233,7 +233,7 @@ def test_warm_start_continues_exactly(solver, sampling, tmp_path):
     second = fit(model, data, 0.02, solver, max_passes=10, init=FitResult.load(tmp_path / "r.pt"), **kw)
     assert torch.equal(full.w, second.w)
     assert torch.equal(full.w_avg, second.w_avg)
-    assert [h["primal"] for h in full.history] == [h["primal"] for h in second.history]
+    assert [h.primal for h in full.history] == [h.primal for h in second.history]
     assert second.passes == 20
 
 
@@ -264,8 +264,8 @@ def test_interrupt_returns_a_certified_model():
     r = fit(model, data, 0.05, max_passes=100, gap_check=10, callbacks=[Interrupt()])
     assert r.stopped_by == "interrupted"
     assert r.passes == 3
-    cert = certify(model, data, r.w, r.history[-1]["dual"] + 0.5 * 0.05 * float(r.w @ r.w), 0.05)
-    assert r.history[-1]["gap"] == pytest.approx(cert.gap)
+    cert = certify(model, data, r.w, r.history[-1].dual + 0.5 * 0.05 * float(r.w @ r.w), 0.05)
+    assert r.history[-1].gap == pytest.approx(cert.gap)
     assert r.gap >= 0
 
 

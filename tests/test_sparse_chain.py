@@ -166,15 +166,14 @@ def test_sparse_oracle_equals_enumeration():
 
 def test_csr_and_gram_construction():
     model, sparse, dense = random_sparse_problem(n=7, F=20, K=3, max_len=6, seed=4)
-    ks = ChainDualState(model, sparse, 0.1)._prepare_kernel()
-    kd = ChainDualState(model, dense, 0.1)._prepare_kernel()
-    assert ks.keys() == kd.keys()
-    for key in ks:
-        assert np.array_equal(ks[key], kd[key]), key
+    ks = ChainDualState(model, sparse, 0.1).kernel_features()
+    kd = ChainDualState(model, dense, 0.1).kernel_features()
+    for key in ks._fields:
+        assert np.array_equal(getattr(ks, key), getattr(kd, key)), key
     for i in range(len(dense)):
         Xi = dense[[i]].x
         L = Xi.shape[0]
-        G = ks["gram"][ks["gram_off"][i]:ks["gram_off"][i + 1]].reshape(L, L)
+        G = ks.gram[ks.gram_off[i]:ks.gram_off[i + 1]].reshape(L, L)
         np.testing.assert_allclose(G, (Xi @ Xi.T + 1.0).numpy(), atol=1e-13)
     # duplicate ids inside a token add up in the Gram matrix as in the dense product
     X = SparseFeatures.from_attribute_ids(torch.tensor([[1, 1, 3], [3, -1, -1], [0, 2, 1]]), 4,
@@ -286,14 +285,14 @@ def test_fit_history_matches_dense(solver):
     assert len(rs.history) == len(rd.history) == 3
     for a, b in zip(rs.history, rd.history):
         for key in ("passes", "primal", "dual", "gap", "primal_avg", "gap_avg", "gap_best", "train_loss", "test_loss"):
-            if a[key] is None:
-                assert b[key] is None
+            if getattr(a, key) is None:
+                assert getattr(b, key) is None
             else:
-                assert a[key] == pytest.approx(b[key], abs=1e-10), key
+                assert getattr(a, key) == pytest.approx(getattr(b, key), abs=1e-10), key
     assert torch.allclose(rs.w, rd.w, atol=1e-10)
     assert torch.allclose(rs.weights, rd.weights, atol=1e-10)
     if solver != "ssg":
-        assert rs.gap >= -1e-12 and rs.gap < rs.history[0]["gap_best"] + 1e-12
+        assert rs.gap >= -1e-12 and rs.gap < rs.history[0].gap_best + 1e-12
 
 
 # ------------------------------------------------------------------ CoNLL
@@ -325,7 +324,7 @@ def test_conll_200_sentences_end_to_end():
     assert int(prob.train.x.indptr.diff().max()) <= 19 and bool((prob.train.x.values == 1).all())
     assert chunk_f1_from_ids(prob.test.y, prob.test.offsets, prob.test_sentences)["f1"] == 1.0  # no I-LST here
     res = fit(prob.model, prob.train, 1.0 / 200, max_passes=10, gap_check=5, test_data=prob.test)
-    gaps = [r["gap_best"] for r in res.history]
+    gaps = [r.gap_best for r in res.history]
     assert all(np.isfinite(gaps)) and min(gaps) >= 0 and gaps[-1] < gaps[0]
     test_f1 = prob.f1(res.weights)
     train_f1 = prob.f1(res.weights, "train")

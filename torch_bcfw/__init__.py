@@ -17,6 +17,10 @@ import os as _os
 # choose otherwise).
 _os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
+from . import kernel_cache as _kernel_cache  # noqa: E402 - before any kernel is defined
+
+_kernel_cache.install()
+
 from .convert import lam_from_pystruct_C, lam_from_svmstruct_C, pystruct_C_from_lam, svmstruct_C_from_lam
 from .checkpoint import Checkpoint
 from .cross_validation import CrossValidationInterrupted, FoldFit, cross_validate

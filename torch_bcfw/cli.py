@@ -158,14 +158,14 @@ def _resumed_options(options: dict, init, n: int) -> dict | None:
     """The options that continue ``init`` to the config's stopping rules (``None`` when it already met them)."""
     total = options.get("max_passes", 100)
     done = init.counters.get("work", 0) / n
-    last = init.history[-1] if init.history else {}
-    gap, tol, rel_tol = last.get("gap_best"), options.get("gap_tol"), options.get("rel_gap_tol")
+    last = init.history[-1] if init.history else None
+    gap, tol, rel_tol = last.gap_best if last else None, options.get("gap_tol"), options.get("rel_gap_tol")
     if done >= total - 1e-9 or init.stopped_by == "converged":
         return None
     if gap is not None and tol is not None and gap <= tol:
         return None
-    if gap is not None and rel_tol is not None and last.get("primal") and gap <= rel_tol * min(
-            p for p in (last.get("primal"), last.get("primal_avg")) if p is not None):
+    if gap is not None and rel_tol is not None and last.primal and gap <= rel_tol * min(
+            p for p in (last.primal, last.primal_avg) if p is not None):
         return None
     out = dict(options)
     out["max_passes"] = total - done
@@ -236,6 +236,7 @@ def cmd_fit(args) -> int:
     from .fit import FitResult, fit
     from .plotting import plot_histories
     from .serialization import atomic_write_text
+    from .solvers.record import plain_history
 
     interval = parse_interval(args.checkpoint_every)
     if args.resume:
@@ -289,7 +290,7 @@ def cmd_fit(args) -> int:
     (out / "checkpoint.pt").unlink(missing_ok=True)  # model.pt now holds the newest state
     result.write_history_csv(out / "history.csv")
     result.write_history_json(out / "history.json")
-    plot_histories({f"{result.solver} lam={result.lam:g}": result.history}, out / "gap.png",
+    plot_histories({f"{result.solver} lam={result.lam:g}": plain_history(result.history)}, out / "gap.png",
                    title=f"{cfg['data'].get('name', '')} {result.solver}", gap_tol=result.options.gap_tol,
                    compile_time=compiled.seconds)
     print(_fit_table(result, len(train), out, cfg["data"], test, compile_time=compiled.seconds))

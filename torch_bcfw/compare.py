@@ -42,6 +42,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .solvers.record import plain_history
+
 __all__ = ["run_comparison", "plot_comparison", "curve", "summarise", "finished_runs", "run_status", "COMPARE_KEYS"]
 
 COMPARE_KEYS = {"data", "lam", "seeds", "options", "solvers", "output", "y"}
@@ -117,14 +119,14 @@ def run_comparison(cfg: dict, model=None, train=None, log=print, callbacks=None)
                 t0 = time.perf_counter()
                 r = fit(model, train, lam, solver, seed=seed, callbacks=callbacks, **opts)
                 status = "interrupted" if r.stopped_by == "interrupted" else "finished"
-                runs[str(seed)] = {"history": r.history, "stopped_by": r.stopped_by, "status": status,
+                runs[str(seed)] = {"history": plain_history(r.history), "stopped_by": r.stopped_by, "status": status,
                                    "wall": time.perf_counter() - t0}
                 out["runs"][label] = {"solver": solver, "options": r.options.to_dict(), "seeds": runs}
                 if status == "interrupted":
                     log(f"{label:28s} seed {seed}: interrupted (not counted)")
                     raise KeyboardInterrupt
                 where = {"phase": "between runs"}
-                last = r.history[-1]
+                last = runs[str(seed)]["history"][-1]
                 gap = "none (no certificate)" if last["gap"] is None else f"{last['gap']:.3e}"
                 log(f"{label:28s} seed {seed}: gap {gap}  passes {effective_passes(last, len(train)):7.1f}  "
                     f"oracle {last['oracle_calls']}  hits {last.get('cache_hits', 0)}  "

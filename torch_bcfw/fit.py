@@ -16,10 +16,9 @@ from .models.registry import model_from_config, model_name
 from .serialization import atomic_save, atomic_write_text, load_checked, to_plain
 from .signals import deferred_signals
 from .solvers.callbacks import Callback
-from .solvers.loop import RunOutput
 from .solvers.options import SOLVERS, SolverOptions
-from .solvers.record import as_records, plain_history
-from .solvers.run import SolverRun
+from .solvers.record import CheckRecord, as_records, plain_history
+from .solvers.run import RunOutput, SolverRun
 
 __all__ = ["fit", "FitResult", "HISTORY_COLUMNS"]
 
@@ -85,8 +84,8 @@ class FitResult:
         options: the :class:`SolverOptions` used.
         w: ``Tensor[d]`` float64, the last iterate, as certified by the last check (``history[-1]``).
         w_avg: ``Tensor[d]`` the weighted average of the iterates at that check (``None`` without averaging).
-        history: one :class:`~torch_bcfw.solvers.record.CheckRecord` per exact gap check (a read-only mapping of
-            ``HISTORY_COLUMNS``; saved files and :meth:`write_history_json` hold its plain dict, which
+        history: one :class:`~torch_bcfw.solvers.record.CheckRecord` per exact gap check (the columns
+            ``HISTORY_COLUMNS`` as attributes; saved files and :meth:`write_history_json` hold its plain dict, which
             :meth:`load` reads back as records).
         stopped_by: ``"max_passes"``, ``"gap_tol"``, ``"time_budget"``, ``"converged"`` (every exact block
             gap is zero) or ``"interrupted"``.
@@ -113,7 +112,7 @@ class FitResult:
         """Which iterate is the model: ``"last"`` or ``"averaged"`` (the lower certified primal at the end)."""
         if self.w_avg is None:
             return "last"
-        return self.history[-1].get("selected", "averaged") if self.history else "averaged"
+        return (self.history[-1].selected or "averaged") if self.history else "averaged"
 
     @property
     def weights(self) -> Tensor:
@@ -124,18 +123,18 @@ class FitResult:
     def gap(self) -> float | None:
         """Certified duality gap of :attr:`weights`: its primal minus the best dual value seen at the
         last check (``None`` for SSG, which has no dual)."""
-        return self.history[-1].get("gap_best") if self.history else None
+        return self.history[-1].gap_best if self.history else None
 
     @property
     def primal(self) -> float | None:
         if not self.history:
             return None
         last = self.history[-1]
-        return last["primal_avg"] if self.selected == "averaged" else last["primal"]
+        return last.primal_avg if self.selected == "averaged" else last.primal
 
     @property
     def passes(self) -> float:
-        return self.history[-1]["passes"] if self.history else 0.0
+        return self.history[-1].passes if self.history else 0.0
 
     def predict(self, data) -> Tensor:
         """Plain decoding of ``data`` with :attr:`weights`."""
@@ -229,7 +228,8 @@ class FitResult:
         wr = csv.DictWriter(buf, fieldnames=list(HISTORY_COLUMNS))
         wr.writeheader()
         for rec in self.history:
-            wr.writerow({k: ("" if rec.get(k) is None else rec.get(k)) for k in HISTORY_COLUMNS})
+            row = rec.to_dict()
+            wr.writerow({k: ("" if row.get(k) is None else row[k]) for k in HISTORY_COLUMNS})
         atomic_write_text(path, buf.getvalue())
 
     def write_history_json(self, path) -> None:
@@ -240,12 +240,11 @@ class FitResult:
 
     def summary(self) -> dict:
         """Final figures of the run (one flat dict)."""
-        last = self.history[-1] if self.history else {}
+        last = self.history[-1] if self.history else CheckRecord()
         return {
             "solver": self.solver, "lam": self.lam, "passes": self.passes, "stopped_by": self.stopped_by,
-            "gap": self.gap, "primal": self.primal, "selected": self.selected, "train_loss": last.get("train_loss"),
-            "test_loss": last.get("test_loss"),
-            "time": last.get("solver_time", 0.0) + last.get("gap_time", 0.0),
+            "gap": self.gap, "primal": self.primal, "selected": self.selected, "train_loss": last.train_loss,
+            "test_loss": last.test_loss, "time": (last.solver_time or 0.0) + (last.gap_time or 0.0),
         }
 
 

@@ -48,7 +48,8 @@ def _points(hist, key):
 
 def plot_histories(histories: dict, path, title: str | None = None, gap_tol: float | None = None,
                    compile_time: float | None = None) -> Path:
-    """Plot ``{label: history}`` (lists of history records) to ``path`` (PNG).
+    """Plot ``{label: history}`` (lists of history dicts, the form files hold: ``CheckRecord.to_dict``) to ``path``
+    (PNG).
 
     Left panel: duality gap against effective passes; right: against solver time (seconds).  For each history the
     thick line is the **certified gap** (``gap_best``: the primal of the selected iterate minus the best dual value

@@ -70,7 +70,7 @@ from torch import Tensor
 
 from .checks import check_bounds, check_lam, check_n_total
 from .fingerprint import features_fingerprint, labels_fingerprint
-from .plan import StepPlan, run_plan
+from .plan import PlanResult, RoundStep, StepPlan, generic_plan_steps, round_corners, run_rounds
 from .stepsize import (PAIRWISE_RULE, average_weight, clipped_step, lazy_weight, minibatch_step_size,
                        step_size)
 from .working_set import ALPHA, WorkingSet, block_labelings
@@ -144,12 +144,15 @@ class DualState:
         raise NotImplementedError
 
     def _move_all(self, y: Tensor, gamma: float) -> None:
-        """Batch move: ``alpha <- (1 - gamma) alpha + gamma s`` with ``s`` the corners ``y`` (all blocks)."""
-        raise NotImplementedError
+        """Batch move: ``alpha <- (1 - gamma) alpha + gamma s`` with ``s`` the corners ``y`` (all blocks, laid out like
+        ``data.y``).  Default: one :meth:`_move_block` per block."""
+        for i, yi in enumerate(block_labelings(y, getattr(self.data, "offsets", None))):
+            yi = torch.as_tensor(yi, dtype=torch.long, device=self.w.device)
+            self._move_block(i, yi, gamma, self.block_direction(i, yi)[0])
 
     def _w_from_blocks(self) -> Tensor:
-        """``sum_i w_i`` recomputed from the stored blocks (``Tensor[d]``)."""
-        raise NotImplementedError
+        """``sum_i w_i`` recomputed from the stored blocks (``Tensor[d]``).  Default: the sum of :meth:`block_w`."""
+        return sum((self.block_w(i) for i in range(self.n)), torch.zeros_like(self.v))
 
     def _avg_accumulate(self, i: int | None, S) -> None:
         """Add ``S`` times block ``i``'s current state to its average accumulator (``i=None``: all
@@ -423,37 +426,24 @@ class DualState:
     def _avg_reset_storage(self) -> None:
         """Zero the storage's average accumulators."""
         raise NotImplementedError
+    # ------------------------------------------------------------ running plans
+    def run_plan(self, plan: StepPlan) -> PlanResult:
+        """Run a :class:`~torch_bcfw.duals.plan.StepPlan`: mini-batch plans in the round loop
+        :func:`~torch_bcfw.duals.plan.run_rounds`, one-block plans in the generic step loop
+        :func:`~torch_bcfw.duals.plan.generic_plan_steps`.  A state with a compiled loop overrides this for the plans
+        it compiles (:meth:`can_run_plan`) and must give the generic loop's trajectory."""
+        if plan.rounds is not None:
+            return run_rounds(self, plan)
+        return generic_plan_steps(self, plan)
+
+    def can_run_plan(self, plan: StepPlan) -> bool:
+        """True when this state runs ``plan`` in compiled code of its own (none by default)."""
+        return False
+
     def run_steps(self, order: np.ndarray, step_code: int, averaging: bool = True) -> np.ndarray:
         """Sequential BCFW steps on the blocks in ``order`` (``int64[m]``), each after an exact oracle call: the plain
-        :class:`~torch_bcfw.duals.plan.StepPlan`, run by :func:`~torch_bcfw.duals.plan.run_plan` (the compiled
-        driver when the state has one, else the generic step loop
-        :func:`~torch_bcfw.duals.plan.generic_plan_steps`; the trajectories agree).
-
-        Returns the ``m`` block gaps observed (``float64[m]``).
-        """
-        return run_plan(self, StepPlan.plain(order, step_code, averaging)).gaps
-
-    # ------------------------------------------------------------ fused kernels (capabilities of a state)
-    def can_run_plan(self, plan) -> bool:
-        """True when :meth:`run_plan` runs ``plan`` (a :class:`~torch_bcfw.duals.plan.StepPlan`) in the compiled
-        driver, i.e. the state supplies the block operations (:mod:`torch_bcfw.duals.block_ops`) the plan needs (no
-        state by default: the solvers then run the generic step loop through the public methods)."""
-        return False
-
-    def run_plan(self, plan):
-        """Run ``plan`` in the compiled driver (:func:`torch_bcfw.duals.driver.plan_steps`), with the trajectory of
-        the generic step loop (:func:`torch_bcfw.duals.plan.generic_plan_steps`); returns a
-        :class:`~torch_bcfw.duals.plan.PlanResult`.  Only called when :meth:`can_run_plan`."""
-        raise NotImplementedError(f"{type(self).__name__} has no compiled step driver")
-
-    def can_run_minibatch(self) -> bool:
-        """True when :meth:`run_minibatch` runs mini-batch plans in compiled rounds (no state by default: the rounds
-        then run through :meth:`subset_oracle` and :meth:`minibatch_step`)."""
-        return False
-
-    def run_minibatch(self, plan):
-        """Run a mini-batch plan in compiled rounds; only called when :meth:`can_run_minibatch`."""
-        raise NotImplementedError(f"{type(self).__name__} has no compiled mini-batch rounds")
+        :class:`~torch_bcfw.duals.plan.StepPlan`.  Returns the ``m`` block gaps observed (``float64[m]``)."""
+        return self.run_plan(StepPlan.plain(order, step_code, averaging)).gaps
 
     # ------------------------------------------------------------ mini-batch steps (Wang et al. 2016)
     def subset_oracle(self, idx: Tensor):
@@ -491,6 +481,24 @@ class DualState:
         """The blocks ``idx`` are about to change at clock ``avg_t`` (:meth:`_avg_touch` for each)."""
         for i in idx.tolist():
             self._avg_touch(i)
+
+    def round_step(self, blocks: np.ndarray, plan: StepPlan) -> RoundStep:
+        """One round of the mini-batch ``plan`` on this process' blocks ``blocks`` (``int64[tau]``, distinct, maybe
+        none): their corners at the current ``w`` -- one batched oracle call (:meth:`subset_oracle`), or with the
+        plan's cache the cached corners that pass the test and the oracle for the others
+        (:func:`~torch_bcfw.duals.plan.round_corners`) -- then one joint step (:meth:`minibatch_step`, whose
+        ``reduce`` is the plan's)."""
+        idx = torch.as_tensor(blocks, dtype=torch.long).to(self.w.device)
+        js = hit = None
+        if not len(blocks):  # a process without a block in the round
+            sub = y = None
+        elif plan.working_set is not None:
+            sub, y, js, hit = round_corners(self, plan, blocks.tolist())
+        else:
+            sub, y = self.subset_oracle(idx)
+        bgaps = np.empty(len(blocks)) if plan.estimates is not None else None
+        num, gamma, tau = self.minibatch_step(idx, sub, y, plan.step_code, plan.averaging, plan.rounds.reduce, bgaps)
+        return RoundStep(num, gamma, tau, bgaps, js, hit)
 
     def minibatch_step(self, idx: Tensor, sub, y: Tensor, step_code: int, averaging: bool = True,
                        reduce=None, block_gaps: np.ndarray | None = None) -> tuple[float, float, int]:

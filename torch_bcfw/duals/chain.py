@@ -22,9 +22,13 @@ from torch import Tensor
 
 from ..inference.viterbi import viterbi_packed
 from .base import DualState
-from .chain_ops import ChainFeatures
-from .plan import PlanResult
-from .stepsize import lazy_weight
+from .chain_driver import chain_plan_steps
+from .chain_kernels import TOTALS, ChainAverages, ChainFeatures, ChainMarginals, ChainWeights
+from .chain_rounds import (Touched, apply_touched, clear_touched, max_round_tokens, round_directions, round_move,
+                           round_scratch, touched_sqnorm)
+from .plan import MP_EXACT, NEED_GAP_PASS, PlanResult, RoundStep, StepPlan, compiled_plan
+from .stepsize import lazy_weight, minibatch_step_size
+from .working_set import FREE, Pool
 
 __all__ = ["ChainDualState", "sequence_grams"]
 
@@ -65,8 +69,9 @@ class ChainDualState(DualState):
         # only the sum over blocks of the averaged transition marginals enters wbar: one K x K accumulator
         self.T_acc = torch.zeros_like(self.T[0])
         self._phi_true_sum = model.joint_feature_sum(data, data.y)
-        self._kernel_inputs = None
+        self._features = None
         self._acc = None  # the summed direction P of a mini-batch round and its touched entries (compiled rounds)
+        self._round = None  # (plan, round scratch) of the compiled rounds
 
     # ------------------------------------------------------------ storage hooks
     def _block_marginal_direction(self, i: int, y: Tensor) -> tuple[Tensor, Tensor]:
@@ -216,94 +221,139 @@ class ChainDualState(DualState):
         self.T_acc.zero_()
 
     # ------------------------------------------------------------ compiled path
-    def _prepare_kernel(self) -> dict:
-        """CSR token features and per-sequence Gram matrices ``X_i X_i^T + 1`` (built once).
+    def kernel_features(self) -> ChainFeatures:
+        """The data as the compiled kernels take it (built once): CSR token features and per-sequence Gram matrices
+        ``X_i X_i^T + 1``.
 
-        The CSR arrays come straight from :meth:`~torch_bcfw.data.SequenceData.x_csr` (stored sparse features,
-        or the non-zeros of dense ones), and the Gram matrices are computed from them by
-        :func:`sequence_grams`, so dense data and the same data stored sparse give identical
-        kernel inputs.  Feature ids, values and Gram entries go to the kernels in the narrowest types
-        that hold them exactly (:func:`_narrow_ids`, :func:`_narrow_exact`: one byte each for OCR's
-        binary pixels): a step reads them for every token of its block, a cache miss per line on a
-        random block order, and widening them back inside the kernels is exact.
+        The CSR arrays come straight from :meth:`~torch_bcfw.data.SequenceData.x_csr` (stored sparse features, or the
+        non-zeros of dense ones), and the Gram matrices are computed from them by :func:`sequence_grams`, so dense
+        data and the same data stored sparse give identical kernel inputs.  Feature ids, values and Gram entries go
+        to the kernels in the narrowest types that hold them exactly (:func:`_narrow_ids`, :func:`_narrow_exact`: one
+        byte each for OCR's binary pixels): a step reads them for every token of its block, a cache miss per line on
+        a random block order, and widening them back inside the kernels is exact.
         """
-        if self._kernel_inputs is None:
+        if self._features is None:
             indptr, indices, values = (t.cpu().contiguous() for t in self.data.x_csr())
             values = values.to(torch.float64)
             off = self.data.offsets.cpu()
             gram, gram_off = sequence_grams(indptr, indices, values, off, self.data.n_inputs)
-            self._kernel_inputs = {
-                "indptr": indptr.numpy(),
-                "indices": _narrow_ids(indices, self.data.n_inputs),
-                "values": _narrow_exact(values),
-                "y": self.data.y.cpu().numpy(),
-                "offsets": off.numpy(),
-                "gram": _narrow_exact(gram),
-                "gram_off": gram_off.numpy(),
-            }
-        return self._kernel_inputs
+            self._features = ChainFeatures(indptr.numpy(), _narrow_ids(indices, self.data.n_inputs),
+                                           _narrow_exact(values), self.data.y.cpu().numpy(), off.numpy(),
+                                           _narrow_exact(gram), gram_off.numpy())
+        return self._features
 
-    def _kernel_groups(self, ells: np.ndarray) -> tuple:
-        """The argument groups every chain kernel takes (:mod:`.chain_kernels`): ``feats``, ``wts`` (views of ``v``),
-        ``state = (mu, T, block_ell, ells)`` and ``avg = (mu_acc, T_acc, avg_last)``."""
-        kin = self._prepare_kernel()
-        feats = ChainFeatures(kin["indptr"], kin["indices"], kin["values"], kin["y"], kin["offsets"], kin["gram"],
-                              kin["gram_off"])
-        wts = tuple(t.numpy() for t in self.model.unpack(self.v))
-        return (feats, wts, (self.mu.numpy(), self.T.numpy(), self.block_ell.numpy(), ells),
-                (self.mu_acc.numpy(), self.T_acc.numpy(), self.avg_last.numpy()))
+    def _groups(self, totals: np.ndarray) -> tuple:
+        """The named groups every chain kernel takes (:mod:`.chain_kernels`): the features, ``w`` (views of ``v``), the
+        marginals with ``totals`` (a :data:`~.chain_kernels.TOTALS` record of ``l, avg_l_u``) and the averages."""
+        w = ChainWeights(*(t.numpy() for t in self.model.unpack(self.v)))
+        return (self.kernel_features(), w, ChainMarginals(self.mu.numpy(), self.T.numpy(), self.block_ell.numpy(),
+                                                          totals),
+                ChainAverages(self.mu_acc.numpy(), self.T_acc.numpy(), self.avg_last.numpy()))
 
-    def can_run_plan(self, plan) -> bool:
-        """The compiled driver runs every plan here: CPU tensors, no box constraints, all the blocks of the problem."""
-        return self.w.device.type == "cpu" and not self.has_bounds and self.n_total == self.n
+    def _totals(self) -> np.ndarray:
+        return np.array([(self.ell, self.avg_ell_u)], dtype=TOTALS)
 
-    def run_plan(self, plan) -> PlanResult:
-        """Run a :class:`~torch_bcfw.duals.plan.StepPlan` (plain, refined or multi-plane) in the compiled driver
-        :func:`~torch_bcfw.duals.driver.plan_steps` (same trajectory as the generic step loop; only
-        when :meth:`can_run_plan`).  MP-BCFW's exact steps for a model whose oracle is overridden (e.g. a
-        slowed-down one) call that oracle from Python, one block per driver call."""
-        from .plan import MP_EXACT
+    def _adopt_totals(self, totals: np.ndarray) -> None:
+        self.ell, self.avg_ell_u = float(totals["ell"][0]), float(totals["avg_ell_u"][0])
 
-        ws = self.working_set if plan.working_set is not None else None
-        planes = plan.working_set.planes if ws is not None else None
+    def can_run_plan(self, plan: StepPlan) -> bool:
+        """The compiled loops run here on CPU tensors without box constraints: every one-block plan over all the
+        blocks of the problem (:mod:`.chain_driver`), and the rounds of mini-batch plans without the cache
+        (:mod:`.chain_rounds`)."""
+        if self.w.device.type != "cpu" or self.has_bounds:
+            return False
+        return plan.working_set is None if plan.rounds is not None else self.n_total == self.n
+
+    def run_plan(self, plan: StepPlan) -> PlanResult:
+        """A one-block plan that :meth:`can_run_plan` in the compiled loop :func:`~.chain_driver.chain_plan_steps`
+        (same trajectory as the generic step loop); MP-BCFW's exact steps for a model whose oracle is overridden
+        (e.g. a slowed-down one) call that oracle from Python, one block per call.  Other plans: as every state."""
+        if plan.rounds is not None or not self.can_run_plan(plan):
+            return super().run_plan(plan)
+        planes = plan.working_set.planes if plan.working_set is not None else None
         if planes is not None and planes.mode == MP_EXACT and not self.model.builtin_oracle():
             parts = []
             for i in plan.order.tolist():
                 y = self.block_oracle(int(i)).detach().cpu().numpy().astype(np.int64)
                 one = dataclasses.replace(plan, m=1, order=np.array([i], dtype=np.int64))
-                parts.append(self._drive(one, y))
+                parts.append(self._compiled_steps(one, y))
             return PlanResult(steps=plan.m, oracle_calls=plan.m, cache_hits=0, need_gap_pass=False,
                               blocks=plan.order, gaps=np.concatenate([r.gaps[:1] for r in parts]))
-        return self._drive(plan, np.zeros(0, dtype=np.int64))
+        return self._compiled_steps(plan, np.zeros(0, dtype=np.int64))
 
-    def _drive(self, plan, ylab: np.ndarray):
-        """One call of the compiled driver on ``plan`` with the chain's block operations (``ylab``: given oracle
-        answers of a one-block plan); see :func:`~torch_bcfw.duals.driver.drive`.  Returns its
-        :class:`~torch_bcfw.duals.plan.PlanResult`."""
-        from .driver import drive
+    def _compiled_steps(self, plan: StepPlan, ylab: np.ndarray) -> PlanResult:
+        """One call of :func:`~.chain_driver.chain_plan_steps` (``ylab``: a given oracle answer of a one-block plan);
+        the counters, the working set's pool and MP-BCFW-avg's running average are written back."""
+        m = int(plan.m)
+        gaps = np.full(m, np.nan)
+        blocks = np.full(m, -1, dtype=np.int64)
+        totals = self._totals()
+        flags, sampling, running = compiled_plan(plan, self.v.numpy())
+        ws = self.working_set if plan.working_set is not None else None
+        pool = ws.arrays() if ws is not None else _NO_POOL
+        progress, pool = chain_plan_steps(flags, sampling, pool, running, ylab, self.lam, self.k, self.avg_t,
+                                          *self._groups(totals), gaps, blocks)
+        if ws is not None:
+            ws.adopt(pool)
+        if flags.running_average:
+            run = plan.working_set.planes.running
+            run.ell, run.k = float(running.totals["ell"][0]), int(running.totals["k"][0])
+        self._adopt_totals(totals)
+        self.k, self.avg_t = progress.k, progress.clock
+        done = progress.done
+        return PlanResult(steps=done, oracle_calls=progress.oracle_calls, cache_hits=progress.cache_hits,
+                          need_gap_pass=progress.status == NEED_GAP_PASS, blocks=blocks[:done], gaps=gaps[:done])
 
-        ells = np.array([self.ell, self.avg_ell_u])
-        return drive(self, self._kernel_groups(ells), ells, plan, ylab)[0]
-
-    def can_run_minibatch(self) -> bool:
-        """The compiled mini-batch rounds apply: CPU tensors and no box constraints."""
-        return self.w.device.type == "cpu" and not self.has_bounds
-
-    def run_minibatch(self, plan) -> PlanResult:
-        """Run a mini-batch :class:`~torch_bcfw.duals.plan.StepPlan` in the compiled rounds
-        (:func:`~torch_bcfw.duals.driver.drive_rounds` with the chain's round operations, :mod:`.chain_ops`; the
-        trajectory of :func:`~torch_bcfw.duals.plan.minibatch_plan_steps` up to rounding).  The round accumulators:
-        the summed direction ``P`` (a tensor shaped as ``w``) and the list of its touched emission entries."""
-        from .driver import drive_rounds
-
-        ells = np.array([self.ell, self.avg_ell_u])
+    def round_step(self, blocks: np.ndarray, plan: StepPlan) -> RoundStep:
+        """One round of a mini-batch plan that :meth:`can_run_plan` in the compiled parts of :mod:`.chain_rounds`
+        (the trajectory of the torch round up to rounding): the corners and the summed direction ``P`` (sparse in
+        the emission entries it touches), the step -- the line search from ``P``'s own norm, or from the reduced ``V
+        = P / (lam n)`` when ``plan.rounds.reduce`` sums the round over processes -- and the moves."""
+        if not self.can_run_plan(plan):
+            return super().round_step(blocks, plan)
+        if self._round is None or self._round[0] is not plan:
+            by_gap = plan.gap is not None
+            K = self.model.n_labels
+            feats = self.kernel_features()
+            rof = plan.rounds.offsets
+            tokens = max_round_tokens(plan.order, rof, feats.offsets, by_gap)
+            self._round = (plan, round_scratch(feats.offsets, K, tokens, int(np.diff(rof).max(initial=0))))
         if self._acc is None:
             FK = self.model.n_inputs * self.model.n_labels  # the emission entries
-            self._acc = (torch.zeros_like(self.v), np.zeros(FK, dtype=np.uint8), np.zeros(FK, dtype=np.int64),
-                         np.zeros(1, dtype=np.int64))
-        P, flag, entries, count = self._acc
-        acc = tuple(t.numpy() for t in self.model.unpack(P))
-        return drive_rounds(self, self._kernel_groups(ells), (acc, (flag, entries, count)), P, ells, plan)
+            self._acc = (torch.zeros_like(self.v), Touched(np.zeros(FK, dtype=np.uint8), np.zeros(FK, dtype=np.int64),
+                                                           np.zeros(1, dtype=np.int64)))
+        scr = self._round[1]
+        P, touched = self._acc
+        acc = ChainWeights(*(t.numpy() for t in self.model.unpack(P)))
+        totals = self._totals()
+        feats, w, marg, avg = self._groups(totals)
+        n, lam = self.n_total, self.lam
+        blocks = np.ascontiguousarray(blocks, dtype=np.int64)
+        bgaps = np.empty(len(blocks))
+        num, s_i, s_s = round_directions(blocks, n, feats, w, marg, acc, touched, scr, bgaps)
+        reduce = plan.rounds.reduce
+        if reduce is None:
+            tau = len(blocks)
+            gamma = float(minibatch_step_size(plan.step_code, num, touched_sqnorm(acc, touched) / (lam * n * n),
+                                              self.k, n, tau))
+        else:
+            sums = torch.tensor([s_i, s_s, float(len(blocks))], dtype=torch.float64)
+            V, num, gamma, tau = self._round_step(P * (1.0 / (lam * n)), sums, plan.step_code, reduce)
+        if tau == 0:
+            clear_touched(acc, touched)
+            return RoundStep(num, 0.0, 0, bgaps)
+        if gamma != 0.0 and len(blocks):
+            round_move(blocks, gamma, n, self.avg_t, plan.averaging, feats, w, marg, avg, scr)
+        if gamma != 0.0:
+            if reduce is None:
+                apply_touched(-gamma / (lam * n), acc, touched, w)
+            else:
+                self.v.add_(V, alpha=-gamma)
+        clear_touched(acc, touched)
+        self._adopt_totals(totals)
+        self.k += tau
+        self.avg_t += 1
+        return RoundStep(num, gamma, tau, bgaps)
 
     def _storage_dict(self) -> dict:
         names = ("mu", "T", "mu_acc", "T_acc")
@@ -318,6 +368,11 @@ class ChainDualState(DualState):
         dev = self.w.device
         for name in ("mu", "T", "mu_acc", "T_acc"):
             setattr(self, name, sd[name].to(dev, torch.float64, copy=True))
+
+
+#: the working set of a plan that keeps none (the compiled loop reads nothing from it)
+_NO_POOL = Pool(*(np.zeros(1, dtype=np.int64) for _ in range(5)), np.zeros(1, dtype=FREE), np.zeros(1, dtype=np.uint64),
+                np.zeros((1, 5)), np.zeros(1, dtype=np.int32), np.zeros(1, dtype=np.uint8))
 
 
 def _narrow_ids(ids: Tensor, n: int) -> np.ndarray:

@@ -1,34 +1,33 @@
-"""The chain's compiled block operations, for the marginal dual state: what a block step is made of.
+"""The chain's compiled block operations, for its marginal dual state: what a block step is made of.
 
-Unary scores, loss-augmented decoding and the corner of a block (:func:`corner_base`, :func:`add_corner`,
-:func:`block_corner`), the squared norm of a direction (:func:`_direction_sqnorm`, :func:`_transition_stats`), the
-move of a block with its lazy average (:func:`move_block`, :func:`fw_move`: the steps of
-:meth:`torch_bcfw.duals.base.DualState.block_step` for :class:`torch_bcfw.duals.chain.ChainDualState`) and the
-prefetch of the next block's state.  The step driver (:mod:`.driver` through :mod:`.chain_ops`: plain, refined and
-multi-plane BCFW) and the mini-batch rounds (:mod:`.chain_minibatch_kernels`) compose them; tests check each against
-the generic torch steps.
+The arrays cross the compiled boundary in named groups (:class:`ChainFeatures`, :class:`ChainWeights`,
+:class:`ChainMarginals`, :class:`ChainAverages`, :class:`StepScratch`), read by name.  The operations: unary scores,
+loss-augmented decoding and the corner of a block (:func:`corner_base`, :func:`add_corner`, :func:`block_corner`),
+the scores of stored labelings (:func:`labels_score`), the squared norm of a direction (:func:`direction_sqnorm`,
+:func:`transition_stats`), the moves of a block with its lazy average (:func:`fw_move`, :func:`move_block`: the steps
+of :meth:`~torch_bcfw.duals.base.DualState.block_step`; :func:`active_set_step`: those of
+:meth:`~torch_bcfw.duals.base.DualState.block_move`) and the prefetch of the next block's state.  The chain's step
+driver (:mod:`.chain_driver`) and its mini-batch rounds (:mod:`.chain_rounds`) compose them; tests check them
+against the generic torch steps.
 
-Layout (see :class:`torch_bcfw.models.chain.Chain`): emission ``We[F, K]``, per-label bias,
-start and end biases ``[K]``, transitions ``trans[K, K]``.  Token features are given in CSR
-form (``indptr[N_tok+1], indices[nnz], values[nnz]``) so binary pixels and sparse indicator attributes
-cost only their non-zeros; ids, values and the Gram entries below may come in any narrower exact type
-(:meth:`~torch_bcfw.duals.chain.ChainDualState._prepare_kernel`).
+Layout (see :class:`torch_bcfw.models.chain.Chain`): emission ``We[F, K]``, per-label bias, start and end biases
+``[K]``, transitions ``trans[K, K]``.  Token features are CSR (``indptr[N_tok+1], indices[nnz], values[nnz]``), so
+binary pixels and sparse indicator attributes cost only their non-zeros; ids, values and the Gram entries may come
+in any narrower exact type (:meth:`~torch_bcfw.duals.chain.ChainDualState.kernel_features`).
 
-Arguments come in a few groups (tuples, unpacked on entry): ``feats = (indptr, indices, values, y, offsets, gram,
-gram_off)`` (:meth:`~torch_bcfw.duals.chain.ChainDualState._prepare_kernel`), ``wts = (We, bias, start, end, trans)``
-(views of ``w``), ``state = (mu, T, block_ell, ells)`` and ``avg = (mu_acc, T_acc, last)`` (the lazy average).
+The kernels that allocate nothing compile without numba's runtime (``_nrt=False``): their array arguments then carry
+no reference counting, whose atomic increments and decrements otherwise take about a fifth of an OCR pass
+(``docs/results/driver_speed.md``).  A kernel that needs the runtime (an allocation) fails to compile so marked.
 
-The kernels that allocate nothing compile without numba's runtime (``_nrt=False``): their array arguments then
-carry no reference counting, whose atomic increments and decrements otherwise take about a fifth of an OCR pass
-(``docs/results/driver_speed.md``).  A kernel that needs the runtime (an allocation, a slice assignment) fails to
-compile so marked, so the mark cannot hide a leak.
-
-Block state: unary marginals ``mu[N_tok, K]`` and transition marginals ``T[n, K, K]`` with
-``w_i = (phi_i(y_i) - phi_i(mu_i)) / (lam n)``.  For a direction ``delta = e_{y*} - mu_i``,
-``||phi_i(delta)||^2 = sum_{t,t'} G_i[t,t'] <delta_t, delta_t'> + ||delta_0||^2 + ||delta_{L-1}||^2
-+ ||delta_T||^2`` with ``G_i = X_i X_i^T + 1`` (the ``+1`` is the per-label bias feature).
+Block state: token marginals ``mu[N_tok, K]`` and transition marginals ``T[n, K, K]`` with ``w_i = (phi_i(y_i) -
+phi_i(mu_i)) / (lam n)``.  For a direction ``delta = e_{y*} - mu_i``, ``||phi_i(delta)||^2 = sum_{t,t'} G_i[t,t']
+<delta_t, delta_t'> + ||delta_0||^2 + ||delta_{L-1}||^2 + ||delta_T||^2`` with ``G_i = X_i X_i^T + 1`` (the ``+1``
+is the per-label bias feature).  Scores are of labelings under ``w`` without the block constant, so with
+``h(y) = L_i(y)/n + score(y)/n`` and ``h_i = l_i + score(mu_i)/n`` the difference ``h(y*) - h_i`` is a block gap.
 """
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import numpy as np
 from llvmlite import ir
@@ -38,7 +37,84 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from ..inference.viterbi import viterbi_numba
-from .stepsize import average_weight, lazy_weight, step_size
+from .stepsize import PAIRWISE_RULE, average_weight, clipped_step, lazy_weight, move_bound, step_size
+from .working_set import ALPHA, LOSS, SCORE, ws_away_update, ws_pairwise_update
+
+__all__ = ["ChainFeatures", "ChainWeights", "ChainMarginals", "ChainAverages", "StepScratch", "Corner", "TOTALS",
+           "step_scratch", "fw_move", "move_block", "active_set_step", "block_corner", "corner_base", "add_corner"]
+
+#: the dual's linear part ``l = sum_i l_i`` and the accumulator ``avg_l_u`` of its weighted average (one record)
+TOTALS = np.dtype([("ell", np.float64), ("avg_ell_u", np.float64)])
+
+
+class ChainFeatures(NamedTuple):
+    """The data: CSR token features, labels, sequence offsets and the per-sequence Gram matrices ``G_i = X_i X_i^T +
+    1`` (row-major at ``gram[gram_off[i]:]``; :func:`~torch_bcfw.duals.chain.sequence_grams`)."""
+
+    indptr: np.ndarray
+    indices: np.ndarray
+    values: np.ndarray
+    y: np.ndarray
+    offsets: np.ndarray
+    gram: np.ndarray
+    gram_off: np.ndarray
+
+
+class ChainWeights(NamedTuple):
+    """Views of ``w`` (or of a vector in its layout): emission ``We[F, K]``, ``bias``, ``start``, ``end`` ``[K]``,
+    transitions ``trans[K, K]``."""
+
+    We: np.ndarray
+    bias: np.ndarray
+    start: np.ndarray
+    end: np.ndarray
+    trans: np.ndarray
+
+
+class ChainMarginals(NamedTuple):
+    """The dual variables: ``mu[N_tok, K]``, ``T[n, K, K]``, ``block_ell[n]`` (``l_i``) and ``totals`` (one
+    :data:`TOTALS` record: ``l`` and ``avg_l_u``)."""
+
+    mu: np.ndarray
+    T: np.ndarray
+    block_ell: np.ndarray
+    totals: np.ndarray
+
+
+class ChainAverages(NamedTuple):
+    """The lazy weighted average: ``mu_acc[N_tok, K]``, ``T_acc[K, K]`` (summed over blocks) and ``last[n]``, each
+    block's clock of its last change."""
+
+    mu_acc: np.ndarray
+    T_acc: np.ndarray
+    last: np.ndarray
+
+
+class StepScratch(NamedTuple):
+    """The scratch of one block step, sized for the longest sequence: unary scores ``U``, loss-augmented unaries
+    ``Ua``, the direction's unary part ``D`` (``[Lmax, K]`` each), the corner ``ystar`` (int64), the Viterbi messages
+    ``delta``, the transition direction ``dT [K, K]``, the away corner ``ya`` (int64) and the corner as stored in a
+    working set ``yh`` (int32)."""
+
+    U: np.ndarray
+    Ua: np.ndarray
+    D: np.ndarray
+    ystar: np.ndarray
+    delta: np.ndarray
+    dT: np.ndarray
+    ya: np.ndarray
+    yh: np.ndarray
+
+
+class Corner(NamedTuple):
+    """What an FW step needs to know of its corner: the scores of ``y*`` and of ``mu_i`` under ``w`` (transitions
+    included), the block's ``l_i``, ``l_s = L_i(y*) / n`` and the transition part ``sq_T`` of ``||phi_i(delta)||^2``."""
+
+    score: float
+    score_mu: float
+    ell_i: float
+    ell_s: float
+    sq_T: float
 
 
 # the intrinsic's mangled name: "p0" with the opaque pointers of LLVM >= 15, "p0i8" before
@@ -98,12 +174,11 @@ def max_length(offsets) -> int:
 
 @njit(cache=True)
 def step_scratch(offsets, K):
-    """Scratch of one block step, sized for the longest sequence of ``offsets``: unary scores ``U``, loss-augmented
-    unaries ``Ua``, direction ``D`` (float64 ``[Lmax, K]`` each), answer ``ystar`` (int64 ``[Lmax]``) and the
-    Viterbi messages ``delta`` (``[Lmax, K]``, :func:`viterbi_numba`)."""
+    """The :class:`StepScratch` of one block step, sized for the longest sequence of ``offsets``."""
     Lmax = max_length(offsets)
-    return (np.empty((Lmax, K)), np.empty((Lmax, K)), np.empty((Lmax, K)), np.empty(Lmax, dtype=np.int64),
-            np.empty((Lmax, K)))
+    return StepScratch(np.empty((Lmax, K)), np.empty((Lmax, K)), np.empty((Lmax, K)), np.empty(Lmax, dtype=np.int64),
+                       np.empty((Lmax, K)), np.empty((K, K)), np.empty(Lmax, dtype=np.int64),
+                       np.empty(Lmax, dtype=np.int32))
 
 
 @njit(cache=True, _nrt=False)
@@ -147,7 +222,7 @@ def _unary_scores(s, L, indptr, indices, values, We, bias, start, end, U):
 
 
 @njit(cache=True, fastmath={"contract"}, _nrt=False)
-def _add_direction(a, s, L, indptr, indices, values, D, We, bias, start, end):
+def add_direction(a, s, L, indptr, indices, values, D, We, bias, start, end):
     """``w += a * phi_i(delta)`` for the unary part ``D[L, K]`` of the direction (emission and biases).
 
     Label by label over the non-zeros of each ``D[t]`` (``e_{y*} - mu_t`` has only a few: the labels the block's
@@ -170,7 +245,7 @@ def _add_direction(a, s, L, indptr, indices, values, D, We, bias, start, end):
 
 
 @njit(cache=True, fastmath=True, _nrt=False)
-def _direction_sqnorm(i, L, D, gram, gram_off):
+def direction_sqnorm(i, L, D, gram, gram_off):
     """Unary part of ``||phi_i(delta)||^2`` from ``G_i = X_i X_i^T + 1`` plus the start/end terms."""
     K = D.shape[1]
     sq = 0.0
@@ -193,7 +268,7 @@ def _direction_sqnorm(i, L, D, gram, gram_off):
 
 
 @njit(cache=True, fastmath=True, _nrt=False)
-def _transition_stats(Ti, trans, ystar):
+def transition_stats(Ti, trans, ystar):
     """``(<T_i, trans>, ||counts(y*) - T_i||^2)`` in one sweep over ``T_i`` (``dT`` is never formed)."""
     K = trans.shape[0]
     L = ystar.shape[0]
@@ -214,6 +289,28 @@ def _transition_stats(Ti, trans, ystar):
             if ystar[u - 1] == a and ystar[u] == b:
                 sq += 1.0
     return score, sq
+
+
+@njit(cache=True, _nrt=False)
+def transition_score(Ti, trans):
+    """``<T_i, trans>``, the transition part of ``mu_i``'s score."""
+    K = trans.shape[0]
+    score = 0.0
+    for p in range(K):
+        for c in range(K):
+            score += Ti[p, c] * trans[p, c]
+    return score
+
+
+@njit(cache=True, fastmath=True, _nrt=False)
+def labels_score(U, trans, lab, base, L):
+    """The score of the labeling ``lab[base : base + L]`` from the block's unary scores ``U``."""
+    sc = 0.0
+    for t in range(L):
+        sc += U[t, lab[base + t]]
+    for t in range(1, L):
+        sc += trans[lab[base + t - 1], lab[base + t]]
+    return sc
 
 
 @njit(cache=True, fastmath=True, _nrt=False)
@@ -241,66 +338,57 @@ def _transition_update(Ti, trans, Ta, ystar, a, gamma, S):
 
 
 @njit(cache=True, fastmath=True, _nrt=False)
-def fw_move(i, s, L, step, clock, corner, ystar, D, feats, wts, state, avg):
+def fw_move(i, s, L, step_code, averaging, lam, k, clock, corner, ystar, D, feats, w, marg, avg):
     """The FW step of block ``i`` towards the labeling ``ystar``, given the unary part ``D[:L]`` of the direction
-    ``e_{y*} - mu_i`` and ``corner = (score_star, score_mu, ell_i, ell_s, sq_T)``: the scores of ``y*`` and of
-    ``mu_i`` under ``w`` (transitions included), the block's ``l_i``, ``l_s = L_i(y*) / n`` and the transition part
-    ``sq_T`` of ``||phi_i(delta)||^2``; ``step = (step_code, averaging, lam, k)``.  Block gap, line search, lazy
+    ``e_{y*} - mu_i`` and its :class:`Corner`: block gap, line search (or the fixed step after ``k`` steps), lazy
     averaging and the updates of ``w``, ``mu_i``, ``T_i``, ``l_i``.  Returns ``(gap, gamma)``."""
-    score_star, score_mu, ell_i, ell_s, sq_T = corner
-    step_code, averaging, lam, k = step
-    offsets, gram, gram_off = feats[4], feats[5], feats[6]
-    trans = wts[4]
-    n = offsets.shape[0] - 1
+    n = feats.offsets.shape[0] - 1
     lam_n = lam * n
-    sq = _direction_sqnorm(i, L, D, gram, gram_off) + sq_T
-    num = (score_star - score_mu) / n - ell_i + ell_s
+    sq = direction_sqnorm(i, L, D, feats.gram, feats.gram_off) + corner.sq_T
+    num = (corner.score - corner.score_mu) / n - corner.ell_i + corner.ell_s
     den = sq / (lam_n * n)
     gamma = step_size(step_code, num, den, k, n)
     if gamma != 0.0:
-        move_block(i, s, L, gamma, -gamma / lam_n, ell_s, clock, averaging, D, ystar[:L], feats, wts, state, avg, trans)
+        move_block(i, s, L, gamma, -gamma / lam_n, corner.ell_s, clock, averaging, D, ystar[:L], feats, w, marg, avg,
+                   w.trans)
     return num, gamma
 
 
 @njit(cache=True, fastmath=True, inline="always")
-def move_block(i, s, L, gamma, a, ell_s, clock, averaging, D, ystar, feats, wts, state, avg, trans):
+def move_block(i, s, L, gamma, a, ell_s, clock, averaging, D, ystar, feats, w, marg, avg, trans):
     """Block ``i`` (tokens ``s .. s+L-1``) moves by ``gamma`` towards ``ystar``: its ``l_i``, the lazy average (before
     the move), ``w += a phi_i(delta)`` with ``a = -gamma / (lam n)`` for the emission and bias part and ``trans += a
     (counts - T_i)`` (``a = 0`` and ``trans`` a scratch when ``w`` is moved elsewhere), ``T_i`` and ``mu_i``."""
-    indptr, indices, values, y, offsets, gram, gram_off = feats
-    We, bias, start, end, _ = wts
-    mu, T, block_ell, ells = state
-    mu_acc, T_acc, last = avg
-    K = We.shape[1]
-    ell_i = block_ell[i]
+    mu, mu_acc = marg.mu, avg.mu_acc
+    tot = marg.totals[0]
+    K = mu.shape[1]
+    ell_i = marg.block_ell[i]
     new_ell_i = (1.0 - gamma) * ell_i + gamma * ell_s
     S = 0.0
     if averaging:
-        S = lazy_weight(clock, last[i])
-        last[i] = clock
-    ells[1] += average_weight(clock) * (new_ell_i - ell_i)
+        S = lazy_weight(clock, avg.last[i])
+        avg.last[i] = clock
+    tot.avg_ell_u += average_weight(clock) * (new_ell_i - ell_i)
     if a != 0.0:
-        _add_direction(a, s, L, indptr, indices, values, D, We, bias, start, end)
-    _transition_update(T[i], trans, T_acc, ystar, a, gamma, S)
+        add_direction(a, s, L, feats.indptr, feats.indices, feats.values, D, w.We, w.bias, w.start, w.end)
+    _transition_update(marg.T[i], trans, avg.T_acc, ystar, a, gamma, S)
     for t in range(L):
         if S != 0.0:
             for c in range(K):
                 mu_acc[s + t, c] += S * mu[s + t, c]
         for c in range(K):
             mu[s + t, c] += gamma * D[t, c]
-    ells[0] += new_ell_i - ell_i
-    block_ell[i] = new_ell_i
+    tot.ell += new_ell_i - ell_i
+    marg.block_ell[i] = new_ell_i
 
 
 @njit(cache=True, inline="always")
-def corner_base(s, L, feats, wts, mu, U, D):
+def corner_base(s, L, feats, w, mu, U, D):
     """What a block's step needs before its corner is known, at the current ``w``: the unary scores ``U`` of the block
     whose ``L`` tokens start at ``s``, and ``D[:L] = -mu_i`` (the unary part of the direction before the corner's
-    one-hot, :func:`add_corner`).  Returns the unary score of ``mu_i`` (its transition part: :func:`_transition_stats`)."""
-    indptr, indices, values, y, offsets, gram, gram_off = feats
-    We, bias, start, end, trans = wts
-    K = We.shape[1]
-    _unary_scores(s, L, indptr, indices, values, We, bias, start, end, U)
+    one-hot, :func:`add_corner`).  Returns the unary score of ``mu_i`` (its transition part: :func:`transition_stats`)."""
+    K = w.We.shape[1]
+    _unary_scores(s, L, feats.indptr, feats.indices, feats.values, w.We, w.bias, w.start, w.end, U)
     score_mu = 0.0
     for t in range(L):
         for c in range(K):
@@ -327,13 +415,111 @@ def add_corner(s, L, y, trans, U, ystar, D):
 
 
 @njit(cache=True, inline="always")
-def block_corner(s, L, feats, wts, mu, U, Ua, ystar, delta, D):
+def block_corner(s, L, feats, w, mu, U, Ua, ystar, delta, D):
     """The oracle and the corner of the block whose ``L`` tokens start at ``s``, at the current ``w``: unary scores
     ``U``, loss-augmented decoding into ``ystar[:L]``, and the unary part ``D[:L] = e_{y*} - mu_i`` of the direction.
     Returns ``(score of y*, unary score of mu_i, mistakes of y*)`` (the transition part of ``mu_i``'s score is
-    :func:`_transition_stats`')."""
-    y, trans = feats[3], wts[4]
-    score_mu = corner_base(s, L, feats, wts, mu, U, D)
-    loss_augmented_decode(U, Ua, L, s, y, 1.0 / L, trans, ystar, delta)
-    score_star, mistakes = add_corner(s, L, y, trans, U, ystar, D)
+    :func:`transition_stats`')."""
+    score_mu = corner_base(s, L, feats, w, mu, U, D)
+    loss_augmented_decode(U, Ua, L, s, feats.y, 1.0 / L, w.trans, ystar, delta)
+    score_star, mistakes = add_corner(s, L, feats.y, w.trans, U, ystar, D)
     return score_star, score_mu, mistakes
+
+
+# ---------------------------------------------------------------- pairwise and away steps (Osokin et al. 2016)
+@njit(cache=True, fastmath=True, _nrt=False)
+def _general_direction(s, L, p, ys, q, ya, r, mu, Ti, D, dT):
+    """``D = r mu_i + p onehot(ys) + q onehot(ya)``, ``dT = r T_i + p counts(ys) + q counts(ya)``; returns ``||dT||^2``."""
+    K = D.shape[1]
+    for t in range(L):
+        for c in range(K):
+            D[t, c] = r * mu[s + t, c]
+        D[t, ys[t]] += p
+        D[t, ya[t]] += q
+    for a in range(K):
+        for b in range(K):
+            dT[a, b] = r * Ti[a, b]
+    for t in range(1, L):
+        dT[ys[t - 1], ys[t]] += p
+        dT[ya[t - 1], ya[t]] += q
+    sq = 0.0
+    for a in range(K):
+        for b in range(K):
+            sq += dT[a, b] * dT[a, b]
+    return sq
+
+
+@njit(cache=True, fastmath=True, _nrt=False)
+def _general_move(gamma, lam_n, s, L, feats, D, dT, w, mu, Ti):
+    """``mu_i += gamma D``, ``T_i += gamma dT`` and the matching ``w -= gamma phi(D, dT) / (lam n)``."""
+    a = -gamma / lam_n
+    add_direction(a, s, L, feats.indptr, feats.indices, feats.values, D, w.We, w.bias, w.start, w.end)
+    trans = w.trans
+    K = trans.shape[0]
+    for p in range(K):
+        for c in range(K):
+            v = dT[p, c]
+            if v != 0.0:
+                trans[p, c] += a * v
+                Ti[p, c] += gamma * v
+    for t in range(L):
+        for c in range(K):
+            mu[s + t, c] += gamma * D[t, c]
+
+
+@njit(cache=True, fastmath=True, _nrt=False)
+def _avg_accumulate(i, s, L, clock, marg, avg):
+    S = lazy_weight(clock, avg.last[i])
+    avg.last[i] = clock
+    if S != 0.0:
+        mu, mu_acc, T_acc = marg.mu, avg.mu_acc, avg.T_acc
+        K = mu.shape[1]
+        for t in range(L):
+            for c in range(K):
+                mu_acc[s + t, c] += S * mu[s + t, c]
+        for p in range(K):
+            for c in range(K):
+                T_acc[p, c] += S * marg.T[i, p, c]
+
+
+@njit(cache=True, _nrt=False)
+def active_set_step(kind, i, s, L, j_s, j_a, h_i, h_s, ell_i, ell_s, clock, averaging, lam, ws, feats, w, marg, avg,
+                    scr):
+    """A pairwise (``mu_i += gamma (e_s - e_a)``) or away (``mu_i += gamma (mu_i - e_a)``) step of block ``i`` against
+    its plane ``j_a`` of the working set ``ws`` (a :class:`~.working_set.Pool`) with the clipped exact line search (a
+    drop step at the bound), the working set's ``alpha`` following; ``scr.ystar`` holds the FW corner ``s`` (plane
+    ``j_s``), ``h_i, h_s`` the values of ``mu_i`` and of the corner."""
+    n = feats.offsets.shape[0] - 1
+    lam_n = lam * n
+    Ti = marg.T[i]
+    D, dT, ya = scr.D, scr.dT, scr.ya
+    sa = ws.start[i] + j_a
+    base = ws.lab_start[i] + j_a * L
+    for t in range(L):
+        ya[t] = ws.lab[base + t]
+    alpha_a = ws.fl[sa, ALPHA]
+    ell_a = ws.fl[sa, LOSS]
+    h_a = ws.fl[sa, SCORE]
+    if kind == PAIRWISE_RULE:
+        num = h_s - h_a
+        sqT = _general_direction(s, L, 1.0, scr.ystar, -1.0, ya, 0.0, marg.mu, Ti, D, dT)
+        dl = ell_s - ell_a
+    else:
+        num = h_i - h_a
+        sqT = _general_direction(s, L, 0.0, scr.ystar, -1.0, ya, 1.0, marg.mu, Ti, D, dT)
+        dl = ell_i - ell_a
+    den = (direction_sqnorm(i, L, D, feats.gram, feats.gram_off) + sqT) / (lam_n * n)
+    gamma, drop = clipped_step(num, den, move_bound(kind, alpha_a))
+    if gamma != 0.0:
+        if averaging:
+            _avg_accumulate(i, s, L, clock, marg, avg)
+        tot = marg.totals[0]
+        new_ell_i = ell_i + gamma * dl
+        tot.avg_ell_u += average_weight(clock) * (new_ell_i - ell_i)
+        _general_move(gamma, lam_n, s, L, feats, D, dT, w, marg.mu, Ti)
+        tot.ell += new_ell_i - ell_i
+        marg.block_ell[i] = new_ell_i
+        if kind == PAIRWISE_RULE:
+            ws_pairwise_update(ws, i, j_s, j_a, gamma, drop)
+        else:
+            ws_away_update(ws, i, j_a, gamma, drop)

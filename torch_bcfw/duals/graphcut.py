@@ -25,17 +25,15 @@ from typing import NamedTuple
 import numpy as np
 import torch
 from numba import njit, objmode, types
-from numba.extending import overload
 from numba.typed import List
 from torch import Tensor
 
 from ..inference.graphcut import NEGATIVE_TOLERANCE, build_graph, cut_graph
-from ..inference.graphcut_pool import cut_inputs
-from . import block_ops as ops
+from ..inference.graphcut_pool import GraphRecord, cut_inputs
 from .base import DualState
 from .dense import DenseDualState
 from .fingerprint import features_fingerprint
-from .plan import PlanResult
+from .plan import PlanResult, StepPlan
 from .stepsize import average_weight, lazy_weight, step_size
 
 __all__ = ["GraphCutDualState"]
@@ -73,25 +71,69 @@ def _cut(gain: np.ndarray, edges: np.ndarray, penalties: np.ndarray) -> np.ndarr
     return np.ascontiguousarray(cut_graph(*build_graph(gain, edges, penalties)))
 
 
-@njit(cache=True)
-def _fused_block_step(seg, graph, block, wts, state, avg, step):
-    """One BCFW block step towards the labelling ``seg`` (bool[N_i]) of block ``i`` (nodes ``a .. a + N_i``).
+class GraphCutGraphs(NamedTuple):
+    """The data of the compiled step loop: ``records`` (typed list of the blocks'
+    :class:`~torch_bcfw.inference.graphcut_pool.GraphRecord`), ``phi_true`` (``float64[n, d]``), ``seg_off``
+    (``int64[n + 1]`` node offsets), ``F`` (unary dimension) and ``checked`` (the box keeps ``w_P >= 0``: no check
+    before a cut)."""
 
-    Argument groups (tuples, unpacked on entry): ``graph = (x, ns, e0, e1, edge_x, inv_z, truth, omega)`` (the
-    block's graph record), ``block = (phi_true_i, a, i)``, ``wts = (V, W, lo, hi, box)``, ``state = (WB, mu, pw,
-    bell)``, ``avg = (WBa, mu_acc, pw_acc, acc_w, last_t)`` and ``step = (lam, scale, n, step_code, k, avg_t,
-    averaging)``.
+    records: object
+    phi_true: np.ndarray
+    seg_off: np.ndarray
+    F: int
+    checked: bool
+
+
+class GraphCutWeights(NamedTuple):
+    """``V`` (the untruncated ``v``), ``W`` (``w = clip(v, lo, hi)`` with a ``box``, else ``V`` itself)."""
+
+    V: np.ndarray
+    W: np.ndarray
+    lo: np.ndarray
+    hi: np.ndarray
+    box: bool
+
+
+class GraphCutBlocks(NamedTuple):
+    """The dual state: the dense ``w_i`` table ``WB[n, d]``, node marginals ``mu``, expected pairwise features
+    ``pw[n, E]`` and ``block_ell`` (``l_i``)."""
+
+    WB: np.ndarray
+    mu: np.ndarray
+    pw: np.ndarray
+    block_ell: np.ndarray
+
+
+class GraphCutAverages(NamedTuple):
+    """The lazy weighted average: ``WBa``, ``mu_acc``, ``pw_acc``, ``acc_w`` (``sum_t S_t`` per block), ``last``."""
+
+    WBa: np.ndarray
+    mu_acc: np.ndarray
+    pw_acc: np.ndarray
+    acc_w: np.ndarray
+    last: np.ndarray
+
+
+#: the counters the step loop keeps up to date after every step (one record): ``l``, ``avg_l_u``, the oracle's
+#: seconds, ``k`` and the averaging clock
+LOOP_TOTALS = np.dtype([("ell", np.float64), ("avg_ell_u", np.float64), ("oracle_seconds", np.float64),
+                        ("k", np.int64), ("clock", np.int64)])
+
+
+@njit(cache=True)
+def _fused_block_step(seg, rec, i, a, phi_true, w, blocks, avg, lam, step_code, k, clock, averaging):
+    """One BCFW block step towards the labelling ``seg`` (bool[N_i]) of block ``i`` (graph record ``rec``, nodes ``a ..
+    a + N_i``, true features ``phi_true``) on the groups ``w``, ``blocks``, ``avg``.
 
     Computes ``phi_s = phi(x_i, seg)`` and ``l_s = L_i(seg) / n``, the direction ``d = w_i - w_s``, the block
     gap ``num = lam <d, w> - l_i + l_s`` and the step ``gamma``, then (``gamma != 0``) the lazy averaging
     update and ``w_i -= gamma d``, ``mu``, ``pw``, ``l_i``, ``v -= gamma d`` and ``w = clip(v)`` (``W`` is
     ``V`` itself without a box), all in place.  Returns ``(num, gamma, l_i old, l_i new)``."""
-    x, ns, e0, e1, edge_x, inv_z, truth, omega = graph
-    phi_true, a, i = block
-    V, W, lo, hi, box = wts
-    WB, mu, pw, bell = state
-    WBa, mu_acc, pw_acc, acc_w, last_t = avg
-    lam, scale, n, step_code, k, avg_t, averaging = step
+    x, ns, e0, e1, edge_x, truth, omega = rec.x, rec.node_scale, rec.e0, rec.e1, rec.edge_x, rec.truth, rec.omega
+    V, W = w.V, w.W
+    WB, mu, pw = blocks.WB, blocks.mu, blocks.pw
+    n = WB.shape[0]
+    scale = 1.0 / (lam * n)
     N, F = x.shape
     E = edge_x.shape[1]
     D = F + E
@@ -120,7 +162,7 @@ def _fused_block_step(seg, graph, block, wts, state, avg, step):
                 for e in range(E):
                     pair[e] += edge_x[j, e]
     for e in range(E):
-        phi[F + e] = -pair[e] * inv_z
+        phi[F + e] = -pair[e] * rec.inv_z
     ell_s = loss / n
     d = np.empty(D)
     dw = 0.0
@@ -129,27 +171,27 @@ def _fused_block_step(seg, graph, block, wts, state, avg, step):
         d[q] = WB[i, q] - (phi_true[q] - phi[q]) * scale
         dw += d[q] * W[q]
         dd += d[q] * d[q]
-    ell_i = bell[i]
+    ell_i = blocks.block_ell[i]
     num = lam * dw - ell_i + ell_s
     gamma = step_size(step_code, num, lam * dd, k, n)
     new_ell = ell_i
     if gamma != 0.0:
         S = 0.0
         if averaging:
-            S = lazy_weight(avg_t, last_t[i])
+            S = lazy_weight(clock, avg.last[i])
             if S != 0.0:
                 for q in range(D):
-                    WBa[i, q] += S * WB[i, q]
+                    avg.WBa[i, q] += S * WB[i, q]
                 for e in range(E):
-                    pw_acc[i, e] += S * pw[i, e]
-                acc_w[i] += S
-            last_t[i] = avg_t
+                    avg.pw_acc[i, e] += S * pw[i, e]
+                avg.acc_w[i] += S
+            avg.last[i] = clock
         for q in range(D):
             WB[i, q] -= gamma * d[q]
         if S != 0.0:  # one pass over the block's marginals: accumulate the old value, then move it
             for p in range(N):
                 m = mu[a + p]
-                mu_acc[a + p] += S * m
+                avg.mu_acc[a + p] += S * m
                 mu[a + p] = (1.0 - gamma) * m + gamma * (1.0 if seg[p] else 0.0)
         else:
             for p in range(N):
@@ -157,184 +199,61 @@ def _fused_block_step(seg, graph, block, wts, state, avg, step):
         for e in range(E):
             pw[i, e] = (1.0 - gamma) * pw[i, e] + gamma * phi[F + e]
         new_ell = (1.0 - gamma) * ell_i + gamma * ell_s
-        bell[i] = new_ell
+        blocks.block_ell[i] = new_ell
         for q in range(D):
             V[q] -= gamma * d[q]
-        if box:
+        if w.box:
             for q in range(D):
                 v = V[q]
-                if v < lo[q]:
-                    v = lo[q]
-                if v > hi[q]:
-                    v = hi[q]
+                if v < w.lo[q]:
+                    v = w.lo[q]
+                if v > w.hi[q]:
+                    v = w.hi[q]
                 W[q] = v
     return num, gamma, ell_i, new_ell
 
 
-class GraphCutData(NamedTuple):
-    """The data group of the graph cut's kernel bundle ``(data, wts, store, avg)`` for the step driver
-    (:func:`~torch_bcfw.duals.driver.plan_steps`): ``records`` (typed list of the blocks'
-    :data:`~torch_bcfw.inference.graphcut_pool.GraphRecord`), ``phi_true`` (``float64[n, d]``), ``seg_off``
-    (``int64[n + 1]`` node offsets), ``F`` (unary dimension) and ``checked`` (the box keeps ``w_P >= 0``: no check
-    before a cut).  ``wts`` and ``avg`` are :func:`_fused_block_step`'s, ``store`` its ``state`` plus ``sums = [l,
-    avg_l_u, oracle seconds]``.  The scratch of a step is the oracle's answer ``seg`` (``bool[N_max]``)."""
-
-    records: object
-    phi_true: np.ndarray
-    seg_off: np.ndarray
-    F: int
-    checked: bool
-
-
 @njit(cache=True)
-def _graph_oracle(data, wts, sums, scr, i, N):
-    """The loss-augmented oracle of block ``i`` (``N`` nodes) at the current clipped ``w``, into the scratch ``scr = (answer, clock)``: ``answer[:N]``; node
-    gains and edge penalties (:func:`~torch_bcfw.inference.graphcut_pool.cut_inputs`, as the batched oracle), then
-    the cut by PyMaxflow (:func:`_cut`, in object mode).  Its wall time is added to ``sums[2]``.  Returns False
-    (nothing cut) when the unchecked pairwise weights are below ``-NEGATIVE_TOLERANCE``."""
-    x, ns, aug, truth, omega, edges, e0, e1, edge_x, inv_z = data.records[i]
-    seg_out, ts = scr
-    t0 = _now(ts)
-    W = wts[1]
-    w_u = W[:data.F]
-    w_p = W[data.F:]
-    if not data.checked:
-        if w_p.size and w_p.min() < -NEGATIVE_TOLERANCE:
-            return False
-        w_p = np.maximum(w_p, 0.0)
-    _, gain, c = cut_inputs(x, w_u, ns, aug, True, edges, edge_x, w_p, inv_z)
-    if c.shape[0] == 0:
-        seg = gain > 0.0
-    else:
-        with objmode(seg="boolean[::1]"):
-            seg = _cut(gain, edges, c)
-    sums[2] += _now(ts) - t0
-    for p in range(N):
-        seg_out[p] = seg[p]
-    return True
+def _step_loop(order, step_code, averaging, lam, graphs, w, blocks, avg, totals, gaps):
+    """The plain BCFW steps of :meth:`GraphCutDualState.run_plan` in one compiled loop.
 
-
-@njit(cache=True, inline="always")
-def _graph_fw_step(data, wts, store, avg, seg, i, s, N, step, clock):
-    """:func:`_fused_block_step` towards ``seg[:N]``, and the losses ``sums[:2]`` it moves."""
-    step_code, averaging, lam, k = step
-    WB, mu, pw, bell, sums = store
-    x, ns, aug, truth, omega, edges, e0, e1, edge_x, inv_z = data.records[i]
-    n = data.phi_true.shape[0]
-    num, gamma, ell_i, new_ell = _fused_block_step(
-        seg[0][:N], (x, ns, e0, e1, edge_x, inv_z, truth, omega), (data.phi_true[i], s, i), wts, (WB, mu, pw, bell), avg,
-        (lam, 1.0 / (lam * n), n, step_code, k, clock, averaging))
-    if gamma != 0.0:
-        sums[0] += new_ell - ell_i
-        sums[1] += average_weight(clock) * (new_ell - ell_i)
-    return num, gamma
-
-
-# ---------------------------------------------------------------- the contract (:mod:`.block_ops`) for the graph cut
-# Plain plans only (:meth:`GraphCutDualState.can_run_plan`): the FW step computes the answer's features and loss
-# itself, so the oracle reports no corner scores (nan), and the working-set operations are not supplied.
-_graph = ops.bundle_of(GraphCutData)
-
-
-@njit(cache=True)
-def _fail():
-    raise NotImplementedError("the graph-cut state runs plain plans only in the compiled driver")
-
-
-@overload(ops.block_scratch, jit_options={"cache": True})
-def _block_scratch(data, wts, store, avg):
-    if _graph(data):
-        def impl(data, wts, store, avg):
-            off = data.seg_off
-            nmax = 0
-            for i in range(off.shape[0] - 1):
-                nmax = max(nmax, off[i + 1] - off[i])
-            return np.empty(nmax, dtype=np.bool_), np.zeros(2, dtype=np.int64)
-        return impl
-
-
-@overload(ops.n_blocks, jit_options={"cache": True})
-def _n_blocks(data, wts, store, avg):
-    if _graph(data):
-        return lambda data, wts, store, avg: data.phi_true.shape[0]
-
-
-@overload(ops.block_span, jit_options={"cache": True})
-def _block_span(data, wts, store, avg, i):
-    if _graph(data):
-        return lambda data, wts, store, avg, i: (data.seg_off[i], data.seg_off[i + 1] - data.seg_off[i])
-
-
-@overload(ops.block_loss, jit_options={"cache": True})
-def _block_loss(data, wts, store, avg, i):
-    if _graph(data):
-        return lambda data, wts, store, avg, i: store[3][i]
-
-
-@overload(ops.dual_loss, jit_options={"cache": True})
-def _dual_loss(data, wts, store, avg):
-    if _graph(data):
-        return lambda data, wts, store, avg: store[4][0]
-
-
-@overload(ops.prefetch, jit_options={"cache": True})
-def _prefetch(data, wts, store, avg, i, averaging):
-    if _graph(data):
-        return lambda data, wts, store, avg, i, averaging: None
-
-
-@overload(ops.begin_block, jit_options={"cache": True})
-def _begin_block(data, wts, store, avg, scr, i, s, L, measure):
-    if _graph(data):
-        def impl(data, wts, store, avg, scr, i, s, L, measure):
-            if measure:
-                _fail()
-            return np.nan
-        return impl
-
-
-@overload(ops.oracle_corner, jit_options={"cache": True})
-def _oracle_corner(data, wts, store, avg, scr, i, s, L, ylab):
-    if _graph(data):
-        def impl(data, wts, store, avg, scr, i, s, L, ylab):
-            return np.nan, np.nan, _graph_oracle(data, wts, store[4], scr, i, L)
-        return impl
-
-
-@overload(ops.fw_step, jit_options={"cache": True})
-def _fw_step(data, wts, store, avg, scr, i, s, L, step, clock, corner):
-    if _graph(data):
-        def impl(data, wts, store, avg, scr, i, s, L, step, clock, corner):
-            return _graph_fw_step(data, wts, store, avg, scr, i, s, L, step, clock)
-        return impl
-
-
-@overload(ops.plane_score, jit_options={"cache": True})
-@overload(ops.plane_corner, jit_options={"cache": True})
-def _stored_plane(data, wts, store, avg, scr, s, L, lab, base):
-    """Both working-set plane operations (same signature): refused."""
-    if _graph(data):
-        def impl(data, wts, store, avg, scr, s, L, lab, base):
-            _fail()
-            return np.nan
-        return impl
-
-
-@overload(ops.corner_labels, jit_options={"cache": True})
-def _corner_labels(data, wts, store, avg, scr, L):
-    if _graph(data):
-        def impl(data, wts, store, avg, scr, L):
-            _fail()
-            return np.zeros(0, dtype=np.int32)
-        return impl
-
-
-@overload(ops.active_set_step, jit_options={"cache": True})
-def _active_set_step(data, wts, store, avg, scr, kind, i, s, L, j_s, j_a, values, clock, step, planes):
-    if _graph(data):
-        def impl(data, wts, store, avg, scr, kind, i, s, L, j_s, j_a, values, clock, step, planes):
-            _fail()
-        return impl
+    Per step ``j`` (block ``i = order[j]``): the loss-augmented oracle -- node gains and edge penalties
+    (:func:`~torch_bcfw.inference.graphcut_pool.cut_inputs`, as the batched oracle) and the cut by PyMaxflow
+    (:func:`_cut`, in object mode) -- then :func:`_fused_block_step`; ``gaps[j]`` receives its block gap.  The
+    :data:`LOOP_TOTALS` record ``totals[0]`` is updated after every step, so an exception raised by the cut (Ctrl-C)
+    leaves it consistent with the finished steps.  Returns the number of steps done: fewer than ``len(order)`` when the
+    unchecked pairwise weights are below ``-NEGATIVE_TOLERANCE`` (the caller raises)."""
+    tot = totals[0]
+    W = w.W
+    F = graphs.F
+    ts = np.zeros(2, dtype=np.int64)
+    for j in range(order.shape[0]):
+        i = order[j]
+        rec = graphs.records[i]
+        t0 = _now(ts)
+        w_u = W[:F]
+        w_p = W[F:]
+        if not graphs.checked:
+            if w_p.size and w_p.min() < -NEGATIVE_TOLERANCE:
+                return j
+            w_p = np.maximum(w_p, 0.0)
+        edges = rec.edges
+        _, gain, c = cut_inputs(rec.x, w_u, rec.node_scale, rec.aug, True, edges, rec.edge_x, w_p, rec.inv_z)
+        if c.shape[0] == 0:
+            seg = gain > 0.0
+        else:
+            with objmode(seg="boolean[::1]"):
+                seg = _cut(gain, edges, c)
+        tot.oracle_seconds += _now(ts) - t0
+        num, gamma, ell_i, new_ell = _fused_block_step(seg, rec, i, graphs.seg_off[i], graphs.phi_true[i], w, blocks,
+                                                       avg, lam, step_code, tot.k, tot.clock, averaging)
+        gaps[j] = num
+        if gamma != 0.0:
+            tot.ell += new_ell - ell_i
+            tot.avg_ell_u += average_weight(tot.clock) * (new_ell - ell_i)
+        tot.k += 1
+        tot.clock += 1
+    return order.shape[0]
 
 
 class GraphCutDualState(DenseDualState):
@@ -391,63 +310,70 @@ class GraphCutDualState(DenseDualState):
             return self._stash[2]
         return self.model.joint_feature(self.block_data(i), y)[0, self.F:]
 
-    # ------------------------------------------------------------ the fused step loop
-    def _blocks(self) -> tuple:
-        """For :meth:`kernel` (built once): the blocks' :data:`~torch_bcfw.inference.graphcut_pool.GraphRecord`
-        (the model's cached per-graph CPU arrays, shared with the batched oracle) as a numba typed list,
-        ``phi(x_i, y_i): float64[n, d]`` and the node offsets ``int64[n + 1]``."""
-        blocks = self.__dict__.get("_np_blocks")
-        if blocks is None:
+    # ------------------------------------------------------------ the compiled step loop
+    def _graphs(self) -> GraphCutGraphs:
+        """For :meth:`run_plan` (built once): the blocks' :class:`~torch_bcfw.inference.graphcut_pool.GraphRecord` (the
+        model's cached per-graph CPU arrays, shared with the batched oracle) as a numba typed list,
+        ``phi(x_i, y_i): float64[n, d]`` and the node offsets ``int64[n + 1]``; ``checked`` is set per call."""
+        graphs = self.__dict__.get("_np_graphs")
+        if graphs is None:
             self._true_pairwise()
             records = List()
             for rec in self.model.graph_records(self.data):
-                records.append(tuple(np.ascontiguousarray(a) for a in rec[:9]) + (float(rec[9]),))
-            blocks = (records, np.ascontiguousarray(self._phi_true.cpu().numpy()),
-                      np.asarray(self._seg, dtype=np.int64))
-            self._np_blocks = blocks
-        return blocks
+                arrays = {k: np.ascontiguousarray(v) for k, v in rec._asdict().items() if k != "inv_z"}
+                records.append(GraphRecord(**arrays, inv_z=float(rec.inv_z)))
+            graphs = GraphCutGraphs(records, np.ascontiguousarray(self._phi_true.cpu().numpy()),
+                                    np.asarray(self._seg, dtype=np.int64), self.F, False)
+            self._np_graphs = graphs
+        return graphs
 
-    def can_run_plan(self, plan) -> bool:
-        """Plain plans run in the compiled driver on CPU, with the model's own oracle, over all the blocks of the
+    def can_run_plan(self, plan: StepPlan) -> bool:
+        """Plain plans run in the compiled loop on CPU, with the model's own oracle, over all the blocks of the
         problem (see :meth:`run_plan`)."""
         return (plan.is_plain and self.data.device.type == "cpu" and self.model.pairwise
                 and self.model.builtin_oracle() and self.n_total == self.n)
 
-    def kernel(self, sums: np.ndarray) -> tuple:
-        """The kernel bundle ``(data, wts, store, avg)`` of the current state (:class:`GraphCutData`; views of its
-        tensors; ``sums = [l, avg_l_u, 0]``)."""
+    def run_plan(self, plan: StepPlan) -> PlanResult:
+        """A plain plan that :meth:`can_run_plan` in the compiled loop :func:`_step_loop` (the iterates of the generic
+        loop up to rounding): the loss-augmented oracle of the batched oracle's per-graph code (gains and penalties
+        compiled, the cut by PyMaxflow called back in object mode) and one compiled kernel per step
+        (:func:`_fused_block_step`: ``phi`` and the loss of the answer, the line search, the averaging and the updates
+        of ``w_i``, ``mu``, ``pw``, ``v`` and ``w``), without per-step interpreter work besides the cut.  The oracle's
+        share of the time is added to :attr:`oracle_seconds`.  Interrupted (Ctrl-C inside the cut), the state holds
+        exactly the finished steps.  Other plans: as every state.
+
+        The graph cut keeps this short loop of its own rather than the chain's decomposition into scores, corners and
+        moves: its oracle is a callback into PyMaxflow and its step computes the answer's features and loss in one
+        fused pass, so the refinements (which need plane scores and general moves) run in the generic loop."""
+        if not self.can_run_plan(plan):
+            return super().run_plan(plan)
         F = self.F
         V, WB, WBa = self.v.numpy(), self.w_blocks.numpy(), self.w_blocks_acc.numpy()
         box = bool(self._box)
         lo = self.lower.numpy() if box else V[:0]
         hi = self.upper.numpy() if box else V[:0]
         W = np.clip(V, lo, hi) if box else V  # updated in place by the kernel
-        checked = box and bool((lo[F:] >= 0.0).all())  # the box keeps w_P >= 0: no per-step check needed
-        records, phi_true, seg_off = self._blocks()
-        return (GraphCutData(records, phi_true, seg_off, F, checked), (V, W, lo, hi, box),
-                (WB, self.mu.numpy(), self.pw.numpy(), self.block_ell.numpy(), sums),
-                (WBa, self.mu_acc.numpy(), self.pw_acc.numpy(), self.acc_w.numpy(), self.avg_last.numpy()))
-
-    def run_plan(self, plan) -> PlanResult:
-        """A plain plan in the compiled driver (:func:`~torch_bcfw.duals.driver.plan_steps`; same iterates as the
-        generic loop up to rounding) with the graph cut's block operations: the loss-augmented oracle of the batched
-        oracle's per-graph code (gains and penalties compiled, the cut by PyMaxflow called back in object mode) and
-        one compiled kernel per step (:func:`_fused_block_step`: ``phi`` and the loss of the answer, the line
-        search, the averaging and the updates of ``w_i``, ``mu``, ``pw``, ``v`` and ``w``), without per-step
-        interpreter work besides the cut.  The oracle's share of the time is added to :attr:`oracle_seconds`.
-        Interrupted (Ctrl-C inside the cut), the state holds exactly the finished steps."""
-        from .driver import ORACLE_REFUSED, drive
-
-        sums = np.array([self.ell, self.avg_ell_u, 0.0])
-        K = self.kernel(sums)
+        graphs = self._graphs()._replace(checked=box and bool((lo[F:] >= 0.0).all()))  # w_P >= 0: no check needed
+        order = np.ascontiguousarray(plan.order, dtype=np.int64)
+        gaps = np.empty(len(order), dtype=np.float64)
+        totals = np.array([(self.ell, self.avg_ell_u, 0.0, self.k, self.avg_t)], dtype=LOOP_TOTALS)
+        done = len(order)
         try:
-            result, status = drive(self, K, sums, plan)
-        finally:
-            self.oracle_seconds += float(sums[2])
+            done = _step_loop(order, int(plan.step_code), bool(plan.averaging), self.lam, graphs,
+                              GraphCutWeights(V, W, lo, hi, box),
+                              GraphCutBlocks(WB, self.mu.numpy(), self.pw.numpy(), self.block_ell.numpy()),
+                              GraphCutAverages(WBa, self.mu_acc.numpy(), self.pw_acc.numpy(), self.acc_w.numpy(),
+                                               self.avg_last.numpy()), totals, gaps)
+        finally:  # also when interrupted: the record already holds every finished step
+            tot = totals[0]
+            self.k, self.avg_t = int(tot["k"]), int(tot["clock"])
+            self.ell, self.avg_ell_u = float(tot["ell"]), float(tot["avg_ell_u"])
+            self.oracle_seconds += float(tot["oracle_seconds"])
             self._sync_w()
-        if status == ORACLE_REFUSED:
-            _checked_pairwise(K[1][1][self.F:])  # raises: negative pairwise weights without a box
-        return result
+        if done < len(order):
+            _checked_pairwise(W[F:])  # raises: negative pairwise weights without a box
+        return PlanResult(steps=done, oracle_calls=done, cache_hits=0, need_gap_pass=False, blocks=order[:done],
+                          gaps=gaps[:done])
 
     # ------------------------------------------------------------ storage hooks
     def block_direction(self, i: int, y: Tensor) -> tuple[Tensor, float]:

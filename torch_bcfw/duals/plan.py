@@ -1,21 +1,19 @@
-"""What a solver hands to a dual state for a chunk of composed BCFW iterations, what comes back, and the one
-generic loop that runs it.
+"""What a solver hands to a dual state for a chunk of composed BCFW iterations, what comes back, and the generic
+loops that run it through any state's public methods.
 
-A :class:`StepPlan` names the parts of one iteration (sampling policy, oracle with an optional working
-set and cache test, step rule) and holds the solver-side arrays they work on (gap estimates and their
-sum tree, the sampler's queue and pre-drawn randomness).  Plain BCFW is the plan with no refinement
-(:meth:`StepPlan.plain`: FW steps on given blocks, nothing measured or kept).  :func:`run_plan` is the one
-entry of every solver of the BCFW family: it runs a plan in the compiled step driver
-(:func:`torch_bcfw.duals.driver.plan_steps`) when the state supplies the block operations the plan needs
-(:meth:`~torch_bcfw.duals.base.DualState.can_run_plan`: the chain's every plan on CPU, the graph cut's plain
-plans), else in the generic step loop :func:`generic_plan_steps` through the state's public methods; the driver
-must give the same trajectory.  A mini-batch plan (:meth:`StepPlan.minibatch`: rounds of distinct blocks, each one joint step,
-optionally split over processes by a ``reduce``) runs in :func:`minibatch_plan_steps`.  This module imports no
-solver: the solvers hand plans over, the states run them.
+A :class:`StepPlan` names the parts of one iteration (sampling policy, oracle with an optional working set and cache
+test, step rule) and holds the solver-side arrays they work on (gap estimates and their sum tree, the sampler's queue
+and pre-drawn randomness).  Plain BCFW is the plan with no refinement (:meth:`StepPlan.plain`).  A state runs a plan
+with :meth:`~torch_bcfw.duals.base.DualState.run_plan`: one-block plans in :func:`generic_plan_steps` (or the state's
+compiled loop, which must give the same trajectory), mini-batch plans in :func:`run_rounds`, the one round loop of
+every state, local or split over processes.  :func:`compiled_plan` gives a plan's parts as the named groups a
+compiled loop takes.  The iteration itself, step by step, is in ``docs/anatomy.md``.  This module imports no solver
+and no state.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -24,11 +22,16 @@ from .stepsize import AWAY_RULE, FW_RULE, PAIRWISE_RULE, away_choice, cache_hit,
 from .sumtree import est_set, gap_draw, gap_draw_round
 from .working_set import block_labelings, ws_away_update, ws_corners, ws_fw_update, ws_pairwise_update
 
-__all__ = ["StepPlan", "GapDraws", "CacheTest", "MultiPlane", "WorkingSetUse", "Rounds", "PlanResult", "MP_EXACT",
-           "MP_APPROX", "generic_plan_steps", "minibatch_plan_steps", "run_plan"]
+__all__ = ["StepPlan", "GapDraws", "CacheTest", "MultiPlane", "WorkingSetUse", "Rounds", "PlanResult", "RoundStep",
+           "MP_EXACT", "MP_APPROX", "PlanFlags", "Sampling", "Running", "Progress", "DONE", "NEED_GAP_PASS",
+           "compiled_plan", "generic_plan_steps", "run_rounds"]
 
 MP_EXACT = 1   #: multi-plane BCFW: exact steps, the oracle answers join the planes
 MP_APPROX = 2  #: multi-plane BCFW: approximate steps on the best stored plane
+
+#: :attr:`Progress.status` of a compiled chunk: it ran; gap sampling found every estimate zero (an exact gap pass
+#: must refresh them)
+DONE, NEED_GAP_PASS = 0, 1
 
 
 @dataclass
@@ -95,10 +98,9 @@ class WorkingSetUse:
 @dataclass
 class Rounds:
     """Mini-batch BCFW (Wang et al. 2016): ``offsets`` (``int64[r + 1]``) cut the plan's ``order`` into rounds of
-    distinct blocks, each one joint step (:meth:`DualState.minibatch_step`); ``reduce``: for rounds split over
-    processes, the callable that sums a round's ``(V, sums)`` over them.  With gap sampling the slots
-    ``offsets[j]:offsets[j + 1]`` are filled inside the loop (:func:`~torch_bcfw.duals.sumtree.gap_draw_round`) and
-    unfilled slots stay -1."""
+    distinct blocks, each one joint step (:meth:`DualState.round_step`); ``reduce``: for rounds split over processes,
+    the callable that sums a round's ``(V, sums)`` over them.  With gap sampling the slots ``offsets[j]:offsets[j + 1]``
+    are filled inside the loop (:func:`~torch_bcfw.duals.sumtree.gap_draw_round`) and unfilled slots stay -1."""
 
     offsets: np.ndarray
     reduce: object = None
@@ -190,14 +192,123 @@ class PlanResult:
     rounds: int = 0
 
 
+@dataclass
+class RoundStep:
+    """One joint step of a round (:meth:`~torch_bcfw.duals.base.DualState.round_step`): the line search's numerator
+    ``num`` (the sum of the round's block gaps over all processes), the step ``gamma``, the round's blocks over all
+    processes ``tau`` (0: none anywhere, no step taken), and for this process' blocks their gaps ``gaps`` (when the
+    plan keeps estimates), their corners' planes in the working set ``planes`` and the cache hits ``hit`` (when it
+    keeps one)."""
+
+    num: float
+    gamma: float
+    tau: int
+    gaps: np.ndarray | None = None
+    planes: np.ndarray | None = None
+    hit: np.ndarray | None = None
+
+
+# ---------------------------------------------------------------- a plan's parts as a compiled loop takes them
+class PlanFlags(NamedTuple):
+    """The parts of a one-block plan: ``m`` iterations, step ``rule`` and ``step_code``, ``averaging``; ``by_gap``
+    (gap sampling, else the blocks of the order); ``track_estimates`` (the oracle's block gaps update the estimates);
+    the working set (``use_working_set``, ``keep_inactive``, ``max_size``), the cache test (``cache``, ``cache_F``,
+    ``cache_threshold``), MP-BCFW's ``planes`` (0, ``MP_EXACT`` or ``MP_APPROX``) with ``stamp``, ``cutoff`` and
+    ``max_planes``, and ``running_average`` (MP-BCFW-avg's, after every step)."""
+
+    m: int
+    rule: int
+    step_code: int
+    averaging: bool
+    by_gap: bool
+    track_estimates: bool
+    use_working_set: bool
+    keep_inactive: bool
+    max_size: int
+    cache: bool
+    cache_F: float
+    cache_threshold: float
+    planes: int
+    stamp: float
+    cutoff: float
+    max_planes: int
+    running_average: bool
+
+
+class Sampling(NamedTuple):
+    """The blocks of a plan: ``order`` (uniform / permutation sampling) or gap sampling's ``uniforms``, never-visited
+    ``queue`` and its position ``queue_pos`` (``int64[1]``), and the estimates ``est`` with their sum tree ``tree``
+    of ``tree_size`` leaves over ``est^power`` (empty arrays for the parts a plan does not have)."""
+
+    order: np.ndarray
+    uniforms: np.ndarray
+    queue: np.ndarray
+    queue_pos: np.ndarray
+    est: np.ndarray
+    tree: np.ndarray
+    tree_size: int
+    power: float
+
+
+#: MP-BCFW-avg's running average of ``l`` and its number of updates (one record, :attr:`Running.totals`)
+RUNNING = np.dtype([("ell", np.float64), ("k", np.float64)])
+
+
+class Running(NamedTuple):
+    """MP-BCFW-avg's running average: ``avg_v`` of the weights ``v`` (the state's untruncated ``w``) and ``totals``
+    (one :data:`RUNNING` record)."""
+
+    v: np.ndarray
+    avg_v: np.ndarray
+    totals: np.ndarray
+
+
+class Progress(NamedTuple):
+    """What a compiled chunk did: iterations ``done``, ``oracle_calls``, ``cache_hits``, ``status`` (:data:`DONE` or
+    :data:`NEED_GAP_PASS`) and the state's counters ``k`` and ``clock`` (``avg_t``) after it."""
+
+    done: int
+    oracle_calls: int
+    cache_hits: int
+    status: int
+    k: int
+    clock: int
+
+
+def compiled_plan(plan: StepPlan, v: np.ndarray) -> tuple[PlanFlags, Sampling, Running]:
+    """The parts of the one-block ``plan`` as a compiled loop takes them (``v``: the state's untruncated weights,
+    which MP-BCFW-avg's running average follows)."""
+    wsu = plan.working_set if plan.working_set is not None else WorkingSetUse()
+    cache = wsu.cache if wsu.cache is not None else CacheTest()
+    planes = wsu.planes if wsu.planes is not None else MultiPlane(0, 0.0)
+    run = planes.running
+    flags = PlanFlags(int(plan.m), int(plan.rule), int(plan.step_code), bool(plan.averaging), plan.gap is not None,
+                      plan.estimates is not None, plan.working_set is not None, bool(wsu.keep_inactive),
+                      int(wsu.max_size), wsu.cache is not None, float(cache.F), float(cache.glob_thr),
+                      int(planes.mode), float(planes.stamp), float(planes.cutoff), int(planes.max_planes),
+                      run is not None)
+    order = plan.order if plan.order is not None else np.zeros(0, dtype=np.int64)
+    gap, est = plan.gap, plan.estimates
+    uniforms, queue, qpos = ((gap.uniforms, gap.queue, gap.smeta) if gap is not None
+                             else (np.zeros(0), np.zeros(0, dtype=np.int64), np.zeros(1, dtype=np.int64)))
+    e, tree, size, power = (est.est, est.tree, int(est.size), float(est.power)) if est is not None else (
+        np.zeros(0), np.zeros(2), 1, 1.0)
+    sampling = Sampling(np.ascontiguousarray(order, dtype=np.int64), np.ascontiguousarray(uniforms, dtype=np.float64),
+                        queue, qpos, e, tree, size, power)
+    running = (Running(v, run.v.numpy(), np.array([(run.ell, run.k)], dtype=RUNNING)) if run is not None
+               else Running(v, np.zeros(1), np.zeros(1, dtype=RUNNING)))
+    return flags, sampling, running
+
+
 def _as_labels(y, device) -> torch.Tensor:
     return torch.as_tensor(np.asarray(y), dtype=torch.long).reshape(-1).to(device)
 
 
+# ---------------------------------------------------------------- the generic loops
 def generic_plan_steps(state, plan: StepPlan) -> PlanResult:
-    """Run ``plan`` on ``state`` one block at a time through the state's public methods (``block_value``,
-    ``corner_values``, ``block_oracle``, ``block_step``, ``block_move``); see :mod:`torch_bcfw.solvers.variants`
-    for the iteration.  A plain plan measures nothing: its block gaps are those of the FW steps
+    """Run the one-block ``plan`` on ``state`` one block at a time through the state's public methods
+    (``block_value``, ``corner_values``, ``block_oracle``, ``block_step``, ``block_move``); the iteration is that of
+    ``docs/anatomy.md``.  A plain plan measures nothing: its block gaps are those of the FW steps
     (:meth:`~torch_bcfw.duals.base.DualState.block_step`)."""
     m = int(plan.m)
     gaps = np.full(m, np.nan)
@@ -227,7 +338,7 @@ def generic_plan_steps(state, plan: StepPlan) -> PlanResult:
         if ws is not None and mp != MP_EXACT:
             ys = ws.labelings(i)
             ws.scores(i)[:] = state.corner_values(i, ys)
-            jmax, jmin, nact = (int(v) for v in ws_corners(i, ws.start, ws.size, ws.key, ws.fl))
+            jmax, jmin, nact = (int(v) for v in ws_corners(ws.arrays(), i))
             if cache is not None:
                 hit = bool(cache_hit(float(ws.scores(i)[jmax]) - h_i, float(est.est[i]), float(cache.F),
                                      float(cache.glob_thr)))
@@ -268,7 +379,7 @@ def generic_plan_steps(state, plan: StepPlan) -> PlanResult:
             if not measure:
                 gaps[j] = num
             if ws is not None and gamma != 0.0:
-                ws_fw_update(i, j_s, gamma, ws.start, ws.size, ws.fl)
+                ws_fw_update(ws.arrays(), i, j_s, gamma)
         elif kind in (PAIRWISE_RULE, AWAY_RULE) and not (kind == PAIRWISE_RULE and jmin == j_s):
             alpha_a = float(ws.alphas(i)[jmin])
             y_a = _as_labels(ws.labeling(i, jmin), dev)
@@ -276,9 +387,9 @@ def generic_plan_steps(state, plan: StepPlan) -> PlanResult:
                                               averaging=plan.averaging)
             if gamma != 0.0:
                 if kind == PAIRWISE_RULE:
-                    ws_pairwise_update(i, j_s, jmin, gamma, drop, ws.start, ws.fl)
+                    ws_pairwise_update(ws.arrays(), i, j_s, jmin, gamma, drop)
                 else:
-                    ws_away_update(i, jmin, gamma, drop, ws.start, ws.size, ws.fl)
+                    ws_away_update(ws.arrays(), i, jmin, gamma, drop)
         else:
             state.skip_step()
         if ws is not None and not wsu.keep_inactive:
@@ -292,7 +403,7 @@ def generic_plan_steps(state, plan: StepPlan) -> PlanResult:
                       blocks=blocks[:done], gaps=gaps[:done])
 
 
-def _round_corners(state, plan: StepPlan, blocks: list[int]):
+def round_corners(state, plan: StepPlan, blocks: list[int]):
     """The corners of a round's blocks with the cache (Osokin et al. 2016, Alg. 5, per block): a block whose best
     cached labeling passes the cache test moves towards it, the others towards the answers of ONE batched oracle call
     at the round's ``w``; the oracle answers join the working set.  The test itself is batched: every cached labeling
@@ -315,7 +426,7 @@ def _round_corners(state, plan: StepPlan, blocks: list[int]):
         for q, i in enumerate(blocks):
             ws.scores(i)[:] = scores[at:at + int(ws.size[i])]
             at += int(ws.size[i])
-            jmax = int(ws_corners(i, ws.start, ws.size, ws.key, ws.fl)[0])
+            jmax = int(ws_corners(ws.arrays(), i)[0])
             if cache_hit(float(ws.scores(i)[jmax]) - float(h[q]), float(est.est[i]), float(cache.F),
                          float(cache.glob_thr)):
                 hit[q], js[q], labs[q] = True, jmax, ws.labeling(i, jmax).astype(np.int64)
@@ -333,20 +444,17 @@ def _round_corners(state, plan: StepPlan, blocks: list[int]):
     return sub, y, js, hit
 
 
-def minibatch_plan_steps(state, plan: StepPlan) -> PlanResult:
-    """Run a mini-batch plan: per round one batched oracle call on the round's blocks at the same ``w``
-    (:meth:`DualState.subset_oracle`) and one joint step (:meth:`DualState.minibatch_step`).  ``gaps`` holds each
-    round's line-search numerator (the sum of its block gaps) at the round's first slot, ``nan`` elsewhere.  With gap
-    sampling each round draws its blocks from the estimates, which take the round's block gaps; a round that finds
-    every estimate zero (on every process) ends the chunk and asks for an exact gap pass.  With the cache
-    (``plan.working_set.cache``) the oracle is called for the blocks that miss it (:func:`_round_corners`), only their gaps
-    update the estimates, and the working set follows every step."""
-    if state.can_run_minibatch() and plan.working_set is None:
-        return state.run_minibatch(plan)
-    gap, est, offsets, reduce = plan.gap, plan.estimates, plan.rounds.offsets, plan.rounds.reduce
+def run_rounds(state, plan: StepPlan) -> PlanResult:
+    """Run a mini-batch plan, local or split over processes (``plan.rounds.reduce``, handed to the joint step): per
+    round its blocks (drawn from the estimates with gap sampling) and one joint step
+    (:meth:`DualState.round_step <torch_bcfw.duals.base.DualState.round_step>`).  ``gaps`` holds each round's
+    line-search numerator (the sum of its block gaps) at the round's first slot, ``nan`` elsewhere.  With gap sampling
+    the estimates take the round's block gaps, and a round that finds every estimate zero (on every process) ends the
+    chunk and asks for an exact gap pass.  With the cache (``plan.working_set``) the working set follows every step
+    and a hit keeps its estimate (Alg. 5)."""
+    gap, est, offsets = plan.gap, plan.estimates, plan.rounds.offsets
     ws = state.working_set if plan.working_set is not None else None
     order = plan.order
-    dev = state.w.device
     gaps = np.full(len(order), np.nan)
     taken = blocks_done = n_hits = 0
     need_pass = False
@@ -354,54 +462,25 @@ def minibatch_plan_steps(state, plan: StepPlan) -> PlanResult:
         a, b = int(offsets[j]), int(offsets[j + 1])
         if gap is not None:
             b = a + int(gap_draw_round(gap.queue, gap.smeta, est.tree, est.size, gap.uniforms[a:b], order[a:b]))
-        blocks = order[a:b].tolist()
-        idx = torch.as_tensor(blocks, dtype=torch.long).to(dev)
-        hit = np.zeros(len(blocks), dtype=bool)
-        if not blocks:  # a process without a block in the round (or none left to draw)
-            sub = y = None
-        elif ws is not None:
-            sub, y, js, hit = _round_corners(state, plan, blocks)
-        else:
-            sub, y = state.subset_oracle(idx)
-        bgaps = np.empty(len(blocks)) if est is not None else None
-        num, gamma, tau = state.minibatch_step(idx, sub, y, plan.step_code, plan.averaging, reduce, bgaps)
-        if tau == 0:  # gap sampling: every estimate is zero on every process
+        blocks = order[a:b]
+        r = state.round_step(blocks, plan)
+        if r.tau == 0:  # gap sampling: every estimate is zero on every process
             need_pass = True
             break
-        if ws is not None and gamma != 0.0:
-            for i, jj in zip(blocks, js.tolist()):
-                ws_fw_update(i, jj, gamma, ws.start, ws.size, ws.fl)
-        if bgaps is not None:
-            for i, g, h in zip(blocks, bgaps.tolist(), hit.tolist()):
-                # a cached corner's gap is not the block's gap: a hit keeps its estimate (Alg. 5; its leaf, zeroed
-                # by the draw, comes back)
+        hit = r.hit if r.hit is not None else np.zeros(len(blocks), dtype=bool)
+        if ws is not None and r.gamma != 0.0:
+            for i, jj in zip(blocks.tolist(), r.planes.tolist()):
+                ws_fw_update(ws.arrays(), i, jj, r.gamma)
+        if est is not None:
+            for i, g, h in zip(blocks.tolist(), r.gaps.tolist(), hit.tolist()):
+                # a cached corner's gap is not the block's gap: a hit keeps its estimate (its leaf, zeroed by the
+                # draw, comes back)
                 est_set(est.est, est.tree, est.size, i, float(est.est[i]) if h else g, est.power, gap is not None)
-        if blocks:
-            gaps[a] = num
+        if len(blocks):
+            gaps[a] = r.num
         taken += 1
-        blocks_done += tau
+        blocks_done += r.tau
         n_hits += int(hit.sum())
     slots = int(offsets[taken])
     return PlanResult(steps=slots, oracle_calls=blocks_done - n_hits, cache_hits=n_hits, need_gap_pass=need_pass,
                       blocks=order[:slots], gaps=gaps[:slots], rounds=taken)
-
-
-def gap_groups(plan) -> tuple:
-    """``(uniforms, queue, smeta, est, tree, size, power)`` of a plan's gap sampling and estimates for the compiled
-    kernels (empty arrays for the parts it does not have)."""
-    gap, est = plan.gap, plan.estimates
-    uniforms, queue, smeta = ((gap.uniforms, gap.queue, gap.smeta) if gap is not None
-                              else (np.zeros(0), np.zeros(0, dtype=np.int64), np.zeros(1, dtype=np.int64)))
-    e = (est.est, est.tree, int(est.size), float(est.power)) if est is not None else (np.zeros(0), np.zeros(2), 1, 1.0)
-    return (np.ascontiguousarray(uniforms, dtype=np.float64), queue, smeta) + e
-
-
-def run_plan(state, plan: StepPlan, generic: bool = False) -> PlanResult:
-    """Run ``plan`` on ``state``: mini-batch rounds in :func:`minibatch_plan_steps`; otherwise in the compiled step
-    driver when the state runs that plan there (:meth:`DualState.can_run_plan`), else in
-    :func:`generic_plan_steps`; ``generic``: always the generic loop."""
-    if plan.rounds is not None:
-        return minibatch_plan_steps(state, plan)
-    if not generic and state.can_run_plan(plan):
-        return state.run_plan(plan)
-    return generic_plan_steps(state, plan)

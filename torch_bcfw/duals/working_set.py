@@ -40,20 +40,42 @@ shifts), so argmax / argmin ties are broken the same way by every step loop.
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 import torch
 from numba import njit
 
-__all__ = ["WorkingSet", "block_labelings", "label_hash", "ALPHA", "LOSS", "SCORE", "LAST", "ACC"]
+__all__ = ["WorkingSet", "Pool", "block_labelings", "label_hash", "ALPHA", "LOSS", "SCORE", "LAST", "ACC"]
 
 #: columns of the float pool ``fl[P, NCOL]``
 ALPHA, LOSS, SCORE, LAST, ACC = 0, 1, 2, 3, 4
 NCOL = 5
-#: entries of ``meta``: first free plane slot, first free label slot
-TOP_SLOT, TOP_LAB = 0, 1
+#: the pool's first free plane slot and first free label slot (one record, :attr:`Pool.free`)
+FREE = np.dtype([("slot", np.int64), ("label", np.int64)])
 
 _FNV_OFFSET = np.uint64(14695981039346656037)
 _FNV_PRIME = np.uint64(1099511628211)
+
+
+class Pool(NamedTuple):
+    """The arrays of a :class:`WorkingSet`, as the compiled helpers ``ws_*`` take them.
+
+    Block ``i`` owns plane slots ``start[i] .. start[i] + cap[i]`` (``size[i]`` used) and label slots from
+    ``lab_start[i]`` (``lab_len[i]`` labels per plane); ``key[P]`` (uint64), ``fl[P, NCOL]`` (float64 columns
+    ``ALPHA, LOSS, SCORE, LAST, ACC``) and ``lab`` (int32) are the pool; ``incomplete[i]`` marks a block whose
+    listed planes no longer hold all of its mass.  A helper that reallocates the pool returns a new ``Pool``."""
+
+    start: np.ndarray
+    cap: np.ndarray
+    size: np.ndarray
+    lab_start: np.ndarray
+    lab_len: np.ndarray
+    free: np.ndarray
+    key: np.ndarray
+    fl: np.ndarray
+    lab: np.ndarray
+    incomplete: np.ndarray
 
 
 @njit(cache=True)
@@ -69,17 +91,17 @@ def label_hash(y) -> np.uint64:
 
 
 @njit(cache=True)
-def ws_find(i, h, y, start, size, lab_start, lab_len, key, lab) -> int:
+def ws_find(ws, i, h, y) -> int:
     """Position (0-based inside block ``i``) of the plane with labeling ``y`` (hash ``h``), or -1."""
-    L = lab_len[i]
-    s0 = start[i]
-    l0 = lab_start[i]
-    for j in range(size[i]):
-        if key[s0 + j] == h:
+    L = ws.lab_len[i]
+    s0 = ws.start[i]
+    l0 = ws.lab_start[i]
+    for j in range(ws.size[i]):
+        if ws.key[s0 + j] == h:
             same = True
             base = l0 + j * L
             for t in range(L):
-                if lab[base + t] != y[t]:
+                if ws.lab[base + t] != y[t]:
                     same = False
                     break
             if same:
@@ -88,14 +110,16 @@ def ws_find(i, h, y, start, size, lab_start, lab_len, key, lab) -> int:
 
 
 @njit(cache=True)
-def ws_grow(i, start, cap, lab_start, lab_len, size, meta, key, fl, lab):
+def ws_grow(ws, i):
     """Give block ``i`` a region of twice its capacity at the end of the pool (reallocating the pool if needed).
 
-    Returns the (possibly new) ``key, fl, lab`` arrays.
+    Returns the :class:`Pool` (new arrays when reallocated).
     """
-    L = lab_len[i]
-    newcap = 2 * cap[i] if cap[i] > 0 else 4
-    need_s = meta[TOP_SLOT] + newcap
+    key, fl, lab = ws.key, ws.fl, ws.lab
+    free = ws.free[0]
+    L = ws.lab_len[i]
+    newcap = 2 * ws.cap[i] if ws.cap[i] > 0 else 4
+    need_s = free.slot + newcap
     if need_s > key.shape[0]:
         P = max(2 * key.shape[0], need_s)
         k2 = np.zeros(P, dtype=key.dtype)
@@ -103,74 +127,75 @@ def ws_grow(i, start, cap, lab_start, lab_len, size, meta, key, fl, lab):
         k2[: key.shape[0]] = key
         f2[: fl.shape[0]] = fl
         key, fl = k2, f2
-    need_l = meta[TOP_LAB] + newcap * L
+    need_l = free.label + newcap * L
     if need_l > lab.shape[0]:
         Q = max(2 * lab.shape[0], need_l)
         l2 = np.zeros(Q, dtype=lab.dtype)
         l2[: lab.shape[0]] = lab
         lab = l2
-    s_new = meta[TOP_SLOT]
-    l_new = meta[TOP_LAB]
-    s_old = start[i]
-    l_old = lab_start[i]
-    for j in range(size[i]):
+    s_new = free.slot
+    l_new = free.label
+    s_old = ws.start[i]
+    l_old = ws.lab_start[i]
+    for j in range(ws.size[i]):
         key[s_new + j] = key[s_old + j]
         for c in range(fl.shape[1]):
             fl[s_new + j, c] = fl[s_old + j, c]
-    for t in range(size[i] * L):
+    for t in range(ws.size[i] * L):
         lab[l_new + t] = lab[l_old + t]
-    start[i] = s_new
-    lab_start[i] = l_new
-    cap[i] = newcap
-    meta[TOP_SLOT] = s_new + newcap
-    meta[TOP_LAB] = l_new + newcap * L
-    return key, fl, lab
+    ws.start[i] = s_new
+    ws.lab_start[i] = l_new
+    ws.cap[i] = newcap
+    free.slot = s_new + newcap
+    free.label = l_new + newcap * L
+    return Pool(ws.start, ws.cap, ws.size, ws.lab_start, ws.lab_len, ws.free, key, fl, lab, ws.incomplete)
 
 
 @njit(cache=True)
-def ws_write(i, j, h, y, loss, alpha, start, lab_start, lab_len, key, fl, lab):
+def ws_write(ws, i, j, h, y, loss, alpha):
     """Overwrite plane ``j`` of block ``i`` with labeling ``y``."""
-    s = start[i] + j
-    key[s] = h
-    fl[s, ALPHA] = alpha
-    fl[s, LOSS] = loss
-    fl[s, SCORE] = 0.0
-    fl[s, LAST] = 0.0
-    fl[s, ACC] = 0.0
-    L = lab_len[i]
-    base = lab_start[i] + j * L
+    s = ws.start[i] + j
+    ws.key[s] = h
+    ws.fl[s, ALPHA] = alpha
+    ws.fl[s, LOSS] = loss
+    ws.fl[s, SCORE] = 0.0
+    ws.fl[s, LAST] = 0.0
+    ws.fl[s, ACC] = 0.0
+    L = ws.lab_len[i]
+    base = ws.lab_start[i] + j * L
     for t in range(L):
-        lab[base + t] = y[t]
+        ws.lab[base + t] = y[t]
 
 
 @njit(cache=True)
-def ws_remove(i, j, start, size, lab_start, lab_len, key, fl, lab) -> None:
+def ws_remove(ws, i, j) -> None:
     """Remove plane ``j`` of block ``i`` (later planes shift down: the order is kept)."""
-    s0 = start[i]
-    L = lab_len[i]
-    l0 = lab_start[i]
-    for q in range(j, size[i] - 1):
+    s0 = ws.start[i]
+    L = ws.lab_len[i]
+    l0 = ws.lab_start[i]
+    key, fl, lab = ws.key, ws.fl, ws.lab
+    for q in range(j, ws.size[i] - 1):
         key[s0 + q] = key[s0 + q + 1]
         for c in range(fl.shape[1]):
             fl[s0 + q, c] = fl[s0 + q + 1, c]
         for t in range(L):
             lab[l0 + q * L + t] = lab[l0 + (q + 1) * L + t]
-    size[i] -= 1
+    ws.size[i] -= 1
 
 
 @njit(cache=True)
-def ws_drop_inactive(i, start, size, lab_start, lab_len, key, fl, lab) -> None:
+def ws_drop_inactive(ws, i) -> None:
     """Remove every plane of block ``i`` with ``alpha == 0`` (keeping the order of the others)."""
     j = 0
-    while j < size[i]:
-        if fl[start[i] + j, ALPHA] == 0.0:
-            ws_remove(i, j, start, size, lab_start, lab_len, key, fl, lab)
+    while j < ws.size[i]:
+        if ws.fl[ws.start[i] + j, ALPHA] == 0.0:
+            ws_remove(ws, i, j)
         else:
             j += 1
 
 
 @njit(cache=True)
-def ws_evict_lru(i, start, size, lab_start, lab_len, key, fl, lab, incomplete) -> int:
+def ws_evict_lru(ws, i) -> int:
     """Remove the plane of block ``i`` that has been inactive longest (smallest ``last``; the earliest
     stored among equals) and return its old position (-1 for an empty block).
 
@@ -178,39 +203,39 @@ def ws_evict_lru(i, start, size, lab_start, lab_len, key, fl, lab, incomplete) -
     ``incomplete[i]``: its mass stays in the state's ``w_i`` but is no longer listed (footnote 1 of the
     paper: correctness does not need it).
     """
-    if size[i] == 0:
+    if ws.size[i] == 0:
         return -1
-    s0 = start[i]
+    s0 = ws.start[i]
     best = 0
-    for j in range(1, size[i]):
-        if fl[s0 + j, LAST] < fl[s0 + best, LAST]:
+    for j in range(1, ws.size[i]):
+        if ws.fl[s0 + j, LAST] < ws.fl[s0 + best, LAST]:
             best = j
-    if fl[s0 + best, ALPHA] > 0.0:
-        incomplete[i] = 1
-    ws_remove(i, best, start, size, lab_start, lab_len, key, fl, lab)
+    if ws.fl[s0 + best, ALPHA] > 0.0:
+        ws.incomplete[i] = 1
+    ws_remove(ws, i, best)
     return best
 
 
 @njit(cache=True)
-def ws_drop_stale(i, cutoff, start, size, lab_start, lab_len, key, fl, lab, incomplete) -> int:
+def ws_drop_stale(ws, i, cutoff) -> int:
     """Remove every plane of block ``i`` with ``last < cutoff`` but never the last one standing (the most
     recently active plane is kept when all are stale); returns the number removed.
 
     MP-BCFW's inactivity rule (Alg. 3, line 6, run on the block just processed by an approximate pass).
     Like :func:`ws_evict_lru` it sets ``incomplete[i]`` when it drops a plane with ``alpha > 0``.
     """
-    s0 = start[i]
+    s0 = ws.start[i]
     keep = -1
-    for j in range(size[i]):
-        if keep < 0 or fl[s0 + j, LAST] > fl[s0 + keep, LAST]:
+    for j in range(ws.size[i]):
+        if keep < 0 or ws.fl[s0 + j, LAST] > ws.fl[s0 + keep, LAST]:
             keep = j
     removed = 0
     j = 0
-    while j < size[i]:
-        if j != keep and fl[s0 + j, LAST] < cutoff:
-            if fl[s0 + j, ALPHA] > 0.0:
-                incomplete[i] = 1
-            ws_remove(i, j, start, size, lab_start, lab_len, key, fl, lab)
+    while j < ws.size[i]:
+        if j != keep and ws.fl[s0 + j, LAST] < cutoff:
+            if ws.fl[s0 + j, ALPHA] > 0.0:
+                ws.incomplete[i] = 1
+            ws_remove(ws, i, j)
             if keep > j:
                 keep -= 1
             removed += 1
@@ -220,9 +245,8 @@ def ws_drop_stale(i, cutoff, start, size, lab_start, lab_len, key, fl, lab, inco
 
 
 @njit(cache=True)
-def ws_insert(i, h, y, loss, max_size, allow_grow_active,
-              start, cap, size, lab_start, lab_len, meta, key, fl, lab, incomplete):
-    """Add labeling ``y`` (hash ``h``, ``alpha = 0``) to block ``i``; return ``(j, key, fl, lab)``.
+def ws_insert(ws, i, h, y, loss, max_size, allow_grow_active):
+    """Add labeling ``y`` (hash ``h``, ``alpha = 0``) to block ``i``; return ``(j, pool)``.
 
     ``y`` must not be stored yet.  When the block already holds ``max_size`` planes (``max_size > 0``):
 
@@ -234,60 +258,63 @@ def ws_insert(i, h, y, loss, max_size, allow_grow_active,
 
     Scores are those written by the last scoring of the block (the current step's, for the solvers).
     """
-    if max_size > 0 and size[i] >= max_size:
-        s0 = start[i]
+    if max_size > 0 and ws.size[i] >= max_size:
+        s0 = ws.start[i]
+        fl = ws.fl
         best = -1
-        for j in range(size[i]):
+        for j in range(ws.size[i]):
             if fl[s0 + j, ALPHA] == 0.0 and (best < 0 or fl[s0 + j, SCORE] < fl[s0 + best, SCORE]):
                 best = j
         if best < 0 and not allow_grow_active:
-            for j in range(size[i]):
+            for j in range(ws.size[i]):
                 if best < 0 or fl[s0 + j, SCORE] < fl[s0 + best, SCORE]:
                     best = j
-            incomplete[i] = 1
+            ws.incomplete[i] = 1
         if best >= 0:
-            ws_write(i, best, h, y, loss, 0.0, start, lab_start, lab_len, key, fl, lab)
-            return best, key, fl, lab
-    if size[i] >= cap[i]:
-        key, fl, lab = ws_grow(i, start, cap, lab_start, lab_len, size, meta, key, fl, lab)
-    j = size[i]
-    size[i] += 1
-    ws_write(i, j, h, y, loss, 0.0, start, lab_start, lab_len, key, fl, lab)
-    return j, key, fl, lab
+            ws_write(ws, i, best, h, y, loss, 0.0)
+            return best, ws
+    if ws.size[i] >= ws.cap[i]:
+        ws = ws_grow(ws, i)
+    j = ws.size[i]
+    ws.size[i] += 1
+    ws_write(ws, i, j, h, y, loss, 0.0)
+    return j, ws
 
 
 @njit(cache=True)
-def ws_fw_update(i, j_s, gamma, start, size, fl) -> None:
+def ws_fw_update(ws, i, j_s, gamma) -> None:
     """``alpha_i <- (1 - gamma) alpha_i + gamma e_s`` (a full step ``gamma = 1`` leaves exactly ``e_s``)."""
-    s0 = start[i]
+    s0 = ws.start[i]
+    fl = ws.fl
     if gamma >= 1.0:
-        for j in range(size[i]):
+        for j in range(ws.size[i]):
             fl[s0 + j, ALPHA] = 0.0
         fl[s0 + j_s, ALPHA] = 1.0
         return
     keep = 1.0 - gamma
-    for j in range(size[i]):
+    for j in range(ws.size[i]):
         fl[s0 + j, ALPHA] *= keep
     fl[s0 + j_s, ALPHA] += gamma
 
 
 @njit(cache=True)
-def ws_pairwise_update(i, j_s, j_a, gamma, drop, start, fl) -> None:
+def ws_pairwise_update(ws, i, j_s, j_a, gamma, drop) -> None:
     """``alpha_i <- alpha_i + gamma (e_s - e_a)``; a drop step sets ``alpha(a) = 0`` exactly."""
-    s0 = start[i]
+    s0 = ws.start[i]
     if drop:
-        fl[s0 + j_a, ALPHA] = 0.0
+        ws.fl[s0 + j_a, ALPHA] = 0.0
     else:
-        fl[s0 + j_a, ALPHA] -= gamma
-    fl[s0 + j_s, ALPHA] += gamma
+        ws.fl[s0 + j_a, ALPHA] -= gamma
+    ws.fl[s0 + j_s, ALPHA] += gamma
 
 
 @njit(cache=True)
-def ws_away_update(i, j_a, gamma, drop, start, size, fl) -> None:
+def ws_away_update(ws, i, j_a, gamma, drop) -> None:
     """``alpha_i <- (1 + gamma) alpha_i - gamma e_a``; a drop step sets ``alpha(a) = 0`` exactly."""
-    s0 = start[i]
+    s0 = ws.start[i]
+    fl = ws.fl
     grow = 1.0 + gamma
-    for j in range(size[i]):
+    for j in range(ws.size[i]):
         fl[s0 + j, ALPHA] *= grow
     if drop:
         fl[s0 + j_a, ALPHA] = 0.0
@@ -300,7 +327,7 @@ TIE_TOL = 1e-11
 
 
 @njit(cache=True)
-def ws_corners(i, start, size, key, fl):
+def ws_corners(ws, i):
     """``(j_max, j_min_active, n_active)``: the best plane by score and the worst *active* plane.
 
     Scores within ``TIE_TOL * (1 + max |score|)`` of the extreme count as tied, and among tied planes the
@@ -310,12 +337,13 @@ def ws_corners(i, start, size, key, fl):
     the storage order, so equivalent step loops (compiled / generic, with a cache that never hits / without
     a cache) take the same steps.
     """
-    s0 = start[i]
+    s0 = ws.start[i]
+    fl, key = ws.fl, ws.key
     hi = -np.inf
     lo = np.inf
     scale = 0.0
     nact = 0
-    for j in range(size[i]):
+    for j in range(ws.size[i]):
         sc = fl[s0 + j, SCORE]
         if sc > hi:
             hi = sc
@@ -328,7 +356,7 @@ def ws_corners(i, start, size, key, fl):
     tol = TIE_TOL * (1.0 + scale)
     jmax = -1
     jmin = -1
-    for j in range(size[i]):
+    for j in range(ws.size[i]):
         sc = fl[s0 + j, SCORE]
         if sc >= hi - tol and (jmax < 0 or key[s0 + j] < key[s0 + jmax]):
             jmax = j
@@ -372,12 +400,12 @@ class WorkingSet:
         self.key = np.zeros(P, dtype=np.uint64)
         self.fl = np.zeros((P, NCOL), dtype=np.float64)
         self.lab = np.zeros(max(Q, 1), dtype=np.int32)
-        self.meta = np.array([P, Q], dtype=np.int64)
+        self.free = np.array([(P, Q)], dtype=FREE)
         self.incomplete = np.zeros(nb, dtype=np.uint8)
+        pool = self.arrays()
         for i, y in enumerate(true_labels):
             y = np.asarray(y, dtype=np.int32)
-            ws_write(i, 0, np.uint64(label_hash(y)), y, 0.0, 1.0, self.start, self.lab_start, self.lab_len,
-                     self.key, self.fl, self.lab)
+            ws_write(pool, i, 0, np.uint64(label_hash(y)), y, 0.0, 1.0)
 
     @classmethod
     def for_data(cls, data, init_cap: int = 4) -> "WorkingSet":
@@ -385,14 +413,14 @@ class WorkingSet:
         return cls(block_labelings(data.y, getattr(data, "offsets", None)), init_cap)
 
     # ------------------------------------------------------------------ kernel arguments
-    def arrays(self) -> tuple:
-        """``(start, cap, size, lab_start, lab_len, meta, key, fl, lab, incomplete)`` for the ``ws_*`` helpers."""
-        return (self.start, self.cap, self.size, self.lab_start, self.lab_len, self.meta, self.key, self.fl,
-                self.lab, self.incomplete)
+    def arrays(self) -> Pool:
+        """The :class:`Pool` of arrays the ``ws_*`` helpers take (views of this working set's)."""
+        return Pool(self.start, self.cap, self.size, self.lab_start, self.lab_len, self.free, self.key, self.fl,
+                    self.lab, self.incomplete)
 
-    def set_pool(self, key, fl, lab) -> None:
-        """Adopt the pool arrays a kernel returned (they may have been reallocated)."""
-        self.key, self.fl, self.lab = key, fl, lab
+    def adopt(self, pool: Pool) -> None:
+        """Adopt the pool a kernel returned (its arrays may have been reallocated)."""
+        self.key, self.fl, self.lab = pool.key, pool.fl, pool.lab
 
     # ------------------------------------------------------------------ per-block views
     def slots(self, i: int) -> slice:
@@ -418,23 +446,23 @@ class WorkingSet:
 
     def find(self, i: int, y) -> int:
         y = np.asarray(y, dtype=np.int32)
-        return int(ws_find(i, np.uint64(label_hash(y)), y, self.start, self.size, self.lab_start, self.lab_len, self.key, self.lab))
+        return int(ws_find(self.arrays(), i, np.uint64(label_hash(y)), y))
 
     def insert(self, i: int, y, loss: float, max_size: int, allow_grow_active: bool) -> int:
         """Add labeling ``y`` with ``alpha = 0`` (see :func:`ws_insert`); returns its position in the block."""
         y = np.asarray(y, dtype=np.int32)
-        j, key, fl, lab = ws_insert(i, np.uint64(label_hash(y)), y, float(loss), int(max_size), bool(allow_grow_active), self.start, self.cap, self.size, self.lab_start,
-                                    self.lab_len, self.meta, self.key, self.fl, self.lab, self.incomplete)
-        self.set_pool(key, fl, lab)
+        j, pool = ws_insert(self.arrays(), i, np.uint64(label_hash(y)), y, float(loss), int(max_size),
+                            bool(allow_grow_active))
+        self.adopt(pool)
         return int(j)
 
     def drop_inactive(self, i: int) -> None:
-        ws_drop_inactive(i, self.start, self.size, self.lab_start, self.lab_len, self.key, self.fl, self.lab)
+        ws_drop_inactive(self.arrays(), i)
 
     def remove(self, i: int, js) -> None:
         """Remove the planes at positions ``js`` of block ``i`` (the others keep their order)."""
         for j in sorted((int(j) for j in js), reverse=True):
-            ws_remove(i, j, self.start, self.size, self.lab_start, self.lab_len, self.key, self.fl, self.lab)
+            ws_remove(self.arrays(), i, j)
 
     def column(self, i: int, col: int) -> np.ndarray:
         """Column ``col`` (``ALPHA``, ``LOSS``, ``SCORE``, ``LAST`` or ``ACC``) of the planes of block ``i`` (a view)."""
@@ -455,15 +483,12 @@ class WorkingSet:
         block holds ``max_planes`` already (``max_planes > 0``).  Returns the plane's position."""
         y = np.asarray(y, dtype=np.int32)
         h = np.uint64(label_hash(y))
-        j = int(ws_find(i, h, y, self.start, self.size, self.lab_start, self.lab_len, self.key, self.lab))
+        j = int(ws_find(self.arrays(), i, h, y))
         if j < 0:
             while max_planes > 0 and self.size[i] >= max_planes:
-                ws_evict_lru(i, self.start, self.size, self.lab_start, self.lab_len, self.key, self.fl, self.lab,
-                             self.incomplete)
-            j, key, fl, lab = ws_insert(i, h, y, float(loss), 0, True, self.start, self.cap, self.size,
-                                        self.lab_start, self.lab_len, self.meta, self.key, self.fl, self.lab,
-                                        self.incomplete)
-            self.set_pool(key, fl, lab)
+                ws_evict_lru(self.arrays(), i)
+            j, pool = ws_insert(self.arrays(), i, h, y, float(loss), 0, True)
+            self.adopt(pool)
             j = int(j)
         self.touch(i, j, stamp)
         return j
@@ -471,8 +496,7 @@ class WorkingSet:
     def drop_stale(self, i: int, cutoff: float) -> int:
         """Remove the planes of block ``i`` last active before ``cutoff`` (keeping at least one); see
         :func:`ws_drop_stale`."""
-        return int(ws_drop_stale(i, float(cutoff), self.start, self.size, self.lab_start, self.lab_len, self.key,
-                                 self.fl, self.lab, self.incomplete))
+        return int(ws_drop_stale(self.arrays(), i, float(cutoff)))
 
     def sizes(self) -> np.ndarray:
         return self.size.copy()
@@ -509,7 +533,7 @@ class WorkingSet:
         ws.key = np.zeros(P, dtype=np.uint64)
         ws.fl = np.zeros((P, NCOL), dtype=np.float64)
         ws.lab = np.zeros(max(Q, 1), dtype=np.int32)
-        ws.meta = np.array([P, Q], dtype=np.int64)
+        ws.free = np.array([(P, Q)], dtype=FREE)
         ws.incomplete = np.asarray(sd["incomplete"], dtype=np.uint8).copy()
         key = np.asarray(sd["key"], dtype=np.int64).view(np.uint64)
         fl = np.asarray(sd["fl"], dtype=np.float64)

@@ -26,6 +26,8 @@ at interpreter exit, or when the pool is garbage-collected.
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import multiprocessing
 import time
 import traceback
@@ -40,14 +42,23 @@ from .graphcut import _available_cpus, build_graph, cut_graph
 
 __all__ = ["ResidentGraphCutPool", "GraphRecord", "solve_records"]
 
-GraphRecord = tuple
-"""Everything one process needs to decode graph ``i`` from ``w`` alone, and to score its answer::
+class GraphRecord(NamedTuple):
+    """Everything one process needs to decode a graph from ``w`` alone, and to score its answer: node features ``x
+    float64[N, F]``, ``node_scale float64[N]`` (``a_p / Z``), the loss augmentation ``aug float64[N]`` (``omega_p (1 -
+    2 y_p)``), ``truth bool[N]``, the loss weights ``omega float64[N]``, ``edges int32[M, 2]`` and their endpoint
+    columns ``e0``, ``e1``, ``edge_x float64[M, E]`` and ``inv_z = 1 / Z``.  ``aug``, ``truth`` and ``omega`` are
+    empty without labels (plain decoding only)."""
 
-    (x float64[N, F], node_scale float64[N] (a_p / Z), aug float64[N] (loss augmentation omega_p (1 - 2 y_p)),
-     truth bool[N], omega float64[N] (loss weights), edges int32[M, 2], e0 int32[M], e1 int32[M],
-     edge_x float64[M, E], inv_z float (1 / Z))
-
-``aug``, ``truth`` and ``omega`` are empty without labels (plain decoding only)."""
+    x: np.ndarray
+    node_scale: np.ndarray
+    aug: np.ndarray
+    truth: np.ndarray
+    omega: np.ndarray
+    edges: np.ndarray
+    e0: np.ndarray
+    e1: np.ndarray
+    edge_x: np.ndarray
+    inv_z: float
 
 
 @njit(cache=True)
@@ -120,11 +131,11 @@ def decode_record(rec: GraphRecord, w_u: np.ndarray, w_e: np.ndarray,
                   loss_augmented: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Decode one graph: ``(seg bool[N], g float64[N], c float64[M])`` (``c`` empty when there is no cut -- no
     edges or zero pairwise weights, see :func:`cut_inputs` -- in which case ``seg = gain > 0``)."""
-    x, ns, aug, _, _, edges, _, _, edge_x, inv_z = rec
-    g, gain, c = cut_inputs(x, w_u, ns, aug, loss_augmented, edges, edge_x, w_e, inv_z)
+    g, gain, c = cut_inputs(rec.x, w_u, rec.node_scale, rec.aug, loss_augmented, rec.edges, rec.edge_x, w_e,
+                            rec.inv_z)
     if c.shape[0] == 0:
         return gain > 0, g, c
-    return cut_graph(*build_graph(gain, edges, c)), g, c
+    return cut_graph(*build_graph(gain, rec.edges, c)), g, c
 
 
 def solve_records(records: Sequence[GraphRecord], w_u: np.ndarray, w_e: np.ndarray, loss_augmented: bool,
@@ -142,7 +153,7 @@ def solve_records(records: Sequence[GraphRecord], w_u: np.ndarray, w_e: np.ndarr
         ``(seg bool[sum N_i], loss float64[n], score float64[n])`` (``loss``, ``score`` zero without
         ``terms``).
     """
-    out = np.empty(sum(r[0].shape[0] for r in records), dtype=bool)
+    out = np.empty(sum(r.x.shape[0] for r in records), dtype=bool)
     loss = np.zeros(len(records))
     score = np.zeros(len(records))
     pos = 0
@@ -152,8 +163,7 @@ def solve_records(records: Sequence[GraphRecord], w_u: np.ndarray, w_e: np.ndarr
         out[pos:pos + n] = seg
         pos += n
         if terms:
-            truth = rec[3]
-            score[j], loss[j] = labeling_terms(seg, g, c, rec[6], rec[7], truth, rec[4], truth.shape[0] == n)
+            score[j], loss[j] = labeling_terms(seg, g, c, rec.e0, rec.e1, rec.truth, rec.omega, rec.truth.shape[0] == n)
     return out, loss, score
 
 

@@ -5,9 +5,8 @@
   writes the head's weights and logs ``ssvm/gap`` & co.;
 * :func:`torch_bcfw.lightning.cli.train_main` -- ``torch-bcfw train --config ...`` (LightningCLI).
 
-The ready-made tasks (datamodules, backbones, LightningModules) are in :mod:`torch_bcfw.tasks`; the modules
-``torch_bcfw.lightning.{ocr,conll,horses,pose,pose_data}`` name the same classes, so config ``class_path`` s
-written with them resolve.  Needs the ``lightning`` extra (``pip install torch_bcfw[lightning]``).
+The ready-made tasks (datamodules, backbones, LightningModules) are in :mod:`torch_bcfw.tasks`.  Needs the
+``lightning`` extra (``pip install torch_bcfw[lightning]``).
 """
 try:
     import lightning.pytorch  # noqa: F401

@@ -161,7 +161,7 @@ class BCFWCallback(Callback):
       strategy first; the callback joins the batches with the container's ``cat`` and solves on float64
       features.
 
-    **Ctrl-C.**  A solve interrupted by ``KeyboardInterrupt`` (which :func:`~torch_bcfw.solvers.loop.run_solver`
+    **Ctrl-C.**  A solve interrupted by ``KeyboardInterrupt`` (which :func:`~torch_bcfw.solvers.run.run_solver`
     turns into ``stopped_by = "interrupted"``) is discarded whole and the interrupt is raised again, so that
     it ends the training instead of Lightning training on: Lightning's own interrupt handling runs (its
     trainer status becomes ``INTERRUPTED``, every callback's ``on_exception`` is called, e.g. an
@@ -383,7 +383,7 @@ class BCFWCallback(Callback):
         rec = history[-1]
         del history[len(self.history):-1]  # keep one record per call
         w, _ = alg.iterate()
-        if rec["selected"] == "averaged":
+        if rec.selected == "averaged":
             w = alg.averaged()[0]
         epoch = trainer.current_epoch if trainer is not None else None
         rec.update(epoch=epoch, stale=stale, call=self.calls, feature_time=t_feat, wall=time.perf_counter() - t0)
@@ -408,21 +408,21 @@ class BCFWCallback(Callback):
                 self._log(pl_module, rec)
         if self.verbose:
             rank_zero_info(
-                f"[{self.log_prefix}] epoch {epoch}: gap {rec['gap_best']:.4g} primal "
-                f"{min(p for p in (rec['primal'], rec['primal_avg']) if p is not None):.4g} passes {rec['passes']:.1f} "
-                f"stale {stale:.3g} train loss {rec.get('train_loss')} ({rec['wall']:.1f} s)"
+                f"[{self.log_prefix}] epoch {epoch}: gap {rec.gap_best:.4g} primal "
+                f"{min(p for p in (rec.primal, rec.primal_avg) if p is not None):.4g} passes {rec.passes:.1f} "
+                f"stale {stale:.3g} train loss {rec.train_loss} ({rec.wall:.1f} s)"
             )
         return rec
 
     @staticmethod
     def figures(rec: dict) -> dict:
         """The logged figures of a record: certified gap, primal of the head's weights, best dual."""
-        primal = rec["primal_avg"] if rec["selected"] == "averaged" else rec["primal"]
-        duals = [d for d in (rec["dual"], rec["dual_avg"]) if d is not None]
-        out = {"gap": rec["gap_best"], "primal": primal, "dual": max(duals), "oracle_calls": rec["oracle_calls"],
-               "passes": rec["passes"], "stale": rec["stale"]}
-        if rec.get("train_loss") is not None:
-            out["train_loss"] = rec["train_loss"]
+        primal = rec.primal_avg if rec.selected == "averaged" else rec.primal
+        duals = [d for d in (rec.dual, rec.dual_avg) if d is not None]
+        out = {"gap": rec.gap_best, "primal": primal, "dual": max(duals), "oracle_calls": rec.oracle_calls,
+               "passes": rec.passes, "stale": rec.stale}
+        if rec.train_loss is not None:
+            out["train_loss"] = rec.train_loss
         return out
 
     def _log(self, pl_module, rec: dict) -> None:

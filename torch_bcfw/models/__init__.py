@@ -1,5 +1,4 @@
 """Structured models: joint feature map, task loss and max oracle of one structure each."""
-from ..duals import ActiveSetDualState, ChainDualState, DenseDualState, DualState, WorkingSet
 from .base import StructuredModel
 from .chain import Chain
 from .graphcut import GraphCut
@@ -13,7 +12,5 @@ for _cls in (Chain, Multiclass, GraphCut, PoseTree, TableModel, Matching):
     register_model(_cls)
 del _cls
 
-# the dual states are re-exported here for ``from torch_bcfw.models import ChainDualState``; they live in torch_bcfw.duals
-__all__ = ["StructuredModel", "Chain", "ChainDualState", "Multiclass", "DualState", "DenseDualState", "ActiveSetDualState",
-           "TableModel", "app_c_toy", "Matching", "MatchingData", "WorkingSet", "GraphCut", "PoseData", "PoseTree",
-           "register_model", "registered_models", "model_name", "model_from_config"]
+__all__ = ["StructuredModel", "Chain", "Multiclass", "TableModel", "app_c_toy", "Matching", "MatchingData", "GraphCut",
+           "PoseData", "PoseTree", "register_model", "registered_models", "model_name", "model_from_config"]

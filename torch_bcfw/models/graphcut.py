@@ -43,7 +43,7 @@ from ..data import check_bool, check_int
 from ..duals.graphcut import GraphCutDualState
 from ..graph_data import GraphData
 from ..inference.graphcut import NEGATIVE_TOLERANCE, _available_cpus
-from ..inference.graphcut_pool import ResidentGraphCutPool, decode_record, solve_records
+from ..inference.graphcut_pool import GraphRecord, ResidentGraphCutPool, decode_record, solve_records
 from .base import StructuredModel
 
 __all__ = ["GraphCut", "LOSSES"]
@@ -277,9 +277,9 @@ class GraphCut(StructuredModel):
             keys = []
             for gk, rec in zip(data.graph_keys(), self.graph_records(data)):
                 h = hashlib.blake2b(gk, digest_size=16)
-                for a in rec[:5]:
+                for a in (rec.x, rec.node_scale, rec.aug, rec.truth, rec.omega):
                     h.update(np.ascontiguousarray(a).tobytes())
-                h.update(np.array([rec[9]]).tobytes())
+                h.update(np.array([rec.inv_z]).tobytes())
                 keys.append(h.digest())
             return keys
         return data._cached(f"gc_keys_{self.loss_name}", make)
@@ -313,7 +313,7 @@ def _graph_records(model: GraphCut, data: GraphData) -> list:
         lab = (aug[a:b], truth[a:b], om[a:b]) if data.y is not None else (empty_f, empty_b, empty_f)
         if id(edges) not in ends:
             ends[id(edges)] = (edges, np.ascontiguousarray(edges[:, 0]), np.ascontiguousarray(edges[:, 1]))
-        records.append((x[a:b], ns[a:b], *lab, edges, *ends[id(edges)][1:], edge_x, float(inv_z[j])))
+        records.append(GraphRecord(x[a:b], ns[a:b], *lab, edges, *ends[id(edges)][1:], edge_x, float(inv_z[j])))
     return records
 
 

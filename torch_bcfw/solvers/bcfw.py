@@ -1,12 +1,11 @@
 """Block-Coordinate Frank-Wolfe (Lacoste-Julien et al. 2013, Alg. 4) and its refinements (Osokin et al.
 2016: gap sampling, pairwise and away steps, caching), on a model's dual state.
 
-Every run is a composed iteration (:mod:`torch_bcfw.solvers.variants`): a sampling policy, the oracle with the
-state's working set and an optional cache test, and a step rule, in chunks of
-:class:`~torch_bcfw.duals.plan.StepPlan` run by :func:`~torch_bcfw.duals.plan.run_plan` (a state's fused kernel
-when it has one, else the generic loop).  Plain BCFW (uniform or permutation sampling, FW steps, no cache) is the
-plan with no refinement (:meth:`StepPlan.plain <torch_bcfw.duals.plan.StepPlan.plain>`; the compiled chain
-kernel on CPU).
+Every run is a composed iteration: a sampling policy, the oracle with the state's working set and an optional cache
+test, and a step rule, in chunks of :class:`~torch_bcfw.duals.plan.StepPlan` that the state runs
+(:meth:`~torch_bcfw.duals.base.DualState.run_plan`: its compiled loop when it has one, else the generic loop; the
+iteration is described in ``docs/anatomy.md``).  Plain BCFW (uniform or permutation sampling, FW steps, no cache) is
+the plan with no refinement (:meth:`StepPlan.plain <torch_bcfw.duals.plan.StepPlan.plain>`).
 """
 from __future__ import annotations
 
@@ -16,14 +15,13 @@ import time
 import numpy as np
 import torch
 
-from ..duals.plan import CacheTest, StepPlan, WorkingSetUse
+from ..duals.plan import CacheTest, StepPlan, WorkingSetUse, generic_plan_steps
 from ..duals.stepsize import FIXED, FW_RULE, LINE_SEARCH, STEP_RULES
 from .algorithm import DualAlgorithm
 from .certificate import Certificate
 from .comm import pass_rounds
 from .options import parse_preset
 from .sampling import GapEstimates, GapSampler, make_sampler
-from .variants import run_plan
 
 __all__ = ["BCFW", "measure_oracle_time", "resolve_auto_preset"]
 
@@ -159,7 +157,7 @@ class BCFW(DualAlgorithm):
             plan = StepPlan.plain(self.sampler.draw(m), self.step_code, self.options.averaging)
         else:
             plan = self._plan(m)
-        res = run_plan(self.state, plan, generic=not self.fused)
+        res = self.state.run_plan(plan) if self.fused else generic_plan_steps(self.state, plan)
         if isinstance(self.sampler, GapSampler):
             self.sampler.consumed(res.steps, m)
         self.steps += res.steps
@@ -197,7 +195,7 @@ class BCFW(DualAlgorithm):
             plan = StepPlan.minibatch(order, offsets, self.step_code, self.options.averaging, reduce)
         if self.refined:
             self._refine(plan)
-        res = run_plan(self.state, plan)
+        res = self.state.run_plan(plan)
         done = int(ends[j0 + res.rounds - 1]) - pos if res.rounds else 0
         if by_gap:
             self.sampler.consumed(res.steps, plan.m)

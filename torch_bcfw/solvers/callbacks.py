@@ -8,7 +8,7 @@ __all__ = ["Callback", "ProgressBar", "PrintLogger", "format_record"]
 
 
 class Callback:
-    """Hooks called by :func:`torch_bcfw.solvers.loop.run_solver`. All are optional."""
+    """Hooks called by :func:`torch_bcfw.solvers.run.run_solver`. All are optional."""
 
     def on_start(self, info: dict) -> None:
         """``info``: solver name, n, lam, max_passes, options."""

@@ -61,7 +61,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..duals.plan import MP_APPROX, MP_EXACT, StepPlan, run_plan
+from ..duals.plan import MP_APPROX, MP_EXACT, StepPlan, generic_plan_steps
 from ..duals.working_set import WorkingSet
 from ..duals.stepsize import FIXED, LINE_SEARCH, line_search_step
 from .algorithm import DualAlgorithm
@@ -229,16 +229,21 @@ class MPBCFW(DualAlgorithm):
         w = self.state.w
         return self.state.dual_ell() - 0.5 * self.lam * float(w @ w)
 
+    def _run(self, plan: StepPlan) -> None:
+        """``plan`` run by the state (its compiled loop when it has one), or the generic step loop (``fused`` off)."""
+        if self.fused:
+            self.state.run_plan(plan)
+        else:
+            generic_plan_steps(self.state, plan)
+
     def _exact_steps(self, order, stamp: float) -> None:
-        """The exact block steps of ``order``: a multi-plane plan (:meth:`StepPlan.multi_plane`) run by the state's
-        compiled driver when it has one, else the generic step loop."""
+        """The exact block steps of ``order``: a multi-plane plan (:meth:`StepPlan.multi_plane`)."""
         avg = self.averages.exact if self.averages is not None else None
-        run_plan(self.state, StepPlan.multi_plane(order, MP_EXACT, stamp, self.N, running=avg), generic=not self.fused)
+        self._run(StepPlan.multi_plane(order, MP_EXACT, stamp, self.N, running=avg))
 
     def _approx_pass(self, order, stamp: float, cutoff: float) -> None:
         avg = self.averages.approx if self.averages is not None else None
-        run_plan(self.state, StepPlan.multi_plane(order, MP_APPROX, stamp, cutoff=cutoff, running=avg),
-                 generic=not self.fused)
+        self._run(StepPlan.multi_plane(order, MP_APPROX, stamp, cutoff=cutoff, running=avg))
 
     # ------------------------------------------------------------ the algorithm
     def chunk_size(self) -> int:
@@ -253,7 +258,7 @@ class MPBCFW(DualAlgorithm):
         t0 = self.clock()
         if self.ws is None:  # N = 0: BCFW's own code path
             plan = StepPlan.plain(order, self.step_code, self.options.averaging)
-            self.last_block_gaps = run_plan(self.state, plan).gaps
+            self.last_block_gaps = self.state.run_plan(plan).gaps
         else:
             self._exact_steps(order, float(self.iteration + 1))
         dt = self.clock() - t0

@@ -54,7 +54,7 @@ from torch import Tensor
 
 from .bcfw import BCFW
 from .certificate import Certificate, certify, task_loss
-from .loop import run_solver
+from .run import run_solver
 from .options import SolverOptions
 
 __all__ = [
@@ -288,8 +288,8 @@ def _solve(model, data, lam, opts, state, clock: _Clock, budget_end, bounds, blo
 
 
 def _point(lam, state, rec, clock, stopped_by) -> SweepPoint:
-    return SweepPoint(lam=float(lam), w=state.w.detach().cpu().clone(), dual_ell=state.dual_ell(), gap=float(rec["gap"]),
-                      primal=float(rec["primal"]), passes=clock.passes, time=clock.seconds, stopped_by=stopped_by)
+    return SweepPoint(lam=float(lam), w=state.w.detach().cpu().clone(), dual_ell=state.dual_ell(), gap=float(rec.gap),
+                      primal=float(rec.primal), passes=clock.passes, time=clock.seconds, stopped_by=stopped_by)
 
 
 def _predicted_block_gaps(alg, rho: float):
@@ -360,7 +360,7 @@ def regularization_path(
     clock.seconds += time.perf_counter() - t0
     path = RegularizationPath(kind="path", eps=float(eps), n=n, options=opts.to_dict(), kappa=float(kappa))
     alg = init_alg
-    rec = {"dual": cert.dual, "gap": cert.gap, "primal": cert.primal}
+    rec = cert  # read like a check record: .gap, .primal
     stopped = "init"
     lam = lam_inf
     if cert.gap > kappa * eps:  # box constraints can break the bound of Alg. 6: optimise at lam_inf
@@ -368,7 +368,7 @@ def regularization_path(
         if stopped == "interrupted":  # no point of the path is finished
             raise KeyboardInterrupt("regularization path interrupted before its first breakpoint was certified")
         if alg is None:
-            alg, rec = init_alg, {"dual": cert.dual, "gap": cert.gap, "primal": cert.primal}
+            alg, rec = init_alg, cert
     path.points.append(_point(lam, state, rec, clock, stopped))
 
     # ---- Alg. 7: rescale to the next breakpoint, re-optimise to kappa eps
@@ -471,7 +471,7 @@ def grid_search(
             alg = new_alg
             sweep.points.append(_point(lam, state, rec, clock, stopped))
             if progress:
-                print(f"[{sweep.kind}] lam {lam:.4g}  gap {rec['gap']:.3g}  passes {clock.passes:.1f}  "
+                print(f"[{sweep.kind}] lam {lam:.4g}  gap {rec.gap:.3g}  passes {clock.passes:.1f}  "
                       f"time {clock.seconds:.1f}s", flush=True)
             if stopped not in ("gap_tol", "converged"):
                 sweep.stopped_by = stopped

@@ -1,11 +1,10 @@
 """``CheckRecord``: what one exact gap check of a solver run certified (one entry of a run's history).
 
 A record has typed fields for the columns every check writes and an ``extra`` dict for the columns that some
-solvers or callers add (mp-bcfw's cost accounting, the Lightning callback's ``epoch`` / ``stale`` ...).  It is
-also a read-only :class:`~collections.abc.Mapping` over all of them, in a fixed order (the fields, then the
-extra columns in the order they were added), so ``rec["gap"]``, ``rec.get("dual_avg")``, ``dict(rec)`` and
-``rec == {...}`` read it as the plain dict it is written as: :meth:`CheckRecord.to_dict` is the form saved in
-files (``FitResult.save``, ``history.json``) and :meth:`CheckRecord.from_dict` reads it back.
+solvers or callers add (mp-bcfw's cost accounting, the Lightning callback's ``epoch`` / ``stale`` ...), read as
+attributes too (``rec.gap``, ``rec.epoch``).  :meth:`CheckRecord.to_dict` is the form saved in files
+(``FitResult.save``, ``history.json``: the columns in order, then the extra ones) and :meth:`CheckRecord.from_dict`
+reads it back, also the dicts of older files with fewer columns.
 """
 from __future__ import annotations
 
@@ -16,8 +15,8 @@ from typing import Any
 __all__ = ["CheckRecord", "RECORD_FIELDS", "plain_history", "as_records"]
 
 
-@dataclass(eq=False, kw_only=True)
-class CheckRecord(Mapping):
+@dataclass(kw_only=True)
+class CheckRecord:
     """One exact gap check.
 
     Attributes:
@@ -38,10 +37,11 @@ class CheckRecord(Mapping):
         solver_time: cumulative seconds of solver steps.
         gap_time: cumulative seconds of gap checks (this one included).
         gap_oracle_calls: cumulative oracle calls of the gap checks (this one included).
-        extra: further columns (name -> number, string or ``None``), e.g. mp-bcfw's ``approx_steps``.
+        extra: further columns (name -> number, string or ``None``), e.g. mp-bcfw's ``approx_steps``; each also
+            reads as an attribute.
 
-    Records written by older versions may lack some columns: those are ``None`` as attributes and absent from
-    the mapping (as they are from the saved dict), so a record always reads as the dict it was loaded from.
+    Records loaded from older files may lack some columns: those are ``None`` and stay absent from
+    :meth:`to_dict` (as they are from the saved dict), so a record always writes back the dict it was loaded from.
     """
 
     passes: float | None = None
@@ -62,10 +62,16 @@ class CheckRecord(Mapping):
     gap_time: float | None = None
     gap_oracle_calls: int | None = None
     extra: dict[str, Any] = field(default_factory=dict)
-    #: field columns the record does not have (a record loaded from an older file); not part of the mapping
+    #: field columns the record does not have (a record loaded from an older file)
     absent: frozenset = field(default=frozenset(), repr=False)
 
-    # ------------------------------------------------------------------ conversion
+    def __getattr__(self, name: str):
+        """An extra column as an attribute (only called when no field has the name)."""
+        extra = self.__dict__.get("extra")
+        if extra is not None and name in extra:
+            return extra[name]
+        raise AttributeError(f"{type(self).__name__} has no column {name!r}")
+
     @classmethod
     def from_dict(cls, d: Mapping) -> "CheckRecord":
         """The record of a saved dict (``to_dict``'s output, or a dict of an older version with fewer columns)."""
@@ -75,43 +81,18 @@ class CheckRecord(Mapping):
 
     def to_dict(self) -> dict:
         """The plain dict of the record (what files hold): the columns in order, then the extra ones."""
-        return dict(self.items())
+        out = {k: getattr(self, k) for k in RECORD_FIELDS if k not in self.absent}
+        out.update(self.extra)
+        return out
 
-    def update(self, other: Mapping | None = None, **columns) -> None:
-        """Set columns (``dict.update`` style): a field's name sets that field, any other name an extra column."""
-        for k, v in {**(other or {}), **columns}.items():
-            self[k] = v
-
-    def __setitem__(self, key: str, value) -> None:
-        if key in _FIELD_SET:
-            setattr(self, key, value)
-            if key in self.absent:
-                self.absent = self.absent - {key}
-        else:
-            self.extra[key] = value
-
-    # ------------------------------------------------------------------ the Mapping protocol
-    def __getitem__(self, key: str):
-        if key in _FIELD_SET and key not in self.absent:
-            return getattr(self, key)
-        return self.extra[key]
-
-    def __iter__(self):
-        yield from (k for k in RECORD_FIELDS if k not in self.absent)
-        yield from self.extra
-
-    def __len__(self) -> int:
-        return len(RECORD_FIELDS) - len(self.absent) + len(self.extra)
-
-    def __contains__(self, key) -> bool:
-        return (key in _FIELD_SET and key not in self.absent) or key in self.extra
-
-    def __eq__(self, other) -> bool:
-        if not isinstance(other, Mapping):
-            return NotImplemented
-        return dict(self.items()) == dict(other.items())
-
-    __hash__ = None
+    def update(self, columns: Mapping | None = None, **more) -> None:
+        """Set columns: a field's name sets that field, any other name an extra column."""
+        for k, v in {**(columns or {}), **more}.items():
+            if k in _FIELD_SET:
+                setattr(self, k, v)
+                self.absent = self.absent - {k}
+            else:
+                self.extra[k] = v
 
 
 #: the typed columns of a :class:`CheckRecord`, in the order of its saved dict
@@ -121,7 +102,7 @@ _FIELD_SET = frozenset(RECORD_FIELDS)
 
 def as_records(history) -> list[CheckRecord]:
     """``history`` (records or saved dicts) as a new list of new records."""
-    return [CheckRecord.from_dict(r) for r in history]
+    return [CheckRecord.from_dict(r.to_dict() if isinstance(r, CheckRecord) else r) for r in history]
 
 
 def plain_history(history) -> list[dict]:
