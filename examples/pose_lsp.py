@@ -35,6 +35,7 @@ from lightning.pytorch.loggers import CSVLogger
 from torch_bcfw import cross_validate
 from torch_bcfw.lightning import BCFWCallback
 from torch_bcfw.lightning.cli import set_threads
+from torch_bcfw.datasets.lsp import grid_to_joints
 from torch_bcfw.metrics.pck import compare_pck
 from torch_bcfw.tasks.lsp_data import LSPPoseDataModule
 from torch_bcfw.tasks.pose import PoseTreeCNN, argmax_positions
@@ -164,8 +165,9 @@ def head_cross_validation(trainer, model: PoseTreeCNN, bcfw: BCFWCallback, data:
     fits = cross_validate(tree_model, train, fields["fold"], bcfw.lam, **bcfw.options.to_dict())
     index = torch.cat([f.test_index for f in fits])
     tree = torch.cat([tree_model.decode_positions(f.result.weights, train[f.test_index]) for f in fits])
-    cmp = compare_pck(tree, argmax_positions(train.unary[index, :, 0]), fields["joints"][index],
-                      fields["visible"][index], fields["pck_torso"][index], model.hparams.size, model.grid_size)
+    size, grid = model.hparams.size, model.grid_size
+    cmp = compare_pck(grid_to_joints(tree, size, grid), grid_to_joints(argmax_positions(train.unary[index, :, 0]), size, grid),
+                      fields["joints"][index], fields["visible"][index], fields["pck_torso"][index])
     return {"folds": len(fits), "images": len(index), "images_with_torso": cmp["images_with_torso"],
             "pck@0.2/argmax": cmp["pck_argmax"], "pck@0.2/tree": cmp["pck_tree"],
             "pck@0.2/tree_minus_argmax": {"diff": cmp["pck_tree_minus_argmax"],

@@ -13,7 +13,7 @@ from torch_bcfw import MulticlassData, SequenceData, fit
 from torch_bcfw.data import SparseFeatures
 from torch_bcfw.graph_data import GraphData
 from torch_bcfw.models import Chain, Multiclass
-from torch_bcfw.duals.checks import check_lam
+from torch_bcfw.checks import check_lam
 from torch_bcfw.models.graphcut import GraphCut
 from torch_bcfw.models.pose import PoseTree
 from torch_bcfw.pose_data import PoseData

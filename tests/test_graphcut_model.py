@@ -11,7 +11,7 @@ pytest.importorskip("maxflow", reason="PyMaxflow is the optional [graphcut] depe
 
 from torch_bcfw import fit  # noqa: E402
 from torch_bcfw.graph_data import GraphData, grid_graph_data  # noqa: E402
-from torch_bcfw.inference.graphcut import grid_edges  # noqa: E402
+from torch_bcfw.graph_data import grid_edges  # noqa: E402
 from torch_bcfw.models import GraphCut  # noqa: E402
 
 LOSSES = ["hamming", "balanced"]

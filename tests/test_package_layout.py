@@ -1,5 +1,6 @@
-"""The package boundaries: solvers see models and dual states only through their contracts, the dual states and
-their machinery live in ``torch_bcfw.duals`` and import no model, and ``torch_bcfw.models`` holds models only."""
+"""The package boundaries: the floors of the whole package (no import points up a floor, no import circle), solvers
+see models and dual states only through their contracts, the dual states and their machinery live in
+``torch_bcfw.duals`` and import no model, and ``torch_bcfw.models`` holds models only."""
 from __future__ import annotations
 
 import ast
@@ -34,6 +35,98 @@ def _imported_modules(path: Path, package: str) -> set[str]:
     return {m for m in out if m.startswith("torch_bcfw")}
 
 
+#: the floors of the package, lowest first (a top-level module or subpackage of ``torch_bcfw`` per name): a module
+#: imports, at module level or inside a function, only from its own floor or a lower one
+FLOORS = (
+    ("kernel_cache", "threads", "signals", "checks", "convert", "plotting", "serialization"),  # foundations
+    ("data", "graph_data", "pose_data", "inference"),  # data containers and decoders
+    ("head_ops", "metrics"),  # decoding heads; task metrics from data the caller passes
+    ("duals",),  # dual states and their step loops
+    ("models",),  # joint features, losses, oracles
+    ("solvers",),  # the BCFW family and the baselines
+    ("distributed",),  # process groups
+    ("checkpoint", "fit", "compilation", "cross_validation", "estimator"),  # the front doors
+    ("nn", "features"),  # torch modules under a structured head; feature extraction
+    ("datasets",),  # loaders of the real data and their task glue
+    ("tasks", "lightning", "compare"),  # Lightning tasks and callback; solver comparisons
+    ("cli", "__main__", "__init__"),  # the command line and the package's own namespace
+)
+
+
+def _import_graph() -> dict[str, set[str]]:
+    """Module -> the package's modules it imports (lazily or not), from the AST; edges from inside a package into
+    its own ``__init__`` are left out (the package's namespace is not a dependency of its parts)."""
+    mods = {}
+    for path in PACKAGE.rglob("*.py"):
+        rel = path.relative_to(PACKAGE.parent).with_suffix("")
+        name = ".".join(rel.parts[:-1] if rel.name == "__init__" else rel.parts)
+        mods[name] = path
+    graph = {}
+    for name, path in mods.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        out = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                cands = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    parts = package.split(".")
+                    parts = parts[: len(parts) - (node.level - 1)]
+                    base = ".".join(parts + ([base] if base else []))
+                cands = [base] + [f"{base}.{a.name}" for a in node.names]
+            else:
+                continue
+            out.update(c for c in cands if c in mods and c != name and not name.startswith(c + "."))
+        graph[name] = out
+    return graph
+
+
+def _floor(module: str) -> int:
+    parts = module.split(".")
+    unit = parts[1] if len(parts) > 1 else "__init__"
+    for k, floor in enumerate(FLOORS):
+        if unit in floor:
+            return k
+    raise AssertionError(f"{module} is on no floor of FLOORS: place it")
+
+
+def test_no_import_points_up_a_floor():
+    up = sorted(f"{a} -> {b}" for a, targets in _import_graph().items() for b in targets if _floor(b) > _floor(a))
+    assert up == []
+
+
+def test_no_import_circles():
+    graph = _import_graph()
+    index, low, stack, on, circles = {}, {}, [], set(), []
+
+    def visit(v):  # Tarjan's strongly connected components
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            scc = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                scc.append(w)
+                if w == v:
+                    break
+            if len(scc) > 1:
+                circles.append(sorted(scc))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    assert circles == []
+
+
 def test_solvers_import_no_concrete_model():
     for path in sorted((PACKAGE / "solvers").glob("*.py")):
         models = {m for m in _imported_modules(path, "solvers") if m.startswith("torch_bcfw.models")}
@@ -56,7 +149,8 @@ def test_contract_defaults():
     model, data = random_multiclass_problem(n=5, F=3, K=3, seed=0)
     assert model.prox_geometry(data, 0.1, 1e-9, 10) is None
     state = DenseDualState(model, data, 0.1)
-    assert not state.can_run_plan(StepPlan.plain(np.arange(5), 0)) and not state.can_run_minibatch()
+    assert not state.can_run_plan(StepPlan.plain(np.arange(5), 0))
+    assert not state.can_run_plan(StepPlan.minibatch(np.arange(5), [0, 5]))
 
 
 def test_active_set_keeps_its_labelings_in_a_working_set():

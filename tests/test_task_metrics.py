@@ -8,7 +8,8 @@ import torch
 
 from conftest import random_chain_problem, shared_data
 from torch_bcfw import fit
-from torch_bcfw.metrics.tasks import TASK_METRICS, register_task_metric, segmentation_metrics, task_metrics
+from torch_bcfw.datasets.task_metrics import TASK_METRICS, register_task_metric, task_metrics
+from torch_bcfw.metrics.segmentation import segmentation_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -104,7 +104,7 @@ _FIT_SECTIONS = ("data", "lam", "solver", "options", "output")
 
 def _fit_settings(cfg: dict) -> tuple[float, str, dict]:
     """``(lam, solver, options)`` of a fit config, every entry checked before any data is loaded."""
-    from .duals.checks import check_lam
+    from .checks import check_lam
     from .solvers.options import SOLVERS, SolverOptions
 
     unknown = sorted(set(cfg) - set(_FIT_SECTIONS))
@@ -183,9 +183,9 @@ def _resumed_options(options: dict, init, n: int) -> dict | None:
 def _fit_table(result, n_train: int, out: Path, data_cfg: dict | None = None, test=None,
                compile_time: float | None = None) -> str:
     """The final table of ``fit``.  With the config's ``data_cfg`` and the ``test`` data, the dataset's own metrics
-    (chunk F1, IoU: :func:`torch_bcfw.metrics.tasks.task_metrics`) follow the test error (the task loss);
+    (chunk F1, IoU: :func:`torch_bcfw.datasets.task_metrics.task_metrics`) follow the test error (the task loss);
     ``compile_time``: seconds of one-off numba compilation measured apart from the solve (shown when > 0)."""
-    from .metrics.tasks import task_metrics
+    from .datasets.task_metrics import task_metrics
 
     s = result.summary()
     rows = [("solver", s["solver"]), ("lam", _fmt(s["lam"])), ("n train", str(n_train)),

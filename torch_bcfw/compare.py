@@ -139,7 +139,7 @@ def run_comparison(cfg: dict, model=None, train=None, log=print, callbacks=None)
 
 def config_lam(value, n: int) -> float:
     """``lam`` of a compare config: a number > 0, or the string ``"1/n"`` (one over the ``n`` training examples)."""
-    from .duals.checks import check_lam
+    from .checks import check_lam
 
     if value == "1/n":
         return 1.0 / n

@@ -32,89 +32,15 @@ model.
 """
 from __future__ import annotations
 
-import operator
 from dataclasses import dataclass
 from typing import Protocol, Sequence, runtime_checkable
 
-import numpy as np
 import torch
 from torch import Tensor
 
-__all__ = ["MulticlassData", "SequenceData", "SparseFeatures", "StructuredData", "check_cat_parts", "check_finite",
-           "check_int", "check_bool", "check_index_tensor", "check_input_tensor", "check_not_meta"]
+from .checks import check_finite, check_index_tensor, check_input_tensor, check_int, check_not_meta
 
-
-def check_finite(x: Tensor, name: str) -> None:
-    """Raise ``ValueError`` if ``x`` holds NaN or infinite values."""
-    if x.is_floating_point() and not bool(torch.isfinite(x).all()):
-        bad = int((~torch.isfinite(x)).sum())
-        raise ValueError(f"{name} contains {bad} NaN or infinite value(s)")
-
-
-# ----------------------------------------------------------------------------- strict argument checks
-# The containers and models reject what they used to coerce silently (a float offset truncated, a complex
-# feature losing its imaginary part, ``n_features=2.5`` becoming 2, ``bias="no"`` becoming True).
-def check_int(value, name: str, minimum: int | None = None) -> int:
-    """``value`` as a Python ``int``: an ``int`` or a numpy / 0-d torch integer.
-
-    Raises ``TypeError`` for anything else -- a bool, a float (even an integral one such as ``3.0``), a string --
-    and ``ValueError`` when ``value < minimum``.
-    """
-    if isinstance(value, (bool, np.bool_)) or (isinstance(value, Tensor) and value.dtype == torch.bool):
-        raise TypeError(f"{name} must be an integer, got {value!r} (bool)")
-    if isinstance(value, Tensor) and (value.is_floating_point() or value.is_complex()):
-        raise TypeError(f"{name} must be an integer, got {value!r}")
-    try:
-        v = operator.index(value)
-    except TypeError:
-        raise TypeError(f"{name} must be an integer, got {value!r} ({type(value).__name__})") from None
-    if minimum is not None and v < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {v}")
-    return int(v)
-
-
-def check_bool(value, name: str) -> bool:
-    """``value`` as a Python ``bool``: ``True`` / ``False`` or a numpy bool; anything else (``"no"``, ``0``,
-    ``1.0``...) raises ``TypeError``."""
-    if isinstance(value, (bool, np.bool_)):
-        return bool(value)
-    raise TypeError(f"{name} must be a bool (True or False), got {value!r} ({type(value).__name__})")
-
-
-def check_not_meta(t, name: str) -> None:
-    """``ValueError`` for a tensor on the ``meta`` device (shapes only, no values to check or solve with)."""
-    if isinstance(t, Tensor) and t.device.type == "meta":
-        raise ValueError(f"{name} is on the meta device (a tensor without data); materialise it on a real device "
-                         "(cpu / cuda) first")
-
-
-def check_input_tensor(t: Tensor, name: str) -> None:
-    """The checks every feature tensor of a data container passes: not on the ``meta`` device, real (a complex
-    tensor would lose its imaginary part in the float64 conversion), and not requiring grad (the solvers work on
-    fixed features: a backbone's output must be detached, ``x.detach()``, before the head is solved on it)."""
-    check_not_meta(t, name)
-    if t.is_complex():
-        raise ValueError(f"{name} must be real, got a complex tensor ({t.dtype}); pass its real part (x.real) or "
-                         "its modulus (x.abs()) explicitly")
-    if t.requires_grad:
-        raise ValueError(f"{name} requires grad: the head is solved on fixed features, so pass {name.split('.')[-1]}"
-                         ".detach() (e.g. the detached output of a backbone)")
-
-
-def check_index_tensor(t, name: str, device=None) -> Tensor:
-    """An integer index tensor (offsets, lengths, edges, example indices) as ``LongTensor``.
-
-    Lists / arrays of ints are accepted; a floating-point (even integer-valued), complex or bool tensor raises
-    ``ValueError`` instead of being truncated, as does one on the ``meta`` device.
-    """
-    check_not_meta(t, name)
-    out = torch.as_tensor(t) if device is None else torch.as_tensor(t, device=device)
-    if out.is_floating_point() or out.is_complex() or out.dtype == torch.bool:
-        if out.numel() == 0 and not isinstance(t, Tensor):  # [] is a float tensor for torch: an empty index
-            return out.long()
-        raise ValueError(f"{name} must hold integers, got {out.dtype}" + (
-            f" (values {out.reshape(-1)[:6].tolist()}{' ...' if out.numel() > 6 else ''})" if out.numel() else ""))
-    return out.long()
+__all__ = ["MulticlassData", "SequenceData", "SparseFeatures", "StructuredData", "check_cat_parts"]
 
 
 def _as_index(idx, n: int) -> Tensor:

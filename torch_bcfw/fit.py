@@ -11,7 +11,7 @@ from torch import Tensor
 
 from .checkpoint import Checkpoint
 from .models.base import StructuredModel
-from .duals.checks import check_lam
+from .checks import check_lam
 from .models.registry import model_from_config, model_name
 from .serialization import atomic_save, atomic_write_text, load_checked, to_plain
 from .signals import deferred_signals

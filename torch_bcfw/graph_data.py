@@ -32,9 +32,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .data import _as_index, check_finite, check_index_tensor, check_input_tensor, check_not_meta
+from .checks import check_finite, check_index_tensor, check_input_tensor, check_not_meta
+from .data import _as_index
 
-__all__ = ["GraphData", "grid_graph_data"]
+__all__ = ["GraphData", "grid_graph_data", "grid_edges", "edge_features"]
 
 
 def _check_offsets(offsets: Tensor, total: int, name: str, allow_empty: bool) -> None:
@@ -391,17 +392,15 @@ def grid_graph_data(features: Tensor, images: Tensor, labels: Tensor | None = No
         features: ``Tensor[B, F, H, W]`` per-pixel node features (e.g. a fully convolutional network's output).
         images: ``Tensor[B, C, H, W]`` the images the contrast edge features are computed from.
         labels: optional ``LongTensor[B, H, W]`` in ``{0, 1}``.
-        beta: contrast scale of :func:`~torch_bcfw.inference.graphcut.edge_features` (default: per image,
+        beta: contrast scale of :func:`edge_features` (default: per image,
             ``1 / (2 mean ||I_p - I_q||^2)``).
         contrast: edge features ``[1, exp(-beta ||I_p - I_q||^2)]`` (``E = 2``); ``False``: ``[1]`` only
             (a plain Potts term, ``E = 1``).
 
     Returns:
         A :class:`GraphData` with ``B`` graphs of ``H * W`` nodes (pixel ``(r, c)`` is node ``r * W + c``) and
-        ``H (W - 1) + W (H - 1)`` edges each (:func:`~torch_bcfw.inference.graphcut.grid_edges`).
+        ``H (W - 1) + W (H - 1)`` edges each (:func:`grid_edges`).
     """
-    from .inference.graphcut import edge_features, grid_edges
-
     for name, t in (("features", features), ("images", images), ("labels", labels)):
         check_not_meta(t, name)
     if features.dim() != 4 or images.dim() != 4 or features.shape[0] != images.shape[0] \
@@ -424,3 +423,72 @@ def grid_graph_data(features: Tensor, images: Tensor, labels: Tensor | None = No
     if y is not None and y.dtype == torch.bool:  # a binary mask; float labels are rejected by GraphData
         y = y.long()
     return GraphData(x, y, offsets, edges.repeat(B, 1), torch.cat(ex), edge_offsets)
+
+
+# ----------------------------------------------------------------------------- graphs of pixel grids
+def grid_edges(height: int, width: int) -> Tensor:
+    """4-connected edges of an ``height x width`` pixel grid, nodes numbered ``r * width + c``.
+
+    Returns:
+        ``LongTensor[M, 2]`` with ``M = height * (width - 1) + width * (height - 1)``: first
+        all horizontal edges ``(r, c)-(r, c+1)`` in row-major order, then all vertical edges
+        ``(r, c)-(r+1, c)``.
+    """
+    ids = torch.arange(height * width).reshape(height, width)
+    horizontal = torch.stack([ids[:, :-1].reshape(-1), ids[:, 1:].reshape(-1)], dim=1)
+    vertical = torch.stack([ids[:-1, :].reshape(-1), ids[1:, :].reshape(-1)], dim=1)
+    return torch.cat([horizontal, vertical], dim=0)
+
+
+def _pixels(image: Tensor, layout: str) -> Tensor:
+    """Flatten ``image`` to ``Tensor[H * W, C]`` in row-major pixel order.
+
+    Args:
+        image: ``Tensor[H, W]``, ``Tensor[H, W, C]`` or ``Tensor[C, H, W]``.
+        layout: ``"hwc"``, ``"chw"`` or ``"auto"`` (channels-first iff the first dimension is
+            1 or 3 and the last is not; ambiguous shapes raise ``ValueError``).
+    """
+    if image.dim() == 2:
+        return image.reshape(-1, 1)
+    if image.dim() != 3:
+        raise ValueError(f"image must be [H, W], [H, W, C] or [C, H, W]; got {tuple(image.shape)}")
+    if layout == "auto":
+        first, last = image.shape[0] in (1, 3), image.shape[2] in (1, 3)
+        if first == last:
+            raise ValueError(
+                f"cannot tell channels-first from channels-last for shape {tuple(image.shape)}; "
+                "pass layout='chw' or layout='hwc'"
+            )
+        layout = "chw" if first else "hwc"
+    if layout == "chw":
+        image = image.permute(1, 2, 0)
+    elif layout != "hwc":
+        raise ValueError(f"layout must be 'auto', 'hwc' or 'chw', got {layout!r}")
+    return image.reshape(-1, image.shape[2])
+
+
+def edge_features(
+    image: Tensor, edges: Tensor, beta: float | None = None, layout: str = "auto"
+) -> Tensor:
+    """Contrast-sensitive Potts edge features (GrabCut, Rother et al. 2004).
+
+    Args:
+        image: ``Tensor[H, W, C]``, ``Tensor[C, H, W]`` or ``Tensor[H, W]``; pixel ``(r, c)``
+            is node ``r * W + c`` as in :func:`grid_edges`.
+        edges: ``LongTensor[M, 2]`` of pixel indices.
+        beta: contrast scale; default ``1 / (2 mean_pq ||I_p - I_q||^2)`` over ``edges``
+            (``0`` when that mean is 0, i.e. a constant image).
+        layout: ``"auto"``, ``"hwc"`` or ``"chw"`` (see :func:`_pixels`).
+
+    Returns:
+        ``Tensor[M, 2]`` (floating dtype of ``image``, float32 for integer images): column 0
+        is 1, column 1 is ``exp(-beta ||I_p - I_q||^2)``.
+    """
+    pixels = _pixels(image, layout)
+    if not pixels.dtype.is_floating_point:
+        pixels = pixels.to(torch.float32)
+    sq_dist = (pixels[edges[:, 0]] - pixels[edges[:, 1]]).pow(2).sum(dim=1)
+    if beta is None:
+        mean = float(sq_dist.mean()) if sq_dist.numel() else 0.0
+        beta = 1.0 / (2.0 * mean) if mean > 0 else 0.0
+    return torch.stack([torch.ones_like(sq_dist), torch.exp(-beta * sq_dist)], dim=1)

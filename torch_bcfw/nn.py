@@ -34,7 +34,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from .data import check_index_tensor
+from .checks import check_index_tensor
 from .models.base import StructuredModel
 
 __all__ = ["StructuredHead", "StructuredHingeLoss", "structured_hinge"]

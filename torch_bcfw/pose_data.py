@@ -13,7 +13,8 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from .data import _as_index, check_cat_parts, check_input_tensor, check_not_meta
+from .checks import check_input_tensor, check_not_meta
+from .data import _as_index, check_cat_parts
 
 __all__ = ["PoseData", "flat_to_positions"]
 

@@ -28,11 +28,14 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Sequence
 
 import numpy as np
+import torch
 
 __all__ = ["SentencePair", "HansardsCorpus", "HansardsSplit", "load_hansards", "hansards_split", "read_sentences",
-           "read_links", "read_unlabelled", "matching_target", "N_TRAIN", "HansardsProblem", "load_hansards_problem"]
+           "read_links", "read_unlabelled", "matching_target", "N_TRAIN", "HansardsProblem", "load_hansards_problem",
+           "alignment_data"]
 
 #: gold pairs used for training by the protocol (the rest, 347, are the test set)
 N_TRAIN = 100
@@ -257,7 +260,7 @@ def load_hansards_problem(root, n_train: int = N_TRAIN, miss_cost: float = 3.0, 
     """Load the data, fit the text features on every pair's text (unlabelled, gold and trial; never their
     links), and build the :class:`~torch_bcfw.models.matching.Matching` model and its train / trial / test data
     (gold pairs ``1..n_train``, the 37 trial pairs, the other gold pairs)."""
-    from ..features.alignment import AlignmentFeaturizer, alignment_data
+    from ..features.alignment import AlignmentFeaturizer
     from ..models.matching import Matching
 
     corpus = load_hansards(root, unlabelled=unlabelled)
@@ -268,3 +271,30 @@ def load_hansards_problem(root, n_train: int = N_TRAIN, miss_cost: float = 3.0, 
     model = Matching(featurizer.n_features, miss_cost=miss_cost, extra_cost=extra_cost, normalize=normalize)
     return HansardsProblem(model, alignment_data(split.train, featurizer), alignment_data(split.trial, featurizer),
                            alignment_data(split.test, featurizer), featurizer, split, corpus)
+
+
+def alignment_data(pairs: Sequence, featurizer, labels: bool = True):
+    """A :class:`~torch_bcfw.models.matching.MatchingData` of ``pairs`` with the link features of ``featurizer`` (a fitted
+    :class:`~torch_bcfw.features.alignment.AlignmentFeaturizer`).
+
+    With ``labels`` (and gold links on every pair) ``y`` is :func:`matching_target`
+    (a largest matching of the sure links) and ``sure`` / ``possible`` keep the full gold sets for AER.
+    """
+    from ..models.matching import MatchingData
+
+    xs = featurizer.transform(pairs)
+    if not labels or any(p.sure is None for p in pairs):
+        return MatchingData.from_pairs(xs)
+    ys = [torch.from_numpy(matching_target(p)) for p in pairs]
+    sure, possible = [], []
+    for p in pairs:
+        m, f = p.sizes
+        s = torch.zeros(m, f, dtype=torch.bool)
+        q = torch.zeros(m, f, dtype=torch.bool)
+        for j, k in p.sure:
+            s[j, k] = True
+        for j, k in p.possible:
+            q[j, k] = True
+        sure.append(s)
+        possible.append(q)
+    return MatchingData.from_pairs(xs, ys, sure, possible)

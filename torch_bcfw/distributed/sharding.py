@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from ..data import check_int
+from ..checks import check_int
 from ..duals.fingerprint import features_fingerprint, labels_fingerprint
 from .collectives import all_gather_int64, collective
 from .context import DistributedContext

@@ -68,7 +68,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .checks import check_bounds, check_lam, check_n_total
+from ..checks import check_bounds, check_lam, check_n_total
 from .fingerprint import features_fingerprint, labels_fingerprint
 from .plan import PlanResult, RoundStep, StepPlan, generic_plan_steps, round_corners, run_rounds
 from .stepsize import (PAIRWISE_RULE, average_weight, clipped_step, lazy_weight, minibatch_step_size,

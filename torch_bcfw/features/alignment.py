@@ -15,7 +15,7 @@ Statistics gathered by :meth:`AlignmentFeaturizer.fit`:
   a second pair of models with fast_align's diagonal alignment prior (Dyer et al. 2013:
   ``p(a_k = j) ~ exp(-tension |j/m - k/f|)``, ``p(a_k = NULL) = null_prob``; ``diagonal_tension=0`` drops it);
   and a pair of HMM aligners (Vogel et al. 1996, NULL states of Och & Ney 2003) initialised from Model 1
-  (:mod:`torch_bcfw.features.alignment_hmm`; ``hmm_iterations=0`` drops them).
+  (:mod:`torch_bcfw.features.translation`; ``hmm_iterations=0`` drops them).
 
 Features of the link ``(j, k)`` between English word ``e = e_j`` and French word ``f = f_k`` of a pair with
 lengths ``m, f`` (:attr:`AlignmentFeaturizer.names` lists them in order):
@@ -50,8 +50,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
-__all__ = ["AlignmentFeaturizer", "IBMModel", "train_ibm", "alignment_data", "dice_competitive_linking", "symmetrize",
-           "run_eflomal", "link_indicator_features", "LINK_FEATURE_NAMES"]
+from .translation import train_hmm, train_ibm
+
+__all__ = ["AlignmentFeaturizer", "dice_competitive_linking", "symmetrize", "run_eflomal", "link_indicator_features",
+           "LINK_FEATURE_NAMES"]
 
 _DICE_BINS = (0.05, 0.1, 0.2, 0.3, 0.5)
 _DIST_BINS = (0.05, 0.1, 0.2, 0.3)
@@ -81,84 +83,6 @@ def _common_prefix(a: str, b: str) -> int:
 
 
 # ----------------------------------------------------------------------------- IBM models
-class IBMModel:
-    """A translation table ``t(tgt | src)`` over co-occurring word pairs (plus a NULL source word) and its
-    alignment prior (``tension = 0``: IBM Model 1; ``> 0``: fast_align's diagonal prior with ``null_prob``)."""
-
-    def __init__(self, keys: Tensor, table: Tensor, n_tgt: int, null_id: int, tension: float, null_prob: float):
-        self.keys = keys  # sorted int64 src * n_tgt + tgt
-        self.table = table  # float64, t(tgt | src) per key
-        self.n_tgt = n_tgt
-        self.null_id = null_id
-        self.tension = float(tension)
-        self.null_prob = float(null_prob)
-
-    def lookup(self, src: np.ndarray, tgt: np.ndarray) -> np.ndarray:
-        """``t(tgt | src)`` for id arrays of the same shape (0 for pairs never seen together)."""
-        q = torch.as_tensor(np.asarray(src, dtype=np.int64) * self.n_tgt + np.asarray(tgt, dtype=np.int64))
-        pos = torch.searchsorted(self.keys, q.reshape(-1)).clamp_max(self.keys.numel() - 1)
-        hit = self.keys[pos] == q.reshape(-1)
-        out = torch.where(hit, self.table[pos], torch.zeros((), dtype=torch.float64))
-        return out.reshape(q.shape).numpy()
-
-    def prior(self, m: int, n: int) -> np.ndarray:
-        """``[n, m + 1]``: ``p(a_k = j)`` per target position ``k`` (rows) over NULL (column 0) and the sources."""
-        if self.tension <= 0:
-            return np.full((n, m + 1), 1.0 / (m + 1))
-        d = np.abs((np.arange(n)[:, None] + 0.5) / n - (np.arange(m)[None, :] + 0.5) / m)
-        h = np.exp(-self.tension * d)
-        h *= (1.0 - self.null_prob) / h.sum(1, keepdims=True)
-        return np.concatenate([np.full((n, 1), self.null_prob), h], 1)
-
-    def posteriors(self, src: np.ndarray, tgt: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """``(post [n, m], null [n])``: ``p(a_k = j | src, tgt)`` per target word ``k`` over source words ``j``."""
-        m, n = len(src), len(tgt)
-        ids = np.concatenate([[self.null_id], src])
-        t = self.lookup(np.broadcast_to(ids[None, :], (n, m + 1)), np.broadcast_to(tgt[:, None], (n, m + 1)))
-        p = t * self.prior(m, n)
-        z = p.sum(1, keepdims=True)
-        p = np.where(z > 0, p / np.where(z > 0, z, 1.0), 1.0 / (m + 1))
-        return p[:, 1:], p[:, 0]
-
-
-def train_ibm(src: Sequence[np.ndarray], tgt: Sequence[np.ndarray], n_src: int, n_tgt: int, iterations: int = 5,
-              tension: float = 0.0, null_prob: float = 0.08) -> IBMModel:
-    """EM for ``t(tgt | src)`` on id sentences (NULL is source id ``n_src``), vectorised in torch.
-
-    Every (sentence, target position, source position or NULL) triple is one entry; an EM iteration is two
-    ``index_add`` passes (posteriors normalised per target word, expected counts normalised per source word).
-    """
-    if len(src) != len(tgt):
-        raise ValueError(f"{len(src)} source sentences but {len(tgt)} target sentences")
-    keys, groups, priors = [], [], []
-    g0 = 0
-    null = n_src
-    proto = IBMModel(torch.zeros(1, dtype=torch.long), torch.zeros(1, dtype=torch.float64), n_tgt, null, tension,
-                     null_prob)
-    for s, t in zip(src, tgt):
-        m, n = len(s), len(t)
-        ids = np.concatenate([[null], s]).astype(np.int64)
-        keys.append((ids[None, :] * n_tgt + t[:, None].astype(np.int64)).reshape(-1))
-        groups.append(np.repeat(np.arange(g0, g0 + n), m + 1))
-        priors.append(proto.prior(m, n).reshape(-1))
-        g0 += n
-    keys = torch.from_numpy(np.concatenate(keys))
-    group = torch.from_numpy(np.concatenate(groups))
-    prior = torch.from_numpy(np.concatenate(priors))
-    ukeys, inv = torch.unique(keys, return_inverse=True)
-    src_of = ukeys // n_tgt
-    table = torch.ones(ukeys.numel(), dtype=torch.float64)
-    for _ in range(iterations):
-        p = table[inv] * prior
-        z = torch.zeros(g0, dtype=torch.float64).index_add_(0, group, p)
-        post = p / z[group]
-        counts = torch.zeros(ukeys.numel(), dtype=torch.float64).index_add_(0, inv, post)
-        tot = torch.zeros(n_src + 1, dtype=torch.float64).index_add_(0, src_of, counts)
-        table = counts / tot[src_of]
-    return IBMModel(ukeys, table, n_tgt, null, tension, null_prob)
-
-
-# ----------------------------------------------------------------------------- the featurizer
 class AlignmentFeaturizer:
     """Link features from text statistics (see the module docstring).
 
@@ -171,7 +95,7 @@ class AlignmentFeaturizer:
 
     def __init__(self, ibm_iterations: int = 5, diagonal_tension: float = 4.0, null_prob: float = 0.08,
                  hmm_iterations: int = 5):
-        from ..data import check_int
+        from ..checks import check_int
 
         self.ibm_iterations = check_int(ibm_iterations, "ibm_iterations", minimum=1)
         self.hmm_iterations = check_int(hmm_iterations, "hmm_iterations", minimum=0)
@@ -236,8 +160,6 @@ class AlignmentFeaturizer:
             ef = train_ibm(f_ids, e_ids, Vf, Ve, self.ibm_iterations, tension, self.null_prob)  # t(e | f)
             self.ibm[tag] = (fe, ef)
         if self.hmm_iterations:
-            from .alignment_hmm import train_hmm
-
             fe1, ef1 = self.ibm["ibm1"]
             self.ibm["hmm"] = (train_hmm(e_ids, f_ids, fe1, self.hmm_iterations),
                                train_hmm(f_ids, e_ids, ef1, self.hmm_iterations))
@@ -345,33 +267,6 @@ class AlignmentFeaturizer:
 
 
 # ----------------------------------------------------------------------------- datasets and baselines
-def alignment_data(pairs: Sequence, featurizer: AlignmentFeaturizer, labels: bool = True):
-    """A :class:`~torch_bcfw.models.matching.MatchingData` of ``pairs`` with ``featurizer``'s link features.
-
-    With ``labels`` (and gold links on every pair) ``y`` is :func:`~torch_bcfw.datasets.hansards.matching_target`
-    (a largest matching of the sure links) and ``sure`` / ``possible`` keep the full gold sets for AER.
-    """
-    from ..datasets.hansards import matching_target
-    from ..models.matching import MatchingData
-
-    xs = featurizer.transform(pairs)
-    if not labels or any(p.sure is None for p in pairs):
-        return MatchingData.from_pairs(xs)
-    ys = [torch.from_numpy(matching_target(p)) for p in pairs]
-    sure, possible = [], []
-    for p in pairs:
-        m, f = p.sizes
-        s = torch.zeros(m, f, dtype=torch.bool)
-        q = torch.zeros(m, f, dtype=torch.bool)
-        for j, k in p.sure:
-            s[j, k] = True
-        for j, k in p.possible:
-            q[j, k] = True
-        sure.append(s)
-        possible.append(q)
-    return MatchingData.from_pairs(xs, ys, sure, possible)
-
-
 def dice_competitive_linking(dice: np.ndarray, threshold: float = 0.0) -> np.ndarray:
     """Competitive linking (Melamed 2000) on a ``[m, f]`` Dice matrix: repeatedly link the highest-Dice pair of
     still-free words while its Dice exceeds ``threshold``.  Returns a 0/1 ``int64 [m, f]`` matching."""

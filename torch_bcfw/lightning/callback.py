@@ -11,9 +11,9 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info
 
-from ..data import MulticlassData, SequenceData, StructuredData, check_index_tensor
+from ..checks import check_index_tensor, check_lam
+from ..data import MulticlassData, SequenceData, StructuredData
 from ..duals.active_set import ActiveSetDualState
-from ..duals.checks import check_lam
 from ..nn import StructuredHead
 from ..signals import deferred_signals
 from ..solvers.options import SolverOptions

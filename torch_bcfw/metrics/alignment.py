@@ -18,8 +18,7 @@ from typing import Iterable, Sequence
 import torch
 from torch import Tensor
 
-__all__ = ["AlignmentScores", "alignment_counts", "alignment_scores", "alignment_scores_from_labelings",
-           "hansards_metrics"]
+__all__ = ["AlignmentScores", "alignment_counts", "alignment_scores", "alignment_scores_from_labelings"]
 
 
 @dataclass(frozen=True)
@@ -82,19 +81,3 @@ def alignment_scores_from_labelings(data, y: Tensor) -> AlignmentScores:
     S = data.sure
     P = data.possible | S
     return _scores(int(A.sum()), int(S.sum()), int((A & S).sum()), int((A & P).sum()))
-
-
-def hansards_metrics(model, data, result, config: dict) -> dict[str, float]:
-    """AER, precision and recall (%) of the plain decoding of ``data`` (the ``torch-bcfw fit`` table's rows for
-    the ``hansards`` dataset; registered with :func:`~torch_bcfw.metrics.tasks.register_task_metric`)."""
-    s = alignment_scores_from_labelings(data, result.predict(data))
-    return {"test AER (%)": 100 * s.aer, "test precision (%)": 100 * s.precision, "test recall (%)": 100 * s.recall}
-
-
-def _register() -> None:
-    from .tasks import register_task_metric
-
-    register_task_metric("hansards", hansards_metrics)
-
-
-_register()

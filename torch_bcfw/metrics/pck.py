@@ -8,7 +8,6 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..datasets.lsp import grid_to_joints
 
 __all__ = ["compare_pck", "pck", "pck_difference"]
 
@@ -88,12 +87,12 @@ def pck_difference(pred: Tensor, baseline: Tensor, true: Tensor, visible: Tensor
             "joints": int(total), "level": float(level), "n_boot": int(n_boot)}
 
 
-def compare_pck(tree: Tensor, argmax: Tensor, joints: Tensor, visible: Tensor, pck_torso: Tensor, size: int,
-                grid_size: int, alpha: float = 0.2) -> dict:
-    """PCK@alpha of tree and argmax cells (long ``[N, J, 2]``) against the true joints (frame pixels ``[N, J, 2]``,
+def compare_pck(tree: Tensor, argmax: Tensor, joints: Tensor, visible: Tensor, pck_torso: Tensor,
+                alpha: float = 0.2) -> dict:
+    """PCK@alpha of the tree's and the argmax's joints against the true joints (all in frame pixels ``[N, J, 2]``;
     ``visible [N, J]``, ``pck_torso [N]``): ``pck_tree``, ``pck_argmax``, ``pck_tree_minus_argmax`` with its paired
     image-bootstrap interval (``_low``, ``_high``) and ``images_with_torso``."""
-    pred = {name: grid_to_joints(p, size, grid_size).to(joints.dtype) for name, p in (("argmax", argmax), ("tree", tree))}
+    pred = {"argmax": argmax.to(joints.dtype), "tree": tree.to(joints.dtype)}
     out = {f"pck_{name}": float(pck(p, joints, visible, pck_torso, alpha)) for name, p in pred.items()}
     diff = pck_difference(pred["tree"], pred["argmax"], joints, visible, pck_torso, alpha)
     out["pck_tree_minus_argmax"] = diff["diff"]

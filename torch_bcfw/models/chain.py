@@ -27,7 +27,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..data import SequenceData, check_int
+from ..checks import check_int
+from ..data import SequenceData
 from ..head_ops import ChainHeadOps
 from ..duals.chain import ChainDualState
 from ..inference.forward_backward import chain_marginals

@@ -39,7 +39,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..data import check_bool, check_int
+from ..checks import check_bool, check_int
 from ..duals.graphcut import GraphCutDualState
 from ..graph_data import GraphData
 from ..inference.graphcut import NEGATIVE_TOLERANCE, _available_cpus

@@ -49,8 +49,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..data import (_as_index, check_cat_parts, check_finite, check_index_tensor, check_input_tensor, check_int,
-                    check_not_meta)
+from ..checks import check_finite, check_index_tensor, check_input_tensor, check_int, check_not_meta
+from ..data import _as_index, check_cat_parts
 from .base import StructuredModel
 
 __all__ = ["Matching", "MatchingData", "max_weight_matching", "NORMALIZATIONS"]
@@ -407,16 +407,6 @@ class Matching(StructuredModel):
         y_star = self._decode_scores(s + self.loss_link_costs(data), data)
         diff = self._pair_sum(data, s * (y_star - data.y).to(torch.float64))
         return y_star, self.loss(data, y_star) + diff / self.normalizers(data)
-
-    def metrics(self, data: MatchingData, y: Tensor) -> dict:
-        """Corpus AER, precision and recall of the labeling ``y`` against ``data``'s sure / possible links
-        (:func:`~torch_bcfw.metrics.alignment.alignment_scores_from_labelings`); ``{}`` when the data has none."""
-        if data.sure is None or data.possible is None:
-            return {}
-        from ..metrics.alignment import alignment_scores_from_labelings
-
-        s = alignment_scores_from_labelings(data, self._check_y(data, y))
-        return {"aer": s.aer, "precision": s.precision, "recall": s.recall}
 
     # ------------------------------------------------------------ joint features
     def joint_feature(self, data: MatchingData, y: Tensor) -> Tensor:

@@ -9,7 +9,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..data import MulticlassData, check_bool, check_int
+from ..checks import check_bool, check_int
+from ..data import MulticlassData
 from ..head_ops import MulticlassHeadOps
 from .base import StructuredModel
 

@@ -68,7 +68,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from ..data import check_bool, check_int
+from ..checks import check_bool, check_int
 from ..inference.distance_transform import Method
 from ..inference.tree import (
     LSP_TREE_EDGES,

@@ -28,7 +28,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from ..datasets.lsp import joints_to_grid
+from ..datasets.lsp import grid_to_joints, joints_to_grid
 from ..inference.tree import LSP_TREE_EDGES, edge_ends
 from ..inference.tree_mixture import select_types
 from ..metrics.pck import compare_pck
@@ -412,8 +412,9 @@ class PoseTreeCNN(pl.LightningModule):
             return
         r = {k: torch.cat([e[k] for e in self._eval]) for k in self._eval[0]}
         self._eval = []
-        cmp = compare_pck(r["tree"], r["argmax"], r["joints"], r["visible"], r["pck_torso"], self.hparams.size,
-                          self.grid_size, self.hparams.alpha)
+        size, grid = self.hparams.size, self.grid_size
+        cmp = compare_pck(grid_to_joints(r["tree"], size, grid), grid_to_joints(r["argmax"], size, grid), r["joints"],
+                          r["visible"], r["pck_torso"], self.hparams.alpha)
         out = {f"test/{k}": v for k, v in cmp.items()}
         out["test/task_loss_tree"] = float(r["task_loss"].mean())
         out["test/images"] = len(r["visible"])

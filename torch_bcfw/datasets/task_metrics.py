@@ -1,4 +1,5 @@
-"""Each dataset's own metric, reported by ``torch-bcfw fit`` beside the task loss (the Hamming error).
+"""Each dataset's own metric, reported by ``torch-bcfw fit`` beside the task loss (the Hamming error): the glue between
+a dataset (its gold annotations, read here) and the metric functions of :mod:`torch_bcfw.metrics`.
 
 The solvers minimise a (normalised) Hamming loss; the tasks are judged by other figures: chunk F1 for CoNLL-2000
 (conlleval), foreground IoU for the Weizmann horses.  :func:`task_metrics` computes them for a fitted
@@ -11,9 +12,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from .segmentation import segmentation_metrics
+from ..metrics.alignment import alignment_scores_from_labelings
+from ..metrics.segmentation import segmentation_metrics
+from .conll import load_conll2000
+from .conll_chain import chunk_f1_from_ids, ids_to_tags
 
-__all__ = ["task_metrics", "register_task_metric", "TASK_METRICS", "conll_metrics", "segmentation_metrics"]
+__all__ = ["task_metrics", "register_task_metric", "TASK_METRICS", "conll_metrics", "horses_metrics",
+           "hansards_metrics"]
 
 #: dataset name -> ``fn(model, data, result, config) -> {label: value}``
 TASK_METRICS: dict[str, Callable] = {}
@@ -52,13 +57,9 @@ def task_metrics(name: str | None, model, data, result, config: dict | None = No
 def _conll_gold(data, config: dict):
     """Gold chunk tags of the test sentences: the strings of the corpus when ``config`` names it (an ``I-LST`` tag
     unseen in training then counts as missed, as in conlleval), else the tags of the label ids."""
-    from ..datasets.conll_chain import ids_to_tags
-
     lengths = (data.offsets[1:] - data.offsets[:-1]).tolist()
     path = config.get("path")
     if path:
-        from ..datasets.conll import load_conll2000
-
         try:
             sentences = load_conll2000(path, split="test")
         except (OSError, ValueError):
@@ -76,8 +77,6 @@ def _conll_gold(data, config: dict):
 
 def conll_metrics(model, data, result, config: dict) -> dict[str, float]:
     """conlleval chunk F1, precision and recall (%) of the plain decoding of ``data``."""
-    from ..datasets.conll_chain import chunk_f1_from_ids
-
     scores = chunk_f1_from_ids(result.predict(data).cpu(), data.offsets.cpu(), _conll_gold(data, config))
     return {"test chunk F1 (%)": 100 * scores["f1"], "test chunk precision (%)": 100 * scores["precision"],
             "test chunk recall (%)": 100 * scores["recall"]}
@@ -93,3 +92,14 @@ def horses_metrics(model, data, result, config: dict) -> dict[str, float]:
 
 
 register_task_metric("horses", horses_metrics)
+
+
+# ----------------------------------------------------------------------------- Hansards: AER
+def hansards_metrics(model, data, result, config: dict) -> dict[str, float]:
+    """AER, precision and recall (%) of the plain decoding of ``data`` (the ``torch-bcfw fit`` table's rows for
+    the ``hansards`` dataset)."""
+    s = alignment_scores_from_labelings(data, result.predict(data))
+    return {"test AER (%)": 100 * s.aer, "test precision (%)": 100 * s.precision, "test recall (%)": 100 * s.recall}
+
+
+register_task_metric("hansards", hansards_metrics)

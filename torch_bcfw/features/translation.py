@@ -1,5 +1,8 @@
-"""HMM word alignment (Vogel, Ney & Tillmann 1996) trained by EM in torch, for text-only link features.
+"""Word translation models trained by EM in torch, for the text-only link features of
+:mod:`torch_bcfw.features.alignment`: IBM Model 1 with fast_align's diagonal prior (:class:`IBMModel`,
+:func:`train_ibm`) and the HMM aligner (:class:`HMMModel`, :func:`train_hmm`).
 
+HMM word alignment (Vogel, Ney & Tillmann 1996):
 The model generates the target sentence ``f_1..f_n`` from the source ``e_1..e_m``: hidden alignments ``a_k`` run
 over ``2m`` states, the ``m`` source positions and ``m`` NULL states (Och & Ney 2003: NULL state ``m + i``
 remembers position ``i``, so the jump after a NULL word is measured from the last real position):
@@ -12,7 +15,7 @@ remembers position ``i``, so the jump after a NULL word is measured from the las
 
 Training batches sentences of similar length, runs the scaled forward-backward recursions over the batch in
 torch (one ``[B, 2M, 2M]`` transition tensor per batch) and accumulates expected emission counts by ``index_add``
-into the same key table as :func:`~torch_bcfw.features.alignment.train_ibm`, and expected jump counts per jump
+into the same key table as :func:`train_ibm`, and expected jump counts per jump
 bucket (the usual approximate M-step for ``c``).  Posteriors of a single pair are computed in numpy
 (:meth:`HMMModel.posteriors`).
 """
@@ -22,12 +25,93 @@ from typing import Sequence
 
 import numpy as np
 import torch
+from torch import Tensor
 
-__all__ = ["HMMModel", "train_hmm"]
+__all__ = ["IBMModel", "train_ibm", "HMMModel", "train_hmm"]
+
+
+class IBMModel:
+    """A translation table ``t(tgt | src)`` over co-occurring word pairs (plus a NULL source word) and its
+    alignment prior (``tension = 0``: IBM Model 1; ``> 0``: fast_align's diagonal prior with ``null_prob``)."""
+
+    def __init__(self, keys: Tensor, table: Tensor, n_tgt: int, null_id: int, tension: float, null_prob: float):
+        self.keys = keys  # sorted int64 src * n_tgt + tgt
+        self.table = table  # float64, t(tgt | src) per key
+        self.n_tgt = n_tgt
+        self.null_id = null_id
+        self.tension = float(tension)
+        self.null_prob = float(null_prob)
+
+    def lookup(self, src: np.ndarray, tgt: np.ndarray) -> np.ndarray:
+        """``t(tgt | src)`` for id arrays of the same shape (0 for pairs never seen together)."""
+        q = torch.as_tensor(np.asarray(src, dtype=np.int64) * self.n_tgt + np.asarray(tgt, dtype=np.int64))
+        pos = torch.searchsorted(self.keys, q.reshape(-1)).clamp_max(self.keys.numel() - 1)
+        hit = self.keys[pos] == q.reshape(-1)
+        out = torch.where(hit, self.table[pos], torch.zeros((), dtype=torch.float64))
+        return out.reshape(q.shape).numpy()
+
+    def prior(self, m: int, n: int) -> np.ndarray:
+        """``[n, m + 1]``: ``p(a_k = j)`` per target position ``k`` (rows) over NULL (column 0) and the sources."""
+        if self.tension <= 0:
+            return np.full((n, m + 1), 1.0 / (m + 1))
+        d = np.abs((np.arange(n)[:, None] + 0.5) / n - (np.arange(m)[None, :] + 0.5) / m)
+        h = np.exp(-self.tension * d)
+        h *= (1.0 - self.null_prob) / h.sum(1, keepdims=True)
+        return np.concatenate([np.full((n, 1), self.null_prob), h], 1)
+
+    def posteriors(self, src: np.ndarray, tgt: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(post [n, m], null [n])``: ``p(a_k = j | src, tgt)`` per target word ``k`` over source words ``j``."""
+        m, n = len(src), len(tgt)
+        ids = np.concatenate([[self.null_id], src])
+        t = self.lookup(np.broadcast_to(ids[None, :], (n, m + 1)), np.broadcast_to(tgt[:, None], (n, m + 1)))
+        p = t * self.prior(m, n)
+        z = p.sum(1, keepdims=True)
+        p = np.where(z > 0, p / np.where(z > 0, z, 1.0), 1.0 / (m + 1))
+        return p[:, 1:], p[:, 0]
+
+
+def train_ibm(src: Sequence[np.ndarray], tgt: Sequence[np.ndarray], n_src: int, n_tgt: int, iterations: int = 5,
+              tension: float = 0.0, null_prob: float = 0.08) -> IBMModel:
+    """EM for ``t(tgt | src)`` on id sentences (NULL is source id ``n_src``), vectorised in torch.
+
+    Every (sentence, target position, source position or NULL) triple is one entry; an EM iteration is two
+    ``index_add`` passes (posteriors normalised per target word, expected counts normalised per source word).
+    """
+    if len(src) != len(tgt):
+        raise ValueError(f"{len(src)} source sentences but {len(tgt)} target sentences")
+    keys, groups, priors = [], [], []
+    g0 = 0
+    null = n_src
+    proto = IBMModel(torch.zeros(1, dtype=torch.long), torch.zeros(1, dtype=torch.float64), n_tgt, null, tension,
+                     null_prob)
+    for s, t in zip(src, tgt):
+        m, n = len(s), len(t)
+        ids = np.concatenate([[null], s]).astype(np.int64)
+        keys.append((ids[None, :] * n_tgt + t[:, None].astype(np.int64)).reshape(-1))
+        groups.append(np.repeat(np.arange(g0, g0 + n), m + 1))
+        priors.append(proto.prior(m, n).reshape(-1))
+        g0 += n
+    keys = torch.from_numpy(np.concatenate(keys))
+    group = torch.from_numpy(np.concatenate(groups))
+    prior = torch.from_numpy(np.concatenate(priors))
+    ukeys, inv = torch.unique(keys, return_inverse=True)
+    src_of = ukeys // n_tgt
+    table = torch.ones(ukeys.numel(), dtype=torch.float64)
+    for _ in range(iterations):
+        p = table[inv] * prior
+        z = torch.zeros(g0, dtype=torch.float64).index_add_(0, group, p)
+        post = p / z[group]
+        counts = torch.zeros(ukeys.numel(), dtype=torch.float64).index_add_(0, inv, post)
+        tot = torch.zeros(n_src + 1, dtype=torch.float64).index_add_(0, src_of, counts)
+        table = counts / tot[src_of]
+    return IBMModel(ukeys, table, n_tgt, null, tension, null_prob)
+
+
+# ----------------------------------------------------------------------------- the featurizer
 
 
 class HMMModel:
-    """A trained HMM aligner: emission table (as :class:`~torch_bcfw.features.alignment.IBMModel`), jump weights."""
+    """A trained HMM aligner: emission table (as :class:`IBMModel`), jump weights."""
 
     def __init__(self, emissions, jumps: np.ndarray, max_jump: int, p0: float):
         self.emissions = emissions  # an IBMModel: lookup(src, tgt) gives t(tgt | src); src id null_id is NULL
@@ -83,8 +167,6 @@ def train_hmm(src: Sequence[np.ndarray], tgt: Sequence[np.ndarray], init, iterat
               p0: float = 0.2, batch_size: int = 128) -> HMMModel:
     """EM for the HMM on id sentences, starting from the IBM Model 1 table ``init`` (an ``IBMModel`` over the same
     vocabularies; its keys fix which (source, target) pairs have a parameter)."""
-    from .alignment import IBMModel
-
     keys, null, n_tgt = init.keys, init.null_id, init.n_tgt
     table = init.table.clone()
     src_of = keys // n_tgt

@@ -1,0 +1,145 @@
+"""The checks of arguments that every layer shares: nothing is coerced, a bad value raises a clear error.
+
+``lam`` and box bounds (the problem), the number of examples of a sharded problem, and the strict checks of the data
+containers and models: integers and bools that are truly that (``n_features=2.5`` or ``bias="no"`` raise instead of
+becoming 2 or True), finite, real, detached feature tensors, integer index tensors.  The lowest module of the package:
+it imports nothing of it.
+"""
+from __future__ import annotations
+
+import numbers
+import operator
+
+import numpy as np
+import torch
+from torch import Tensor
+
+__all__ = ["check_lam", "check_n_total", "check_bounds", "check_finite", "check_int", "check_bool", "check_not_meta",
+           "check_input_tensor", "check_index_tensor"]
+
+
+def check_lam(lam: float) -> float:
+    """``lam`` as a Python float: a real number (int, float, numpy scalar or 0-d real tensor) that is finite and
+    ``> 0``.  ``TypeError`` for a bool, a string, a complex number or any other type (nothing is coerced);
+    ``ValueError`` for NaN, an infinity or ``lam <= 0``."""
+    v = lam
+    if isinstance(v, torch.Tensor) and v.ndim == 0 and v.dtype != torch.bool and not v.dtype.is_complex:
+        v = v.item()
+    elif isinstance(v, np.ndarray) and v.ndim == 0 and v.dtype.kind in "iuf":
+        v = v.item()
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, numbers.Real):
+        raise TypeError(f"lam must be a real number > 0, got {lam!r} ({type(lam).__name__})")
+    v = float(v)
+    if not np.isfinite(v) or v <= 0.0:
+        raise ValueError(f"lam must be a finite number > 0, got {v}")
+    return v
+
+
+def check_n_total(n_total, n: int) -> int:
+    """The problem's number of examples: ``n`` (the state's own blocks) when ``n_total`` is ``None``, else
+    ``n_total`` as an int ``>= n`` (a state holding one shard of a sharded problem scales its blocks by the
+    problem's ``1 / (lam n_total)`` and ``L_i / n_total``).  ``TypeError`` for a non-integer, ``ValueError`` for
+    ``n_total < n``."""
+    if n_total is None:
+        return int(n)
+    if isinstance(n_total, (bool, np.bool_)) or not isinstance(n_total, numbers.Integral):
+        raise TypeError(f"n_total must be an int, got {n_total!r} ({type(n_total).__name__})")
+    if int(n_total) < n:
+        raise ValueError(f"n_total = {n_total} is smaller than the state's {n} examples")
+    return int(n_total)
+
+
+def check_bounds(lower, upper, d: int, device) -> tuple[Tensor, Tensor]:
+    """Validate box bounds: ``Tensor[d]`` (or scalars, or ``None`` = unbounded), no NaN, ``lower <= upper``.
+
+    Returns float64 tensors on ``device`` (``-inf`` / ``+inf`` where unbounded).
+    """
+    def one(b, fill, name):
+        if b is None:
+            return torch.full((d,), fill, dtype=torch.float64, device=device)
+        b = torch.as_tensor(b, dtype=torch.float64)
+        if b.dim() == 0:
+            b = b.expand(d)
+        if b.shape != (d,):
+            raise ValueError(f"{name} bound must have shape [{d}] (one entry per weight), got {tuple(b.shape)}")
+        if bool(torch.isnan(b).any()):
+            raise ValueError(f"{name} bound contains NaN")
+        return b.to(device).clone()
+
+    lo, hi = one(lower, -np.inf, "lower"), one(upper, np.inf, "upper")
+    if bool((lo > hi).any()):
+        j = int(torch.nonzero(lo > hi)[0, 0])
+        raise ValueError(f"lower bound exceeds upper bound at weight {j}: {float(lo[j])} > {float(hi[j])}")
+    if bool((lo == np.inf).any()) or bool((hi == -np.inf).any()):
+        raise ValueError("a lower bound of +inf or an upper bound of -inf leaves no feasible weight")
+    return lo, hi
+
+
+def check_finite(x: Tensor, name: str) -> None:
+    """Raise ``ValueError`` if ``x`` holds NaN or infinite values."""
+    if x.is_floating_point() and not bool(torch.isfinite(x).all()):
+        bad = int((~torch.isfinite(x)).sum())
+        raise ValueError(f"{name} contains {bad} NaN or infinite value(s)")
+
+
+def check_int(value, name: str, minimum: int | None = None) -> int:
+    """``value`` as a Python ``int``: an ``int`` or a numpy / 0-d torch integer.
+
+    Raises ``TypeError`` for anything else -- a bool, a float (even an integral one such as ``3.0``), a string --
+    and ``ValueError`` when ``value < minimum``.
+    """
+    if isinstance(value, (bool, np.bool_)) or (isinstance(value, Tensor) and value.dtype == torch.bool):
+        raise TypeError(f"{name} must be an integer, got {value!r} (bool)")
+    if isinstance(value, Tensor) and (value.is_floating_point() or value.is_complex()):
+        raise TypeError(f"{name} must be an integer, got {value!r}")
+    try:
+        v = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name} must be an integer, got {value!r} ({type(value).__name__})") from None
+    if minimum is not None and v < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {v}")
+    return int(v)
+
+
+def check_bool(value, name: str) -> bool:
+    """``value`` as a Python ``bool``: ``True`` / ``False`` or a numpy bool; anything else (``"no"``, ``0``,
+    ``1.0``...) raises ``TypeError``."""
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    raise TypeError(f"{name} must be a bool (True or False), got {value!r} ({type(value).__name__})")
+
+
+def check_not_meta(t, name: str) -> None:
+    """``ValueError`` for a tensor on the ``meta`` device (shapes only, no values to check or solve with)."""
+    if isinstance(t, Tensor) and t.device.type == "meta":
+        raise ValueError(f"{name} is on the meta device (a tensor without data); materialise it on a real device "
+                         "(cpu / cuda) first")
+
+
+def check_input_tensor(t: Tensor, name: str) -> None:
+    """The checks every feature tensor of a data container passes: not on the ``meta`` device, real (a complex
+    tensor would lose its imaginary part in the float64 conversion), and not requiring grad (the solvers work on
+    fixed features: a backbone's output must be detached, ``x.detach()``, before the head is solved on it)."""
+    check_not_meta(t, name)
+    if t.is_complex():
+        raise ValueError(f"{name} must be real, got a complex tensor ({t.dtype}); pass its real part (x.real) or "
+                         "its modulus (x.abs()) explicitly")
+    if t.requires_grad:
+        raise ValueError(f"{name} requires grad: the head is solved on fixed features, so pass {name.split('.')[-1]}"
+                         ".detach() (e.g. the detached output of a backbone)")
+
+
+def check_index_tensor(t, name: str, device=None) -> Tensor:
+    """An integer index tensor (offsets, lengths, edges, example indices) as ``LongTensor``.
+
+    Lists / arrays of ints are accepted; a floating-point (even integer-valued), complex or bool tensor raises
+    ``ValueError`` instead of being truncated, as does one on the ``meta`` device.
+    """
+    check_not_meta(t, name)
+    out = torch.as_tensor(t) if device is None else torch.as_tensor(t, device=device)
+    if out.is_floating_point() or out.is_complex() or out.dtype == torch.bool:
+        if out.numel() == 0 and not isinstance(t, Tensor):  # [] is a float tensor for torch: an empty index
+            return out.long()
+        raise ValueError(f"{name} must hold integers, got {out.dtype}" + (
+            f" (values {out.reshape(-1)[:6].tolist()}{' ...' if out.numel() > 6 else ''})" if out.numel() else ""))
+    return out.long()
