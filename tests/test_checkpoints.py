@@ -52,6 +52,7 @@ def _wait_for(path: Path, proc, timeout=300.0) -> None:
         time.sleep(0.02)
 
 
+@pytest.mark.heavy
 def test_sigkill_at_random_times_never_corrupts_and_resume_is_exact(tmp_path):
     cfg = _config(tmp_path)
     ref = _cli("fit", "--config", str(cfg), "--output", str(tmp_path / "ref"), "--quiet", "--checkpoint-every", "off")
@@ -78,6 +79,7 @@ def test_sigkill_at_random_times_never_corrupts_and_resume_is_exact(tmp_path):
     assert again.returncode == 0 and "is finished" in again.stderr
 
 
+@pytest.mark.heavy
 def test_sigterm_is_handled_like_ctrl_c_and_the_run_resumes(tmp_path):
     cfg = _config(tmp_path)
     out = tmp_path / "run"

@@ -1,21 +1,31 @@
-"""Bad command-line input gives one ``torch-bcfw: error:`` line before any work, never a traceback."""
+"""Bad command-line input gives one ``torch-bcfw: error:`` line before any work, never a traceback.  The command runs
+in this process (``torch_bcfw.cli.main``, what ``python -m torch_bcfw`` runs; ``tests/test_cli.py`` runs the real
+entry point in subprocesses)."""
 from __future__ import annotations
 
+import contextlib
+import io
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
 from conftest import shared_data
+from torch_bcfw.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _cli(*args):
-    return subprocess.run([sys.executable, "-m", "torch_bcfw", *args], capture_output=True, text=True, cwd=ROOT,
-                          timeout=300)
+def _cli(*args) -> subprocess.CompletedProcess:
+    """``torch-bcfw ARGS`` in this process, from the repository root: its exit code, stdout and stderr."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.chdir(ROOT), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main(list(args))
+        except SystemExit as exc:  # argparse's own errors
+            code = exc.code if isinstance(exc.code, int) else 1
+    return subprocess.CompletedProcess(args, code, out.getvalue(), err.getvalue())
 
 
 def _config(tmp_path, **changes) -> Path:

@@ -39,6 +39,7 @@ def test_bad_axis_is_refused():
         run_comparison({"lam": 0.1, "y": "primal", "solvers": [{"label": "A"}]})
 
 
+@pytest.mark.heavy
 def test_matching_figure_through_the_cli(tmp_path):
     """The matching config, shortened: every method gets a suboptimality >= 0 against D* (a certified dual, hence
     <= P*), SSG included though it has no gap; the deterministic methods run one seed; lam 1/n is 1/len(train)."""

@@ -117,6 +117,7 @@ def trained(tmp_path_factory):
     return dm, module, cb, trainer, logged
 
 
+@pytest.mark.heavy
 def test_one_epoch_logs_the_certified_gap_at_the_final_features(trained):
     dm, module, cb, trainer, logged = trained
     assert cb.calls == 2 and module.encoder is not None
@@ -140,6 +141,7 @@ def test_one_epoch_logs_the_certified_gap_at_the_final_features(trained):
     assert "train/hinge" in trainer.callback_metrics and bool(module.head.w.abs().sum() > 0)
 
 
+@pytest.mark.heavy
 def test_chunk_f1_of_the_heads_predictions(trained):
     dm, module, _, trainer, _ = trained
     res = trainer.test(module, datamodule=dm, verbose=False)[0]
@@ -181,6 +183,7 @@ def test_bad_configuration_is_reported(tmp_path):
         _trainer(tmp_path, []).fit(module, datamodule=plain)
 
 
+@pytest.mark.heavy
 def test_train_command_runs_the_yaml_experiment_and_resumes(tmp_path):
     from torch_bcfw.cli import main
     from torch_bcfw.tasks.conll import ConllChainTagger as Tagger

@@ -21,6 +21,8 @@ import distributed_fit_worker as worker  # noqa: E402
 
 TIMING = ("solver_time", "gap_time", "gap_oracle_calls")  # a split run makes one more check
 
+pytestmark = pytest.mark.heavy  # multi-process: the tier .ci/run runs after the README's test command
+
 
 def _launch(scenario: str, name: str, tmp: Path) -> list[dict]:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",

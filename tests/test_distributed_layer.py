@@ -79,6 +79,7 @@ def suite(tmp_path_factory):
     return _results(tmp, "suite", 2, runs)
 
 
+@pytest.mark.heavy
 def test_context_from_torchrun_environment(suite):
     for r, rec in enumerate(suite):
         assert (rec["rank"], rec["world_size"], rec["local_rank"]) == (r, 2, r)
@@ -86,6 +87,7 @@ def test_context_from_torchrun_environment(suite):
         assert rec["current_context_same"]
 
 
+@pytest.mark.heavy
 def test_shards_of_real_containers_partition_and_gather_back(suite):
     assert suite[0]["chain_indices"] + suite[1]["chain_indices"] == list(range(7))
     assert suite[0]["multiclass_indices"] + suite[1]["multiclass_indices"] == list(range(9))
@@ -93,6 +95,7 @@ def test_shards_of_real_containers_partition_and_gather_back(suite):
         assert rec["chain_gathered_equal"] and rec["multiclass_gathered_equal"]
 
 
+@pytest.mark.heavy
 def test_vector_and_scalars_reduce_in_one_collective(suite):
     for rec in suite:
         assert rec["packed_collectives"] == 1
@@ -101,6 +104,7 @@ def test_vector_and_scalars_reduce_in_one_collective(suite):
         assert rec["sum"] == [0.0, 3.0, 6.0]
 
 
+@pytest.mark.heavy
 def test_broadcast_and_replicated_check(suite):
     for r, rec in enumerate(suite):
         assert rec["broadcast"] == [0.0] * 4
@@ -108,6 +112,7 @@ def test_broadcast_and_replicated_check(suite):
         assert msg is not None and f"rank {r}" in msg and "rank(s) [1]" in msg and "2.500e-01" in msg
 
 
+@pytest.mark.heavy
 def test_global_certificate_equals_certify_on_the_full_data(suite):
     for rec in suite:
         c = rec["certify"]
@@ -118,6 +123,7 @@ def test_global_certificate_equals_certify_on_the_full_data(suite):
     assert suite[0]["certify"]["primal"] == suite[1]["certify"]["primal"]
 
 
+@pytest.mark.heavy
 def test_different_datasets_raise_on_every_rank(suite):
     for r, rec in enumerate(suite):
         msg = rec["mismatch_error"]
@@ -148,12 +154,14 @@ def _pair(scenario: str, tmp_path: Path):
     return json.loads(path.read_text())
 
 
+@pytest.mark.heavy
 def test_dead_rank_makes_the_survivor_raise_quickly(tmp_path):
     rec = _pair("dead", tmp_path)
     assert rec["error"] is not None and rec["error"].startswith("all_reduce_sum failed on rank 0 of 2")
     assert rec["seconds"] < 20.0  # the group's timeout; gloo notices the closed socket at once
 
 
+@pytest.mark.heavy
 def test_stalled_rank_makes_the_survivor_raise_after_the_timeout(tmp_path):
     rec = _pair("stalled", tmp_path)
     assert rec["error"] is not None and rec["error"].startswith("all_reduce_sum failed on rank 0 of 2")
@@ -161,6 +169,7 @@ def test_stalled_rank_makes_the_survivor_raise_after_the_timeout(tmp_path):
 
 
 # ------------------------------------------------------------------------------------------- two 'nodes'
+@pytest.mark.heavy
 def test_two_node_rendezvous_on_loopback(tmp_path):
     port, run_id = free_port(), f"bcfw{os.getpid()}"
     cmds = [[sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank", str(k),

@@ -191,6 +191,7 @@ def _interrupt_after(proc, prefix: str, wait: float = 1.5, timeout: float = 120.
     return "".join(lines) + out, err
 
 
+@pytest.mark.heavy
 def test_compare_command_exits_130_and_writes_the_finished_runs(tmp_path):
     cfg = tmp_path / "cmp.yaml"
     cfg.write_text(
@@ -278,6 +279,7 @@ def test_grid_search_drops_the_cut_lam(warm):
     assert all(p.stopped_by in ("gap_tol", "converged") and p.gap <= 0.1 + 1e-12 for p in sw.points)
 
 
+@pytest.mark.heavy
 def test_path_command_exits_130_and_writes_the_finished_breakpoints(tmp_path):
     out_dir = tmp_path / "path"
     # a small eps and lam_min give a long path; the warm grid must never start

@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import torch_bcfw
 from torch_bcfw.kernel_cache import PackageKernelLocator
 
@@ -37,6 +39,7 @@ def _run(root: Path) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.heavy
 def test_an_edited_inlined_kernel_is_recompiled(tmp_path):
     root = tmp_path / "copy"
     shutil.copytree(PACKAGE, root / "torch_bcfw", ignore=shutil.ignore_patterns("__pycache__"))

@@ -107,7 +107,7 @@ def test_rounds_keep_alpha_on_the_simplex_and_w_equal_to_A_alpha(kind, code):
     assert float(g.min()) >= -1e-12  # every block gap of a feasible point is >= 0
 
 
-@pytest.mark.parametrize("kind", ["chain", "multiclass"])
+@pytest.mark.parametrize("kind", [pytest.param("chain", marks=pytest.mark.heavy), "multiclass"])
 def test_every_minibatch_variant_reaches_the_batch_fw_optimum(kind):
     if kind == "chain":
         model, data = random_chain_problem(n=6, F=3, K=2, max_len=3, seed=7)

@@ -1,36 +1,23 @@
-"""``torch-bcfw compare``: several solvers x several seeds on one problem, in the style of Fig. 3 of
-Osokin et al. 2016 (duality gap, log scale, against effective passes and against time; median over the
-seeds with the min-max band).
-
-A config is a YAML file::
+"""``torch-bcfw compare``: several solvers x several seeds on one problem, in the style of Fig. 3 of Osokin et al.
+2016 (duality gap, log scale, against effective passes and against time; median over the seeds with the min-max
+band).  A config (YAML)::
 
     data: {name: ocr, path: path/to/ocr, split: large, fold: 0}
-    lam: 0.001
+    lam: 0.001                        # or 1/n
     seeds: [1, 2, 3, 4, 5]
-    options: {max_passes: 100, gap_check: 10, averaging: false, check_averaged: false}   # shared
+    options: {max_passes: 100, gap_check: 10}                 # shared
     solvers:
       - {label: BCFW, preset: uniform-fw}
-      - {label: BCPFW + gap + cache, preset: gap-pairwise-cache}
-      - {label: batch FW, solver: fw, options: {max_passes: 50}}                       # per-solver options
-      - {label: MP-BCFW, solver: mp-bcfw, sampling: perm}          # approximate steps are free, like cache hits
-      - {label: cutting plane, solver: cutting-plane, seeds: [1]}  # deterministic: one seed is enough
+      - {label: batch FW, solver: fw, options: {max_passes: 50}}
+      - {label: cutting plane, solver: cutting-plane, seeds: [1]}
     output: runs/ocr_variants
 
-``lam: 1/n`` sets ``lam`` to one over the number of training examples (the BCFW paper's choice for OCR and
-CoNLL).  ``y`` picks what the figure draws: ``gap`` (the default: each run's certified duality gap; methods
-without a certificate, SSG, have no curve) or ``suboptimality`` (the primal value of the model each check
-returns minus ``D*``, the best dual value certified by any run of the comparison: an upper bound on the true
-suboptimality, drawn for every method, SSG included, as in the BCFW paper's figures).
-
-Effective passes count every oracle call, the exact gap passes included (one pass per check, as in the
-authors' code); cache hits are free.  Time is solver time plus gap-check time.  Writes
-``comparison.json`` (the options and full history of every run) and ``comparison.png``.
-
-**Ctrl-C** ends the comparison: the run it cuts is kept in the results with ``status: "interrupted"`` (every
-other run has ``status: "finished"``), no further run starts, and the results say ``status: "interrupted"``
-(with ``interrupted_at``: the solver and seed, or the phase).  :func:`summarise`, the medians and
-:func:`plot_comparison` use finished runs only.  ``torch-bcfw compare`` writes these partial results, says it
-was interrupted and exits with code 130.
+``y`` picks what the figure draws: ``gap`` (default: each run's certified gap; SSG has none) or ``suboptimality``
+(the primal of each check's model minus the best dual certified by any run: an upper bound, drawn for every
+method).  Effective passes count every oracle call, the exact gap passes included; cache hits are free.  Writes
+``comparison.json`` (options and full histories) and ``comparison.png``.  **Ctrl-C** keeps the cut run with
+``status: "interrupted"``, starts no further run and marks the results interrupted (with ``interrupted_at``); the
+medians and the figure use finished runs only, and the command exits with code 130.
 """
 from __future__ import annotations
 

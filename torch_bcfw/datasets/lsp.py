@@ -1,43 +1,21 @@
 """Leeds Sports Pose Extended (LSPET; Johnson & Everingham, CVPR 2011) for human pose.
 
-Data layout (the folder ``root`` passed to :func:`load_lsp_extended`)::
+Layout of ``root`` (:func:`load_lsp_extended`): ``joints.mat`` (``joints`` float ``[14, 3, 10000]``: x, y,
+visibility) and ``images/im00001.jpg`` ...; from http://sam.johnson.io/research/lspet.html (``lspet_dataset.zip``).
+Joints follow ``torch_bcfw.inference.tree.LSP_JOINTS``.
 
-    root/joints.mat          MATLAB file; ``joints`` float [14, 3, 10000]: x, y, visibility
-    root/images/im00001.jpg  ... one JPEG per annotated image
+Visibility: the dataset's README does not describe the third row; in the data every joint flagged 0 has junk
+coordinates, so in LSPET **1 means annotated and 0 not** (the original 2,000-image LSP uses the opposite
+convention).  Unannotated joints get ``visible`` False and NaN coordinates; the 5 visible annotations (of 24,639)
+up to 1.7 px outside their image are clamped onto its border.
 
-Get it from http://sam.johnson.io/research/lspet.html (``lspet_dataset.zip``) and
-pass the folder that contains ``joints.mat``.
+Split (LSPET has no official test split): images 1-1500 are ``"train"``, 1501-2000 ``"test"``, ``"all"`` 1-2000.
 
-Joints follow ``torch_bcfw.inference.tree.LSP_JOINTS``: right ankle, right knee,
-right hip, left hip, left knee, left ankle, right wrist, right elbow, right
-shoulder, left shoulder, left elbow, left wrist, neck, head top.
-
-Visibility. The README of LSPET does not describe the third row. In the data it
-takes the values 0 and 1, and every joint flagged 0 has junk coordinates (one
-coordinate exactly 0, the other negative, e.g. (0, -26)): in LSPET, **1 means
-visible / annotated and 0 means not annotated** (beware: the original 2,000-image
-LSP uses the opposite convention, 0 = visible). Joints flagged 0 are masked:
-``visible`` is False and their coordinates are NaN, so that any use without the
-mask shows up. A few visible annotations (5 of 24,639 in images 1-2000) lie up to
-1.7 px outside the image; they are clamped onto the image border.
-
-Split. LSPET has no official test split. This module fixes one:
-images 1-1500 (``im00001`` ... ``im01500``) are ``"train"``, images 1501-2000 are
-``"test"``, and ``"all"`` is 1-2000 (only the first 2,000 of the 10,000 images are
-used). The split depends only on the image number.
-
-Preprocessing to a fixed ``S x S`` frame. Each image is resized, keeping its aspect
-ratio, so that its longer side is ``S`` (bilinear, antialiased by PIL), and pasted at
-the centre of a black ``S x S`` canvas (the shorter side is zero-padded equally on
-both sides, up to one pixel). Nothing is cropped, so every visible joint stays in
-the frame. Coordinates: the annotations are taken as MATLAB pixel coordinates
-(pixel ``k`` = 1..W has its centre at ``k``); they are returned as continuous
-coordinates of the new frame, where the canvas spans ``[0, S] x [0, S]`` and the
-0-based pixel ``i`` covers ``[i, i + 1]``, i.e. ``x_new = (x - 0.5) * w / W + pad_x``
-with ``w`` the resized width (and the same for y). :func:`joints_to_grid` maps such
-coordinates to the ``G x G`` grid of the pose model.
-
-Requires scipy and Pillow (``pip install torch_bcfw[pose]``).
+Each image is resized, keeping its aspect ratio, so that its longer side is ``S`` (bilinear, antialiased by PIL) and
+pasted at the centre of a black ``S x S`` canvas: nothing is cropped.  MATLAB pixel coordinates (pixel ``k`` centred
+at ``k``) become continuous coordinates of the frame, ``x_new = (x - 0.5) * w / W + pad_x`` (the same for y);
+:func:`joints_to_grid` maps them to the pose model's ``G x G`` grid.  Requires scipy and Pillow
+(``pip install torch_bcfw[pose]``).
 """
 
 from __future__ import annotations

@@ -1,66 +1,34 @@
 """Per-block dual state of the BCFW family.
 
-The SSVM dual variable ``alpha`` has one simplex block per example.  BCFW never needs
-``alpha`` itself, only its images ``w_i = A alpha_[i]`` and ``l_i = b^T alpha_[i]``
-(Lacoste-Julien et al. 2013, Alg. 4), with ``w = sum_i w_i`` and ``l = sum_i l_i``.
+The SSVM dual variable ``alpha`` has one simplex block per example.  BCFW never needs ``alpha`` itself, only its
+images ``w_i = A alpha_[i]`` and ``l_i = b^T alpha_[i]`` (Lacoste-Julien et al. 2013, Alg. 4), with ``w = sum_i
+w_i`` and ``l = sum_i l_i``.  :class:`DualState` holds the bookkeeping every storage shares (``w``, ``l``, the
+per-block ``l_i``, the step counter ``k``, the weighted average, box constraints, checkpoints, rebinding, running a
+:class:`~torch_bcfw.duals.plan.StepPlan`); a subclass decides how the blocks are stored through the hooks listed in
+``docs/anatomy.md`` (a dense ``w_i`` table, :class:`~torch_bcfw.duals.dense.DenseDualState`; label marginals,
+:class:`~torch_bcfw.duals.chain.ChainDualState`; ...).
 
-:class:`DualState` holds the bookkeeping every storage shares: ``w`` (float64), ``l``, the
-per-block ``l_i``, the global step counter ``k`` and the weighted average of the iterates.
+**Weighted averaging** (``wbar_T = 2/(T(T+1)) sum_t t w_t``, eq. 14 of the BCFW paper) is done in the dual, per
+block and lazily: a block's state is constant between two visits, so its contribution over such a stretch is its
+state times ``sum t`` over the stretch.  Each block keeps an accumulator and the clock of its last change; a step
+touches only the visited block, and ``wbar`` is assembled on demand.  ``lbar`` uses the identity ``lbar_T = l_T -
+2/(T(T+1)) sum_t t(t+1)/2 (l_{t+1} - l_t)``.
 
-Weighted averaging (``wbar_T = 2/(T(T+1)) sum_{t=1..T} t w_t``, eq. 14 of the BCFW paper) is done
-*in the dual, per block and lazily*: block ``i``'s state is constant between two visits, so its
-contribution to ``sum_t t w_t`` over such a stretch is its state times ``sum t`` over the
-stretch.  Each block keeps an accumulator and the clock of its last change; a step only touches
-the visited block (``O(size of block i)``, not ``O(d)``), and ``wbar`` is assembled on demand.
-``lbar`` uses the scalar identity ``lbar_T = l_T - 2/(T(T+1)) sum_t t(t+1)/2 (l_{t+1} - l_t)``.
+**New features** (:meth:`DualState.rebind`, :meth:`DualState.from_state_dict`).  When the features ``x`` change (a
+backbone trained under the head), the same ``alpha`` maps to another ``w = A(x) alpha``.  A state whose storage holds
+the dual variables themselves (the chain's marginals, an active set's labelings) re-derives ``w`` and its caches
+under the new features, ``l = b^T alpha`` being unchanged: the certificate is then the exact gap at the new
+features.  A storage of ``w_i = A(x_old) alpha_[i]`` cannot (``rebindable = False``).
 
-Subclasses decide how ``w_i`` (and its average accumulator) is stored:
+**Box constraints** (Osokin et al. 2016, App. H).  After :meth:`DualState.set_bounds` the state keeps the
+untruncated ``v = sum_i v_i`` and exposes ``w = clip(v, lower, upper)``: the oracle and inner products use ``w``,
+directions and their norms ``v``.  The dual gains the box multipliers: ``D = l - lam/2 ||w||^2 - lam (beta_u^T u -
+beta_l^T l)`` with ``beta_u = [v - u]_+``, ``beta_l = [l - v]_+`` (:meth:`DualState.dual_ell`), and the block gaps
+still sum to the exact gap.
 
-* :class:`~torch_bcfw.duals.dense.DenseDualState` keeps a dense ``Tensor[n, d]`` table (generic, any model,
-  any device);
-* a model can supply a compact state (:class:`~torch_bcfw.duals.chain.ChainDualState` keeps
-  label marginals) as long as it implements :meth:`DualState.block_direction`,
-  :meth:`DualState._move_block` and :meth:`DualState.block_w`.
-
-A solver talks to the state through :meth:`block_step`, :meth:`run_steps`,
-:meth:`batch_step`, :meth:`averaged`, :meth:`refresh` and :meth:`state_dict`; the refinements of
-Osokin et al. 2016 also use :meth:`block_move` (pairwise / away steps), :meth:`block_value`,
-:meth:`corner_values`, :meth:`block_oracle`, :meth:`block_gaps` (all exact block gaps in one batched
-pass), :meth:`set_bounds` and, when a state has a fused kernel for them, :meth:`run_plan` (every
-:class:`~torch_bcfw.duals.plan.StepPlan`: plain, refined and multi-plane BCFW).  Mini-batch BCFW (Wang et
-al. 2016) moves several blocks with one step: :meth:`subset_oracle` and :meth:`minibatch_step` (through the storage
-hooks :meth:`subset_direction` and :meth:`_move_subset`, batched tensor operations for the dense and chain
-storages), or :meth:`run_minibatch` where a state compiles whole rounds.
-
-Moving a state to new features (:meth:`DualState.rebind`, :meth:`DualState.from_state_dict`).
-When the token / example features ``x`` change (a backbone network is being trained under a
-structured head), the same dual variables ``alpha`` map to a different ``w = A(x) alpha``: every
-stored ``w_i`` is stale.  A state whose storage holds the dual variables themselves (label
-marginals for the chain, the labelings of the active set for
-:class:`~torch_bcfw.duals.active_set.ActiveSetDualState`) can be
-re-bound: the blocks are kept, ``w``, the dense caches and the averaged iterate are recomputed from
-them under the new features, and ``l = b^T alpha`` is unchanged because the task loss does not
-depend on the features.  So after a rebind ``w = A(x_new) alpha`` holds exactly, ``(w, l)`` is a
-feasible primal-dual pair *of the problem at the new features*, and the certificate computed from it
-is the exact duality gap at those features.  :class:`~torch_bcfw.duals.dense.DenseDualState` stores only
-``w_i = A(x_old) alpha_[i]``, from which ``alpha`` cannot be recovered: it refuses to rebind (use
-:class:`~torch_bcfw.duals.active_set.ActiveSetDualState`, which also keeps the labelings).
-
-Box constraints (Osokin et al. 2016, App. H).  After :meth:`DualState.set_bounds` the state keeps the
-*untruncated* sums ``v_i = A alpha_[i]`` and ``v = sum_i v_i`` (attribute ``v``) and exposes the feasible
-weights ``w = clip(v, lower, upper)`` (attribute ``w``): the oracle and every inner product use ``w``,
-step directions and their norms use ``v``.  The dual objective gains the box multipliers
-``beta_u = [v - u]_+``, ``beta_l = [l - v]_+``: ``D = l - lam/2 ||w||^2 - lam (beta_u^T u - beta_l^T l)``
-(:meth:`DualState.dual_ell` returns the linear part ``l - lam (...)``), and the block gaps
-``g_i = lam <v_i - v_s, w> - l_i + l_s`` sum to the exact duality gap of the constrained problem.
-Without bounds ``w`` and ``v`` are the same tensor and nothing changes.
-
-Explicit dual variables for the BCFW refinements.  Pairwise and away steps, the cache and the
-multi-plane variants need the labelings of each block with their weights: a state carries them in an
-optional :class:`~torch_bcfw.duals.working_set.WorkingSet` (attribute ``working_set``, saved with the
-state and kept by :meth:`DualState.rebind`, since labelings do not depend on the features).  The state
-moves its storage along general directions of the simplex (:meth:`DualState.block_move`), so that
-``w = A alpha`` holds for the weights listed there.
+**Working sets.**  Pairwise and away steps, the cache and MP-BCFW need each block's labelings with their weights:
+an optional :class:`~torch_bcfw.duals.working_set.WorkingSet` (``working_set``, saved with the state and kept by a
+rebind), whose ``alpha`` follow every move.
 """
 from __future__ import annotations
 

@@ -14,6 +14,7 @@ mini-batch rounds too (:func:`~torch_bcfw.duals.driver.round_steps`, with the pa
 from __future__ import annotations
 
 import dataclasses
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -24,8 +25,8 @@ from ..inference.viterbi import viterbi_packed
 from .base import DualState
 from .chain_driver import chain_plan_steps
 from .chain_kernels import TOTALS, ChainAverages, ChainFeatures, ChainMarginals, ChainWeights
-from .chain_rounds import (Touched, apply_touched, clear_touched, max_round_tokens, round_directions, round_move,
-                           round_scratch, touched_sqnorm)
+from .chain_rounds import (RoundScratch, Touched, clear_touched, local_round, max_round_tokens, round_directions,
+                           round_move, round_scratch)
 from .plan import MP_EXACT, NEED_GAP_PASS, PlanResult, RoundStep, StepPlan, compiled_plan
 from .stepsize import lazy_weight, minibatch_step_size
 from .working_set import FREE, Pool
@@ -304,6 +305,26 @@ class ChainDualState(DualState):
         return PlanResult(steps=done, oracle_calls=progress.oracle_calls, cache_hits=progress.cache_hits,
                           need_gap_pass=progress.status == NEED_GAP_PASS, blocks=blocks[:done], gaps=gaps[:done])
 
+    def _round_context(self, plan: StepPlan) -> _RoundContext:
+        """The compiled rounds' groups for ``plan``, built at its first round (views of the state's tensors: rebuilt
+        when a tensor was replaced)."""
+        ctx = self._round
+        if ctx is None or ctx.plan is not plan or ctx.v is not self.v or ctx.mu is not self.mu:
+            feats = self.kernel_features()
+            K = self.model.n_labels
+            rof = plan.rounds.offsets
+            tokens = max_round_tokens(plan.order, rof, feats.offsets, plan.gap is not None)
+            scr = round_scratch(feats.offsets, K, tokens, int(np.diff(rof).max(initial=0)))
+            if self._acc is None:
+                FK = self.model.n_inputs * K  # the emission entries
+                self._acc = (torch.zeros_like(self.v), Touched(np.zeros(FK, dtype=np.uint8), np.zeros(FK, dtype=np.int64),
+                                                               np.zeros(1, dtype=np.int64)))
+            P, touched = self._acc
+            acc = ChainWeights(*(t.numpy() for t in self.model.unpack(P)))
+            self._round = ctx = _RoundContext(plan, self.v, self.mu, scr, acc, touched, P,
+                                              *self._groups(np.zeros(1, dtype=TOTALS)))
+        return ctx
+
     def round_step(self, blocks: np.ndarray, plan: StepPlan) -> RoundStep:
         """One round of a mini-batch plan that :meth:`can_run_plan` in the compiled parts of :mod:`.chain_rounds`
         (the trajectory of the torch round up to rounding): the corners and the summed direction ``P`` (sparse in
@@ -311,45 +332,27 @@ class ChainDualState(DualState):
         = P / (lam n)`` when ``plan.rounds.reduce`` sums the round over processes -- and the moves."""
         if not self.can_run_plan(plan):
             return super().round_step(blocks, plan)
-        if self._round is None or self._round[0] is not plan:
-            by_gap = plan.gap is not None
-            K = self.model.n_labels
-            feats = self.kernel_features()
-            rof = plan.rounds.offsets
-            tokens = max_round_tokens(plan.order, rof, feats.offsets, by_gap)
-            self._round = (plan, round_scratch(feats.offsets, K, tokens, int(np.diff(rof).max(initial=0))))
-        if self._acc is None:
-            FK = self.model.n_inputs * self.model.n_labels  # the emission entries
-            self._acc = (torch.zeros_like(self.v), Touched(np.zeros(FK, dtype=np.uint8), np.zeros(FK, dtype=np.int64),
-                                                           np.zeros(1, dtype=np.int64)))
-        scr = self._round[1]
-        P, touched = self._acc
-        acc = ChainWeights(*(t.numpy() for t in self.model.unpack(P)))
-        totals = self._totals()
-        feats, w, marg, avg = self._groups(totals)
-        n, lam = self.n_total, self.lam
+        c = self._round_context(plan)
+        totals = c.marg.totals
+        totals[0] = (self.ell, self.avg_ell_u)
+        n, lam, reduce = self.n_total, self.lam, plan.rounds.reduce
         blocks = np.ascontiguousarray(blocks, dtype=np.int64)
         bgaps = np.empty(len(blocks))
-        num, s_i, s_s = round_directions(blocks, n, feats, w, marg, acc, touched, scr, bgaps)
-        reduce = plan.rounds.reduce
         if reduce is None:
             tau = len(blocks)
-            gamma = float(minibatch_step_size(plan.step_code, num, touched_sqnorm(acc, touched) / (lam * n * n),
-                                              self.k, n, tau))
+            num, gamma = local_round(blocks, plan.step_code, lam, self.k, self.avg_t, plan.averaging, n, c.feats, c.w,
+                                     c.marg, c.avg, c.acc, c.touched, c.scr, bgaps)
         else:
+            _, s_i, s_s = round_directions(blocks, n, c.feats, c.w, c.marg, c.acc, c.touched, c.scr, bgaps)
             sums = torch.tensor([s_i, s_s, float(len(blocks))], dtype=torch.float64)
-            V, num, gamma, tau = self._round_step(P * (1.0 / (lam * n)), sums, plan.step_code, reduce)
-        if tau == 0:
-            clear_touched(acc, touched)
-            return RoundStep(num, 0.0, 0, bgaps)
-        if gamma != 0.0 and len(blocks):
-            round_move(blocks, gamma, n, self.avg_t, plan.averaging, feats, w, marg, avg, scr)
-        if gamma != 0.0:
-            if reduce is None:
-                apply_touched(-gamma / (lam * n), acc, touched, w)
-            else:
+            V, num, gamma, tau = self._round_step(c.P * (1.0 / (lam * n)), sums, plan.step_code, reduce)
+            if tau != 0 and gamma != 0.0:
+                if len(blocks):
+                    round_move(blocks, gamma, n, self.avg_t, plan.averaging, c.feats, c.w, c.marg, c.avg, c.scr)
                 self.v.add_(V, alpha=-gamma)
-        clear_touched(acc, touched)
+            clear_touched(c.acc, c.touched)
+        if tau == 0:
+            return RoundStep(num, 0.0, 0, bgaps)
         self._adopt_totals(totals)
         self.k += tau
         self.avg_t += 1
@@ -368,6 +371,22 @@ class ChainDualState(DualState):
         dev = self.w.device
         for name in ("mu", "T", "mu_acc", "T_acc"):
             setattr(self, name, sd[name].to(dev, torch.float64, copy=True))
+
+
+class _RoundContext(NamedTuple):
+    """The groups of the compiled rounds of one plan (:meth:`ChainDualState._round_context`)."""
+
+    plan: StepPlan
+    v: Tensor
+    mu: Tensor
+    scr: RoundScratch
+    acc: ChainWeights
+    touched: Touched
+    P: Tensor
+    feats: ChainFeatures
+    w: ChainWeights
+    marg: ChainMarginals
+    avg: ChainAverages
 
 
 #: the working set of a plan that keeps none (the compiled loop reads nothing from it)

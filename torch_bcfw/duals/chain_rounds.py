@@ -24,9 +24,10 @@ import numpy as np
 from numba import njit
 
 from .chain_kernels import block_corner, move_block, step_scratch, transition_stats
+from .stepsize import minibatch_step_size
 
 __all__ = ["Touched", "RoundScratch", "round_scratch", "round_directions", "touched_sqnorm", "apply_touched",
-           "clear_touched", "round_move"]
+           "clear_touched", "round_move", "local_round"]
 
 
 class Touched(NamedTuple):
@@ -195,6 +196,20 @@ def round_move(blocks, gamma, n_total, clock, averaging, feats, w, marg, avg, sc
         ell_s = mistakes * (1.0 / L) / n_total
         move_block(i, s, L, gamma, 0.0, ell_s, clock, averaging, scr.D[p0:p0 + L], scr.Y[p0:p0 + L], feats, w, marg,
                    avg, scr.spare)
+
+
+@njit(cache=True)
+def local_round(blocks, step_code, lam, k, clock, averaging, n_total, feats, w, marg, avg, acc, touched, scr, bgaps):
+    """A whole round of this process' own blocks (nothing to reduce): parts 1-3 with the line search from ``P``'s own
+    norm (or the fixed step after ``k`` block steps) and ``w += -gamma P / (lam n)``.  Returns ``(num, gamma)``."""
+    num, _, _ = round_directions(blocks, n_total, feats, w, marg, acc, touched, scr, bgaps)
+    den = touched_sqnorm(acc, touched) / (lam * n_total * n_total)
+    gamma = minibatch_step_size(step_code, num, den, k, n_total, blocks.shape[0])
+    if gamma != 0.0:
+        round_move(blocks, gamma, n_total, clock, averaging, feats, w, marg, avg, scr)
+        apply_touched(-gamma / (lam * n_total), acc, touched, w)
+    clear_touched(acc, touched)
+    return num, gamma
 
 
 @njit(cache=True)

@@ -1,42 +1,20 @@
 """Per-block working sets of labelings: one structure for the cache, the active sets and the MP-BCFW planes.
 
-Block ``i`` of the SSVM dual has one simplex variable ``alpha_i`` over all labelings ``Y_i``.  The
-refinements of BCFW (Osokin et al. 2016) need a small explicit part of it per block:
+The refinements of BCFW (Osokin et al. 2016) need a small explicit part of each block's simplex variable
+``alpha_i``: the active set with its weights (pairwise and away steps), the cache of past oracle answers, the planes
+of multi-plane BCFW (Shah et al. 2015), and the dual variables of
+:class:`~torch_bcfw.duals.active_set.ActiveSetDualState`.  One :class:`WorkingSet` serves all four: per block a list
+of *planes*, each a labeling (``int32``) with its 64-bit FNV-1a ``key``, and the float columns ``ALPHA``
+(``alpha_i(y)``, 0 for a cached labeling not active), ``LOSS`` (``L_i(y) / n``), ``SCORE`` (its last value ``H_i(y;
+w) / n`` up to a per-block shift, written when the block is scored), ``LAST`` (MP-BCFW's time of last activity) and
+``ACC`` (an averaging accumulator of a state that re-derives its average from the planes).  Nothing stored depends
+on the features, so a working set survives a rebind.  The solvers keep ``alpha_i`` on the simplex with ``w = A
+alpha``; initially every block holds its ground truth with ``alpha = 1``.
 
-* the **active set** ``S_i = {y : alpha_i(y) > 0}`` with the weights ``alpha_i(y)`` (pairwise and away
-  steps, Algs. 3-4: the away corner is the active labeling with the lowest loss-augmented score);
-* the **cache** ``C_i`` of past oracle answers (Alg. 5: the cache corner is the best cached labeling);
-* the **planes** of the multi-plane BCFW of Shah et al. 2015 (the same labelings, scored at ``w``);
-* the dual variables of :class:`~torch_bcfw.duals.active_set.ActiveSetDualState` (every labeling with
-  ``alpha_i(y) > 0`` or a non-zero averaging weight), from which it re-derives ``w`` under new features.
-
-One :class:`WorkingSet` serves all four: per block a list of *planes*, each a labeling with
-
-* ``key``: a 64-bit FNV-1a hash of the labeling (lookups compare the key, then the labels exactly);
-* ``alpha``: its dual weight ``alpha_i(y)`` (0 for a cached labeling that is not active);
-* ``loss``: ``L_i(y) / n`` (the ``b`` entry of the dual; losses do not depend on the features);
-* ``score``: scratch for its last loss-augmented value ``H_i(y; w) / n`` (up to a per-block shift),
-  written when the block is scored (used to pick corners and the plane to evict);
-* ``last``: when the plane was last *active* in the sense of MP-BCFW (returned by the exact or the
-  approximate oracle), a float timestamp (``floor`` = the outer iteration); 0 for planes of the other
-  policies, which do not use it.  :func:`ws_evict_lru` and :func:`ws_drop_stale` evict by it;
-* ``acc``: the averaging accumulator ``sum_t S_t alpha_i^(t)(y)`` of a state that re-derives its averaged
-  iterate from the listed labelings (:class:`~torch_bcfw.duals.active_set.ActiveSetDualState`); 0 elsewhere;
-* the labels themselves (``int32``), from which a model's state scores the plane cheaply (the chain
-  scores a labeling from the unary scores it computes anyway: ``O(L)`` per plane).
-
-Everything stored is independent of the features, so a working set survives
-:meth:`~torch_bcfw.duals.base.DualState.rebind`.  The invariant the solvers keep is
-``alpha_i`` on the simplex with ``w_i = sum_y alpha_i(y) psi_i(y) / (lam n)`` (``w = A alpha``), the
-active set always inside the working set.  Initially every block holds its ground truth with
-``alpha = 1`` (the BCFW starting point ``w = 0``).
-
-Storage is a pool of numpy arrays so that compiled step kernels (:mod:`.driver`) and the
-generic Python step loop share the same helpers (``ws_*`` below, compiled with numba): a block owns a
-contiguous region of ``cap[i]`` plane slots (and ``cap[i] * lab_len[i]`` label slots); a full region is
-moved to the end of the pool with twice the capacity; a full pool is reallocated at twice the size
-(the kernels return the possibly new arrays).  Planes of a block keep their insertion order (removal
-shifts), so argmax / argmin ties are broken the same way by every step loop.
+Storage is a pool of numpy arrays (:class:`Pool`) shared by the compiled loops and the generic loop through the
+compiled helpers ``ws_*``: a block owns a contiguous region of plane and label slots; a full region moves to the end
+of the pool with twice the capacity, a full pool is reallocated (the helpers return the new :class:`Pool`).  Planes
+keep their insertion order, so ties are broken the same way by every loop.
 """
 from __future__ import annotations
 

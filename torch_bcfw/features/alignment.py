@@ -1,44 +1,19 @@
 """Link features for word alignment, built from parallel *text only* (never from gold links).
 
-:class:`AlignmentFeaturizer` is fitted on sentence pairs (in the Hansards protocol: the unlabelled pairs plus the
-gold and trial *texts*, :meth:`~torch_bcfw.datasets.hansards.HansardsCorpus.texts`) and reads nothing but their
-tokens (``pair.english``, ``pair.french``); ``tests/test_matching.py`` shuffles the gold links and checks that the
-features do not change.  Tokens are lower-cased for every statistic.
+:class:`AlignmentFeaturizer` is fitted on sentence pairs (in the Hansards protocol the unlabelled pairs plus the
+gold and trial texts) and reads nothing but their lower-cased tokens (a test shuffles the gold links and checks that
+the features do not change).  It gathers sentence co-occurrence counts (the Dice coefficient), token frequencies,
+and three pairs of translation models trained by EM in both directions (:mod:`torch_bcfw.features.translation`):
+IBM Model 1, Model 1 with fast_align's diagonal prior (Dyer et al. 2013; ``diagonal_tension=0`` drops it) and the
+HMM aligner (Vogel et al. 1996, NULL states of Och & Ney 2003; ``hmm_iterations=0`` drops it).
 
-Statistics gathered by :meth:`AlignmentFeaturizer.fit`:
-
-* sentence co-occurrence counts ``C(e, f)`` (pairs in which both words occur) and sentence frequencies ``C(e)``,
-  ``C(f)``, giving the Dice coefficient ``Dice(e, f) = 2 C(e, f) / (C(e) + C(f))``;
-* token frequencies of each word;
-* IBM Model 1 translation tables in both directions (``t(f | e)`` generating French from English plus a NULL
-  word, and ``t(e | f)``), trained by EM in torch (vectorised over every (sentence, position, position) triple);
-  a second pair of models with fast_align's diagonal alignment prior (Dyer et al. 2013:
-  ``p(a_k = j) ~ exp(-tension |j/m - k/f|)``, ``p(a_k = NULL) = null_prob``; ``diagonal_tension=0`` drops it);
-  and a pair of HMM aligners (Vogel et al. 1996, NULL states of Och & Ney 2003) initialised from Model 1
-  (:mod:`torch_bcfw.features.translation`; ``hmm_iterations=0`` drops them).
-
-Features of the link ``(j, k)`` between English word ``e = e_j`` and French word ``f = f_k`` of a pair with
-lengths ``m, f`` (:attr:`AlignmentFeaturizer.names` lists them in order):
-
-* ``bias``;
-* association: ``dice``, indicator bins of Dice, ``dice`` of the diagonal neighbours ``(j-1, k-1)`` and
-  ``(j+1, k+1)`` and their maximum;
-* Dice rank in both directions: is ``f`` the best (second best) Dice partner of ``e`` in this pair, is ``e`` the
-  best (second best) of ``f``, both best (mutual);
-* distortion: ``|(j + 1/2)/m - (k + 1/2)/f|``, its square and indicator bins;
-* orthography: identical tokens, identical and longer than 3 characters, common prefix of at least 3 / 4 / 5
-  characters, the common prefix length over the shorter length, both punctuation, identical punctuation, one
-  punctuation and the other not, both numbers, identical numbers, ``|log(len e / len f)|``;
-* frequency bins of ``e`` and of ``f`` (token counts in the fitted text);
-* per model pair (Model 1, the diagonal model, the HMM; feature names prefixed ``ibm1_``, ``diag_``, ``hmm_``):
-  the posteriors ``p(a_k = j | e, f)`` (French-to-English) and ``p(b_j = k | e, f)`` (English-to-French), their
-  product, minimum and maximum, the best links of each direction (the best ``j`` for ``f_k`` when it beats NULL,
-  and vice versa; for the IBM models these are the Viterbi links, for the HMM the maximum-posterior ones),
-  their intersection and union, each translation probability on a log scale,
-  ``1 - log(max(t, 1e-6)) / log(1e-6)`` (1 for ``t = 1``, 0 for ``t <= 1e-6``), and the posterior product of the
-  diagonal neighbours ``(j-1, k-1)``, ``(j+1, k+1)`` and their maximum.
-
-Every feature lies in ``[0, 1]`` (so one ``lam`` suits them all).
+Features of the link between English word ``e_j`` and French word ``f_k`` (:attr:`AlignmentFeaturizer.names` lists
+them in order): a bias; Dice, its bins and its diagonal neighbours; Dice ranks in both directions; the distortion
+``|(j + 1/2)/m - (k + 1/2)/f|``, its square and bins; orthography (identical tokens, common prefixes, punctuation,
+numbers, the log length ratio); frequency bins; and per model pair (prefixes ``ibm1_``, ``diag_``, ``hmm_``) the
+posteriors of both directions, their product, minimum and maximum, the best links of each direction with their
+intersection and union, the translation probabilities on a log scale and the diagonal neighbours' posterior
+products.  Every feature lies in ``[0, 1]`` (so one ``lam`` suits them all).
 """
 from __future__ import annotations
 

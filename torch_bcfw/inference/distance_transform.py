@@ -1,44 +1,22 @@
-"""Generalized distance transform with a separable quadratic penalty (max form).
+"""Generalized distance transform with a separable quadratic penalty, max form (Felzenszwalb & Huttenlocher 2012).
 
-Felzenszwalb & Huttenlocher (2012), "Distance transforms of sampled functions",
-Theory of Computing 8, written here for *maximisation* of a score. In 1D, for
-scores ``f[p]`` on the grid ``p = 0..N-1`` and every query ``q = 0..N-1``::
+In 1D, for scores ``f[p]`` on ``p = 0..N-1`` and every query ``q``::
 
-    D[q]   = max_p  f[p] - (a * d**2 + b * d),      d = q - p - mu
-    arg[q] = the maximising p
+    D[q] = max_p f[p] - (a d**2 + b d),   d = q - p - mu,   arg[q] = the maximising p
 
-with ``a >= 0`` (the penalty must be convex), any real ``b`` and any real offset
-``mu``. In 2D (scores ``f[py, px]`` on a ``G_y x G_x`` grid) the penalty is the sum
-of an x term (``a_x, b_x, mu_x`` on ``d_x = q_x - p_x - mu_x``) and a y term
-(``a_y, b_y, mu_y`` on ``d_y = q_y - p_y - mu_y``); it is separable, so the 2D
-transform is the 1D transform along x (every row) followed by the 1D transform
-along y (every column), and the argmax is recovered by composing the two passes.
+with ``a >= 0`` (a convex penalty), any real ``b`` and offset ``mu``.  In 2D the penalty is the sum of an x term and
+a y term, so the transform is the 1D transform along x (every row) then along y (every column), the argmax composed
+from the two passes.  Methods (``method``):
 
-Algorithms (``method``):
+* ``"envelope"``: F&H's linear-time upper envelope of the lines ``c[p] + 2 a p s`` (``s = q - mu``), a numba kernel on
+  CPU in float64 (``D`` evaluated from the original formula at the selected ``p``); ``a = 0`` takes a separate
+  ``O(N)`` path (the argmax of ``f[p] + b p`` serves every query);
+* ``"dense"``: exact ``O(N^2)`` per 1D transform with broadcast tensor ops, in the input dtype and on its device
+  (the CUDA formulation);
+* ``"auto"`` (default): ``"envelope"`` on CPU, ``"dense"`` elsewhere.
 
-* ``"envelope"``: the linear-time lower-envelope algorithm of F&H, run by a
-  numba kernel on CPU (tensors on another device are copied to the CPU and back).
-  Expanding the square, ``f[p] - a d**2 - b d`` is, as a function of the real
-  query ``s = q - mu``, the line ``c[p] + 2 a p s`` plus terms that do not depend
-  on ``p``; the slopes ``2 a p`` increase with ``p``, so the upper envelope of the
-  ``N`` lines is built with a stack in O(N) and queried at increasing ``s`` in
-  O(N). Arithmetic is float64; ``D`` is evaluated from the original formula at the
-  selected ``p`` (no cancellation from the expanded form).
-* ``"dense"``: exact O(N^2) maximisation per 1D transform (O(G^3) per 2D
-  transform) with broadcast tensor ops, in the input dtype and on the input
-  device. It is the CUDA-friendly formulation: no sequential loop.
-* ``"auto"`` (default): ``"envelope"`` for CPU tensors, ``"dense"`` otherwise.
-
-Zero quadratic coefficient: with ``a = 0`` all lines have slope 0 and the
-intersection formula divides by zero, so the envelope is degenerate. That case
-is handled by a separate O(N) path: the penalty is linear, so
-``D[q] = max_p (f[p] + b p) - b (q - mu)`` and the argmax ``p* = argmax_p f[p] + b p``
-is the same for every query.
-
-Both methods are exact up to floating-point rounding (they equal brute force);
-when several positions tie, they may return different maximisers, each of which
-achieves the maximum. Scores must be finite (use a large negative number, not
-``-inf``, to forbid a position).
+Both equal brute force up to rounding; tied positions may differ.  Scores must be finite (forbid a position with a
+large negative number, not ``-inf``).
 """
 
 from __future__ import annotations

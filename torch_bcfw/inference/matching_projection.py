@@ -1,38 +1,20 @@
 """Euclidean projection onto the bipartite matching polytope, batched, with a certified distance to the exact answer.
 
-For an ``m x f`` matrix ``a`` the projection is the solution of the quadratic program (a min-cost quadratic flow)::
+For an ``m x f`` matrix ``a`` the projection solves ``min_z 1/2 ||z - a||^2`` s.t. ``z >= 0`` and every row and
+column sum ``<= 1`` (the fractional matchings).  The solver works on the Lagrange dual: with row and column
+multipliers ``p, q >= 0`` the minimiser is ``z(p, q)_jk = max(0, a_jk - p_j - q_k)`` and the negated dual ``f(p, q) =
+1/2 ||z(p, q)||^2 + sum p + sum q`` is convex, piecewise quadratic and smooth.  Projected Newton steps on ``f``
+(:func:`project_matching_polytope`) land on the optimum once the support is right, from a warm start or from a
+batched primal-dual interior-point solve (Mehrotra's predictor-corrector, :func:`_interior_point`: robust for
+large ``|a|``, where the dual is degenerate); where no Newton step decreases ``f``, one exact block-coordinate sweep
+(every row's capped-simplex threshold, :func:`capped_simplex_threshold`, then every column's: Dykstra seen from the
+dual).
 
-    min_z  1/2 ||z - a||^2   s.t.  z >= 0,  sum_k z_jk <= 1 (every row j),  sum_j z_jk <= 1 (every column k)
-
-(``z <= 1`` follows): the fractional matchings in which every word takes part in at most one link.  The solver
-works on its Lagrange dual: with multipliers ``p_j >= 0`` of the rows and ``q_k >= 0`` of the columns the minimiser
-over ``z >= 0`` is ``z(p, q)_jk = max(0, a_jk - p_j - q_k)``, and the negated dual
-``f(p, q) = 1/2 sum_jk z(p, q)_jk^2 + sum_j p_j + sum_k q_k`` is convex, piecewise quadratic and smooth.
-
-* **Newton.**  Projected Newton steps on ``f`` (:func:`project_matching_polytope`), which land on the optimum once the
-  support of ``z(p, q)`` and the active bounds are right (finite termination up to rounding), from a warm start
-  (the multipliers of a nearby problem) or from
-* **an interior-point start.**  A batched primal-dual interior-point solve (Mehrotra's predictor-corrector,
-  :func:`_interior_point`) gives multipliers close to optimal whatever the scale of ``a`` (for large ``|a|`` the
-  projection is nearly an assignment LP whose dual is degenerate, where Newton steps from far away crawl).
-* **Dykstra.**  Where no Newton step decreases ``f``, one exact block-coordinate sweep: every row's capped-simplex
-  threshold (``p_j <- the smallest tau >= 0 with sum_k max(0, a_jk - q_k - tau) <= 1``, by sorting,
-  :func:`capped_simplex_threshold`), then every column's: Dykstra's alternating projection onto the row and the
-  column constraint sets, seen from the dual.
-
-**Certificate.**  The point returned is ``z = z(p, q) / max(1, row sum, column sum)`` entrywise: always exactly
-feasible, whatever the accuracy.  Its distance to the exact projection ``z*`` is certified by the duality gap of the
-QP, ``1/2 ||z - z*||^2 <= primal(z) - dual(p, q)``, which for this ``z`` is a sum of non-negative terms (no
-cancellation between large numbers)::
-
-    gap = 1/2 ||z - z(p, q)||^2 + sum_j p_j (1 - sum_k z_jk) + sum_k q_k (1 - sum_j z_jk)
-
-(the term ``sum_jk max(0, p_j + q_k - a_jk) z_jk`` vanishes: ``z`` is zero wherever ``z(p, q)`` is; slacks within
-the rounding of the sums count as 0).  The solve stops when ``dist = sqrt(2 gap) <= tol`` for every matrix of the
-batch, or at the iteration caps (``dist`` then says how far it got).
-
-Matrices of different sizes share one padded batch ``[B, M, F]``: padded entries hold :data:`PAD_VALUE`, far below
-any real entry, so they are never in a support and stay 0.
+**Certificate.**  The point returned is ``z(p, q) / max(1, row sum, column sum)`` entrywise, always exactly
+feasible; ``1/2 ||z - z*||^2 <= gap = 1/2 ||z - z(p, q)||^2 + sum_j p_j (1 - sum_k z_jk) + sum_k q_k (1 - sum_j
+z_jk)`` (a sum of non-negative terms, no cancellation).  The solve stops when ``sqrt(2 gap) <= tol`` for every
+matrix of the batch, or at the iteration caps.  Matrices of different sizes share a padded batch whose padding
+(:data:`PAD_VALUE`) is never in a support.
 """
 from __future__ import annotations
 

@@ -1,61 +1,26 @@
 """Exact max-sum on a tree of grid-valued nodes (pictorial structures for human pose).
 
-Model
------
-Every node ``j`` (a body joint) takes a position ``l_j = (y_j, x_j)`` on a
-``G_y x G_x`` grid (``P = G_y * G_x`` states); positions are always stored in
-``(y, x)`` = (row, column) order, as integer grid coordinates. The score of a
-configuration ``l`` is::
+Every node ``j`` (a body joint) takes a position ``l_j = (y_j, x_j)`` on a ``G_y x G_x`` grid (always ``(y, x)`` =
+(row, column) integer coordinates).  The score of a configuration is::
 
-    score(l) = sum_j unary[j, y_j, x_j] + sum_{e = (parent, child)} score_e(l_child, l_parent)
-
-    score_e = -<w_e, deformation_features(l_child, l_parent, mu_e)>
-            = -(w_e[0] dx + w_e[1] dx^2 + w_e[2] dy + w_e[3] dy^2)
+    score(l) = sum_j unary[j, y_j, x_j] - sum_{e = (parent, child)} (w_e[0] dx + w_e[1] dx^2 + w_e[2] dy + w_e[3] dy^2)
     dx = x_child - x_parent - mu_e[1],   dy = y_child - y_parent - mu_e[0]
 
-so ``w_e`` in R^4 pairs with the features ``(dx, dx^2, dy, dy^2)`` (the order of
-Chen & Yuille 2014 and of Osokin et al. 2016, section 3.5), and the offset
-``mu_e = (mu_y, mu_x)`` is the expected displacement ``l_child - l_parent`` in the
-same ``(y, x)`` order as positions. The pairwise term is a *penalty* subtracted
-from the score: ``w_e[1]`` and ``w_e[3]`` (the quadratic weights) must be ``>= 0``,
-otherwise the penalty is not convex, the generalized distance transform does not
-apply, and :func:`tree_max_sum` raises ``ValueError``. A linear SSVM head that
-learns ``w_e`` as part of its weight vector reproduces this score with the joint
-feature ``-deformation_features(...)`` and must keep the quadratic weights
-``>= 0`` with its box constraints; the linear weights ``w_e[0], w_e[2]`` are free.
+(the feature order of Chen & Yuille 2014 and Osokin et al. 2016, 3.5; ``mu_e`` the expected displacement).  The
+pairwise term is a penalty: the quadratic weights ``w_e[1], w_e[3]`` must be ``>= 0`` (else the distance transform
+does not apply and :func:`tree_max_sum` raises ``ValueError``); a linear head keeps them so with box constraints.
 
-Inference
----------
-:func:`tree_max_sum` passes messages from the leaves to the root; the message of
-a child to its parent is a 2D distance transform (``distance_transform_2d``) of the
-child's belief with ``a_x = w_e[1], b_x = -w_e[0], mu_x -> -mu_e[1]`` (and the same
-for y), because the transform penalises ``q - p - mu`` with ``q`` the parent
-(query) and ``p`` the child (source) position. It then takes the best root
-position and backtracks the stored argmax tables from the root to the leaves.
-Cost: O(J * P) per image.
+:func:`tree_max_sum` passes messages from the leaves to the root, each a 2D distance transform of the child's
+belief (``distance_transform_2d`` with ``a_x = w_e[1], b_x = -w_e[0], mu_x -> -mu_e[1]``, the same for ``y``), takes
+the best root position and backtracks the argmax tables: ``O(J G_y G_x)`` per image.
 
-The LSP skeleton
-----------------
-``LSP_JOINTS`` lists the 14 joints in the order of the LSP / LSP Extended
-``joints.mat``. ``LSP_TREE_EDGES`` (13 (parent, child) pairs, root ``LSP_ROOT`` =
-neck) is the tree::
+``LSP_JOINTS`` lists the 14 joints in the order of LSP's ``joints.mat``; ``LSP_TREE_EDGES`` (13 pairs, root
+``LSP_ROOT`` = neck) hangs the head top and both shoulders from the neck, each arm from its shoulder and each leg
+from the hip, which hangs from the shoulder on its side (the torso sides are nearly rigid).
 
-    neck -> head top
-    neck -> right shoulder -> right elbow -> right wrist
-    neck -> left shoulder  -> left elbow  -> left wrist
-    right shoulder -> right hip -> right knee -> right ankle
-    left shoulder  -> left hip  -> left knee  -> left ankle
-
-(each hip hangs from the shoulder on its side: the two torso sides are nearly
-rigid, which the quadratic deformation models well).
-
-Loss
-----
-:func:`pose_loss` is the loss of Osokin et al. (2016), section 3.5, with the
-printed ``max`` corrected to ``min``: the mean over the visible joints of
-``min(1, ||l_j - l*_j||^2 / s^2)``. It decomposes over joints, so
-:func:`pose_loss_unaries` returns it as per-position unary terms and
-loss-augmented decoding is ``tree_max_sum(unary + pose_loss_unaries(...), w, mu)``.
+:func:`pose_loss` is the loss of Osokin et al. (2016, 3.5) with the printed ``max`` corrected to ``min``: the mean
+over visible joints of ``min(1, ||l_j - l*_j||^2 / s^2)``; it decomposes over joints, so loss-augmented decoding is
+``tree_max_sum(unary + pose_loss_unaries(...), w, mu)``.
 """
 
 from __future__ import annotations

@@ -1,35 +1,23 @@
 """Binary segmentation of graphs with an attractive (contrast-sensitive) Potts term, decoded by min-cut.
 
-Data: a :class:`~torch_bcfw.graph_data.GraphData` (per graph ``i``: node features ``x_p in R^F``, edges with
-non-negative features ``f_pq in R^E_+``, labels ``y_p in {0, 1}``, optional node masses ``a_p``).
-
-Joint feature map (``d = F + E``; ``d = F`` with ``pairwise=False``), normalised by the graph's node mass
-``Z_i = sum_p a_p`` (the node count for pixels) so that its scale matches the losses in ``[0, 1]``::
+Data: a :class:`~torch_bcfw.graph_data.GraphData` (per graph: node features ``x_p``, edges with non-negative
+features ``f_pq``, labels ``y_p in {0, 1}``, optional node masses ``a_p``).  The joint feature map (``d = F + E``;
+``d = F`` with ``pairwise=False``) is normalised by the node mass ``Z_i = sum_p a_p``::
 
     phi(x_i, y) = 1/Z_i [ sum_p a_p y_p x_p ;  - sum_{pq in E_i} [y_p != y_q] f_pq ]
 
-so the score of a labelling is ``<w, phi> = 1/Z_i (sum_p y_p a_p <w_U, x_p> - sum_pq c_pq [y_p != y_q])``
-with Potts penalties ``c_pq = <w_P, f_pq>``.  The sign follows Osokin et al. (2016, App. I, as in their code:
-the pairwise feature is negated), so ``w_P >= 0`` (with ``f_pq >= 0``) means *attractive*: every plain and
-loss-augmented problem is submodular and exactly solvable by min-cut.  :meth:`GraphCut.weight_bounds` returns
-that constraint, which the BCFW / FW solvers enforce by the box constraints of App. H; an oracle call with a
-negative pairwise weight raises ``ValueError`` instead of returning a wrong cut.  (Only label 1 carries a
-unary weight: the two-vector parametrisation ``w_1 - w_0`` gives the same scores, see :meth:`GraphCut.unary_gains`.)
+With the sign of Osokin et al. (2016, App. I) ``w_P >= 0`` means attractive, so every plain and loss-augmented
+problem is submodular: :meth:`GraphCut.weight_bounds` is that box (App. H), and an oracle call with a negative
+pairwise weight raises ``ValueError`` rather than return a wrong cut.  Losses (``loss=``): ``"hamming"`` (normalised
+by the node mass) and ``"balanced"``, ``(FN / A_1 + FP / A_0) / 2`` (App. I; its weights are inversely proportional
+to the class areas, the paper's "proportional" is a slip), both in ``[0, 1]`` and added to the unaries for
+loss-augmented decoding.
 
-Losses (``loss=``): ``"hamming"``, the normalised Hamming loss ``sum_p a_p [y_p != y*_p] / Z_i``, and
-``"balanced"``, the class-balanced Hamming loss ``(FN / A_1 + FP / A_0) / 2`` of Osokin et al. App. I, whose
-weights are *inversely* proportional to the class areas ``A_c`` (the paper's "proportional" is a slip; see
-:func:`~torch_bcfw.inference.graphcut.hamming_node_weights`).  Both lie in ``[0, 1]``, vanish at the truth and
-are added to the unaries for loss-augmented decoding.
-
-Oracle: one example (a sequential BCFW step) is cut in this process; a batch (exact gap pass, batch FW,
-prediction) with at least ``pool_min_nodes`` nodes in all goes to a
-:class:`~torch_bcfw.inference.graphcut_pool.ResidentGraphCutPool` of ``processes`` processes whose workers keep
-the graphs resident.  With ``pairwise=False`` (or zero pairwise weights) decoding is a per-node threshold.
-With pairwise terms every process decodes a graph from ``w`` and the graph's cached
-:data:`~torch_bcfw.inference.graphcut_pool.GraphRecord` by the same numba loops (node gains, penalties) and
-PyMaxflow, so pooled and in-process answers are bit-identical; the exact gap pass (:meth:`GraphCut.hinge_terms`)
-gets each answer's loss and score from the same per-graph pass.
+Oracle: one example is cut in this process; a batch of at least ``pool_min_nodes`` nodes goes to a
+:class:`~torch_bcfw.inference.graphcut_pool.ResidentGraphCutPool` whose workers keep the graphs resident.  Every
+process decodes a graph from ``w`` and its cached :class:`~torch_bcfw.inference.graphcut_pool.GraphRecord` by the same
+numba loops and PyMaxflow, so pooled and in-process answers are bit-identical.  Without pairwise terms decoding is a
+per-node threshold.
 """
 from __future__ import annotations
 

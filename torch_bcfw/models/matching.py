@@ -1,45 +1,27 @@
-"""Bipartite matching SSVM: word alignment (Taskar, Lacoste-Julien & Klein 2005; the "matching" task of the
-BCFW paper, Lacoste-Julien et al. 2013, Sec. 6 and App. F).
+"""Bipartite matching SSVM: word alignment (Taskar, Lacoste-Julien & Klein 2005; the "matching" task of the BCFW
+paper, Lacoste-Julien et al. 2013, Sec. 6 and App. F).
 
-Data: a :class:`MatchingData` holds, for every sentence pair ``i`` with ``m_i`` English and ``f_i`` French
-words, one feature vector ``x_jk in R^F`` per *candidate link* ``(j, k)`` (every English-French word pair:
-``m_i * f_i`` links, row-major, ``link = j * f_i + k``), all pairs concatenated (``x: [N_links, F]``) with
-``offsets`` marking each pair's links.
+Data: a :class:`MatchingData` holds, for every sentence pair ``i`` of ``m_i`` English and ``f_i`` French words, a
+feature vector ``x_jk in R^F`` per candidate link (``m_i * f_i`` links, row-major), all pairs concatenated with
+``offsets``.  A labeling is 0/1 per link (``LongTensor[N_links]``) in which every word takes part in at most one
+link: a partial matching.
 
-Labelings are 0/1 per candidate link (``LongTensor[N_links]``, the packed layout of ``data.y``) in which every
-word takes part in at most one link: a (partial) matching; an unaligned word scores 0.
+* joint feature ``phi(x_i, y) = 1/Z_i sum_jk y_jk x_jk`` (``d = F``);
+* loss: the asymmetric Hamming loss of the BCFW paper (App. F), ``L_i(y) = 1/Z_i (extra_cost * #extra links +
+  miss_cost * #missed true links)``;
+* normalisation ``Z_i = m_i + f_i`` (``normalize="words"``, default) for both, the matching analogue of the chain's
+  per-token normalisation: decoding is unchanged, the loss lies in ``[0, (miss_cost + extra_cost) / 2]`` and the
+  features keep one link's scale (neither paper states one: ``shared/reference/word_alignment_matching.md``);
+  ``normalize="none"`` keeps raw sums;
+* oracle: the loss is linear in the links, so loss-augmented decoding adds ``c_jk`` (``extra_cost`` off the truth,
+  ``-miss_cost`` on it) to the link scores; each pair is solved exactly by :func:`scipy.optimize.linear_sum_assignment`
+  on a square matrix padded with one "unaligned" slot per word (:func:`max_weight_matching`).
 
-* joint feature ``phi(x_i, y) = 1/Z_i sum_jk y_jk x_jk`` (``d = F``), score ``<w, phi> = 1/Z_i sum_jk y_jk s_jk``
-  with link scores ``s_jk = <w, x_jk>``;
-* loss: the asymmetric Hamming loss of the BCFW paper (App. F: "precision error cost is 1 while the recall error
-  cost is 3"), ``L_i(y) = 1/Z_i (extra_cost * #predicted links not in the truth + miss_cost * #true links
-  missed)``.
-* normalisation: ``Z_i = m_i + f_i``, **the number of words of the pair** (``normalize="words"``, default), for the
-  joint feature and the loss alike, as the graph-cut model divides by the node mass: the matching analogue of
-  the chain's per-token Hamming normalisation.  Every pair's problem is its raw problem divided by ``Z_i``, so
-  the decoding is unchanged, the loss lies in ``[0, (miss_cost + extra_cost) / 2]`` (a labeling has at most
-  ``Z_i / 2`` links, each word being in one at most) and the joint features keep the scale of one link's features
-  whatever the sentence length (so the usual ``lam`` range applies and BCFW's steps are well scaled).  Neither
-  the BCFW paper nor Taskar et al. (2005) state a normalisation (see Sec. 2 of
-  ``shared/reference/word_alignment_matching.md``); ``normalize="none"`` keeps raw link sums and raw counts
-  (``Z_i = 1``).
-* oracle: the loss is linear in the links, ``Z_i L_i(y) = c_miss |y_i| + sum_jk y_jk c_jk`` with
-  ``c_jk = extra_cost`` off the truth and ``-miss_cost`` on it, so loss-augmented decoding is the plain problem
-  with link scores ``s_jk + c_jk``.  Each pair is solved exactly by :func:`scipy.optimize.linear_sum_assignment`
-  on a square ``(m + f) x (f + m)`` matrix padded with one "unaligned" slot per word (score 0):
-  :func:`max_weight_matching`.  Link scores (and the loss terms) are computed for all pairs at once in torch;
-  the assignments run in a Python loop over the pairs.
-
-The LP relaxation of the matching polytope is integral (bipartite incidence matrices are totally unimodular),
-so the oracle is the exact max over all partial matchings; ``tests/test_matching.py`` checks it against
-enumeration.  The training truth must itself be a matching (gold *sure* links need not be one: a word may have
-several): :func:`torch_bcfw.datasets.hansards.matching_target` keeps a largest matching of them.
-
-The dual state is the generic :class:`~torch_bcfw.duals.dense.DenseDualState` (``n x d`` floats: 100 pairs x
-~60 features for the Hansards protocol, nothing to save).  The extragradient method projects onto the matching
-polytope (:meth:`Matching.prox_geometry`).
-
-Requires scipy (``pip install torch_bcfw[alignment]``).
+The matching polytope is integral, so the oracle is the exact max over partial matchings (checked against
+enumeration).  The training truth must be a matching: :func:`torch_bcfw.datasets.hansards.matching_target` keeps a
+largest matching of the sure links.  Dual state: :class:`~torch_bcfw.duals.dense.DenseDualState`; the extragradient
+method projects onto the matching polytope (:meth:`Matching.prox_geometry`).  Requires scipy
+(``pip install torch_bcfw[alignment]``).
 """
 from __future__ import annotations
 

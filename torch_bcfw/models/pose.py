@@ -1,64 +1,31 @@
 """Pictorial-structures model for human pose: a tree of joints on a ``G x G`` grid (Osokin et al. 2016, 3.5).
 
-Every joint ``j = 0..J-1`` takes one cell ``l_j = (y_j, x_j)`` of a ``G x G`` grid (row, column; grid
-units).  With ``K`` unary features per joint and cell (``x_i``: a CNN heatmap score, optionally a few
-more channels) and the edges ``e = (parent, child)`` of a tree, the joint feature map is::
+Every joint ``j`` takes one cell ``l_j = (y_j, x_j)`` of the grid.  With ``K`` unary features per joint and cell
+(a CNN heatmap score, optionally more channels) and the tree's edges ``e = (parent, child)``::
 
-    phi(x_i, l) = [ unary_i[j, :, l_j]                          for j = 0..J-1 ]   (J * K entries)
-               ++ [ -deformation_features(l_child, l_parent, mu_e) for e ]        (4 * E entries)
+    phi(x_i, l) = [unary_i[j, :, l_j] for j] ++ [-(dx, dx^2, dy, dy^2)_e for e],
+    dx = (x_child - x_parent - mu_e[1]) / s_e[1],  dy = (y_child - y_parent - mu_e[0]) / s_e[0]
 
-    deformation_features = (dx, dx^2, dy, dy^2),  dx = (x_child - x_parent - mu_e[1]) / s_e[1],
-                                                 dy = (y_child - y_parent - mu_e[0]) / s_e[0]
+(the score of :func:`torch_bcfw.inference.tree.tree_max_sum`); ``w = [w_U (J*K, joint-major) | w_e (E*4,
+edge-major)]``.  The offsets ``mu_e`` are the mean displacements of the training data (:func:`mean_offsets`) and the
+scales ``s_e`` their standard deviations (:func:`offset_scales`): constants of the model that keep the displacement
+features ``O(1)`` (raw ``dx^2`` reaches ``G^2`` and the number of BCFW passes grows with it).  The deformation is a
+penalty only when the quadratic weights are ``>= 0``: :meth:`PoseTree.weight_bounds` is that box (Osokin et al.
+2016, App. H).
 
-so ``<w, phi> = sum_j <w_U[j], unary[j, :, l_j]> - sum_e <w_e, (dx, dx^2, dy, dy^2)>`` (the score of
-:func:`torch_bcfw.inference.tree.tree_max_sum`); ``w = [w_U (J*K, joint-major) | w_e (E*4, edge-major)]``,
-``d = J*K + 4E`` (66 for the 14-joint LSP skeleton with one heatmap score per joint).  The offsets ``mu_e``
-(``[E, 2]``, ``(y, x)``) are the mean displacements ``child - parent`` of the training data
-(:func:`mean_offsets`), and the scales ``s_e`` (``[E, 2]``, default 1) their standard deviations
-(:func:`offset_scales`); both are constants of the model, not weights.  The scales only re-parametrise
-``w`` (the oracle maps it back to pixel-unit penalties), but they matter for the solver: with raw grid
-displacements ``dx^2`` reaches ``G^2 = 1024`` at ``G = 32`` and the radius ``R`` of the joint features, hence
-the number of BCFW passes (``O(R^2 / lam)``), explodes; normalised displacements are ``O(1)``.
+Loss: the mean over visible joints of ``min(1, ||l_j - l*_j||^2 / (r s_i)^2)`` (the paper's ``max`` is a typo),
+``s_i`` the torso size in grid units, ``r`` the ``loss_radius`` (default 1); it decomposes over joints, so
+loss-augmented decoding adds it to the unaries.  The oracle is exact max-sum with generalised distance-transform
+messages, ``O(J G^2)`` per image, batched.  Labelings: ``y`` is ``LongTensor[n * J]`` of flat cells ``y * G + x``
+(:meth:`PoseData.positions` gives ``[n, J, 2]``).
 
-Box constraints.  The deformation term is a penalty only when the quadratic weights ``w_e[1], w_e[3]`` are
-``>= 0`` (and the distance transform of the oracle needs it); :meth:`PoseTree.weight_bounds` returns that
-box (lower bound ``min_quadratic``, default 0, on those ``2E`` weights; every other weight is free) and the
-BCFW / FW solvers keep ``w`` inside it (Osokin et al. 2016, App. H).
-
-Loss: ``L_i(l) = mean over visible joints of min(1, ||l_j - l*_j||^2 / (r s_i)^2)`` (the paper's ``max`` is a
-typo), ``s_i`` the torso size in grid units and ``r`` the model's ``loss_radius`` (default 1, the paper's loss; ``r``
-near PCK's threshold, e.g. 0.2-0.5, makes the loss saturate where PCK counts a miss); it decomposes over joints
-and loss-augmented decoding adds it to the unaries (:func:`~torch_bcfw.inference.tree.pose_loss_unaries`).  The
-oracle is exact max-sum on the tree with generalised distance-transform messages: O(J G^2) per image, batched
-(compiled envelope on CPU, dense O(G^3) tensor transform on CUDA).
-
-Labelings follow the packed protocol of the dual states (one block per image, ``J`` labels each):
-``y`` is ``LongTensor[n * J]`` of flat cells ``y * G + x``, with ``offsets = arange(n + 1) * J``.
-:meth:`PoseData.positions` gives the ``[n, J, 2]`` view.
-
-Mixture types (Yang & Ramanan 2011; Chen & Yuille 2014).  LSP's limbs point in every direction, so the mean
-offset of an edge is close to zero and a single quadratic pulls children onto their parents.  With ``mu`` of
-shape ``[E, K, 2]`` (``K > 1`` types per edge, e.g. the k-means centres of :func:`offset_types`) a labeling is
-the ``J`` cells *and* a type ``t_e`` per edge (``J + E`` labels per image, cells first), and the pairwise part
-of ``phi`` is, per edge and type ``k``, ``[-deformation_features / s_{e,k}, 1]`` if ``t_e = k`` else zeros:
-``w = [w_U | w_def (E*K*4, edge-major, then type) | b (E*K)]``, ``d = J*K_u + 5*E*K``.  Every type has its own
-offset, scales (:func:`offset_scales` with ``types``), deformation weights (boxed like above) and bias.  The
-loss ignores the types; the true types of training data are the nearest offsets to the true displacements
-(:meth:`PoseTree.nearest_types`, :class:`PoseData` ``types``).  The oracle maximises over positions and types
-exactly (:func:`~torch_bcfw.inference.tree_mixture.mixture_tree_max_sum`: ``K`` distance transforms per
-message).
-
-Image-dependent pairwise relations (Chen & Yuille 2014; ``type_features=True``, ``K > 1``).  The deformation
-prior of a type is the same for every image; a CNN can also say which type an edge takes *here*: at every cell
-``log p(t_e = k | image around the cell)``, predicted at the child's and at the parent's end of the limb
-(:class:`PoseData` ``type_unary [n, E, K, 2, G, G]``).  The joint features gain, per edge, the value of its type's
-map at the child's cell and at the parent's cell (``2 E`` entries, weights ``w_T [E, 2]`` at the end of ``w``:
-:meth:`PoseTree.type_feature_weights`), and the oracle stays exact at the same cost (the child term joins the
-belief before the type's distance transform, the parent term the message).
-
-Invisible joints.  A labeling must place every joint, but unannotated joints have no position.
-:func:`impute_positions` fills them from the annotated ones along the tree with the mean offsets (then the
-true labeling of the SSVM is a plausible full pose); the loss ignores them.
+**Mixture types** (Yang & Ramanan 2011; Chen & Yuille 2014).  With ``mu`` of shape ``[E, K, 2]`` a labeling is the
+cells and a type per edge (``J + E`` labels), each type with its own offset, scales, boxed deformation weights and
+bias (``d = J*K_u + 5*E*K``); the loss ignores the types, and the oracle maximises over positions and types
+exactly (:func:`~torch_bcfw.inference.tree_mixture.mixture_tree_max_sum`).  With ``type_features=True`` a CNN's
+per-cell ``log p(t_e = k)`` at the child's and the parent's end (:class:`PoseData` ``type_unary``) adds ``2 E``
+features (:meth:`PoseTree.type_feature_weights`), at the same cost.  Unannotated joints are placed along the tree by
+:func:`impute_positions`; the loss ignores them.
 """
 from __future__ import annotations
 

@@ -1,56 +1,27 @@
 """Multi-plane BCFW (Shah, Kolmogorov & Lampert, CVPR 2015, Alg. 3): BCFW for costly max-oracles.
 
 Every exact oracle answer is kept in its block's working set of *planes* (the state's
-:class:`~torch_bcfw.duals.working_set.WorkingSet`, MP-BCFW policy: timestamps of last activity, LRU
-eviction at the cap, eviction by inactivity).  One **outer iteration** is
+:class:`~torch_bcfw.duals.working_set.WorkingSet`: timestamps of last activity, LRU eviction at the cap ``N``,
+eviction by inactivity after ``T`` iterations).  One **outer iteration** is an **exact pass** (``n`` BCFW steps, each
+oracle answer joining its block's planes) and up to ``M`` **approximate passes** (each block once in a fresh random
+order, stepping towards the best stored plane at the current ``w``; ties to the smallest label hash).
 
-1. an **exact pass**: ``n`` block iterations (blocks drawn by ``options.sampling``, as BCFW), each calls
-   the oracle at the current ``w``, adds the answer to its block's set (a labeling already there is only
-   marked active; a full set first loses its longest-inactive plane) and takes the BCFW line-search step;
-2. up to ``M`` **approximate passes** (each block once, in a fresh random order): the approximate oracle
-   returns the best plane of the block's set at the current ``w`` (``argmax_y H_i(y; w)`` over the set,
-   ties to the smallest label hash as everywhere in this package), which is marked active, the BCFW step
-   goes towards it, and the block's planes not active since iteration ``k - T`` are dropped (at least one
-   is kept).  A plane last active in iteration ``k - T`` is still there in iteration ``k``.
+**Automatic number of approximate passes** (Sec. 3.4, cross-multiplied as in the authors' code): after approximate
+pass ``B`` the passes stop when ``r dF_B t_A < dF_A t_B`` (``A`` everything since the start of the iteration before
+``B``, ``dF`` the dual gain, ``t`` the cost), or when ``dF_B <= min_gain |F|`` (the guard).  The cost is measured by
+``options.mp_clock``: ``"work"`` (default) counts an exact step as 1 and an approximate step over ``p`` planes as
+``p /`` :data:`PLANES_PER_ORACLE_CALL`, so runs are deterministic; ``"wall"`` uses seconds (the paper's rule); a
+``clock`` given to :class:`MPBCFW` overrides both.  ``r = 0`` gives one approximate pass, ``r = inf`` always ``M``.
 
-**Automatic number of approximate passes** (Sec. 3.4, in the cross-multiplied form of the authors' code):
-after approximate pass ``B`` the passes stop when ``r * dF_B * t_A < dF_A * t_B``, ``A`` being everything
-since the start of the iteration before ``B`` (the exact pass included), ``dF`` the dual gain and ``t``
-the cost.  With ``r = 1`` this is the paper's "gain per unit of cost of the last pass below that of the
-whole iteration so far".  The cost is measured by ``options.mp_clock``:
+**Averaging** (MP-BCFW-avg, Sec. 3.5): one weighted average after the exact steps and one after the approximate
+steps; :meth:`MPBCFW.averaged` is their mixture maximising the dual (closed form; golden section with box
+constraints).
 
-* ``"work"`` (the default, also ``"auto"``): a deterministic cost model in oracle-call units -- an exact
-  block step costs 1, an approximate block step over a set of ``p`` planes costs ``p /``
-  :data:`PLANES_PER_ORACLE_CALL` (scoring that many planes is taken to cost one oracle call).  Runs with the
-  same seed are then identical bit for bit, whatever the machine's load;
-* ``"wall"``: seconds of ``time.perf_counter`` (the paper's rule; the number of approximate passes, hence
-  the whole run, depends on the timing);
-* a ``clock`` given to :class:`MPBCFW` (tests: a synthetic cost model) overrides both.
-
-**Guard**: the passes also stop when ``dF_B <= min_gain * |F|`` (a stalled or converged problem would
-otherwise run all ``M`` passes, ``0 < 0`` being false).  The pass that triggers the stop is kept; there is
-always at least one approximate pass when ``M >= 1``.  ``r = 0`` gives exactly one approximate pass per
-iteration, ``r = inf`` always ``M`` (the rule off).
-
-**Averaging** (MP-BCFW-avg, Sec. 3.5): two weighted averages of the global iterate ``(v, l)`` (``2/(k+2)``
-weights, each with its own counter), one updated after every exact step and one after every approximate
-step; :meth:`MPBCFW.averaged` returns their mixture ``(1 - g) avg_exact + g avg_approx`` with the ``g in
-[0, 1]`` that maximises the dual (closed form; golden section with box constraints).  Each update costs
-``O(d)``, like the step itself in the generic loop.
-
-**Reduction to BCFW.**  With ``N = 0`` there is no working set and no approximate pass (``M`` is
-ignored, as in the authors' code): the exact pass runs the plain plan (``StepPlan.plain``) on the sampler's blocks,
-BCFW's own code path (the compiled chain kernel on CPU), and the average is the state's, so the trajectory is
-BCFW's bit for bit.  With ``N > 0`` the exact and approximate passes are multi-plane plans
-(:meth:`StepPlan.multi_plane <torch_bcfw.duals.plan.StepPlan.multi_plane>`: the working set as the planes, the plane
-stamps, eviction and staleness, the running average) run like every plan of the family: in the state's compiled
-driver when it has one (the chain's on CPU), else in the generic step loop through the state's public methods
-(``block_oracle``, ``corner_values``, ``block_step``), so any model works.
-
-Cost accounting: ``oracle_calls`` (exact), ``approx_steps``, ``approx_passes``, ``iteration`` and the
-clock time spent in exact and approximate passes are added to every history record
-(:meth:`MPBCFW.accounting`, via :class:`RecordAccounting`).  ``max_passes`` and ``gap_check`` count exact
-passes (outer iterations), the paper's "oracle convergence" axis.
+With ``N = 0`` there is no working set and no approximate pass: the exact pass is plain BCFW, bit for bit.  With
+``N > 0`` the passes are multi-plane plans (:meth:`StepPlan.multi_plane <torch_bcfw.duals.plan.StepPlan.multi_plane>`)
+that the state runs like every plan.  The history records ``exact_calls``, ``approx_steps``, ``approx_passes``,
+``outer_iterations`` and the time in each kind of pass (:meth:`MPBCFW.accounting`); ``max_passes`` and
+``gap_check`` count exact passes.
 """
 from __future__ import annotations
 

@@ -1,43 +1,30 @@
 """The epsilon-approximate regularization path of Osokin et al. 2016 (Sec. 4, Algs. 6-7) and the grid searches it
 is compared with.
 
-**Path.**  For every ``lam > 0`` down to a stopping point the path holds weights with a certified duality gap
-``<= eps`` (hence ``P_lam(w) - P_lam* <= eps``), from a finite list of breakpoints
-``lam_1 = lam_inf > lam_2 > ... > lam_J``:
+**Path.**  For every ``lam > 0`` down to a stopping point the path holds weights with a certified duality gap ``<=
+eps``, from breakpoints ``lam_1 = lam_inf > lam_2 > ... > lam_J``:
 
-* ``lam >= lam_inf``: ``w(lam) = psi~ / lam`` (the closed form of the first piece, Alg. 6), where
-  ``psi~ = 1/n sum_i psi_i(y~_i)`` and ``y~_i`` are the max-loss labelings (oracle answers at ``w = 0``);
-  ``lam_inf = (||psi~||^2 + 1/n sum_i theta_i) / (kappa eps)`` with ``theta_i`` from a *loss-free* decoding
-  at ``psi~`` makes the gap ``<= kappa eps`` there.
-* ``lam_{j+1} <= lam <= lam_j``: ``w(lam) = w_j``, the weights optimised at ``lam_j`` to a gap ``<= kappa eps``.
-  Moving to a smaller ``lam = rho lam_j`` keeps ``w`` and rescales the dual variables towards the ground truth
-  (Prop. 1, :meth:`~torch_bcfw.duals.base.DualState.rescale_lam`); the gap grows linearly,
-  ``g(rho) = g_j + (1 - rho) Delta_j``, so the next breakpoint ``rho = 1 - (eps - g_j) / Delta_j`` (eq. 13) is
-  the smallest ``lam`` at which ``w_j`` is still certified ``eps``-approximate.  When ``Delta_j <= eps - g_j``
-  (printed inverted in the paper's Alg. 7) ``w_j`` is ``eps``-approximate for every smaller ``lam``: the path
-  is complete.
+* ``lam >= lam_inf``: ``w(lam) = psi~ / lam``, the closed form of the first piece (Alg. 6; ``psi~`` the mean joint
+  feature of the max-loss labelings), ``lam_inf`` chosen so that the gap is ``<= kappa eps`` there;
+* ``lam_{j+1} <= lam <= lam_j``: ``w(lam) = w_j``, optimised at ``lam_j`` to a gap ``<= kappa eps``.  Moving to
+  ``lam = rho lam_j`` keeps ``w`` and rescales the dual variables towards the ground truth (Prop. 1,
+  :meth:`~torch_bcfw.duals.base.DualState.rescale_lam`); the gap grows as ``g_j + (1 - rho) Delta_j``, so the next
+  breakpoint is ``rho = 1 - (eps - g_j) / Delta_j`` (eq. 13).  When ``Delta_j <= eps - g_j`` (inverted in the
+  paper's Alg. 7) ``w_j`` is ``eps``-approximate for every smaller ``lam``: the path is complete.
 
-Every breakpoint's gap is *exact* (a batch gap pass of the inner solver), so the guarantee holds (the paper's
-"eps-approximate path", not its heuristic variant).  Between breakpoints the certificate needs no oracle call
-to exist; :meth:`RegularizationPath.certificate` recomputes it at any ``lam`` from the stored weights and the
-rescaled dual value (one oracle pass), independently of the path's own bookkeeping.
+Every breakpoint's gap is exact (a batch gap pass), so the guarantee holds;
+:meth:`RegularizationPath.certificate` recomputes it at any ``lam`` from the stored weights and the rescaled dual
+value, independently of the path's bookkeeping.  Prediction does not change when ``w`` is scaled, so the training
+and validation losses are constant on every piece: model selection over the path is exact.
 
-Prediction ``argmax_y <w, phi(x, y)>`` does not change when ``w`` is scaled by a positive factor, so the
-training and validation losses are constant on every piece of the path: evaluating them at the breakpoints
-evaluates them at every ``lam`` (model selection is exact, not sampled).
+**Grid search** (the paper's baseline, Sec. 5.2): ``lam = 2^15 ... 2^-15`` solved one after the other to gap ``<=
+eps``, cold or warm (keep ``w``, rescale the dual variables).  All report cumulative effective passes (batch gap
+passes included) and time at each ``lam``.
 
-**Grid search** (the paper's baseline, Sec. 5.2): ``lam = 2^15, 2^14, ..., 2^-15`` solved one after the other
-to gap ``<= eps``, cold (each from ``alpha_i = e_{y_i}``) or warm (keep ``w``, rescale the dual variables as
-above).  All three report cumulative effective passes (oracle calls / n, batch gap passes included) and time
-when each ``lam`` is reached.
-
-**Ctrl-C** ends a path or a grid search: the inner solve it cuts is dropped (its weights are no solution at its
-``lam``), no further ``lam`` is solved, and the sweep of the finished points is returned with ``stopped_by ==
-"interrupted"`` (a path's :attr:`~RegularizationPath.lower_limit` is where its last finished point is still
-certified, as for a time budget).  Every point of a sweep is thus a finished solve, and model selection
-(:meth:`LambdaSweep.best`) only sees those.  An interrupt before the path's first point is certified raises
-``KeyboardInterrupt`` (nothing finished).  ``torch-bcfw path`` writes the partial sweep, runs no further
-grid search, says it was interrupted and exits with code 130.
+**Ctrl-C** ends a path or a grid search: the cut inner solve is dropped, no further ``lam`` is solved, and the
+finished points are returned with ``stopped_by == "interrupted"`` (model selection only sees them); an interrupt
+before the path's first point raises ``KeyboardInterrupt``.  ``torch-bcfw path`` writes the partial sweep and exits
+with code 130.
 """
 from __future__ import annotations
 
