@@ -21,6 +21,8 @@ process-to-process spread.
 * horses (200 training images, graph cut, the compiled step loop of ``GraphCutDualState``): solver overhead per
   oracle time, median over 5 passes (``benchmarks/horses_oracle.py``'s ``solver_overhead``); with
   ``--same-process`` also the seconds per pass (``horses_pass``);
+* with ``--same-process``: mini-batch rounds on OCR-large (``batch_size`` 4, 16, 64; 4 passes), solver seconds per
+  pass (``rounds_tau*``; skip with ``--skip rounds``);
 * bit-identity on OCR-large (10 passes, gap check every 5): final weights (``torch.equal``) and histories (every
   field but times) of presets ``uniform-fw`` (plain BCFW), ``gap-pairwise-cache`` and of ``solver='mp-bcfw'``.
 """
@@ -153,12 +155,21 @@ def paired(args, skip: set) -> dict:
         return importlib.import_module(pkg.__name__ + "." + name)
 
     measures = {}
+    ocr_data = None
+    if "ocr" not in skip or "rounds" not in skip:
+        ocr_data = {s: sub(p, "datasets.ocr").load_ocr_split(str(DATA / "ocr"), "large", 0)[0] for s, p in pkgs.items()}
     if "ocr" not in skip:
         def ocr(pkg, data, passes=20):
             r = pkg.fit(sub(pkg, "models").Chain(128, 26), data, 0.01, max_passes=passes, gap_check=passes)
             return r.counters["solver_time"] / r.passes
-        data = {s: sub(p, "datasets.ocr").load_ocr_split(str(DATA / "ocr"), "large", 0)[0] for s, p in pkgs.items()}
-        measures["ocr"] = (ocr, data, 2)
+        measures["ocr"] = (ocr, ocr_data, 2)
+    if "rounds" not in skip:
+        for tau in (4, 16, 64):
+            def rounds(pkg, data, passes=4, tau=tau):
+                r = pkg.fit(sub(pkg, "models").Chain(128, 26), data, 0.01, max_passes=passes, gap_check=passes,
+                            batch_size=tau)
+                return r.counters["solver_time"] / r.passes
+            measures[f"rounds_tau{tau}"] = (rounds, ocr_data, 1)
     if "conll" not in skip:
         def conll(pkg, prob, passes=args.conll_passes):
             r = pkg.fit(prob.model, prob.train, 1.0 / len(prob.train), max_passes=passes, gap_check=passes)
@@ -253,6 +264,8 @@ def main() -> None:
     kinds = (("ocr", "s_per_pass"), ("conll", "s_per_pass"), ("horses", "overhead"))
     if together is not None and "horses" not in skip:
         kinds += (("horses_pass", "s_per_pass"),)
+    if together is not None and "rounds" not in skip:
+        kinds += tuple((f"rounds_tau{tau}", "s_per_pass") for tau in (4, 16, 64))
     for kind, metric in kinds:
         if kind in skip:
             continue
