@@ -333,10 +333,9 @@ class ChainDualState(DualState):
         if not self.can_run_plan(plan):
             return super().round_step(blocks, plan)
         c = self._round_context(plan)
-        totals = c.marg.totals
-        totals[0] = (self.ell, self.avg_ell_u)
+        tot = c.marg.totals[0]
+        tot["ell"], tot["avg_ell_u"] = self.ell, self.avg_ell_u
         n, lam, reduce = self.n_total, self.lam, plan.rounds.reduce
-        blocks = np.ascontiguousarray(blocks, dtype=np.int64)
         bgaps = np.empty(len(blocks))
         if reduce is None:
             tau = len(blocks)
@@ -353,7 +352,7 @@ class ChainDualState(DualState):
             clear_touched(c.acc, c.touched)
         if tau == 0:
             return RoundStep(num, 0.0, 0, bgaps)
-        self._adopt_totals(totals)
+        self.ell, self.avg_ell_u = float(tot["ell"]), float(tot["avg_ell_u"])
         self.k += tau
         self.avg_t += 1
         return RoundStep(num, gamma, tau, bgaps)

@@ -458,8 +458,9 @@ def run_rounds(state, plan: StepPlan) -> PlanResult:
     gaps = np.full(len(order), np.nan)
     taken = blocks_done = n_hits = 0
     need_pass = False
-    for j in range(len(offsets) - 1):
-        a, b = int(offsets[j]), int(offsets[j + 1])
+    bounds = offsets.tolist()
+    for j in range(len(bounds) - 1):
+        a, b = bounds[j], bounds[j + 1]
         if gap is not None:
             b = a + int(gap_draw_round(gap.queue, gap.smeta, est.tree, est.size, gap.uniforms[a:b], order[a:b]))
         blocks = order[a:b]
@@ -468,6 +469,8 @@ def run_rounds(state, plan: StepPlan) -> PlanResult:
             need_pass = True
             break
         hit = r.hit if r.hit is not None else np.zeros(len(blocks), dtype=bool)
+        if r.hit is not None:
+            n_hits += int(hit.sum())
         if ws is not None and r.gamma != 0.0:
             for i, jj in zip(blocks.tolist(), r.planes.tolist()):
                 ws_fw_update(ws.arrays(), i, jj, r.gamma)
@@ -480,7 +483,6 @@ def run_rounds(state, plan: StepPlan) -> PlanResult:
             gaps[a] = r.num
         taken += 1
         blocks_done += r.tau
-        n_hits += int(hit.sum())
     slots = int(offsets[taken])
     return PlanResult(steps=slots, oracle_calls=blocks_done - n_hits, cache_hits=n_hits, need_gap_pass=need_pass,
                       blocks=order[:slots], gaps=gaps[:slots], rounds=taken)
