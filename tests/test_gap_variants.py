@@ -103,7 +103,8 @@ def test_working_set_insert_find_grow_evict_and_roundtrip():
     assert j == 2 and ws.find(0, [2, 2]) == -1 and ws.losses(0)[2] == pytest.approx(0.7)
     ws.drop_inactive(0)
     assert [y.tolist() for y in ws.labelings(0)] == [[0, 1], [0, 2]]
-    ws2 = WorkingSet.from_state_dict(ws.state_dict())
+    truth = [np.array([0, 1]), np.array([2])]
+    ws2 = WorkingSet.from_state_dict(ws.state_dict(), truth)
     for i in range(2):
         assert [y.tolist() for y in ws2.labelings(i)] == [y.tolist() for y in ws.labelings(i)]
         assert np.array_equal(ws2.alphas(i), ws.alphas(i))

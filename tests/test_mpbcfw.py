@@ -73,11 +73,12 @@ def test_working_set_lru_cap_staleness_and_duplicates():
     assert ws.drop_stale(0, 3.5) == 2 and [y.tolist() for y in ws.labelings(0)] == [[2, 1]]
     assert ws.drop_stale(0, 10.0) == 0 and ws.size[0] == 1  # never empty: the most recent plane stays
     assert ws.size[1] == 1 and ws.labeling(1, 0).tolist() == [2]
-    ws2 = WorkingSet.from_state_dict(ws.state_dict())
+    truth = [np.array([0, 1]), np.array([2])]
+    ws2 = WorkingSet.from_state_dict(ws.state_dict(), truth)
     assert ws2.last_active(0).tolist() == [4.0]
     old = ws.state_dict()  # a state saved before the `last` column still loads (last = 0)
     old["fl"] = old["fl"][:, :3]
-    assert WorkingSet.from_state_dict(old).last_active(0).tolist() == [0.0]
+    assert WorkingSet.from_state_dict(old, truth).last_active(0).tolist() == [0.0]
 
 
 @pytest.mark.parametrize("fused", [True, False])

@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 __all__ = ["check_lam", "check_n_total", "check_bounds", "check_finite", "check_int", "check_bool", "check_not_meta",
-           "check_input_tensor", "check_index_tensor"]
+           "check_input_tensor", "check_index_tensor", "saved_tensor", "saved_int", "saved_float"]
 
 
 def check_lam(lam: float) -> float:
@@ -143,3 +143,67 @@ def check_index_tensor(t, name: str, device=None) -> Tensor:
         raise ValueError(f"{name} must hold integers, got {out.dtype}" + (
             f" (values {out.reshape(-1)[:6].tolist()}{' ...' if out.numel() > 6 else ''})" if out.numel() else ""))
     return out.long()
+
+
+# ----------------------------------------------------------------------------- values read from a file
+# A saved state reaches compiled kernels that index with its arrays: every value is checked (type, dtype, shape,
+# finiteness, range) before use, and a bad one raises ``ValueError`` naming the field and the rule.
+_KINDS = {"float": "a floating or integer tensor", "int": "an integer tensor", "bool": "a bool tensor"}
+
+
+def saved_tensor(value, name: str, shape: tuple, kind: str = "float", finite: bool = True, lo=None,
+                 hi=None) -> Tensor:
+    """The tensor ``value`` read from a file, checked: a ``torch.Tensor`` of ``kind`` (``"float"``: floating or
+    integer, returned as float64; ``"int"``: integer, returned as int64; ``"bool"``) with the ``shape`` given
+    (``None`` entries: any size), finite (``finite``, float only) and within ``[lo, hi]`` (``None``: unbounded; ``inf``
+    entries allowed there when not ``finite``).  Returns a CPU tensor that shares nothing with ``value``."""
+    if not isinstance(value, Tensor):
+        raise ValueError(f"{name} must be a tensor, got {type(value).__name__}")
+    if value.layout != torch.strided or value.is_complex() or value.device.type == "meta":
+        raise ValueError(f"{name} must be a dense real tensor, got {value.layout} {value.dtype} on {value.device}")
+    ok = {"float": value.dtype != torch.bool, "int": not value.is_floating_point() and value.dtype != torch.bool,
+          "bool": value.dtype == torch.bool}[kind]
+    if not ok:
+        raise ValueError(f"{name} must be {_KINDS[kind]}, got {value.dtype}")
+    if len(value.shape) != len(shape) or any(s is not None and int(v) != s for v, s in zip(value.shape, shape)):
+        want = "[" + ", ".join("*" if s is None else str(s) for s in shape) + "]"
+        raise ValueError(f"{name} must have shape {want}, got {list(value.shape)}")
+    out = value.detach().to("cpu", {"float": torch.float64, "int": torch.int64, "bool": torch.bool}[kind], copy=True)
+    if kind == "float":
+        if finite and not bool(torch.isfinite(out).all()):
+            raise ValueError(f"{name} holds NaN or infinite values")
+        if bool(torch.isnan(out).any()):
+            raise ValueError(f"{name} holds NaN")
+    if kind != "bool" and out.numel():
+        if lo is not None and bool((out < lo).any()):
+            raise ValueError(f"{name} must be >= {lo}, got a minimum of {out.min().item()}")
+        if hi is not None and bool((out > hi).any()):
+            raise ValueError(f"{name} must be <= {hi}, got a maximum of {out.max().item()}")
+    return out
+
+
+def saved_int(value, name: str, lo: int | None = None, hi: int | None = None) -> int:
+    """An integer read from a file (a Python or numpy integer, or a 0-d integer tensor) within ``[lo, hi]``."""
+    if isinstance(value, Tensor) and value.ndim == 0 and not value.is_floating_point() and value.dtype != torch.bool:
+        value = value.item()
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
+        raise ValueError(f"{name} must be an integer, got {value!r} ({type(value).__name__})")
+    v = int(value)
+    if (lo is not None and v < lo) or (hi is not None and v > hi):
+        raise ValueError(f"{name} must lie in [{lo}, {hi}], got {v}")
+    return v
+
+
+def saved_float(value, name: str, finite: bool = True, lo: float | None = None, hi: float | None = None) -> float:
+    """A real number read from a file (a Python or numpy number, or a 0-d real tensor), never NaN, finite unless
+    ``finite`` is False, within ``[lo, hi]``."""
+    if isinstance(value, Tensor) and value.ndim == 0 and value.dtype != torch.bool and not value.is_complex():
+        value = value.item()
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+        raise ValueError(f"{name} must be a real number, got {value!r} ({type(value).__name__})")
+    v = float(value)
+    if v != v or (finite and not np.isfinite(v)):
+        raise ValueError(f"{name} must be a finite number, got {v}")
+    if (lo is not None and v < lo) or (hi is not None and v > hi):
+        raise ValueError(f"{name} must lie in [{lo}, {hi}], got {v}")
+    return v

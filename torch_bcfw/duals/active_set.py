@@ -5,7 +5,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .base import DualState
+from ..checks import saved_tensor
+from .base import LOAD_TOL, DualState
 from .dense import DenseDualState
 from .working_set import ACC, ALPHA, WorkingSet, block_labelings
 
@@ -166,18 +167,51 @@ class ActiveSetDualState(DenseDualState):
         }
 
     def _load_storage(self, sd: dict) -> None:
+        """The saved active sets, checked: block ids in range, each labeling of its block's length (and, through the
+        model's loss and joint features, one of its labelings), weights on each block's simplex, accumulators
+        ``>= 0``, no labeling twice in a block."""
+        if not {"blocks", "weights", "accs", "labels", "label_lengths"} <= sd.keys():
+            raise ValueError("the saved active-set state lacks blocks, weights, accs, labels or label_lengths")
+        blocks = saved_tensor(sd["blocks"], "state storage blocks", (None,), "int", lo=0, hi=self.n - 1)
+        m = blocks.shape[0]
+        lengths = saved_tensor(sd["label_lengths"], "state storage label_lengths", (m,), "int")
+        want = torch.tensor([len(y) for y in block_labelings(self.data.y, getattr(self.data, "offsets", None))],
+                            dtype=torch.int64)
+        if m and not torch.equal(lengths, want[blocks]):
+            raise ValueError("state storage label_lengths: a labeling is not of its block's length")
+        labels = saved_tensor(sd["labels"], "state storage labels", (int(lengths.sum()),), "int", lo=0)
+        weights = saved_tensor(sd["weights"], "state storage weights", (m,), lo=-LOAD_TOL, hi=1 + LOAD_TOL)
+        accs = saved_tensor(sd["accs"], "state storage accs", (m,), lo=-LOAD_TOL)
+        total = torch.zeros(self.n, dtype=torch.float64).index_add_(0, blocks, weights)
+        if not torch.allclose(total, torch.ones_like(total), atol=LOAD_TOL):
+            raise ValueError("state storage weights: a block's weights do not sum to 1")
         ws = WorkingSet.for_data(self.data)
         for i in range(self.n):
             ws.remove(i, range(int(ws.size[i])))
-        parts = torch.split(sd["labels"].long(), sd["label_lengths"].tolist())
-        blocks = sd["blocks"].tolist()
-        losses = self._losses(blocks, parts)
-        for i, y, a, acc, loss in zip(blocks, parts, sd["weights"].tolist(), sd["accs"].tolist(), losses):
+        parts = torch.split(labels, lengths.tolist())
+        blocks = blocks.tolist()
+        try:
+            losses = self._losses(blocks, parts)
+        except (ValueError, IndexError, RuntimeError) as exc:
+            raise ValueError(f"state storage labels: a labeling is none of its block's: {exc}") from None
+        for i, y, a, acc, loss in zip(blocks, parts, weights.tolist(), accs.tolist(), losses):
+            if ws.find(i, y.numpy()) >= 0:
+                raise ValueError(f"state storage labels: block {i} lists a labeling twice")
             j = ws.insert(i, y.numpy(), loss, 0, True)
             ws.fl[ws.start[i] + j, ALPHA] = a
             ws.fl[ws.start[i] + j, ACC] = acc
         self.active_set = ws
-        self._rebuild_blocks()
+        try:
+            self._rebuild_blocks()
+        except (IndexError, RuntimeError) as exc:
+            raise ValueError(f"state storage labels: a labeling is none of its block's: {exc}") from None
+
+    def _check_dual_variables(self) -> None:
+        """``l_i`` is ``sum_y alpha_i(y) L_i(y) / n`` of the listed labelings (their losses recomputed on load)."""
+        ws = self.active_set
+        ell = torch.tensor([float(ws.alphas(i) @ ws.losses(i)) for i in range(self.n)], dtype=torch.float64)
+        if not torch.allclose(self.block_ell.cpu(), ell, rtol=LOAD_TOL, atol=LOAD_TOL / self.n_total):
+            raise ValueError("state block_ell is not the expected loss of the listed labelings")
 
     def _losses(self, blocks: list, labels, chunk: int = 4096) -> list:
         """``L_i(y) / n`` of the labelings ``labels`` of blocks ``blocks`` (batched)."""

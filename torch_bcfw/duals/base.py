@@ -36,14 +36,17 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..checks import check_bounds, check_lam, check_n_total
+from ..checks import check_bounds, check_lam, check_n_total, saved_float, saved_int, saved_tensor
 from .fingerprint import features_fingerprint, labels_fingerprint
 from .plan import PlanResult, RoundStep, StepPlan, generic_plan_steps, round_corners, run_rounds
 from .stepsize import (PAIRWISE_RULE, average_weight, clipped_step, lazy_weight, minibatch_step_size,
                        step_size)
 from .working_set import ALPHA, WorkingSet, block_labelings
 
-__all__ = ["DualState"]
+__all__ = ["DualState", "LOAD_TOL"]
+
+#: relative tolerance of the checks of a loaded state: simplex sums, ``w = A alpha``, ``l = sum_i l_i``, losses
+LOAD_TOL = 1e-8
 
 
 class DualState:
@@ -693,23 +696,36 @@ class DualState:
     def load_state_dict(self, sd: dict) -> None:
         """Continue from :meth:`state_dict`'s output on this state's data (same examples, labels and order).
 
-        On the data it was saved from the state resumes bit for bit.  When the features differ (the saved
-        features fingerprint does not match, or is absent), a :attr:`rebindable` state re-derives ``w = A(x)
-        alpha`` and every feature-space cache from its dual variables (``rebound`` is then True), and any
-        other state raises ``ValueError``: its stored ``w_i`` are images under the old features, and a dual
-        value computed from them would not bound this problem's optimum.
+        Nothing of ``sd`` is used unchecked (a file is not trusted): every field's type, dtype, shape, finiteness and
+        range is checked (:func:`~torch_bcfw.checks.saved_tensor`), ``lam`` must be this state's, the storage checks
+        its own arrays (``_load_storage``) and the dual variables their feasibility (``_check_dual_variables``:
+        simplices, losses recomputed where the storage determines them), and the derived ``w`` and ``l`` must equal
+        those of the loaded blocks (within :data:`LOAD_TOL`, relative).  A failure raises ``ValueError`` naming the
+        field and the rule, before anything runs on the state.
+
+        On the data it was saved from the state resumes bit for bit.  When the features differ (the saved features
+        fingerprint does not match, or is absent), a :attr:`rebindable` state re-derives ``w = A(x) alpha`` and every
+        feature-space cache from its dual variables (``rebound`` is then True), and any other state raises
+        ``ValueError``: its stored ``w_i`` are images under the old features.
         """
         if not isinstance(sd, dict) or "kind" not in sd:
             raise ValueError("not a dual state (expected the dict written by DualState.state_dict)")
         if sd["kind"] != type(self).__name__:
-            raise ValueError(f"cannot load a {sd['kind']} state into a {type(self).__name__}")
-        if sd["n"] != self.n or sd["d"] != self.d:
-            raise ValueError(
-                f"state was saved for n = {sd['n']}, d = {sd['d']} but this problem has n = {self.n}, d = {self.d}"
-            )
-        if int(sd.get("n_total", sd["n"])) != self.n_total:
-            raise ValueError(f"state was saved for a problem of n_total = {sd.get('n_total', sd['n'])} examples, "
-                             f"this one has n_total = {self.n_total}")
+            raise ValueError(f"cannot load a {sd['kind']!r} state into a {type(self).__name__}")
+        missing = [k for k in ("lam", "n", "d", "w", "ell", "block_ell", "k", "avg_t", "avg_last", "avg_ell_u",
+                               "storage") if k not in sd]
+        if missing:
+            raise ValueError(f"the saved dual state lacks {missing}")
+        n, d = saved_int(sd["n"], "state n", 0), saved_int(sd["d"], "state d", 0)
+        if n != self.n or d != self.d:
+            raise ValueError(f"state was saved for n = {n}, d = {d} but this problem has n = {self.n}, d = {self.d}")
+        n_total = saved_int(sd.get("n_total", n), "state n_total", n)
+        if n_total != self.n_total:
+            raise ValueError(f"state was saved for a problem of n_total = {n_total} examples, this one has "
+                             f"n_total = {self.n_total}")
+        lam = saved_float(sd["lam"], "state lam", lo=0.0)
+        if lam != self.lam:
+            raise ValueError(f"state was saved at lam = {lam!r}, this problem has lam = {self.lam!r}")
         if "labels" in sd and sd["labels"] != labels_fingerprint(self.data):
             raise ValueError(
                 "state was saved for other examples (labels or sequence boundaries differ, or their order changed)"
@@ -723,20 +739,90 @@ class DualState:
                 "(ActiveSetDualState for any model)"
             )
         dev = self.w.device
-        self.lam = float(sd["lam"])
-        self.v = sd["w"].to(dev, torch.float64).clone()
-        if sd.get("bounds") is not None:
-            self.lower, self.upper = (b.to(dev, torch.float64).clone() for b in sd["bounds"])
-            self._box = True
+        v = saved_tensor(sd["w"], "state w", (d,)).to(dev)
+        bounds = sd.get("bounds")
+        if bounds is not None:
+            if not isinstance(bounds, (tuple, list)) or len(bounds) != 2:
+                raise ValueError("state bounds must be a pair (lower, upper)")
+            lower, upper = check_bounds(*(saved_tensor(b, f"state bounds[{j}]", (d,), finite=False)
+                                          for j, b in enumerate(bounds)), d, dev)
+        max_loss = (self.model.max_loss(self.data).to(torch.float64).cpu() / self.n_total) if n else torch.zeros(0)
+        block_ell = saved_tensor(sd["block_ell"], "state block_ell", (n,), lo=-LOAD_TOL)
+        if bool((block_ell > max_loss * (1 + LOAD_TOL) + LOAD_TOL).any()):
+            raise ValueError("state block_ell exceeds the examples' largest losses L_i / n")
+        ell = saved_float(sd["ell"], "state ell")
+        avg_t = saved_int(sd["avg_t"], "state avg_t", 0)
+        k = saved_int(sd["k"], "state k", 0)
+        avg_last = saved_tensor(sd["avg_last"], "state avg_last", (n,), "int", lo=0, hi=avg_t)
+        avg_ell_u = saved_float(sd["avg_ell_u"], "state avg_ell_u")
+        ws = sd.get("working_set")
+        ws = WorkingSet.from_state_dict(ws, block_labelings(self.data.y, getattr(self.data, "offsets", None))) \
+            if ws is not None else None
+        self.v = v
+        if bounds is not None:
+            self.lower, self.upper, self._box = lower, upper, True
         self._sync_w()
-        self.working_set = WorkingSet.from_state_dict(sd["working_set"]) if sd.get("working_set") is not None else None
-        self.ell = float(sd["ell"])
-        self.block_ell = sd["block_ell"].to(dev, torch.float64).clone()
-        self.k = int(sd["k"])
-        self.avg_t = int(sd["avg_t"])
-        self.avg_last = sd["avg_last"].to(torch.long).clone()
-        self.avg_ell_u = float(sd["avg_ell_u"])
+        self.working_set = ws
+        self.ell, self.block_ell = ell, block_ell.to(dev)
+        self.k, self.avg_t, self.avg_last, self.avg_ell_u = k, avg_t, avg_last, avg_ell_u
+        if not isinstance(sd["storage"], dict):
+            raise ValueError("state storage must be a dict")
         self._load_storage(sd["storage"])
+        if ws is not None:
+            self._check_working_set(ws)
+        self._check_dual_variables()
         self.rebound = not same_features
         if self.rebound:  # w = A(x_new) alpha from the stored dual variables (l = b^T alpha is unchanged)
             self.refresh()
+        self._check_derived()
+
+    def _check_working_set(self, ws: WorkingSet) -> None:
+        """The loaded working set's labelings are labelings of their blocks (checked by the model's loss, which also
+        gives their ``L_i(y) / n``: the saved losses must match) and its weights lie on the simplex (or below it, in
+        a block whose planes no longer hold all of its mass)."""
+        owners = np.repeat(np.arange(self.n), ws.size)
+        if not len(owners):
+            return
+        ys = [y for i in range(self.n) for y in ws.labelings(i)]
+        rep = self.data[torch.as_tensor(owners, device=self.w.device)]
+        y = torch.cat([torch.as_tensor(t, dtype=torch.long).reshape(-1) for t in ys]).to(self.w.device)
+        try:
+            loss = self.model.loss(rep, y.reshape(rep.y.shape)).to(torch.float64).cpu().numpy() / self.n_total
+        except (ValueError, IndexError, RuntimeError) as exc:
+            raise ValueError(f"state working_set holds a labeling that is none of its block: {exc}") from None
+        saved = np.concatenate([ws.losses(i) for i in range(self.n)])
+        if not np.allclose(saved, loss, rtol=LOAD_TOL, atol=LOAD_TOL):
+            raise ValueError("state working_set: a plane's loss is not the loss of its labeling")
+        for i in range(self.n):
+            a = ws.alphas(i)
+            total = float(a.sum())
+            if a.size and (float(a.min()) < -LOAD_TOL or total > 1 + LOAD_TOL or (
+                    not ws.incomplete[i] and abs(total - 1.0) > LOAD_TOL)):
+                raise ValueError(f"state working_set: the weights of block {i} are off the simplex (sum {total})")
+
+    def _check_dual_variables(self) -> None:
+        """Storage hook of :meth:`load_state_dict`: check that the loaded blocks are feasible dual variables and that
+        ``block_ell`` is their ``b^T alpha_i`` where the storage determines it (``ValueError`` otherwise).  Default:
+        nothing beyond the checks of every state (a storage of feature-space images ``w_i`` cannot tell)."""
+
+    def _check_derived(self) -> None:
+        """``w`` (``v``) and ``l`` must be those of the loaded blocks: ``sum_i w_i`` and ``sum_i l_i`` within
+        :data:`LOAD_TOL` (relative).  The saved values are kept (a resume is bit for bit).  A state holding one shard
+        checks ``l`` here and ``w``, the sum over every process' blocks, with :meth:`check_w` once its process group
+        can sum them."""
+        if self.n_total == self.n:
+            self.check_w()
+        total = float(self.block_ell.sum())
+        if abs(total - self.ell) > LOAD_TOL * (1.0 + abs(total)):
+            raise ValueError(f"state ell = {self.ell!r} is not the sum of block_ell ({total!r})")
+
+    def check_w(self, reduce=None) -> None:
+        """``ValueError`` unless ``w`` (``v``) is ``sum_i w_i`` within :data:`LOAD_TOL` (relative); ``reduce``: for a
+        state holding one shard, the callable summing ``(vector, scalar)`` over the processes."""
+        if not self.d:
+            return
+        v = self._w_from_blocks()
+        if reduce is not None:
+            v, _ = reduce(v, 0.0)
+        if float((v - self.v).abs().max()) > LOAD_TOL * (1.0 + float(self.v.abs().max())):
+            raise ValueError("state w is not the sum of its blocks' w_i")

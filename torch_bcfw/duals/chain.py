@@ -22,7 +22,8 @@ from numba import njit
 from torch import Tensor
 
 from ..inference.viterbi import viterbi_packed
-from .base import DualState
+from ..checks import saved_tensor
+from .base import LOAD_TOL, DualState
 from .chain_driver import chain_plan_steps
 from .chain_kernels import TOTALS, ChainAverages, ChainFeatures, ChainMarginals, ChainWeights
 from .chain_rounds import (RoundScratch, Touched, clear_touched, local_round, max_round_tokens, round_directions,
@@ -367,9 +368,40 @@ class ChainDualState(DualState):
         return sd
 
     def _load_storage(self, sd: dict) -> None:
+        """The saved marginals and their accumulators, checked (shapes, finite, accumulators ``>= 0``)."""
+        N, K, n = self.data.n_tokens, self.model.n_labels, self.n
+        shapes = {"mu": (N, K), "T": (n, K, K), "mu_acc": (N, K), "T_acc": (K, K)}
         dev = self.w.device
-        for name in ("mu", "T", "mu_acc", "T_acc"):
-            setattr(self, name, sd[name].to(dev, torch.float64, copy=True))
+        for name, shape in shapes.items():
+            if name not in sd:
+                raise ValueError(f"the saved chain state lacks {name!r}")
+            lo = -LOAD_TOL if name.endswith("_acc") else None
+            setattr(self, name, saved_tensor(sd[name], f"state storage {name}", shape, lo=lo).to(dev))
+
+    def _check_dual_variables(self) -> None:
+        """The marginals of a distribution over each block's labelings: every token's ``mu_t`` on the simplex, every
+        ``T_i >= 0`` summing to ``L_i - 1`` with the token marginals as its row and column sums, and ``l_i`` the
+        expected loss under ``mu``."""
+        mu, T, lengths = self.mu, self.T, self.data.lengths.to(self.mu.device)
+        tol = LOAD_TOL
+        if bool((mu < -tol).any()) or not bool(torch.allclose(mu.sum(1), torch.ones_like(mu[:, 0]), atol=tol)):
+            raise ValueError("state storage mu: a token's marginals are off the simplex")
+        if bool((T < -tol).any()) or not bool(torch.allclose(T.sum((1, 2)), (lengths - 1).to(T), atol=tol * (1 + T.shape[1]))):
+            raise ValueError("state storage T: a sequence's transition marginals are negative or do not sum to L_i - 1")
+        seq, off = self.data.token_sequence_ids(), self.data.offsets
+        first = torch.ones_like(seq, dtype=torch.bool)
+        first[off[:-1]] = False  # tokens that have a predecessor
+        last = torch.ones_like(seq, dtype=torch.bool)
+        last[off[1:] - 1] = False  # tokens that have a successor
+        rows = torch.zeros_like(T[:, :, 0]).index_add_(0, seq[last], mu[last])
+        cols = torch.zeros_like(T[:, 0, :]).index_add_(0, seq[first], mu[first])
+        if not (torch.allclose(T.sum(2), rows, atol=tol * (1 + float(lengths.max()))) and
+                torch.allclose(T.sum(1), cols, atol=tol * (1 + float(lengths.max())))):
+            raise ValueError("state storage T: the transition marginals disagree with the token marginals mu")
+        ell = torch.zeros(self.n, dtype=torch.float64, device=mu.device)
+        ell.index_add_(0, seq, (mu * self.model.loss_unaries(self.data, torch.float64)).sum(1))
+        if not torch.allclose(self.block_ell, ell / self.n_total, rtol=tol, atol=tol / self.n_total):
+            raise ValueError("state block_ell is not the expected loss of the marginals mu")
 
 
 class _RoundContext(NamedTuple):

@@ -4,6 +4,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ..checks import saved_tensor
 from .base import DualState
 from .stepsize import lazy_weight
 
@@ -97,5 +98,8 @@ class DenseDualState(DualState):
         return {"w_blocks": self.w_blocks.cpu().clone(), "w_blocks_acc": self.w_blocks_acc.cpu().clone()}
 
     def _load_storage(self, sd: dict) -> None:
-        self.w_blocks = sd["w_blocks"].to(self.w.device, torch.float64).clone()
-        self.w_blocks_acc = sd["w_blocks_acc"].to(self.w.device, torch.float64).clone()
+        """The saved ``w_i`` table and its accumulator, checked (``[n, d]``, finite)."""
+        for name in ("w_blocks", "w_blocks_acc"):
+            if name not in sd:
+                raise ValueError(f"the saved dense state lacks {name!r}")
+            setattr(self, name, saved_tensor(sd[name], f"state storage {name}", (self.n, self.d)).to(self.w.device))

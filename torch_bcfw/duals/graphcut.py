@@ -28,9 +28,10 @@ from numba import njit, objmode, types
 from numba.typed import List
 from torch import Tensor
 
+from ..checks import saved_tensor
 from ..inference.graphcut import NEGATIVE_TOLERANCE, build_graph, cut_graph
 from ..inference.graphcut_pool import GraphRecord, cut_inputs
-from .base import DualState
+from .base import LOAD_TOL, DualState
 from .dense import DenseDualState
 from .fingerprint import features_fingerprint
 from .plan import PlanResult, StepPlan
@@ -454,10 +455,13 @@ class GraphCutDualState(DenseDualState):
                 "(only the node features may change). Start from scratch"
             )
         dev = self.w.device
-        for name in ("mu", "pw", "mu_acc", "pw_acc", "acc_w"):
-            setattr(self, name, sd[name].to(dev, torch.float64).clone())
-        if self.mu.shape != (self.data.n_nodes,) or self.pw.shape != (self.n, self.d - self.F):
-            raise ValueError("saved graph-cut dual state does not match the data (node count or feature sizes)")
+        N, E, n = self.data.n_nodes, self.d - self.F, self.n
+        shapes = {"mu": ((N,), -LOAD_TOL, 1 + LOAD_TOL), "pw": ((n, E), None, None), "mu_acc": ((N,), -LOAD_TOL, None),
+                  "pw_acc": ((n, E), None, None), "acc_w": ((n,), -LOAD_TOL, None)}
+        for name, (shape, lo, hi) in shapes.items():
+            if name not in sd:
+                raise ValueError(f"the saved graph-cut state lacks {name!r}")
+            setattr(self, name, saved_tensor(sd[name], f"state storage {name}", shape, lo=lo, hi=hi).to(dev))
         phi_true = self.model.joint_feature(self.data, self.data.y)
         scale = 1.0 / (self.lam * self.n_total)
         expected = torch.cat([self.model.unary_feature(self.data, self.mu), self.pw], 1)
@@ -466,6 +470,26 @@ class GraphCutDualState(DenseDualState):
         self.w_blocks_acc = (self.acc_w[:, None] * phi_true - expected_acc) * scale
         self._phi_true = phi_true
         same = sd.get("same_features")  # absent in states saved before it existed
-        if same is not None and same["fingerprint"] == self._features_fingerprint():
-            self.w_blocks = same["w_blocks"].to(dev, torch.float64).clone()
-            self.w_blocks_acc = same["w_blocks_acc"].to(dev, torch.float64).clone()
+        if isinstance(same, dict) and same.get("fingerprint") == self._features_fingerprint():
+            saved = {k: saved_tensor(same.get(k), f"state storage {k}", (n, self.d)).to(dev)
+                     for k in ("w_blocks", "w_blocks_acc")}
+            for k, derived in (("w_blocks", self.w_blocks), ("w_blocks_acc", self.w_blocks_acc)):
+                scale = 1.0 + float(derived.abs().max()) if derived.numel() else 1.0
+                if derived.numel() and float((saved[k] - derived).abs().max()) > LOAD_TOL * scale:
+                    raise ValueError(f"state storage {k} is not the w_i of the saved marginals (mu, pw)")
+            self.w_blocks, self.w_blocks_acc = saved["w_blocks"], saved["w_blocks_acc"]
+
+    def _check_dual_variables(self) -> None:
+        """``l_i`` is the expected loss of the node marginals ``mu`` (the loss is linear in them), and each expected
+        pairwise feature lies between 0 and its value with every edge cut."""
+        y = self.data.y.to(self.mu)
+        wrong = self.mu * (1.0 - y) + (1.0 - self.mu) * y  # P(y_p != y*_p)
+        ell = torch.zeros(self.n, dtype=torch.float64, device=self.mu.device)
+        ell.index_add_(0, self.data.node_graph(), self.model.loss_weights(self.data).to(self.mu) * wrong)
+        if not torch.allclose(self.block_ell, ell / self.n_total, rtol=LOAD_TOL, atol=LOAD_TOL / self.n_total):
+            raise ValueError("state block_ell is not the expected loss of the node marginals mu")
+        if self.pw.shape[1]:  # pw_i = -(1/Z_i) sum_pq P(y_p != y_q) f_pq, f_pq >= 0: between -(all edges cut) and 0
+            full = torch.zeros_like(self.pw).index_add_(0, self.data.edge_graph(), self.data.edge_x.to(self.pw))
+            full = full / self.data.mass().to(self.pw)[:, None]
+            if bool((self.pw > LOAD_TOL * (1 + full)).any()) or bool((self.pw < -full * (1 + LOAD_TOL) - LOAD_TOL).any()):
+                raise ValueError("state storage pw: an expected pairwise feature lies outside [-(every edge cut), 0]")

@@ -24,6 +24,8 @@ import numpy as np
 import torch
 from numba import njit
 
+from ..checks import saved_tensor
+
 __all__ = ["WorkingSet", "Pool", "block_labelings", "label_hash", "ALPHA", "LOSS", "SCORE", "LAST", "ACC"]
 
 #: columns of the float pool ``fl[P, NCOL]``
@@ -494,35 +496,59 @@ class WorkingSet:
                 "incomplete": torch.from_numpy(self.incomplete.copy())}
 
     @classmethod
-    def from_state_dict(cls, sd: dict) -> "WorkingSet":
+    def from_state_dict(cls, sd: dict, true_labels) -> "WorkingSet":
+        """The working set saved by :meth:`state_dict`, for blocks whose ground-truth labelings are ``true_labels``
+        (a list of 1-D integer arrays).  Every array is checked before use (``ValueError`` naming the field): the
+        block count and labeling lengths must be those of ``true_labels``, the sizes consistent, the values finite,
+        ``incomplete`` 0 or 1; the keys are recomputed from the labels.  The labels' range and the losses are for
+        the owner to check against its model (:meth:`~torch_bcfw.duals.base.DualState.load_state_dict`)."""
+        if not isinstance(sd, dict) or not {"size", "lab_len", "fl", "lab", "incomplete"} <= sd.keys():
+            raise ValueError("state working_set must be the dict of WorkingSet.state_dict")
+        n = len(true_labels)
+        want = torch.tensor([len(y) for y in true_labels], dtype=torch.int64)
+        size = saved_tensor(sd["size"], "working_set size", (n,), "int", lo=0)
+        lab_len = saved_tensor(sd["lab_len"], "working_set lab_len", (n,), "int")
+        if not torch.equal(lab_len, want):
+            raise ValueError("working_set lab_len differs from the lengths of the blocks' labelings")
+        P, Q = int(size.sum()), int((size * lab_len).sum())
+        fl = saved_tensor(sd["fl"], "working_set fl", (P, None))
+        if not 2 <= fl.shape[1] <= NCOL:
+            raise ValueError(f"working_set fl must have 2 to {NCOL} columns, got {fl.shape[1]}")
+        lab = saved_tensor(sd["lab"], "working_set lab", (Q,), "int", lo=0, hi=np.iinfo(np.int32).max)
+        incomplete = saved_tensor(sd["incomplete"], "working_set incomplete", (n,), "int", lo=0, hi=1)
         ws = cls.__new__(cls)
-        size = np.asarray(sd["size"], dtype=np.int64).copy()
-        lab_len = np.asarray(sd["lab_len"], dtype=np.int64).copy()
-        ws.n = size.shape[0]
-        ws.lab_len = lab_len
-        ws.size = size
-        ws.cap = np.maximum(size, 4).astype(np.int64)
-        ws.start = np.zeros(ws.n, dtype=np.int64)
+        ws.n = n
+        ws.lab_len = lab_len.numpy().copy()
+        ws.size = size.numpy().copy()
+        ws.cap = np.maximum(ws.size, 4).astype(np.int64)
+        ws.start = np.zeros(n, dtype=np.int64)
         ws.start[1:] = np.cumsum(ws.cap[:-1])
-        ws.lab_start = np.zeros(ws.n, dtype=np.int64)
-        ws.lab_start[1:] = np.cumsum((ws.cap * lab_len)[:-1])
-        P = int(ws.cap.sum())
-        Q = int((ws.cap * lab_len).sum())
-        ws.key = np.zeros(P, dtype=np.uint64)
-        ws.fl = np.zeros((P, NCOL), dtype=np.float64)
-        ws.lab = np.zeros(max(Q, 1), dtype=np.int32)
-        ws.free = np.array([(P, Q)], dtype=FREE)
-        ws.incomplete = np.asarray(sd["incomplete"], dtype=np.uint8).copy()
-        key = np.asarray(sd["key"], dtype=np.int64).view(np.uint64)
-        fl = np.asarray(sd["fl"], dtype=np.float64)
-        lab = np.asarray(sd["lab"], dtype=np.int32)
+        ws.lab_start = np.zeros(n, dtype=np.int64)
+        ws.lab_start[1:] = np.cumsum((ws.cap * ws.lab_len)[:-1])
+        Pc, Qc = int(ws.cap.sum()), int((ws.cap * ws.lab_len).sum())
+        ws.key = np.zeros(Pc, dtype=np.uint64)
+        ws.fl = np.zeros((Pc, NCOL), dtype=np.float64)
+        ws.lab = np.zeros(max(Qc, 1), dtype=np.int32)
+        ws.free = np.array([(Pc, Qc)], dtype=FREE)
+        ws.incomplete = incomplete.numpy().astype(np.uint8)
+        fl, lab = fl.numpy(), lab.numpy().astype(np.int32)
         p = q = 0
-        for i in range(ws.n):
-            m, L = int(size[i]), int(lab_len[i])
+        for i in range(n):
+            m, L = int(ws.size[i]), int(ws.lab_len[i])
             s, ls = int(ws.start[i]), int(ws.lab_start[i])
-            ws.key[s:s + m] = key[p:p + m]
             ws.fl[s:s + m, :fl.shape[1]] = fl[p:p + m]  # states saved with fewer columns: 0 in the others
             ws.lab[ls:ls + m * L] = lab[q:q + m * L]
             p += m
             q += m * L
+        _rehash(ws.arrays())
         return ws
+
+
+@njit(cache=True)
+def _rehash(ws) -> None:
+    """Every plane's key from its labels."""
+    for i in range(ws.size.shape[0]):
+        L = ws.lab_len[i]
+        for j in range(ws.size[i]):
+            base = ws.lab_start[i] + j * L
+            ws.key[ws.start[i] + j] = label_hash(ws.lab[base:base + L])

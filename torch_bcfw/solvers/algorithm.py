@@ -4,6 +4,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ..checks import saved_int
 from .certificate import Certificate
 from .comm import LOCAL
 
@@ -104,8 +105,8 @@ class Algorithm:
         if "sampler" in sd and hasattr(self, "sampler"):
             self.sampler.load_state_dict(sd["sampler"])
         if "iteration" in sd and hasattr(self, "iteration"):
-            self.iteration = int(sd["iteration"])
-        self.oracle_calls = int(sd["oracle_calls"])
+            self.iteration = saved_int(sd["iteration"], "iteration", 0)
+        self.oracle_calls = saved_int(sd["oracle_calls"], "oracle_calls", 0)
 
 
 def normalise_bounds(bounds, model):

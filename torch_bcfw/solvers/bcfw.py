@@ -15,6 +15,7 @@ import time
 import numpy as np
 import torch
 
+from ..checks import saved_float, saved_int
 from ..duals.plan import CacheTest, StepPlan, WorkingSetUse, generic_plan_steps
 from ..duals.stepsize import FIXED, FW_RULE, LINE_SEARCH, STEP_RULES
 from .algorithm import DualAlgorithm
@@ -298,12 +299,14 @@ class BCFW(DualAlgorithm):
                 f"{ours['rank']} of {ours['world_size']}: resume with the world size of the run that saved it, each "
                 "rank from its own file (a sharded state is not re-sharded)")
         self.state.load_state_dict(sd["state"])
+        if self.comm.sharded:  # w is the sum of every process' blocks
+            self.state.check_w(self.comm.sum_pair)
         self.sampler.load_state_dict(sd["sampler"])
-        self.oracle_calls = int(sd["oracle_calls"])
-        self.steps = int(sd.get("steps", self.oracle_calls))
-        self.cache_hits = int(sd.get("cache_hits", 0))
-        self.glob_gap = float(sd.get("glob_gap", np.inf))
-        self._since_refresh = int(sd.get("since_refresh", -1))
+        self.oracle_calls = saved_int(sd["oracle_calls"], "oracle_calls", 0)
+        self.steps = saved_int(sd.get("steps", self.oracle_calls), "steps", 0)
+        self.cache_hits = saved_int(sd.get("cache_hits", 0), "cache_hits", 0)
+        self.glob_gap = saved_float(sd.get("glob_gap", np.inf), "glob_gap", finite=False, lo=0.0)
+        self._since_refresh = saved_int(sd.get("since_refresh", -1), "since_refresh", -1)
         if self.estimates is not None and "estimates" in sd:
             self.estimates.load_state_dict(sd["estimates"])
         if self.refined and self.use_ws:

@@ -28,6 +28,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from ..checks import saved_int, saved_tensor
 from ..duals.fingerprint import features_fingerprint, labels_fingerprint
 from .algorithm import Algorithm
 
@@ -147,11 +148,22 @@ class CuttingPlane(Algorithm):
         if sd.get("features") != features_fingerprint(self.data):
             raise ValueError("cannot warm-start the cutting-plane method on data whose features differ from the data "
                              "it was saved from: its planes are feature-space vectors. Start from scratch")
-        if sd["a"].shape[1:] != self.a.shape[1:]:
-            raise ValueError(f"the cutting-plane state has d = {sd['a'].shape[1]} but this problem has d = {self.a.shape[1]}")
-        dev = self.w.device
-        self.a, self.b, self.K, self.beta = (sd[k].to(dev, torch.float64).clone() for k in ("a", "b", "K", "beta"))
+        dev, d = self.w.device, self.a.shape[1]
+        a = saved_tensor(sd.get("a"), "cutting-plane a", (None, d))
+        m = a.shape[0]
+        b = saved_tensor(sd.get("b"), "cutting-plane b", (m,))
+        beta = saved_tensor(sd.get("beta"), "cutting-plane beta", (m,), lo=-1e-12, hi=1 + 1e-12)
+        if m == 0 or abs(float(beta.sum()) - 1.0) > 1e-8:
+            raise ValueError("cutting-plane beta must lie on the simplex")
+        if not torch.allclose(a[0], torch.zeros(d, dtype=torch.float64)) or float(b[0]) != 0.0:
+            raise ValueError("cutting-plane plane 0 must be the ground truth (a = 0, b = 0)")
+        K = saved_tensor(sd.get("K"), "cutting-plane K", (m, m))
+        gram = a @ a.T
+        if not torch.allclose(K, gram, rtol=1e-8, atol=1e-8 * (1 + float(gram.abs().max()))):
+            raise ValueError("cutting-plane K is not the Gram matrix of the planes a")
+        self.a, self.b, self.K, self.beta = a.to(dev), b.to(dev), K.to(dev), beta.to(dev)
         self.w = self.beta @ self.a
         self.ell = float(self.beta @ self.b)
-        self.iteration, self.oracle_calls = int(sd["iteration"]), int(sd["oracle_calls"])
-        self.inner_iterations = int(sd["inner_iterations"])
+        self.iteration = saved_int(sd["iteration"], "iteration", 0)
+        self.oracle_calls = saved_int(sd["oracle_calls"], "oracle_calls", 0)
+        self.inner_iterations = saved_int(sd["inner_iterations"], "inner_iterations", 0)

@@ -37,6 +37,7 @@ import math
 
 import torch
 
+from ..checks import saved_float, saved_int, saved_tensor
 from ..duals.fingerprint import features_fingerprint, labels_fingerprint
 from .algorithm import Algorithm
 
@@ -146,14 +147,12 @@ class Extragradient(Algorithm):
         if not math.isclose(float(sd["eta"]), self.eta, rel_tol=1e-12):
             raise ValueError(f"the extragradient state was run with step {sd['eta']!r} but these options give "
                              f"{self.eta!r} (pass the same xg_step_scale)")
-        if sd["W"].shape != self.W.shape:
-            raise ValueError(f"the extragradient state has d = {sd['W'].shape[0]} but this problem has d = "
-                             f"{self.W.shape[0]}")
         dev = self.W.device
         for key in ("W", "AZ", "w_cur", "W_prev", "v_w"):
-            setattr(self, key, sd[key].to(dev, torch.float64).clone())
-        self.B, self.l_cur = float(sd["B"]), float(sd["l_cur"])
-        self.t, self.oracle_calls = int(sd["t"]), int(sd["oracle_calls"])
+            setattr(self, key, saved_tensor(sd.get(key), f"extragradient {key}", tuple(self.W.shape)).to(dev))
+        self.B, self.l_cur = saved_float(sd["B"], "extragradient B"), saved_float(sd["l_cur"], "extragradient l_cur")
+        self.t = saved_int(sd["t"], "extragradient t", 0)
+        self.oracle_calls = saved_int(sd["oracle_calls"], "oracle_calls", 0)
         self.eta = float(sd["eta"])
         if self.geometry == "euclidean":
             self.geo.load_warm_state(sd["warm"])

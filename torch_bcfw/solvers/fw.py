@@ -8,6 +8,7 @@ With box constraints this is Alg. 8 of Osokin et al. 2016 (App. H): the dual sta
 """
 from __future__ import annotations
 
+from ..checks import saved_int
 from ..duals.stepsize import FIXED, LINE_SEARCH
 from .algorithm import DualAlgorithm
 
@@ -37,5 +38,5 @@ class FrankWolfe(DualAlgorithm):
 
     def load_state_dict(self, sd: dict) -> None:
         self.state.load_state_dict(sd["state"])
-        self.iteration = int(sd["iteration"])
-        self.oracle_calls = int(sd["oracle_calls"])
+        self.iteration = saved_int(sd["iteration"], "iteration", 0)
+        self.oracle_calls = saved_int(sd["oracle_calls"], "oracle_calls", 0)

@@ -32,6 +32,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from ..checks import saved_float, saved_int, saved_tensor
 from ..duals.plan import MP_APPROX, MP_EXACT, StepPlan, generic_plan_steps
 from ..duals.working_set import WorkingSet
 from ..duals.stepsize import FIXED, LINE_SEARCH, line_search_step
@@ -84,8 +85,10 @@ class _Average:
         return {"v": self.v.cpu().clone(), "ell": self.ell, "k": self.k}
 
     def load_state_dict(self, sd: dict) -> None:
-        self.v = sd["v"].to(self.v.device, torch.float64).clone()
-        self.ell, self.k = float(sd["ell"]), int(sd["k"])
+        if not isinstance(sd, dict) or not {"v", "ell", "k"} <= sd.keys():
+            raise ValueError("an MP-BCFW average must be the dict of its state_dict")
+        self.v = saved_tensor(sd["v"], "MP-BCFW average v", tuple(self.v.shape)).to(self.v.device)
+        self.ell, self.k = saved_float(sd["ell"], "MP-BCFW average ell"), saved_int(sd["k"], "MP-BCFW average k", 0)
 
 
 class TwoAverages:
@@ -315,21 +318,33 @@ class MPBCFW(DualAlgorithm):
     def load_state_dict(self, sd: dict) -> None:
         self.state.load_state_dict(sd["state"])
         self.sampler.load_state_dict(sd["sampler"])
-        self.approx_rng.bit_generator.state = sd["approx_rng"]
-        self.oracle_calls = int(sd["oracle_calls"])
-        self.iteration, self.pos = int(sd["iteration"]), int(sd["pos"])
-        self.approx_steps, self.approx_passes = int(sd["approx_steps"]), int(sd["approx_passes"])
-        self.last_approx_passes = int(sd["last_approx_passes"])
-        self.exact_time, self.approx_time = float(sd["exact_time"]), float(sd["approx_time"])
-        self._iter_dual0 = float(sd["iter_dual0"])
-        self.exact_work, self.approx_work = float(sd.get("exact_work", 0.0)), float(sd.get("approx_work", 0.0))
+        try:
+            self.approx_rng.bit_generator.state = sd["approx_rng"]
+        except (ValueError, TypeError, KeyError, OverflowError) as exc:
+            raise ValueError(f"approx_rng is not a state of its generator: {exc!r}") from None
+        self.oracle_calls = saved_int(sd["oracle_calls"], "oracle_calls", 0)
+        self.iteration, self.pos = saved_int(sd["iteration"], "iteration", 0), saved_int(sd["pos"], "pos", 0, self.n - 1)
+        self.approx_steps = saved_int(sd["approx_steps"], "approx_steps", 0)
+        self.approx_passes = saved_int(sd["approx_passes"], "approx_passes", 0)
+        self.last_approx_passes = saved_int(sd["last_approx_passes"], "last_approx_passes", 0)
+        self.exact_time = saved_float(sd["exact_time"], "exact_time", lo=0.0)
+        self.approx_time = saved_float(sd["approx_time"], "approx_time", lo=0.0)
+        self._iter_dual0 = saved_float(sd["iter_dual0"], "iter_dual0")
+        self.exact_work = saved_float(sd.get("exact_work", 0.0), "exact_work", lo=0.0)
+        self.approx_work = saved_float(sd.get("approx_work", 0.0), "approx_work", lo=0.0)
         # the cost of an exact pass in progress, in the unit of the rule (a checkpoint of the other unit: restart it)
         same_unit = sd.get("rule_clock", "wall") == self.rule_clock
-        cost = sd.get("iter_exact_cost", sd.get("iter_exact_time", 0.0))
-        self._iter_exact_cost = float(cost) if same_unit else (float(self.pos) if self.rule_clock == "work" else 0.0)
+        cost = saved_float(sd.get("iter_exact_cost", sd.get("iter_exact_time", 0.0)), "iter_exact_cost", lo=0.0)
+        self._iter_exact_cost = cost if same_unit else (float(self.pos) if self.rule_clock == "work" else 0.0)
         # the averages are feature-space vectors: after a warm start on other features they restart
         if self.averages is not None and "averages" in sd and not self.state.rebound:
+            if not isinstance(sd["averages"], dict) or not {"exact", "approx"} <= sd["averages"].keys():
+                raise ValueError("MP-BCFW averages must be the dict of TwoAverages.state_dict")
             self.averages.load_state_dict(sd["averages"])
+            top = float(self.state.model.max_loss(self.state.data).sum()) / self.state.n_total  # l of any dual point
+            for avg in (self.averages.exact, self.averages.approx):
+                if not -1e-12 <= avg.ell <= top * (1 + 1e-9) + 1e-12:
+                    raise ValueError(f"MP-BCFW average ell = {avg.ell!r} lies outside [0, {top!r}] (no dual point has it)")
         if self.N > 0:
             self.ws = self._working_set()
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from ..checks import saved_int, saved_tensor
 from ..inference.forward_backward import chain_marginals_one
 from ..threads import single_thread
 from .algorithm import Algorithm
@@ -121,10 +122,11 @@ class OnlineEG(Algorithm):
 
     def load_state_dict(self, sd: dict) -> None:
         self.state.load_state_dict(sd["state"])
-        if sd["theta_node"].shape != self.theta_node.shape or sd["theta_trans"].shape != self.theta_trans.shape:
-            raise ValueError("the online-eg state does not match this data (token count or labels)")
-        self.theta_node = sd["theta_node"].to(torch.float64).clone()
-        self.theta_trans = sd["theta_trans"].to(torch.float64).clone()
-        self.eta = np.asarray(sd["eta"], dtype=np.float64).copy()
-        self.steps, self.oracle_calls = int(sd["steps"]), int(sd["oracle_calls"])
+        self.theta_node = saved_tensor(sd.get("theta_node"), "online-eg theta_node", tuple(self.theta_node.shape)).to(
+            self.theta_node.device)
+        self.theta_trans = saved_tensor(sd.get("theta_trans"), "online-eg theta_trans",
+                                        tuple(self.theta_trans.shape)).to(self.theta_trans.device)
+        self.eta = saved_tensor(sd.get("eta"), "online-eg eta", tuple(self.eta.shape), lo=0.0).numpy().copy()
+        self.steps = saved_int(sd["steps"], "steps", 0)
+        self.oracle_calls = saved_int(sd["oracle_calls"], "oracle_calls", 0)
         self.sampler.load_state_dict(sd["sampler"])

@@ -58,6 +58,10 @@ class RunOutput:
     checked_weights: tuple | None = None
 
 
+#: relative slack of weak duality in the checks: a dual value above a primal one by more proves an inconsistent state
+WEAK_DUALITY_TOL = 1e-9
+
+
 def _check(alg, options, test_data, counters: dict, out: RunOutput) -> CheckRecord:
     """Exact certificate of the last (and averaged) iterate; returns the history record and stores copies of
     the certified iterates in ``out.checked_weights`` once the record is complete."""
@@ -75,6 +79,9 @@ def _check(alg, options, test_data, counters: dict, out: RunOutput) -> CheckReco
     primals = [(rec.primal, "last")] + ([(rec.primal_avg, "averaged")] if rec.primal_avg is not None else [])
     duals = [d for d in (rec.dual, rec.dual_avg) if d is not None]
     best_primal, rec.selected = min(primals)
+    if duals and max(duals) > min(p for p, _ in primals) + WEAK_DUALITY_TOL * (1.0 + abs(best_primal)):
+        raise ValueError(f"the dual value {max(duals)!r} exceeds the primal value {best_primal!r}: the solver's state is "
+                         "not a feasible dual point (a corrupted or crafted saved state?), so no certificate is given")
     rec.gap_best = best_primal - max(duals) if duals else None
     w_model = avg[0] if rec.selected == "averaged" else w
     rec.train_loss = alg.task_loss(w_model) if options.track_train_loss else None

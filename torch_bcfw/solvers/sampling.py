@@ -8,7 +8,9 @@ every oracle call), the queue of never-visited blocks and pre-drawn uniforms.
 from __future__ import annotations
 
 import numpy as np
+import torch
 
+from ..checks import saved_float, saved_int, saved_tensor
 from ..duals.sumtree import tree_build, tree_size
 
 __all__ = ["Sampler", "UniformSampler", "PermutationSampler", "GapSampler", "GapEstimates", "make_sampler"]
@@ -43,9 +45,24 @@ class Sampler:
         return {"name": self.name, "rng": self.rng.bit_generator.state}
 
     def load_state_dict(self, sd: dict) -> None:
+        if not isinstance(sd, dict) or "name" not in sd or "rng" not in sd:
+            raise ValueError("sampler state must be the dict of Sampler.state_dict")
         if sd["name"] != self.name:
             raise ValueError(f"sampler state is for {sd['name']!r}, not {self.name!r}")
-        self.rng.bit_generator.state = sd["rng"]
+        try:
+            self.rng.bit_generator.state = sd["rng"]
+        except (ValueError, TypeError, KeyError, OverflowError) as exc:
+            raise ValueError(f"sampler rng state is not a state of its generator: {exc!r}") from None
+
+    def _saved_blocks(self, value, name: str, distinct: bool) -> np.ndarray:
+        """Block indices read from a file: integers in ``[0, n)``, at most ``n`` of them (``distinct``: no repeat)."""
+        if not isinstance(value, torch.Tensor):  # a list or an array (a saved state turned into plain values)
+            arr = np.asarray(value)
+            value = torch.as_tensor(arr if arr.size else arr.astype(np.int64))
+        q = saved_tensor(value, name, (None,), "int", lo=0, hi=self.n - 1).numpy()
+        if q.shape[0] > self.n or (distinct and np.unique(q).shape[0] != q.shape[0]):
+            raise ValueError(f"{name} must hold distinct block indices, at most n = {self.n} of them")
+        return q
 
 
 class UniformSampler(Sampler):
@@ -109,7 +126,7 @@ class PermutationSampler(Sampler):
 
     def load_state_dict(self, sd: dict) -> None:
         super().load_state_dict(sd)
-        self._queue = np.asarray(sd["queue"], dtype=np.int64).copy()
+        self._queue = self._saved_blocks(sd.get("queue"), "sampler queue", distinct=True)
 
 
 class GapEstimates:
@@ -142,8 +159,16 @@ class GapEstimates:
         return {"est": self.est.copy(), "power": self.power}
 
     def load_state_dict(self, sd: dict) -> None:
-        self.est = np.asarray(sd["est"], dtype=np.float64).copy()
-        self.power = float(sd["power"])
+        """Load estimates saved by :meth:`state_dict`: ``n`` of them, each ``>= 0`` or ``+inf`` (never measured), and
+        this sampler's ``power``."""
+        if not isinstance(sd, dict) or "est" not in sd or "power" not in sd:
+            raise ValueError("gap estimates must be the dict of GapEstimates.state_dict")
+        est = sd["est"]
+        est = saved_tensor(est if isinstance(est, torch.Tensor) else torch.as_tensor(np.asarray(est)), "gap estimates",
+                           (self.n,), finite=False, lo=0.0).numpy()
+        if saved_float(sd["power"], "gap estimates power", lo=0.0) != self.power:
+            raise ValueError(f"gap estimates were saved with gap_power = {sd['power']!r}, this run has {self.power!r}")
+        self.est = est
         tree_build(self.tree, self.size, self.est, self.power)
 
 
@@ -193,8 +218,11 @@ class GapSampler(Sampler):
 
     def load_state_dict(self, sd: dict) -> None:
         super().load_state_dict(sd)
-        self.queue = np.asarray(sd["queue"], dtype=np.int64).copy()
-        self.smeta[0] = int(sd["qpos"])
+        queue = self._saved_blocks(sd.get("queue"), "sampler queue", distinct=True)
+        if queue.shape[0] != self.n:
+            raise ValueError(f"sampler queue must be a permutation of the {self.n} blocks")
+        self.queue = queue
+        self.smeta[0] = saved_int(sd.get("qpos"), "sampler qpos", 0, self.n)
 
 
 def make_sampler(name: str, n: int, seed: int) -> Sampler:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 
+from ..checks import saved_int, saved_tensor
 from ..threads import single_thread
 from .algorithm import Algorithm
 from .sampling import make_sampler
@@ -65,9 +66,9 @@ class SSG(Algorithm):
                 "sampler": self.sampler.state_dict(), "oracle_calls": self.oracle_calls}
 
     def load_state_dict(self, sd: dict) -> None:
-        dev = self.w.device
-        self.w = sd["w"].to(dev).clone()
-        self.w_avg = sd["w_avg"].to(dev).clone()
-        self.k = int(sd["k"])
+        dev, d = self.w.device, self.w.shape[0]
+        self.w = saved_tensor(sd["w"], "ssg w", (d,)).to(dev, self.w.dtype)
+        self.w_avg = saved_tensor(sd["w_avg"], "ssg w_avg", (d,)).to(dev, self.w_avg.dtype)
+        self.k = saved_int(sd["k"], "ssg k", 0)
         self.sampler.load_state_dict(sd["sampler"])
-        self.oracle_calls = int(sd["oracle_calls"])
+        self.oracle_calls = saved_int(sd["oracle_calls"], "oracle_calls", 0)
