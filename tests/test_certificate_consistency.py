@@ -94,3 +94,20 @@ def test_ctrl_c_inside_a_step_is_held_until_the_step_is_done():
     p_star_bound = brute_force_primal(model, data, ref.weights, LAM)
     assert r.history[-1].dual <= p_star_bound + 1e-12
     assert r.gap >= 0
+
+
+@pytest.mark.parametrize("at_chunk", [1, 5])
+def test_a_resumed_run_first_checks_the_state_whose_check_was_cut(at_chunk):
+    """After a second Ctrl-C cut the final check (at chunk 1: before any check, so without a certificate), a warm
+    start checks the saved state first: its history and weights are those of a run whose final check finished."""
+    _, data = random_multiclass_problem(n=9, F=3, K=4, seed=5)
+    runs = {}
+    for second in (False, True):
+        model = SecondInterruptModel(3, 4)
+        cut = fit(model, data, LAM, max_passes=50, gap_check=2, callbacks=[CtrlC(model, at_chunk, second)])
+        assert cut.check_was_cut == second and (cut.gap is None) == (second and at_chunk == 1)
+        runs[second] = fit(model, data, LAM, max_passes=4, gap_check=2, init=cut)
+    untimed = [[{k: v for k, v in h.to_dict().items() if k not in ("solver_time", "gap_time")} for h in r.history]
+               for r in (runs[False], runs[True])]
+    assert untimed[0] == untimed[1] and untimed[1][-1]["passes"] == at_chunk + 4
+    assert torch.equal(runs[False].w, runs[True].w) and not runs[True].check_was_cut

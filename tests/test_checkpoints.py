@@ -2,6 +2,7 @@
 and ``--resume`` finishing with exactly the result of an uninterrupted run."""
 from __future__ import annotations
 
+import os
 import random
 import signal
 import subprocess
@@ -16,7 +17,7 @@ import yaml
 from conftest import random_chain_problem, shared_data
 from torch_bcfw import FitResult, fit
 from torch_bcfw.checkpoint import Checkpoint, parse_interval
-from torch_bcfw.serialization import atomic_save
+from torch_bcfw.serialization import atomic_save, atomic_write_text
 from torch_bcfw.solvers.callbacks import Callback
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -143,3 +144,40 @@ def test_parse_interval(text, expected):
 def test_parse_interval_rejects(text):
     with pytest.raises(ValueError, match="checkpoint interval"):
         parse_interval(text)
+
+
+def test_saved_files_get_the_permissions_open_would_give(tmp_path):
+    """Atomic writes honour the umask (a run folder shared with a group stays readable) and keep the mode of a file
+    they replace."""
+    model, data = random_chain_problem(n=4, seed=2)
+    res = fit(model, data, 0.1, max_passes=2, gap_check=2)
+    old = os.umask(0o022)
+    try:
+        res.save(tmp_path / "model.pt")
+        atomic_write_text(tmp_path / "config.yaml", "lam: 0.1\n")
+        os.umask(0o027)
+        atomic_save({"a": 1}, tmp_path / "other.pt")
+        (tmp_path / "config.yaml").chmod(0o600)
+        atomic_write_text(tmp_path / "config.yaml", "lam: 0.2\n")
+    finally:
+        os.umask(old)
+    mode = {p.name: p.stat().st_mode & 0o777 for p in tmp_path.iterdir()}
+    assert mode == {"model.pt": 0o644, "config.yaml": 0o600, "other.pt": 0o640}
+
+
+def test_unusable_save_paths_are_refused_up_front(tmp_path):
+    """A checkpoint path that cannot be written fails when the Checkpoint is made, not at its first save; a folder
+    given as the file to save to is named as such; ``init`` and ``checkpoint`` of the wrong type are refused."""
+    model, data = random_chain_problem(n=4, seed=2)
+    (tmp_path / "a_file").write_text("x")
+    with pytest.raises(NotADirectoryError, match="a_file is not a folder"):
+        Checkpoint(tmp_path / "a_file" / "run" / "checkpoint.pt")
+    with pytest.raises(IsADirectoryError, match="is a folder"):
+        Checkpoint(tmp_path)
+    res = fit(model, data, 0.1, max_passes=1, gap_check=1)
+    with pytest.raises(IsADirectoryError, match="is a folder"):
+        res.save(tmp_path)
+    with pytest.raises(TypeError, match="init must be a FitResult"):
+        fit(model, data, 0.1, max_passes=1, init=res.to_dict())
+    with pytest.raises(TypeError, match="checkpoint must be"):
+        fit(model, data, 0.1, max_passes=1, checkpoint=str(tmp_path / "c.pt"))

@@ -101,3 +101,24 @@ def test_resume_errors(tmp_path):
     _one_line_error(_cli("fit"), "fit needs --config FILE")
     _one_line_error(_cli("fit", "--config", str(_config(tmp_path)), "--checkpoint-every", "60"),
                     "bad checkpoint interval")
+
+
+def test_resume_with_nothing_saved_is_refused_before_the_data_is_read(tmp_path):
+    """A folder with its config but no checkpoint or model: refused at once, not after loading the data (the
+    config's data path does not exist, so reading it would fail with another message)."""
+    folder = tmp_path / "run"
+    folder.mkdir()
+    (folder / "config.yaml").write_text(yaml.safe_dump(
+        {"data": {"name": "ocr", "path": str(tmp_path / "absent")}, "lam": 0.01, "options": {"max_passes": 2}}))
+    _one_line_error(_cli("fit", "--resume", str(folder)), "nothing to resume there")
+
+
+def test_a_deeply_nested_config_and_a_missing_device_are_one_line_errors(tmp_path):
+    deep = tmp_path / "deep.yaml"
+    deep.write_text("a: " + "[" * 20000 + "]" * 20000 + "\n")
+    _one_line_error(_cli("fit", "--config", str(deep)), "nested too deeply")
+    if not __import__("torch").cuda.is_available():
+        _one_line_error(_cli("fit", "--config", str(_config(tmp_path)), "--set", "data.device=cuda"),
+                        "CUDA is not available")
+    _one_line_error(_cli("fit", "--config", str(_config(tmp_path)), "--set", "data.device=tpu"),
+                    "data.device must be 'cpu', 'cuda' or 'cuda:N'")

@@ -172,3 +172,41 @@ def test_lightning_ddp_callback_solves_one_head_over_all_ranks(tmp_path):
     assert f["logged_gap"] == pytest.approx(last["gap_best"], rel=1e-12)
     one = fit(model, data, lam, preset="uniform-pairwise", max_passes=3000, gap_tol=1e-9)
     assert one.gap <= 1e-9 and 0.0 <= primal - one.primal <= last["gap_best"] + 1e-9
+
+
+def test_a_dead_peer_ends_the_command_line_with_one_line(tmp_path):
+    """Two ranks of ``torch-bcfw fit``; rank 1 is killed once it has saved its first checkpoint: rank 0 stops within
+    the group's timeout with exit code 1 and one error line naming the failed operation, no traceback."""
+    import signal
+    import subprocess
+    import time
+
+    from conftest import shared_data
+
+    out = tmp_path / "run"
+    cfg = tmp_path / "ocr.yaml"
+    cfg.write_text(f"data: {{name: ocr, path: {shared_data('ocr')}, split: small, fold: 0}}\nlam: 0.1\n"
+                   f"options: {{max_passes: 100000, gap_check: 1000, batch_size: 32}}\noutput: {out}\n")
+    port = str(free_port())
+    cmd = [sys.executable, "-m", "torch_bcfw", "fit", "--quiet", "--config", str(cfg), "--checkpoint-every", "1p"]
+    procs = [subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env=_env(RANK=str(r), WORLD_SIZE="2", LOCAL_RANK=str(r), MASTER_ADDR="127.0.0.1",
+                                       MASTER_PORT=port)) for r in range(2)]
+    try:
+        deadline = time.monotonic() + LAUNCH_TIMEOUT_S
+        while not (out / "checkpoint.rank1-of-2.pt").exists():
+            assert time.monotonic() < deadline and procs[1].poll() is None, "rank 1 never saved a checkpoint"
+            time.sleep(0.2)
+        procs[1].send_signal(signal.SIGKILL)
+        t0 = time.monotonic()
+        _, err = procs[0].communicate(timeout=LAUNCH_TIMEOUT_S)
+        waited = time.monotonic() - t0
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    assert procs[0].returncode == 1, err[-3000:]
+    assert "Traceback" not in err, err[-3000:]
+    errors = [ln for ln in err.splitlines() if ln.startswith("torch-bcfw: error:")]
+    assert len(errors) == 1 and "rank 0 of 2" in errors[0], err[-3000:]
+    assert waited < 60.0

@@ -311,6 +311,19 @@ def test_resident_pool_matches_in_process_and_ships_graphs_once():
         pooled.close()
 
 
+def test_pool_processes_never_exceed_the_cpus(monkeypatch):
+    """A ``processes`` setting (from a model file, say) above the machine's CPUs starts only as many workers."""
+    import torch_bcfw.models.graphcut as gc_module
+
+    monkeypatch.setattr(gc_module, "_available_cpus", lambda: 2)
+    model = GraphCut(3, 2, processes=10_000, pool_min_nodes=1)
+    try:
+        assert model._get_pool().processes == 2
+        assert GraphCut(3, 2, processes=None)._processes() == 2 and GraphCut(3, 2, processes=1)._processes() == 1
+    finally:
+        model.close()
+
+
 def test_pooled_gap_pass_is_bit_identical_and_ships_records_once():
     """hinge_terms / oracle / decode in the pool (records resident in the workers, w only sent per call) equal
     the in-process path bit for bit, for both losses, node weights, subsets and new node features."""

@@ -225,8 +225,15 @@ def test_callback_on_cuda(tmp_path):
     lam = 0.1
     cb = BCFWCallback(lam=lam, passes_per_call=2, averaging=False)
     module = Toy(raw)
-    _trainer(tmp_path, [cb], epochs=2, accelerator="cuda").fit(module)
-    assert module.head.w.is_cuda
+
+    class HeadDevice(pl.Callback):  # after the solve of each epoch (Lightning moves the module to the CPU at the end)
+        seen = []
+
+        def on_train_epoch_end(self, trainer, pl_module):
+            self.seen.append(pl_module.head.w.device.type)
+
+    _trainer(tmp_path, [cb, HeadDevice()], epochs=2, accelerator="cuda").fit(module)
+    assert HeadDevice.seen == ["cuda", "cuda"]
     data = _features(module, raw)
     primal = brute_force_primal(module.head.model, data, module.head.w.cpu(), lam)
     assert float(module.trainer.callback_metrics["ssvm/primal"]) == pytest.approx(primal, abs=1e-6)

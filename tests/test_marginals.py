@@ -76,6 +76,7 @@ def test_models_without_marginals_say_so():
 
 
 @requires_cuda
+@pytest.mark.cuda
 def test_marginals_on_cuda_equal_cpu():
     model, data = random_chain_problem(n=5, seed=7)
     w = torch.randn(model.n_features, dtype=torch.float64, generator=torch.Generator().manual_seed(7))

@@ -194,6 +194,7 @@ def test_matching_data_container():
 
 
 @requires_cuda
+@pytest.mark.cuda
 def test_matching_on_cuda_equals_cpu():
     data = random_problem(n=6, F=3, max_len=4, seed=2)
     model = Matching(3)

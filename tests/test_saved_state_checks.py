@@ -69,6 +69,15 @@ def test_a_state_saved_at_another_lam_is_refused(tmp_path):
         fit(model, data, 0.1, init=FitResult.load(tmp_path / "r.pt"), max_passes=1)
 
 
+def test_a_size_saved_as_a_string_is_named_as_such(tmp_path):
+    model, data, r = _chain_result()
+    d = r.to_dict()
+    d["solver_state"]["state"]["n"] = "8"  # was reported as "saved for n = 8 ... this problem has n = 8"
+    torch.save(d, tmp_path / "r.pt")
+    with pytest.raises(ValueError, match="state n must be an integer"):
+        fit(model, data, 0.1, init=FitResult.load(tmp_path / "r.pt"), max_passes=1)
+
+
 @pytest.mark.parametrize("how", ["mu", "T", "ell"])
 def test_marginals_off_the_simplex_or_a_wrong_loss_are_refused(tmp_path, how):
     model, data, r = _chain_result()
@@ -103,3 +112,31 @@ def test_a_dual_value_above_a_primal_value_gives_no_certificate(tmp_path):
     torch.save(d, tmp_path / "r.pt")
     with pytest.raises(ValueError, match="exceeds the primal value"):
         fit(model, data, 0.1, init=FitResult.load(tmp_path / "r.pt"), max_passes=1, gap_check=1)
+
+
+@pytest.mark.parametrize("damage, message", [
+    (lambda h, d: h.update(gap_best=-5.0), "gap_best"),
+    (lambda h, d: h.update(gap=float("nan")), "finite"),
+    (lambda h, d: h.update(gap=h["gap"] + 1.0), "primal minus its dual"),
+    (lambda h, d: h.update(dual=h["primal"] + 1.0, gap=-1.0), "negative"),
+    (lambda h, d: d.update(w=d["w"] * 1e150), "below lam/2"),
+])
+def test_a_saved_certificate_is_loaded_only_when_it_is_possible(tmp_path, damage, message):
+    """A certificate that no run can produce (negative, NaN, not primal minus dual, or below the regulariser of the
+    saved weights) is refused on load instead of being shown."""
+    _, _, r = _chain_result()
+    d = r.to_dict()
+    damage(d["history"][-1], d)
+    torch.save(d, tmp_path / "r.pt")
+    with pytest.raises(ValueError, match=message):
+        FitResult.load(tmp_path / "r.pt")
+
+
+@pytest.mark.parametrize("make", [lambda w: w.to_sparse(), lambda w: torch._neg_view(w)], ids=["sparse", "neg-bit"])
+def test_weights_that_are_not_plain_dense_tensors_are_refused(tmp_path, make):
+    _, _, r = _chain_result()
+    d = r.to_dict()
+    d["w"] = make(d["w"])
+    torch.save(d, tmp_path / "r.pt")
+    with pytest.raises(ValueError, match="plain dense tensor"):
+        FitResult.load(tmp_path / "r.pt")

@@ -152,3 +152,38 @@ def test_saved_results_load_with_weights_only_for_every_solver(tmp_path):
         cont = fit(model, data, 0.1, solver, max_passes=2, init=back, **kw)
         ref = fit(model, data, 0.1, solver, max_passes=2, init=r, **kw)
         assert torch.equal(cont.w, ref.w)
+
+
+def test_the_genuine_ocr_pickle_resaved_by_python3_with_protocol_2_loads(tmp_path):
+    """numpy arrays in a protocol-2 pickle from Python 3 carry their bytes through ``_codecs.encode(text, 'latin1')``:
+    accepted (as bytes only); NaN folds are an error, not a cast to integers."""
+    import numpy as np
+
+    from conftest import shared_data
+
+    with open(shared_data("ocr", "letters.pickle"), "rb") as f:
+        raw = pickle.load(f, encoding="latin1")  # the repository's own data file: trusted
+    with open(tmp_path / "letters.pickle", "wb") as f:
+        pickle.dump(raw, f, protocol=2)
+    assert b"_codecs" in (tmp_path / "letters.pickle").read_bytes()
+    ref, got = load_ocr(shared_data("ocr")), load_ocr(tmp_path)
+    assert np.array_equal(got.folds, ref.folds) and len(got.images) == len(ref.images)
+    assert all(np.array_equal(a, b) for a, b in zip(got.images, ref.images))
+    raw["folds"] = np.where(np.arange(len(raw["folds"])) == 3, np.nan, raw["folds"])
+    with open(tmp_path / "letters.pickle", "wb") as f:
+        pickle.dump(raw, f, protocol=2)
+    with pytest.raises(ValueError, match="folds must hold whole numbers"):
+        load_ocr(tmp_path)
+
+
+def test_ocr_pickle_with_another_codec_is_refused(tmp_path):
+    import codecs
+
+    class Encoded:
+        def __reduce__(self):
+            return codecs.encode, ("x" * 10, "rot13")
+
+    with open(tmp_path / "letters.pickle", "wb") as f:
+        pickle.dump({"data": [], "labels": [], "folds": Encoded()}, f, protocol=2)
+    with pytest.raises(ValueError, match="only latin1 text"):
+        load_ocr(tmp_path)

@@ -289,3 +289,23 @@ def test_result_save_load_roundtrip(tmp_path):
     assert torch.equal(r2.predict(data), r.predict(data))
     assert r2.gap == r.gap and r2.evaluate(data) == r.evaluate(data)
     assert (tmp_path / "h.csv").read_text().startswith("passes,")
+
+
+@pytest.mark.parametrize("solver", ["fw", "ssg", "mp-bcfw", "cutting-plane", "online-eg", "extragradient"])
+def test_batch_size_is_refused_by_the_solvers_that_cannot_use_it(solver):
+    """Mini-batch rounds are a mode of BCFW: another solver would ignore ``batch_size`` (and record it as used)."""
+    model, data = random_chain_problem(n=6, seed=1)
+    with pytest.raises(ValueError, match="batch_size = 2.*takes no batch_size"):
+        fit(model, data, 0.1, solver, batch_size=2, max_passes=1, gap_check=1)
+
+
+@pytest.mark.parametrize("solver", ["fw", "cutting-plane", "extragradient"])
+def test_batch_methods_refuse_a_fractional_number_of_passes(solver):
+    """An iteration of a batch method visits every example: 7.5 passes cannot be run exactly (they were rounded
+    up, so fit(7.5) then fit(12.5, init=...) ran 21 passes)."""
+    model, data = random_chain_problem(n=6, seed=1)
+    with pytest.raises(ValueError, match="whole passes"):
+        fit(model, data, 0.1, solver, max_passes=1.5, gap_check=1)
+    first = fit(model, data, 0.1, solver, max_passes=2, gap_check=1)
+    second = fit(model, data, 0.1, solver, max_passes=3, gap_check=1, init=first)
+    assert second.counters["work"] == 5 * len(data)

@@ -14,6 +14,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .serialization import check_writable_file
+
 __all__ = ["Checkpoint", "parse_interval", "rank_path"]
 
 _UNITS = {"s": 1.0, "sec": 1.0, "seconds": 1.0, "m": 60.0, "min": 60.0, "minutes": 60.0, "h": 3600.0,
@@ -61,7 +63,7 @@ class Checkpoint:
     _last_time: float = field(default_factory=time.monotonic, init=False, repr=False)
 
     def __post_init__(self) -> None:
-        self.path = Path(self.path)
+        self.path = check_writable_file(self.path, "checkpoint")  # fail now, not at the first save
         for name in ("every_passes", "every_seconds"):
             v = getattr(self, name)
             if v is None:

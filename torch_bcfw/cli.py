@@ -47,6 +47,8 @@ def _parse_yaml(text: str, where: str):
     """``yaml.safe_load`` with a one-line error naming ``where`` and the line and column."""
     try:
         return yaml.safe_load(text)
+    except RecursionError:
+        raise ValueError(f"{where}: YAML nested too deeply to be a config") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         loc = f"{where}, line {mark.line + 1}, column {mark.column + 1}" if mark is not None else where
@@ -150,8 +152,12 @@ def _resume_source(folder: Path, ctx=None) -> Path:
             name = _rank_file(folder, name, ctx).name
         if (folder / name).is_file():
             return folder / name
-    raise FileNotFoundError(f"--resume {folder}: nothing to resume there (looked for {folder / 'checkpoint.pt'} and "
-                            f"{folder / 'model.pt'}); the run was stopped before its first checkpoint: start it again")
+    raise _nothing_to_resume(folder)
+
+
+def _nothing_to_resume(folder: Path) -> FileNotFoundError:
+    return FileNotFoundError(f"--resume {folder}: nothing to resume there (looked for {folder / 'checkpoint.pt'} and "
+                             f"{folder / 'model.pt'}); the run was stopped before its first checkpoint: start it again")
 
 
 def _resumed_options(options: dict, init, n: int) -> dict | None:
@@ -198,6 +204,8 @@ def _fit_table(result, n_train: int, out: Path, data_cfg: dict | None = None, te
         print(f"torch-bcfw: warning: the task metrics could not be computed: {exc}", file=sys.stderr)
         metrics = {}
     rows += [(k, _fmt(v)) for k, v in metrics.items()]
+    if result.check_was_cut:  # the saved state is past the model and its certificate
+        rows.insert(4, ("state saved at passes", _fmt(result.counters.get("work", 0) / n_train)))
     rows.append(("time (s)", _fmt(s["time"])))
     if compile_time:
         rows.append(("numba compilation (s, once)", _fmt(compile_time)))
@@ -246,6 +254,8 @@ def cmd_fit(args) -> int:
         folder = Path(args.resume)
         if not (folder / "config.yaml").is_file():
             raise FileNotFoundError(f"--resume {folder}: no config.yaml there (is it the output folder of a fit?)")
+        if not any(folder.glob("checkpoint*.pt")) and not any(folder.glob("model*.pt")):
+            raise _nothing_to_resume(folder)  # before the data is loaded
         cfg = load_config(folder / "config.yaml", args.set)
         out = folder
     else:
@@ -296,8 +306,17 @@ def cmd_fit(args) -> int:
     print(_fit_table(result, len(train), out, cfg["data"], test, compile_time=compiled.seconds))
     if result.stopped_by == "interrupted":
         how = signals.received or "SIGINT"
-        print(f"torch-bcfw: interrupted by {how}: {out / 'model.pt'} holds the model of the last check with its "
-              f"certificate; continue with: torch-bcfw fit --resume {out}", file=sys.stderr)
+        state = result.counters.get("work", 0) / len(train)
+        if not result.history:
+            held = (f"the state after {state:g} passes and no certificate (a second signal cut the first check; "
+                    "the resumed run checks that state first)")
+        elif result.check_was_cut:
+            held = (f"the model and certificate of the check at {result.passes:g} passes and the state after "
+                    f"{state:g} passes (a second signal cut its check; the resumed run checks that state first)")
+        else:
+            held = "the model of the last check with its certificate"
+        print(f"torch-bcfw: interrupted by {how}: {out / 'model.pt'} holds {held}; continue with: "
+              f"torch-bcfw fit --resume {out}", file=sys.stderr)
         return 143 if how == "SIGTERM" else 130
     return 0
 
@@ -446,8 +465,19 @@ def cmd_evaluate(args) -> int:
     model, train, test = load_problem(cfg["data"])
     if model.n_features != result.model.n_features:
         raise ValueError(f"the saved model has d = {result.model.n_features} but the data gives d = {model.n_features}")
+    from .solvers.certificate import primal_value
+
+    # the file's certificate is shown only where its primal value holds again on the training data
+    train_primal, _ = primal_value(result.model, train, result.weights, result.lam)
+    saved = result.primal
+    holds = saved is not None and abs(train_primal - saved) <= 1e-7 * (1.0 + abs(saved))
+    if saved is not None and not holds:
+        print(f"torch-bcfw evaluate: the saved certificate is for other training data (its primal value {saved:.6g}, "
+              f"here {train_primal:.6g}): no gap is reported; evaluate with the data the model was fitted on",
+              file=sys.stderr)
     report = {"train_error": result.evaluate(train), "test_error": result.evaluate(test),
-              "certified_gap": result.gap, "lam": result.lam, "passes": result.passes}
+              "train_primal": train_primal, "certified_gap_as_saved": result.gap if holds else None,
+              "lam": result.lam, "passes": result.passes}
     print(_table([(k, _fmt(v)) for k, v in report.items()]))
     if args.json:
         from .serialization import atomic_write_text
@@ -515,11 +545,16 @@ def main(argv=None) -> int:
     if argv and argv[0] == "train":
         return cmd_train(argv[1:])
     args = build_parser().parse_args(argv)
+    from .distributed.errors import DistributedError
+
     try:
         return args.func(args)
-    except (ValueError, FileNotFoundError, TypeError) as exc:
+    except (ValueError, FileNotFoundError, TypeError, OSError) as exc:
         print(f"torch-bcfw: error: {exc}", file=sys.stderr)
         return 2
+    except DistributedError as exc:  # a peer died or the ranks disagree: the message says which, once per rank
+        print(f"torch-bcfw: error: {exc}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -51,7 +51,7 @@ def _as_index(idx, n: int) -> Tensor:
     if isinstance(idx, Tensor) and idx.dtype == torch.bool:
         raise TypeError("example indices must hold integers, got a bool tensor (select with mask.nonzero()[:, 0])")
     try:
-        idx = check_index_tensor(idx, "example indices").reshape(-1)
+        idx = check_index_tensor(idx, "example indices").reshape(-1).cpu()
     except ValueError as exc:  # a float index is a type error, as for Python lists
         raise TypeError(str(exc)) from None
     if idx.numel() and (int(idx.min()) < -n or int(idx.max()) >= n):

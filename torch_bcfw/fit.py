@@ -4,6 +4,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -18,7 +19,7 @@ from .signals import deferred_signals
 from .solvers.callbacks import Callback
 from .solvers.options import SOLVERS, SolverOptions
 from .solvers.record import CheckRecord, as_records, plain_history
-from .solvers.run import RunOutput, SolverRun
+from .solvers.run import WEAK_DUALITY_TOL, RunOutput, SolverRun
 
 __all__ = ["fit", "FitResult", "HISTORY_COLUMNS"]
 
@@ -50,6 +51,8 @@ def _is_number(v) -> bool:
 def _checked_weights(t, d: int, where: str) -> Tensor:
     if not isinstance(t, Tensor):
         raise ValueError(f"{where} must be a tensor, got {type(t).__name__}")
+    if t.layout != torch.strided or t.is_neg() or t.is_conj():
+        raise ValueError(f"{where} must be a plain dense tensor, got layout {t.layout} (neg bit {t.is_neg()})")
     if t.dtype != torch.float64 or t.shape != (d,):
         raise ValueError(f"{where} must be a float64 tensor of shape [{d}], got {t.dtype} {tuple(t.shape)}")
     if not bool(torch.isfinite(t).all()):
@@ -70,6 +73,48 @@ def _checked_history(history, source: str) -> list:
             if not (v is None or isinstance(v, (int, float, str))):
                 raise ValueError(f"{source}: history[{j}][{k!r}] must be a number, a string or None")
     return as_records(history)
+
+
+#: the certificate columns of a history record: finite numbers (or ``None``) in a loaded file
+_CERTIFICATE_COLUMNS = ("primal", "dual", "gap", "primal_avg", "dual_avg", "gap_avg", "gap_best")
+
+
+def _check_certificates(history: list, lam: float, w: Tensor, w_avg: Tensor | None, source: str) -> None:
+    """The saved certificates are possible ones: finite, every gap the difference of its primal and dual values and
+    non-negative (weak duality, within the slack a run allows itself), and the last record's primal values at least
+    ``lam/2 ||w||^2`` for the weights saved with them (the hinge term is never negative)."""
+    for j, rec in enumerate(history):
+        where = f"{source}: history[{j}]"
+        for col in _CERTIFICATE_COLUMNS:
+            v = getattr(rec, col)
+            if v is not None and not (_is_number(v) and math.isfinite(v)):
+                raise ValueError(f"{where}[{col!r}] must be a finite number, got {v!r}")
+        pairs = [(rec.primal, rec.dual, rec.gap, "gap"), (rec.primal_avg, rec.dual_avg, rec.gap_avg, "gap_avg")]
+        for primal, dual, gap, col in pairs:
+            if gap is None:
+                continue
+            if primal is None or dual is None or abs(gap - (primal - dual)) > 1e-9 * (1.0 + abs(primal)):
+                raise ValueError(f"{where}[{col!r}] = {gap!r} is not its primal minus its dual value")
+        duals = [d for d in (rec.dual, rec.dual_avg) if d is not None]
+        primals = [p for p in (rec.primal, rec.primal_avg) if p is not None]
+        for col in ("gap", "gap_avg", "gap_best"):
+            v = getattr(rec, col)
+            if v is not None and v < -WEAK_DUALITY_TOL * (1.0 + min(abs(p) for p in primals)):
+                raise ValueError(f"{where}[{col!r}] = {v!r} is negative: a dual value above a primal one is no "
+                                 "certificate")
+        if rec.gap_best is not None and (not duals or not primals or abs(
+                rec.gap_best - (min(primals) - max(duals))) > 1e-9 * (1.0 + min(abs(p) for p in primals))):
+            raise ValueError(f"{where}['gap_best'] = {rec.gap_best!r} is not the better primal minus the better dual")
+    if not history:
+        return
+    last = history[-1]
+    for primal, weights, col in ((last.primal, w, "primal"), (last.primal_avg, w_avg, "primal_avg")):
+        if primal is None or weights is None:
+            continue
+        bound = 0.5 * lam * float(weights @ weights)
+        if not primal >= bound * (1.0 - 1e-9) - 1e-12:
+            raise ValueError(f"{source}: history[-1][{col!r}] = {primal!r} is below lam/2 ||w||^2 = {bound!r} of the "
+                             "saved weights: the certificate does not belong to them")
 
 
 @dataclass
@@ -134,7 +179,16 @@ class FitResult:
 
     @property
     def passes(self) -> float:
+        """Effective passes at the last check (that of :attr:`w` and :attr:`gap`)."""
         return self.history[-1].passes if self.history else 0.0
+
+    @property
+    def check_was_cut(self) -> bool:
+        """True when a second interrupt cut the run's final check: :attr:`solver_state` is past the last check
+        (``counters["work"]`` block iterations against the check's ``steps``), and :attr:`w` is that check's
+        iterate (without any check: the uncertified last iterate).  A warm start from it checks that state first."""
+        work = self.counters.get("work", 0)
+        return self.stopped_by == "interrupted" and work > (self.history[-1].steps or 0 if self.history else 0)
 
     def predict(self, data) -> Tensor:
         """Plain decoding of ``data`` with :attr:`weights`."""
@@ -210,6 +264,7 @@ class FitResult:
         w = _checked_weights(d["w"], model.n_features, f"{source}: w")
         w_avg = None if d["w_avg"] is None else _checked_weights(d["w_avg"], model.n_features, f"{source}: w_avg")
         history = _checked_history(d["history"], source)
+        _check_certificates(history, lam, w, w_avg, source)
         if d["stopped_by"] not in STOP_REASONS:
             raise ValueError(f"{source}: stopped_by must be one of {list(STOP_REASONS)}, got {d['stopped_by']!r}")
         if not isinstance(d["solver_state"], dict) or not all(isinstance(k, str) for k in d["solver_state"]):
@@ -323,6 +378,10 @@ def fit(
         raise ValueError(f"unknown solver {solver!r}; choose from {list(SOLVERS)}")
     if not isinstance(model, StructuredModel):
         raise TypeError(f"model must be a StructuredModel, got {type(model).__name__}")
+    if init is not None and not isinstance(init, FitResult):
+        raise TypeError(f"init must be a FitResult (e.g. FitResult.load(path)), got {type(init).__name__}")
+    if checkpoint is not None and not isinstance(checkpoint, Checkpoint):
+        raise TypeError(f"checkpoint must be a torch_bcfw.checkpoint.Checkpoint, got {type(checkpoint).__name__}")
     opts = SolverOptions.from_kwargs(**options)
     model.check_data(data)
     if test_data is not None:
@@ -335,7 +394,7 @@ def fit(
         ctx = DistributedContext.from_process_group()
         train = shard(data, ctx).data
         comm = ShardComm(ctx, shard_sizes(len(data), ctx.world_size))
-        if checkpoint is not None and isinstance(checkpoint, Checkpoint):
+        if checkpoint is not None:
             checkpoint = checkpoint.for_rank(ctx.rank, ctx.world_size)
     run = SolverRun(model, train, lam, solver, opts, bounds=bounds, comm=comm)
     alg, opts = run.algorithm, run.options  # preset="auto" is resolved by the algorithm
@@ -370,12 +429,11 @@ def fit(
                 result(out, snapshot=True).save(checkpoint.path)
 
     if checkpoint is not None:
-        if not isinstance(checkpoint, Checkpoint):
-            raise TypeError(f"checkpoint must be a torch_bcfw.checkpoint.Checkpoint, got {type(checkpoint).__name__}")
         checkpoint.start(alg.work / alg.n)
     after = save_if_due if checkpoint is not None else None
 
-    out = run.run(test_data=test_data, callbacks=callbacks, after_iteration=after)
+    out = run.run(test_data=test_data, callbacks=callbacks, after_iteration=after,
+                  certify_first=init is not None and init.check_was_cut)
     if comm is not None:  # what the rounds' all-reduces cost this run
         counters["allreduce_seconds"] = comm.round_seconds
         counters["allreduce_rounds"] = comm.rounds

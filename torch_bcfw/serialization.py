@@ -60,11 +60,52 @@ def _fsync_dir(folder: Path) -> None:
         os.close(fd)
 
 
-def _atomic(path, write) -> None:
+def _umask() -> int:
+    """The process' umask, read without changing it where the system says it (Linux ``/proc``): setting it to read
+    it back would briefly apply another umask to files that other threads create."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def _file_mode(path: Path) -> int:
+    """Permission bits for the file written at ``path``: those of the file it replaces, or for a new file what
+    ``open`` would give (``0o666`` less the umask); ``mkstemp`` alone would make every file private (``0o600``)."""
+    try:
+        return path.stat().st_mode & 0o777
+    except OSError:
+        return 0o666 & ~_umask()
+
+
+def check_writable_file(path, what: str = "file") -> Path:
+    """``path`` as a ``Path`` once it can be written: not a folder, and its nearest existing ancestor a folder this
+    process may write to.  Raises ``IsADirectoryError`` / ``NotADirectoryError`` / ``PermissionError`` naming it."""
     path = Path(path)
+    if path.is_dir():
+        raise IsADirectoryError(f"the {what} {path} is a folder: give the path of a file in it")
+    anc = path.parent
+    while not anc.exists() and anc != anc.parent:
+        anc = anc.parent
+    if not anc.is_dir():
+        raise NotADirectoryError(f"cannot write the {what} {path}: {anc} is not a folder")
+    if not os.access(anc, os.W_OK | os.X_OK):
+        raise PermissionError(f"cannot write the {what} {path}: no write permission in {anc}")
+    return path
+
+
+def _atomic(path, write) -> None:
+    path = check_writable_file(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    mode = _file_mode(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        os.chmod(tmp, mode)
         with os.fdopen(fd, "wb") as f:
             write(f)
             f.flush()

@@ -77,6 +77,14 @@ _PICKLE_ALLOWED = {
 }
 
 
+def _latin1_bytes(text, encoding):
+    """What a protocol-2 pickle's ``_codecs.encode(text, "latin1")`` builds: bytes, and nothing else."""
+    if not isinstance(text, str) or encoding != "latin1":
+        raise pickle.UnpicklingError(f"the dataset pickle encodes {type(text).__name__} as {encoding!r}; only "
+                                     "latin1 text (numpy's bytes) is read")
+    return text.encode("latin1")
+
+
 class _ArrayUnpickler(pickle.Unpickler):
     """Unpickles numpy arrays and plain containers only (the pattern of the ``pickle`` docs, "Restricting
     Globals"): any other class or function named in the file is refused before it is called."""
@@ -84,6 +92,8 @@ class _ArrayUnpickler(pickle.Unpickler):
     def find_class(self, module, name):
         if (module, name) in _PICKLE_ALLOWED:
             return super().find_class(module, name)
+        if (module, name) == ("_codecs", "encode"):  # numpy's bytes in a protocol-2 pickle written by Python 3
+            return _latin1_bytes
         raise pickle.UnpicklingError(
             f"the dataset pickle names {module}.{name}, which a dataset of arrays never needs; refusing to load it"
         )
@@ -105,7 +115,17 @@ def _read_pickle(path: Path) -> OCRWords:
     images = [np.asarray(x, dtype=np.uint8).reshape(-1, 128) for x in d["data"]]
     labels = [np.asarray(y, dtype=np.int64).reshape(-1) for y in d["labels"]]
     words = list(d.get("word", ["".join(chr(97 + c) for c in y) for y in labels]))
-    return OCRWords(images, labels, np.asarray(d["folds"], dtype=np.int64), words)
+    return OCRWords(images, labels, _integers(d["folds"], f"{path}: folds"), words)
+
+
+def _integers(values, where: str) -> np.ndarray:
+    """``values`` as ``int64[n]`` when every entry is a whole number (NaN or 2.5 is an error, not a cast)."""
+    a = np.asarray(values)
+    if a.dtype.kind in "iu":
+        return a.astype(np.int64).reshape(-1)
+    if a.dtype.kind != "f" or not np.all(np.isfinite(a)) or not np.all(a == np.round(a)):
+        raise ValueError(f"{where} must hold whole numbers, got {a.dtype} values such as {a.reshape(-1)[:3]}")
+    return a.astype(np.int64).reshape(-1)
 
 
 def _read_letter_data(path: Path) -> OCRWords:

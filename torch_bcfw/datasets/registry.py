@@ -149,6 +149,7 @@ def load_problem_with_validation(cfg: dict):
     """
     cfg = dict(cfg)
     _check_keys(cfg)
+    _device(cfg)  # before the data is read
     spec = cfg.pop("validation", None)
     if spec is None:
         return _no_validation(cfg)
@@ -183,10 +184,31 @@ def load_problem_with_validation(cfg: dict):
             raise ValueError(f"validation fraction {frac} of n = {n} leaves an empty part")
         val, train = full[perm[:k].sort().values], full[perm[k:].sort().values]
         return model, train, val, test
-    device = cfg.get("device")
+    device = _device(cfg)
     if device is not None:
         train, val, test = train.to(device), val.to(device), test.to(device)
     return model, train, val, test
+
+
+def _device(cfg: dict) -> torch.device | None:
+    """``data.device`` as a device this machine has (``None``: where the loader puts the data, the CPU)."""
+    import torch
+
+    name = cfg.get("device")
+    if name is None:
+        return None
+    try:
+        dev = torch.device(name) if isinstance(name, str) else None
+    except RuntimeError:
+        dev = None
+    if dev is None or dev.type not in ("cpu", "cuda"):
+        raise ValueError(f"data.device must be 'cpu', 'cuda' or 'cuda:N', got {name!r}")
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"data.device {name!r}: CUDA is not available (this torch build or machine has no GPU); "
+                         "use data.device=cpu")
+    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
+        raise ValueError(f"data.device {name!r}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+    return dev
 
 
 def _no_validation(cfg: dict):
@@ -201,8 +223,8 @@ def load_problem(cfg: dict):
     if "validation" in cfg:
         raise ValueError("data.validation is used by `torch-bcfw path` only; remove it here")
     name = cfg.pop("name")
+    device = _device(cfg)  # before the data is read
     model, train, test = DATASETS[name](cfg)
-    device = cfg.get("device")
     if device is not None:
         train, test = train.to(device), test.to(device)
     return model, train, test

@@ -47,8 +47,8 @@ class GraphCut(StructuredModel):
         n_edge_features: edge feature dimension ``E`` (ignored with ``pairwise=False``).
         loss: ``"hamming"`` (normalised) or ``"balanced"`` (class-balanced) Hamming loss.
         pairwise: include the Potts term (``d = F + E``); ``False``: independent nodes (``d = F``).
-        processes: processes of the worker pool for batched oracle calls (``None``: the available CPUs;
-            ``1``: always in this process).
+        processes: processes of the worker pool for batched oracle calls, at most the available CPUs (``None``:
+            the available CPUs; ``1``: always in this process).
         pool_min_nodes: batches with fewer nodes in all are cut in this process (a pool round trip costs
             about a millisecond).
 
@@ -272,13 +272,18 @@ class GraphCut(StructuredModel):
             return keys
         return data._cached(f"gc_keys_{self.loss_name}", make)
 
+    def _processes(self) -> int:
+        """The pool's processes: ``processes``, never more than the CPUs this process may run on (a setting read
+        from a model file starts no more processes than the machine runs)."""
+        cpus = _available_cpus()
+        return cpus if self.processes is None else min(self.processes, cpus)
+
     def _use_pool(self, data: GraphData) -> bool:
-        procs = self.processes if self.processes is not None else _available_cpus()
-        return procs > 1 and len(data) > 1 and data.n_nodes >= self.pool_min_nodes
+        return self._processes() > 1 and len(data) > 1 and data.n_nodes >= self.pool_min_nodes
 
     def _get_pool(self) -> ResidentGraphCutPool:
         if self._pool is None:
-            self._pool = ResidentGraphCutPool(self.processes)
+            self._pool = ResidentGraphCutPool(self._processes())
         return self._pool
 
 

@@ -22,10 +22,13 @@ class Algorithm:
             (gap sampling with every estimate zero); the loop runs the check and clears it.
         converged: set when the algorithm can certify that no further progress is possible (every exact
             block gap is zero); the loop stops.
+        whole_passes: True for batch methods, whose one iteration visits every block (a fractional
+            ``max_passes`` is refused for them: it could not be run exactly).
     """
 
     name = "base"
     has_dual = True
+    whole_passes = False
 
     def __init__(self, model, data, lam: float, options, comm=None):
         self.model, self.data, self.lam, self.options = model, data, lam, options

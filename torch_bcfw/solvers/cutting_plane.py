@@ -77,6 +77,7 @@ class CuttingPlane(Algorithm):
     """
 
     name = "cutting-plane"
+    whole_passes = True
 
     def __init__(self, model, data, lam, options, state=None, bounds=None):
         super().__init__(model, data, lam, options)

@@ -71,6 +71,7 @@ class Extragradient(Algorithm):
     """
 
     name = "extragradient"
+    whole_passes = True
 
     def __init__(self, model, data, lam, options, state=None, bounds=None):
         super().__init__(model, data, lam, options)

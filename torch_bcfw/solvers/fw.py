@@ -17,6 +17,7 @@ __all__ = ["FrankWolfe"]
 
 class FrankWolfe(DualAlgorithm):
     name = "fw"
+    whole_passes = True
 
     def __init__(self, model, data, lam, options, state=None, bounds=None):
         if options.refined:

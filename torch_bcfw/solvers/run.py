@@ -111,20 +111,41 @@ def _relative_gap(rec: dict) -> float:
     return g / primal if primal > 0 else (0.0 if g <= 0 else math.inf)
 
 
+def _check_here(alg, options, test_data, counters: dict, out: RunOutput, callbacks) -> CheckRecord:
+    """A check at the algorithm's current point outside the loop's schedule (the run's last, or a resumed state's
+    first): recorded like a scheduled one (replacing ``history[-1]`` when it certifies the same point again)."""
+    if alg.work % (options.gap_check * alg.n) == 0:  # this check is the schedule's (a run cut just before it)
+        with deferred_signals():
+            alg.on_scheduled_check()
+    rec = _check(alg, options, test_data, counters, out)
+    if _same_check(out.history[-1] if out.history else None, rec):
+        out.history[-1] = rec  # a warm start that took no step: the same point on the same data again
+    else:
+        out.history.append(rec)
+    for cb in callbacks:
+        cb.on_check(rec)
+    return rec
+
+
 def run_solver(alg, options, test_data=None, callbacks=(), counters: dict | None = None,
-               history: list | None = None, after_iteration=None) -> RunOutput:
+               history: list | None = None, after_iteration=None, certify_first: bool = False) -> RunOutput:
     """Run ``alg`` for ``options.max_passes`` more effective passes (or until another stopping rule).
 
     ``counters`` (``solver_time``, ``gap_time``, ``gap_oracle_calls``, and ``work``: the algorithm's block
     iterations so far) and ``history`` continue a previous run when given (warm start); they are updated in
     place.  ``after_iteration(out)`` (optional) is called after every chunk of steps and its checks, at a point
     where the algorithm's state, ``out.history`` and ``out.checked_weights`` are consistent (checkpoints).
+    ``certify_first``: check the state before the first step (a resumed state whose final check was cut by a second
+    interrupt: the history then has the record that check would have added).
     """
     counters = counters if counters is not None else {}
     for key in ("solver_time", "gap_time", "gap_oracle_calls", "work"):
         counters.setdefault(key, 0.0 if key not in ("gap_oracle_calls", "work") else 0)
     out = RunOutput(history=history if history is not None else [])
     n = alg.n
+    if alg.whole_passes and options.max_passes != int(options.max_passes):
+        raise ValueError(f"max_passes = {options.max_passes}: solver {alg.name!r} makes whole passes (each iteration "
+                         "visits every example); give a whole number")
     start_work = alg.work
     target_work = start_work + int(round(options.max_passes * n))
     for cb in callbacks:
@@ -134,6 +155,9 @@ def run_solver(alg, options, test_data=None, callbacks=(), counters: dict | None
     last_rec = None
     checked_at = None
     try:
+        if certify_first:
+            last_rec = _check_here(alg, options, test_data, counters, out, callbacks)
+            checked_at = (alg.work, alg.oracle_calls)
         while True:
             if alg.work >= target_work:
                 out.stopped_by = "max_passes"
@@ -178,16 +202,7 @@ def run_solver(alg, options, test_data=None, callbacks=(), counters: dict | None
         out.stopped_by = "interrupted"
     if checked_at != (alg.work, alg.oracle_calls):
         try:
-            if alg.work % (options.gap_check * n) == 0:  # this check is the schedule's (a run cut just before it)
-                with deferred_signals():
-                    alg.on_scheduled_check()
-            last_rec = _check(alg, options, test_data, counters, out)
-            if _same_check(out.history[-1] if out.history else None, last_rec):
-                out.history[-1] = last_rec  # a warm start that took no step: the same point on the same data again
-            else:
-                out.history.append(last_rec)
-            for cb in callbacks:
-                cb.on_check(last_rec)
+            last_rec = _check_here(alg, options, test_data, counters, out, callbacks)
         except KeyboardInterrupt:  # a second Ctrl-C: out.checked_weights still belong to history[-1]
             out.stopped_by = "interrupted"
     counters["work"] = alg.work
@@ -218,6 +233,9 @@ def make_algorithm(solver: str, model, data, lam: float, options: SolverOptions,
     only)."""
     if solver not in ALGORITHMS:
         raise ValueError(f"unknown solver {solver!r}; choose from {list(SOLVERS)}")
+    if solver != "bcfw" and options.batch_size != 1:
+        raise ValueError(f"batch_size = {options.batch_size}: mini-batch rounds (Wang et al. 2016) are a mode of "
+                         f"solver='bcfw'; solver {solver!r} takes no batch_size")
     if comm is not None and comm.sharded:
         if solver != "bcfw":
             raise ValueError(f"solver {solver!r} runs in one process; over several processes use solver='bcfw'")
@@ -272,13 +290,14 @@ class SolverRun:
         return self.algorithm.work / self.algorithm.n
 
     # ------------------------------------------------------------------ running
-    def run(self, max_passes: float | None = None, *, test_data=None, callbacks=(), after_iteration=None) -> RunOutput:
+    def run(self, max_passes: float | None = None, *, test_data=None, callbacks=(), after_iteration=None,
+            certify_first: bool = False) -> RunOutput:
         """Run ``max_passes`` more effective passes (default ``options.max_passes``) or until another stopping rule
         of :func:`run_solver`; :attr:`counters` and :attr:`history` are extended.
 
         ``test_data``: labelled data whose task loss every check records.  ``callbacks``: run callbacks (the
         algorithm's own record columns, e.g. mp-bcfw's accounting, come first, and a progress bar last when
-        ``options.progress``).  ``after_iteration(out)``: see :func:`run_solver`.
+        ``options.progress``).  ``after_iteration(out)``, ``certify_first``: see :func:`run_solver`.
         """
         opts = self.options if max_passes is None else dataclasses.replace(self.options, max_passes=max_passes)
         alg = self.algorithm
@@ -286,7 +305,7 @@ class SolverRun:
         if opts.progress and alg.comm.rank == 0:
             cbs.append(ProgressBar())
         return run_solver(alg, opts, test_data=test_data, callbacks=cbs, counters=self.counters,
-                          history=self.history, after_iteration=after_iteration)
+                          history=self.history, after_iteration=after_iteration, certify_first=certify_first)
 
     # ------------------------------------------------------------------ saving and resuming
     def state_dict(self) -> dict:
