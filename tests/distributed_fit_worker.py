@@ -26,7 +26,7 @@ import torch.distributed as dist  # noqa: E402
 
 from conftest import random_chain_problem, random_multiclass_problem  # noqa: E402
 from torch_bcfw import FitResult, fit  # noqa: E402
-from torch_bcfw.checkpoint import Checkpoint, rank_path  # noqa: E402
+from torch_bcfw.checkpoint import Checkpoint, manifest_path, shard_path  # noqa: E402
 from torch_bcfw.distributed import DistributedError, init_from_env  # noqa: E402
 from torch_bcfw.solvers.callbacks import Callback  # noqa: E402
 
@@ -75,16 +75,19 @@ def main() -> None:
     if scenario == "fit":
         ck = Checkpoint(out_dir / f"{name}.pt", every_passes=5, every_seconds=None)
         res = fit(model, data, LAM, max_passes=40, checkpoint=ck, **options(name))
-        out = _record(res) | {"checkpoint": str(rank_path(ck.path, ctx.rank, ctx.world_size))}
+        members = sorted(str(p) for p in out_dir.glob(f"{name}.rank{ctx.rank}-of-2.w*.pt"))
+        out = _record(res) | {"checkpoint": str(shard_path(ck.path, ctx.rank, ctx.world_size, res.counters["work"])),
+                              "members": members, "manifest": json.loads(manifest_path(ck.path).read_text())}
     elif scenario == "resume":
         ck = Checkpoint(out_dir / f"resume_{name}.pt", every_passes=3, every_seconds=None)
         fit(model, data, LAM, max_passes=6, checkpoint=ck, **options(name))
-        first = FitResult.load(rank_path(ck.path, ctx.rank, ctx.world_size))
+        first = FitResult.load_sharded(ck.path)
         cont = fit(model, data, LAM, max_passes=6, init=first, **options(name))
         whole = fit(model, data, LAM, max_passes=12, **options(name))
         out = {"resumed": _record(cont), "whole": _record(whole)}
         try:  # another rank's file: refused
-            fit(model, data, LAM, max_passes=1, init=FitResult.load(rank_path(ck.path, 1 - ctx.rank, 2)),
+            other = shard_path(ck.path, 1 - ctx.rank, 2, first.counters["work"])
+            fit(model, data, LAM, max_passes=1, init=FitResult.load(other),
                 **options(name))
             out["wrong_rank_error"] = None
         except ValueError as exc:

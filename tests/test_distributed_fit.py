@@ -59,8 +59,9 @@ def test_two_ranks_solve_one_problem_with_an_exact_global_certificate(name, tmp_
     assert one.gap <= 1e-7 and abs(min(last["primal"], last["primal_avg"]) - one.primal) <= g + 1e-7
     w_best = torch.tensor(r0["w_avg"] if last["selected"] == "averaged" else r0["w"], dtype=torch.float64)
     assert float((w_best - one.weights).norm()) <= math.sqrt(2 * g / worker.LAM) + math.sqrt(2e-7 / worker.LAM)
-    # every rank wrote its shard's checkpoint
-    assert all(Path(r["checkpoint"]).exists() for r in (r0, r1))
+    # every rank wrote its shard's checkpoint, one committed set at the end (the older members removed)
+    assert all(Path(r["checkpoint"]).exists() and r["members"] == [r["checkpoint"]] for r in (r0, r1))
+    assert r0["manifest"]["work"] == 40 * n and r0["manifest"]["world_size"] == 2
 
 
 def test_two_nodes_on_loopback_fit_the_same_head_as_one_node(tmp_path):
@@ -124,16 +125,22 @@ def test_torchrun_command_line_fit_and_resume(tmp_path):
         assert runs[0].returncode == 0, runs[0].stdout[-4000:]
         return runs[0].stdout
 
+    def members():
+        found = [sorted(out.glob(f"model.rank{r}-of-2.w*.pt")) for r in range(2)]
+        assert [len(f) for f in found] == [1, 1], found  # one committed set, the older members removed
+        return [FitResult.load(f[0]) for f in found]
+
     table = launch("--config", str(cfg))
     assert "gap" in table
-    first = [FitResult.load(out / f"model.rank{r}-of-2.pt") for r in range(2)]
+    first = members()
     main = FitResult.load(out / "model.pt")
     assert torch.equal(first[0].w, first[1].w) and torch.equal(main.w, first[0].w)
     assert main.passes == 4 and (out / "history.csv").exists() and (out / "gap.png").exists()
     assert [f.solver_state["shard"] for f in first] == [{"rank": 0, "world_size": 2}, {"rank": 1, "world_size": 2}]
-    assert not list(out.glob("checkpoint*.pt"))  # the models hold the newest state
+    assert not list(out.glob("checkpoint*"))  # the models hold the newest state
+    assert json.loads((out / "model.shards.json").read_text())["work"] == first[0].counters["work"]
     launch("--resume", str(out), "--set", "options.max_passes=6")
-    again = [FitResult.load(out / f"model.rank{r}-of-2.pt") for r in range(2)]
+    again = members()
     assert again[0].passes == 6 and torch.equal(again[0].w, again[1].w)
     assert len(again[0].history) > len(first[0].history)
 
@@ -194,7 +201,7 @@ def test_a_dead_peer_ends_the_command_line_with_one_line(tmp_path):
                                        MASTER_PORT=port)) for r in range(2)]
     try:
         deadline = time.monotonic() + LAUNCH_TIMEOUT_S
-        while not (out / "checkpoint.rank1-of-2.pt").exists():
+        while not (out / "checkpoint.shards.json").exists():
             assert time.monotonic() < deadline and procs[1].poll() is None, "rank 1 never saved a checkpoint"
             time.sleep(0.2)
         procs[1].send_signal(signal.SIGKILL)
@@ -210,3 +217,61 @@ def test_a_dead_peer_ends_the_command_line_with_one_line(tmp_path):
     errors = [ln for ln in err.splitlines() if ln.startswith("torch-bcfw: error:")]
     assert len(errors) == 1 and "rank 0 of 2" in errors[0], err[-3000:]
     assert waited < 60.0
+
+
+def test_sharded_checkpoints_survive_node_wide_kills_at_random_points(tmp_path):
+    """Two ranks of ``torch-bcfw fit`` checkpointing every pass are SIGKILLed together (a node-wide preemption) at 10
+    random moments, during saves too; each ``--resume`` continues from the newest committed set, and the run ends
+    with the weights and the last certificate of the uninterrupted run."""
+    import random
+    import signal
+    import subprocess
+    import time
+
+    from conftest import shared_data
+    from torch_bcfw import FitResult
+
+    cfg = tmp_path / "ocr.yaml"
+    cfg.write_text(f"data: {{name: ocr, path: {shared_data('ocr')}, split: small, fold: 0}}\nlam: 0.1\n"
+                   "options: {max_passes: 80, gap_check: 20, batch_size: 32}\n")
+
+    def start(*args):
+        port = str(free_port())
+        cmd = [sys.executable, "-m", "torch_bcfw", "fit", "--quiet", "--checkpoint-every", "1p", *args]
+        procs = []
+        for r in range(2):
+            procs.append(subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                          text=True, env=_env(RANK=str(r), WORLD_SIZE="2", LOCAL_RANK=str(r),
+                                                              MASTER_ADDR="127.0.0.1", MASTER_PORT=port)))
+        return procs
+
+    def finish(procs):
+        errs = [p.communicate(timeout=LAUNCH_TIMEOUT_S)[1] for p in procs]
+        assert [p.returncode for p in procs] == [0, 0], errs[0][-3000:] + errs[1][-3000:]
+
+    finish(start("--config", str(cfg), "--output", str(tmp_path / "whole")))
+    whole = FitResult.load(tmp_path / "whole" / "model.pt")
+    out, rng, kills = tmp_path / "cut", random.Random(0), 0
+    manifest = out / "checkpoint.shards.json"
+    procs = start("--config", str(cfg), "--output", str(out))
+    while kills < 10:
+        before = manifest.read_text() if manifest.exists() else None
+        deadline = time.monotonic() + LAUNCH_TIMEOUT_S
+        while (manifest.read_text() if manifest.exists() else None) == before and procs[0].poll() is None:
+            assert time.monotonic() < deadline, "no checkpoint was committed"
+            time.sleep(0.01)  # a new set is committed: this segment made progress
+        time.sleep(rng.uniform(0.0, 0.4))
+        if procs[0].poll() is not None:  # the run finished before the kill
+            break
+        for p in procs:  # both ranks at once: a node-wide kill
+            p.send_signal(signal.SIGKILL)
+        for p in procs:
+            p.communicate(timeout=LAUNCH_TIMEOUT_S)
+        kills += 1
+        procs = start("--resume", str(out))
+    finish(procs)
+    assert kills >= 5
+    cut = FitResult.load(out / "model.pt")
+    assert torch.equal(cut.w, whole.w) and torch.equal(cut.w_avg, whole.w_avg)
+    assert _untimed([cut.history[-1].to_dict()]) == _untimed([whole.history[-1].to_dict()])
+    assert not list(out.glob("checkpoint*")) and len(list(out.glob("model.rank*.pt"))) == 2

@@ -187,3 +187,54 @@ def test_ocr_pickle_with_another_codec_is_refused(tmp_path):
         pickle.dump({"data": [], "labels": [], "folds": Encoded()}, f, protocol=2)
     with pytest.raises(ValueError, match="only latin1 text"):
         load_ocr(tmp_path)
+
+
+def _saved_dict(tmp_path):
+    model, data = random_chain_problem(n=4, seed=2)
+    return fit(model, data, 0.1, max_passes=2, gap_check=1).to_dict()
+
+
+def _rezip(src, dst, replace=None, compression=None):
+    import zipfile
+
+    with zipfile.ZipFile(src) as z, zipfile.ZipFile(dst, "w", compression or zipfile.ZIP_STORED) as out:
+        for info in z.infolist():
+            data = z.read(info.filename)
+            out.writestr(info.filename, replace(info.filename, data) if replace else data)
+
+
+def test_files_that_expand_beyond_their_bytes_are_refused(tmp_path):
+    """A model file may not need far more memory than its size: a weight vector viewing 10^11 elements of 8 bytes of
+    storage, compressed records, 300,000 references to one history record, deep nesting."""
+    d = _saved_dict(tmp_path)
+    state = dict(d["solver_state"]["state"], w=torch.zeros(1, dtype=torch.float64).expand(10 ** 11))
+    torch.save(dict(d, solver_state=dict(d["solver_state"], state=state)), tmp_path / "view.pt")
+    with pytest.raises(ValueError, match="views more elements than its storage"):
+        FitResult.load(tmp_path / "view.pt")
+    torch.save(d, tmp_path / "ok.pt")
+    _rezip(tmp_path / "ok.pt", tmp_path / "deflated.pt", compression=__import__("zipfile").ZIP_DEFLATED)
+    with pytest.raises(ValueError, match="compressed"):
+        FitResult.load(tmp_path / "deflated.pt")
+    torch.save(dict(d, history=[d["history"][-1]] * 300_000), tmp_path / "shared.pt")
+    assert (tmp_path / "shared.pt").stat().st_size < 2_000_000
+    with pytest.raises(ValueError, match="more entries than a file"):
+        FitResult.load(tmp_path / "shared.pt")
+    nested = []
+    for _ in range(200):
+        nested = [nested]
+    torch.save(dict(d, counters=nested), tmp_path / "deep.pt")
+    with pytest.raises(ValueError, match="nested deeper"):
+        FitResult.load(tmp_path / "deep.pt")
+    FitResult.load(tmp_path / "ok.pt")  # the genuine file still loads
+
+
+@pytest.mark.parametrize("body, message", [
+    (b"cnumpy\nndarray\n(J\x00\xca\x9a\x3b\x85U\x02u1tR", "calls numpy.ndarray directly"),
+    (b"cnumpy.core.multiarray\n_reconstruct\ncnumpy\nndarray\nJ\x00\xca\x9a\x3b\x85U\x01b\x87R", "empty shell"),
+    (b"cnumpy\ndtype\nU\x0bV4000000000\x89\x88\x87R", "names the dtype 'V4000000000'"),
+])
+def test_ocr_pickle_cannot_allocate_what_it_does_not_hold(tmp_path, body, message):
+    """A 30-byte pickle asking numpy for a 10^9-element array or a 4 GB dtype is refused before any allocation."""
+    (tmp_path / "letters.pickle").write_bytes(b"\x80\x02" + body + b".")
+    with pytest.raises(ValueError, match=message):
+        load_ocr(tmp_path)

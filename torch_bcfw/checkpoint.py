@@ -5,18 +5,28 @@ of its last exact check, and the solver's whole state (dual blocks, sampler, cou
 (:func:`~torch_bcfw.serialization.atomic_save`), so that a kill at any moment leaves the previous complete
 checkpoint or a newer complete one.  ``fit(..., init=FitResult.load(path))`` continues the run exactly; a
 kill loses at most one checkpoint interval.
+
+A run sharded over processes saves one *set*: every rank writes its shard tagged with the run's block iterations
+(``run.rank0-of-2.w1200.pt``, :func:`shard_path`), all ranks wait for each other, rank 0 names the complete set in
+``run.shards.json`` (:func:`save_sharded`), and only then does each rank remove its older files.  A kill at any
+moment (one rank, all of them, during any save) leaves the set the manifest names complete;
+:func:`newest_sharded` finds this rank's member of the newest complete set (``FitResult.load_sharded``).
 """
 from __future__ import annotations
 
+import json
 import math
 import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .serialization import check_writable_file
+import torch
 
-__all__ = ["Checkpoint", "parse_interval", "rank_path"]
+from .serialization import atomic_write_text, check_writable_file
+
+__all__ = ["Checkpoint", "parse_interval", "shard_path", "manifest_path", "save_sharded", "remove_sharded",
+           "newest_sharded"]
 
 _UNITS = {"s": 1.0, "sec": 1.0, "seconds": 1.0, "m": 60.0, "min": 60.0, "minutes": 60.0, "h": 3600.0,
           "hours": 3600.0}
@@ -90,14 +100,105 @@ class Checkpoint:
             self._last_passes, self._last_time = passes, now
         return bool(flag)
 
-    def for_rank(self, rank: int, world_size: int) -> "Checkpoint":
-        """The checkpoint of rank ``rank`` of a sharded run: ``path`` with ``.rank<r>-of-<P>`` before its suffix
-        (:func:`rank_path`), same intervals."""
-        return Checkpoint(rank_path(self.path, rank, world_size), self.every_passes, self.every_seconds)
-
-
-def rank_path(path, rank: int, world_size: int) -> Path:
-    """Where rank ``rank`` of ``world_size`` processes keeps its shard of the run saved at ``path``:
-    ``run.pt`` -> ``run.rank0-of-2.pt``.  Each rank saves and resumes from its own file."""
+def shard_path(path, rank: int, world_size: int, work: int) -> Path:
+    """Rank ``rank``'s member of the set a sharded run saved at ``path`` after ``work`` block iterations:
+    ``run.pt`` -> ``run.rank0-of-2.w1200.pt``."""
     p = Path(path)
-    return p.with_name(f"{p.stem}.rank{rank}-of-{world_size}{p.suffix}")
+    return p.with_name(f"{p.stem}.rank{rank}-of-{world_size}.w{int(work)}{p.suffix}")
+
+
+def manifest_path(path) -> Path:
+    """The file naming the newest complete set of the sharded saves at ``path``: ``run.pt`` -> ``run.shards.json``."""
+    p = Path(path)
+    return p.with_name(f"{p.stem}.shards.json")
+
+
+#: the format tag of a sharded set's manifest
+MANIFEST_FORMAT = "torch_bcfw.shards/1"
+
+
+def save_sharded(result, path, ctx) -> None:
+    """Save this rank's ``result`` (a ``FitResult``) as its member of the set at ``result.counters["work"]``, commit
+    the set once every rank's member is written (rank 0 writes the manifest), then remove this rank's older members.
+    Every rank of ``ctx`` (a :class:`~torch_bcfw.distributed.DistributedContext`) calls it at the same point."""
+    from .distributed import DistributedError, all_gather_int64
+
+    work = int(result.counters.get("work", 0))
+    mine = shard_path(path, ctx.rank, ctx.world_size, work)
+    result.save(mine)
+    works = all_gather_int64([work], ctx)  # every member is on disk (a barrier), at one point
+    if not bool((works == work).all()):
+        raise DistributedError(f"the ranks saved at different points ({works[:, 0].tolist()} block iterations); the "
+                               "set is not committed")
+    if ctx.is_main:
+        atomic_write_text(manifest_path(path), json.dumps(
+            {"format": MANIFEST_FORMAT, "world_size": ctx.world_size, "work": work}))
+    all_gather_int64([work], ctx)  # the manifest names the new set: the older ones can go
+    _remove_members(path, ctx.rank, ctx.world_size, keep=mine)
+
+
+def remove_sharded(path, ctx) -> None:
+    """Remove the set saved at ``path`` (each rank its members, rank 0 the manifest first), e.g. once a newer set at
+    another path is committed."""
+    if ctx.is_main:
+        manifest_path(path).unlink(missing_ok=True)
+    _remove_members(path, ctx.rank, ctx.world_size, keep=None)
+
+
+def _remove_members(path, rank: int, world_size: int, keep: Path | None) -> None:
+    p = Path(path)
+    for old in p.parent.glob(f"{p.stem}.rank{rank}-of-{world_size}.w*{p.suffix}"):
+        if old != keep:
+            old.unlink(missing_ok=True)
+
+
+def _read_manifest(path, world_size: int) -> int | None:
+    """The block iterations of the set the manifest at ``path`` names (``None``: no manifest, or one of another
+    world size).  A manifest that is not one raises ``ValueError``."""
+    m = manifest_path(path)
+    if not m.is_file():
+        return None
+    try:
+        d = json.loads(m.read_text())
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"{m} is not a readable manifest of a sharded save: {exc}") from None
+    if not isinstance(d, dict) or d.get("format") != MANIFEST_FORMAT:
+        raise ValueError(f"{m} is not a manifest of a sharded save (format {MANIFEST_FORMAT!r})")
+    ws, work = d.get("world_size"), d.get("work")
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in (ws, work)) or ws < 1:
+        raise ValueError(f"{m}: world_size and work must be integers >= 0, got {ws!r} and {work!r}")
+    if ws != world_size:
+        raise ValueError(f"{m}: the set was saved by {ws} processes, this run has {world_size}: resume with the world "
+                         "size of the run that saved it")
+    return work
+
+
+def newest_sharded(paths, ctx) -> Path | None:
+    """This rank's member of the newest complete set among the sharded saves at ``paths`` (``None``: no committed
+    set).  Rank 0 reads the manifests and tells the others (their files may be on other machines); a member that is
+    missing on any rank raises ``FileNotFoundError`` on every rank."""
+    from .distributed import all_gather_int64, broadcast_from_rank0
+
+    choice = [-1, -1]
+    error = ""
+    if ctx.is_main:
+        try:
+            works = [_read_manifest(p, ctx.world_size) for p in paths]
+            found = [(w, i) for i, w in enumerate(works) if w is not None]
+            if found:
+                work, index = max(found)
+                choice = [index, work]
+        except ValueError as exc:
+            error, choice = str(exc), [-2, -2]
+    index, work = broadcast_from_rank0(torch.tensor(choice, dtype=torch.int64), ctx).tolist()
+    if index == -2:
+        raise ValueError(error or "rank 0 could not read the manifest of the sharded save")
+    if index < 0:
+        return None
+    mine = shard_path(paths[index], ctx.rank, ctx.world_size, work)
+    present = all_gather_int64([int(mine.is_file())], ctx)[:, 0]
+    if not bool(present.all()):
+        missing = [r for r, ok in enumerate(present.tolist()) if not ok]
+        raise FileNotFoundError(f"the committed set {manifest_path(paths[index])} (after {work} block iterations) "
+                                f"lacks the member of rank(s) {missing}: were the files moved?")
+    return mine

@@ -137,21 +137,19 @@ def _torchrun_context(device):
     return init_from_env(device=device)
 
 
-def _rank_file(out: Path, name: str, ctx) -> Path:
-    """``out / name``, or this rank's file of it in a sharded run (``model.rank0-of-2.pt``)."""
-    from .checkpoint import rank_path
-
-    return out / name if ctx is None else rank_path(out / name, ctx.rank, ctx.world_size)
-
-
 def _resume_source(folder: Path, ctx=None) -> Path:
-    """The newest complete state of the run in ``folder``: its checkpoint (a run that was killed) or its model (in a
-    sharded run: this rank's files)."""
-    for name in ("checkpoint.pt", "model.pt"):
-        if ctx is not None:
-            name = _rank_file(folder, name, ctx).name
-        if (folder / name).is_file():
-            return folder / name
+    """The newest complete state of the run in ``folder``: its checkpoint (a run that was killed) or its model; in a
+    sharded run this rank's member of the newest committed set of either."""
+    if ctx is not None:
+        from .checkpoint import newest_sharded
+
+        mine = newest_sharded([folder / "checkpoint.pt", folder / "model.pt"], ctx)
+        if mine is not None:
+            return mine
+    else:
+        for name in ("checkpoint.pt", "model.pt"):
+            if (folder / name).is_file():
+                return folder / name
     raise _nothing_to_resume(folder)
 
 
@@ -265,7 +263,7 @@ def cmd_fit(args) -> int:
         out = Path(args.output or cfg.get("output") or "runs/fit")
     lam, solver, options = _fit_settings(cfg)
     check_output_folder(out)
-    for stale in (*out.glob(".checkpoint.pt.*.tmp"), *out.glob(".model.pt.*.tmp")):  # left by a killed save
+    for stale in (*out.glob(".checkpoint*.tmp"), *out.glob(".model*.tmp")):  # left by a killed save
         stale.unlink(missing_ok=True)
     model, train, test = load_problem(cfg["data"])
     ctx = _torchrun_context(train.device)  # torchrun with several processes: the examples are sharded over them
@@ -291,9 +289,11 @@ def cmd_fit(args) -> int:
                           announce=None if args.quiet or not main else print_notice, **options)
     with _TerminateAsInterrupt() as signals:
         result = fit(model, train, lam, solver, test_data=test, init=init, checkpoint=ckpt, **options)
-    if ctx is not None:  # every rank keeps its shard of the state (the resume of a sharded run reads these)
-        result.save(_rank_file(out, "model.pt", ctx))
-        _rank_file(out, "checkpoint.pt", ctx).unlink(missing_ok=True)
+    if ctx is not None:  # every rank keeps its shard of the state in one committed set (the resume reads it)
+        from .checkpoint import remove_sharded, save_sharded
+
+        save_sharded(result, out / "model.pt", ctx)
+        remove_sharded(out / "checkpoint.pt", ctx)
         if not main:
             return 0
     result.save(out / "model.pt")

@@ -6,11 +6,12 @@ import io
 import json
 import math
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 from torch import Tensor
 
-from .checkpoint import Checkpoint
+from .checkpoint import Checkpoint, newest_sharded, save_sharded
 from .models.base import StructuredModel
 from .checks import check_lam
 from .models.registry import model_from_config, model_name
@@ -239,6 +240,22 @@ class FitResult:
         return cls.from_dict(d, source=str(path))
 
     @classmethod
+    def load_sharded(cls, path, map_location="cpu") -> "FitResult":
+        """In a sharded run (every rank calls it): this rank's shard of the newest complete set saved at ``path`` by
+        a sharded :class:`~torch_bcfw.checkpoint.Checkpoint` (``FileNotFoundError`` when no set is committed)."""
+        from .distributed import current_context
+
+        ctx = current_context()
+        if ctx is None or ctx.world_size < 2:
+            raise ValueError("load_sharded needs the process group of the sharded run (torchrun); without one use "
+                             "FitResult.load")
+        mine = newest_sharded([path], ctx)
+        if mine is None:
+            raise FileNotFoundError(f"no committed set of a sharded save at {path} (no {Path(path).stem}.shards.json "
+                                    f"for {ctx.world_size} processes)")
+        return cls.load(mine, map_location=map_location)
+
+    @classmethod
     def from_dict(cls, d, source: str = "the saved result") -> "FitResult":
         """Validate and build a result from :meth:`to_dict`'s output."""
         if not isinstance(d, dict) or d.get("format") != FORMAT:
@@ -358,8 +375,9 @@ def fit(
             them and the certified gap is the gap of the constrained problem.
         checkpoint: a :class:`~torch_bcfw.checkpoint.Checkpoint`: save the run there periodically and at the end
             (atomically); ``fit(..., init=FitResult.load(path), max_passes=<the rest>)`` continues it exactly
-            (``result.counters["work"] / n`` passes are done).  In a sharded run every rank writes its own file
-            (:func:`~torch_bcfw.checkpoint.rank_path`: ``run.pt`` -> ``run.rank0-of-2.pt``) at the same point.
+            (``result.counters["work"] / n`` passes are done).  A sharded run saves one set of every rank's shard,
+            committed by a manifest (:func:`~torch_bcfw.checkpoint.save_sharded`); each rank resumes from
+            ``FitResult.load_sharded(path)``.
         distributed: shard the examples over the ranks of the initialised ``torch.distributed`` process group
             (``torchrun``; every rank passes the full ``data``, keeps its contiguous share and the dual state of
             those blocks, ``w`` is replicated): mini-batch BCFW rounds split over the ranks with one all-reduce
@@ -387,15 +405,13 @@ def fit(
     if test_data is not None:
         model.check_data(test_data)
     _check_same_device(data, test_data)
-    comm, train = None, data
+    comm, train, ctx = None, data, None
     if _sharded(distributed):
         from .distributed import DistributedContext, ShardComm, shard, shard_sizes
 
         ctx = DistributedContext.from_process_group()
         train = shard(data, ctx).data
         comm = ShardComm(ctx, shard_sizes(len(data), ctx.world_size))
-        if checkpoint is not None:
-            checkpoint = checkpoint.for_rank(ctx.rank, ctx.world_size)
     run = SolverRun(model, train, lam, solver, opts, bounds=bounds, comm=comm)
     alg, opts = run.algorithm, run.options  # preset="auto" is resolved by the algorithm
     if init is not None:
@@ -423,10 +439,16 @@ def fit(
             stopped_by="" if snapshot else out.stopped_by, solver_state=alg.state_dict(), counters=dict(counters),
         )
 
+    def save(res: FitResult) -> None:
+        with deferred_signals():  # a Ctrl-C / SIGTERM inside torch.save would break its zip writer
+            if ctx is None:
+                res.save(checkpoint.path)
+            else:  # one set of every rank's shard, committed by a manifest once complete
+                save_sharded(res, checkpoint.path, ctx)
+
     def save_if_due(out: RunOutput) -> None:
         if checkpoint.due(alg.work / alg.n, agree=alg.comm.any if alg.comm.sharded else None):
-            with deferred_signals():  # a Ctrl-C / SIGTERM inside torch.save would break its zip writer
-                result(out, snapshot=True).save(checkpoint.path)
+            save(result(out, snapshot=True))
 
     if checkpoint is not None:
         checkpoint.start(alg.work / alg.n)
@@ -439,6 +461,5 @@ def fit(
         counters["allreduce_rounds"] = comm.rounds
     res = result(out)
     if checkpoint is not None:
-        with deferred_signals():
-            res.save(checkpoint.path)
+        save(res)
     return res

@@ -138,15 +138,19 @@ def load_checked(path, map_location="cpu", what: str = "file"):
         FileNotFoundError: no file at ``path``.
         UnsafeFileError: the file holds pickled objects other than tensors and plain containers
             (nothing in it was run).
-        ValueError: the file is not a torch save (truncated, or another format).
+        ValueError: the file is not a torch save (truncated, or another format), or its objects would take far
+            more memory than its bytes (compressed records, views beyond their storage, shared references walked
+            again, deep nesting: :func:`_check_expansion`).
     """
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{what} {path} not found")
     if not zipfile.is_zipfile(path):  # torch.save writes a zip archive (since torch 1.6)
         raise ValueError(f"{path} is not a readable {what}: not a zip archive written by torch.save")
+    size = path.stat().st_size
+    _check_archive(path, size, what)
     try:
-        return torch.load(path, map_location=map_location, weights_only=True)
+        obj = torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as exc:
         first = str(exc).strip().splitlines()
         detail = next((ln.strip() for ln in first if "GLOBAL" in ln or "Unsupported" in ln), first[0] if first else "")
@@ -156,3 +160,70 @@ def load_checked(path, map_location="cpu", what: str = "file"):
         ) from None
     except (RuntimeError, EOFError, OSError, ValueError) as exc:
         raise ValueError(f"{path} is not a readable {what} (truncated or not written by torch.save): {exc}") from None
+    _check_expansion(obj, size, f"{path} ({what})")
+    return obj
+
+
+#: the budget of a loaded file's objects: entries of containers (shared ones counted each time they are reached)
+#: per byte of the file plus a fixed allowance, nesting depth, and tensor bytes per byte of the file
+LOAD_NODES_PER_BYTE, LOAD_NODES_FIXED, LOAD_MAX_DEPTH, LOAD_TENSOR_BYTES_PER_BYTE = 0.5, 1_000_000, 64, 2
+
+
+def _check_archive(path: Path, size: int, what: str) -> None:
+    """torch.save stores its records uncompressed: a compressed record (which could expand far beyond the file) or
+    records larger than the file refuse it before anything is read."""
+    try:
+        with zipfile.ZipFile(path) as z:
+            infos = z.infolist()
+    except (zipfile.BadZipFile, OSError, ValueError) as exc:
+        raise ValueError(f"{path} is not a readable {what}: {exc}") from None
+    if any(i.compress_type != zipfile.ZIP_STORED for i in infos) or sum(i.file_size for i in infos) > size:
+        raise ValueError(f"{path} is not a readable {what}: its records are compressed or larger than the file "
+                         "(torch.save stores them as they are)")
+
+
+def _tensor_parts(t: torch.Tensor) -> list:
+    """The strided tensors a sparse tensor is made of (``[]`` for a strided tensor itself)."""
+    if t.layout == torch.sparse_coo:
+        return [t._indices(), t._values()]
+    if t.layout == torch.sparse_csr:
+        return [t.crow_indices(), t.col_indices(), t.values()]
+    raise ValueError(f"a tensor of layout {t.layout}")
+
+
+def _check_expansion(obj, size: int, where: str) -> None:
+    """Refuse loaded objects that would take far more memory or time than the file's ``size`` bytes: a tensor that
+    views more elements than its storage holds (a zero-stride or overlapping view), tensors larger in all than
+    ``LOAD_TENSOR_BYTES_PER_BYTE`` times the file, more container entries than the budget (references to one shared
+    container are walked each time, as any later use walks them) or nesting deeper than ``LOAD_MAX_DEPTH``."""
+    nodes_left = LOAD_NODES_FIXED + int(size * LOAD_NODES_PER_BYTE)
+    tensor_left = LOAD_TENSOR_BYTES_PER_BYTE * size + 2**20
+    stack = [(obj, 0)]
+    while stack:
+        o, depth = stack.pop()
+        nodes_left -= 1
+        if nodes_left < 0:
+            raise ValueError(f"{where}: more entries than a file of {size} bytes holds (shared references); refused")
+        if depth > LOAD_MAX_DEPTH:
+            raise ValueError(f"{where}: nested deeper than {LOAD_MAX_DEPTH} levels; refused")
+        if isinstance(o, torch.Tensor):
+            if o.layout != torch.strided:
+                try:
+                    stack.extend((p, depth + 1) for p in _tensor_parts(o))
+                except ValueError as exc:
+                    raise ValueError(f"{where}: {exc}, which no saved run holds") from None
+                continue
+            nbytes = o.numel() * o.element_size()
+            if nbytes > o.untyped_storage().nbytes():
+                raise ValueError(f"{where}: a tensor of shape {tuple(o.shape)} views more elements than its storage "
+                                 "holds (a zero-stride or overlapping view); refused")
+            tensor_left -= nbytes
+            if tensor_left < 0:
+                raise ValueError(f"{where}: its tensors hold more than {LOAD_TENSOR_BYTES_PER_BYTE}x the file's {size} "
+                                 "bytes (views of shared storage); refused")
+        elif isinstance(o, dict):
+            for k, v in o.items():
+                stack.append((k, depth + 1))
+                stack.append((v, depth + 1))
+        elif isinstance(o, (list, tuple, set, frozenset)):
+            stack.extend((v, depth + 1) for v in o)

@@ -69,11 +69,45 @@ def default_cache_dir() -> Path:
     return (Path(root) if root else Path.home() / ".cache" / "torch_bcfw") / "ocr"
 
 
-#: the only globals a dataset pickle may name: numpy's array reconstruction (numpy 1 and 2 module paths)
-_PICKLE_ALLOWED = {
-    ("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),
-    ("numpy", "ndarray"), ("numpy", "dtype"),
-    ("numpy.core.multiarray", "scalar"), ("numpy._core.multiarray", "scalar"),
+class _NdarrayName:
+    """What the name ``numpy.ndarray`` in a dataset pickle stands for: the array type passed to numpy's array shell,
+    never called (``ndarray(shape)`` would allocate a shape the file declares without holding its bytes)."""
+
+    def __new__(cls, *args, **kwargs):
+        raise pickle.UnpicklingError("the dataset pickle calls numpy.ndarray directly; refusing it")
+
+
+#: the only dtypes a dataset of pixel and label arrays holds
+_PICKLE_DTYPES = frozenset({"u1", "i1", "u2", "i2", "u4", "i4", "u8", "i8", "f4", "f8", "b1"})
+
+
+def _array_shell(subtype, shape, typecode):
+    """numpy's ``_reconstruct(ndarray, (0,), b'b')``: the empty array a pickled array's state then fills (numpy checks
+    that the state's bytes match its shape); any other shape is refused, since it would be allocated as declared."""
+    if subtype is not _NdarrayName or tuple(shape) != (0,):
+        raise pickle.UnpicklingError("the dataset pickle builds an array other than numpy's empty shell; refusing it")
+    return np.empty(0, dtype=np.uint8)
+
+
+def _plain_dtype(name, align=False, copy=True):
+    if not isinstance(name, str) or name not in _PICKLE_DTYPES:
+        raise pickle.UnpicklingError(f"the dataset pickle names the dtype {name!r}; only {sorted(_PICKLE_DTYPES)} "
+                                     "are read")
+    return np.dtype(name)
+
+
+def _scalar(dtype, data):
+    if not isinstance(dtype, np.dtype) or dtype.str[1:] not in _PICKLE_DTYPES or not isinstance(data, bytes):
+        raise pickle.UnpicklingError("the dataset pickle builds a numpy scalar of another kind; refusing it")
+    return np.frombuffer(data, dtype=dtype, count=1)[0]
+
+
+#: the only globals a dataset pickle may name, each bound to a function that builds nothing larger than the bytes
+#: the file holds: numpy's array reconstruction (numpy 1 and 2 module paths) and the bytes of a protocol-2 pickle
+_PICKLE_GLOBALS = {
+    ("numpy.core.multiarray", "_reconstruct"): _array_shell, ("numpy._core.multiarray", "_reconstruct"): _array_shell,
+    ("numpy", "ndarray"): _NdarrayName, ("numpy", "dtype"): _plain_dtype,
+    ("numpy.core.multiarray", "scalar"): _scalar, ("numpy._core.multiarray", "scalar"): _scalar,
 }
 
 
@@ -87,11 +121,12 @@ def _latin1_bytes(text, encoding):
 
 class _ArrayUnpickler(pickle.Unpickler):
     """Unpickles numpy arrays and plain containers only (the pattern of the ``pickle`` docs, "Restricting
-    Globals"): any other class or function named in the file is refused before it is called."""
+    Globals"): any other class or function named in the file is refused before it is called, and the allowed ones
+    are replaced by functions that allocate no more than the file's own bytes."""
 
     def find_class(self, module, name):
-        if (module, name) in _PICKLE_ALLOWED:
-            return super().find_class(module, name)
+        if (module, name) in _PICKLE_GLOBALS:
+            return _PICKLE_GLOBALS[module, name]
         if (module, name) == ("_codecs", "encode"):  # numpy's bytes in a protocol-2 pickle written by Python 3
             return _latin1_bytes
         raise pickle.UnpicklingError(
@@ -107,6 +142,8 @@ def _read_pickle(path: Path) -> OCRWords:
             d = _ArrayUnpickler(f, encoding="latin1").load()
         except pickle.UnpicklingError as exc:
             raise ValueError(f"{path}: {exc}") from None
+        except (TypeError, ValueError, EOFError, IndexError, KeyError, AttributeError, UnicodeError) as exc:
+            raise ValueError(f"{path}: not a readable OCR letters pickle ({type(exc).__name__}: {exc})") from None
     if not isinstance(d, dict):
         raise ValueError(f"{path}: not an OCR letters pickle (top level is a {type(d).__name__}, expected a dict)")
     missing = {"data", "labels", "folds"} - set(d)
