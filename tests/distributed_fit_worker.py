@@ -31,7 +31,9 @@ from torch_bcfw.distributed import DistributedError, init_from_env  # noqa: E402
 from torch_bcfw.solvers.callbacks import Callback  # noqa: E402
 
 LAM = 0.1
-OPTIONS = {"batch_size": 4, "gap_check": 5, "seed": 3}
+OPTIONS = {"batch_size": 4, "gap_check": 5, "seed": 3, "strategy": "shard"}
+#: a replicated run: plain BCFW on every rank
+REPLICATE = {"gap_check": 5, "seed": 3, "strategy": "replicate"}
 
 
 #: options beyond OPTIONS per problem name (``chain-gap-cache``: the chain problem, gap sampling and the cache)
@@ -92,6 +94,15 @@ def main() -> None:
             out["wrong_rank_error"] = None
         except ValueError as exc:
             out["wrong_rank_error"] = str(exc)
+    elif scenario == "replicate":
+        ck = Checkpoint(out_dir / f"rep_{name}.pt", every_passes=3, every_seconds=None)
+        res = fit(model, data, LAM, max_passes=6, checkpoint=ck, **REPLICATE)
+        auto = fit(model, data, LAM, max_passes=2, gap_check=2, seed=3)
+        forced = fit(model, data, LAM, max_passes=2, gap_check=2, seed=3, strategy="shard", batch_size=4)
+        calib = {k: v for k, v in auto.counters.items() if k.startswith("calibration_")}
+        out = _record(res) | {"strategy": res.options.strategy, "auto": auto.options.strategy, "calibration": calib,
+                              "forced": forced.options.strategy, "forced_n_local": int(forced.solver_state["state"]["n"]),
+                              "files": sorted(p.name for p in out_dir.glob(f"rep_{name}*"))}
     else:  # kill
         cbs = [DieAfter(2)] if ctx.rank == 1 else []
         t0 = time.monotonic()

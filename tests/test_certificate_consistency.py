@@ -111,3 +111,17 @@ def test_a_resumed_run_first_checks_the_state_whose_check_was_cut(at_chunk):
                for r in (runs[False], runs[True])]
     assert untimed[0] == untimed[1] and untimed[1][-1]["passes"] == at_chunk + 4
     assert torch.equal(runs[False].w, runs[True].w) and not runs[True].check_was_cut
+
+
+def test_the_squared_norm_of_the_certificate_does_not_depend_on_memory_alignment():
+    """A resumed run's weights are read from a file into memory of another alignment: the certificate's ||w||^2
+    must have the same bits (the BLAS dot's SIMD path depends on the alignment)."""
+    from torch_bcfw.solvers.certificate import squared_norm
+
+    g = torch.Generator().manual_seed(0)
+    for d in (7, 4082, 40_000):
+        v = torch.randn(d, dtype=torch.float64, generator=g)
+        for offset in range(8):  # the same values at 8-byte steps of address
+            buf = torch.zeros(d + 8, dtype=torch.float64)
+            buf[offset:offset + d] = v
+            assert squared_norm(buf[offset:offset + d]) == squared_norm(v)

@@ -116,7 +116,7 @@ def test_torchrun_command_line_fit_and_resume(tmp_path):
     out = tmp_path / "run"
     cfg = tmp_path / "ocr.yaml"
     cfg.write_text(f"data: {{name: ocr, path: {shared_data('ocr')}, split: small, fold: 0}}\nlam: 0.1\n"
-                   f"options: {{max_passes: 4, gap_check: 2, batch_size: 32}}\noutput: {out}\n")
+                   f"options: {{max_passes: 4, gap_check: 2, batch_size: 32, strategy: shard}}\noutput: {out}\n")
 
     def launch(*args):
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
@@ -193,7 +193,7 @@ def test_a_dead_peer_ends_the_command_line_with_one_line(tmp_path):
     out = tmp_path / "run"
     cfg = tmp_path / "ocr.yaml"
     cfg.write_text(f"data: {{name: ocr, path: {shared_data('ocr')}, split: small, fold: 0}}\nlam: 0.1\n"
-                   f"options: {{max_passes: 100000, gap_check: 1000, batch_size: 32}}\noutput: {out}\n")
+                   f"options: {{max_passes: 100000, gap_check: 1000, batch_size: 32, strategy: shard}}\noutput: {out}\n")
     port = str(free_port())
     cmd = [sys.executable, "-m", "torch_bcfw", "fit", "--quiet", "--config", str(cfg), "--checkpoint-every", "1p"]
     procs = [subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -233,7 +233,7 @@ def test_sharded_checkpoints_survive_node_wide_kills_at_random_points(tmp_path):
 
     cfg = tmp_path / "ocr.yaml"
     cfg.write_text(f"data: {{name: ocr, path: {shared_data('ocr')}, split: small, fold: 0}}\nlam: 0.1\n"
-                   "options: {max_passes: 80, gap_check: 20, batch_size: 32}\n")
+                   "options: {max_passes: 80, gap_check: 20, batch_size: 32, strategy: shard}\n")
 
     def start(*args):
         port = str(free_port())
@@ -275,3 +275,27 @@ def test_sharded_checkpoints_survive_node_wide_kills_at_random_points(tmp_path):
     assert torch.equal(cut.w, whole.w) and torch.equal(cut.w_avg, whole.w_avg)
     assert _untimed([cut.history[-1].to_dict()]) == _untimed([whole.history[-1].to_dict()])
     assert not list(out.glob("checkpoint*")) and len(list(out.glob("model.rank*.pt"))) == 2
+
+
+@pytest.mark.parametrize("name", ["chain", "multiclass"])
+def test_replicated_heads_equal_one_process_and_resume_under_any_world_size(name, tmp_path):
+    """``strategy="replicate"``: both ranks hold the single-process head of the same seed bit for bit; rank 0 wrote
+    the one checkpoint, which continues in a single process to the uninterrupted single-process run; ``"auto"`` is
+    recorded as the choice it made, with its figures, and a forced ``"shard"`` shards."""
+    from torch_bcfw import FitResult
+
+    r0, r1 = _launch("replicate", name, tmp_path)
+    model, data = worker.problem(name)
+    one = fit(model, data, worker.LAM, max_passes=6, **worker.REPLICATE)
+    assert r0["w"] == r1["w"] == one.w.tolist() and r0["w_avg"] == one.w_avg.tolist()
+    assert _untimed(r0["history"]) == _untimed([h.to_dict() for h in one.history])
+    assert r0["strategy"] == "replicate" and r0["n_local"] == len(data)
+    assert r0["files"] == [f"rep_{name}.pt"]  # one file, no rank files
+    assert r0["auto"] in ("replicate", "shard") and r0["auto"] == r1["auto"]
+    assert set(r0["calibration"]) == {"calibration_step_seconds", "calibration_allreduce_seconds",
+                                      "calibration_replicate_pass_seconds", "calibration_shard_pass_seconds"}
+    assert r0["forced"] == "shard" and r0["forced_n_local"] < len(data)
+    saved = FitResult.load(tmp_path / f"rep_{name}.pt")  # written at 6 passes, resumed with one process
+    more = fit(model, data, worker.LAM, max_passes=6, init=saved, **worker.REPLICATE)
+    whole = fit(model, data, worker.LAM, max_passes=12, **worker.REPLICATE)
+    assert torch.equal(more.w, whole.w) and torch.equal(more.w_avg, whole.w_avg)

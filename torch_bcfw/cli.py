@@ -140,16 +140,15 @@ def _torchrun_context(device):
 def _resume_source(folder: Path, ctx=None) -> Path:
     """The newest complete state of the run in ``folder``: its checkpoint (a run that was killed) or its model; in a
     sharded run this rank's member of the newest committed set of either."""
-    if ctx is not None:
+    if ctx is not None:  # a sharded run's committed sets first
         from .checkpoint import newest_sharded
 
         mine = newest_sharded([folder / "checkpoint.pt", folder / "model.pt"], ctx)
         if mine is not None:
             return mine
-    else:
-        for name in ("checkpoint.pt", "model.pt"):
-            if (folder / name).is_file():
-                return folder / name
+    for name in ("checkpoint.pt", "model.pt"):  # a single-process or replicated run's files (rank 0 wrote them)
+        if (folder / name).is_file():
+            return folder / name
     raise _nothing_to_resume(folder)
 
 
@@ -289,13 +288,13 @@ def cmd_fit(args) -> int:
                           announce=None if args.quiet or not main else print_notice, **options)
     with _TerminateAsInterrupt() as signals:
         result = fit(model, train, lam, solver, test_data=test, init=init, checkpoint=ckpt, **options)
-    if ctx is not None:  # every rank keeps its shard of the state in one committed set (the resume reads it)
+    if ctx is not None and result.options.strategy == "shard":  # every rank's shard in one committed set
         from .checkpoint import remove_sharded, save_sharded
 
         save_sharded(result, out / "model.pt", ctx)
         remove_sharded(out / "checkpoint.pt", ctx)
-        if not main:
-            return 0
+    if not main:  # a replicated run: rank 0's files are the run's
+        return 0
     result.save(out / "model.pt")
     (out / "checkpoint.pt").unlink(missing_ok=True)  # model.pt now holds the newest state
     result.write_history_csv(out / "history.csv")
@@ -554,6 +553,14 @@ def main(argv=None) -> int:
         return 2
     except DistributedError as exc:  # a peer died or the ranks disagree: the message says which, once per rank
         print(f"torch-bcfw: error: {exc}", file=sys.stderr)
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            # the group is broken: tearing it down at exit can abort the process (SIGABRT from gloo's threads);
+            # what the run saved is on disk already
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(1)
         return 1
 
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
 import json
 import math
@@ -340,6 +341,17 @@ def _sharded(distributed: bool | None) -> bool:
     return live and dist.get_world_size() > 1
 
 
+def _resumed_strategy(init: "FitResult", given: str) -> str:
+    """The strategy that continues ``init`` under a process group: its sharded state resumes sharded, any other
+    (a replicated or single-process run's) replicated."""
+    saved = "shard" if "shard" in init.solver_state else "replicate"
+    if given not in ("auto", saved):
+        kind = "sharded" if saved == "shard" else "replicated or single-process"
+        raise ValueError(f"the result to continue was saved by a {kind} run: it continues with strategy={saved!r}, "
+                         f"not {given!r}")
+    return saved
+
+
 def fit(
     model: StructuredModel,
     data,
@@ -378,11 +390,13 @@ def fit(
             (``result.counters["work"] / n`` passes are done).  A sharded run saves one set of every rank's shard,
             committed by a manifest (:func:`~torch_bcfw.checkpoint.save_sharded`); each rank resumes from
             ``FitResult.load_sharded(path)``.
-        distributed: shard the examples over the ranks of the initialised ``torch.distributed`` process group
-            (``torchrun``; every rank passes the full ``data``, keeps its contiguous share and the dual state of
-            those blocks, ``w`` is replicated): mini-batch BCFW rounds split over the ranks with one all-reduce
-            each, certificates exact over all examples, the same result on every rank.  ``None`` (default): when a
-            group of more than one rank is initialised; ``False``: never.  ``solver="bcfw"`` only.
+        distributed: use the initialised ``torch.distributed`` process group (``torchrun``; every rank passes the
+            full ``data``) as the option ``strategy`` says: ``"replicate"`` (every rank runs the same solve on all
+            examples; rank 0 saves), ``"shard"`` (each rank keeps its contiguous share and the dual state of those
+            blocks, ``w`` replicated: mini-batch BCFW rounds split over the ranks with one all-reduce each,
+            ``solver="bcfw"`` only) or ``"auto"`` (a calibration picks; see
+            :func:`~torch_bcfw.distributed.strategy.choose_strategy`).  The same result on every rank either way.
+            ``None`` (default): when a group of more than one rank is initialised; ``False``: never.
         **options: fields of :class:`~torch_bcfw.solvers.options.SolverOptions` (``max_passes``,
             ``gap_check``, ``gap_tol``, ``time_budget``, ``step``, ``sampling``, ``averaging``, ``seed``,
             ``progress``, ``step_rule``, ``cache``, ``preset``...).  ``preset="gap-pairwise-cache"`` (or any
@@ -405,13 +419,32 @@ def fit(
     if test_data is not None:
         model.check_data(test_data)
     _check_same_device(data, test_data)
-    comm, train, ctx = None, data, None
+    comm, train, ctx, replica, calibration = None, data, None, None, None
     if _sharded(distributed):
-        from .distributed import DistributedContext, ShardComm, shard, shard_sizes
+        from .distributed import DistributedContext, ShardComm, check_same_dataset, shard, shard_sizes
+        from .distributed.strategy import ReplicaComm, choose_strategy
 
-        ctx = DistributedContext.from_process_group()
-        train = shard(data, ctx).data
-        comm = ShardComm(ctx, shard_sizes(len(data), ctx.world_size))
+        group = DistributedContext.from_process_group()
+        strategy = _resumed_strategy(init, opts.strategy) if init is not None else opts.strategy
+        if strategy == "auto" and solver != "bcfw":
+            strategy = "replicate"  # only BCFW shards
+        if strategy == "auto":
+            check_same_dataset(data, group)
+            calibration = choose_strategy(model, data, lam, opts, group)
+            strategy = calibration.strategy
+            if strategy == "shard" and opts.batch_size == 1:
+                opts = dataclasses.replace(opts, batch_size=calibration.shard_batch_size)
+        opts = dataclasses.replace(opts, strategy=strategy)
+        if strategy == "shard":
+            ctx = group
+            train = shard(data, ctx).data
+            comm = ShardComm(ctx, shard_sizes(len(data), ctx.world_size))
+        else:  # every rank the same single-process solve; stopping decisions agreed; rank 0 shows and saves
+            check_same_dataset(data, group)
+            replica = group
+            comm = ReplicaComm(group)
+            if not group.is_main:
+                opts = dataclasses.replace(opts, progress=False)
     run = SolverRun(model, train, lam, solver, opts, bounds=bounds, comm=comm)
     alg, opts = run.algorithm, run.options  # preset="auto" is resolved by the algorithm
     if init is not None:
@@ -441,12 +474,14 @@ def fit(
 
     def save(res: FitResult) -> None:
         with deferred_signals():  # a Ctrl-C / SIGTERM inside torch.save would break its zip writer
-            if ctx is None:
-                res.save(checkpoint.path)
-            else:  # one set of every rank's shard, committed by a manifest once complete
+            if ctx is not None:  # one set of every rank's shard, committed by a manifest once complete
                 save_sharded(res, checkpoint.path, ctx)
+            elif replica is None or replica.is_main:  # a replicated run: one file, rank 0's
+                res.save(checkpoint.path)
 
     def save_if_due(out: RunOutput) -> None:
+        # sharded: every rank saves its member at the same point, so the ranks decide together; replicated: rank 0
+        # alone saves, and a save changes nothing in the run, so no rank waits for the others
         if checkpoint.due(alg.work / alg.n, agree=alg.comm.any if alg.comm.sharded else None):
             save(result(out, snapshot=True))
 
@@ -456,10 +491,19 @@ def fit(
 
     out = run.run(test_data=test_data, callbacks=callbacks, after_iteration=after,
                   certify_first=init is not None and init.check_was_cut)
-    if comm is not None:  # what the rounds' all-reduces cost this run
+    if ctx is not None:  # what the rounds' all-reduces cost this run
         counters["allreduce_seconds"] = comm.round_seconds
         counters["allreduce_rounds"] = comm.rounds
+    if calibration is not None:  # the figures behind the strategy the calibration chose
+        counters.update(calibration_step_seconds=calibration.step_seconds,
+                        calibration_allreduce_seconds=calibration.allreduce_seconds,
+                        calibration_replicate_pass_seconds=calibration.replicate_pass_seconds,
+                        calibration_shard_pass_seconds=calibration.shard_pass_seconds)
     res = result(out)
+    if replica is not None and out.stopped_by != "interrupted":  # signals reach the ranks at different moments
+        from .distributed import assert_replicated
+
+        assert_replicated(res.w, replica, name="the replicated head w")
     if checkpoint is not None:
         save(res)
     return res

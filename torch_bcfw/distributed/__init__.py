@@ -14,7 +14,7 @@ Launch: ``torchrun --nproc-per-node N script.py`` (one node), ``torchrun --nnode
 """
 from .certificate import global_certify
 from .comm import ShardComm
-from .collectives import (all_gather_int64, all_reduce_packed, all_reduce_sum, assert_replicated,
+from .collectives import (all_gather_int64, all_gather_parts, all_reduce_packed, all_reduce_sum, assert_replicated,
                           broadcast_from_rank0, collective, pack_sum_buffer, unpack_sum_buffer)
 from .context import DEFAULT_TIMEOUT_S, DistributedContext, current_context, init_from_env
 from .errors import DistributedError
@@ -26,6 +26,6 @@ __all__ = [
     "Shard", "shard", "shard_bounds", "shard_indices", "shard_sizes", "check_same_dataset", "dataset_fingerprint",
     "gather_shards",
     "all_reduce_sum", "all_reduce_packed", "pack_sum_buffer", "unpack_sum_buffer", "broadcast_from_rank0",
-    "all_gather_int64", "assert_replicated", "collective",
+    "all_gather_int64", "all_gather_parts", "assert_replicated", "collective",
     "global_certify", "ShardComm",
 ]

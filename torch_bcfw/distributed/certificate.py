@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..solvers.certificate import Certificate
+from ..solvers.certificate import Certificate, squared_norm
 from .collectives import all_reduce_packed
 from .context import DistributedContext
 from .errors import DistributedError
@@ -65,7 +65,7 @@ def global_certify(model, shard_data, w: Tensor, ell_local: float | Tensor | Non
     if n_total is not None and int(n_total) != n:
         raise DistributedError(f"global_certify (rank {ctx.rank}): n_total = {n_total} but the shards of the "
                                f"{ctx.world_size} ranks hold {n} examples together")
-    ww = float(w64 @ w64)
+    ww = squared_norm(w64)
     primal = 0.5 * lam * ww + sums["hinge_sum"] / n
     if ell_local is None:
         return Certificate(primal, None, None, y_star)

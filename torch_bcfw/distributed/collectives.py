@@ -121,6 +121,21 @@ def all_gather_int64(values: Tensor | list[int], ctx: DistributedContext) -> Ten
     return torch.stack(out).cpu()
 
 
+def all_gather_parts(part: Tensor, sizes: list[int], ctx: DistributedContext) -> Tensor:
+    """Every rank's ``part`` (rank ``r``'s of length ``sizes[r]``, one dtype on all ranks) concatenated in rank
+    order, on every rank (on ``part``'s device)."""
+    if part.numel() != sizes[ctx.rank]:
+        raise DistributedError(f"all_gather_parts (rank {ctx.rank}): a part of {part.numel()} values, "
+                               f"{sizes[ctx.rank]} expected")
+    width = max(sizes)
+    buf = torch.zeros(width, dtype=part.dtype, device=ctx.device)
+    buf[:part.numel()] = part.reshape(-1).to(ctx.device)
+    out = [torch.empty_like(buf) for _ in range(ctx.world_size)]
+    with collective("all_gather_parts", ctx):
+        dist.all_gather(out, buf)
+    return torch.cat([o[:k] for o, k in zip(out, sizes)]).to(part.device)
+
+
 def _checksum(x: Tensor) -> int:
     """A signed 64-bit digest of ``x``'s shape, dtype and bytes."""
     t = x.detach().contiguous().cpu()

@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from ..solvers.certificate import Certificate
+from ..solvers.certificate import Certificate, squared_norm
 from ..solvers.comm import share_of
 from .certificate import global_certify
 from .collectives import all_reduce_packed, collective
@@ -66,8 +66,7 @@ class ShardComm:
         c = global_certify(model, data, w, None, lam, self.n_total, self.ctx)
         if ell is None:
             return c
-        w64 = w.to(torch.float64)
-        dual = float(ell) - 0.5 * lam * float(w64 @ w64)
+        dual = float(ell) - 0.5 * lam * squared_norm(w)
         return Certificate(c.primal, dual, c.primal - dual, c.y_star)
 
     def task_loss(self, model, data, w: Tensor) -> float:

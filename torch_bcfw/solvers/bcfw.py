@@ -19,7 +19,7 @@ from ..checks import saved_float, saved_int
 from ..duals.plan import CacheTest, StepPlan, WorkingSetUse, generic_plan_steps
 from ..duals.stepsize import FIXED, FW_RULE, LINE_SEARCH, STEP_RULES
 from .algorithm import DualAlgorithm
-from .certificate import Certificate
+from .certificate import Certificate, squared_norm
 from .comm import pass_rounds
 from .options import parse_preset
 from .sampling import GapEstimates, GapSampler, make_sampler
@@ -237,7 +237,7 @@ class BCFW(DualAlgorithm):
         if isinstance(self.sampler, GapSampler):
             self.sampler.end_first_visits()
         w = st.w
-        sq = float(w @ w)
+        sq = squared_norm(w)
         if self.comm.sharded:  # sum_i H_i and l over every process' blocks
             sums = self.comm.sum_pair(torch.stack([H.sum(), H.new_tensor(st.ell)]), 0.0)[0]
             hinge, ell = float(sums[0]) / self.n, float(sums[1]) - st.box_term()

@@ -12,7 +12,15 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-__all__ = ["Certificate", "certify", "primal_value", "task_loss"]
+__all__ = ["Certificate", "certify", "primal_value", "squared_norm", "task_loss"]
+
+
+def squared_norm(w: Tensor) -> float:
+    """``||w||^2`` in float64, the same bits wherever ``w`` lies in memory: torch's own reduction, not the BLAS dot,
+    whose SIMD path depends on the vector's alignment (a resumed run's weights, read from a file, would certify a
+    last bit apart from the uninterrupted run's)."""
+    w64 = w.to(torch.float64)
+    return float((w64 * w64).sum())
 
 
 @dataclass
@@ -27,7 +35,7 @@ def primal_value(model, data, w: Tensor, lam: float) -> tuple[float, Tensor]:
     """``P(w)`` and the oracle answers ``y*`` (one batched oracle pass)."""
     w64 = w.to(torch.float64)
     y_star, H = model.hinge_terms(w64, data)
-    return 0.5 * lam * float(w64 @ w64) + float(H.mean()), y_star
+    return 0.5 * lam * squared_norm(w64) + float(H.mean()), y_star
 
 
 def certify(model, data, w: Tensor, ell: float | None, lam: float) -> Certificate:
@@ -35,8 +43,7 @@ def certify(model, data, w: Tensor, ell: float | None, lam: float) -> Certificat
     primal, y_star = primal_value(model, data, w, lam)
     if ell is None:
         return Certificate(primal, None, None, y_star)
-    w64 = w.to(torch.float64)
-    dual = float(ell) - 0.5 * lam * float(w64 @ w64)
+    dual = float(ell) - 0.5 * lam * squared_norm(w)
     return Certificate(primal, dual, primal - dual, y_star)
 
 

@@ -36,6 +36,7 @@ from ..checks import saved_float, saved_int, saved_tensor
 from ..duals.plan import MP_APPROX, MP_EXACT, StepPlan, generic_plan_steps
 from ..duals.working_set import WorkingSet
 from ..duals.stepsize import FIXED, LINE_SEARCH, line_search_step
+from .certificate import squared_norm
 from .algorithm import DualAlgorithm
 from .callbacks import Callback
 from .sampling import make_sampler
@@ -101,7 +102,7 @@ class TwoAverages:
 
     def _dual(self, state, v: Tensor, ell: float) -> float:
         w = torch.clamp(v, state.lower, state.upper) if state.has_bounds else v
-        return ell - state.box_term(v) - 0.5 * state.lam * float(w @ w)
+        return ell - state.box_term(v) - 0.5 * state.lam * squared_norm(w)
 
     def mixture(self, state) -> tuple[float, Tensor, float]:
         """``(g, v_mix, l_mix)``: the mixing weight of ``approx`` maximising the dual and the mixed pair."""
@@ -201,7 +202,7 @@ class MPBCFW(DualAlgorithm):
     def dual_value(self) -> float:
         """``F = dual_ell - lam/2 ||w||^2`` of the current iterate (``O(d)``, no oracle call)."""
         w = self.state.w
-        return self.state.dual_ell() - 0.5 * self.lam * float(w @ w)
+        return self.state.dual_ell() - 0.5 * self.lam * squared_norm(w)
 
     def _run(self, plan: StepPlan) -> None:
         """``plan`` run by the state (its compiled loop when it has one), or the generic step loop (``fused`` off)."""

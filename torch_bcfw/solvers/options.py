@@ -96,6 +96,10 @@ def _check_real(name: str, v, *, positive: bool, finite: bool, optional: bool = 
     return v.item() if isinstance(v, np.generic) else v  # a Python number (saved results hold no numpy scalars)
 
 
+#: the values of ``SolverOptions.strategy``
+STRATEGIES = ("auto", "replicate", "shard")
+
+
 @dataclass
 class SolverOptions:
     """Options shared by BCFW, batch Frank-Wolfe and SSG.
@@ -234,6 +238,13 @@ class SolverOptions:
             without replacement, and the round's block gaps update them; ``cache``: the oracle is called once for
             the round's blocks that miss the cache.  FW steps only (pairwise / away steps are refused).  With the
             blocks sharded over processes ``tau`` counts the blocks of all processes.
+        strategy: how ``fit`` uses a ``torch.distributed`` process group of several ranks (ignored without one):
+            ``"replicate"`` (every rank runs the same single-process solve on all examples, with no communication
+            but the agreed stopping decisions; the heads are checked identical at the end; rank 0 saves one
+            checkpoint, which resumes under any number of processes), ``"shard"`` (the examples sharded over the
+            ranks, mini-batch rounds with one all-reduce each) or ``"auto"`` (default: a short calibration on the
+            live group picks one, see :func:`torch_bcfw.distributed.strategy.choose_strategy`; the result's
+            options record the choice).
     """
 
     max_passes: float = 100
@@ -273,6 +284,7 @@ class SolverOptions:
     xg_proj_tol: float = 1e-9
     xg_proj_iters: int = 50
     batch_size: int = 1
+    strategy: str = "auto"
     extra: dict = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
@@ -340,6 +352,8 @@ class SolverOptions:
         self.xg_proj_tol = float(_check_real("xg_proj_tol", self.xg_proj_tol, positive=True, finite=True))
         self.xg_proj_iters = _check_int("xg_proj_iters", self.xg_proj_iters, 1)
         self.batch_size = _check_int("batch_size", self.batch_size, 1)
+        if self.strategy not in STRATEGIES:
+            raise ValueError(f"strategy must be one of {STRATEGIES}, got {self.strategy!r}")
         if not isinstance(self.extra, dict):
             raise ValueError(f"extra must be a dict, got {self.extra!r}")
 

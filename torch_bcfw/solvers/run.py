@@ -230,7 +230,8 @@ def make_algorithm(solver: str, model, data, lam: float, options: SolverOptions,
     """The algorithm ``solver`` on ``(model, data, lam)``, on the dual state ``state`` (default: a new one of the
     model's) and the box constraints ``bounds`` (default: the model's ``weight_bounds``); ``comm``: a sharded
     communicator (:class:`torch_bcfw.distributed.ShardComm`) when ``data`` is this process' shard (``"bcfw"``
-    only)."""
+    only), or a replica's (:class:`torch_bcfw.distributed.strategy.ReplicaComm`: all blocks here, stopping decisions
+    agreed with the other replicas)."""
     if solver not in ALGORITHMS:
         raise ValueError(f"unknown solver {solver!r}; choose from {list(SOLVERS)}")
     if solver != "bcfw" and options.batch_size != 1:
@@ -238,9 +239,13 @@ def make_algorithm(solver: str, model, data, lam: float, options: SolverOptions,
                          f"solver='bcfw'; solver {solver!r} takes no batch_size")
     if comm is not None and comm.sharded:
         if solver != "bcfw":
-            raise ValueError(f"solver {solver!r} runs in one process; over several processes use solver='bcfw'")
+            raise ValueError(f"solver {solver!r} does not shard its examples; over several processes use "
+                             "solver='bcfw' or strategy='replicate'")
         return BCFW(model, data, lam, options, state=state, bounds=bounds, comm=comm)
-    return ALGORITHMS[solver](model, data, lam, options, state=state, bounds=bounds)
+    alg = ALGORITHMS[solver](model, data, lam, options, state=state, bounds=bounds)
+    if comm is not None:  # a replicated run: every block here, stopping decisions taken with the other replicas
+        alg.comm = comm
+    return alg
 
 
 class SolverRun:
@@ -255,7 +260,8 @@ class SolverRun:
         bounds: box constraints ``(lower, upper)`` on the weights (default: the model's ``weight_bounds``).
         saved: a :meth:`state_dict` to continue (:meth:`load_state_dict`).
         comm: ``data`` is this process' shard of a problem sharded over a process group
-            (:class:`torch_bcfw.distributed.ShardComm`; ``"bcfw"`` only); default: all blocks here.
+            (:class:`torch_bcfw.distributed.ShardComm`; ``"bcfw"`` only), or a replica's communicator
+            (:func:`make_algorithm`); default: all blocks here, alone.
 
     Attributes:
         algorithm: the :class:`~torch_bcfw.solvers.algorithm.Algorithm`.
