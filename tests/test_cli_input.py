@@ -122,3 +122,21 @@ def test_a_deeply_nested_config_and_a_missing_device_are_one_line_errors(tmp_pat
                         "CUDA is not available")
     _one_line_error(_cli("fit", "--config", str(_config(tmp_path)), "--set", "data.device=tpu"),
                     "data.device must be 'cpu', 'cuda' or 'cuda:N'")
+
+
+def test_exponent_floats_are_numbers_and_integral_floats_say_how_to_write_an_integer(tmp_path):
+    """``lam: 1e-3`` (a string under YAML 1.1) is a number, in a file and in --set; ``gap_check: 1e1`` where an
+    integer is expected is refused with the integer to write."""
+    from torch_bcfw.cli import load_config
+
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("lam: 1e-3\noptions: {max_passes: 2E0, gap_tol: 5e-2, gap_check: 1}\nname: 1e3x\n")
+    loaded = load_config(cfg, ["options.time_budget=1e2"])
+    assert loaded["lam"] == 0.001 and loaded["options"] == {"max_passes": 2.0, "gap_tol": 0.05, "gap_check": 1,
+                                                           "time_budget": 100.0}
+    assert loaded["name"] == "1e3x"
+    out = tmp_path / "out"
+    p = _cli("fit", "--config", str(_config(tmp_path)), "--set", "lam=1e-3", "--output", str(out), "--quiet")
+    assert p.returncode == 0, p.stderr
+    _one_line_error(_cli("fit", "--config", str(_config(tmp_path)), "--set", "options.gap_check=1e1"),
+                    "gap_check must be an integer >= 1, got the float 10.0: write it as 10")

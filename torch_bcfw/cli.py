@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import signal
 import sys
 import tempfile
@@ -43,10 +44,24 @@ def _set(cfg: dict, dotted: str, value) -> None:
     cur[keys[-1]] = value
 
 
+class _ConfigLoader(yaml.SafeLoader):
+    """YAML's safe loader with YAML 1.2's floats: ``1e-3`` and ``5E4`` are numbers (YAML 1.1, PyYAML's rule, wants a
+    dot and a signed exponent and reads them as strings)."""
+
+
+_ConfigLoader.yaml_implicit_resolvers = {k: list(v) for k, v in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+_ConfigLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?$|^[-+]?\.(?:inf|Inf|INF)$|^\.(?:nan|NaN|NAN)$"),
+    list("-+0123456789."),
+)
+
+
 def _parse_yaml(text: str, where: str):
-    """``yaml.safe_load`` with a one-line error naming ``where`` and the line and column."""
+    """Parse a config (safe YAML with YAML 1.2 floats) with a one-line error naming ``where`` and the line and
+    column."""
     try:
-        return yaml.safe_load(text)
+        return yaml.load(text, Loader=_ConfigLoader)  # noqa: S506 - a SafeLoader subclass
     except RecursionError:
         raise ValueError(f"{where}: YAML nested too deeply to be a config") from None
     except yaml.YAMLError as exc:

@@ -79,6 +79,8 @@ def _is_real(v) -> bool:
 
 def _check_int(name: str, v, minimum: int) -> int:
     """An integer option (``int`` or numpy integer; not a bool, not a float even if integral) ``>= minimum``."""
+    if _is_real(v) and not _is_int(v) and math.isfinite(v) and v == int(v):  # 1e3 in a config is a float
+        raise ValueError(f"{name} must be an integer >= {minimum}, got the float {v!r}: write it as {int(v)}")
     if not _is_int(v) or v < minimum:
         raise ValueError(f"{name} must be an integer >= {minimum}, got {v!r}")
     return int(v)
