@@ -80,7 +80,7 @@ def one_fit(model, data, device: torch.device, tau: int, passes: float, what: st
     sync(device)
     wall = time.perf_counter() - t0
     done = res.counters["work"] / len(data)
-    return {"what": what, "device": data.x.device.type, "tau": tau, "passes": done, "wall_s": wall,
+    return {"what": what, "device": data.x.device.type, "tau": res.options.batch_size, "passes": done, "wall_s": wall,
             "solver_s": res.counters["solver_time"], "s_per_pass": res.counters["solver_time"] / done,
             "gap": res.gap, "primal": res.history[-1].primal}
 
@@ -110,6 +110,8 @@ def ocr_section(train, device: torch.device, quick: bool, report: dict, save) ->
     # the per-block torch loop off the CPU: a fraction of a pass says its cost per pass
     frac = 0.05 if device.type == "cuda" else 0.02
     rows.append(one_fit(model, on_dev, device, 1, frac, "plain BCFW, data on the device")); save()
+    rows.append(one_fit(model, on_dev, device, "auto", passes, "defaults (batch_size='auto'), data on the device"))
+    save()
     for tau in ROUND_SIZES:
         if tau > len(train) // 2:
             continue

@@ -124,7 +124,7 @@ def test_numpy_integers_and_bools_are_accepted():
 # ---------------------------------------------------------------------- solver options
 @pytest.mark.parametrize("kw, fragment", [
     (dict(gap_check=2.7), "gap_check must be an integer >= 1, got 2.7"),
-    (dict(gap_check=3.0), "gap_check must be an integer >= 1, got 3.0"),
+    (dict(gap_check=3.0), "gap_check must be an integer >= 1, got the float 3.0: write it as 3"),
     (dict(gap_check=True), "gap_check must be an integer >= 1, got True"),
     (dict(gap_check=0), "gap_check must be an integer >= 1, got 0"),
     (dict(averaging="no"), "averaging must be a bool .True or False., got 'no'"),
@@ -142,11 +142,11 @@ def test_numpy_integers_and_bools_are_accepted():
     (dict(max_passes=True), "max_passes must be a finite number > 0, got True"),
     (dict(max_passes="10"), "max_passes must be a finite number > 0, got '10'"),
     (dict(seed=True), "seed must be an integer >= 0, got True"),
-    (dict(seed=1.0), "seed must be an integer >= 0, got 1.0"),
+    (dict(seed=1.0), "seed must be an integer >= 0, got the float 1.0: write it as 1"),
     (dict(seed=-1), "seed must be an integer >= 0, got -1"),
-    (dict(cache_size=10.0), "cache_size must be an integer >= 1, got 10.0"),
+    (dict(cache_size=10.0), "cache_size must be an integer >= 1, got the float 10.0: write it as 10"),
     (dict(cache_size=False), "cache_size must be an integer >= 1, got False"),
-    (dict(mp_inactive_iters=2.0), "mp_inactive_iters must be an integer >= 0, got 2.0"),
+    (dict(mp_inactive_iters=2.0), "mp_inactive_iters must be an integer >= 0, got the float 2.0: write it as 2"),
     (dict(mp_max_planes=True), "mp_max_planes must be an integer >= 0, got True"),
     (dict(gap_power=NAN), "gap_power must be a finite number > 0, got nan"),
     (dict(gap_power=INF), "gap_power must be a finite number > 0, got inf"),

@@ -36,8 +36,8 @@ def test_oracle_on_cuda_equals_enumeration(make):
 
 def test_bcfw_on_cuda_matches_cpu_trajectory():
     model, data = random_chain_problem(n=10, F=4, K=3, max_len=5, seed=1)
-    cpu = fit(model, data, 0.05, max_passes=5, gap_check=5, seed=7)
-    gpu = fit(model, data.to("cuda"), 0.05, max_passes=5, gap_check=5, seed=7)
+    cpu = fit(model, data, 0.05, max_passes=5, gap_check=5, seed=7, batch_size=1)
+    gpu = fit(model, data.to("cuda"), 0.05, max_passes=5, gap_check=5, seed=7, batch_size=1)
     assert torch.allclose(cpu.w, gpu.w.cpu(), atol=1e-10)
     assert gpu.history[-1].gap == pytest.approx(cpu.history[-1].gap, abs=1e-10)
     c = certify(model, data.to("cuda"), gpu.w, gpu.history[-1].dual + 0.025 * float(gpu.w @ gpu.w), 0.05)
@@ -64,3 +64,12 @@ def test_minibatch_rounds_on_cuda_follow_the_cpu_rounds(make):
     gpu = fit(model, data.to("cuda"), 0.1, batch_size=4, max_passes=10, gap_check=5, seed=2)
     assert torch.allclose(gpu.w.cpu(), cpu.w, atol=1e-10)
     assert gpu.history[-1].gap == pytest.approx(cpu.history[-1].gap, abs=1e-10)
+
+
+def test_default_batch_size_on_cuda_is_a_measured_round_size():
+    """``batch_size="auto"``: one-block steps on the CPU, rounds (64, 256 or 1024 blocks, at most n / 2) on CUDA."""
+    model, data = random_chain_problem(n=300, F=4, K=3, max_len=5, seed=1)
+    cpu = fit(model, data, 0.05, max_passes=2, gap_check=2)
+    gpu = fit(model, data.to("cuda"), 0.05, max_passes=2, gap_check=2)
+    assert cpu.options.batch_size == 1 and gpu.options.batch_size in (64,)
+    assert gpu.gap >= 0

@@ -132,7 +132,7 @@ def precompile(model, data, lam: float, solver: str = "bcfw", *, test_data=None,
             n = len(data)
             sub = data[list(range(min(n, WARMUP_EXAMPLES)))]
             test_sub = None if test_data is None else test_data[list(range(min(len(test_data), WARMUP_EXAMPLES)))]
-            if "batch_size" in opts:
+            if isinstance(opts.get("batch_size"), int):
                 opts["batch_size"] = min(opts["batch_size"], len(sub))
             res = fit(model, sub, lam, solver, test_data=test_sub, distributed=False, **opts)
         except KeyboardInterrupt:

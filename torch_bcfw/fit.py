@@ -432,7 +432,7 @@ def fit(
             check_same_dataset(data, group)
             calibration = choose_strategy(model, data, lam, opts, group)
             strategy = calibration.strategy
-            if strategy == "shard" and opts.batch_size == 1:
+            if strategy == "shard" and opts.batch_size in ("auto", 1):
                 opts = dataclasses.replace(opts, batch_size=calibration.shard_batch_size)
         opts = dataclasses.replace(opts, strategy=strategy)
         if strategy == "shard":

@@ -124,7 +124,8 @@ def choose_strategy(model, data, lam: float, options, ctx: DistributedContext) -
     t_ar = _allreduce_seconds(model.n_features, ctx)
     t_step, t_ar = broadcast_from_rank0(torch.tensor([t_step, t_ar], dtype=torch.float64), ctx).tolist()
     n, p = len(data), ctx.world_size
-    tau = options.batch_size if options.batch_size > 1 else p * max(1, math.ceil(10 * t_ar / max(t_step, 1e-12)))
+    given = options.batch_size if options.batch_size != "auto" else 1
+    tau = given if given > 1 else p * max(1, math.ceil(10 * t_ar / max(t_step, 1e-12)))
     tau = min(tau, n)
     replicate = n * t_step
     shard = (n / p) * t_step + (n / tau) * t_ar

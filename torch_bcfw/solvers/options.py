@@ -232,7 +232,10 @@ class SolverOptions:
             is feasible whatever this is).
         xg_proj_iters: ``solver="extragradient"`` on matchings: most Newton steps per projection (default 50).
         batch_size: ``solver="bcfw"``: ``tau``, the blocks of one mini-batch round (Wang et al. 2016), an integer
-            ``>= 1`` (default 1: BCFW).  Above 1 every round draws ``tau`` distinct blocks (``uniform``: without
+            ``>= 1`` (1: BCFW), or ``"auto"`` (default): 1 where the data is on the CPU (the compiled one-block
+            kernel); with the data on a GPU, where one-block steps are hundreds of times slower than rounds, the
+            round size of :func:`measured_round_size`; when ``fit`` shards the examples, the calibration's
+            (:func:`torch_bcfw.distributed.strategy.choose_strategy`).  The result's options record the number.  Above 1 every round draws ``tau`` distinct blocks (``uniform``: without
             replacement within the round; ``perm``: consecutive blocks of the permutations), decodes them in one
             batched oracle call at the same ``w`` and moves them together along the joint direction with one exact
             line search (its numerator is the sum of the blocks' gaps) or the fixed step
@@ -285,7 +288,7 @@ class SolverOptions:
     xg_step_scale: float = 1.0
     xg_proj_tol: float = 1e-9
     xg_proj_iters: int = 50
-    batch_size: int = 1
+    batch_size: int | str = "auto"
     strategy: str = "auto"
     extra: dict = field(default_factory=dict, repr=False)
 
@@ -353,7 +356,8 @@ class SolverOptions:
         self.xg_step_scale = float(_check_real("xg_step_scale", self.xg_step_scale, positive=True, finite=True))
         self.xg_proj_tol = float(_check_real("xg_proj_tol", self.xg_proj_tol, positive=True, finite=True))
         self.xg_proj_iters = _check_int("xg_proj_iters", self.xg_proj_iters, 1)
-        self.batch_size = _check_int("batch_size", self.batch_size, 1)
+        if self.batch_size != "auto":
+            self.batch_size = _check_int("batch_size", self.batch_size, 1)
         if self.strategy not in STRATEGIES:
             raise ValueError(f"strategy must be one of {STRATEGIES}, got {self.strategy!r}")
         if not isinstance(self.extra, dict):

@@ -234,6 +234,8 @@ def make_algorithm(solver: str, model, data, lam: float, options: SolverOptions,
     agreed with the other replicas)."""
     if solver not in ALGORITHMS:
         raise ValueError(f"unknown solver {solver!r}; choose from {list(SOLVERS)}")
+    if solver != "bcfw" and options.batch_size == "auto":  # BCFW resolves its own (measured_round_size)
+        options = dataclasses.replace(options, batch_size=1)
     if solver != "bcfw" and options.batch_size != 1:
         raise ValueError(f"batch_size = {options.batch_size}: mini-batch rounds (Wang et al. 2016) are a mode of "
                          f"solver='bcfw'; solver {solver!r} takes no batch_size")
