@@ -140,3 +140,16 @@ def test_weights_that_are_not_plain_dense_tensors_are_refused(tmp_path, make):
     torch.save(d, tmp_path / "r.pt")
     with pytest.raises(ValueError, match="plain dense tensor"):
         FitResult.load(tmp_path / "r.pt")
+
+
+@pytest.mark.parametrize("damage, message", [
+    (lambda st: st["state"].__setitem__("k", 10 ** 30), "64-bit integer"),
+    (lambda st: st.pop("sampler"), "lacks the field 'sampler'"),
+])
+def test_a_huge_integer_or_a_missing_field_is_a_clear_error(tmp_path, damage, message):
+    model, data, r = _chain_result()
+    d = r.to_dict()
+    damage(d["solver_state"])
+    torch.save(d, tmp_path / "r.pt")
+    with pytest.raises(ValueError, match=message):
+        fit(model, data, 0.1, init=FitResult.load(tmp_path / "r.pt"), max_passes=1)

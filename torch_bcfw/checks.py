@@ -189,6 +189,8 @@ def saved_int(value, name: str, lo: int | None = None, hi: int | None = None) ->
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
         raise ValueError(f"{name} must be an integer, got {value!r} ({type(value).__name__})")
     v = int(value)
+    if not -2**63 <= v < 2**63:  # every saved integer is an int64 of an array or a counter
+        raise ValueError(f"{name} must be a 64-bit integer, got {v}")
     if (lo is not None and v < lo) or (hi is not None and v > hi):
         raise ValueError(f"{name} must lie in [{lo}, {hi}], got {v}")
     return v

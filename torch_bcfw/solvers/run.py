@@ -337,7 +337,10 @@ class SolverRun:
         if theirs != ours:
             raise ValueError(f"cannot warm-start with {ours} from a result run with {theirs}: pass the options of the "
                              f"run being continued (e.g. preset={saved_opts.get('preset')!r})")
-        self.algorithm.load_state_dict(sd["solver_state"])
+        try:
+            self.algorithm.load_state_dict(sd["solver_state"])
+        except KeyError as exc:  # a field the solver's state_dict writes is missing
+            raise ValueError(f"the saved solver state lacks the field {exc}") from None
         self.counters = dict(sd["counters"])
         self.history = as_records(sd["history"])
 
