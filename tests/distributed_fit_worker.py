@@ -16,6 +16,7 @@ import json
 import os
 import sys
 import time
+import warnings
 from pathlib import Path
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
@@ -99,10 +100,14 @@ def main() -> None:
         res = fit(model, data, LAM, max_passes=6, checkpoint=ck, **REPLICATE)
         auto = fit(model, data, LAM, max_passes=2, gap_check=2, seed=3)
         forced = fit(model, data, LAM, max_passes=2, gap_check=2, seed=3, strategy="shard", batch_size=4)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            fit(model, data, LAM, max_passes=1, gap_check=1, seed=3, strategy="shard", batch_size=1)
         calib = {k: v for k, v in auto.counters.items() if k.startswith("calibration_")}
         out = _record(res) | {"strategy": res.options.strategy, "auto": auto.options.strategy, "calibration": calib,
                               "forced": forced.options.strategy, "forced_n_local": int(forced.solver_state["state"]["n"]),
-                              "files": sorted(p.name for p in out_dir.glob(f"rep_{name}*"))}
+                              "files": sorted(p.name for p in out_dir.glob(f"rep_{name}*")),
+                              "warnings": [str(w.message) for w in caught if "slower per pass" in str(w.message)]}
     else:  # kill
         cbs = [DieAfter(2)] if ctx.rank == 1 else []
         t0 = time.monotonic()

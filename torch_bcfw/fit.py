@@ -6,6 +6,7 @@ import dataclasses
 import io
 import json
 import math
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -341,6 +342,27 @@ def _sharded(distributed: bool | None) -> bool:
     return live and dist.get_world_size() > 1
 
 
+#: a forced setting predicted this many times slower per pass than the calibration's choice gets a warning
+SLOW_SETTING_RATIO = 3.0
+
+
+def _warn_if_slow(calibration, strategy: str, batch_size, n: int, group) -> None:
+    """One line (rank 0) when the forced ``strategy`` / ``batch_size`` is predicted ``SLOW_SETTING_RATIO`` times
+    slower per pass than what ``strategy="auto"`` would run."""
+    p = group.world_size
+    if strategy == "shard":
+        tau = batch_size if isinstance(batch_size, int) else calibration.shard_batch_size
+        cost = (n / p) * calibration.step_seconds + (n / max(tau, 1)) * calibration.allreduce_seconds
+    else:
+        cost = calibration.replicate_pass_seconds
+    best = min(calibration.replicate_pass_seconds, calibration.shard_pass_seconds)
+    if group.is_main and cost > SLOW_SETTING_RATIO * best:
+        better = ("strategy='replicate'" if calibration.replicate_pass_seconds <= calibration.shard_pass_seconds
+                  else f"strategy='shard' with batch_size={calibration.shard_batch_size}")
+        warnings.warn(f"strategy={strategy!r} with batch_size={batch_size!r} is predicted {cost / best:.0f}x slower per "
+                      f"pass than {better} ({cost:.3g} s against {best:.3g} s, measured on this group)", stacklevel=3)
+
+
 def _resumed_strategy(init: "FitResult", given: str) -> str:
     """The strategy that continues ``init`` under a process group: its sharded state resumes sharded, any other
     (a replicated or single-process run's) replicated."""
@@ -415,6 +437,8 @@ def fit(
     if checkpoint is not None and not isinstance(checkpoint, Checkpoint):
         raise TypeError(f"checkpoint must be a torch_bcfw.checkpoint.Checkpoint, got {type(checkpoint).__name__}")
     opts = SolverOptions.from_kwargs(**options)
+    if init is not None and opts.batch_size == "auto" and isinstance(init.options.batch_size, int):
+        opts = dataclasses.replace(opts, batch_size=init.options.batch_size)  # the saved run's rounds, exactly
     model.check_data(data)
     if test_data is not None:
         model.check_data(test_data)
@@ -428,12 +452,14 @@ def fit(
         strategy = _resumed_strategy(init, opts.strategy) if init is not None else opts.strategy
         if strategy == "auto" and solver != "bcfw":
             strategy = "replicate"  # only BCFW shards
-        if strategy == "auto":
+        if strategy in ("auto", "shard") and init is None:
             check_same_dataset(data, group)
             calibration = choose_strategy(model, data, lam, opts, group)
-            strategy = calibration.strategy
-            if strategy == "shard" and opts.batch_size in ("auto", 1):
+            if strategy == "auto":
+                strategy = calibration.strategy
+            if strategy == "shard" and opts.batch_size == "auto":
                 opts = dataclasses.replace(opts, batch_size=calibration.shard_batch_size)
+            _warn_if_slow(calibration, strategy, opts.batch_size, len(data), group)
         opts = dataclasses.replace(opts, strategy=strategy)
         if strategy == "shard":
             ctx = group
