@@ -2,7 +2,7 @@
 scaling and sign flips of every array and number of the saved solver state of every state kind (chain, chain with the
 working set and gap estimates, mini-batch, MP-BCFW planes, dense, active set, graph cut).  Each mutated file is
 loaded and resumed in a separate process (tests/load_fuzz_worker.py): the outcome must be a clear error or a run
-whose certificate holds against enumeration.  ``TORCH_BCFW_HYPOTHESIS_PROFILE=thorough`` runs 600 mutations."""
+whose certificate holds against enumeration.  ``TORCH_BCFW_HYPOTHESIS_PROFILE=thorough python -m pytest -m heavy tests/test_load_fuzz.py`` runs 600 mutations."""
 from __future__ import annotations
 
 import json
@@ -19,6 +19,8 @@ import load_fuzz_worker as worker
 
 WORKER = Path(worker.__file__)
 THOROUGH = os.environ.get("TORCH_BCFW_HYPOTHESIS_PROFILE") == "thorough"
+
+pytestmark = pytest.mark.heavy  # a subprocess per batch of files: the tier .ci/run runs after the README's command
 
 
 def _leaves(obj, path=()):

@@ -46,6 +46,7 @@ DAMAGE = {
 }
 
 
+@pytest.mark.heavy  # a process per damaged file (a crash must not take the test run with it)
 @pytest.mark.parametrize("field", sorted(DAMAGE))
 def test_arrays_of_the_wrong_size_are_refused_before_any_kernel_runs(tmp_path, field):
     options, damage, name = DAMAGE[field]
