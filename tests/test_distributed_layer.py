@@ -272,3 +272,24 @@ def test_api_page_documents_every_distributed_name():
     text = (ROOT / "docs" / "api.md").read_text(encoding="utf-8")
     missing = [n for n in distributed.__all__ if f"::: torch_bcfw.distributed.{n}\n" not in text]
     assert missing == []
+
+
+def test_a_forced_setting_far_slower_than_the_calibrations_choice_warns_on_rank_0_only():
+    """The rule behind the one-line warning, on figures a calibration measured (OCR-large on 2 processes of the
+    2-core machine: a block step 8.1 us, an all-reduce 0.75 ms, the calibration choosing to replicate)."""
+    import warnings
+
+    from torch_bcfw.distributed.strategy import Calibration
+    from torch_bcfw.fit import _warn_if_slow
+
+    n, p = 6251, 2
+    cal = Calibration("replicate", 8.1e-6, 7.5e-4, 2 * 93, n * 8.1e-6, n / p * 8.1e-6 + n / 186 * 7.5e-4)
+    for rank, setting, expected in [(0, ("shard", 1), 1), (1, ("shard", 1), 0), (0, ("shard", 4096), 0),
+                                    (0, ("replicate", 1), 0)]:
+        ctx = DistributedContext(rank=rank, world_size=p, backend="gloo", device=torch.device("cpu"), timeout_s=30.0)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            _warn_if_slow(cal, *setting, n, ctx)
+        assert len(caught) == expected, (rank, setting)
+        if expected:  # rounds of one block: an all-reduce per block, 93x the replicated pass
+            assert "predicted 93x slower per pass than strategy='replicate'" in str(caught[0].message)

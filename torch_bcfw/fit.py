@@ -355,9 +355,10 @@ def _warn_if_slow(calibration, strategy: str, batch_size, n: int, group) -> None
         cost = (n / p) * calibration.step_seconds + (n / max(tau, 1)) * calibration.allreduce_seconds
     else:
         cost = calibration.replicate_pass_seconds
-    best = min(calibration.replicate_pass_seconds, calibration.shard_pass_seconds)
+    chosen = calibration.strategy
+    best = calibration.replicate_pass_seconds if chosen == "replicate" else calibration.shard_pass_seconds
     if group.is_main and cost > SLOW_SETTING_RATIO * best:
-        better = ("strategy='replicate'" if calibration.replicate_pass_seconds <= calibration.shard_pass_seconds
+        better = ("strategy='replicate'" if chosen == "replicate"
                   else f"strategy='shard' with batch_size={calibration.shard_batch_size}")
         warnings.warn(f"strategy={strategy!r} with batch_size={batch_size!r} is predicted {cost / best:.0f}x slower per "
                       f"pass than {better} ({cost:.3g} s against {best:.3g} s, measured on this group)", stacklevel=3)

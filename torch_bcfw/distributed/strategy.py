@@ -6,8 +6,8 @@ Per effective pass, replicating costs ``n t_step`` on every rank at once; shardi
 ``(n / P) t_step + (n / tau) t_allreduce`` for rounds of ``tau`` blocks (the given ``batch_size``, or the smallest
 multiple of ``P`` whose all-reduce costs at most a tenth of the round's steps).  Rounds converge more slowly per pass
 than one-block steps, the more so the larger they are, so sharding is chosen only when it is predicted
-``SHARD_MARGIN`` times faster with rounds of at most ``MAX_SHARD_ROUND`` blocks per process (a costly oracle); rank
-0's measurements decide for every rank.
+``SHARD_MARGIN`` times faster with rounds of at most ``MAX_SHARD_ROUND`` blocks per process and a quarter of the
+examples (a costly oracle); rank 0's measurements decide for every rank.
 """
 from __future__ import annotations
 
@@ -129,5 +129,5 @@ def choose_strategy(model, data, lam: float, options, ctx: DistributedContext) -
     tau = min(tau, n)
     replicate = n * t_step
     shard = (n / p) * t_step + (n / tau) * t_ar
-    pays = tau <= MAX_SHARD_ROUND * p and replicate >= SHARD_MARGIN * shard
+    pays = tau <= min(MAX_SHARD_ROUND * p, n // 4) and replicate >= SHARD_MARGIN * shard
     return Calibration("shard" if pays else "replicate", t_step, t_ar, int(tau), replicate, shard)
