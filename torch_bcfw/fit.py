@@ -8,18 +8,18 @@ import json
 import math
 import warnings
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 from torch import Tensor
 
-from .checkpoint import Checkpoint, newest_sharded, save_sharded
+from .checkpoint import Checkpoint, manifest_path, newest_sharded, save_sharded
 from .models.base import StructuredModel
 from .checks import check_lam
 from .models.registry import model_from_config, model_name
 from .serialization import atomic_save, atomic_write_text, load_checked, to_plain
 from .signals import deferred_signals
 from .solvers.callbacks import Callback
+from .solvers.certificate import squared_norm
 from .solvers.options import SOLVERS, SolverOptions
 from .solvers.record import CheckRecord, as_records, plain_history
 from .solvers.run import WEAK_DUALITY_TOL, RunOutput, SolverRun
@@ -114,7 +114,7 @@ def _check_certificates(history: list, lam: float, w: Tensor, w_avg: Tensor | No
     for primal, weights, col in ((last.primal, w, "primal"), (last.primal_avg, w_avg, "primal_avg")):
         if primal is None or weights is None:
             continue
-        bound = 0.5 * lam * float(weights @ weights)
+        bound = 0.5 * lam * squared_norm(weights)
         if not primal >= bound * (1.0 - 1e-9) - 1e-12:
             raise ValueError(f"{source}: history[-1][{col!r}] = {primal!r} is below lam/2 ||w||^2 = {bound!r} of the "
                              "saved weights: the certificate does not belong to them")
@@ -253,8 +253,8 @@ class FitResult:
                              "FitResult.load")
         mine = newest_sharded([path], ctx)
         if mine is None:
-            raise FileNotFoundError(f"no committed set of a sharded save at {path} (no {Path(path).stem}.shards.json "
-                                    f"for {ctx.world_size} processes)")
+            raise FileNotFoundError(f"no committed set of a sharded save at {path} (no {manifest_path(path)} for "
+                                    f"{ctx.world_size} processes)")
         return cls.load(mine, map_location=map_location)
 
     @classmethod
@@ -351,8 +351,10 @@ def _warn_if_slow(calibration, strategy: str, batch_size, n: int, group) -> None
     slower per pass than what ``strategy="auto"`` would run."""
     p = group.world_size
     if strategy == "shard":
+        from .distributed.strategy import shard_pass_seconds
+
         tau = batch_size if isinstance(batch_size, int) else calibration.shard_batch_size
-        cost = (n / p) * calibration.step_seconds + (n / max(tau, 1)) * calibration.allreduce_seconds
+        cost = shard_pass_seconds(n, p, tau, calibration.step_seconds, calibration.allreduce_seconds)
     else:
         cost = calibration.replicate_pass_seconds
     chosen = calibration.strategy
@@ -453,8 +455,8 @@ def fit(
         strategy = _resumed_strategy(init, opts.strategy) if init is not None else opts.strategy
         if strategy == "auto" and solver != "bcfw":
             strategy = "replicate"  # only BCFW shards
+        check_same_dataset(data, group)  # once: both ways need every rank to hold the same examples
         if strategy in ("auto", "shard") and init is None:
-            check_same_dataset(data, group)
             calibration = choose_strategy(model, data, lam, opts, group)
             if strategy == "auto":
                 strategy = calibration.strategy
@@ -464,10 +466,9 @@ def fit(
         opts = dataclasses.replace(opts, strategy=strategy)
         if strategy == "shard":
             ctx = group
-            train = shard(data, ctx).data
+            train = shard(data, ctx, check=False).data
             comm = ShardComm(ctx, shard_sizes(len(data), ctx.world_size))
         else:  # every rank the same single-process solve; stopping decisions agreed; rank 0 shows and saves
-            check_same_dataset(data, group)
             replica = group
             comm = ReplicaComm(group)
             if not group.is_main:

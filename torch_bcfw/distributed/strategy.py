@@ -24,12 +24,13 @@ from torch import Tensor
 
 from ..solvers.certificate import Certificate, squared_norm
 from ..solvers.comm import LocalComm
+from ..solvers.bcfw import seconds_per_block
 from ..solvers.run import make_algorithm
 from .collectives import all_gather_parts, all_reduce_sum, broadcast_from_rank0
 from .context import DistributedContext
 from .sharding import shard_bounds, shard_sizes
 
-__all__ = ["Calibration", "choose_strategy", "ReplicaComm", "SHARD_MARGIN", "MAX_SHARD_ROUND"]
+__all__ = ["Calibration", "choose_strategy", "shard_pass_seconds", "ReplicaComm", "SHARD_MARGIN", "MAX_SHARD_ROUND"]
 
 #: sharding must be predicted this many times faster per pass than replicating to be chosen
 SHARD_MARGIN = 1.5
@@ -100,11 +101,7 @@ def _step_seconds(model, data, lam: float, options) -> float:
     steps, the model's box constraints) on a scratch state: the second of two timed chunks (the first compiles or
     loads the kernels)."""
     alg = make_algorithm("bcfw", model, data, lam, dataclasses.replace(options, batch_size=1, progress=False))
-    m = min(len(data), CALIBRATION_STEPS)
-    alg.advance(m)
-    t0, work = time.perf_counter(), alg.work
-    alg.advance(m)
-    return (time.perf_counter() - t0) / max(1, alg.work - work)
+    return seconds_per_block(alg, min(len(data), CALIBRATION_STEPS))
 
 
 def _allreduce_seconds(d: int, ctx: DistributedContext) -> float:
@@ -118,6 +115,11 @@ def _allreduce_seconds(d: int, ctx: DistributedContext) -> float:
     return float(np.median(times))
 
 
+def shard_pass_seconds(n: int, p: int, tau: int, t_step: float, t_ar: float) -> float:
+    """Predicted seconds of one effective pass sharded over ``p`` ranks in rounds of ``tau`` blocks."""
+    return (n / p) * t_step + (n / max(tau, 1)) * t_ar
+
+
 def choose_strategy(model, data, lam: float, options, ctx: DistributedContext) -> Calibration:
     """Measure and predict (see the module's docstring); every rank of ``ctx`` calls it and gets rank 0's answer."""
     t_step = _step_seconds(model, data, lam, options)
@@ -128,6 +130,6 @@ def choose_strategy(model, data, lam: float, options, ctx: DistributedContext) -
     tau = given if given > 1 else p * max(1, math.ceil(10 * t_ar / max(t_step, 1e-12)))
     tau = min(tau, n)
     replicate = n * t_step
-    shard = (n / p) * t_step + (n / tau) * t_ar
+    shard = shard_pass_seconds(n, p, tau, t_step, t_ar)
     pays = tau <= min(MAX_SHARD_ROUND * p, n // 4) and replicate >= SHARD_MARGIN * shard
     return Calibration("shard" if pays else "replicate", t_step, t_ar, int(tau), replicate, shard)

@@ -24,7 +24,7 @@ from .comm import pass_rounds
 from .options import parse_preset
 from .sampling import GapEstimates, GapSampler, make_sampler
 
-__all__ = ["BCFW", "measure_oracle_time", "resolve_auto_preset"]
+__all__ = ["seconds_per_block", "measured_round_size", "BCFW", "measure_oracle_time", "resolve_auto_preset"]
 
 
 def measure_oracle_time(model, data, max_examples: int = 64, repeat: int = 3, seed: int = 0) -> float:
@@ -65,6 +65,15 @@ def resolve_auto_preset(model, data, options):
 ROUND_SIZE_CANDIDATES, ROUND_SIZE_SLACK = (64, 256, 1024), 2.0
 
 
+def seconds_per_block(alg, m: int) -> float:
+    """Seconds per block iteration of the (scratch) algorithm ``alg``: the second of two chunks of ``m`` iterations
+    (the first compiles or loads the kernels and warms the allocator)."""
+    alg.advance(m)
+    t0, work = time.perf_counter(), alg.work
+    alg.advance(m)
+    return (time.perf_counter() - t0) / max(1, alg.work - work)
+
+
 def measured_round_size(model, data, lam: float, options: SolverOptions) -> int:
     """``batch_size="auto"`` with the data off the CPU: each round size of ``ROUND_SIZE_CANDIDATES`` (at most half the
     examples) runs two rounds on a scratch state, the second timed; the smallest whose cost per block is within
@@ -73,14 +82,9 @@ def measured_round_size(model, data, lam: float, options: SolverOptions) -> int:
     (docs/results/gpu.md)."""
     n = len(data)
     sizes = [t for t in ROUND_SIZE_CANDIDATES if t <= n // 2] or [max(1, n // 2)]
-    cost = {}
-    for tau in sizes:
-        alg = BCFW(model, data, lam, dataclasses.replace(options, batch_size=tau, progress=False, sampling="uniform",
-                                                         step_rule="fw", cache=False, preset=None))
-        alg.advance(tau)  # warm-up (kernels, allocator)
-        t0, work = time.perf_counter(), alg.work
-        alg.advance(tau)
-        cost[tau] = (time.perf_counter() - t0) / max(1, alg.work - work)
+    cost = {tau: seconds_per_block(BCFW(model, data, lam, dataclasses.replace(
+        options, batch_size=tau, progress=False, sampling="uniform", step_rule="fw", cache=False, preset=None)), tau)
+        for tau in sizes}
     best = min(cost.values())
     return min(t for t, c in cost.items() if c <= ROUND_SIZE_SLACK * best)
 
