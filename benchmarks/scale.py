@@ -1,6 +1,7 @@
 """Scaling BCFW out: mini-batch rounds in one process, and one problem sharded over processes.
 
-Four parts (``--part single``, ``--part refine``, ``--part procs``, ``--part auto``; ``all``: the first three):
+Five parts (``--part single``, ``--part refine``, ``--part procs``, ``--part auto``, ``--part lightning``; ``all``: the
+first three):
 
 * **single** -- one process, one torch thread: for every ``tau`` of ``--taus`` on OCR-large (``lam = 0.01``, target a
   certified gap of 0.01) and CoNLL-2000 chunking (``lam = 0.03``, the ``lam`` of ``configs/conll.yaml``; target a
@@ -22,6 +23,11 @@ Four parts (``--part single``, ``--part refine``, ``--part procs``, ``--part aut
 * **auto** -- the defaults a user meets: ``fit`` with no ``batch_size`` and ``strategy="auto"`` launched by
   ``torchrun`` with 1 and with 2 processes on ``--auto-datasets``: the strategy and round size the calibration chose,
   its figures, and the time to the target against one process.
+
+* **lightning** -- the OCR CNN example (``examples/ocr_cnn_lightning.py``: OCR-large, the letter CNN,
+  ``BCFWCallback(lam=0.01, passes_per_call=10)`` with its defaults) for ``--epochs`` epochs under Lightning with 1
+  process (torch's threads) and with ``strategy="ddp"`` over 2 (gloo, ``cores / 2`` threads each): per call of the
+  callback, the feature pass (each rank its share of the batches, gathered) and the solve; per epoch, the training.
 
 Writes ``benchmarks/results/scale.json`` and ``scale_<dataset>.png`` (certified gap against solver seconds, one
 curve per configuration).  ``python benchmarks/scale.py --part single --datasets ocr --taus 1,256`` is a quick run.
@@ -305,9 +311,98 @@ def plot(rows: list[dict], name: str, label) -> None:
     print(f"wrote {path}")
 
 
+# ----------------------------------------------------------------------------------------------- Lightning
+def lightning_child(args) -> None:
+    """One rank of ``--part lightning``: the OCR CNN example's Trainer for ``args.epochs`` epochs; rank 0 writes
+    ``args.out``."""
+    import lightning.pytorch as pl
+    import torch
+
+    from torch_bcfw.lightning import BCFWCallback
+    from torch_bcfw.tasks.ocr import OCRChainCNN, OCRWordsDataModule
+
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+
+    class EpochClock(pl.Callback):
+        def __init__(self):
+            self.train_s, self._t0 = [], None
+
+        def on_train_epoch_start(self, trainer, pl_module):
+            self._t0 = time.perf_counter()
+
+        def on_train_epoch_end(self, trainer, pl_module):  # before BCFWCallback's solve (registered after it)
+            self.train_s.append(time.perf_counter() - self._t0)
+
+    pl.seed_everything(0, verbose=False)
+    data = OCRWordsDataModule(path=str(DATA / "ocr"), split="large", fold=0, batch_size=32, eval_batch_size=512,
+                              limit=args.limit, seed=0)
+    model = OCRChainCNN(feature_dim=64, channels=(32, 64), dropout=0.1, lr=2e-3, ce_epochs=2, ce_weight=0.0,
+                        hinge_weight=1.0)
+    clock = EpochClock()
+    bcfw = BCFWCallback(lam=0.01, passes_per_call=10, initial_passes=10,
+                        solver_options={"step": "line_search", "sampling": "uniform", "averaging": True, "seed": 1})
+    # the letter classifier of the cross-entropy epochs is unused afterwards: DDP must be told
+    ddp = "ddp_find_unused_parameters_true"
+    trainer = pl.Trainer(accelerator="cpu", devices=world, strategy=ddp if world > 1 else "auto",
+                         max_epochs=args.epochs, callbacks=[clock, bcfw], logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
+                         limit_val_batches=0, default_root_dir=args.tmp)
+    t0 = time.perf_counter()
+    trainer.fit(model, datamodule=data)
+    wall = time.perf_counter() - t0
+    if trainer.global_rank == 0:
+        calls = [{"call": r.call, "epoch": r.epoch, "feature_s": r.feature_time, "solve_s": r.wall - r.feature_time,
+                  "head_s": r.wall, "gap": r.gap_best, "passes": r.passes} for r in bcfw.history]
+        Path(args.out).write_text(json.dumps({
+            "procs": world, "threads_per_proc": torch.get_num_threads(), "strategy": bcfw.strategy or "one process",
+            "calibration": {k: v for k, v in bcfw.counters.items() if k.startswith("calibration_")},
+            "n_train": len(bcfw.last_data), "calls": calls, "train_epoch_s": clock.train_s, "fit_s": wall}))
+
+
+def _launch_lightning(procs: int, args, tmp: Path) -> dict:
+    out = tmp / f"procs{procs}.json"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(procs), "--master-addr",
+           "127.0.0.1", "--master-port", str(_port()), __file__, "--lightning-child", "--out", str(out), "--tmp",
+           str(tmp / f"run{procs}"), "--epochs", str(args.epochs)]
+    if args.limit:
+        cmd += ["--limit", str(args.limit)]
+    env = {**os.environ, "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // procs)), "PYTHONWARNINGS": "ignore"}
+    t0 = time.perf_counter()
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"{procs} process(es) failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+    res = json.loads(out.read_text())
+    res["launch_s"] = time.perf_counter() - t0
+    return res
+
+
+def part_lightning(args) -> dict:
+    """The OCR CNN example under Lightning with 1 and with 2 processes (``strategy="ddp"``): the head solve per epoch."""
+    runs = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for p in (1, 2):
+            runs.append(_launch_lightning(p, args, Path(tmp)))
+    rows = []
+    for r in runs:
+        after = r["calls"][1:] or r["calls"]  # the calls after an epoch of training (the first is the initial solve)
+        mean = lambda key: sum(c[key] for c in after) / len(after)  # noqa: E731
+        rows.append({"procs": r["procs"], "strategy": r["strategy"], "threads": r["threads_per_proc"],
+                     "train epoch s": sum(r["train_epoch_s"]) / len(r["train_epoch_s"]),
+                     "head feature s": mean("feature_s"), "head solve s": mean("solve_s"), "head s": mean("head_s"),
+                     "final gap": r["calls"][-1]["gap"], "fit s": r["fit_s"]})
+    base = rows[0]["head s"]
+    for row in rows:
+        row["head vs 1 proc"] = row["head s"] / base
+    print_table(rows, list(rows[0]))
+    return {"epochs": args.epochs, "limit": args.limit, "rows": rows, "runs": runs}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--part", choices=("single", "procs", "refine", "auto", "all"), default="all")
+    ap.add_argument("--part", choices=("single", "procs", "refine", "auto", "lightning", "all"), default="all")
+    ap.add_argument("--epochs", type=int, default=3, help="training epochs of the lightning part")
+    ap.add_argument("--limit", type=int, default=None, help="lightning part: only the first N training words")
     ap.add_argument("--auto-datasets", default="ocr,conll,horses,delayed", help="datasets of the auto part")
     ap.add_argument("--strategy", default="shard", help=argparse.SUPPRESS)
     ap.add_argument("--refine-datasets", default="ocr,delayed", help="datasets of the refinements part")
@@ -317,12 +412,16 @@ def main() -> None:
     ap.add_argument("--max-passes", type=float, default=None, help="cap on the effective passes (default per dataset)")
     ap.add_argument("--replot", action="store_true", help="recompute the summaries and plots from scale.json only")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--lightning-child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--tmp", help=argparse.SUPPRESS)
     ap.add_argument("--dataset", help=argparse.SUPPRESS)
     ap.add_argument("--tau", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
         return child(args)
+    if args.lightning_child:
+        return lightning_child(args)
     path = RESULTS / "scale.json"
     payload = json.loads(path.read_text()) if path.exists() else {}
     if args.replot:
@@ -381,6 +480,8 @@ def main() -> None:
         for name in {r["dataset"] for r in payload["refine"]}:
             plot([r for r in payload["refine"] if r["dataset"] == name], f"scale_refine_{name}",
                  lambda r: f"tau = {r['tau']}, {r['variant']}")
+    if args.part == "lightning":
+        payload["lightning"] = part_lightning(args)
     payload["load_average_after"] = os.getloadavg()
     write_json("scale.json", payload)
 

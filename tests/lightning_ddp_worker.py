@@ -1,9 +1,11 @@
 """One rank of the Lightning DDP tests (tests/test_distributed_fit.py runs it with torchrun, 2 CPU processes, gloo):
 ``BCFWCallback`` under ``strategy="ddp"``.
 
-``python lightning_ddp_worker.py OUT_DIR``; writes ``OUT_DIR/ddp_rank<r>.json`` with, for the uninterrupted run
-(3 epochs) and for the run resumed from a checkpoint written after 2 epochs: the head, the backbone, the last
-record, the logged gap, the final training features and every rank's dual state (the callback's ``shards``).
+``python lightning_ddp_worker.py OUT_DIR STRATEGY``; ``STRATEGY``: the callback's ``strategy`` (``shard``, or ``auto``
+which picks ``replicate`` on this tiny problem).  Writes ``OUT_DIR/ddp_rank<r>.json`` with, for the uninterrupted run
+(3 epochs) and for the run resumed from the checkpoint ``OUT_DIR/mid.ckpt`` written after 2 epochs: the head, the
+backbone, the last record, the logged gap, the strategy, the calibration counters, the gathered training features
+of the last solve, and for a sharded run every rank's dual state (the callback's ``shards``).
 """
 from __future__ import annotations
 
@@ -25,7 +27,8 @@ from test_lightning import Toy, _features  # noqa: E402
 from torch_bcfw.lightning import BCFWCallback  # noqa: E402
 
 LAM = 0.05
-CALLBACK = {"lam": LAM, "passes_per_call": 25, "batch_size": 4, "seed": 5}
+CALLBACKS = {"shard": {"lam": LAM, "passes_per_call": 25, "batch_size": 4, "seed": 5, "strategy": "shard"},
+             "auto": {"lam": LAM, "passes_per_call": 25, "seed": 5}}
 
 
 def trainer(root: Path, cb, epochs: int) -> pl.Trainer:
@@ -36,15 +39,21 @@ def trainer(root: Path, cb, epochs: int) -> pl.Trainer:
 
 def record(module, cb, raw) -> dict:
     feats = _features(module, raw)
-    return {"head": module.head.w.tolist(), "backbone": module.backbone.weight.flatten().tolist(),
-            "last": cb.last_record.to_dict(), "logged_gap": float(module.trainer.callback_metrics["ssvm/gap"]),
-            "x": feats.x.tolist(), "y": feats.y.tolist(),
-            "shard_ell": [float(s[0]["block_ell"].sum()) for s in cb.shards],
-            "shard_n": [int(s[0]["n"]) for s in cb.shards], "shard_w": [s[0]["w"].tolist() for s in cb.shards]}
+    out = {"head": module.head.w.tolist(), "backbone": module.backbone.weight.flatten().tolist(),
+           "backbone_bias": module.backbone.bias.tolist(),
+           "last": cb.last_record.to_dict(), "logged_gap": float(module.trainer.callback_metrics["ssvm/gap"]),
+           "x": feats.x.tolist(), "y": feats.y.tolist(), "gathered_x": cb.last_data.x.tolist(),
+           "gathered_y": cb.last_data.y.tolist(), "strategy": cb.strategy,
+           "calibration": sorted(k for k in cb.counters if k.startswith("calibration_"))}
+    if cb.shards is not None:
+        out.update(shard_ell=[float(s[0]["block_ell"].sum()) for s in cb.shards],
+                   shard_n=[int(s[0]["n"]) for s in cb.shards], shard_w=[s[0]["w"].tolist() for s in cb.shards])
+    return out
 
 
 def main() -> None:
     out = Path(sys.argv[1])
+    CALLBACK = CALLBACKS[sys.argv[2]]
     torch.set_num_threads(1)
     _, raw = random_multiclass_problem(n=14, F=4, K=3, seed=4)
     full_cb = BCFWCallback(**CALLBACK)

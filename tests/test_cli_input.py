@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import shared_data
+from conftest import DATA_ROOT, shared_data
 from torch_bcfw.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -72,8 +72,8 @@ def test_malformed_set_value(tmp_path):
 
 
 @pytest.mark.parametrize("section,value,fragment", [
-    ("data", {"name": "ocr", "path": "x", "spilt": "small"}, "unknown data key(s) ['spilt']"),
-    ("data", {"name": "ocr", "path": "x", "fold": 0.5}, "data.fold must be an integer"),
+    ("data", {"name": "ocr", "path": str(DATA_ROOT / "ocr"), "spilt": "small"}, "unknown data key(s) ['spilt']"),
+    ("data", {"name": "ocr", "path": str(DATA_ROOT / "ocr"), "fold": 0.5}, "data.fold must be an integer"),
     ("data", {"name": "ocr", "path": "x", "download": "no"}, "data.download must be true or false"),
     ("options", {"max_pases": 3}, "unknown solver option(s) ['max_pases']"),
     ("solver", "bcfv", "unknown solver 'bcfv'"),
@@ -140,3 +140,52 @@ def test_exponent_floats_are_numbers_and_integral_floats_say_how_to_write_an_int
     assert p.returncode == 0, p.stderr
     _one_line_error(_cli("fit", "--config", str(_config(tmp_path)), "--set", "options.gap_check=1e1"),
                     "gap_check must be an integer >= 1, got the float 10.0: write it as 10")
+
+
+def test_version_is_printed():
+    from torch_bcfw import __version__
+
+    p = _cli("--version")
+    assert p.returncode == 0 and p.stdout.strip() == f"torch-bcfw {__version__}"
+
+
+def test_data_paths_resolve_beside_the_config_and_a_missing_one_names_both_places(tmp_path, monkeypatch):
+    """A relative ``data.path`` not found from the working directory is taken relative to the config file (and saved
+    that way, so ``--resume`` works from anywhere); found nowhere, the error names both places."""
+    import shutil
+
+    from torch_bcfw.cli import load_config
+
+    project = tmp_path / "project"
+    (project / "configs").mkdir(parents=True)
+    shutil.copytree(shared_data("ocr"), project / "data" / "ocr")
+    cfg = project / "configs" / "ocr.yaml"
+    cfg.write_text("data: {name: ocr, path: ../data/ocr, split: small, fold: 0, limit: 20}\nlam: 0.1\n"
+                   f"options: {{max_passes: 2}}\noutput: {tmp_path / 'out'}\n")
+    monkeypatch.chdir(tmp_path)  # ../data/ocr does not exist from here
+    assert load_config(cfg)["data"]["path"] == str((project / "data" / "ocr").resolve())
+    out = tmp_path / "out"
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert main(["fit", "--config", str(cfg), "--quiet"]) == 0
+    assert yaml.safe_load((out / "config.yaml").read_text())["data"]["path"] == str((project / "data" / "ocr").resolve())
+    monkeypatch.chdir(project / "configs")  # found from the working directory: kept as written
+    assert load_config("ocr.yaml")["data"]["path"] == "../data/ocr"
+    monkeypatch.chdir(tmp_path)
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        code = main(["fit", "--config", str(cfg), "--set", "data.path=../nowhere", "--quiet"])
+    assert code == 2
+    assert f"looked at {tmp_path.parent / 'nowhere'} (relative to the working directory) and " \
+           f"{project / 'nowhere'} (relative to the config {cfg})" in err.getvalue()
+
+
+def test_evaluate_refuses_to_change_the_fitted_data_with_set(tmp_path):
+    """``evaluate --set data.split=...`` on a fit's output folder would swap the training and test parts under the
+    saved model (and its certificate): refused, naming the entry; other overrides still work."""
+    out = tmp_path / "out"
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert main(["fit", "--config", str(_config(tmp_path)), "--quiet"]) == 0
+    _one_line_error(_cli("evaluate", "--model", str(out / "model.pt"), "--set", "data.split=large"),
+                    "--set changes the data the model was fitted on (data.split)", "pass --config FILE")
+    p = _cli("evaluate", "--model", str(out / "model.pt"), "--set", "lam=0.5")
+    assert p.returncode == 0 and "train_error" in p.stdout, p.stderr

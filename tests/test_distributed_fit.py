@@ -145,40 +145,69 @@ def test_torchrun_command_line_fit_and_resume(tmp_path):
     assert len(again[0].history) > len(first[0].history)
 
 
-def test_lightning_ddp_callback_solves_one_head_over_all_ranks(tmp_path):
-    """``BCFWCallback`` under ``strategy="ddp"`` (2 CPU processes, gloo): the same head on both ranks, the logged gap
-    the exact certificate over all examples, the single-process optimum within it, and an exact resume from a
-    Lightning checkpoint (written by rank 0, holding every rank's dual state)."""
+@pytest.mark.parametrize("strategy", ["shard", "auto"])
+def test_lightning_ddp_callback_solves_one_head_over_all_ranks(strategy, tmp_path):
+    """``BCFWCallback`` under ``strategy="ddp"`` (2 CPU processes, gloo), sharded and with ``strategy="auto"`` (which
+    replicates this tiny problem): the same head on both ranks, the logged gap the exact certificate over all
+    examples, the single-process optimum within it, and an exact resume from a Lightning checkpoint (written by rank
+    0).  Replicated: the features each rank computed for its batches are gathered in the order of one process, and
+    the head is bit for bit the one a single process solves on them from the same state -- the checkpoint after 2
+    epochs resumed in ONE process with the final backbone gives the 2-process head of epoch 3."""
     pytest.importorskip("lightning", reason="the [lightning] extra is not installed")
-    from conftest import brute_force_primal
+    from conftest import brute_force_primal, random_multiclass_problem
+    from lightning_ddp_worker import CALLBACKS
+    from test_lightning import Toy
     from torch_bcfw.data import MulticlassData
+    from torch_bcfw.lightning import BCFWCallback, collect_features
     from torch_bcfw.models import Multiclass
 
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
-           "--master-port", str(free_port()), str(WORKER.parent / "lightning_ddp_worker.py"), str(tmp_path)]
+           "--master-port", str(free_port()), str(WORKER.parent / "lightning_ddp_worker.py"), str(tmp_path), strategy]
     runs = _run([cmd], [_env()], tmp_path)
     assert runs[0].returncode == 0, runs[0].stdout[-4000:]
     r0, r1 = (json.loads((tmp_path / f"ddp_rank{r}.json").read_text()) for r in range(2))
     assert (r0["rank"], r1["rank"], r0["world_size"]) == (0, 1, 2)
+    expected = "shard" if strategy == "shard" else "replicate"
     for key in ("full", "resumed"):
         a, b = r0[key], r1[key]
         assert a["head"] == b["head"] and a["backbone"] == b["backbone"] and a["logged_gap"] == b["logged_gap"]
-        assert a["shard_n"] == [7, 7]  # one head over both shards of the 14 examples
+        assert a["strategy"] == b["strategy"] == expected
+        if strategy == "shard":
+            assert a["shard_n"] == [7, 7]  # one head over both shards of the 14 examples
+    # the calibration that picked (or was asked for) the strategy is recorded with the callback's counters
+    assert r0["full"]["calibration"] == ["calibration_allreduce_seconds", "calibration_replicate_pass_seconds",
+                                         "calibration_shard_pass_seconds", "calibration_step_seconds"]
     # resumed from the checkpoint after 2 epochs == 3 epochs in one run, bit for bit
     assert r0["resumed"]["head"] == r0["full"]["head"] and r0["resumed"]["backbone"] == r0["full"]["backbone"]
     assert r0["resumed"]["last"]["gap_best"] == r0["full"]["last"]["gap_best"]
     # the logged certificate, recomputed independently at the final features
     f, last = r0["full"], r0["full"]["last"]
-    lam = 0.05
+    lam = CALLBACKS[strategy]["lam"]
     model, data = Multiclass(3, 3), MulticlassData(torch.tensor(f["x"], dtype=torch.float64), torch.tensor(f["y"]))
     head = torch.tensor(f["head"], dtype=torch.float64)
     primal = last["primal_avg"] if last["selected"] == "averaged" else last["primal"]
     assert brute_force_primal(model, data, head, lam) == pytest.approx(primal, abs=1e-10)
-    v = torch.tensor(f["shard_w"][0], dtype=torch.float64)
-    assert sum(f["shard_ell"]) - 0.5 * lam * float(v @ v) == pytest.approx(last["dual"], abs=1e-12)
+    if strategy == "shard":
+        v = torch.tensor(f["shard_w"][0], dtype=torch.float64)
+        assert sum(f["shard_ell"]) - 0.5 * lam * float(v @ v) == pytest.approx(last["dual"], abs=1e-12)
     assert f["logged_gap"] == pytest.approx(last["gap_best"], rel=1e-12)
     one = fit(model, data, lam, preset="uniform-pairwise", max_passes=3000, gap_tol=1e-9)
     assert one.gap <= 1e-9 and 0.0 <= primal - one.primal <= last["gap_best"] + 1e-9
+    if strategy == "shard":
+        return
+    # replicated: one process, the 2-process checkpoint after epoch 2 and the final backbone -> the same head
+    _, raw = random_multiclass_problem(n=14, F=4, K=3, seed=4)
+    module = Toy(raw, F=3, K=3)
+    with torch.no_grad():
+        module.backbone.weight.copy_(torch.tensor(f["backbone"], dtype=torch.float64).reshape(3, 4))
+        module.backbone.bias.copy_(torch.tensor(f["backbone_bias"], dtype=torch.float64))
+    gathered = collect_features(module, module.bcfw_dataloader())
+    assert gathered.x.tolist() == f["gathered_x"] and gathered.y.tolist() == f["gathered_y"]
+    cb = BCFWCallback(**CALLBACKS[strategy])
+    cb.load_state_dict(torch.load(tmp_path / "mid.ckpt", weights_only=True)["callbacks"][cb.state_key])
+    rec = cb.solve(None, module, cb.passes_per_call, log=False)
+    assert module.head.w.tolist() == f["head"]
+    assert rec.gap_best == last["gap_best"] and rec.primal == last["primal"]
 
 
 def test_a_dead_peer_ends_the_command_line_with_one_line(tmp_path):

@@ -280,7 +280,7 @@ def test_a_forced_setting_far_slower_than_the_calibrations_choice_warns_on_rank_
     import warnings
 
     from torch_bcfw.distributed.strategy import Calibration
-    from torch_bcfw.fit import _warn_if_slow
+    from torch_bcfw.distributed.strategy import warn_if_slow
 
     n, p = 6251, 2
     cal = Calibration("replicate", 8.1e-6, 7.5e-4, 2 * 93, n * 8.1e-6, n / p * 8.1e-6 + n / 186 * 7.5e-4)
@@ -289,7 +289,7 @@ def test_a_forced_setting_far_slower_than_the_calibrations_choice_warns_on_rank_
         ctx = DistributedContext(rank=rank, world_size=p, backend="gloo", device=torch.device("cpu"), timeout_s=30.0)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            _warn_if_slow(cal, *setting, n, ctx)
+            warn_if_slow(cal, *setting, n, ctx)
         assert len(caught) == expected, (rank, setting)
         if expected:  # rounds of one block: an all-reduce per block, 93x the replicated pass
             assert "predicted 93x slower per pass than strategy='replicate'" in str(caught[0].message)

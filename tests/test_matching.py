@@ -383,6 +383,16 @@ def test_features_never_read_gold_links(small_corpus):
         assert bool((xa >= 0).all()) and bool((xa <= 1).all())  # every feature in [0, 1]
 
 
+def test_featurizer_reports_its_stages_in_order(small_corpus):
+    fz = AlignmentFeaturizer(ibm_iterations=1, hmm_iterations=1)
+    seen = []
+    fz.fit(small_corpus.texts(), on_stage=seen.append)
+    assert seen == fz.fit_stages() == ["vocabulary", "ibm1 e->f", "ibm1 f->e", "diag e->f", "diag f->e", "hmm e->f",
+                                       "hmm f->e"]
+    assert AlignmentFeaturizer(diagonal_tension=0.0, hmm_iterations=0).fit_stages() == ["vocabulary", "ibm1 e->f",
+                                                                                         "ibm1 f->e"]
+
+
 def test_feature_values_on_a_known_pair(small_corpus):
     fz = AlignmentFeaturizer(ibm_iterations=2, diagonal_tension=0.0, hmm_iterations=0).fit(small_corpus.texts())
     p = small_corpus.gold[2]  # "oh , oh !" / "oh , oh !"

@@ -72,7 +72,8 @@ def _parse_yaml(text: str, where: str):
 
 
 def load_config(path, overrides=()) -> dict:
-    """Read a YAML config and apply ``key.sub=value`` overrides (malformed YAML: ``ValueError`` with the line)."""
+    """Read a YAML config and apply ``key.sub=value`` overrides (malformed YAML: ``ValueError`` with the line); the
+    data paths are resolved (:func:`resolve_data_paths`)."""
     p = Path(path)
     if not p.is_file():
         raise FileNotFoundError(f"config file {p} not found")
@@ -84,7 +85,37 @@ def load_config(path, overrides=()) -> dict:
             raise ValueError(f"--set expects key=value, got {item!r}")
         k, v = item.split("=", 1)
         _set(cfg, k.strip(), _parse_yaml(v, f"--set {item}"))
+    resolve_data_paths(cfg, p)
     return cfg
+
+
+#: the entries of a config's ``data`` section that name a file or folder
+DATA_PATH_KEYS = ("path", "cache_dir")
+
+
+def resolve_data_paths(cfg: dict, config_file: Path) -> None:
+    """Resolve the relative paths of ``cfg["data"]`` (in place): relative to the working directory where they exist,
+    else relative to the folder of ``config_file`` where they exist there (written back as that absolute path, so
+    that the ``config.yaml`` a fit saves works from anywhere).  A ``data.path`` found in neither place (and not to be
+    downloaded) raises ``FileNotFoundError`` naming both places."""
+    data = cfg.get("data")
+    if not isinstance(data, dict):
+        return
+    for key in DATA_PATH_KEYS:
+        value = data.get(key)
+        if not isinstance(value, str) or not value or Path(value).expanduser().is_absolute():
+            continue
+        here = Path(value)
+        beside = config_file.parent / value
+        if here.exists():
+            continue
+        if beside.exists():
+            data[key] = str(beside.resolve())
+        elif key == "path" and not data.get("download"):
+            raise FileNotFoundError(
+                f"data.path {value!r} not found: looked at {os.path.abspath(here)} (relative to the working directory) and "
+                f"{os.path.abspath(beside)} (relative to the config {config_file}); set data.path in the config or with "
+                "--set data.path=DIR")
 
 
 def check_output_folder(out) -> Path:
@@ -279,7 +310,7 @@ def cmd_fit(args) -> int:
     check_output_folder(out)
     for stale in (*out.glob(".checkpoint*.tmp"), *out.glob(".model*.tmp")):  # left by a killed save
         stale.unlink(missing_ok=True)
-    model, train, test = load_problem(cfg["data"])
+    model, train, test = load_problem(cfg["data"], progress=not args.quiet)
     ctx = _torchrun_context(train.device)  # torchrun with several processes: the examples are sharded over them
     main = ctx is None or ctx.is_main
     init = None
@@ -470,13 +501,22 @@ def cmd_evaluate(args) -> int:
     if args.config:
         cfg = load_config(args.config, args.set)
     elif (model_path.parent / "config.yaml").is_file():  # the output folder of `torch-bcfw fit`
-        cfg = load_config(model_path.parent / "config.yaml", args.set)
+        saved = model_path.parent / "config.yaml"
+        cfg = load_config(saved, args.set)
+        fitted = load_config(saved).get("data")
+        changed = sorted(k for k in {*(fitted or {}), *(cfg.get("data") or {})}
+                         if (fitted or {}).get(k) != (cfg.get("data") or {}).get(k))
+        if changed:  # e.g. data.split=small: the training and test parts would swap under the saved model
+            raise ValueError(
+                f"--set changes the data the model was fitted on ({', '.join(f'data.{k}' for k in changed)}): its "
+                f"training error and certificate belong to that data. To evaluate on other data, pass --config "
+                f"FILE naming it")
     else:
         raise ValueError(f"evaluate needs the data to evaluate on: pass --config FILE whose 'data' section names it "
                          f"(the config the model was fitted with); no config.yaml beside {model_path} either")
     if not isinstance(cfg.get("data"), dict):
         raise ValueError("the config needs a 'data' section naming the dataset")
-    model, train, test = load_problem(cfg["data"])
+    model, train, test = load_problem(cfg["data"], progress=True)
     if model.n_features != result.model.n_features:
         raise ValueError(f"the saved model has d = {result.model.n_features} but the data gives d = {model.n_features}")
     from .solvers.certificate import primal_value
@@ -501,7 +541,10 @@ def cmd_evaluate(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from . import __version__
+
     p = argparse.ArgumentParser(prog="torch-bcfw", description="Structured SVMs trained by Block-Coordinate Frank-Wolfe.")
+    p.add_argument("--version", action="version", version=f"torch-bcfw {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
     f = sub.add_parser("fit", help="train a model from a YAML config")
     f.add_argument("--config", help="the YAML config (required unless --resume)")

@@ -6,7 +6,6 @@ import dataclasses
 import io
 import json
 import math
-import warnings
 from dataclasses import dataclass, field
 
 import torch
@@ -342,30 +341,6 @@ def _sharded(distributed: bool | None) -> bool:
     return live and dist.get_world_size() > 1
 
 
-#: a forced setting predicted this many times slower per pass than the calibration's choice gets a warning
-SLOW_SETTING_RATIO = 3.0
-
-
-def _warn_if_slow(calibration, strategy: str, batch_size, n: int, group) -> None:
-    """One line (rank 0) when the forced ``strategy`` / ``batch_size`` is predicted ``SLOW_SETTING_RATIO`` times
-    slower per pass than what ``strategy="auto"`` would run."""
-    p = group.world_size
-    if strategy == "shard":
-        from .distributed.strategy import shard_pass_seconds
-
-        tau = batch_size if isinstance(batch_size, int) else calibration.shard_batch_size
-        cost = shard_pass_seconds(n, p, tau, calibration.step_seconds, calibration.allreduce_seconds)
-    else:
-        cost = calibration.replicate_pass_seconds
-    chosen = calibration.strategy
-    best = calibration.replicate_pass_seconds if chosen == "replicate" else calibration.shard_pass_seconds
-    if group.is_main and cost > SLOW_SETTING_RATIO * best:
-        better = ("strategy='replicate'" if chosen == "replicate"
-                  else f"strategy='shard' with batch_size={calibration.shard_batch_size}")
-        warnings.warn(f"strategy={strategy!r} with batch_size={batch_size!r} is predicted {cost / best:.0f}x slower per "
-                      f"pass than {better} ({cost:.3g} s against {best:.3g} s, measured on this group)", stacklevel=3)
-
-
 def _resumed_strategy(init: "FitResult", given: str) -> str:
     """The strategy that continues ``init`` under a process group: its sharded state resumes sharded, any other
     (a replicated or single-process run's) replicated."""
@@ -449,7 +424,7 @@ def fit(
     comm, train, ctx, replica, calibration = None, data, None, None, None
     if _sharded(distributed):
         from .distributed import DistributedContext, ShardComm, check_same_dataset, shard, shard_sizes
-        from .distributed.strategy import ReplicaComm, choose_strategy
+        from .distributed.strategy import ReplicaComm, choose_strategy, warn_if_slow
 
         group = DistributedContext.from_process_group()
         strategy = _resumed_strategy(init, opts.strategy) if init is not None else opts.strategy
@@ -462,7 +437,7 @@ def fit(
                 strategy = calibration.strategy
             if strategy == "shard" and opts.batch_size == "auto":
                 opts = dataclasses.replace(opts, batch_size=calibration.shard_batch_size)
-            _warn_if_slow(calibration, strategy, opts.batch_size, len(data), group)
+            warn_if_slow(calibration, strategy, opts.batch_size, len(data), group)
         opts = dataclasses.replace(opts, strategy=strategy)
         if strategy == "shard":
             ctx = group

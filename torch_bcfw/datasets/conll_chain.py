@@ -165,23 +165,32 @@ def load_conll_problem(
     drop_bias: bool = True,
     limit: int | None = None,
     test_limit: int | None = None,
+    progress: bool = False,
 ) -> ConllProblem:
     """Load CoNLL-2000, build the vocabulary on the (first ``limit``) training sentences, encode both splits.
 
     ``path`` is anything :func:`~torch_bcfw.datasets.conll.load_conll2000` accepts (the
     ``conll2000.zip`` or a folder holding it or the ``.txt`` files).  ``limit`` / ``test_limit``
-    keep only the first sentences of each split (quick runs).
+    keep only the first sentences of each split (quick runs).  ``progress``: a "preparing features" bar on stderr
+    when the work takes over 2 s (:class:`~torch_bcfw.stage_bar.StageBar`).
     """
     from ..models import Chain
+    from ..stage_bar import StageBar
 
-    train_s = load_conll2000(path, split="train")
-    test_s = load_conll2000(path, split="test")
-    if limit is not None:
-        train_s = train_s[: int(limit)]
-    if test_limit is not None:
-        test_s = test_s[: int(test_limit)]
-    vocab = chunk_vocabulary(train_s, min_count=min_count, drop_bias=drop_bias)
-    train, test = encode_sentences(train_s, vocab), encode_sentences(test_s, vocab)
+    with StageBar(["read", "vocabulary", "features train", "features test"], progress) as bar:
+        train_s = load_conll2000(path, split="train")
+        test_s = load_conll2000(path, split="test")
+        if limit is not None:
+            train_s = train_s[: int(limit)]
+        if test_limit is not None:
+            test_s = test_s[: int(test_limit)]
+        bar.done("read")
+        vocab = chunk_vocabulary(train_s, min_count=min_count, drop_bias=drop_bias)
+        bar.done("vocabulary")
+        train = encode_sentences(train_s, vocab)
+        bar.done("features train")
+        test = encode_sentences(test_s, vocab)
+        bar.done("features test")
     model = Chain(len(vocab), len(CHUNK_TAGS))
     return ConllProblem(model, train, test, vocab, train_s, test_s, min_count, drop_bias)
 

@@ -256,21 +256,29 @@ class HansardsProblem:
 
 def load_hansards_problem(root, n_train: int = N_TRAIN, miss_cost: float = 3.0, extra_cost: float = 1.0,
                           normalize: str = "words", ibm_iterations: int = 5, diagonal_tension: float = 4.0,
-                          hmm_iterations: int = 5, unlabelled: bool = True) -> HansardsProblem:
+                          hmm_iterations: int = 5, unlabelled: bool = True, progress: bool = False) -> HansardsProblem:
     """Load the data, fit the text features on every pair's text (unlabelled, gold and trial; never their
     links), and build the :class:`~torch_bcfw.models.matching.Matching` model and its train / trial / test data
-    (gold pairs ``1..n_train``, the 37 trial pairs, the other gold pairs)."""
+    (gold pairs ``1..n_train``, the 37 trial pairs, the other gold pairs).  ``progress``: a "preparing features"
+    bar on stderr when the work takes over 2 s (:class:`~torch_bcfw.stage_bar.StageBar`)."""
     from ..features.alignment import AlignmentFeaturizer
     from ..models.matching import Matching
+    from ..stage_bar import StageBar
 
-    corpus = load_hansards(root, unlabelled=unlabelled)
-    split = hansards_split(corpus, n_train)
     featurizer = AlignmentFeaturizer(ibm_iterations=ibm_iterations, diagonal_tension=diagonal_tension,
                                      hmm_iterations=hmm_iterations)
-    featurizer.fit(corpus.texts())
+    parts = ("train", "trial", "test")
+    with StageBar(["read", *featurizer.fit_stages(), *(f"features {p}" for p in parts)], progress) as bar:
+        corpus = load_hansards(root, unlabelled=unlabelled)
+        split = hansards_split(corpus, n_train)
+        bar.done("read")
+        featurizer.fit(corpus.texts(), on_stage=bar.done)
+        data = {}
+        for part in parts:
+            data[part] = alignment_data(getattr(split, part), featurizer)
+            bar.done(f"features {part}")
     model = Matching(featurizer.n_features, miss_cost=miss_cost, extra_cost=extra_cost, normalize=normalize)
-    return HansardsProblem(model, alignment_data(split.train, featurizer), alignment_data(split.trial, featurizer),
-                           alignment_data(split.test, featurizer), featurizer, split, corpus)
+    return HansardsProblem(model, data["train"], data["trial"], data["test"], featurizer, split, corpus)
 
 
 def alignment_data(pairs: Sequence, featurizer, labels: bool = True):

@@ -59,7 +59,7 @@ def _ocr(cfg: dict):
     return Chain(train.x.shape[1], N_LETTERS), train, test
 
 
-def _conll(cfg: dict):
+def _conll(cfg: dict, progress: bool = False):
     """CoNLL-2000 chunking: sparse template attributes (``min_count``, default 3: d = 1,643,026).
 
     Options: ``path`` (required: the zip or a folder with it / the .txt files),
@@ -71,7 +71,7 @@ def _conll(cfg: dict):
         raise ValueError("the conll dataset needs data.path: conll2000.zip or a folder with it or train.txt/test.txt")
     prob = load_conll_problem(
         cfg["path"], min_count=_int(cfg, "min_count", 3), drop_bias=_flag(cfg, "drop_bias", True),
-        limit=_int(cfg, "limit"), test_limit=_int(cfg, "test_limit"),
+        limit=_int(cfg, "limit"), test_limit=_int(cfg, "test_limit"), progress=progress,
     )
     return prob.model, prob.train, prob.test
 
@@ -103,7 +103,7 @@ def _horses(cfg: dict):
     return model, train, test
 
 
-def _hansards(cfg: dict):
+def _hansards(cfg: dict, progress: bool = False):
     """Hansards English-French word alignment as bipartite matching, with text-only link features
     (:func:`~torch_bcfw.datasets.hansards.load_hansards_problem`): train on gold pairs ``1..n_train`` (default 100).
 
@@ -128,7 +128,7 @@ def _hansards(cfg: dict):
                                  miss_cost=_number(cfg, "miss_cost", 3.0), extra_cost=_number(cfg, "extra_cost", 1.0),
                                  normalize=normalize, ibm_iterations=_int(cfg, "ibm_iterations", 5),
                                  diagonal_tension=_number(cfg, "diagonal_tension", 4.0),
-                                 hmm_iterations=_int(cfg, "hmm_iterations", 5))
+                                 hmm_iterations=_int(cfg, "hmm_iterations", 5), progress=progress)
     train = prob.train
     if _int(cfg, "limit") is not None:
         train = train[list(range(min(cfg["limit"], len(train))))]
@@ -136,6 +136,8 @@ def _hansards(cfg: dict):
 
 
 DATASETS = {"ocr": _ocr, "conll": _conll, "horses": _horses, "hansards": _hansards}
+#: the datasets whose loading builds features for long enough to show a "preparing features" bar
+SHOWS_PROGRESS = {"conll", "hansards"}
 
 
 def load_problem_with_validation(cfg: dict):
@@ -216,15 +218,17 @@ def _no_validation(cfg: dict):
     return model, train, None, test
 
 
-def load_problem(cfg: dict):
-    """``(model, train, test)`` for a ``data:`` config section (``name`` plus the loader's arguments)."""
+def load_problem(cfg: dict, progress: bool = False):
+    """``(model, train, test)`` for a ``data:`` config section (``name`` plus the loader's arguments).
+    ``progress``: a "preparing features" bar on stderr for the datasets of :data:`SHOWS_PROGRESS` when their feature
+    building takes over 2 s."""
     cfg = dict(cfg)
     _check_keys(cfg)
     if "validation" in cfg:
         raise ValueError("data.validation is used by `torch-bcfw path` only; remove it here")
     name = cfg.pop("name")
     device = _device(cfg)  # before the data is read
-    model, train, test = DATASETS[name](cfg)
+    model, train, test = DATASETS[name](cfg, progress) if name in SHOWS_PROGRESS else DATASETS[name](cfg)
     if device is not None:
         train, test = train.to(device), test.to(device)
     return model, train, test

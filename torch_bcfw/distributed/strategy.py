@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import time
+import warnings
 from typing import NamedTuple
 
 import dataclasses
@@ -30,13 +31,16 @@ from .collectives import all_gather_parts, all_reduce_sum, broadcast_from_rank0
 from .context import DistributedContext
 from .sharding import shard_bounds, shard_sizes
 
-__all__ = ["Calibration", "choose_strategy", "shard_pass_seconds", "ReplicaComm", "SHARD_MARGIN", "MAX_SHARD_ROUND"]
+__all__ = ["Calibration", "choose_strategy", "shard_pass_seconds", "warn_if_slow", "ReplicaComm", "SHARD_MARGIN",
+           "MAX_SHARD_ROUND", "SLOW_SETTING_RATIO"]
 
 #: sharding must be predicted this many times faster per pass than replicating to be chosen
 SHARD_MARGIN = 1.5
 #: nor are rounds of more than this many blocks per process chosen: they need many more passes than one-block
 #: steps (OCR-large: rounds of 256 need 9x the passes of BCFW, docs/results/scale.md)
 MAX_SHARD_ROUND = 8
+#: a forced setting predicted this many times slower per pass than the calibration's choice gets a warning
+SLOW_SETTING_RATIO = 3.0
 #: block steps and all-reduces timed by the calibration
 CALIBRATION_STEPS, CALIBRATION_REDUCES = 256, 5
 
@@ -133,3 +137,20 @@ def choose_strategy(model, data, lam: float, options, ctx: DistributedContext) -
     shard = shard_pass_seconds(n, p, tau, t_step, t_ar)
     pays = tau <= min(MAX_SHARD_ROUND * p, n // 4) and replicate >= SHARD_MARGIN * shard
     return Calibration("shard" if pays else "replicate", t_step, t_ar, int(tau), replicate, shard)
+
+
+def warn_if_slow(calibration: Calibration, strategy: str, batch_size, n: int, ctx: DistributedContext) -> None:
+    """One line (rank 0) when the forced ``strategy`` / ``batch_size`` is predicted ``SLOW_SETTING_RATIO`` times
+    slower per pass than what ``strategy="auto"`` would run."""
+    if strategy == "shard":
+        tau = batch_size if isinstance(batch_size, int) else calibration.shard_batch_size
+        cost = shard_pass_seconds(n, ctx.world_size, tau, calibration.step_seconds, calibration.allreduce_seconds)
+    else:
+        cost = calibration.replicate_pass_seconds
+    chosen = calibration.strategy
+    best = calibration.replicate_pass_seconds if chosen == "replicate" else calibration.shard_pass_seconds
+    if ctx.is_main and cost > SLOW_SETTING_RATIO * best:
+        better = ("strategy='replicate'" if chosen == "replicate"
+                  else f"strategy='shard' with batch_size={calibration.shard_batch_size}")
+        warnings.warn(f"strategy={strategy!r} with batch_size={batch_size!r} is predicted {cost / best:.0f}x slower per "
+                      f"pass than {better} ({cost:.3g} s against {best:.3g} s, measured on this group)", stacklevel=3)

@@ -109,8 +109,14 @@ class AlignmentFeaturizer:
         return ["ibm1"] + (["diag"] if self.diagonal_tension > 0 else []) + (["hmm"] if self.hmm_iterations else [])
 
     # ------------------------------------------------------------------ fit
-    def fit(self, pairs: Sequence) -> "AlignmentFeaturizer":
-        """Gather the statistics from the tokens of ``pairs`` (their links, if any, are never read)."""
+    def fit_stages(self) -> list[str]:
+        """The names of the stages of :meth:`fit`, in order (for a progress bar)."""
+        return ["vocabulary"] + [f"{tag} {d}" for tag in self._ibm_tags() for d in ("e->f", "f->e")]
+
+    def fit(self, pairs: Sequence, on_stage=None) -> "AlignmentFeaturizer":
+        """Gather the statistics from the tokens of ``pairs`` (their links, if any, are never read).  ``on_stage``:
+        called with the name of each of :meth:`fit_stages` when it is done."""
+        done = on_stage if on_stage is not None else (lambda name: None)
         if len(pairs) == 0:
             raise ValueError("AlignmentFeaturizer.fit needs at least one sentence pair")
         texts = [(_lower(p.english), _lower(p.french)) for p in pairs]
@@ -127,17 +133,22 @@ class AlignmentFeaturizer:
         self.f_sent = np.bincount(np.concatenate(uf), minlength=Vf)
         co = torch.from_numpy(np.concatenate([(a[:, None] * Vf + b[None, :]).reshape(-1) for a, b in zip(ue, uf)]))
         self.co_keys, self.co_counts = torch.unique(co, return_counts=True)
+        done("vocabulary")
         self.ibm = {}
         for tag, tension in zip(("ibm1", "diag"), (0.0, self.diagonal_tension)):
             if tag not in self._ibm_tags():
                 continue
             fe = train_ibm(e_ids, f_ids, Ve, Vf, self.ibm_iterations, tension, self.null_prob)  # t(f | e)
+            done(f"{tag} e->f")
             ef = train_ibm(f_ids, e_ids, Vf, Ve, self.ibm_iterations, tension, self.null_prob)  # t(e | f)
+            done(f"{tag} f->e")
             self.ibm[tag] = (fe, ef)
         if self.hmm_iterations:
             fe1, ef1 = self.ibm["ibm1"]
-            self.ibm["hmm"] = (train_hmm(e_ids, f_ids, fe1, self.hmm_iterations),
-                               train_hmm(f_ids, e_ids, ef1, self.hmm_iterations))
+            fe_hmm = train_hmm(e_ids, f_ids, fe1, self.hmm_iterations)
+            done("hmm e->f")
+            self.ibm["hmm"] = (fe_hmm, train_hmm(f_ids, e_ids, ef1, self.hmm_iterations))
+            done("hmm f->e")
         self.fitted = True
         return self
 

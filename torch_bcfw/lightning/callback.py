@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 import signal
 import time
@@ -71,23 +72,27 @@ def _find(trainer, pl_module, name: str):
     return None
 
 
-def eval_outputs(pl_module, batches, each, to_device=None) -> list:
+def eval_outputs(pl_module, batches, each, to_device=None, keep=None) -> list:
     """``[each(pl_module.bcfw_features(batch)) for batch in batches]`` in eval mode without gradient; the
-    train/eval mode of every submodule is restored afterwards.  ``to_device`` moves a batch first; raises
-    ``ValueError`` when ``batches`` is empty."""
+    train/eval mode of every submodule is restored afterwards.  ``to_device`` moves a batch first; ``keep(i)``:
+    only the batches whose position ``i`` it accepts (the others are read and skipped).  Raises ``ValueError`` when
+    ``batches`` is empty (or, without ``keep``, when nothing was kept)."""
     modes = [(m, m.training) for m in pl_module.modules()]
     pl_module.eval()
-    parts = []
+    parts, seen = [], 0
     try:
         with torch.no_grad():
-            for batch in batches:
+            for i, batch in enumerate(batches):
+                seen += 1
+                if keep is not None and not keep(i):
+                    continue
                 if to_device is not None:
                     batch = to_device(batch)
                 parts.append(each(pl_module.bcfw_features(batch)))
     finally:
         for m, mode in modes:
             m.training = mode
-    if not parts:
+    if not seen:
         raise ValueError("bcfw_dataloader yielded no batch")
     return parts
 
@@ -113,22 +118,43 @@ def as_structured_data(out) -> StructuredData:
     return out
 
 
-def collect_features(pl_module, batches, device="cpu", to_device=None) -> StructuredData:
+def collect_features(pl_module, batches, device="cpu", to_device=None, ctx=None) -> StructuredData:
     """Run ``pl_module.bcfw_features`` over ``batches`` in eval mode without gradient; concatenate.
 
     ``bcfw_features(batch)`` returns a data container (:class:`~torch_bcfw.data.StructuredData`) or a tuple
     ``(x, y)`` / ``(x, y, offsets)`` (:func:`as_structured_data`); every batch must give the same container
     type.  The result (``type(part).cat`` of the parts) is on ``device`` with float64 features.  The train/eval
     mode of every submodule is restored afterwards.
+
+    ``ctx``: a process group (:class:`~torch_bcfw.distributed.DistributedContext`, e.g. Lightning's DDP) whose
+    ranks all pass the same ``batches``: rank ``r`` computes the features of batches ``r, r + P, r + 2P, ...`` only,
+    and the parts are gathered (one ``all_gather_object``), so that every rank returns the same data, in the order
+    of ``batches``, as one process computing them all.
     """
     def each(out):
         return as_structured_data(out).to(device, torch.float64)
 
-    parts = eval_outputs(pl_module, batches, each, to_device)
+    if ctx is None:
+        parts = eval_outputs(pl_module, batches, each, to_device)
+    else:
+        parts = _gathered_parts(eval_outputs(pl_module, batches, each, to_device,
+                                             keep=lambda i: i % ctx.world_size == ctx.rank), ctx, device)
     kinds = sorted({type(p).__name__ for p in parts})
     if len(kinds) != 1:
         raise TypeError(f"bcfw_features returned different containers for different batches: {kinds}")
     return type(parts[0]).cat(parts)
+
+
+def _gathered_parts(mine: list, ctx, device) -> list:
+    """Every rank's parts (rank ``r`` holds those of positions ``r, r + P, ...``) on every rank, in position order,
+    on ``device``."""
+    from ..distributed import collective
+
+    per_rank = [None] * ctx.world_size
+    with collective("BCFWCallback feature gather", ctx):
+        torch.distributed.all_gather_object(per_rank, [p.to("cpu") for p in mine])
+    total = sum(len(parts) for parts in per_rank)
+    return [per_rank[i % ctx.world_size][i // ctx.world_size].to(device) for i in range(total)]
 
 
 class BCFWCallback(Callback):
@@ -160,6 +186,12 @@ class BCFWCallback(Callback):
       (one row per example / packed tokens).  Batches are moved to the module's device by the trainer's
       strategy first; the callback joins the batches with the container's ``cat`` and solves on float64
       features.
+
+    **DDP.**  Under a multi-process Trainer every rank computes the features of its share of the batches and the
+    parts are gathered (:func:`collect_features`); the solve then replicates (every rank the single-process solve
+    on all examples) or shards (rounds split over the ranks), as the option ``strategy`` says (``"auto"``, the
+    default: the first solve calibrates with :func:`~torch_bcfw.distributed.strategy.choose_strategy` and the run
+    keeps the choice, :attr:`strategy`).  One head, identical on every rank.
 
     **Ctrl-C.**  A solve interrupted by ``KeyboardInterrupt`` (which :func:`~torch_bcfw.solvers.run.run_solver`
     turns into ``stopped_by = "interrupted"``) is discarded whole and the interrupt is raised again, so that
@@ -248,7 +280,10 @@ class BCFWCallback(Callback):
         self.last_data = None
         self.interrupted = False  # a solve was cut by Ctrl-C (and discarded)
         self._state_type = None  # the class of the dual state (make_dual_state's choice for the head's model)
-        self.shards = None  # under DDP: (dual state, solver state) of every rank, in rank order
+        self.shards = None  # under DDP, sharded: (dual state, solver state) of every rank, in rank order
+        self.strategy = None  # under DDP: "replicate" or "shard", decided by the first solve
+        self.shard_batch_size = None  # a sharded run's round size (the calibration's, when batch_size="auto")
+        self.calibration = {}  # the figures behind strategy="auto"'s choice (calibration_* counters)
 
     # ------------------------------------------------------------------ Lightning plumbing
     @property
@@ -307,11 +342,13 @@ class BCFWCallback(Callback):
 
     # ------------------------------------------------------------------ the solve
     def training_data(self, trainer, pl_module) -> StructuredData:
-        """The current training data (float64 features on the solver's device) via the feature protocol."""
+        """The current training data (float64 features on the solver's device) via the feature protocol; under DDP
+        each rank computes the features of its share of the batches and every rank gets all of them
+        (:func:`collect_features` with the process group)."""
         loader = _find(trainer, pl_module, "bcfw_dataloader")
         device = self.device if self.device is not None else pl_module.device
         to_device = trainer.strategy.batch_to_device if trainer is not None else None
-        data = collect_features(pl_module, loader(), device=device, to_device=to_device)
+        data = collect_features(pl_module, loader(), device=device, to_device=to_device, ctx=_ddp_context(trainer))
         head = self._head(pl_module)
         try:
             head.model.check_data(data)
@@ -354,21 +391,30 @@ class BCFWCallback(Callback):
         data = self.training_data(trainer, pl_module)
         t_feat = time.perf_counter() - t0
         ctx = _ddp_context(trainer)
+        opts = SolverOptions.from_kwargs(**{**self.options.to_dict(), "max_passes": passes})
         comm, mine, n_total = None, data, None
-        if ctx is not None:  # DDP: one head over all ranks' examples, each rank solving on its shard
+        if ctx is not None:  # DDP: one head over all ranks' examples (gathered above)
             from ..distributed import ShardComm, shard, shard_sizes
+            from ..distributed.strategy import ReplicaComm
 
-            mine, n_total = shard(data, ctx).data, len(data)
-            comm = ShardComm(ctx, shard_sizes(len(data), ctx.world_size))
-            self._select_shard(ctx)
+            opts = self._distributed_options(ctx, model, data, opts)
+            if opts.strategy == "shard":  # each rank solves on its contiguous share, rounds all-reduced
+                mine, n_total = shard(data, ctx, check=False).data, len(data)
+                comm = ShardComm(ctx, shard_sizes(len(data), ctx.world_size))
+                if self.shards is not None:
+                    self.dual_sd, self.alg_sd = self.shards[ctx.rank]
+            else:  # every rank runs the single-process solve on all examples
+                comm = ReplicaComm(ctx)
+        elif self.shards is not None:
+            raise ValueError(f"BCFWCallback: the checkpoint holds the dual states of a sharded run of {len(self.shards)} "
+                             f"processes: resume it under DDP with {len(self.shards)} processes")
         state = self._dual_state(model, mine, n_total)
         stale = 0.0
         if self.dual_sd is not None:
             stale = float((state.w - self.dual_sd["w"].to(state.w.device)).abs().max()) if state.d else 0.0
-        opts = SolverOptions.from_kwargs(**{**self.options.to_dict(), "max_passes": passes})
         run = SolverRun(model, mine, self.lam, self.solver, opts, state=state, comm=comm)
         # the run works on copies of the counters and history: an interrupted call leaves no trace
-        run.load_progress(self.alg_sd, self.counters, self.history)
+        run.load_progress(self.alg_sd, {**self.counters, **self.calibration}, self.history)
         out = run.run()
         if out.stopped_by == "interrupted":
             self.interrupted = True
@@ -387,10 +433,15 @@ class BCFWCallback(Callback):
             w = alg.averaged()[0]
         epoch = trainer.current_epoch if trainer is not None else None
         rec.update(epoch=epoch, stale=stale, call=self.calls, feature_time=t_feat, wall=time.perf_counter() - t0)
+        if ctx is not None and opts.strategy == "replicate":
+            from ..distributed import assert_replicated
+
+            assert_replicated(w, ctx, name="BCFWCallback's replicated head")
         sd = alg.state_dict()
         dual_sd, alg_sd = _to_primitive(sd.pop("state")), _to_primitive(sd)
         shards = None
-        if ctx is not None:  # every rank keeps every rank's state, so that any rank's checkpoint resumes all
+        if ctx is not None and opts.strategy == "shard":  # every rank keeps every rank's state, so that any rank's
+            # checkpoint resumes all
             from ..distributed import collective
 
             shards = [None] * ctx.world_size
@@ -431,18 +482,53 @@ class BCFWCallback(Callback):
                           on_step=False, on_epoch=True, prog_bar=(k == "gap"), add_dataloader_idx=False)
 
     # ------------------------------------------------------------------ checkpoint
-    def _select_shard(self, ctx) -> None:
-        """Under DDP: take this rank's dual and solver state from :attr:`shards` (those of every rank, restored from a
-        checkpoint or gathered after the last solve); refuse a checkpoint of another world size or of one process."""
-        if self.shards is None:
-            if self.dual_sd is not None:
-                raise ValueError(f"BCFWCallback: the checkpoint holds the dual state of a single-process run; this run "
-                                 f"has {ctx.world_size} processes (resume with the same number of processes)")
-            return
-        if len(self.shards) != ctx.world_size:
-            raise ValueError(f"BCFWCallback: the checkpoint holds the dual states of {len(self.shards)} ranks, this run "
-                             f"has {ctx.world_size}: resume with the world size that wrote it")
-        self.dual_sd, self.alg_sd = self.shards[ctx.rank]
+    def _distributed_options(self, ctx, model, data, opts: SolverOptions) -> SolverOptions:
+        """Under DDP: ``opts`` with the strategy (and a sharded run's round size) of this callback's solves.
+
+        The first solve decides: a checkpoint's sharded states continue sharded (with the world size that wrote
+        them), a full dual state (a replicated or single-process run) continues replicated; otherwise
+        ``strategy="auto"`` runs :func:`~torch_bcfw.distributed.strategy.choose_strategy` on the gathered data
+        (logged once, and kept in the counters as ``calibration_*``).  Later solves keep the decision."""
+        from ..distributed.strategy import choose_strategy, warn_if_slow
+
+        given = opts.strategy
+        if self.shards is not None:
+            saved = "shard"
+            if len(self.shards) != ctx.world_size:
+                raise ValueError(f"BCFWCallback: the checkpoint holds the dual states of {len(self.shards)} ranks, "
+                                 f"this run has {ctx.world_size}: resume with the world size that wrote it")
+        elif self.dual_sd is not None:
+            saved = "replicate"
+        else:
+            saved = self.strategy
+        if saved is not None:
+            if given not in ("auto", saved):
+                kind = "sharded" if saved == "shard" else "replicated or single-process"
+                raise ValueError(f"BCFWCallback: the dual state to continue is that of a {kind} run: it continues "
+                                 f"with strategy={saved!r}, not {given!r}")
+            self.strategy = saved
+        elif given == "auto" and self.solver != "bcfw":
+            self.strategy = "replicate"  # only BCFW shards
+        elif given in ("auto", "shard"):
+            cal = choose_strategy(model, data, self.lam, opts, ctx)
+            self.strategy = cal.strategy if given == "auto" else given
+            self.shard_batch_size = cal.shard_batch_size
+            self.calibration = {f"calibration_{k}": v for k, v in cal._asdict().items()
+                                if k not in ("strategy", "shard_batch_size")}
+            warn_if_slow(cal, self.strategy, opts.batch_size, len(data), ctx)
+            rank_zero_info(f"[{self.log_prefix}] strategy {self.strategy} over {ctx.world_size} processes (given "
+                           f"{given!r}): predicted {cal.replicate_pass_seconds:.3g} s per pass replicated, "
+                           f"{cal.shard_pass_seconds:.3g} s sharded in rounds of {cal.shard_batch_size} (block step "
+                           f"{cal.step_seconds:.3g} s, all-reduce {cal.allreduce_seconds:.3g} s)")
+        else:
+            self.strategy = given
+        changes = {"strategy": self.strategy}
+        if self.strategy == "shard" and opts.batch_size == "auto":
+            if self.shard_batch_size is None:
+                raise ValueError("BCFWCallback: the checkpoint of this sharded run does not record its round size; "
+                                 "give batch_size")
+            changes["batch_size"] = self.shard_batch_size
+        return dataclasses.replace(opts, **changes)
 
     def state_dict(self) -> dict:
         return {
@@ -456,6 +542,9 @@ class BCFWCallback(Callback):
             "calls": self.calls,
             "solved_epoch": self.solved_epoch,
             "shards": copy.deepcopy(self.shards),
+            "strategy": self.strategy,
+            "shard_batch_size": self.shard_batch_size,
+            "calibration": dict(self.calibration),
         }
 
     def load_state_dict(self, state_dict: dict) -> None:
@@ -472,5 +561,8 @@ class BCFWCallback(Callback):
         self.history = as_records(state_dict["history"])
         self.calls = int(state_dict["calls"])
         self.shards = state_dict.get("shards")
+        self.strategy = state_dict.get("strategy")
+        self.shard_batch_size = state_dict.get("shard_batch_size")
+        self.calibration = dict(state_dict.get("calibration", {}))
         self.solved_epoch = state_dict.get("solved_epoch")
         self.last_record = self.history[-1] if self.history else None
