@@ -114,7 +114,7 @@ def solver_comparison(model, data, lam, passes, out_png):
             h["primal_subopt_bound"] = p - lower
         last = hs[-1]
         table.append({"solver": name, "passes": last["passes"], "seconds": last.get("solver_time"),
-                      "gap": last.get("gap_best"), "primal_subopt": last["primal_subopt_bound"]})
+                      "gap": last.get("gap"), "primal_subopt": last["primal_subopt_bound"]})
     try:
         from torch_bcfw.plotting import pyplot, save_figure
 
@@ -124,9 +124,9 @@ def solver_comparison(model, data, lam, passes, out_png):
             x = [h["passes"] for h in hs]
             t = [h.get("solver_time", 0.0) for h in hs]
             axes[0].semilogy(x, [max(h["primal_subopt_bound"], 1e-12) for h in hs], label=name)
-            if hs[-1].get("gap_best") is not None:
-                axes[1].semilogy(x, [h["gap_best"] for h in hs], label=name)
-                axes[2].semilogy(t, [h["gap_best"] for h in hs], label=name)
+            if hs[-1].get("gap") is not None:
+                axes[1].semilogy(x, [h["gap"] for h in hs], label=name)
+                axes[2].semilogy(t, [h["gap"] for h in hs], label=name)
         for ax, xl, yl in zip(axes, ("effective passes", "effective passes", "seconds"),
                               ("primal - best dual", "certified gap", "certified gap")):
             ax.set_xlabel(xl)

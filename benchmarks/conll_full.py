@@ -71,7 +71,7 @@ def run_single(args) -> dict:
         f1 = prob.f1(result.weights)
         f1_last, f1_avg = prob.f1(result.w)["f1"], prob.f1(result.w_avg)["f1"]
         rec = result.history[-1]
-        curve.append({"passes": result.passes, "gap": result.gap, "gap_last": rec.gap, "gap_avg": rec.gap_avg,
+        curve.append({"passes": result.passes, "gap": result.gap, "gap_last": rec.gap_last, "gap_avg": rec.gap_avg,
                       "primal": result.primal, "selected": result.selected, "test_f1": f1["f1"],
                       "test_f1_last": f1_last, "test_f1_avg": f1_avg,
                       "test_hamming": rec.test_loss, "train_hamming": rec.train_loss,

@@ -32,7 +32,7 @@ Solvers (averaging on, the best certified iterate, exact gap check after every p
 
 Each run stops after ``--budget`` seconds (solver + check time) or ``--max-passes`` passes.  Reported per
 solver (median over seeds, with the number of seeds that reached the target): exact oracle calls / n and
-solver seconds to the first check with ``gap_best / primal <= target``.
+solver seconds to the first check with ``gap / primal <= target``.
 """
 from __future__ import annotations
 
@@ -95,7 +95,7 @@ class SlowChain(Chain):
 
 def rel_gap(rec: dict) -> float:
     primal = min(p for p in (rec["primal"], rec.get("primal_avg")) if p is not None)
-    return rec["gap_best"] / primal
+    return rec["gap"] / primal
 
 
 def uses_checks(options: dict) -> bool:

@@ -28,7 +28,7 @@ def main() -> None:
         last = r.history[-1]
         letter_err = float((r.predict(test) != test.y).double().mean())
         rows.append({"lam": lam, "passes": r.passes, "stopped_by": r.stopped_by, "model": r.selected,
-                     "gap": r.gap, "gap_last": last.gap, "gap_avg": last.gap_avg, "primal": r.primal,
+                     "gap": r.gap, "gap_last": last.gap_last, "gap_avg": last.gap_avg, "primal": r.primal,
                      "rel_gap": r.gap / r.primal, "train_err": last.train_loss, "test_err": last.test_loss, "test_letter_err": letter_err,
                      "solver_s": last.solver_time, "gap_check_s": last.gap_time})
         runs[str(lam)] = r.history

@@ -176,7 +176,7 @@ def lib_staged(spec: dict) -> dict:
               for k, w in (("f1", result.weights), ("f1_last", result.w), ("f1_avg", result.w_avg))}
         rows.append({"passes": result.passes, "gap": result.gap, "primal": result.primal,
                      "rel_gap": result.gap / result.primal, "selected": result.selected,
-                     "gap_last": rec.gap, "gap_avg": rec.gap_avg, **f1,
+                     "gap_last": rec.gap_last, "gap_avg": rec.gap_avg, **f1,
                      "solver_time": rec.solver_time, "gap_time": rec.gap_time})
         print(f"  lam {spec['lam']:g} [{spec['split']}] pass {result.passes:4.0f}  F1 {100 * f1['f1']:.2f} "
               f"(last {100 * f1['f1_last']:.2f}, avg {100 * f1['f1_avg']:.2f})  gap/primal {rows[-1]['rel_gap']:.2e}",
@@ -199,7 +199,7 @@ def lib_fit(spec: dict) -> dict:
             self.rows = []
 
         def on_check(self, record):
-            self.rows.append({"passes": record.passes, "t": time.perf_counter() - t0, "gap": record.gap_best,
+            self.rows.append({"passes": record.passes, "t": time.perf_counter() - t0, "gap": record.gap,
                               "selected": record.selected})
 
     clock = CheckClock()

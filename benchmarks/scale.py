@@ -118,7 +118,7 @@ def load(name: str):
 
 def certified(rec, kind: str) -> float:
     """The certified gap of a history record (a ``CheckRecord``), absolute or relative to the better primal."""
-    g = rec.gap_best
+    g = rec.gap
     if kind == "gap":
         return g
     primal = min(p for p in (rec.primal, rec.primal_avg) if p is not None)
@@ -353,7 +353,7 @@ def lightning_child(args) -> None:
     wall = time.perf_counter() - t0
     if trainer.global_rank == 0:
         calls = [{"call": r.call, "epoch": r.epoch, "feature_s": r.feature_time, "solve_s": r.wall - r.feature_time,
-                  "head_s": r.wall, "gap": r.gap_best, "passes": r.passes} for r in bcfw.history]
+                  "head_s": r.wall, "gap": r.gap, "passes": r.passes} for r in bcfw.history]
         Path(args.out).write_text(json.dumps({
             "procs": world, "threads_per_proc": torch.get_num_threads(), "strategy": bcfw.strategy or "one process",
             "calibration": {k: v for k, v in bcfw.counters.items() if k.startswith("calibration_")},

@@ -213,7 +213,7 @@ def main(argv=None) -> None:
         print(f"  reference: {ref.passes:.0f} passes of BCFW (gap-pairwise), certified gap {ref.gap:.3g}")
         runs = runs_of(figure, model, train, test, lam, args.passes, seeds, args.gap_check, methods)
         d_star = best_dual(runs, plain_history(ref.history))
-        best_gap = min(rec.gap_best for rec in ref.history if rec.gap_best is not None)
+        best_gap = min(rec.gap for rec in ref.history if rec.gap is not None)
         gc = args.gap_check
         marks = sorted({m for m in (gc, 2 * gc, 4 * gc, 10 * gc, 20 * gc, args.passes) if m <= args.passes})
         rows = [summary(label, run, d_star, marks) for label, run in runs.items()]

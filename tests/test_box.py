@@ -69,7 +69,7 @@ def test_infinite_bounds_reproduce_plain_bcfw_exactly(kind):
     r1 = fit(model, data, 0.05, **kw)
     r2 = fit(model, data, 0.05, bounds=(torch.full((d,), -math.inf), None), **kw)
     assert torch.equal(r1.w, r2.w) and torch.equal(r1.w_avg, r2.w_avg)
-    assert [h.gap for h in r1.history] == [h.gap for h in r2.history]
+    assert [h.gap_last for h in r1.history] == [h.gap_last for h in r2.history]
 
 
 def test_box_gap_is_the_exact_constrained_gap_and_the_dual_never_decreases():

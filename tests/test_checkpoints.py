@@ -40,7 +40,7 @@ def _config(tmp_path, max_passes=200, **options) -> Path:
 
 def _same_run(a: FitResult, b: FitResult) -> None:
     assert torch.equal(a.w, b.w) and torch.equal(a.w_avg, b.w_avg)
-    keys = ("passes", "primal", "dual", "gap", "primal_avg", "dual_avg", "gap_best", "train_loss", "test_loss")
+    keys = ("passes", "primal", "dual", "gap_last", "primal_avg", "dual_avg", "gap", "train_loss", "test_loss")
     assert [[getattr(r, k) for k in keys] for r in a.history] == [[getattr(r, k) for k in keys] for r in b.history]
     assert a.stopped_by == b.stopped_by
 

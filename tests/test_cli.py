@@ -29,7 +29,7 @@ def test_fit_and_evaluate(tmp_path):
             "--set", f"data.path={data}", "--set", "data.limit=300", "--json", str(tmp_path / "eval.json"))
     assert p.returncode == 0, p.stderr
     ev = json.loads((tmp_path / "eval.json").read_text())
-    assert 0 < ev["test_error"] < 0.9 and ev["certified_gap_as_saved"] == hist[-1]["gap_best"] > 0
+    assert 0 < ev["test_error"] < 0.9 and ev["certified_gap_as_saved"] == hist[-1]["gap"] > 0
     # other training data (all of OCR-large, not the 300 words fitted): the saved certificate is not shown
     p = run("evaluate", "--model", str(out / "model.pt"), "--config", "configs/ocr.yaml",
             "--set", f"data.path={data}", "--json", str(tmp_path / "eval2.json"))

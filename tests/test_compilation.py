@@ -44,7 +44,7 @@ def test_precompile_leaves_the_fit_unchanged():
     timer = precompile(model, data, 0.1, test_data=data, max_passes=4, gap_check=2, gap_tol=0.5, progress=True)
     assert isinstance(timer, CompileTimer) and timer.seconds >= 0
     after = fit(model, data, 0.1, max_passes=4, gap_check=2)
-    assert (after.w == before.w).all() and after.history[-1].gap_best == before.history[-1].gap_best
+    assert (after.w == before.w).all() and after.history[-1].gap == before.history[-1].gap
     mc, mdata = random_multiclass_problem()
     precompile(mc, mdata, 0.1, "fw", max_passes=3)
     precompile(mc, mdata, 0.1, "ssg")

@@ -22,8 +22,8 @@ def test_the_certified_gap_of_the_run_is_drawn_and_its_final_value_written():
         for ax, xkey in zip(fig.axes, ("passes", "solver_time")):
             lines = _lines(ax)
             cert = lines["run: certified gap"]
-            assert list(cert.get_ydata()) == [r.gap_best for r in res.history]
-            assert list(lines["run: last iterate's gap"].get_ydata()) == [r.gap for r in res.history]
+            assert list(cert.get_ydata()) == [r.gap for r in res.history]
+            assert list(lines["run: last iterate's gap"].get_ydata()) == [r.gap_last for r in res.history]
             assert list(lines["run: averaged iterate's gap"].get_ydata()) == [r.gap_avg for r in res.history]
             assert list(lines["gap_tol = 0.01"].get_ydata()) == [0.01, 0.01]
             # the final table's "duality gap (certified)" appears on the plot, beside the last point
@@ -43,8 +43,8 @@ def test_compile_time_is_named_on_the_time_axis_and_no_gap_cases_draw():
         assert "6.0 s" in fig.axes[1].get_xlabel() and "compilation" in fig.axes[1].get_xlabel()
     finally:
         pyplot().close(fig)
-    ssg_like = [{"passes": 1.0, "solver_time": 0.1, "primal": 1.0, "gap": None, "gap_best": None}]
-    done = [{"passes": 1.0, "solver_time": 0.1, "gap": 0.0, "gap_avg": 0.0, "gap_best": 0.0}]
+    ssg_like = [{"passes": 1.0, "solver_time": 0.1, "primal": 1.0, "gap_last": None, "gap": None}]
+    done = [{"passes": 1.0, "solver_time": 0.1, "gap_last": 0.0, "gap_avg": 0.0, "gap": 0.0}]
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # e.g. no "No artists with labels found to put in legend"
         fig = histories_figure({"ssg": ssg_like, "exact": done})

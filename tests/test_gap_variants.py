@@ -199,10 +199,10 @@ def test_cache_with_infinite_threshold_equals_no_cache(sampling, rule):
     if sampling == "uniform" and rule == "fw":
         # without a cache this is plain BCFW, whose compiled loop is another kernel: equal up to round-off
         assert torch.allclose(plain.w, never.w, atol=1e-12) and torch.allclose(plain.w_avg, never.w_avg, atol=1e-12)
-        np.testing.assert_allclose([h.gap for h in plain.history], [h.gap for h in never.history], atol=1e-12)
+        np.testing.assert_allclose([h.gap_last for h in plain.history], [h.gap_last for h in never.history], atol=1e-12)
     else:  # the same composed loop with and without the cache: bit for bit
         assert torch.equal(plain.w, never.w) and torch.equal(plain.w_avg, never.w_avg)
-        assert [h.gap for h in plain.history] == [h.gap for h in never.history]
+        assert [h.gap_last for h in plain.history] == [h.gap_last for h in never.history]
 
 
 @pytest.mark.parametrize("preset", ALL)
@@ -234,7 +234,7 @@ def test_plain_fw_through_the_composed_loop_equals_plain_bcfw():
     plain = fit(model, data, 0.05, **kw)
     composed = fit(model, data, 0.05, cache=True, cache_nu=math.inf, **kw)
     assert torch.allclose(plain.w, composed.w, atol=1e-12)
-    np.testing.assert_allclose([h.gap for h in plain.history], [h.gap for h in composed.history], atol=1e-12)
+    np.testing.assert_allclose([h.gap_last for h in plain.history], [h.gap_last for h in composed.history], atol=1e-12)
 
 
 # ---------------------------------------------------------------------- optimum and certificates
@@ -306,7 +306,7 @@ def test_refined_warm_start_continues_exactly(tmp_path):
 
     second = fit(model, data, 0.05, max_passes=10, init=FitResult.load(tmp_path / "r.pt"), **kw)
     assert torch.equal(full.w, second.w)
-    assert [h.gap for h in full.history] == [h.gap for h in second.history]
+    assert [h.gap_last for h in full.history] == [h.gap_last for h in second.history]
     assert full.history[-1].cache_hits == second.history[-1].cache_hits > 0
 
 

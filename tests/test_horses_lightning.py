@@ -57,11 +57,11 @@ def test_callbacks_solve_both_heads_with_the_constraint(fitted):
     assert bool((model.head.w[-2:] >= 0).all())
     for cb in cbs:
         rec = cb.last_record
-        assert rec.gap_best >= -1e-12 and rec.gap_best <= rec.primal + 1e-12
+        assert rec.gap >= -1e-12 and rec.gap <= rec.primal + 1e-12
         assert cb.dual_sd["kind"] == "GraphCutDualState"
     for key in ("test/cnn_iou", "test/unary_iou", "test/potts_iou", "test/potts_acc", "test/cnn_miou"):
         assert 0.0 <= test[key] <= 1.0
-    assert all(cb.figures(cb.last_record)["gap"] == cb.last_record.gap_best for cb in cbs)
+    assert all(cb.figures(cb.last_record)["gap"] == cb.last_record.gap for cb in cbs)
 
 
 def test_callback_state_round_trip_rebinds_exactly(fitted):

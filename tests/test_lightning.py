@@ -95,7 +95,7 @@ def test_logged_gap_is_the_exact_gap_at_the_current_features(tmp_path):
     _trainer(tmp_path, [cb], epochs=2).fit(module)
     rec = cb.last_record
     logged = {k: float(v) for k, v in _trainer_metrics(module).items()}
-    assert logged["ssvm/gap"] == pytest.approx(rec.gap_best, rel=1e-12, abs=1e-15)
+    assert logged["ssvm/gap"] == pytest.approx(rec.gap, rel=1e-12, abs=1e-15)
     # independent computation at the features the backbone gives now (the callback ran after the last update)
     data = _features(module, raw)
     model, w_head = module.head.model, module.head.w
@@ -160,8 +160,8 @@ def test_checkpoint_resume_equals_uninterrupted_run(tmp_path):
 
     assert torch.equal(second.head.w, full.head.w)
     assert torch.equal(second.backbone.weight, full.backbone.weight)
-    assert second_cb.last_record.gap_best == full_cb.last_record.gap_best
-    assert [h.gap_best for h in second_cb.history] == [h.gap_best for h in full_cb.history]
+    assert second_cb.last_record.gap == full_cb.last_record.gap
+    assert [h.gap for h in second_cb.history] == [h.gap for h in full_cb.history]
     assert second_cb.alg_sd == full_cb.alg_sd
     assert float(second.trainer.callback_metrics["ssvm/gap"]) == float(full.trainer.callback_metrics["ssvm/gap"])
 

@@ -166,7 +166,7 @@ def test_gap_equals_primal_minus_dual_by_enumeration():
     st = r.solver_state["state"]
     dual = st["ell"] - 0.5 * lam * float(st["w"] @ st["w"])  # D(alpha) = b^T alpha - lam/2 ||A alpha||^2
     assert last.dual == pytest.approx(dual, abs=1e-12)
-    assert last.gap == pytest.approx(last.primal - last.dual, abs=1e-12)
+    assert last.gap_last == pytest.approx(last.primal - last.dual, abs=1e-12)
     ref = fit(model, data, lam, max_passes=400, gap_check=50, gap_tol=1e-6, progress=False)
     ref_dual = ref.history[-1].dual if ref.selected == "last" else ref.history[-1].dual_avg
     p_ref = brute_force_primal(model, data, ref.weights, lam)

@@ -66,7 +66,7 @@ def test_ocr_large_acceptance():
     assert r.stopped_by == "gap_tol"
     assert r.gap < 0.01 and r.passes <= 100
     last = r.history[-1]
-    assert last.gap == pytest.approx(last.primal - last.dual)
+    assert last.gap_last == pytest.approx(last.primal - last.dual)
     assert last.test_loss <= 0.13
     letter_err = float((r.predict(test) != test.y).double().mean())
     assert letter_err <= 0.13

@@ -38,7 +38,8 @@ def _imported_modules(path: Path, package: str) -> set[str]:
 #: the floors of the package, lowest first (a top-level module or subpackage of ``torch_bcfw`` per name): a module
 #: imports, at module level or inside a function, only from its own floor or a lower one
 FLOORS = (
-    ("kernel_cache", "threads", "signals", "checks", "convert", "plotting", "serialization"),  # foundations
+    ("kernel_cache", "threads", "signals", "checks", "convert", "plotting", "serialization",
+     "stage_bar"),  # foundations
     ("data", "graph_data", "pose_data", "inference"),  # data containers and decoders
     ("head_ops", "metrics"),  # decoding heads; task metrics from data the caller passes
     ("duals",),  # dual states and their step loops

@@ -144,8 +144,8 @@ def test_bcfw_callback_solves_the_tree_head_on_pose_features(tmp_path) -> None:
     cb = BCFWCallback(lam=0.01, passes_per_call=3, initial_passes=3, solver_options={"seed": 0})
     trainer = _trainer(tmp_path, [cb], max_epochs=2)
     trainer.fit(module)
-    assert cb.calls == 3 and cb.last_record.gap_best >= 0
-    assert trainer.callback_metrics["ssvm/gap"] == pytest.approx(cb.last_record.gap_best)
+    assert cb.calls == 3 and cb.last_record.gap >= 0
+    assert trainer.callback_metrics["ssvm/gap"] == pytest.approx(cb.last_record.gap)
     w = module.head.w
     assert bool((w[module.head.model.quadratic_index()] >= 0).all()) and float(w.abs().sum()) > 0
     # the solved head decodes the training images better than the per-joint argmax of the noisy heatmaps
@@ -201,7 +201,7 @@ def test_cnn_with_a_mixture_tree_head_trains_end_to_end_on_lsp(tmp_path, type_fe
     trainer.fit(model, datamodule=dm)
     head = model.head.model
     assert head.n_types == K and torch.equal(head.mu, dm.type_offsets) and head.type_features == type_features
-    assert cb.calls == 1 and cb.last_record.gap_best >= 0 and cb.last_data.types is not None
+    assert cb.calls == 1 and cb.last_record.gap >= 0 and cb.last_data.types is not None
     if type_features:  # the head sees the CNN's edge-type maps and weighs them
         assert cb.last_data.type_unary.shape == (24, 13, K, 2, 8, 8)
         assert float(head.type_feature_weights(model.head.w).abs().sum()) > 0
@@ -322,7 +322,7 @@ def test_cross_fitted_pose_model_never_trains_a_cnn_on_its_own_fold(tmp_path) ->
     cb = BCFWCallback(lam=0.1, every_n_epochs=1, passes_per_call=3, initial_passes=0, solver_options={"seed": 0})
     trainer = _trainer(tmp_path, [cb])
     trainer.fit(model, datamodule=dm)
-    assert cb.calls == 1 and len(cb.last_data.unary) == 12 and cb.last_record.gap_best >= 0
+    assert cb.calls == 1 and len(cb.last_data.unary) == 12 and cb.last_record.gap >= 0
     trainer.test(model, datamodule=dm, verbose=False)
     assert 0.0 <= model.test_results["test/pck_tree"] <= 1.0
     # the datamodule and the model must agree on the folds; cross-fitting and a head hold-out exclude each other

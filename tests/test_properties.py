@@ -13,7 +13,7 @@ seed...), and checks:
 2. every dual value of every record is ``<= P*`` (bounded above by ``min P(w)`` over candidate ``w``: the
    solution of the primal QP over all enumerated labelings by ``scipy``'s SLSQP, projected on the model's
    box, and the returned iterates; a long cold BCFW run when scipy is missing);
-3. every gap is ``>= -1e-12`` and equals primal minus dual (``gap_best = min(primal, primal_avg) -
+3. every gap is ``>= -1e-12`` and equals primal minus dual (``gap = min(primal, primal_avg) -
    max(dual, dual_avg)``), recomputed here;
 4. warm starts on perturbed features (same labels; graph cuts: node features) are refused with
    ``ValueError("... features differ ...")`` exactly when the dual state cannot re-derive itself (the dense state
@@ -311,7 +311,7 @@ def check_certificates(result, problem: Problem, enum: Enumerated, records=None,
                 assert getattr(rec, key) <= bound + DUAL_TOL, f"{key} = {getattr(rec, key)!r} > P* <= {bound!r} at {rec.passes} passes"
     # 3. gaps: primal - dual, recomputed, and >= 0 up to rounding
     for rec in records:
-        for p, d, g in (("primal", "dual", "gap"), ("primal_avg", "dual_avg", "gap_avg")):
+        for p, d, g in (("primal", "dual", "gap_last"), ("primal_avg", "dual_avg", "gap_avg")):
             if getattr(rec, d) is None:
                 assert getattr(rec, g) is None
                 continue
@@ -319,13 +319,13 @@ def check_certificates(result, problem: Problem, enum: Enumerated, records=None,
             assert getattr(rec, g) >= -GAP_TOL
         duals = [v for v in (rec.dual, rec.dual_avg) if v is not None]
         if not duals:
-            assert rec.gap_best is None
+            assert rec.gap is None
             continue
         best = min(v for v in (rec.primal, rec.primal_avg) if v is not None) - max(duals)
-        assert rec.gap_best == pytest.approx(best, rel=1e-12, abs=1e-15)
-        assert rec.gap_best >= -GAP_TOL
+        assert rec.gap == pytest.approx(best, rel=1e-12, abs=1e-15)
+        assert rec.gap >= -GAP_TOL
     if has_dual:
-        assert result.gap == last.gap_best
+        assert result.gap == last.gap
     else:
         assert result.gap is None
 

@@ -81,7 +81,7 @@ def test_mp_bcfw_wall_clock_rule_still_reads_the_clock():
     assert len({tuple(p) for p in passes}) > 1, passes  # the number of approximate passes follows the clock
     for r in (a, b, c):  # and every run is still a valid MP-BCFW run
         duals = [h.dual for h in r.history]
-        assert all(h.gap >= -1e-12 for h in r.history) and duals == sorted(duals)  # line search: dual ascent
+        assert all(h.gap_last >= -1e-12 for h in r.history) and duals == sorted(duals)  # line search: dual ascent
         assert r.options.mp_clock == "wall"
 
 
@@ -138,7 +138,7 @@ def _assert_same_run(full, first, second):
     assert extra == ([first.history[-1]] if first.history[-1].steps not in checked else [])
     kept = [rec for rec in second.history if rec.steps in checked]
     assert _records(kept) == _records(full.history)
-    for key in ("primal", "dual", "gap", "primal_avg", "dual_avg", "gap_avg"):
+    for key in ("primal", "dual", "gap_last", "primal_avg", "dual_avg", "gap_avg"):
         assert [getattr(rec, key) for rec in kept] == [getattr(rec, key) for rec in full.history]
 
 
@@ -195,4 +195,4 @@ def test_resume_of_a_run_that_asks_for_its_own_gap_pass():
         second = fit(model, data, lam, max_passes=30 - split, init=first, **kw)
         assert torch.equal(full.w, second.w)
         assert second.history[-1].steps == full.history[-1].steps
-        assert second.history[-1].gap == full.history[-1].gap
+        assert second.history[-1].gap_last == full.history[-1].gap_last

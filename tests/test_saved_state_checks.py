@@ -116,10 +116,10 @@ def test_a_dual_value_above_a_primal_value_gives_no_certificate(tmp_path):
 
 
 @pytest.mark.parametrize("damage, message", [
-    (lambda h, d: h.update(gap_best=-5.0), "gap_best"),
-    (lambda h, d: h.update(gap=float("nan")), "finite"),
-    (lambda h, d: h.update(gap=h["gap"] + 1.0), "primal minus its dual"),
-    (lambda h, d: h.update(dual=h["primal"] + 1.0, gap=-1.0), "negative"),
+    (lambda h, d: h.update(gap=-5.0), r"\['gap'\] = -5.0 is negative"),
+    (lambda h, d: h.update(gap_last=float("nan")), "finite"),
+    (lambda h, d: h.update(gap_last=h["gap_last"] + 1.0), "primal minus its dual"),
+    (lambda h, d: h.update(dual=h["primal"] + 1.0, gap_last=-1.0), "negative"),
     (lambda h, d: d.update(w=d["w"] * 1e150), "below lam/2"),
 ])
 def test_a_saved_certificate_is_loaded_only_when_it_is_possible(tmp_path, damage, message):

@@ -21,8 +21,8 @@ from torch_bcfw.solvers.run import ALGORITHMS, DUAL_STATE_SOLVERS, SolverRun
 LAM = 0.1
 
 #: the columns of a check, in the order of the saved dicts
-LEGACY_COLUMNS = ("passes", "oracle_calls", "cache_hits", "steps", "primal", "dual", "gap", "primal_avg", "dual_avg",
-                  "gap_avg", "selected", "gap_best", "train_loss", "test_loss", "solver_time", "gap_time",
+LEGACY_COLUMNS = ("passes", "oracle_calls", "cache_hits", "steps", "primal", "dual", "gap_last", "primal_avg",
+                  "dual_avg", "gap_avg", "selected", "gap", "train_loss", "test_loss", "solver_time", "gap_time",
                   "gap_oracle_calls")
 
 
@@ -125,7 +125,7 @@ def test_record_fields_and_types():
     rec = r.history[-1]
     assert isinstance(rec, CheckRecord) and RECORD_FIELDS == LEGACY_COLUMNS
     assert tuple(rec.to_dict()) == LEGACY_COLUMNS and rec.extra == {}
-    for name in ("passes", "primal", "dual", "gap", "primal_avg", "dual_avg", "gap_avg", "gap_best", "train_loss",
+    for name in ("passes", "primal", "dual", "gap_last", "primal_avg", "dual_avg", "gap_avg", "gap", "train_loss",
                  "solver_time", "gap_time"):
         assert type(getattr(rec, name)) is float, name
     for name in ("oracle_calls", "cache_hits", "steps", "gap_oracle_calls"):
@@ -190,3 +190,28 @@ def test_as_records_copies():
     again = as_records(recs)
     again[0].update(epoch=5)
     assert recs[0].epoch == 0 and again[0].passes == 1.0
+
+
+def test_records_of_the_older_column_names_load_under_the_new_ones():
+    """Files written when ``gap`` was the last iterate's gap and ``gap_best`` the certified one: ``gap_last`` and
+    ``gap`` now (one meaning of "gap": the certified one); a record writes back its new names."""
+    old = {"passes": 1.0, "primal": 2.0, "dual": 1.5, "gap": 0.5, "primal_avg": 1.8, "dual_avg": 1.4, "gap_avg": 0.4,
+           "selected": "averaged", "gap_best": 0.3, "epoch": 4}
+    rec = CheckRecord.from_dict(old)
+    assert (rec.gap_last, rec.gap, rec.gap_avg, rec.epoch) == (0.5, 0.3, 0.4, 4)
+    assert (rec.model_primal, rec.best_dual) == (1.8, 1.5)
+    back = rec.to_dict()
+    assert "gap_best" not in back and back["gap_last"] == 0.5 and back["gap"] == 0.3
+    assert CheckRecord.from_dict(back) == rec
+
+
+def test_the_progress_bar_and_the_log_show_the_certified_gap(capsys):
+    """The bar (and PrintLogger's line) show ``gap`` = the certified gap of the returned model and its primal."""
+    from torch_bcfw.solvers.callbacks import PrintLogger, _fmt
+
+    model, data = _chain()
+    lines = []
+    r = fit(model, data, LAM, max_passes=3, gap_check=1, progress=True, callbacks=[PrintLogger(lines.append)])
+    err = capsys.readouterr().err
+    assert f"gap={_fmt(r.gap)} primal={_fmt(r.primal)}" in err
+    assert f"gap {_fmt(r.gap)}  primal {_fmt(r.primal)}" in lines[-2] and "gap(last)" in lines[-2]

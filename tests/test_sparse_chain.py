@@ -284,7 +284,7 @@ def test_fit_history_matches_dense(solver):
     rd = fit(model, dense, 0.05, solver, test_data=dense[[0, 1, 2]], **kw)
     assert len(rs.history) == len(rd.history) == 3
     for a, b in zip(rs.history, rd.history):
-        for key in ("passes", "primal", "dual", "gap", "primal_avg", "gap_avg", "gap_best", "train_loss", "test_loss"):
+        for key in ("passes", "primal", "dual", "gap_last", "primal_avg", "gap_avg", "gap", "train_loss", "test_loss"):
             if getattr(a, key) is None:
                 assert getattr(b, key) is None
             else:
@@ -292,7 +292,7 @@ def test_fit_history_matches_dense(solver):
     assert torch.allclose(rs.w, rd.w, atol=1e-10)
     assert torch.allclose(rs.weights, rd.weights, atol=1e-10)
     if solver != "ssg":
-        assert rs.gap >= -1e-12 and rs.gap < rs.history[0].gap_best + 1e-12
+        assert rs.gap >= -1e-12 and rs.gap < rs.history[0].gap + 1e-12
 
 
 # ------------------------------------------------------------------ CoNLL
@@ -324,7 +324,7 @@ def test_conll_200_sentences_end_to_end():
     assert int(prob.train.x.indptr.diff().max()) <= 19 and bool((prob.train.x.values == 1).all())
     assert chunk_f1_from_ids(prob.test.y, prob.test.offsets, prob.test_sentences)["f1"] == 1.0  # no I-LST here
     res = fit(prob.model, prob.train, 1.0 / 200, max_passes=10, gap_check=5, test_data=prob.test)
-    gaps = [r.gap_best for r in res.history]
+    gaps = [r.gap for r in res.history]
     assert all(np.isfinite(gaps)) and min(gaps) >= 0 and gaps[-1] < gaps[0]
     test_f1 = prob.f1(res.weights)
     train_f1 = prob.f1(res.weights, "train")

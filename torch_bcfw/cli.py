@@ -208,7 +208,7 @@ def _resumed_options(options: dict, init, n: int) -> dict | None:
     total = options.get("max_passes", 100)
     done = init.counters.get("work", 0) / n
     last = init.history[-1] if init.history else None
-    gap, tol, rel_tol = last.gap_best if last else None, options.get("gap_tol"), options.get("rel_gap_tol")
+    gap, tol, rel_tol = last.gap if last else None, options.get("gap_tol"), options.get("rel_gap_tol")
     if done >= total - 1e-9 or init.stopped_by == "converged":
         return None
     if gap is not None and tol is not None and gap <= tol:

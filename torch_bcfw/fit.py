@@ -28,7 +28,7 @@ __all__ = ["fit", "FitResult", "HISTORY_COLUMNS"]
 #: columns of a history record, in CSV order
 HISTORY_COLUMNS = (
     "passes", "oracle_calls", "cache_hits", "steps", "solver_time", "gap_time", "gap_oracle_calls",
-    "primal", "dual", "gap", "primal_avg", "dual_avg", "gap_avg", "gap_best", "selected",
+    "primal", "dual", "gap_last", "primal_avg", "dual_avg", "gap_avg", "selected", "gap",
     "train_loss", "test_loss",
     # mp-bcfw only (None for the other solvers): oracle cost accounting, see torch_bcfw.solvers.mpbcfw
     "exact_calls", "approx_steps", "approx_passes", "outer_iterations", "last_approx_passes", "exact_time",
@@ -78,7 +78,7 @@ def _checked_history(history, source: str) -> list:
 
 
 #: the certificate columns of a history record: finite numbers (or ``None``) in a loaded file
-_CERTIFICATE_COLUMNS = ("primal", "dual", "gap", "primal_avg", "dual_avg", "gap_avg", "gap_best")
+_CERTIFICATE_COLUMNS = ("primal", "dual", "gap_last", "primal_avg", "dual_avg", "gap_avg", "gap")
 
 
 def _check_certificates(history: list, lam: float, w: Tensor, w_avg: Tensor | None, source: str) -> None:
@@ -91,7 +91,7 @@ def _check_certificates(history: list, lam: float, w: Tensor, w_avg: Tensor | No
             v = getattr(rec, col)
             if v is not None and not (_is_number(v) and math.isfinite(v)):
                 raise ValueError(f"{where}[{col!r}] must be a finite number, got {v!r}")
-        pairs = [(rec.primal, rec.dual, rec.gap, "gap"), (rec.primal_avg, rec.dual_avg, rec.gap_avg, "gap_avg")]
+        pairs = [(rec.primal, rec.dual, rec.gap_last, "gap_last"), (rec.primal_avg, rec.dual_avg, rec.gap_avg, "gap_avg")]
         for primal, dual, gap, col in pairs:
             if gap is None:
                 continue
@@ -99,14 +99,14 @@ def _check_certificates(history: list, lam: float, w: Tensor, w_avg: Tensor | No
                 raise ValueError(f"{where}[{col!r}] = {gap!r} is not its primal minus its dual value")
         duals = [d for d in (rec.dual, rec.dual_avg) if d is not None]
         primals = [p for p in (rec.primal, rec.primal_avg) if p is not None]
-        for col in ("gap", "gap_avg", "gap_best"):
+        for col in ("gap_last", "gap_avg", "gap"):
             v = getattr(rec, col)
             if v is not None and v < -WEAK_DUALITY_TOL * (1.0 + min(abs(p) for p in primals)):
                 raise ValueError(f"{where}[{col!r}] = {v!r} is negative: a dual value above a primal one is no "
                                  "certificate")
-        if rec.gap_best is not None and (not duals or not primals or abs(
-                rec.gap_best - (min(primals) - max(duals))) > 1e-9 * (1.0 + min(abs(p) for p in primals))):
-            raise ValueError(f"{where}['gap_best'] = {rec.gap_best!r} is not the better primal minus the better dual")
+        if rec.gap is not None and (not duals or not primals or abs(
+                rec.gap - (min(primals) - max(duals))) > 1e-9 * (1.0 + min(abs(p) for p in primals))):
+            raise ValueError(f"{where}['gap'] = {rec.gap!r} is not the better primal minus the better dual")
     if not history:
         return
     last = history[-1]
@@ -170,14 +170,14 @@ class FitResult:
     def gap(self) -> float | None:
         """Certified duality gap of :attr:`weights`: its primal minus the best dual value seen at the
         last check (``None`` for SSG, which has no dual)."""
-        return self.history[-1].gap_best if self.history else None
+        return self.history[-1].gap if self.history else None
 
     @property
     def primal(self) -> float | None:
         if not self.history:
             return None
         last = self.history[-1]
-        return last.primal_avg if self.selected == "averaged" else last.primal
+        return last.model_primal
 
     @property
     def passes(self) -> float:

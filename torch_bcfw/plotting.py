@@ -52,9 +52,9 @@ def plot_histories(histories: dict, path, title: str | None = None, gap_tol: flo
     (PNG).
 
     Left panel: duality gap against effective passes; right: against solver time (seconds).  For each history the
-    thick line is the **certified gap** (``gap_best``: the primal of the selected iterate minus the best dual value
+    thick line is the **certified gap** (``gap``: the primal of the selected iterate minus the best dual value
     seen), the figure ``FitResult.gap`` and ``torch-bcfw fit`` report, with its last value written beside its last
-    point; the thin dashed and dotted lines are the iterates' own gaps (last iterate ``gap``, averaged iterate
+    point; the thin dashed and dotted lines are the iterates' own gaps (last iterate ``gap_last``, averaged iterate
     ``gap_avg``), drawn when recorded.  ``gap_tol`` (when given) is a horizontal line.  ``compile_time`` (seconds of
     one-off numba compilation, when it was measured apart from the solve, see :func:`torch_bcfw.compilation.precompile`)
     is noted on the time panel, which shows the solve alone.  A gap of exactly 0 cannot be drawn on the log scale:
@@ -70,25 +70,25 @@ def histories_figure(histories: dict, title: str | None = None, gap_tol: float |
     notes = []
     for j, (label, hist) in enumerate(histories.items()):
         color = f"C{j % 10}"
-        certified = _points(hist, "gap_best")
+        certified = _points(hist, "gap")
         last = hist[-1] if hist else {}
         if certified:
             p, t, g = zip(*certified)
             for ax, x in zip(axes, (p, t)):
                 ax.plot(x, g, "-", color=color, lw=2.4, alpha=0.6, marker="o", ms=4, label=f"{label}: certified gap")
-                if last.get("gap_best") is not None and last["gap_best"] > 0:  # the final figure of the run
+                if last.get("gap") is not None and last["gap"] > 0:  # the final figure of the run
                     ax.annotate(f"{g[-1]:.6g}", (x[-1], g[-1]), textcoords="offset points", xytext=(5, 5),
                                 fontsize=8, color=color, fontweight="bold")
-        for key, style, suffix in (("gap", "--", "last iterate's gap"), ("gap_avg", ":", "averaged iterate's gap")):
+        for key, style, suffix in (("gap_last", "--", "last iterate's gap"), ("gap_avg", ":", "averaged iterate's gap")):
             pts = _points(hist, key)
             if not pts:
                 continue
             p, t, g = zip(*pts)
             for ax, x in zip(axes, (p, t)):
                 ax.plot(x, g, style, color=color, lw=1.0, zorder=3, label=f"{label}: {suffix}")
-        if last.get("gap_best") is not None and last["gap_best"] <= 0:
+        if last.get("gap") is not None and last["gap"] <= 0:
             notes.append(f"{label}: certified gap 0 (exact optimum)")
-        elif not certified and not any(r.get("gap") is not None for r in hist):
+        elif not certified and not any(r.get("gap_last") is not None for r in hist):
             notes.append(f"{label}: no duality gap (the solver has no dual)")
     if gap_tol is not None and gap_tol > 0:
         for ax in axes:

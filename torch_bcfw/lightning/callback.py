@@ -459,18 +459,16 @@ class BCFWCallback(Callback):
                 self._log(pl_module, rec)
         if self.verbose:
             rank_zero_info(
-                f"[{self.log_prefix}] epoch {epoch}: gap {rec.gap_best:.4g} primal "
+                f"[{self.log_prefix}] epoch {epoch}: gap {rec.gap:.4g} primal "
                 f"{min(p for p in (rec.primal, rec.primal_avg) if p is not None):.4g} passes {rec.passes:.1f} "
                 f"stale {stale:.3g} train loss {rec.train_loss} ({rec.wall:.1f} s)"
             )
         return rec
 
     @staticmethod
-    def figures(rec: dict) -> dict:
+    def figures(rec) -> dict:
         """The logged figures of a record: certified gap, primal of the head's weights, best dual."""
-        primal = rec.primal_avg if rec.selected == "averaged" else rec.primal
-        duals = [d for d in (rec.dual, rec.dual_avg) if d is not None]
-        out = {"gap": rec.gap_best, "primal": primal, "dual": max(duals), "oracle_calls": rec.oracle_calls,
+        out = {"gap": rec.gap, "primal": rec.model_primal, "dual": rec.best_dual, "oracle_calls": rec.oracle_calls,
                "passes": rec.passes, "stale": rec.stale}
         if rec.train_loss is not None:
             out["train_loss"] = rec.train_loss

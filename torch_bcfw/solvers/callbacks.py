@@ -16,11 +16,11 @@ class Callback:
     def on_chunk(self, passes: float, elapsed: float) -> None:
         """After each chunk of steps (usually one effective pass)."""
 
-    def on_check(self, record: dict) -> None:
+    def on_check(self, record) -> None:
         """After each exact gap check, with the new history record (a
         :class:`~torch_bcfw.solvers.record.CheckRecord`; ``record.update(...)`` adds columns)."""
 
-    def on_end(self, record: dict | None, stopped_by: str) -> None:
+    def on_end(self, record, stopped_by: str) -> None:
         """When the run ends (``record`` is the last history record)."""
 
 
@@ -30,17 +30,20 @@ def _fmt(v) -> str:
     return f"{v:.3e}" if isinstance(v, float) else str(v)
 
 
-def format_record(r: dict) -> str:
+def format_record(r) -> str:
+    """One line of a :class:`~torch_bcfw.solvers.record.CheckRecord`: the certified gap and the primal value of the
+    run's model first, then the iterates' own gaps and the losses."""
     return (
-        f"pass {r['passes']:7.2f}  gap {_fmt(r.get('gap'))}  primal {_fmt(r.get('primal'))}  "
-        f"dual {_fmt(r.get('dual'))}  gap(avg) {_fmt(r.get('gap_avg'))}  "
-        f"train {_fmt(r.get('train_loss'))}  test {_fmt(r.get('test_loss'))}  "
-        f"t {r['solver_time'] + r['gap_time']:.1f}s"
+        f"pass {r.passes:7.2f}  gap {_fmt(r.gap)}  primal {_fmt(r.model_primal)}  "
+        f"dual {_fmt(r.best_dual)}  gap(last) {_fmt(r.gap_last)}  gap(avg) {_fmt(r.gap_avg)}  "
+        f"train {_fmt(r.train_loss)}  test {_fmt(r.test_loss)}  "
+        f"t {r.solver_time + r.gap_time:.1f}s"
     )
 
 
 class ProgressBar(Callback):
-    """A tqdm bar over effective passes showing pass, gap, primal and elapsed time."""
+    """A tqdm bar over effective passes showing pass, the certified gap, the primal value of the run's model and
+    the elapsed time."""
 
     def __init__(self, leave: bool = True):
         self.leave = leave
@@ -59,10 +62,9 @@ class ProgressBar(Callback):
             self.bar.update(passes - self.last)
             self.last = passes
 
-    def on_check(self, record: dict) -> None:
+    def on_check(self, record) -> None:
         if self.bar is not None:
-            self.bar.set_postfix_str(f"gap={_fmt(record.get('gap') if record.get('gap') is not None else None)} "
-                                     f"primal={_fmt(record.get('primal'))}")
+            self.bar.set_postfix_str(f"gap={_fmt(record.gap)} primal={_fmt(record.model_primal)}")
 
     def on_end(self, record, stopped_by: str) -> None:
         if self.bar is not None:
@@ -76,7 +78,7 @@ class PrintLogger(Callback):
     def __init__(self, print_fn=print):
         self.print_fn = print_fn
 
-    def on_check(self, record: dict) -> None:
+    def on_check(self, record) -> None:
         self.print_fn(format_record(record))
 
     def on_end(self, record, stopped_by: str) -> None:

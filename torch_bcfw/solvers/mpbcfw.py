@@ -356,5 +356,5 @@ class RecordAccounting(Callback):
     def __init__(self, alg):
         self.alg = alg
 
-    def on_check(self, record: dict) -> None:
+    def on_check(self, record) -> None:
         record.update(self.alg.accounting())

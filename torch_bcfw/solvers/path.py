@@ -275,7 +275,10 @@ def _solve(model, data, lam, opts, state, clock: _Clock, budget_end, bounds, blo
 
 
 def _point(lam, state, rec, clock, stopped_by) -> SweepPoint:
-    return SweepPoint(lam=float(lam), w=state.w.detach().cpu().clone(), dual_ell=state.dual_ell(), gap=float(rec.gap),
+    """The breakpoint of the state's last iterate ``w``: ``rec`` is the :class:`~torch_bcfw.solvers.record.CheckRecord`
+    of its check, or the :class:`~torch_bcfw.solvers.certificate.Certificate` of the initial point."""
+    gap = rec.gap if isinstance(rec, Certificate) else rec.gap_last
+    return SweepPoint(lam=float(lam), w=state.w.detach().cpu().clone(), dual_ell=state.dual_ell(), gap=float(gap),
                       primal=float(rec.primal), passes=clock.passes, time=clock.seconds, stopped_by=stopped_by)
 
 
@@ -347,7 +350,7 @@ def regularization_path(
     clock.seconds += time.perf_counter() - t0
     path = RegularizationPath(kind="path", eps=float(eps), n=n, options=opts.to_dict(), kappa=float(kappa))
     alg = init_alg
-    rec = cert  # read like a check record: .gap, .primal
+    rec = cert
     stopped = "init"
     lam = lam_inf
     if cert.gap > kappa * eps:  # box constraints can break the bound of Alg. 6: optimise at lam_inf
@@ -458,7 +461,7 @@ def grid_search(
             alg = new_alg
             sweep.points.append(_point(lam, state, rec, clock, stopped))
             if progress:
-                print(f"[{sweep.kind}] lam {lam:.4g}  gap {rec.gap:.3g}  passes {clock.passes:.1f}  "
+                print(f"[{sweep.kind}] lam {lam:.4g}  gap {sweep.points[-1].gap:.3g}  passes {clock.passes:.1f}  "
                       f"time {clock.seconds:.1f}s", flush=True)
             if stopped not in ("gap_tol", "converged"):
                 sweep.stopped_by = stopped

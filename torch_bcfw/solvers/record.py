@@ -2,7 +2,8 @@
 
 A record has typed fields for the columns every check writes and an ``extra`` dict for the columns that some
 solvers or callers add (mp-bcfw's cost accounting, the Lightning callback's ``epoch`` / ``stale`` ...), read as
-attributes too (``rec.gap``, ``rec.epoch``).  :meth:`CheckRecord.to_dict` is the form saved in files
+attributes too (``rec.gap``, ``rec.epoch``).  ``gap`` is always the certified gap of the run's model; the
+gaps of the two iterates are ``gap_last`` and ``gap_avg``.  :meth:`CheckRecord.to_dict` is the form saved in files
 (``FitResult.save``, ``history.json``: the columns in order, then the extra ones) and :meth:`CheckRecord.from_dict`
 reads it back, also the dicts of older files with fewer columns.
 """
@@ -26,12 +27,12 @@ class CheckRecord:
         steps: block iterations so far (the unit of ``max_passes`` and of the gap-check schedule).
         primal: exact primal value of the last iterate.
         dual: exact dual value of the last iterate (``None`` without a dual: SSG).
-        gap: ``primal - dual`` of the last iterate (``None`` without a dual).
+        gap_last: ``primal - dual`` of the last iterate (``None`` without a dual).
         primal_avg, dual_avg, gap_avg: the same for the averaged iterate (``None`` without averaging or
             when ``check_averaged`` is off).
         selected: the iterate the run returns as its model, ``"last"`` or ``"averaged"`` (the lower primal).
-        gap_best: the certified gap of that model: its primal minus the better of the two duals (``None``
-            without a dual).
+        gap: the certified gap of that model: its primal minus the better of the two duals (``None`` without
+            a dual).  The figure a user reads as "the gap" (``FitResult.gap``, the bar, the tables and plots).
         train_loss: mean task loss of the model on the training data (``None`` unless ``track_train_loss``).
         test_loss: mean task loss of the model on the test data (``None`` without test data).
         solver_time: cumulative seconds of solver steps.
@@ -50,12 +51,12 @@ class CheckRecord:
     steps: int | None = None
     primal: float | None = None
     dual: float | None = None
-    gap: float | None = None
+    gap_last: float | None = None
     primal_avg: float | None = None
     dual_avg: float | None = None
     gap_avg: float | None = None
     selected: str | None = None
-    gap_best: float | None = None
+    gap: float | None = None
     train_loss: float | None = None
     test_loss: float | None = None
     solver_time: float | None = None
@@ -74,10 +75,26 @@ class CheckRecord:
 
     @classmethod
     def from_dict(cls, d: Mapping) -> "CheckRecord":
-        """The record of a saved dict (``to_dict``'s output, or a dict of an older version with fewer columns)."""
+        """The record of a saved dict (``to_dict``'s output, or a dict of an older version with fewer columns, or
+        of the version whose ``gap`` was the last iterate's and ``gap_best`` the certified one)."""
+        if "gap_last" not in d and ("gap" in d or "gap_best" in d):  # the older names
+            d = {k: v for k, v in d.items() if k not in ("gap", "gap_best")} | (
+                {"gap_last": d["gap"]} if "gap" in d else {}) | (
+                {"gap": d["gap_best"]} if "gap_best" in d else {})
         known = {k: d[k] for k in RECORD_FIELDS if k in d}
         extra = {k: v for k, v in d.items() if k not in RECORD_FIELDS}
         return cls(**known, extra=extra, absent=frozenset(k for k in RECORD_FIELDS if k not in d))
+
+    @property
+    def model_primal(self) -> float | None:
+        """The primal value of the run's model (the ``selected`` iterate)."""
+        return self.primal_avg if self.selected == "averaged" else self.primal
+
+    @property
+    def best_dual(self) -> float | None:
+        """The better of the two dual values (the one ``gap`` is measured against), ``None`` without a dual."""
+        duals = [d for d in (self.dual, self.dual_avg) if d is not None]
+        return max(duals) if duals else None
 
     def to_dict(self) -> dict:
         """The plain dict of the record (what files hold): the columns in order, then the extra ones."""

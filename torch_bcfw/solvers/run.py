@@ -70,7 +70,7 @@ def _check(alg, options, test_data, counters: dict, out: RunOutput) -> CheckReco
     w, ell = alg.iterate()
     cert = alg.certificate()
     rec = CheckRecord(passes=alg.oracle_calls / alg.n, oracle_calls=alg.oracle_calls, cache_hits=alg.cache_hits,
-                      steps=alg.work, primal=cert.primal, dual=cert.dual, gap=cert.gap)
+                      steps=alg.work, primal=cert.primal, dual=cert.dual, gap_last=cert.gap)
     avg = alg.averaged()
     if avg is not None and options.check_averaged:
         c2 = alg.certify_point(avg[0], avg[1])
@@ -82,7 +82,7 @@ def _check(alg, options, test_data, counters: dict, out: RunOutput) -> CheckReco
     if duals and max(duals) > min(p for p, _ in primals) + WEAK_DUALITY_TOL * (1.0 + abs(best_primal)):
         raise ValueError(f"the dual value {max(duals)!r} exceeds the primal value {best_primal!r}: the solver's state is "
                          "not a feasible dual point (a corrupted or crafted saved state?), so no certificate is given")
-    rec.gap_best = best_primal - max(duals) if duals else None
+    rec.gap = best_primal - max(duals) if duals else None
     w_model = avg[0] if rec.selected == "averaged" else w
     rec.train_loss = alg.task_loss(w_model) if options.track_train_loss else None
     rec.test_loss = task_loss(model, test_data, w_model) if test_data is not None else None
@@ -102,7 +102,7 @@ def _same_check(prev: dict | None, rec: dict) -> bool:
 
 
 def _certified_gap(rec: dict) -> float:
-    return rec.gap_best if rec.gap_best is not None else math.inf
+    return rec.gap if rec.gap is not None else math.inf
 
 
 def _relative_gap(rec: dict) -> float:
