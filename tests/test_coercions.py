@@ -177,9 +177,9 @@ def test_good_solver_options_are_kept():
     (dict(preset="gap-pairwise-cache", cache=False), "preset 'gap-pairwise-cache' sets cache=True but cache=False"),
     (dict(preset="uniform-fw", step_rule="away"), "sets step_rule='fw' but step_rule='away'"),
     (dict(preset="pairwise", sampling="perm"), "sets sampling='uniform' but sampling='perm'"),
-    (dict(preset="auto", sampling="uniform"), "preset='auto' chooses between"),
-    (dict(preset="auto", step_rule="away"), "preset='auto' chooses between"),
-    (dict(preset="auto", step_rule="pairwise", cache=False), "step_rule='pairwise', cache=False fits neither"),
+    (dict(preset="auto", sampling="perm"), "preset='auto' chooses among"),
+    (dict(preset="auto", step_rule="away"), "preset='auto' chooses among"),
+    (dict(preset="auto", sampling="uniform", step_rule="pairwise"), "sampling='uniform', step_rule='pairwise' fits none"),
     (dict(preset="auto", cache=True, step="fixed"), "with step='fixed'"),
 ])
 def test_preset_conflicting_with_a_given_field_raises(kw, fragment):
@@ -202,16 +202,22 @@ def test_preset_with_the_same_values_and_the_to_dict_reload_work(preset):
 def test_preset_auto_is_pinned_by_given_fields_and_reloads():
     model, data = random_multiclass_problem(n=10, F=3, K=3, seed=0)
     pending = SolverOptions(preset="auto")
-    assert pending.auto_pending and pending.sampling == "gap" and pending.variant_name() == "auto"
+    assert pending.auto_pending and pending.sampling is None and pending.variant_name() == "auto"
     assert SolverOptions(**pending.to_dict()).auto_pending  # the reload of an unresolved "auto" stays unresolved
-    # the oracle is cheap for this threshold (auto would choose gap-fw), but cache=True was given: it is kept
-    r = fit(model, data, 0.1, preset="auto", cache=True, max_passes=1, auto_oracle_threshold=1e3)
+    # the multiclass oracle is cheap (auto would choose plain BCFW), but cache=True was given: it is kept
+    r = fit(model, data, 0.1, preset="auto", cache=True, max_passes=1)
     assert r.options.variant_name() == "gap-pairwise-cache" and "auto" not in r.options.extra
-    cheap = fit(model, data, 0.1, preset="auto", max_passes=1, auto_oracle_threshold=1e3)
-    assert cheap.options.variant_name() == "gap-fw" and cheap.options.extra["auto"]["chosen"] == "gap-fw"
-    assert SolverOptions(**cheap.options.to_dict()).variant_name() == "gap-fw"  # resolved: no new measurement
-    assert SolverOptions(preset="auto", step="fixed").variant_name() == AUTO_CHOICES[1]
-    assert SolverOptions(preset="auto", sampling="gap", step_rule="pairwise").variant_name() == AUTO_CHOICES[0]
+    cheap = fit(model, data, 0.1, preset="auto", max_passes=1)
+    assert cheap.options.variant_name() == "uniform-fw" and cheap.options.extra["auto"]["chosen"] == "uniform-fw"
+    assert SolverOptions(**cheap.options.to_dict()).variant_name() == "uniform-fw"  # resolved: stays resolved
+    fixed = SolverOptions(preset="auto", step="fixed")  # FW steps without the cache, gap or uniform sampling
+    assert fixed.auto_pending and fixed.auto_fits() == ["gap-fw", "uniform-fw"]
+    assert SolverOptions(preset="auto", cache=True).variant_name() == "gap-pairwise-cache" == AUTO_CHOICES[0]
+    pairwise = SolverOptions(preset="auto", sampling="gap", step_rule="pairwise")  # with or without the cache
+    assert pairwise.auto_pending and pairwise.auto_fits() == ["gap-pairwise-cache", "gap-pairwise"]
+    assert pairwise.sampling == "gap" and pairwise.step_rule == "pairwise" and pairwise.cache is None
+    assert fit(model, data, 0.1, preset="auto", step_rule="pairwise", max_passes=1).options.variant_name() == \
+        "gap-pairwise"  # a cheap multiclass oracle: no cache
 
 
 # ---------------------------------------------------------------------- feature tensors

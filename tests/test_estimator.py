@@ -245,3 +245,33 @@ def test_the_ocr_estimator_example_runs():
     spec.loader.exec_module(example)
     report = example.main(["--data", str(shared_data("ocr")), "--passes", "3"])
     assert report["passes"] == 3 and 0.7 < report["test_accuracy"] < report["train_accuracy"] <= 1
+
+
+def test_any_hashable_labels_classes_and_decision_function():
+    """String labels: ``classes_`` are the sorted distinct labels, predictions and scores use them, the fit equals the
+    one on their integer codes; integer labels keep ``classes_ = 0..K-1``; ``decision_function`` gives the Multiclass
+    class scores (argmax = predict) and does not exist for a Chain."""
+    model, data = random_multiclass_problem(n=40, F=4, K=3, seed=5)
+    names = np.array(["cat", "dog", "emu"])
+    y = data.y.numpy()
+    est = SSVM(model, lam=0.05, max_passes=5).fit(data.x.numpy(), names[y].tolist())
+    ints = SSVM(model, lam=0.05, max_passes=5).fit(data.x.numpy(), y)
+    assert list(est.classes_) == ["cat", "dog", "emu"] and list(ints.classes_) == [0, 1, 2]
+    assert torch.equal(est.coef_, ints.coef_)
+    assert list(est.predict(data.x.numpy())) == list(names[ints.predict(data.x.numpy())])
+    assert est.score(data.x.numpy(), names[y].tolist()) == ints.score(data.x.numpy(), y)
+    scores = est.decision_function(data.x.numpy())
+    assert scores.shape == (40, 3) and (scores.argmax(1) == ints.predict(data.x.numpy())).all()
+    with pytest.raises(ValueError, match="label 'yak' is not one of the fitted classes_"):
+        est.score(data.x.numpy()[:2], ["cat", "yak"])
+    with pytest.raises(ValueError, match="2 distinct labels"):
+        SSVM(model, max_passes=1).fit(data.x.numpy()[:4], ["a", "b", "a", "b"])
+    with pytest.raises(ValueError, match="not floats"):
+        SSVM(model, max_passes=1).fit(data.x.numpy()[:3], [0.0, 1.0, 2.0])
+    chain, _, xs, ys = chain_lists(n=12, seed=2)
+    tags = np.array(["B", "I", "O"])
+    seq = SSVM(chain, **OPTS).fit(xs, [tags[y] for y in ys])
+    plain = SSVM(chain, **OPTS).fit(xs, ys)
+    assert list(seq.classes_) == ["B", "I", "O"] and torch.equal(seq.coef_, plain.coef_)
+    assert all(list(a) == list(tags[b]) for a, b in zip(seq.predict(xs), plain.predict(xs)))
+    assert not hasattr(seq, "decision_function") and hasattr(est, "decision_function")

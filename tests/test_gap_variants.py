@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from conftest import brute_force_primal, random_chain_problem, random_multiclass_problem
-from torch_bcfw import fit
+from torch_bcfw import fit, register_model
+from torch_bcfw.models import Multiclass
 from torch_bcfw.duals.sumtree import gap_draw, tree_sample
 from torch_bcfw.duals.working_set import WorkingSet, label_hash
 from torch_bcfw.models.table import app_c_toy
@@ -79,13 +80,49 @@ def test_presets_and_options():
         fit(model, data, 0.1, "fw", sampling="gap")
 
 
-def test_auto_preset_follows_the_oracle_time():
+@register_model
+class DearMulticlass(Multiclass):
+    """A multiclass model that declares its oracle expensive and its steps interpreted."""
+
+    expensive_oracle = True
+    compiled_steps = "none"
+
+
+def test_auto_preset_follows_the_model_not_a_clock(tmp_path):
+    """``preset="auto"`` reads the model's ``expensive_oracle`` (never a timing): the same choice on every call, on a
+    slow oracle too, recorded, kept by a saved and resumed run; the library's costly oracles declare themselves."""
+    import time
+
+    from torch_bcfw import FitResult
+    from torch_bcfw.models import Chain, GraphCut, Matching, PoseTree
+
+    class SlowMulticlass(Multiclass):  # a slow oracle does not make a model expensive: the declaration does
+        def oracle(self, w, data, loss_augmented=True):
+            time.sleep(1e-3)
+            return super().oracle(w, data, loss_augmented)
+
     model, data = random_multiclass_problem(n=10, F=3, K=3, seed=0)
-    cheap = fit(model, data, 0.1, preset="auto", max_passes=1, auto_oracle_threshold=1e3)
-    dear = fit(model, data, 0.1, preset="auto", max_passes=1, auto_oracle_threshold=1e-12)
-    assert cheap.options.variant_name() == "gap-fw"
+    picks = {fit(m, data, 0.1, preset="auto", max_passes=1).options.extra["auto"]["chosen"]
+             for m in (model, model, SlowMulticlass(3, 3))}
+    assert picks == {"uniform-fw"}  # interpreted steps, a cheap oracle: plain BCFW
+    dear = fit(DearMulticlass(3, 3), data, 0.1, preset="auto", max_passes=1, gap_check=1)
     assert dear.options.variant_name() == "gap-pairwise-cache"
-    assert dear.options.extra["auto"]["oracle_seconds"] > 0
+    assert dear.options.extra["auto"] == {"compiled_steps": "none", "expensive_oracle": True, "rounds": False,
+                                          "model": "DearMulticlass", "chosen": "gap-pairwise-cache"}
+    dear.save(tmp_path / "r.pt")
+    more = fit(DearMulticlass(3, 3), data, 0.1, preset="auto", max_passes=2, gap_check=1,
+               init=FitResult.load(tmp_path / "r.pt"))
+    assert more.options.variant_name() == "gap-pairwise-cache"
+    assert [GraphCut.expensive_oracle, PoseTree.expensive_oracle, Matching.expensive_oracle] == [True] * 3
+    assert (Chain.compiled_steps, GraphCut.compiled_steps, Multiclass.compiled_steps, PoseTree.compiled_steps) == (
+        "all", "plain", "plain", "none")
+    assert not Multiclass.expensive_oracle and not Chain.expensive_oracle
+    # a chain runs every refinement compiled: gap-pairwise on the CPU; in mini-batch rounds: plain FW steps
+    chain, seqs = random_chain_problem(n=10, F=3, K=3, seed=1)
+    assert fit(chain, seqs, 0.1, preset="auto", max_passes=1).options.variant_name() == "gap-pairwise"
+    assert fit(chain, seqs, 0.1, preset="auto", batch_size=4, max_passes=1).options.variant_name() == "uniform-fw"
+    assert fit(DearMulticlass(3, 3), data, 0.1, preset="auto", batch_size=4,
+               max_passes=1).options.variant_name() == "uniform-fw"
 
 
 def test_working_set_insert_find_grow_evict_and_roundtrip():

@@ -166,6 +166,29 @@ def test_checkpoint_resume_equals_uninterrupted_run(tmp_path):
     assert float(second.trainer.callback_metrics["ssvm/gap"]) == float(full.trainer.callback_metrics["ssvm/gap"])
 
 
+def test_checkpoints_without_the_dual_state_are_small_and_resume_by_re_solving(tmp_path):
+    """``save_dual_state=False``: the callback's checkpoint state has no dual state or solver state (a fraction of
+    the size); a resumed run re-solves the head from a fresh state at its next call, and certifies it."""
+    _, raw = random_chain_problem(n=30, F=4, K=3, max_len=6, seed=3)
+    sizes = {}
+    for keep in (True, False):
+        cb = BCFWCallback(lam=0.05, passes_per_call=2, seed=5, save_dual_state=keep)
+        t = _trainer(tmp_path / str(keep), [cb], epochs=1)
+        t.fit(Toy(raw))
+        t.save_checkpoint(tmp_path / f"{keep}.ckpt")
+        state = torch.load(tmp_path / f"{keep}.ckpt", weights_only=True)["callbacks"][cb.state_key]
+        sizes[keep] = (tmp_path / f"{keep}.ckpt").stat().st_size
+        assert (state["dual_state"] is None and state["alg"] is None) == (not keep)
+        assert len(state["history"]) == 2
+    assert sizes[False] < sizes[True]
+    cb = BCFWCallback(lam=0.05, passes_per_call=2, seed=5, save_dual_state=False)
+    module = Toy(raw)
+    _trainer(tmp_path / "c", [cb], epochs=2).fit(module, ckpt_path=tmp_path / "False.ckpt")
+    rec = cb.last_record
+    assert cb.calls == 3 and len(cb.history) == 3 and rec.passes == pytest.approx(2.0)  # 2 passes from scratch
+    assert float(module.trainer.callback_metrics["ssvm/gap"]) == pytest.approx(rec.gap) and rec.gap >= 0
+
+
 def test_several_callbacks_in_one_trainer(tmp_path):
     _, raw = random_chain_problem(n=8, F=4, K=3, max_len=3, seed=4)
     a = BCFWCallback(lam=0.1, head_attr="head_a", log_prefix="ssvm_a", passes_per_call=2)

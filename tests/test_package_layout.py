@@ -39,14 +39,14 @@ def _imported_modules(path: Path, package: str) -> set[str]:
 #: imports, at module level or inside a function, only from its own floor or a lower one
 FLOORS = (
     ("kernel_cache", "threads", "signals", "checks", "convert", "plotting", "serialization",
-     "stage_bar"),  # foundations
+     "stage_bar", "standalone_head"),  # foundations
     ("data", "graph_data", "pose_data", "inference"),  # data containers and decoders
     ("head_ops", "metrics"),  # decoding heads; task metrics from data the caller passes
     ("duals",),  # dual states and their step loops
     ("models",),  # joint features, losses, oracles
     ("solvers",),  # the BCFW family and the baselines
     ("distributed",),  # process groups
-    ("checkpoint", "fit", "compilation", "cross_validation", "estimator"),  # the front doors
+    ("checkpoint", "fit", "compilation", "cross_validation", "estimator", "export"),  # the front doors
     ("nn", "features"),  # torch modules under a structured head; feature extraction
     ("datasets",),  # loaders of the real data and their task glue
     ("tasks", "lightning", "compare"),  # Lightning tasks and callback; solver comparisons

@@ -13,8 +13,9 @@ A config is a YAML file::
     output: runs/ocr
 
 Any entry can be overridden with ``--set key.sub=value`` (the value is parsed as YAML).
-``fit`` shows a progress bar, prints a final table and writes ``model.pt``, ``history.csv``,
-``history.json`` and ``gap.png`` to the output folder.
+``fit`` shows a progress bar, prints a final table and writes ``model.pt`` (the model: weights, history and
+certificate, without the dual state), ``checkpoint.pt`` (the full state, what ``--resume`` continues),
+``history.csv``, ``history.json`` and ``gap.png`` to the output folder.
 """
 from __future__ import annotations
 
@@ -184,23 +185,23 @@ def _torchrun_context(device):
 
 
 def _resume_source(folder: Path, ctx=None) -> Path:
-    """The newest complete state of the run in ``folder``: its checkpoint (a run that was killed) or its model; in a
-    sharded run this rank's member of the newest committed set of either."""
-    if ctx is not None:  # a sharded run's committed sets first
+    """The newest complete state of the run in ``folder``: its checkpoint (written during the run and at its end;
+    ``model.pt`` holds no state); in a sharded run this rank's member of the newest committed set."""
+    if ctx is not None:  # a sharded run's committed set first
         from .checkpoint import newest_sharded
 
-        mine = newest_sharded([folder / "checkpoint.pt", folder / "model.pt"], ctx)
+        mine = newest_sharded([folder / "checkpoint.pt"], ctx)
         if mine is not None:
             return mine
-    for name in ("checkpoint.pt", "model.pt"):  # a single-process or replicated run's files (rank 0 wrote them)
-        if (folder / name).is_file():
-            return folder / name
+    if (folder / "checkpoint.pt").is_file():  # a single-process or replicated run's file (rank 0 wrote it)
+        return folder / "checkpoint.pt"
     raise _nothing_to_resume(folder)
 
 
 def _nothing_to_resume(folder: Path) -> FileNotFoundError:
-    return FileNotFoundError(f"--resume {folder}: nothing to resume there (looked for {folder / 'checkpoint.pt'} and "
-                             f"{folder / 'model.pt'}); the run was stopped before its first checkpoint: start it again")
+    return FileNotFoundError(f"--resume {folder}: nothing to resume there (looked for {folder / 'checkpoint.pt'}; "
+                             f"model.pt holds no dual state); the run was stopped before its first checkpoint: start "
+                             "it again")
 
 
 def _resumed_options(options: dict, init, n: int) -> dict | None:
@@ -297,7 +298,7 @@ def cmd_fit(args) -> int:
         folder = Path(args.resume)
         if not (folder / "config.yaml").is_file():
             raise FileNotFoundError(f"--resume {folder}: no config.yaml there (is it the output folder of a fit?)")
-        if not any(folder.glob("checkpoint*.pt")) and not any(folder.glob("model*.pt")):
+        if not any(folder.glob("checkpoint*.pt")):
             raise _nothing_to_resume(folder)  # before the data is loaded
         cfg = load_config(folder / "config.yaml", args.set)
         out = folder
@@ -334,15 +335,16 @@ def cmd_fit(args) -> int:
                           announce=None if args.quiet or not main else print_notice, **options)
     with _TerminateAsInterrupt() as signals:
         result = fit(model, train, lam, solver, test_data=test, init=init, checkpoint=ckpt, **options)
+    # the final state goes to the checkpoint (what --resume continues), the model file holds what prediction needs
     if ctx is not None and result.options.strategy == "shard":  # every rank's shard in one committed set
-        from .checkpoint import remove_sharded, save_sharded
+        from .checkpoint import save_sharded
 
-        save_sharded(result, out / "model.pt", ctx)
-        remove_sharded(out / "checkpoint.pt", ctx)
-    if not main:  # a replicated run: rank 0's files are the run's
+        save_sharded(result, out / "checkpoint.pt", ctx)
+    if not main:  # rank 0's files are the run's (the weights are the same on every rank)
         return 0
-    result.save(out / "model.pt")
-    (out / "checkpoint.pt").unlink(missing_ok=True)  # model.pt now holds the newest state
+    if ctx is None or result.options.strategy != "shard":
+        result.save(out / "checkpoint.pt")
+    result.save(out / "model.pt", state=False)
     result.write_history_csv(out / "history.csv")
     result.write_history_json(out / "history.json")
     plot_histories({f"{result.solver} lam={result.lam:g}": plain_history(result.history)}, out / "gap.png",
@@ -360,7 +362,7 @@ def cmd_fit(args) -> int:
                     f"{state:g} passes (a second signal cut its check; the resumed run checks that state first)")
         else:
             held = "the model of the last check with its certificate"
-        print(f"torch-bcfw: interrupted by {how}: {out / 'model.pt'} holds {held}; continue with: "
+        print(f"torch-bcfw: interrupted by {how}: {out / 'checkpoint.pt'} holds {held}; continue with: "
               f"torch-bcfw fit --resume {out}", file=sys.stderr)
         return 143 if how == "SIGTERM" else 130
     return 0
@@ -540,6 +542,17 @@ def cmd_evaluate(args) -> int:
     return 0
 
 
+def cmd_export(args) -> int:
+    from .export import export_head
+    from .fit import FitResult
+
+    result = FitResult.load(args.model)
+    path = export_head(result, args.output)
+    print(f"wrote {path} and {path.parent / 'head.py'} (the {result.selected} iterate, certified gap "
+          f"{_fmt(result.gap)}); load it with torch alone: from head import load_head; load_head({str(path)!r})")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     from . import __version__
 
@@ -562,6 +575,11 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     e.add_argument("--json", help="also write the figures to this JSON file")
     e.set_defaults(func=cmd_evaluate)
+    x = sub.add_parser("export", help="write a trained head as plain torch modules (head.pt + head.py) that load "
+                                      "without torch_bcfw")
+    x.add_argument("--model", required=True, help="model.pt written by 'fit'")
+    x.add_argument("--output", required=True, help="folder for head.pt and head.py")
+    x.set_defaults(func=cmd_export)
     c = sub.add_parser("compare", help="run several solvers x seeds on one problem; JSON of the histories and "
                                        "gap plots (median and min-max band over seeds)")
     c.add_argument("--config", required=True)

@@ -20,7 +20,11 @@ Inputs of :meth:`SSVM.fit`, :meth:`SSVM.predict` and :meth:`SSVM.score`:
 * :class:`~torch_bcfw.Chain` model: ``X`` a sequence of ``[L_i, F]`` arrays or tensors (one per sequence),
   ``Y`` a sequence of ``[L_i]`` integer label arrays; ``predict`` returns a list of ``int64`` numpy arrays.
 * :class:`~torch_bcfw.Multiclass` model: ``X`` an ``[n, F]`` array / tensor or a sequence of ``[F]`` vectors,
-  ``Y`` a sequence of ``n`` integers; ``predict`` returns an ``int64`` numpy array ``[n]``.
+  ``Y`` a sequence of ``n`` labels; ``predict`` returns a numpy array ``[n]`` of labels and
+  :meth:`SSVM.decision_function` the ``[n, K]`` class scores.
+* **Labels** (``Y``, raw inputs): integers in ``[0, K)`` (``classes_`` is then ``0..K-1``: label ``k`` is the
+  model's label ``k``), or any other hashable values (strings, ...): their ``K`` distinct values, sorted, are
+  ``classes_`` and label ``classes_[k]`` is the model's label ``k``; ``predict`` returns labels of ``classes_``.
 * any model: ``X`` may also be the library's data container (``SequenceData``, ``MulticlassData``,
   ``GraphData``, ``PoseData``...) holding the labels, with ``Y=None``; ``predict`` then returns the model's
   decoding as :meth:`FitResult.predict <torch_bcfw.FitResult.predict>` does (a packed tensor).
@@ -181,6 +185,56 @@ def _multiclass_data(model: Multiclass, X, Y) -> MulticlassData:
     return MulticlassData(x, y)
 
 
+def _n_labels(model) -> int:
+    return model.n_labels if isinstance(model, Chain) else model.n_classes
+
+
+def _flat_labels(Y, per_sequence: bool) -> list:
+    if per_sequence:
+        return [v for y in Y for v in (np.asarray(y).reshape(-1).tolist())]
+    return np.asarray(Y).reshape(-1).tolist() if isinstance(Y, (np.ndarray, Tensor)) else list(Y)
+
+
+def _encode_labels(Y, K: int, per_sequence: bool):
+    """``(classes_, Y as model label indices)``: integer labels in ``[0, K)`` keep their values (``classes_`` =
+    ``0..K-1``); other hashable labels map to the positions of their ``K`` sorted distinct values."""
+    if isinstance(Y, Tensor) or (isinstance(Y, np.ndarray) and Y.dtype.kind in "iub"):
+        return np.arange(K), Y  # integer arrays: checked by the data containers
+    if not per_sequence and np.ndim(np.asarray(Y, dtype=object)) != 1:
+        return np.arange(K), Y  # not one label per example: the data container says so
+    values = _flat_labels(Y, per_sequence)
+    if all(isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_)) for v in values):
+        return np.arange(K), Y
+    if any(isinstance(v, (float, np.floating)) for v in values):
+        raise ValueError("Y: labels must be integers in [0, K) or hashable class values (strings, ...), not floats "
+                         "(convert integral values with .astype(int))")
+    try:
+        classes = np.array(sorted(set(values)), dtype=object)
+    except TypeError as exc:
+        raise ValueError(f"Y: the labels must be sortable class values of one kind ({exc})") from None
+    if len(classes) != K:
+        raise ValueError(f"Y has {len(classes)} distinct labels {list(classes[:10])} but the model has {K}: build it "
+                         f"with {len(classes)} labels (or give integer labels in [0, {K}))")
+    return classes, _labels_as_indices(Y, classes, per_sequence)
+
+
+def _labels_as_indices(Y, classes: np.ndarray, per_sequence: bool):
+    """``Y`` with every label replaced by its position in ``classes`` (``ValueError`` for an unknown label)."""
+    if isinstance(classes[0], (int, np.integer)) and classes.dtype != object:
+        return Y  # integer classes 0..K-1: the labels are the indices
+    index = {v: k for k, v in enumerate(classes.tolist())}
+
+    def one(v):
+        try:
+            return index[v]
+        except (KeyError, TypeError):
+            raise ValueError(f"Y: label {v!r} is not one of the fitted classes_ {list(classes[:10])}") from None
+
+    if per_sequence:
+        return [np.array([one(v) for v in np.asarray(y).reshape(-1).tolist()], dtype=np.int64) for y in Y]
+    return np.array([one(v) for v in _flat_labels(Y, False)], dtype=np.int64)
+
+
 class SSVM:
     """A structured SVM trained by Block-Coordinate Frank-Wolfe (or FW, SSG, MP-BCFW), scikit-learn style.
 
@@ -204,6 +258,8 @@ class SSVM:
         n_iter_: effective passes over the data.
         stopped_by_: why the solver stopped (``"max_passes"``, ``"gap_tol"``, ...).
         n_features_in_: the input feature dimension ``F`` (token / example features).
+        classes_: the class labels (raw inputs of a Chain or Multiclass model): ``0..K-1`` for integer labels,
+            else the sorted distinct labels; ``classes_[k]`` is the model's label ``k``.
     """
 
     def __init__(self, model, lam: float = 0.01, solver: str = "bcfw", **options):
@@ -305,9 +361,12 @@ class SSVM:
     # ------------------------------------------------------------------ fit / predict / score
     def fit(self, X, Y=None) -> "SSVM":
         """Train on ``X`` (features, or a data container with its labels) and ``Y`` (labels). Returns ``self``."""
-        data = self._data(X, Y, require_labels=True)
-        for name in ("result_", "coef_", "gap_", "primal_", "n_iter_", "stopped_by_", "n_features_in_"):
+        for name in ("result_", "coef_", "gap_", "primal_", "n_iter_", "stopped_by_", "n_features_in_", "classes_"):
             self.__dict__.pop(name, None)  # a failed refit leaves the estimator unfitted, not half-updated
+        classes = None
+        if Y is not None and not _is_container(X) and isinstance(self.model, (Chain, Multiclass)):
+            classes, Y = _encode_labels(Y, _n_labels(self.model), isinstance(self.model, Chain))
+        data = self._data(X, Y, require_labels=True)
         result = fit(self.model, data, self.lam, self.solver, **self._options())
         self.result_ = result
         self.coef_ = result.weights
@@ -318,6 +377,8 @@ class SSVM:
         n_in = self._n_features_in(data)
         if n_in is not None:
             self.n_features_in_ = n_in
+        if classes is not None:
+            self.classes_ = classes
         return self
 
     def _check_fitted(self, method: str) -> FitResult:
@@ -338,6 +399,9 @@ class SSVM:
         if data is X:
             return pred
         pred = pred.detach().cpu().numpy()
+        classes = self.__dict__.get("classes_")
+        if classes is not None:
+            pred = classes[pred]
         if isinstance(data, SequenceData):
             off = data.offsets.cpu().tolist()
             return [pred[off[i]:off[i + 1]] for i in range(len(off) - 1)]
@@ -347,8 +411,26 @@ class SSVM:
         """``1 - mean task loss`` of the predictions on ``(X, Y)`` (higher is better, as scikit-learn expects):
         per-token accuracy of each sequence averaged over sequences for a Chain, accuracy for a Multiclass."""
         result = self._check_fitted("score")
+        classes = self.__dict__.get("classes_")
+        if Y is not None and classes is not None and not _is_container(X):
+            Y = _labels_as_indices(Y, classes, isinstance(self.model, Chain))
         data = self._data(X, Y, require_labels=True)
         return 1.0 - result.evaluate(data)
+
+    @property
+    def decision_function(self):
+        """``decision_function(X)``: the class scores ``<w, phi(x_i, k)>`` of a fitted Multiclass model, a float64
+        numpy array ``[n, K]`` (columns in the order of :attr:`classes_`).  Exists for Multiclass models only (as
+        scikit-learn's ``available_if``): structured models have no per-class score."""
+        if not isinstance(self.model, Multiclass):
+            raise AttributeError(f"decision_function is available for Multiclass models only, not "
+                                 f"{type(self.model).__name__}")
+        return self._decision_function
+
+    def _decision_function(self, X):
+        result = self._check_fitted("decision_function")
+        data = self._data(X, None, require_labels=False)
+        return self.model.scores(result.weights.to(data.x.device), data).detach().cpu().numpy()
 
 
 def _explicit_signature() -> inspect.Signature:

@@ -19,7 +19,7 @@ from .serialization import atomic_save, atomic_write_text, load_checked, to_plai
 from .signals import deferred_signals
 from .solvers.callbacks import Callback
 from .solvers.certificate import squared_norm
-from .solvers.options import SOLVERS, SolverOptions
+from .solvers.options import RETIRED_OPTIONS, SOLVERS, SolverOptions
 from .solvers.record import CheckRecord, as_records, plain_history
 from .solvers.run import WEAK_DUALITY_TOL, RunOutput, SolverRun
 
@@ -203,11 +203,11 @@ class FitResult:
         return float(self.model.loss(data, self.predict(data)).mean())
 
     # ------------------------------------------------------------ persistence
-    def to_dict(self) -> dict:
+    def to_dict(self, state: bool = True) -> dict:
         """Everything as tensors and plain containers (loads with ``torch.load(..., weights_only=True)``).
 
         The model is stored as its registered name (:func:`~torch_bcfw.models.registry.register_model`)
-        and its ``config()``.
+        and its ``config()``.  ``state=False``: without the dual state (``solver_state`` empty; see :meth:`save`).
         """
         return to_plain({
             "format": FORMAT,
@@ -220,14 +220,25 @@ class FitResult:
             "w_avg": None if self.w_avg is None else self.w_avg.cpu(),
             "history": plain_history(self.history),
             "stopped_by": self.stopped_by,
-            "solver_state": self.solver_state,
+            "solver_state": self.solver_state if state else {},
             "counters": self.counters,
         })
 
-    def save(self, path) -> None:
+    def save(self, path, state: bool = True) -> None:
         """Save everything (weights, history, dual state) atomically: a kill during the save leaves the
-        previous file (or none) in place, never a truncated one."""
-        atomic_save(self.to_dict(), path)
+        previous file (or none) in place, never a truncated one.
+
+        ``state=False`` writes the *model file*: the model, both iterates' weights, the options, the history and
+        its certificates, without the dual state (for OCR-large 90 KB instead of megabytes).  It loads,
+        predicts and evaluates like the full file but cannot be continued (:attr:`has_state` is False; ``fit(...,
+        init=)`` needs the full file, e.g. the checkpoint of the run)."""
+        atomic_save(self.to_dict(state=state), path)
+
+    @property
+    def has_state(self) -> bool:
+        """Whether the result holds its dual state (the solver's state), so that ``fit(..., init=result)`` can
+        continue it; False for a model file saved with ``save(path, state=False)``."""
+        return bool(self.solver_state)
 
     @classmethod
     def load(cls, path, map_location="cpu") -> "FitResult":
@@ -276,7 +287,8 @@ class FitResult:
         if not isinstance(d["options"], dict):
             raise ValueError(f"{source}: options must be a dict")
         try:
-            options = SolverOptions.from_kwargs(**d["options"])
+            options = SolverOptions.from_kwargs(**{k: v for k, v in d["options"].items()
+                                                    if k not in RETIRED_OPTIONS})
         except (TypeError, ValueError) as exc:
             raise ValueError(f"{source}: bad solver options: {exc}") from None
         w = _checked_weights(d["w"], model.n_features, f"{source}: w")
@@ -415,6 +427,9 @@ def fit(
     if checkpoint is not None and not isinstance(checkpoint, Checkpoint):
         raise TypeError(f"checkpoint must be a torch_bcfw.checkpoint.Checkpoint, got {type(checkpoint).__name__}")
     opts = SolverOptions.from_kwargs(**options)
+    if init is not None and not init.has_state:
+        raise ValueError("init holds no dual state (a model file, saved with state=False): continue from the full "
+                         "save of the run, e.g. the checkpoint.pt of its output folder")
     if init is not None and opts.batch_size == "auto" and isinstance(init.options.batch_size, int):
         opts = dataclasses.replace(opts, batch_size=init.options.batch_size)  # the saved run's rounds, exactly
     model.check_data(data)

@@ -12,7 +12,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info
 
-from ..checks import check_index_tensor, check_lam
+from ..checks import check_bool, check_index_tensor, check_lam
 from ..data import MulticlassData, SequenceData, StructuredData
 from ..duals.active_set import ActiveSetDualState
 from ..nn import StructuredHead
@@ -226,6 +226,11 @@ class BCFWCallback(Callback):
         name: distinguishes several instances in one Trainer (part of :attr:`state_key`; default:
             ``head_attr``).
         verbose: print one line per call.
+        save_dual_state: keep the dual state (and the solver's sampler state) in Lightning checkpoints (default
+            True: ``trainer.fit(..., ckpt_path=...)`` then continues the head's solve exactly).  ``False``: the
+            checkpoint keeps the callback's history and counters only -- for a chain head on OCR-large a few
+            kilobytes instead of megabytes -- and a resumed run re-solves the head from a fresh dual state at its
+            next call (its first certificate is then that of ``passes_per_call`` passes from scratch).
         solver_options: :class:`~torch_bcfw.solvers.options.SolverOptions` fields (``step``,
             ``sampling``, ``averaging``, ``gap_check``, ``gap_tol``, ``time_budget``, ``seed`` ...);
             also accepted as keyword arguments.  ``max_passes`` is ``passes_per_call``.
@@ -234,7 +239,7 @@ class BCFWCallback(Callback):
     def __init__(self, lam: float, head_attr: str = "head", every_n_epochs: int = 1, passes_per_call: float = 5.0,
                  initial_passes: float | None = None, solver: str = "bcfw", device: str | None = "cpu",
                  log_prefix: str = "ssvm", name: str | None = None, verbose: bool = False,
-                 solver_options: dict | None = None, **options):
+                 save_dual_state: bool = True, solver_options: dict | None = None, **options):
         super().__init__()
         self.lam = check_lam(lam)
         if solver not in DUAL_STATE_SOLVERS:
@@ -267,6 +272,7 @@ class BCFWCallback(Callback):
         self.log_prefix = str(log_prefix)
         self.name = str(name) if name is not None else self.head_attr
         self.verbose = bool(verbose)
+        self.save_dual_state = check_bool(save_dual_state, "save_dual_state")
         self._reset()
 
     def _reset(self) -> None:
@@ -533,13 +539,13 @@ class BCFWCallback(Callback):
             "version": 1,
             "config": {"lam": self.lam, "solver": self.solver, "head_attr": self.head_attr,
                        "options": self.options.to_dict()},
-            "dual_state": copy.deepcopy(self.dual_sd),
-            "alg": copy.deepcopy(self.alg_sd),
+            "dual_state": copy.deepcopy(self.dual_sd) if self.save_dual_state else None,
+            "alg": copy.deepcopy(self.alg_sd) if self.save_dual_state else None,
             "counters": dict(self.counters),
             "history": _to_primitive(plain_history(self.history)),
             "calls": self.calls,
             "solved_epoch": self.solved_epoch,
-            "shards": copy.deepcopy(self.shards),
+            "shards": copy.deepcopy(self.shards) if self.save_dual_state else None,
             "strategy": self.strategy,
             "shard_batch_size": self.shard_batch_size,
             "calibration": dict(self.calibration),

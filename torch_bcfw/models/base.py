@@ -43,6 +43,18 @@ class StructuredModel(ABC):
     #: dimension ``d`` of the joint feature map (and of the weight vector)
     n_features: int
 
+    #: True when the exact oracle solves a combinatorial problem that costs far more than scoring a few stored
+    #: labelings (a max-flow, an assignment, distance transforms over every position); False for the dynamic
+    #: programs and enumerations the compiled kernels run in microseconds (a chain's Viterbi, a multiclass argmax).
+    #: ``preset="auto"`` reads it: ``gap-pairwise-cache`` when True (Osokin et al. 2016, Sec. 5.1) -- a property of
+    #: the problem, so that the choice never depends on a clock.
+    expensive_oracle: bool = False
+
+    #: which BCFW steps the model's dual state runs in compiled loops on the CPU: ``"all"`` (every sampling and
+    #: refinement: a chain), ``"plain"`` (uniform FW steps only: the graph cut) or ``"none"`` (every step is
+    #: interpreted torch code).  ``preset="auto"`` prefers what runs compiled.
+    compiled_steps: str = "none"
+
     # -------------------------------------------------------------- data checks
     @abstractmethod
     def check_data(self, data, require_labels: bool = True) -> None:

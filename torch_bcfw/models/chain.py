@@ -49,6 +49,9 @@ class Chain(StructuredModel):
         n_labels: number of labels ``K`` (>= 2).
     """
 
+    #: the chain's dual state runs every sampling, pairwise / away steps and the cache in its compiled loops
+    compiled_steps = "all"
+
     def __init__(self, n_features: int, n_labels: int):
         n_features, n_labels = check_int(n_features, "n_features"), check_int(n_labels, "n_labels")
         if n_labels < 2:

@@ -55,6 +55,11 @@ class GraphCut(StructuredModel):
     ``w = [w_U (F), w_P (E)]``; see the module docstring for ``phi``, the losses and the sign convention.
     """
 
+    #: the oracle is a max-flow per image
+    expensive_oracle = True
+    #: the dual state runs plain BCFW steps in one compiled loop (the cut called back), the refinements interpreted
+    compiled_steps = "plain"
+
     def __init__(self, n_node_features: int, n_edge_features: int = 2, loss: str = "hamming", pairwise: bool = True,
                  processes: int | None = None, pool_min_nodes: int = 20_000):
         n_node_features = check_int(n_node_features, "n_node_features")

@@ -286,6 +286,9 @@ class Matching(StructuredModel):
         normalize: ``"words"`` (default: joint feature and loss divided by ``m_i + f_i``) or ``"none"``.
     """
 
+    #: the oracle solves an assignment problem per pair: ``preset="auto"`` caches its answers
+    expensive_oracle = True
+
     def __init__(self, n_features: int, miss_cost: float = 3.0, extra_cost: float = 1.0, normalize: str = "words"):
         n_features = check_int(n_features, "n_features")
         if n_features < 1:

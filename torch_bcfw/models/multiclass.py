@@ -28,6 +28,9 @@ class Multiclass(StructuredModel):
     ``d = K * (F + bias)``.
     """
 
+    #: the dual state runs plain BCFW steps in one compiled loop (the argmax inline), the refinements interpreted
+    compiled_steps = "plain"
+
     def __init__(self, n_features: int, n_classes: int, bias: bool = True):
         n_features, n_classes = check_int(n_features, "n_features"), check_int(n_classes, "n_classes")
         if n_classes < 2:
@@ -41,6 +44,18 @@ class Multiclass(StructuredModel):
 
     def config(self) -> dict:
         return {"n_features": self.n_inputs, "n_classes": self.n_classes, "bias": self.bias}
+
+    def builtin_oracle(self) -> bool:
+        """True when :meth:`oracle` is this class's own argmax, which the compiled step loop of the dual state runs
+        inline; a subclass that overrides it gets the generic steps."""
+        return type(self).oracle is Multiclass.oracle
+
+    def dual_state(self, data, lam: float, n_total: int | None = None):
+        """The dense ``w_i`` table with plain BCFW steps compiled
+        (:class:`~torch_bcfw.duals.multiclass.MulticlassDualState`)."""
+        from ..duals.multiclass import MulticlassDualState
+
+        return MulticlassDualState(self, data, lam, n_total)
 
     def head_ops(self) -> MulticlassHeadOps:
         return MulticlassHeadOps(self)

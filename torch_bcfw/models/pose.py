@@ -237,6 +237,9 @@ class PoseTree(StructuredModel):
     and a bias per edge and type), ``+ 2 E`` with ``type_features``; :meth:`unpack` splits ``w``.
     """
 
+    #: the oracle is a tree of distance transforms over every position: ``preset="auto"`` caches its answers
+    expensive_oracle = True
+
     def __init__(self, grid_size: int, mu: Tensor | None = None, n_joints: int = 14, n_unary: int = 1,
                  edges: Edges = LSP_TREE_EDGES, min_quadratic: float = 0.0, method: Method = "auto",
                  scales: Tensor | None = None, type_features: bool = False, loss_radius: float = 1.0):

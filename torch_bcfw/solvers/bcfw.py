@@ -24,40 +24,46 @@ from .comm import pass_rounds
 from .options import parse_preset
 from .sampling import GapEstimates, GapSampler, make_sampler
 
-__all__ = ["seconds_per_block", "measured_round_size", "BCFW", "measure_oracle_time", "resolve_auto_preset"]
+__all__ = ["seconds_per_block", "measured_round_size", "BCFW", "resolve_auto_preset"]
 
 
-def measure_oracle_time(model, data, max_examples: int = 64, repeat: int = 3, seed: int = 0) -> float:
-    """Seconds per example of the batched loss-augmented oracle at ``w = 0`` (median of ``repeat`` runs
-    over up to ``max_examples`` random examples, after one warm-up call)."""
-    n = len(data)
-    idx = np.random.default_rng(seed).choice(n, size=min(n, max_examples), replace=False)
-    sub = data[torch.as_tensor(np.sort(idx))]
-    w = torch.zeros(model.n_features, dtype=torch.float64, device=data.device)
-    model.oracle(w, sub)
-    ts = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        model.oracle(w, sub)
-        ts.append(time.perf_counter() - t0)
-    return float(np.median(ts)) / len(idx)
+def resolve_auto_preset(model, data, options, rounds: bool = False):
+    """``preset="auto"``: the combination for this problem, from its properties (never a clock), among those of
+    :data:`~torch_bcfw.solvers.options.AUTO_CHOICES` that fit the given fields.  What runs compiled decides first,
+    since an interpreted step costs more than the passes a refinement saves on a cheap oracle
+    (``docs/results/presets.md``):
 
+    * mini-batch rounds (``rounds``: ``batch_size > 1`` or blocks sharded over processes): ``uniform-fw`` (pairwise
+      and away steps move one block; gap sampling did not pay in rounds on OCR-large, ``docs/results/scale.md``);
+    * a model whose dual state runs every refinement compiled (its
+      :attr:`~torch_bcfw.models.base.StructuredModel.compiled_steps` is ``"all"``: a chain on the CPU):
+      ``gap-pairwise``;
+    * one that runs plain steps compiled only (``"plain"``: the graph cut on the CPU): ``uniform-fw``, plain BCFW;
+    * interpreted steps (``"none"``): ``gap-pairwise-cache`` for an expensive oracle (the model's
+      :attr:`~torch_bcfw.models.base.StructuredModel.expensive_oracle`: pose trees, matchings; Osokin et al. 2016,
+      Sec. 5.1), else ``uniform-fw`` (a multiclass or table model: the bookkeeping of gap sampling and working sets
+      costs more than the passes it saves on a cheap oracle).
 
-def resolve_auto_preset(model, data, options):
-    """``preset="auto"``: BCPFW + gap sampling + cache when the oracle costs at least
-    ``options.auto_oracle_threshold`` seconds per example, else BCFW + gap sampling (Osokin et al. 2016,
-    Sec. 5.1).  Returns the resolved options (``extra["auto"]`` records the measurement).
-
-    Options whose ``step_rule`` / ``cache`` already fix the choice (given explicitly, e.g. ``cache=True``, or
-    resolved before: the options of a :class:`~torch_bcfw.FitResult`) are returned unchanged: nothing given is
-    ever overridden (:class:`~torch_bcfw.solvers.options.SolverOptions` rejects a given field that fits neither
-    choice)."""
+    Returns the resolved options; ``extra["auto"]`` records the choice and the properties behind it.  The same problem
+    always gets the same choice, and a resumed run keeps its saved options.  Options already resolved (given
+    explicitly, or the options of a :class:`~torch_bcfw.FitResult`) are returned unchanged."""
     if not options.auto_pending:
         return options
-    t = measure_oracle_time(model, data)
-    name = "gap-pairwise-cache" if t >= options.auto_oracle_threshold else "gap-fw"
+    expensive = bool(model.expensive_oracle)
+    compiled = model.compiled_steps if data.device.type == "cpu" else "none"
+    if rounds:
+        order = ("uniform-fw", "gap-fw", "gap-pairwise", "gap-pairwise-cache")
+    elif compiled == "all":
+        order = ("gap-pairwise", "gap-fw", "uniform-fw", "gap-pairwise-cache")
+    elif compiled == "plain" or not expensive:
+        order = ("uniform-fw", "gap-fw", "gap-pairwise", "gap-pairwise-cache")
+    else:
+        order = ("gap-pairwise-cache", "gap-pairwise", "gap-fw", "uniform-fw")
+    fits = options.auto_fits()
+    name = next(n for n in order if n in fits)
     extra = dict(options.extra)
-    extra["auto"] = {"oracle_seconds": t, "threshold": options.auto_oracle_threshold, "chosen": name}
+    extra["auto"] = {"compiled_steps": compiled, "expensive_oracle": expensive, "rounds": bool(rounds),
+                     "model": type(model).__name__, "chosen": name}
     return dataclasses.replace(options, **parse_preset(name), extra=extra)
 
 
@@ -108,7 +114,8 @@ class BCFW(DualAlgorithm):
             options = dataclasses.replace(options, batch_size=1 if on_cpu else measured_round_size(model, data, lam,
                                                                                                    options))
         if options.preset == "auto":
-            options = resolve_auto_preset(model, data, options)
+            options = resolve_auto_preset(model, data, options,
+                                          rounds=options.batch_size > 1 or (comm is not None and comm.sharded))
         super().__init__(model, data, lam, options, state, bounds, comm)
         self.batch_size = options.batch_size
         #: mini-batch rounds (Wang et al. 2016): ``batch_size > 1``, or blocks sharded over processes

@@ -54,7 +54,7 @@ class ProgressBar(Callback):
         from tqdm.auto import tqdm
 
         self.bar = tqdm(total=float(info["max_passes"]), unit="pass", desc=info["solver"], leave=self.leave,
-                        bar_format="{desc} {n:.1f}/{total:.0f} passes |{bar}| {elapsed} {postfix}")
+                        bar_format="{desc} {n:.1f}/{total:.0f} passes |{bar}| {elapsed}{postfix}")
         self.t0 = time.perf_counter()
 
     def on_chunk(self, passes: float, elapsed: float) -> None:

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-__all__ = ["SolverOptions", "SOLVERS", "parse_preset", "PRESETS", "AUTO_ORACLE_THRESHOLD", "AUTO_CHOICES",
+__all__ = ["SolverOptions", "SOLVERS", "parse_preset", "PRESETS", "AUTO_CHOICES",
            "MP_CLOCKS"]
 
 #: solver names accepted by :func:`torch_bcfw.fit`
@@ -22,11 +22,11 @@ PRESETS = tuple(
 #: values of ``SolverOptions.mp_clock``
 MP_CLOCKS = ("auto", "work", "wall")
 
-#: per-example oracle time (seconds) from which ``preset="auto"`` treats the oracle as expensive
-AUTO_ORACLE_THRESHOLD = 1e-4
+#: options of older saved files that no longer exist: read and dropped (``preset="auto"`` decided by a timing)
+RETIRED_OPTIONS = ("auto_oracle_threshold",)
 
-#: the two combinations ``preset="auto"`` chooses between (Osokin et al. 2016, Sec. 5.1): costly oracle first
-AUTO_CHOICES = ("gap-pairwise-cache", "gap-fw")
+#: the combinations ``preset="auto"`` chooses among (:func:`torch_bcfw.solvers.bcfw.resolve_auto_preset`)
+AUTO_CHOICES = ("gap-pairwise-cache", "gap-pairwise", "gap-fw", "uniform-fw")
 
 #: what ``sampling``, ``step_rule`` and ``cache`` are when neither they nor a preset are given (plain BCFW)
 _COMBINATION_DEFAULTS = {"sampling": "uniform", "step_rule": "fw", "cache": False}
@@ -41,7 +41,7 @@ def parse_preset(name: str) -> dict:
     A name joins with ``-`` an optional sampling (``uniform`` default, ``perm``, ``gap``), an optional step
     rule (``fw`` default, ``pairwise``, ``away``; the paper's names ``bcfw``, ``bcpfw``, ``bcafw`` also work)
     and an optional ``cache``: ``"gap-pairwise-cache"``, ``"gap"``, ``"pairwise"``, ``"uniform-fw"``...
-    ``"auto"`` is resolved by the solver from the measured oracle time (see :class:`SolverOptions`).
+    ``"auto"`` is resolved by the solver from the model's ``expensive_oracle`` (see :class:`SolverOptions`).
     """
     if not isinstance(name, str) or not name:
         raise ValueError(f"preset must be a non-empty string, got {name!r}")
@@ -126,10 +126,8 @@ class SolverOptions:
     split, whole or fractional, for ``solver="bcfw"`` with every sampling and refinement (gap sampling
     included: the estimates, the first-visit queue, the global gap of the cache test and the random stream are
     saved, and the final check of the first run does not refresh the saved estimates) and for ``"mp-bcfw"`` --
-    except that the first run's history holds one more record, the final check at the split.  Limits: ``preset="auto"`` with neither ``step_rule`` nor ``cache``
-    given measures the oracle again in the second call and may choose differently (give the combination it
-    chose, ``result.options.variant_name()``, to rule that out); ``time_budget`` and Ctrl-C stops depend on the
-    clock; ``solver="mp-bcfw"`` with ``mp_clock="wall"`` depends on the clock at every outer iteration.
+    except that the first run's history holds one more record, the final check at the split.  Limits:
+    ``time_budget`` and Ctrl-C stops depend on the clock; ``solver="mp-bcfw"`` with ``mp_clock="wall"`` depends on the clock at every outer iteration.
 
     Attributes:
         max_passes: stop after this many effective passes (oracle calls / n), a finite number > 0 (fractions
@@ -175,15 +173,13 @@ class SolverOptions:
             ``"gap-pairwise-cache"``, ``"gap"``, ``"uniform-fw-cache"``... (:func:`parse_preset`).  A preset never
             overrides a field given explicitly: giving one that disagrees with the preset is an error (the same
             value is fine, so the reload of :meth:`to_dict`, which holds the preset and the resolved fields,
-            works).  ``"auto"``: the paper's recommendation from the measured oracle time per example:
-            ``gap-pairwise-cache`` when it is ``>= auto_oracle_threshold`` seconds, else ``gap-fw``
-            (:data:`AUTO_CHOICES`).  Fields given with ``"auto"`` must fit one of the two choices
-            (``sampling="gap"``; ``step_rule="fw"`` / ``cache=False`` or ``step_rule="pairwise"`` / ``cache=True``;
-            ``step="fixed"`` only fits ``gap-fw``); when they fit only one, it is chosen without measuring.
-            Until the solver measures, ``step_rule`` and ``cache`` are ``None`` (:attr:`auto_pending`).
-        auto_oracle_threshold: threshold of ``preset="auto"`` in seconds per oracle call (default 1e-4:
-            the compiled chain oracles of this package, 2-40 microseconds, are cheap; graph cuts and
-            pose trees are expensive).
+            works).  ``"auto"``: one of :data:`AUTO_CHOICES` from properties of the problem, never a clock
+            (:func:`~torch_bcfw.solvers.bcfw.resolve_auto_preset`): what the model's dual state runs compiled
+            first (``gap-pairwise`` for a chain on the CPU, plain BCFW for a graph cut), then the oracle
+            (``gap-pairwise-cache`` for an expensive one, else plain BCFW); recorded in ``extra["auto"]``.  Fields given with ``"auto"`` must fit one of the choices (``step="fixed"`` only fits
+            the FW steps without the cache, ``cache=True`` only ``gap-pairwise-cache``); when they fit only one, it
+            is chosen at once.
+            Until the solver resolves it, ``step_rule`` and ``cache`` are ``None`` (:attr:`auto_pending`).
         averaging: (a bool, like ``check_averaged``, ``track_train_loss``, ``progress`` and ``cache``) keep the weighted average ``wbar_k = 2/(k(k+1)) sum_t t w_t`` (and ``lbar``)
             and certify its gap as well. Default True (BCFWstruct: "it made a big difference in
             test error").
@@ -272,7 +268,6 @@ class SolverOptions:
     gap_power: float = 1.0
     early_gap_check: float | None = None
     preset: str | None = None
-    auto_oracle_threshold: float = AUTO_ORACLE_THRESHOLD
     mp_max_planes: int = 1000
     mp_inactive_iters: int = 10
     mp_max_approx_passes: int = 1000
@@ -337,7 +332,7 @@ class SolverOptions:
         self.gap_tol = _check_real("gap_tol", self.gap_tol, positive=False, finite=True, optional=True)
         self.rel_gap_tol = _check_real("rel_gap_tol", self.rel_gap_tol, positive=False, finite=True, optional=True)
         self.time_budget = _check_real("time_budget", self.time_budget, positive=True, finite=True, optional=True)
-        for name in ("cache_F", "cache_nu", "auto_oracle_threshold"):
+        for name in ("cache_F", "cache_nu"):
             setattr(self, name, float(_check_real(name, getattr(self, name), positive=True, finite=False)))
         self.gap_power = float(_check_real("gap_power", self.gap_power, positive=True, finite=True))
         if self.early_gap_check is not None:
@@ -363,28 +358,37 @@ class SolverOptions:
         if not isinstance(self.extra, dict):
             raise ValueError(f"extra must be a dict, got {self.extra!r}")
 
+    def auto_fits(self) -> list[str]:
+        """``preset="auto"``: the names of :data:`AUTO_CHOICES` that agree with the fields set so far (``sampling``,
+        ``step_rule``, ``cache`` given, and ``step``: a fixed step only fits FW steps without the cache)."""
+        fields = {k: getattr(self, k) for k in _COMBINATION_DEFAULTS if getattr(self, k) is not None}
+        return [name for name in AUTO_CHOICES
+                if all(parse_preset(name)[k] == v for k, v in fields.items())
+                and (self.step == "line_search" or (parse_preset(name)["step_rule"] == "fw"
+                                                   and not parse_preset(name)["cache"]))]
+
     def _filter_auto_choices(self, given: dict) -> None:
         """``preset="auto"``: keep the choices of :data:`AUTO_CHOICES` that agree with the given fields (and with
-        ``step``); none: error; one: it is fixed now (the solver measures nothing); two: ``step_rule`` and ``cache``
-        stay ``None`` until the solver measures the oracle (:func:`torch_bcfw.solvers.bcfw.resolve_auto_preset`)."""
-        choices = [parse_preset(name) for name in AUTO_CHOICES]
-        fits = [c for c in choices if all(c[k] == v for k, v in given.items())
-                and (self.step == "line_search" or (c["step_rule"] == "fw" and not c["cache"]))]
+        ``step``); none: error; one: it is fixed now; more: the fields they differ in stay ``None`` until the solver
+        sees the model (:func:`torch_bcfw.solvers.bcfw.resolve_auto_preset`, which picks among them)."""
+        fits = self.auto_fits()
         if not fits:
             raise ValueError(
-                f"preset='auto' chooses between {' and '.join(repr(c) for c in AUTO_CHOICES)} but the given "
+                f"preset='auto' chooses among {', '.join(repr(c) for c in AUTO_CHOICES)} but the given "
                 + ", ".join(f"{k}={v!r}" for k, v in given.items())
                 + (f" (with step={self.step!r})" if self.step != "line_search" else "")
-                + " fits neither: drop them or name a preset"
+                + " fits none: drop them or name a preset"
             )
-        self.sampling = "gap"
-        if len(fits) == 1:
-            self.step_rule, self.cache = fits[0]["step_rule"], fits[0]["cache"]
+        for k in _COMBINATION_DEFAULTS:  # a field every remaining choice agrees on is set now
+            values = {parse_preset(name)[k] for name in fits}
+            if len(values) == 1:
+                setattr(self, k, values.pop())
 
     @property
     def auto_pending(self) -> bool:
-        """True while ``preset="auto"`` still has to measure the oracle to choose ``step_rule`` and ``cache``."""
-        return self.preset == "auto" and self.step_rule is None
+        """True while ``preset="auto"`` still has to choose ``sampling``, ``step_rule`` or ``cache`` (from the
+        model)."""
+        return self.preset == "auto" and any(getattr(self, k) is None for k in _COMBINATION_DEFAULTS)
 
     @classmethod
     def from_kwargs(cls, **kwargs) -> "SolverOptions":
@@ -402,7 +406,7 @@ class SolverOptions:
 
     def variant_name(self) -> str:
         """The preset name of the (resolved) combination, e.g. ``"gap-pairwise-cache"`` (``"auto"`` while
-        ``preset="auto"`` has not measured the oracle yet)."""
+        ``preset="auto"`` is not resolved yet)."""
         if self.auto_pending:
             return "auto"
         return f"{self.sampling}-{self.step_rule}" + ("-cache" if self.cache else "")

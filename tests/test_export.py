@@ -1,0 +1,88 @@
+"""A trained head exported as plain torch modules: the files load and decode in a process where torch_bcfw cannot
+be imported, with the same labels as the library's own decoder; the model file of a fit holds no dual state and is
+small, and the run continues exactly from its checkpoint."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from conftest import random_chain_problem, random_multiclass_problem, shared_data
+from torch_bcfw import FitResult, fit
+from torch_bcfw.export import export_head
+from torch_bcfw.models import Chain, GraphCut
+
+_DECODE_WITHOUT_THE_LIBRARY = textwrap.dedent("""
+    import json, sys
+    sys.modules["torch_bcfw"] = None  # any import of torch_bcfw now fails
+    sys.path.insert(0, sys.argv[1])
+    import torch
+    from head import load_head
+    head = load_head(sys.argv[1] + "/head.pt")
+    x = torch.load(sys.argv[2], weights_only=True)
+    out = head(x["x"], x["lengths"]) if "lengths" in x else head(x["x"])
+    print(json.dumps(out.tolist()))
+""")
+
+
+def _decode_elsewhere(folder, inputs: dict, tmp_path) -> list:
+    torch.save(inputs, tmp_path / "inputs.pt")
+    done = subprocess.run([sys.executable, "-c", _DECODE_WITHOUT_THE_LIBRARY, str(folder), str(tmp_path / "inputs.pt")],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout)
+
+
+def test_an_exported_chain_head_decodes_like_the_library_without_it(tmp_path):
+    from torch_bcfw.datasets.ocr import load_ocr_split
+
+    train, test = load_ocr_split(str(shared_data("ocr")), "small", 0)
+    r = fit(Chain(128, 26), train, 0.1, max_passes=3, gap_check=3)
+    export_head(r, tmp_path / "head")
+    test = test[list(range(300))]
+    labels = _decode_elsewhere(tmp_path / "head", {"x": test.x, "lengths": test.lengths}, tmp_path)
+    assert labels == r.predict(test).tolist()
+    # random chains of every length, against the library's decoder
+    model, data = random_chain_problem(n=12, F=4, K=5, max_len=6, seed=3, min_len=1)
+    r = fit(model, data, 0.05, max_passes=5)
+    export_head(r, tmp_path / "toy")
+    assert _decode_elsewhere(tmp_path / "toy", {"x": data.x, "lengths": data.lengths}, tmp_path) == \
+        r.predict(data).tolist()
+
+
+def test_an_exported_multiclass_head_and_the_refused_models(tmp_path):
+    model, data = random_multiclass_problem(n=30, F=5, K=4, seed=2)
+    r = fit(model, data, 0.05, max_passes=5)
+    export_head(r, tmp_path / "mc")
+    assert _decode_elsewhere(tmp_path / "mc", {"x": data.x}, tmp_path) == r.predict(data).tolist()
+    with pytest.raises(ValueError, match="supports Chain and Multiclass heads, not GraphCut"):
+        export_head(type("R", (), {"model": GraphCut(3, 2), "weights": torch.zeros(GraphCut(3, 2).n_features)})(),
+                    tmp_path / "gc")
+
+
+def test_the_model_file_holds_no_state_and_the_checkpoint_continues_exactly(tmp_path):
+    """``torch-bcfw fit`` writes a small model.pt (what prediction needs) and the full state to checkpoint.pt;
+    --resume continues from the checkpoint as one uninterrupted run would; ``export`` writes the head."""
+    from torch_bcfw.cli import main
+
+    cfg = tmp_path / "ocr.yaml"
+    cfg.write_text(f"data: {{name: ocr, path: {shared_data('ocr')}, split: large, fold: 0}}\nlam: 0.01\n"
+                   "options: {max_passes: 4, gap_check: 2}\n")
+    whole, part = tmp_path / "whole", tmp_path / "part"
+    assert main(["fit", "--config", str(cfg), "--quiet", "--output", str(whole), "--set", "options.max_passes=6"]) == 0
+    assert main(["fit", "--config", str(cfg), "--quiet", "--output", str(part)]) == 0
+    model_file = FitResult.load(part / "model.pt")
+    assert not model_file.has_state and FitResult.load(part / "checkpoint.pt").has_state
+    size, full = (part / "model.pt").stat().st_size, (part / "checkpoint.pt").stat().st_size
+    assert size < 200_000 < full, (size, full)  # OCR-large: weights and history, not the 6251-word dual state
+    with pytest.raises(ValueError, match="holds no dual state"):
+        fit(model_file.model, None, 0.01, init=model_file)
+    assert main(["fit", "--resume", str(part), "--quiet", "--set", "options.max_passes=6"]) == 0
+    a, b = FitResult.load(whole / "model.pt"), FitResult.load(part / "model.pt")
+    assert torch.equal(a.w, b.w) and torch.equal(a.w_avg, b.w_avg) and a.gap == b.gap
+    assert main(["export", "--model", str(part / "model.pt"), "--output", str(tmp_path / "deploy")]) == 0
+    assert (tmp_path / "deploy" / "head.pt").is_file() and (tmp_path / "deploy" / "head.py").is_file()

@@ -1,0 +1,123 @@
+"""The multiclass dual state: the dense ``w_i`` table with plain BCFW steps in one compiled loop.
+
+A :class:`~torch_bcfw.models.Multiclass` block step is a handful of ``d``-vector operations (``d = K (F + 1)``): the
+interpreted step of :class:`~torch_bcfw.duals.dense.DenseDualState` spends ~150 microseconds on torch calls for
+them.  :func:`multiclass_plain_steps` runs a whole plain plan (uniform or permuted order, FW steps, line search or
+the fixed step, the lazy weighted average) in numba, the oracle included (the loss-augmented argmax over the class
+scores), with the generic loop's arithmetic: the same steps up to the rounding of the dot products.  Every other plan
+(gap sampling, pairwise / away steps, the cache, mini-batch rounds, box constraints) runs in the generic loops.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+from numba import njit
+
+from .dense import DenseDualState
+from .plan import PlanResult, StepPlan
+from .stepsize import average_weight, lazy_weight, step_size
+
+__all__ = ["MulticlassDualState", "multiclass_plain_steps"]
+
+
+@njit(cache=True)
+def multiclass_plain_steps(order, x, y, bias, w_blocks, w_blocks_acc, w, block_ell, avg_last, lam, n_total, step_code,
+                           averaging, k, avg_t, ell, avg_ell_u, gaps):
+    """Plain BCFW steps on the blocks ``order`` (``int64[m]``) of a multiclass problem, in place.
+
+    ``x: float64[n, F]`` the inputs, ``y: int64[n]`` the labels, ``bias``: a constant feature appended (the model's
+    ``bias``); ``w_blocks`` / ``w_blocks_acc: float64[n, d]`` the ``w_i`` table and its average accumulator,
+    ``w: float64[d]`` (``sum_i w_i``), ``block_ell: float64[n]``, ``avg_last: int64[n]`` the averaging clocks.
+    Scalars ``k``, ``avg_t``, ``ell``, ``avg_ell_u`` (the step counter, averaging clock, ``sum_i l_i`` and its average
+    accumulator) are returned updated: ``(k, avg_t, ell, avg_ell_u)``.  ``gaps[j]`` receives the block gap of step
+    ``j`` (the line search's numerator)."""
+    n_feat = x.shape[1]
+    fp = n_feat + (1 if bias else 0)
+    n_classes = w.shape[0] // fp
+    scale = 1.0 / (lam * n_total)
+    d = w.shape[0]
+    direction = np.empty(d)
+    for j in range(order.shape[0]):
+        i = order[j]
+        yi = y[i]
+        # the oracle: argmax_c <w_c, [x_i, 1]> + [c != y_i] (the first maximum)
+        best = -np.inf
+        ys = 0
+        for c in range(n_classes):
+            s = 0.0
+            base = c * fp
+            for f in range(n_feat):
+                s += w[base + f] * x[i, f]
+            if bias:
+                s += w[base + n_feat]
+            if c != yi:
+                s += 1.0
+            if s > best:
+                best = s
+                ys = c
+        ell_s = (1.0 if ys != yi else 0.0) / n_total
+        # direction v = w_i - w_s, w_s = (phi(x_i, y_i) - phi(x_i, y_s)) / (lam n)
+        for t in range(d):
+            direction[t] = w_blocks[i, t]
+        if ys != yi:
+            for f in range(fp):
+                xf = x[i, f] if f < n_feat else 1.0
+                direction[yi * fp + f] -= xf * scale
+                direction[ys * fp + f] += xf * scale
+        ell_i = block_ell[i]
+        vw = 0.0
+        vv = 0.0
+        for t in range(d):
+            vw += direction[t] * w[t]
+            vv += direction[t] * direction[t]
+        num = lam * vw - ell_i + ell_s
+        den = lam * vv
+        gaps[j] = num
+        gamma = step_size(step_code, num, den, k, n_total)
+        if gamma != 0.0:
+            if averaging:
+                s_acc = lazy_weight(avg_t, avg_last[i])
+                if s_acc != 0.0:
+                    for t in range(d):
+                        w_blocks_acc[i, t] += s_acc * w_blocks[i, t]
+                avg_last[i] = avg_t
+            for t in range(d):
+                w_blocks[i, t] -= gamma * direction[t]
+                w[t] -= gamma * direction[t]
+            new_ell_i = (1.0 - gamma) * ell_i + gamma * ell_s
+            block_ell[i] = new_ell_i
+            ell += new_ell_i - ell_i
+            avg_ell_u += average_weight(avg_t) * (new_ell_i - ell_i)
+        k += 1
+        avg_t += 1
+    return k, avg_t, ell, avg_ell_u
+
+
+class MulticlassDualState(DenseDualState):
+    """:class:`~torch_bcfw.duals.dense.DenseDualState` of a :class:`~torch_bcfw.models.Multiclass` model whose plain
+    plans run in :func:`multiclass_plain_steps` (CPU tensors, no box constraints, the model's own oracle, all the
+    blocks of the problem in this process)."""
+
+    def __init__(self, model, data, lam: float, n_total: int | None = None):
+        super().__init__(model, data, lam, n_total)
+        self._x64 = self._y64 = None
+
+    def can_run_plan(self, plan: StepPlan) -> bool:
+        return (plan.is_plain and self.w.device.type == "cpu" and not self.has_bounds
+                and self.model.builtin_oracle() and self.n_total == self.n)
+
+    def run_plan(self, plan: StepPlan) -> PlanResult:
+        if not self.can_run_plan(plan):
+            return super().run_plan(plan)
+        if self._x64 is None:  # the inputs as the kernel reads them, made once
+            self._x64 = np.ascontiguousarray(self.data.x.detach().to(torch.float64).numpy())
+            self._y64 = np.ascontiguousarray(self.data.y.detach().to(torch.int64).numpy())
+        order = np.ascontiguousarray(plan.order, dtype=np.int64)
+        gaps = np.empty(len(order))
+        self.k, self.avg_t, self.ell, self.avg_ell_u = multiclass_plain_steps(
+            order, self._x64, self._y64, bool(self.model.bias), self.w_blocks.numpy(), self.w_blocks_acc.numpy(),
+            self.v.numpy(), self.block_ell.numpy(), self.avg_last.numpy(), float(self.lam), int(self.n_total),
+            int(plan.step_code), bool(plan.averaging), int(self.k), int(self.avg_t), float(self.ell),
+            float(self.avg_ell_u), gaps)
+        return PlanResult(steps=len(order), oracle_calls=len(order), cache_hits=0, need_gap_pass=False,
+                          blocks=order.copy(), gaps=gaps)
