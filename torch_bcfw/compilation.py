@@ -2,7 +2,7 @@
 
 The compiled kernels of this package (Viterbi, the fused BCFW step loops, the step sizes, ...) are compiled by
 numba on their first call and cached on disk (``cache=True``, in ``__pycache__`` beside the modules or under
-``NUMBA_CACHE_DIR``).  On a fresh machine the first OCR fit therefore spends ~6-7 s compiling before the solve,
+``NUMBA_CACHE_DIR``).  On a fresh machine the first OCR fit therefore spends ~8 s compiling before the solve,
 which the solver's clock would count as solver time; later runs load the kernels from the cache in a fraction of a
 second.
 

@@ -24,7 +24,7 @@ from torch import Tensor
 from ..inference.viterbi import viterbi_packed
 from ..checks import saved_tensor
 from .base import LOAD_TOL, DualState
-from .chain_driver import chain_plan_steps
+from .chain_driver import chain_plain_steps, chain_plan_steps
 from .chain_kernels import TOTALS, ChainAverages, ChainFeatures, ChainMarginals, ChainWeights
 from .chain_rounds import (RoundScratch, Touched, clear_touched, local_round, max_round_tokens, round_directions,
                            round_move, round_scratch)
@@ -293,8 +293,12 @@ class ChainDualState(DualState):
         flags, sampling, running = compiled_plan(plan, self.v.numpy())
         ws = self.working_set if plan.working_set is not None else None
         pool = ws.arrays() if ws is not None else _NO_POOL
-        progress, pool = chain_plan_steps(flags, sampling, pool, running, ylab, self.lam, self.k, self.avg_t,
-                                          *self._groups(totals), gaps, blocks)
+        if plan.is_plain and ylab.shape[0] == 0:  # plain BCFW: its own kernel, without the refinements' code
+            progress = chain_plain_steps(flags, sampling, self.lam, self.k, self.avg_t, *self._groups(totals), gaps,
+                                         blocks)
+        else:
+            progress, pool = chain_plan_steps(flags, sampling, pool, running, ylab, self.lam, self.k, self.avg_t,
+                                              *self._groups(totals), gaps, blocks)
         if ws is not None:
             ws.adopt(pool)
         if flags.running_average:

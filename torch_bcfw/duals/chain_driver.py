@@ -6,7 +6,8 @@ returning to Python.
 reproduce; tests compare them) built from the chain's block operations (:mod:`.chain_kernels`) and the shared
 compiled parts: the sum tree of gap sampling (:mod:`.sumtree`), the working set (:mod:`.working_set`) and the step
 rules (:mod:`.stepsize`).  Plain BCFW is the plan with none of the refinements: each iteration is then the oracle and
-the FW step, nothing measured or kept, with the next block's state prefetched.
+the FW step, nothing measured or kept, with the next block's state prefetched.  :func:`chain_plain_steps` is that
+branch alone, compiled on its own: a first plain fit compiles it in a few seconds without the working set's code.
 
 The marginal state ``mu_i, T_i`` equals ``sum_y alpha_i(y) (onehot(y), counts(y))`` for the weights in the
 working set (up to round-off), because every move of the marginals is the same combination of corners as the move of
@@ -25,7 +26,7 @@ from .sumtree import est_set, gap_draw
 from .working_set import (LAST, LOSS, SCORE, label_hash, ws_corners, ws_drop_inactive, ws_drop_stale, ws_evict_lru,
                           ws_find, ws_fw_update, ws_insert)
 
-__all__ = ["chain_plan_steps"]
+__all__ = ["chain_plan_steps", "chain_plain_steps"]
 
 
 @njit(cache=True)
@@ -190,3 +191,42 @@ def chain_plan_steps(plan, sampling, ws, running, ylab, lam, k0, t0, feats, w, m
         if plan.running_average:
             _running_average(running, marg.totals[0].ell)
     return Progress(done, n_oracle, n_hits, status, k, clock), ws
+
+
+@njit(cache=True)
+def chain_plain_steps(plan, sampling, lam, k0, t0, feats, w, marg, avg, gaps, blocks):
+    """Plain BCFW on the chain's state: the branch of :func:`chain_plan_steps` for a plan with none of the
+    refinements (FW steps on the blocks of ``sampling.order``, nothing measured or kept), the same operations in the
+    same order -- hence the same bits -- without the code of the working set and of gap sampling.  Arguments as for
+    :func:`chain_plan_steps`; returns the :class:`~.plan.Progress`."""
+    offsets, y = feats.offsets, feats.y
+    mu, T, block_ell = marg.mu, marg.T, marg.block_ell
+    trans = w.trans
+    order = sampling.order
+    m = plan.m
+    n = offsets.shape[0] - 1
+    scr = step_scratch(offsets, w.We.shape[1])
+    U, D, ystar = scr.U, scr.D, scr.ystar
+    k = k0
+    clock = t0
+    for j in range(m):
+        i = order[j]
+        if j + 1 < m:
+            prefetch_block(order[j + 1], offsets, feats.indptr, feats.indices, feats.values, feats.gram,
+                           feats.gram_off, mu, T, avg.mu_acc, plan.averaging)
+        blocks[j] = i
+        s = offsets[i]
+        L = offsets[i + 1] - s
+        ell_i = block_ell[i]
+        score_mu = corner_base(s, L, feats, w, mu, U, D)  # D = -mu_i
+        loss_augmented_decode(U, scr.Ua, L, s, y, 1.0 / L, trans, ystar, scr.delta)
+        score_star, mistakes = add_corner(s, L, y, trans, U, ystar, D)
+        ell_s = mistakes * (1.0 / L) / n
+        score_T, sq_T = transition_stats(T[i], trans, ystar[:L])
+        corner = Corner(score_star, score_mu + score_T, ell_i, ell_s, sq_T)
+        num, gamma = fw_move(i, s, L, plan.step_code, plan.averaging, lam, k, clock, corner, ystar, D, feats, w,
+                             marg, avg)
+        gaps[j] = num
+        k += 1
+        clock += 1
+    return Progress(m, m, 0, DONE, k, clock)
