@@ -4,6 +4,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from conftest import shared_data
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -48,6 +50,7 @@ def test_bad_config_is_reported(tmp_path):
     assert p.returncode == 2 and "not found" in p.stderr
 
 
+@pytest.mark.heavy  # a slower check: the run of the fast tier stays under 5 minutes cold
 def test_path_command_writes_the_path_and_selects_lambda(tmp_path):
     data = str(shared_data("ocr"))
     out = tmp_path / "path"

@@ -189,3 +189,18 @@ def test_evaluate_refuses_to_change_the_fitted_data_with_set(tmp_path):
                     "--set changes the data the model was fitted on (data.split)", "pass --config FILE")
     p = _cli("evaluate", "--model", str(out / "model.pt"), "--set", "lam=0.5")
     assert p.returncode == 0 and "train_error" in p.stdout, p.stderr
+
+
+def test_the_bar_and_the_table_count_the_passes_max_passes_counts(tmp_path):
+    """With the cache, some block steps need no oracle call: the bar and the table count block steps / n (what
+    max_passes counts) and name the oracle's own count apart; without it the table has the one row."""
+    out = tmp_path / "out"
+    p = _cli("fit", "--config", str(_config(tmp_path)), "--set", "options.preset=gap-pairwise-cache",
+             "--set", "options.max_passes=4", "--set", "options.gap_check=2", "--output", str(out))
+    assert p.returncode == 0, p.stderr
+    assert "4/4 passes" in p.stderr.replace("4.0/4", "4/4") and "oracle passes=" in p.stderr
+    rows = dict(line.strip("| ").split("|")[:2] for line in p.stdout.splitlines() if line.startswith("| "))
+    rows = {k.strip(): v.strip() for k, v in rows.items()}
+    assert rows["passes (block steps / n)"] == "4" and float(rows["oracle calls / n"]) < 4
+    plain = _cli("fit", "--config", str(_config(tmp_path)), "--output", str(tmp_path / "plain"), "--quiet")
+    assert "passes (block steps / n)" in plain.stdout and "oracle calls / n" not in plain.stdout

@@ -108,8 +108,8 @@ def test_a_dead_rank_stops_the_other_with_a_clear_error(tmp_path):
 
 
 def test_torchrun_command_line_fit_and_resume(tmp_path):
-    """``torchrun --nproc-per-node 2 -m torch_bcfw fit``: rank 0 writes the usual files, each rank its shard of the
-    state, and ``--resume`` continues from those."""
+    """``torchrun --nproc-per-node 2 -m torch_bcfw fit``: rank 0 writes the usual files (model.pt without the state),
+    each rank its shard of the state into the committed checkpoint set, and ``--resume`` continues from that."""
     from conftest import shared_data
     from torch_bcfw import FitResult
 
@@ -126,7 +126,7 @@ def test_torchrun_command_line_fit_and_resume(tmp_path):
         return runs[0].stdout
 
     def members():
-        found = [sorted(out.glob(f"model.rank{r}-of-2.w*.pt")) for r in range(2)]
+        found = [sorted(out.glob(f"checkpoint.rank{r}-of-2.w*.pt")) for r in range(2)]
         assert [len(f) for f in found] == [1, 1], found  # one committed set, the older members removed
         return [FitResult.load(f[0]) for f in found]
 
@@ -137,8 +137,8 @@ def test_torchrun_command_line_fit_and_resume(tmp_path):
     assert torch.equal(first[0].w, first[1].w) and torch.equal(main.w, first[0].w)
     assert main.passes == 4 and (out / "history.csv").exists() and (out / "gap.png").exists()
     assert [f.solver_state["shard"] for f in first] == [{"rank": 0, "world_size": 2}, {"rank": 1, "world_size": 2}]
-    assert not list(out.glob("checkpoint*"))  # the models hold the newest state
-    assert json.loads((out / "model.shards.json").read_text())["work"] == first[0].counters["work"]
+    assert not main.has_state and not list(out.glob("model.rank*"))  # the model file: no state; the shards' set:
+    assert json.loads((out / "checkpoint.shards.json").read_text())["work"] == first[0].counters["work"]  # committed
     launch("--resume", str(out), "--set", "options.max_passes=6")
     again = members()
     assert again[0].passes == 6 and torch.equal(again[0].w, again[1].w)
@@ -303,7 +303,7 @@ def test_sharded_checkpoints_survive_node_wide_kills_at_random_points(tmp_path):
     cut = FitResult.load(out / "model.pt")
     assert torch.equal(cut.w, whole.w) and torch.equal(cut.w_avg, whole.w_avg)
     assert _untimed([cut.history[-1].to_dict()]) == _untimed([whole.history[-1].to_dict()])
-    assert not list(out.glob("checkpoint*")) and len(list(out.glob("model.rank*.pt"))) == 2
+    assert not list(out.glob("model.rank*")) and len(list(out.glob("checkpoint.rank*.pt"))) == 2
 
 
 @pytest.mark.parametrize("name", ["chain", "multiclass"])

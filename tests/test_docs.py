@@ -83,7 +83,12 @@ def _run_file(path: Path, kinds: set[str], monkeypatch) -> None:
     plt.close("all")
 
 
-@pytest.mark.parametrize("path", _files_with({"run"}), ids=_rel)
+#: pages whose code blocks load full-size data (CoNLL-2000) or launch processes: run in the heavy tier
+_HEAVY_PAGES = {"docs/guides/conll.md", "docs/scaling.md"}
+
+
+@pytest.mark.parametrize("path", [pytest.param(p, marks=pytest.mark.heavy) if _rel(p) in _HEAVY_PAGES else p
+                                  for p in _files_with({"run"})], ids=_rel)
 def test_code_blocks_run(path: Path, monkeypatch) -> None:
     _run_file(path, {"run"}, monkeypatch)
 

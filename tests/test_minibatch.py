@@ -356,6 +356,7 @@ def test_minibatch_run_continues_exactly_from_its_result():
         assert cut.counters["work"] == 36  # a chunk ending inside a round finishes it
 
 
+@pytest.mark.heavy  # a slower check: the run of the fast tier stays under 5 minutes cold
 def test_rounds_on_pose_trees_and_matchings_reach_the_optimum():
     """The other structures (dense states, box constraints of the pose model) through the generic rounds."""
     from test_matching import random_problem as matching_problem

@@ -238,8 +238,13 @@ def _fit_table(result, n_train: int, out: Path, data_cfg: dict | None = None, te
     from .datasets.task_metrics import task_metrics
 
     s = result.summary()
+    last = result.history[-1] if result.history else None
+    steps = last.steps / n_train if last is not None and last.steps is not None else s["passes"]
     rows = [("solver", s["solver"]), ("lam", _fmt(s["lam"])), ("n train", str(n_train)),
-            ("effective passes", _fmt(s["passes"])), ("stopped by", s["stopped_by"]),
+            ("passes (block steps / n)", _fmt(steps))]
+    if last is not None and last.cache_hits:  # the cache served some steps: the oracle's own count
+        rows.append(("oracle calls / n", _fmt(s["passes"])))
+    rows += [("stopped by", s["stopped_by"]),
             ("model", f"{s['selected']} iterate"), ("duality gap (certified)", _fmt(s["gap"])), ("primal", _fmt(s["primal"])),
             ("train error", _fmt(s["train_loss"])), ("test error", _fmt(s["test_loss"]))]
     try:

@@ -64,7 +64,8 @@ class ProgressBar(Callback):
 
     def on_check(self, record) -> None:
         if self.bar is not None:
-            self.bar.set_postfix_str(f"gap={_fmt(record.gap)} primal={_fmt(record.model_primal)}")
+            cached = f" oracle passes={record.passes:.1f}" if record.cache_hits else ""  # the cache served steps
+            self.bar.set_postfix_str(f"gap={_fmt(record.gap)} primal={_fmt(record.model_primal)}{cached}")
 
     def on_end(self, record, stopped_by: str) -> None:
         if self.bar is not None:
