@@ -1,0 +1,55 @@
+"""benchmarks/heads.py: the CRF head's likelihood and decoding against enumeration on tiny words (torch-struct's
+log-partition included), and the ``--quick`` setting end to end (heavy tier: about 1.5 minutes)."""
+import itertools
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import heads  # noqa: E402
+
+
+def test_crf_likelihood_and_decoding_against_enumeration():
+    """Words of 1, 2 and 3 letters over 3 labels: the mean negative log-likelihood equals the enumerated
+    ``log Z - score(y)`` (torch-struct's partition for the words with an edge, a softmax for the one-letter word) and
+    the decoding is the enumerated argmax."""
+    torch.manual_seed(0)
+    K = 3
+    lengths = [3, 1, 2]
+    offsets = torch.tensor([0, 3, 4, 6])
+    emission = torch.randn(6, K, dtype=torch.float64)
+    trans = torch.randn(K, K, dtype=torch.float64)
+    labels = torch.tensor([0, 2, 1, 1, 2, 0])
+    nll, pred = heads.crf_nll_and_decode(emission, trans, offsets, labels)
+    total, best = 0.0, []
+    for b, L in enumerate(lengths):
+        s = int(offsets[b])
+
+        def score(ys):
+            return sum(float(emission[s + t, ys[t]]) for t in range(L)) + sum(
+                float(trans[ys[t], ys[t + 1]]) for t in range(L - 1))
+
+        scores = {ys: score(ys) for ys in itertools.product(range(K), repeat=L)}
+        log_z = math.log(sum(math.exp(v) for v in scores.values()))
+        total += log_z - score(tuple(labels[s:s + L].tolist()))
+        best += list(max(scores, key=scores.get))
+    assert float(nll) == pytest.approx(total / len(lengths), abs=1e-10)
+    assert pred.tolist() == best
+
+
+@pytest.mark.heavy
+def test_quick_run_writes_the_table_json_and_plot(tmp_path):
+    heads.main(["--task", "ocr", "--quick", "--results", str(tmp_path)])
+    rep = json.loads((tmp_path / "heads_ocr_quick.json").read_text())
+    assert [r["head"] for r in rep["table"]] == list(heads.HEADS)
+    for row in rep["table"]:
+        assert 0.0 < row["test_error"] < 1.0 and row["seconds_to_best"] > 0 and row["peak_rss_mb"] > 0
+    bcfw = rep["table"][-1]
+    assert 0.0 < bcfw["callback_share"] < 1.0 and bcfw["final_gap"] >= 0
+    assert all(len(r["curve"]) == 3 for r in rep["runs"])  # one point per epoch
+    assert (tmp_path / "heads_ocr_quick.png").read_bytes()[:4] == b"\x89PNG"
