@@ -73,3 +73,15 @@ def test_default_batch_size_on_cuda_is_a_measured_round_size():
     gpu = fit(model, data.to("cuda"), 0.05, max_passes=2, gap_check=2)
     assert cpu.options.batch_size == 1 and gpu.options.batch_size in (64,)
     assert gpu.gap >= 0
+
+
+def test_a_forced_one_block_run_on_cuda_is_warned_about():
+    """On a GPU one-block steps are hundreds of times slower per pass than rounds: ``fit(batch_size=1)`` measures it
+    and warns once, naming the round size ``batch_size="auto"`` would use; the run itself is unchanged."""
+    from torch_bcfw.datasets.ocr import load_ocr_split
+    from torch_bcfw.models import Chain
+
+    train, _ = load_ocr_split(str(shared_data("ocr")), "small", 0)
+    with pytest.warns(UserWarning, match=r"batch_size=1 is predicted \d+x slower per pass than batch_size=\d+"):
+        r = fit(Chain(128, 26), train.to("cuda"), 0.1, batch_size=1, max_passes=1, gap_check=1)
+    assert r.options.batch_size == 1 and r.gap >= 0

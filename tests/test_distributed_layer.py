@@ -293,3 +293,28 @@ def test_a_forced_setting_far_slower_than_the_calibrations_choice_warns_on_rank_
         assert len(caught) == expected, (rank, setting)
         if expected:  # rounds of one block: an all-reduce per block, 93x the replicated pass
             assert "predicted 93x slower per pass than strategy='replicate'" in str(caught[0].message)
+
+
+def test_a_forced_round_size_measured_much_slower_gets_a_warning():
+    """One process: ``fit`` times a forced ``batch_size`` against the round sizes ``batch_size="auto"`` chooses from
+    when the data is on a GPU; the same measurement here on the CPU, with a multiclass model whose oracle is called
+    from Python once per step (one-block steps) or once per round (rounds of 64): one-block steps are predicted many
+    times slower per pass and get the one-line warning naming the better setting; rounds of 64 do not."""
+    import warnings as _warnings
+
+    from conftest import random_multiclass_problem
+    from torch_bcfw.fit import warn_if_slow_rounds
+    from torch_bcfw.models import Multiclass
+    from torch_bcfw.solvers.options import SolverOptions
+
+    class PythonOracle(Multiclass):
+        def oracle(self, w, data, loss_augmented=True):
+            return super().oracle(w, data, loss_augmented)
+
+    _, data = random_multiclass_problem(n=600, F=8, K=5, seed=1)
+    model = PythonOracle(8, 5)
+    with pytest.warns(UserWarning, match=r"batch_size=1 is predicted \d+x slower per pass than batch_size=64"):
+        assert warn_if_slow_rounds(model, data, 0.1, SolverOptions(batch_size=1)) > 3
+    with _warnings.catch_warnings():
+        _warnings.simplefilter("error")
+        assert warn_if_slow_rounds(model, data, 0.1, SolverOptions(batch_size=64)) <= 3

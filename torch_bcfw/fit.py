@@ -6,6 +6,7 @@ import dataclasses
 import io
 import json
 import math
+import warnings
 from dataclasses import dataclass, field
 
 import torch
@@ -354,6 +355,25 @@ def _sharded(distributed: bool | None) -> bool:
     return live and dist.get_world_size() > 1
 
 
+def warn_if_slow_rounds(model, data, lam: float, opts: SolverOptions) -> float:
+    """One process, the data off the CPU (a GPU), a forced ``batch_size``: time it against the round sizes
+    ``batch_size="auto"`` would choose from (:func:`~torch_bcfw.solvers.bcfw.measured_round_size`) and warn when it
+    is predicted :data:`~torch_bcfw.distributed.strategy.SLOW_SETTING_RATIO` times slower per pass (one-block steps on
+    an H100 are about 260x slower per pass than rounds of 1024 on OCR-large).  Returns the ratio."""
+    from .distributed.strategy import SLOW_SETTING_RATIO
+    from .solvers.bcfw import chosen_round_size, round_costs, round_size_candidates
+
+    forced = int(opts.batch_size)
+    costs = round_costs(model, data, lam, opts, sorted({forced, *round_size_candidates(len(data))}))
+    auto = chosen_round_size({t: c for t, c in costs.items() if t != forced or t in round_size_candidates(len(data))})
+    ratio = costs[forced] / costs[auto]
+    if ratio > SLOW_SETTING_RATIO:
+        warnings.warn(f"batch_size={forced} is predicted {ratio:.0f}x slower per pass than batch_size={auto} "
+                      f"({costs[forced] * len(data):.3g} s against {costs[auto] * len(data):.3g} s, measured on "
+                      f"{data.device}); batch_size='auto' chooses the round size by this measurement", stacklevel=3)
+    return ratio
+
+
 def _resumed_strategy(init: "FitResult", given: str) -> str:
     """The strategy that continues ``init`` under a process group: its sharded state resumes sharded, any other
     (a replicated or single-process run's) replicated."""
@@ -464,6 +484,9 @@ def fit(
             comm = ReplicaComm(group)
             if not group.is_main:
                 opts = dataclasses.replace(opts, progress=False)
+    elif (solver == "bcfw" and data.device.type != "cpu" and isinstance(opts.batch_size, int) and init is None
+          and bounds is None):
+        warn_if_slow_rounds(model, data, lam, opts)
     run = SolverRun(model, train, lam, solver, opts, bounds=bounds, comm=comm)
     alg, opts = run.algorithm, run.options  # preset="auto" is resolved by the algorithm
     if init is not None:

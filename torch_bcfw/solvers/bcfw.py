@@ -24,7 +24,8 @@ from .comm import pass_rounds
 from .options import parse_preset
 from .sampling import GapEstimates, GapSampler, make_sampler
 
-__all__ = ["seconds_per_block", "measured_round_size", "BCFW", "resolve_auto_preset"]
+__all__ = ["seconds_per_block", "round_costs", "measured_round_size", "round_size_candidates", "chosen_round_size",
+           "BCFW", "resolve_auto_preset"]
 
 
 def resolve_auto_preset(model, data, options, rounds: bool = False):
@@ -80,17 +81,31 @@ def seconds_per_block(alg, m: int) -> float:
     return (time.perf_counter() - t0) / max(1, alg.work - work)
 
 
+def round_costs(model, data, lam: float, options: SolverOptions, sizes) -> dict[int, float]:
+    """Seconds per block of plain BCFW in rounds of each size of ``sizes`` (1: one-block steps): two rounds on a
+    scratch state, the second timed (:func:`seconds_per_block`)."""
+    return {tau: seconds_per_block(BCFW(model, data, lam, dataclasses.replace(
+        options, batch_size=tau, progress=False, sampling="uniform", step_rule="fw", cache=False, preset=None)), tau)
+        for tau in sizes}
+
+
 def measured_round_size(model, data, lam: float, options: SolverOptions) -> int:
     """``batch_size="auto"`` with the data off the CPU: each round size of ``ROUND_SIZE_CANDIDATES`` (at most half the
     examples) runs two rounds on a scratch state, the second timed; the smallest whose cost per block is within
     ``ROUND_SIZE_SLACK`` of the cheapest is chosen (larger rounds need more passes).  On an H100, OCR-large's rounds
     cost 1.43, 0.51 and 0.16 s per pass at 64, 256 and 1024 blocks, one-block steps 41.7 s
     (docs/results/gpu.md)."""
-    n = len(data)
-    sizes = [t for t in ROUND_SIZE_CANDIDATES if t <= n // 2] or [max(1, n // 2)]
-    cost = {tau: seconds_per_block(BCFW(model, data, lam, dataclasses.replace(
-        options, batch_size=tau, progress=False, sampling="uniform", step_rule="fw", cache=False, preset=None)), tau)
-        for tau in sizes}
+    return chosen_round_size(round_costs(model, data, lam, options, round_size_candidates(len(data))))
+
+
+def round_size_candidates(n: int) -> list[int]:
+    """The round sizes ``batch_size="auto"`` times for ``n`` examples (those of ``ROUND_SIZE_CANDIDATES`` up to
+    ``n / 2``)."""
+    return [t for t in ROUND_SIZE_CANDIDATES if t <= n // 2] or [max(1, n // 2)]
+
+
+def chosen_round_size(cost: dict[int, float]) -> int:
+    """The smallest round size whose cost per block is within ``ROUND_SIZE_SLACK`` of the cheapest."""
     best = min(cost.values())
     return min(t for t, c in cost.items() if c <= ROUND_SIZE_SLACK * best)
 
