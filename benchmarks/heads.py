@@ -11,7 +11,8 @@ the same initialisation (seed), data order, Adam with a cosine schedule and epoc
 * ``hinge`` -- the chain head in the optimiser: ``StructuredHead(trainable=True)`` and the library's
   ``StructuredHingeLoss`` with ``lam`` (the SSVM objective on each batch);
 * ``bcfw`` -- the example's ``OCRChainCNN`` with ``BCFWCallback(lam=0.01, passes_per_call=10)``: two epochs of
-  cross-entropy warm-up, then the structured hinge reaches the backbone while BCFW solves the head after every epoch.
+  cross-entropy warm-up, then the structured hinge reaches the backbone while BCFW solves the head after every epoch
+  (``--bcfw-passes`` / ``--bcfw-every`` change the schedule).
 
 Each run is a process of its own (its peak memory is its own). After every epoch the test letter error (the task
 loss: mean over words of the fraction of wrong letters) is measured, outside the clock; the clock counts training and,
@@ -210,7 +211,8 @@ def worker(args) -> None:
     callbacks = []
     solve = None
     if args.head == "bcfw":
-        solve = BCFWCallback(lam=LAM, passes_per_call=PASSES, initial_passes=PASSES,
+        solve = BCFWCallback(lam=LAM, passes_per_call=args.bcfw_passes, initial_passes=args.bcfw_passes,
+                             every_n_epochs=args.bcfw_every,
                              solver_options={"step": "line_search", "sampling": "uniform", "averaging": True,
                                              "seed": 1})
         callbacks.append(solve)
@@ -233,7 +235,8 @@ def worker(args) -> None:
 def _launch(head: str, lr: float, seed: int, args, tmp: Path, tune: bool = False) -> dict:
     out = tmp / f"{head}-{lr:g}-{seed}-{int(tune)}.json"
     cmd = [sys.executable, __file__, "--worker", "--head", head, "--lr", str(lr), "--seed", str(seed), "--out",
-           str(out), "--tmp", str(tmp / "runs"), "--epochs", str(args.epochs)]
+           str(out), "--tmp", str(tmp / "runs"), "--epochs", str(args.epochs),
+           "--bcfw-passes", str(args.bcfw_passes), "--bcfw-every", str(args.bcfw_every)]
     if args.limit:
         cmd += ["--limit", str(args.limit)]
     if tune:
@@ -292,6 +295,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--heads", default=",".join(HEADS))
     ap.add_argument("--quick", action="store_true", help="300 words, 3 epochs, one seed, lr 2e-3: under 3 minutes")
     ap.add_argument("--results", default=None, help="folder for the JSON and PNG (default benchmarks/results)")
+    ap.add_argument("--bcfw-passes", type=float, default=PASSES, help="BCFW head: passes per call (the example's 10)")
+    ap.add_argument("--bcfw-every", type=int, default=1, help="BCFW head: solve every N epochs (the example's 1)")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--head", help=argparse.SUPPRESS)
     ap.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
@@ -327,6 +332,7 @@ def main(argv: list[str] | None = None) -> None:
     name = f"heads_{args.task}{'_quick' if args.quick else ''}"
     payload = {"command": "python benchmarks/heads.py " + " ".join(argv if argv is not None else sys.argv[1:]),
                "date": time.strftime("%Y-%m-%d"), "epochs": args.epochs, "limit": args.limit, "seeds": seeds,
+               "bcfw_passes": args.bcfw_passes, "bcfw_every": args.bcfw_every,
                "lr_grid": grid if args.lr is None else [args.lr], "tuning": tuning, "table": table, "runs": runs}
     if args.results is None:
         write_json(f"{name}.json", payload)
