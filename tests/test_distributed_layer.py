@@ -299,7 +299,7 @@ def test_a_forced_round_size_measured_much_slower_gets_a_warning():
     """One process: ``fit`` times a forced ``batch_size`` against the round sizes ``batch_size="auto"`` chooses from
     when the data is on a GPU; the same measurement here on the CPU, with a multiclass model whose oracle is called
     from Python once per step (one-block steps) or once per round (rounds of 64): one-block steps are predicted many
-    times slower per pass and get the one-line warning naming the better setting; rounds of 64 do not."""
+    times slower per pass and get the one-line warning naming the better setting; rounds of 256 do not."""
     import warnings as _warnings
 
     from conftest import random_multiclass_problem
@@ -313,8 +313,9 @@ def test_a_forced_round_size_measured_much_slower_gets_a_warning():
 
     _, data = random_multiclass_problem(n=600, F=8, K=5, seed=1)
     model = PythonOracle(8, 5)
-    with pytest.warns(UserWarning, match=r"batch_size=1 is predicted \d+x slower per pass than batch_size=64"):
+    # the better setting named is the measured choice, 64 or 256 blocks (the smaller within 2x of the cheaper)
+    with pytest.warns(UserWarning, match=r"batch_size=1 is predicted \d+x slower per pass than batch_size=(64|256) "):
         assert warn_if_slow_rounds(model, data, 0.1, SolverOptions(batch_size=1)) > 3
-    with _warnings.catch_warnings():
+    with _warnings.catch_warnings():  # the largest round size is the cheapest per block: never 3x slower
         _warnings.simplefilter("error")
-        assert warn_if_slow_rounds(model, data, 0.1, SolverOptions(batch_size=64)) <= 3
+        assert warn_if_slow_rounds(model, data, 0.1, SolverOptions(batch_size=256)) <= 3
