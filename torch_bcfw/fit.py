@@ -364,8 +364,9 @@ def warn_if_slow_rounds(model, data, lam: float, opts: SolverOptions) -> float:
     from .solvers.bcfw import chosen_round_size, round_costs, round_size_candidates
 
     forced = int(opts.batch_size)
-    costs = round_costs(model, data, lam, opts, sorted({forced, *round_size_candidates(len(data))}))
-    auto = chosen_round_size({t: c for t, c in costs.items() if t != forced or t in round_size_candidates(len(data))})
+    candidates = round_size_candidates(len(data))
+    costs = round_costs(model, data, lam, opts, sorted({forced, *candidates}))
+    auto = chosen_round_size({t: costs[t] for t in candidates})
     ratio = costs[forced] / costs[auto]
     if ratio > SLOW_SETTING_RATIO:
         warnings.warn(f"batch_size={forced} is predicted {ratio:.0f}x slower per pass than batch_size={auto} "
