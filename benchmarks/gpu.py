@@ -12,6 +12,9 @@ Sections:
     mini-batch rounds at tau 16 / 64 / 256 / 1024 on the device and on the CPU, and the exact gap pass (one
     loss-augmented decode of every word) on both; seconds per effective pass and the certified gap reached;
   * ``profile`` (not by default): torch's profiler over 200 plain steps and 10 rounds of 1024 blocks;
+  * ``strategy``: two processes (``torchrun``, gloo) with the data on the device (one GPU: both ranks share it) run
+    the calibration of ``strategy="auto"`` (:func:`~torch_bcfw.distributed.strategy.choose_strategy`) on OCR-large:
+    its measured figures, predictions and choice, and the round size ``batch_size="auto"`` measures there;
   * ``map``: Viterbi decoding of every OCR-large word (the library's ``viterbi_packed``) against torch-struct's
     ``LinearChainCRF.max`` (one call per word length), the scores compared, on the device.
 ``--device cpu`` runs every section on the CPU (the device rows then measure the CPU's torch paths), which is how
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import time
@@ -198,14 +202,69 @@ def profile_section(train, device: torch.device, report: dict, save) -> None:
         save()
 
 
+def strategy_child(args) -> None:
+    """One rank of the ``strategy`` section (under torchrun): the calibration on OCR-large with the data on the
+    device; rank 0 writes it to ``args.out``."""
+    import dataclasses
+
+    from torch_bcfw.distributed import init_from_env
+    from torch_bcfw.distributed.strategy import choose_strategy
+    from torch_bcfw.solvers.bcfw import measured_round_size
+    from torch_bcfw.solvers.options import SolverOptions
+
+    torch.set_num_threads(1)
+    device = torch.device(args.device)
+    ctx = init_from_env(backend="gloo", timeout_s=300)
+    train, _ = load_ocr_split(str(DATA / "ocr"), "large", 0)
+    if args.quick:
+        train = train[list(range(600))]
+    data, model, opts = train.to(device), Chain(128, 26), SolverOptions(progress=False)
+    t0 = time.perf_counter()
+    cal = choose_strategy(model, data, LAM, opts, ctx)
+    seconds = time.perf_counter() - t0
+    if ctx.rank == 0:
+        out = {"device": str(device), "processes": ctx.world_size, "n": len(data), "calibration_s": seconds,
+               **cal._asdict()}
+        if device.type != "cpu":
+            out["round_size_auto"] = measured_round_size(model, data, LAM, dataclasses.replace(opts, batch_size=1))
+        Path(args.out).write_text(json.dumps(out))
+    torch.distributed.destroy_process_group()
+
+
+def strategy_section(device: torch.device, quick: bool, report: dict, save) -> None:
+    import socket
+    import tempfile
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "strategy.json"
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
+               "--master-port", str(port), str(Path(__file__).resolve()), "--strategy-child", "--device", str(device),
+               "--out", str(out)] + (["--quick"] if quick else [])
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([str(ROOT),
+                                                                                    os.environ.get("PYTHONPATH", "")])}
+        run = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+        if run.returncode != 0 or not out.exists():
+            report["strategy"] = {"error": (run.stdout + run.stderr)[-3000:]}
+        else:
+            report["strategy"] = json.loads(out.read_text())
+    save()
+
+
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     ap.add_argument("--quick", action="store_true", help="the first 600 OCR words, 2 passes per run")
-    ap.add_argument("--sections", default="tests,ocr,map", help="comma-separated: tests, ocr, map, profile")
+    ap.add_argument("--sections", default="tests,ocr,map,strategy",
+                    help="comma-separated: tests, ocr, map, profile, strategy")
+    ap.add_argument("--strategy-child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--test-timeout", type=float, default=300.0)
     ap.add_argument("--out", type=Path, help="JSON path (default benchmarks/results/gpu_<device>.json)")
     args = ap.parse_args(argv)
+    if args.strategy_child:
+        return strategy_child(args)
     if args.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("CUDA is not available on this machine: run with --device cpu")
     device = torch.device(args.device)
@@ -219,7 +278,7 @@ def main(argv=None) -> dict:
 
     save()
     sections = set(args.sections.split(","))
-    if not sections <= {"tests", "ocr", "map", "profile"}:
+    if not sections <= {"tests", "ocr", "map", "profile", "strategy"}:
         raise SystemExit(f"unknown section in --sections {args.sections!r}")
     if "tests" in sections:
         report["tests"] = run_tests(args.test_timeout, out.with_suffix(".tests.txt"))
@@ -236,6 +295,11 @@ def main(argv=None) -> dict:
         print_table(report["map"], ["what", "device", "words", "s_min", "max_abs_diff_to_viterbi"])
     if "profile" in sections:
         profile_section(train, device, report, save)
+    if "strategy" in sections:
+        strategy_section(device, args.quick, report, save)
+        print_table([report["strategy"]], ["device", "strategy", "step_seconds", "oracle_seconds", "apply_seconds",
+                                           "allreduce_seconds", "gather_seconds", "replicate_pass_seconds",
+                                           "shard_pass_seconds", "split_pass_seconds", "calibration_s"])
     print(f"wrote {out}")
     return report
 

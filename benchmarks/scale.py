@@ -15,7 +15,7 @@ first three):
   to the target.
 * **procs** -- the same ``fit(batch_size=tau)`` launched by ``torchrun`` with 1 and with 2 processes (gloo, one
   thread each) on OCR-large, CoNLL, the horses graph cut (``lam = 1e-3``, target 5% relative) and a costly oracle
-  (``delayed``: OCR-small fold 0 at ``lam = 0.1`` whose oracle sleeps 5 ms per example, the simulated oracle of
+  (``delayed``: OCR-small fold 0 at ``lam = 0.1`` whose oracle costs 5 ms of CPU per example, the simulated oracle of
   ``mpbcfw_ocr.py``; target 10% relative): time to the target and the share of the solver time spent in the rounds'
   all-reduces, waiting for the other rank included (``w``-sized buffers: d = 4082 for OCR, 1.6M for CoNLL, 24 for
   horses).
@@ -55,31 +55,43 @@ SETTINGS = {
     "delayed": {"lam": 0.1, "target": ("rel", 0.1), "max_passes": 60, "gap_check": 2, "proc_tau": 16},
 }
 
-#: seconds the delayed oracle sleeps per example (the costly oracle of benchmarks/mpbcfw_ocr.py)
+#: seconds of CPU the delayed oracle costs per example (the costly oracle of benchmarks/mpbcfw_ocr.py)
 DELAY = 0.005
 
 
+def busy(seconds: float) -> None:
+    """Keep this process' core busy for ``seconds``: a CPU-bound oracle's cost (a sleep would free the core and pay a
+    wake-up per call: the cold caches and the scheduler's overshoot of ``time.sleep``)."""
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
 def delayed_chain(n_labels: int = 26, n_inputs: int = 128):
-    """The OCR chain whose training oracle costs :data:`DELAY` seconds per example (simulated: one ``time.sleep``
-    per block of every round, paid by the process that owns the block)."""
+    """The OCR chain whose training oracle costs :data:`DELAY` seconds per example (simulated by :func:`busy`, paid by
+    the process that calls the oracle)."""
     from torch_bcfw.duals import ChainDualState
     from torch_bcfw.models import Chain
 
     class DelayedState(ChainDualState):
         def run_plan(self, plan):  # one-block steps (plain BCFW): the oracle of every block visited
             if plan.rounds is None and plan.order is not None:
-                time.sleep(DELAY * len(plan.order))
+                busy(DELAY * len(plan.order))
             return super().run_plan(plan)
 
         def round_step(self, blocks, plan):  # the compiled rounds: the oracle of every block drawn
             if self.can_run_plan(plan):
                 for _ in range(len(blocks)):
-                    time.sleep(DELAY)
+                    busy(DELAY)
             return super().round_step(blocks, plan)
+
+        def block_oracle(self, i):  # one block's oracle call (strategy="split-oracle")
+            busy(DELAY)
+            return super().block_oracle(i)
 
         def subset_oracle(self, idx):  # the torch rounds (with the cache: the blocks that miss it)
             for _ in range(len(idx)):
-                time.sleep(DELAY)
+                busy(DELAY)
             return super().subset_oracle(idx)
 
     class DelayedChain(Chain):
@@ -152,7 +164,7 @@ def run_fit(model, data, lam, name: str, tau: int, max_passes: float | None = No
     s = SETTINGS[name]
     kind, value = s["target"]
     stop = {"gap_tol": value} if kind == "gap" else {"rel_gap_tol": value}
-    return fit(model, data, lam, batch_size=tau, max_passes=max_passes or s["max_passes"], gap_check=s["gap_check"],
+    return fit(model, data, lam, batch_size=tau or "auto", max_passes=max_passes or s["max_passes"], gap_check=s["gap_check"],
                track_train_loss=False, seed=0, **stop, **kw)
 
 
@@ -245,7 +257,7 @@ def part_procs(datasets: list[str], max_passes: float | None, strategy: str = "s
     rows = []
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
     for name in datasets:
-        tau = SETTINGS[name]["proc_tau"] if strategy == "shard" else 1
+        tau = SETTINGS[name]["proc_tau"] if strategy == "shard" else 0  # 0: batch_size="auto"
         for procs in (1, 2):
             with tempfile.TemporaryDirectory() as tmp:
                 out = Path(tmp) / "rank0.json"
@@ -469,7 +481,7 @@ def main() -> None:
                 r["time_ratio_2_vs_1"] = r["total_s_to_target"] / one["total_s_to_target"]
         print_table(rows, ["dataset", "processes", "strategy", "tau", "s_per_pass", "passes_to_target",
                            "total_s_to_target", "time_ratio_2_vs_1", "calibration_step_seconds",
-                           "calibration_allreduce_seconds"])
+                           "calibration_allreduce_seconds", "calibration_split_pass_seconds"])
         payload["auto"] = [r for r in payload.get("auto", []) if r["dataset"] not in args.auto_datasets.split(",")] + rows
     if args.part in ("refine", "all"):
         rows = part_refine(args.refine_datasets.split(","), args.max_passes)

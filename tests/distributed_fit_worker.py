@@ -35,6 +35,8 @@ LAM = 0.1
 OPTIONS = {"batch_size": 4, "gap_check": 5, "seed": 3, "strategy": "shard"}
 #: a replicated run: plain BCFW on every rank
 REPLICATE = {"gap_check": 5, "seed": 3, "strategy": "replicate"}
+#: a replicated run whose rounds' oracle calls are split over the ranks
+SPLIT = {"gap_check": 2, "seed": 3, "strategy": "split-oracle", "batch_size": 3}
 
 
 #: options beyond OPTIONS per problem name (``chain-gap-cache``: the chain problem, gap sampling and the cache)
@@ -103,8 +105,10 @@ def main() -> None:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             fit(model, data, LAM, max_passes=1, gap_check=1, seed=3, strategy="shard", batch_size=1)
+        ck = Checkpoint(out_dir / f"split_{name}.pt", every_passes=2, every_seconds=None)
+        split = fit(model, data, LAM, max_passes=4, checkpoint=ck, **SPLIT)
         calib = {k: v for k, v in auto.counters.items() if k.startswith("calibration_")}
-        out = _record(res) | {"strategy": res.options.strategy, "auto": auto.options.strategy, "calibration": calib,
+        out = _record(res) | {"split": _record(split), "split_strategy": split.options.strategy,"strategy": res.options.strategy, "auto": auto.options.strategy, "calibration": calib,
                               "forced": forced.options.strategy, "forced_n_local": int(forced.solver_state["state"]["n"]),
                               "files": sorted(p.name for p in out_dir.glob(f"rep_{name}*")),
                               "warnings": [str(w.message) for w in caught if "slower per pass" in str(w.message)]}

@@ -17,7 +17,7 @@ def test_gpu_script_runs_on_cpu(tmp_path, monkeypatch):
     import gpu
 
     out = tmp_path / "gpu.json"
-    gpu.main(["--device", "cpu", "--quick", "--sections", "ocr,map,profile", "--out", str(out)])
+    gpu.main(["--device", "cpu", "--quick", "--sections", "ocr,map,profile,strategy", "--out", str(out)])
     rep = json.loads(out.read_text())
     assert rep["machine"]["device"] == "cpu" and rep["quick"] is True
     rows = rep["ocr"]
@@ -30,5 +30,10 @@ def test_gpu_script_runs_on_cpu(tmp_path, monkeypatch):
     (viterbi, ts) = rep["map"]
     assert viterbi["words"] == ts["words"] == 600 and ts["max_abs_diff_to_viterbi"] < 1e-9
     assert rep["profile"]["plain"] and rep["profile"]["rounds_300"]
+    cal = rep["strategy"]  # two processes' calibration: its figures and the choice they predict
+    assert "error" not in cal, cal.get("error")
+    assert cal["processes"] == 2 and cal["n"] == 600 and cal["strategy"] in ("replicate", "shard", "split-oracle")
+    assert all(cal[k] > 0 for k in ("step_seconds", "oracle_seconds", "allreduce_seconds", "gather_seconds"))
+    assert cal["replicate_pass_seconds"] == pytest.approx(600 * cal["step_seconds"])
     with pytest.raises(SystemExit, match="unknown section"):
         gpu.main(["--device", "cpu", "--sections", "ocr,gpu", "--out", str(out)])

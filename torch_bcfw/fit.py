@@ -376,11 +376,15 @@ def warn_if_slow_rounds(model, data, lam: float, opts: SolverOptions) -> float:
 
 
 def _resumed_strategy(init: "FitResult", given: str) -> str:
-    """The strategy that continues ``init`` under a process group: its sharded state resumes sharded, any other
-    (a replicated or single-process run's) replicated."""
-    saved = "shard" if "shard" in init.solver_state else "replicate"
+    """The strategy that continues ``init`` under a process group: its sharded state resumes sharded, a split-oracle
+    run's with split oracle calls (its rounds, under any number of ranks), any other (a replicated or single-process
+    run's) replicated."""
+    if "shard" in init.solver_state:
+        saved = "shard"
+    else:
+        saved = "split-oracle" if init.options.strategy == "split-oracle" else "replicate"
     if given not in ("auto", saved):
-        kind = "sharded" if saved == "shard" else "replicated or single-process"
+        kind = {"shard": "sharded", "split-oracle": "split-oracle"}.get(saved, "replicated or single-process")
         raise ValueError(f"the result to continue was saved by a {kind} run: it continues with strategy={saved!r}, "
                          f"not {given!r}")
     return saved
@@ -428,7 +432,8 @@ def fit(
             full ``data``) as the option ``strategy`` says: ``"replicate"`` (every rank runs the same solve on all
             examples; rank 0 saves), ``"shard"`` (each rank keeps its contiguous share and the dual state of those
             blocks, ``w`` replicated: mini-batch BCFW rounds split over the ranks with one all-reduce each,
-            ``solver="bcfw"`` only) or ``"auto"`` (a calibration picks; see
+            ``solver="bcfw"`` only), ``"split-oracle"`` (replicated, each round's oracle calls split over the ranks,
+            for a costly oracle; ``solver="bcfw"``, plain BCFW) or ``"auto"`` (a calibration picks; see
             :func:`~torch_bcfw.distributed.strategy.choose_strategy`).  The same result on every rank either way.
             ``None`` (default): when a group of more than one rank is initialised; ``False``: never.
         **options: fields of :class:`~torch_bcfw.solvers.options.SolverOptions` (``max_passes``,
@@ -461,19 +466,22 @@ def fit(
     comm, train, ctx, replica, calibration = None, data, None, None, None
     if _sharded(distributed):
         from .distributed import DistributedContext, ShardComm, check_same_dataset, shard, shard_sizes
-        from .distributed.strategy import ReplicaComm, choose_strategy, warn_if_slow
+        from .distributed.strategy import ReplicaComm, SplitOracleComm, choose_strategy, warn_if_slow
 
         group = DistributedContext.from_process_group()
         strategy = _resumed_strategy(init, opts.strategy) if init is not None else opts.strategy
         if strategy == "auto" and solver != "bcfw":
-            strategy = "replicate"  # only BCFW shards
+            strategy = "replicate"  # only BCFW shards or splits its oracle calls
+        if strategy == "split-oracle" and solver != "bcfw":
+            raise ValueError(f"strategy='split-oracle' runs BCFW rounds; solver={solver!r} replicates or shards")
         check_same_dataset(data, group)  # once: both ways need every rank to hold the same examples
-        if strategy in ("auto", "shard") and init is None:
+        if strategy in ("auto", "shard", "split-oracle") and init is None:
             calibration = choose_strategy(model, data, lam, opts, group)
             if strategy == "auto":
                 strategy = calibration.strategy
-            if strategy == "shard" and opts.batch_size == "auto":
-                opts = dataclasses.replace(opts, batch_size=calibration.shard_batch_size)
+            if strategy != "replicate" and opts.batch_size == "auto":
+                opts = dataclasses.replace(opts, batch_size=calibration.shard_batch_size if strategy == "shard"
+                                           else calibration.split_batch_size)
             warn_if_slow(calibration, strategy, opts.batch_size, len(data), group)
         opts = dataclasses.replace(opts, strategy=strategy)
         if strategy == "shard":
@@ -482,7 +490,7 @@ def fit(
             comm = ShardComm(ctx, shard_sizes(len(data), ctx.world_size))
         else:  # every rank the same single-process solve; stopping decisions agreed; rank 0 shows and saves
             replica = group
-            comm = ReplicaComm(group)
+            comm = SplitOracleComm(group) if strategy == "split-oracle" else ReplicaComm(group)
             if not group.is_main:
                 opts = dataclasses.replace(opts, progress=False)
     elif (solver == "bcfw" and data.device.type != "cpu" and isinstance(opts.batch_size, int) and init is None
@@ -538,10 +546,8 @@ def fit(
         counters["allreduce_seconds"] = comm.round_seconds
         counters["allreduce_rounds"] = comm.rounds
     if calibration is not None:  # the figures behind the strategy the calibration chose
-        counters.update(calibration_step_seconds=calibration.step_seconds,
-                        calibration_allreduce_seconds=calibration.allreduce_seconds,
-                        calibration_replicate_pass_seconds=calibration.replicate_pass_seconds,
-                        calibration_shard_pass_seconds=calibration.shard_pass_seconds)
+        counters.update({f"calibration_{k}": v for k, v in calibration._asdict().items()
+                         if k not in ("strategy", "shard_batch_size", "split_batch_size")})
     res = result(out)
     if replica is not None and out.stopped_by != "interrupted":  # signals reach the ranks at different moments
         from .distributed import assert_replicated

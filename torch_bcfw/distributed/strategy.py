@@ -1,13 +1,24 @@
-"""How ``fit`` uses a process group: replicate the single-process solve on every rank, or shard the examples.
+"""How ``fit`` uses a process group: replicate the single-process solve on every rank, split a replicated run's
+oracle calls over the ranks, or shard the examples.
 
 ``choose_strategy`` measures, on the live group, what decides it: the seconds of one block step of this problem in
-one process (a short run of plain BCFW steps on a scratch dual state) and of one all-reduce of ``d + 2`` numbers.
-Per effective pass, replicating costs ``n t_step`` on every rank at once; sharding over ``P`` ranks costs
-``(n / P) t_step + (n / tau) t_allreduce`` for rounds of ``tau`` blocks (the given ``batch_size``, or the smallest
-multiple of ``P`` whose all-reduce costs at most a tenth of the round's steps).  Rounds converge more slowly per pass
-than one-block steps, the more so the larger they are, so sharding is chosen only when it is predicted
-``SHARD_MARGIN`` times faster with rounds of at most ``MAX_SHARD_ROUND`` blocks per process and a quarter of the
-examples (a costly oracle); rank 0's measurements decide for every rank.
+one process (a short run of plain BCFW steps on a scratch dual state), of one oracle call and of one interpreted
+step towards a given corner, of one all-reduce of ``d + 2`` numbers and of one all-gather of a labeling.  Per
+effective pass:
+
+* replicating costs ``n t_step`` on every rank at once;
+* splitting the oracle (``"split-oracle"``) costs ``n (t_oracle / P + t_apply) + (n / R) (t_round + t_gather)``
+  for rounds of ``R`` blocks (``t_apply`` per block and ``t_round`` per call of the round's steps, the smallest
+  multiple of ``P`` whose fixed costs are at most a tenth of a rank's oracle calls, at most ``n / 16`` blocks so
+  that the corners are little out of date); its steps are one-block steps, so it needs about the passes of BCFW;
+* sharding over ``P`` ranks costs ``(n / P) t_step + (n / tau) t_allreduce`` for rounds of ``tau`` blocks (the given
+  ``batch_size``, or the smallest multiple of ``P`` whose all-reduce costs at most a tenth of the round's steps).
+  Rounds converge more slowly per pass than one-block steps, the more so the larger they are, so sharding is chosen
+  only with rounds of at most ``MAX_SHARD_ROUND`` blocks per process and a quarter of the examples.
+
+A way other than replicating is chosen only when predicted ``SHARD_MARGIN`` times faster per pass; splitting the
+oracle before sharding when both are (the same passes as BCFW, where joint rounds need more: 23% more at rounds of 4
+on the 5 ms oracle, ``docs/results/scale.md``).  Rank 0's measurements decide for every rank.
 """
 from __future__ import annotations
 
@@ -20,6 +31,7 @@ import dataclasses
 
 import numpy as np
 import torch
+import torch.distributed as dist
 
 from torch import Tensor
 
@@ -27,12 +39,12 @@ from ..solvers.certificate import Certificate, squared_norm
 from ..solvers.comm import LocalComm
 from ..solvers.bcfw import seconds_per_block
 from ..solvers.run import make_algorithm
-from .collectives import all_gather_parts, all_reduce_sum, broadcast_from_rank0
+from .collectives import all_gather_parts, all_reduce_sum, broadcast_from_rank0, collective
 from .context import DistributedContext
 from .sharding import shard_bounds, shard_sizes
 
-__all__ = ["Calibration", "choose_strategy", "shard_pass_seconds", "warn_if_slow", "ReplicaComm", "SHARD_MARGIN",
-           "MAX_SHARD_ROUND", "SLOW_SETTING_RATIO"]
+__all__ = ["Calibration", "choose_strategy", "shard_pass_seconds", "split_pass_seconds", "pass_seconds", "warn_if_slow", "ReplicaComm",
+           "SplitOracleComm", "SHARD_MARGIN", "MAX_SHARD_ROUND", "SLOW_SETTING_RATIO"]
 
 #: sharding must be predicted this many times faster per pass than replicating to be chosen
 SHARD_MARGIN = 1.5
@@ -41,8 +53,8 @@ SHARD_MARGIN = 1.5
 MAX_SHARD_ROUND = 8
 #: a forced setting predicted this many times slower per pass than the calibration's choice gets a warning
 SLOW_SETTING_RATIO = 3.0
-#: block steps and all-reduces timed by the calibration
-CALIBRATION_STEPS, CALIBRATION_REDUCES = 256, 5
+#: block steps, oracle calls (and interpreted steps) and all-reduces timed by the calibration
+CALIBRATION_STEPS, CALIBRATION_ORACLES, CALIBRATION_REDUCES = 256, 16, 5
 
 
 class Calibration(NamedTuple):
@@ -54,6 +66,12 @@ class Calibration(NamedTuple):
     shard_batch_size: int  # the round size a sharded run would use
     replicate_pass_seconds: float
     shard_pass_seconds: float
+    oracle_seconds: float  # one oracle call (block_oracle)
+    apply_seconds: float  # one step towards a given corner, per block of a round (corner_steps)
+    apply_round_seconds: float  # ... and per call
+    gather_seconds: float  # one all-gather of a labeling
+    split_batch_size: int  # the round size a split-oracle run would use
+    split_pass_seconds: float
 
 
 class ReplicaComm(LocalComm):
@@ -100,6 +118,59 @@ class ReplicaComm(LocalComm):
         return float(self._gathered(losses.to(torch.float64), len(data)).mean())
 
 
+class _PendingCorners(NamedTuple):
+    """A round's answers in flight: the all-gather's handle and buffers, and the labelings' shapes."""
+
+    handle: object
+    out: list
+    shapes: list
+
+
+class SplitOracleComm(ReplicaComm):
+    """``strategy="split-oracle"``: a replicated run whose rounds' oracle calls are split over the ranks.  Rank ``r``
+    decodes the blocks at positions ``r, r + P, ...`` of a round and one all-gather of the labelings, in flight while
+    the ranks take the previous round's steps and decode the next round, gives every rank every answer.  A block's
+    answer depends only on ``w`` and the block, so the run's trajectory is the same under any number of ranks, one
+    process included."""
+
+    def __init__(self, ctx: DistributedContext):
+        super().__init__(ctx)
+        self._shapes_of = self._shapes = None
+
+    def _label_shapes(self, state) -> list:
+        """The shape of every block's labeling (read once per data object)."""
+        if self._shapes_of is not state.data:
+            self._shapes_of, self._shapes = state.data, [state.block_data(i).y.shape for i in range(state.n)]
+        return self._shapes
+
+    def start_corners(self, state, blocks: np.ndarray) -> _PendingCorners:
+        p, r = self.ctx.world_size, self.ctx.rank
+        every = self._label_shapes(state)
+        shapes = [every[i] for i in blocks.tolist()]
+        sizes = [sum(math.prod(s) for s in shapes[k::p]) for k in range(p)]
+        buf = torch.zeros(max(sizes), dtype=torch.long)
+        mine = [state.block_oracle(i).to(torch.long).reshape(-1) for i in blocks[r::p].tolist()]
+        if mine:
+            buf[:sizes[r]] = torch.cat(mine)
+        out = [torch.empty_like(buf) for _ in range(p)]
+        with collective("split-oracle all_gather", self.ctx):
+            handle = dist.all_gather(out, buf.to(self.ctx.device), async_op=True)
+        return _PendingCorners(handle, out, shapes)
+
+    def finish_corners(self, pending: _PendingCorners) -> list[Tensor]:
+        with collective("split-oracle all_gather", self.ctx):
+            pending.handle.wait()
+        p, shapes = self.ctx.world_size, pending.shapes
+        answers = [None] * len(shapes)
+        for k in range(p):  # rank k's answers, in the order of its positions
+            flat, at = pending.out[k].cpu(), 0
+            for j in range(k, len(shapes), p):
+                c = math.prod(shapes[j])
+                answers[j] = flat[at:at + c].reshape(shapes[j])
+                at += c
+        return answers
+
+
 def _step_seconds(model, data, lam: float, options) -> float:
     """Seconds per block step of the single-process BCFW solve of ``(model, data, lam)`` with ``options`` (one-block
     steps, the model's box constraints) on a scratch state: the second of two timed chunks (the first compiles or
@@ -108,13 +179,39 @@ def _step_seconds(model, data, lam: float, options) -> float:
     return seconds_per_block(alg, min(len(data), CALIBRATION_STEPS))
 
 
-def _allreduce_seconds(d: int, ctx: DistributedContext) -> float:
-    buf = torch.zeros(d + 2, dtype=torch.float64)
-    all_reduce_sum(buf, ctx)  # warm-up
+def _oracle_apply_seconds(model, data, lam: float, options) -> tuple[float, float, float]:
+    """Seconds per oracle call (``block_oracle``), and of the steps towards given answers (``corner_steps``, with the
+    ``block_data`` a split round reads) per block and per call, on a scratch state: ``m = CALIBRATION_ORACLES``
+    blocks decoded one by one, then rounds of one block and of the ``m`` (``t(m) = t_round + m t_apply``, the
+    fastest of three of each), after one untimed round (it compiles or loads the kernels)."""
+    alg = make_algorithm("bcfw", model, data, lam, dataclasses.replace(options, batch_size=1, progress=False))
+    st, m = alg.state, min(len(data), CALIBRATION_ORACLES)
+    blocks = np.arange(m, dtype=np.int64)
+    st.block_oracle(0)  # warm-up
+    t0 = time.perf_counter()
+    ys = [st.block_oracle(i) for i in range(m)]
+    t_oracle = (time.perf_counter() - t0) / m
+
+    def steps(k: int) -> float:
+        t = time.perf_counter()
+        for i in range(k):
+            st.block_data(i)
+        st.corner_steps(blocks[:k], ys[:k], alg.step_code)
+        return time.perf_counter() - t
+
+    steps(1)  # warm-up
+    one, many = min(steps(1) for _ in range(3)), min(steps(m) for _ in range(3))
+    t_apply = max(many - one, 0.0) / max(m - 1, 1)
+    return t_oracle, t_apply, max(one - t_apply, 0.0)
+
+
+def _collective_seconds(op, buf: Tensor, ctx: DistributedContext) -> float:
+    """Median seconds of ``op(buf, ctx)`` over ``CALIBRATION_REDUCES`` calls after one warm-up."""
+    op(buf, ctx)
     times = []
     for _ in range(CALIBRATION_REDUCES):
         t0 = time.perf_counter()
-        all_reduce_sum(buf, ctx)
+        op(buf, ctx)
         times.append(time.perf_counter() - t0)
     return float(np.median(times))
 
@@ -124,33 +221,64 @@ def shard_pass_seconds(n: int, p: int, tau: int, t_step: float, t_ar: float) -> 
     return (n / p) * t_step + (n / max(tau, 1)) * t_ar
 
 
+def split_pass_seconds(n: int, p: int, r: int, t_oracle: float, t_apply: float, t_round: float,
+                       t_gather: float) -> float:
+    """Predicted seconds of one effective pass with the oracle calls of rounds of ``r`` blocks split over ``p``
+    ranks."""
+    return n * (t_oracle / p + t_apply) + (n / max(r, 1)) * (t_round + t_gather)
+
+
 def choose_strategy(model, data, lam: float, options, ctx: DistributedContext) -> Calibration:
     """Measure and predict (see the module's docstring); every rank of ``ctx`` calls it and gets rank 0's answer."""
     t_step = _step_seconds(model, data, lam, options)
-    t_ar = _allreduce_seconds(model.n_features, ctx)
-    t_step, t_ar = broadcast_from_rank0(torch.tensor([t_step, t_ar], dtype=torch.float64), ctx).tolist()
+    t_oracle, t_apply, t_round = _oracle_apply_seconds(model, data, lam, options)
+    t_ar = _collective_seconds(all_reduce_sum, torch.zeros(model.n_features + 2, dtype=torch.float64), ctx)
+    label = torch.zeros(max(1, data[:1].y.numel()), dtype=torch.long)
+    t_gather = _collective_seconds(lambda buf, c: all_gather_parts(buf, [buf.numel()] * c.world_size, c), label, ctx)
+    figures = [t_step, t_ar, t_oracle, t_apply, t_round, t_gather]
+    t_step, t_ar, t_oracle, t_apply, t_round, t_gather = broadcast_from_rank0(
+        torch.tensor(figures, dtype=torch.float64), ctx).tolist()
     n, p = len(data), ctx.world_size
     given = options.batch_size if options.batch_size != "auto" else 1
     tau = given if given > 1 else p * max(1, math.ceil(10 * t_ar / max(t_step, 1e-12)))
     tau = min(tau, n)
+    r = given if given > 1 else min(p * max(1, math.ceil(10 * (t_round + t_gather) / max(t_oracle, 1e-12))),
+                                    max(p, n // 16))
     replicate = n * t_step
     shard = shard_pass_seconds(n, p, tau, t_step, t_ar)
-    pays = tau <= min(MAX_SHARD_ROUND * p, n // 4) and replicate >= SHARD_MARGIN * shard
-    return Calibration("shard" if pays else "replicate", t_step, t_ar, int(tau), replicate, shard)
+    split = split_pass_seconds(n, p, r, t_oracle, t_apply, t_round, t_gather)
+    plain = options.sampling != "gap" and options.step_rule in (None, "fw") and not options.cache
+    if plain and replicate >= SHARD_MARGIN * split:  # split rounds run plain BCFW only
+        chosen = "split-oracle"
+    elif tau <= min(MAX_SHARD_ROUND * p, n // 4) and replicate >= SHARD_MARGIN * shard:
+        chosen = "shard"
+    else:
+        chosen = "replicate"
+    return Calibration(chosen, t_step, t_ar, int(tau), replicate, shard, t_oracle, t_apply, t_round, t_gather, int(r),
+                       split)
+
+
+def pass_seconds(calibration: Calibration, strategy: str, batch_size, n: int, p: int) -> float:
+    """Predicted seconds per pass of ``strategy`` with ``batch_size`` (``"auto"``: the calibration's round size)."""
+    c = calibration
+    if strategy == "shard":
+        tau = batch_size if isinstance(batch_size, int) else c.shard_batch_size
+        return shard_pass_seconds(n, p, tau, c.step_seconds, c.allreduce_seconds)
+    if strategy == "split-oracle":
+        r = batch_size if isinstance(batch_size, int) else c.split_batch_size
+        return split_pass_seconds(n, p, r, c.oracle_seconds, c.apply_seconds, c.apply_round_seconds, c.gather_seconds)
+    return c.replicate_pass_seconds
 
 
 def warn_if_slow(calibration: Calibration, strategy: str, batch_size, n: int, ctx: DistributedContext) -> None:
     """One line (rank 0) when the forced ``strategy`` / ``batch_size`` is predicted ``SLOW_SETTING_RATIO`` times
     slower per pass than what ``strategy="auto"`` would run."""
-    if strategy == "shard":
-        tau = batch_size if isinstance(batch_size, int) else calibration.shard_batch_size
-        cost = shard_pass_seconds(n, ctx.world_size, tau, calibration.step_seconds, calibration.allreduce_seconds)
-    else:
-        cost = calibration.replicate_pass_seconds
+    cost = pass_seconds(calibration, strategy, batch_size, n, ctx.world_size)
     chosen = calibration.strategy
-    best = calibration.replicate_pass_seconds if chosen == "replicate" else calibration.shard_pass_seconds
+    best = pass_seconds(calibration, chosen, "auto", n, ctx.world_size)
     if ctx.is_main and cost > SLOW_SETTING_RATIO * best:
-        better = ("strategy='replicate'" if chosen == "replicate"
-                  else f"strategy='shard' with batch_size={calibration.shard_batch_size}")
+        better = {"replicate": "strategy='replicate'",
+                  "shard": f"strategy='shard' with batch_size={calibration.shard_batch_size}",
+                  "split-oracle": f"strategy='split-oracle' with batch_size={calibration.split_batch_size}"}[chosen]
         warnings.warn(f"strategy={strategy!r} with batch_size={batch_size!r} is predicted {cost / best:.0f}x slower per "
                       f"pass than {better} ({cost:.3g} s against {best:.3g} s, measured on this group)", stacklevel=3)

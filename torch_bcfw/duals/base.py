@@ -172,6 +172,14 @@ class DualState:
         self.avg_t += 1
         return num, gamma
 
+    def corner_steps(self, blocks: np.ndarray, ys: list, step_code: int, averaging: bool = True) -> np.ndarray:
+        """One-block Frank-Wolfe steps on ``blocks`` (``int64[m]``) in order, block ``blocks[j]`` towards the corner of
+        the given labeling ``ys[j]`` (an oracle answer, maybe at an earlier ``w``: ``strategy="split-oracle"``).
+        Returns the line searches' numerators (``float64[m]``; the block gaps when the answers are current).
+        Default: one :meth:`block_step` per block."""
+        return np.array([self.block_step(i, y, step_code, averaging)[0] for i, y in zip(blocks.tolist(), ys)],
+                        dtype=np.float64)
+
     def block_move(self, i: int, y_s: Tensor, y_a: Tensor, rule: int, gmax: float, drop_exact: bool = True,
                    averaging: bool = True) -> tuple[float, float, bool]:
         """A pairwise or away step on block ``i`` (Osokin et al. 2016, Algs. 3 and 4), exact line search.

@@ -25,7 +25,7 @@ from ..inference.viterbi import viterbi_packed
 from ..checks import saved_tensor
 from .base import LOAD_TOL, DualState
 from .chain_driver import chain_plain_steps, chain_plan_steps
-from .chain_kernels import TOTALS, ChainAverages, ChainFeatures, ChainMarginals, ChainWeights
+from .chain_kernels import TOTALS, ChainAverages, ChainFeatures, ChainMarginals, ChainWeights, decode_block
 from .chain_rounds import (RoundScratch, Touched, clear_touched, local_round, max_round_tokens, round_directions,
                            round_move, round_scratch)
 from .plan import MP_EXACT, NEED_GAP_PASS, PlanResult, RoundStep, StepPlan, compiled_plan
@@ -283,8 +283,28 @@ class ChainDualState(DualState):
                               blocks=plan.order, gaps=np.concatenate([r.gaps[:1] for r in parts]))
         return self._compiled_steps(plan, np.zeros(0, dtype=np.int64))
 
+    def block_oracle(self, i: int) -> Tensor:
+        """On CPU without box constraints, for the model's own oracle: the compiled steps' decoding
+        (:func:`~.chain_kernels.decode_block`, the same Viterbi as the compiled loops run); else the model's
+        :meth:`~torch_bcfw.models.chain.Chain.oracle`."""
+        if self.w.device.type != "cpu" or self.has_bounds or not self.model.builtin_oracle():
+            return super().block_oracle(i)
+        feats = self.kernel_features()
+        y = np.empty(int(feats.offsets[i + 1] - feats.offsets[i]), dtype=np.int64)
+        decode_block(i, feats, ChainWeights(*(t.numpy() for t in self.model.unpack(self.v))), y)
+        return torch.from_numpy(y)
+
+    def corner_steps(self, blocks: np.ndarray, ys: list, step_code: int, averaging: bool = True) -> np.ndarray:
+        """In the compiled loop when it runs here (one call of :func:`~.chain_driver.chain_plan_steps` with the given
+        answers), else one :meth:`block_step` per block."""
+        plan = StepPlan.plain(np.asarray(blocks, dtype=np.int64), step_code, averaging)
+        if not self.can_run_plan(plan):
+            return super().corner_steps(blocks, ys, step_code, averaging)
+        ylab = np.concatenate([np.asarray(y, dtype=np.int64).reshape(-1) for y in ys])
+        return self._compiled_steps(plan, ylab).gaps
+
     def _compiled_steps(self, plan: StepPlan, ylab: np.ndarray) -> PlanResult:
-        """One call of :func:`~.chain_driver.chain_plan_steps` (``ylab``: a given oracle answer of a one-block plan);
+        """One call of :func:`~.chain_driver.chain_plan_steps` (``ylab``: given oracle answers of the plan's blocks);
         the counters, the working set's pool and MP-BCFW-avg's running average are written back."""
         m = int(plan.m)
         gaps = np.full(m, np.nan)

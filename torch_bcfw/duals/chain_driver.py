@@ -63,8 +63,8 @@ def chain_plan_steps(plan, sampling, ws, running, ylab, lam, k0, t0, feats, w, m
 
     ``plan``, ``sampling``, ``running``: the plan's :class:`~.plan.PlanFlags`, :class:`~.plan.Sampling` and
     :class:`~.plan.Running` (:func:`~.plan.compiled_plan`); ``ws``: the working set's :class:`~.working_set.Pool`;
-    ``ylab``: an oracle answer given by the caller for a one-block plan (MP-BCFW's exact step with the model's own
-    oracle), else empty; ``lam``, ``k0``, ``t0``: the state's ``lam``, step counter and averaging clock; ``feats``,
+    ``ylab``: oracle answers given by the caller, the labelings of the plan's blocks concatenated in order (MP-BCFW's
+    exact step with the model's own oracle; the split-oracle rounds' corners), else empty; ``lam``, ``k0``, ``t0``: the state's ``lam``, step counter and averaging clock; ``feats``,
     ``w``, ``marg``, ``avg``: the chain's groups (:mod:`.chain_kernels`).
 
     MP-BCFW (``plan.planes``): ``MP_EXACT``, the oracle answer joins the planes, the longest-inactive evicted beyond
@@ -91,6 +91,7 @@ def chain_plan_steps(plan, sampling, ws, running, ylab, lam, k0, t0, feats, w, m
     n_oracle = 0
     n_hits = 0
     done = 0
+    yo = 0  # where the next given answer starts in ylab
     for j in range(m):
         # ---- sampling policy
         if not plan.by_gap:
@@ -142,7 +143,8 @@ def chain_plan_steps(plan, sampling, ws, running, ylab, lam, k0, t0, feats, w, m
             n_oracle += 1
             if ylab.shape[0] > 0:
                 for t in range(L):
-                    ystar[t] = ylab[t]
+                    ystar[t] = ylab[yo + t]
+                yo += L
             else:
                 loss_augmented_decode(U, scr.Ua, L, s, y, 1.0 / L, trans, ystar, scr.delta)
             score_star, mistakes = add_corner(s, L, y, trans, U, ystar, D)

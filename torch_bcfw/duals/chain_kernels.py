@@ -41,7 +41,8 @@ from .stepsize import PAIRWISE_RULE, average_weight, clipped_step, lazy_weight, 
 from .working_set import ALPHA, LOSS, SCORE, ws_away_update, ws_pairwise_update
 
 __all__ = ["ChainFeatures", "ChainWeights", "ChainMarginals", "ChainAverages", "StepScratch", "Corner", "TOTALS",
-           "step_scratch", "fw_move", "move_block", "active_set_step", "block_corner", "corner_base", "add_corner"]
+           "step_scratch", "fw_move", "move_block", "active_set_step", "block_corner", "corner_base", "add_corner",
+           "decode_block"]
 
 #: the dual's linear part ``l = sum_i l_i`` and the accumulator ``avg_l_u`` of its weighted average (one record)
 TOTALS = np.dtype([("ell", np.float64), ("avg_ell_u", np.float64)])
@@ -191,6 +192,17 @@ def loss_augmented_decode(U, Ua, L, s, y, inv_L, trans, ystar, delta):
             Ua[t, c] = U[t, c] + inv_L
         Ua[t, y[s + t]] = U[t, y[s + t]]
     viterbi_numba(Ua[:L], trans, ystar[:L], delta)
+
+
+@njit(cache=True)
+def decode_block(i, feats, w, ystar):
+    """The oracle of the compiled steps alone: the loss-augmented decoding of block ``i`` at ``w`` into ``ystar[:L]``
+    (int64; the corners of ``strategy="split-oracle"``)."""
+    s = feats.offsets[i]
+    L = feats.offsets[i + 1] - s
+    scr = step_scratch(feats.offsets, w.We.shape[1])
+    _unary_scores(s, L, feats.indptr, feats.indices, feats.values, w.We, w.bias, w.start, w.end, scr.U)
+    loss_augmented_decode(scr.U, scr.Ua, L, s, feats.y, 1.0 / L, w.trans, ystar, scr.delta)
 
 
 @njit(cache=True, fastmath=True, _nrt=False)

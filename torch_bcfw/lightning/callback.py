@@ -189,7 +189,8 @@ class BCFWCallback(Callback):
 
     **DDP.**  Under a multi-process Trainer every rank computes the features of its share of the batches and the
     parts are gathered (:func:`collect_features`); the solve then replicates (every rank the single-process solve
-    on all examples) or shards (rounds split over the ranks), as the option ``strategy`` says (``"auto"``, the
+    on all examples), splits each round's oracle calls over the ranks of a replicated solve, or shards (rounds split
+    over the ranks), as the option ``strategy`` says (``"auto"``, the
     default: the first solve calibrates with :func:`~torch_bcfw.distributed.strategy.choose_strategy` and the run
     keeps the choice, :attr:`strategy`).  One head, identical on every rank.
 
@@ -287,8 +288,8 @@ class BCFWCallback(Callback):
         self.interrupted = False  # a solve was cut by Ctrl-C (and discarded)
         self._state_type = None  # the class of the dual state (make_dual_state's choice for the head's model)
         self.shards = None  # under DDP, sharded: (dual state, solver state) of every rank, in rank order
-        self.strategy = None  # under DDP: "replicate" or "shard", decided by the first solve
-        self.shard_batch_size = None  # a sharded run's round size (the calibration's, when batch_size="auto")
+        self.strategy = None  # under DDP: "replicate", "split-oracle" or "shard", decided by the first solve
+        self.round_size = None  # a sharded or split-oracle run's round size (the calibration's, batch_size="auto")
         self.calibration = {}  # the figures behind strategy="auto"'s choice (calibration_* counters)
 
     # ------------------------------------------------------------------ Lightning plumbing
@@ -401,7 +402,7 @@ class BCFWCallback(Callback):
         comm, mine, n_total = None, data, None
         if ctx is not None:  # DDP: one head over all ranks' examples (gathered above)
             from ..distributed import ShardComm, shard, shard_sizes
-            from ..distributed.strategy import ReplicaComm
+            from ..distributed.strategy import ReplicaComm, SplitOracleComm
 
             opts = self._distributed_options(ctx, model, data, opts)
             if opts.strategy == "shard":  # each rank solves on its contiguous share, rounds all-reduced
@@ -409,6 +410,8 @@ class BCFWCallback(Callback):
                 comm = ShardComm(ctx, shard_sizes(len(data), ctx.world_size))
                 if self.shards is not None:
                     self.dual_sd, self.alg_sd = self.shards[ctx.rank]
+            elif opts.strategy == "split-oracle":  # a replicated solve, each round's oracle calls split over the ranks
+                comm = SplitOracleComm(ctx)
             else:  # every rank runs the single-process solve on all examples
                 comm = ReplicaComm(ctx)
         elif self.shards is not None:
@@ -439,7 +442,7 @@ class BCFWCallback(Callback):
             w = alg.averaged()[0]
         epoch = trainer.current_epoch if trainer is not None else None
         rec.update(epoch=epoch, stale=stale, call=self.calls, feature_time=t_feat, wall=time.perf_counter() - t0)
-        if ctx is not None and opts.strategy == "replicate":
+        if ctx is not None and opts.strategy != "shard":
             from ..distributed import assert_replicated
 
             assert_replicated(w, ctx, name="BCFWCallback's replicated head")
@@ -501,37 +504,39 @@ class BCFWCallback(Callback):
             if len(self.shards) != ctx.world_size:
                 raise ValueError(f"BCFWCallback: the checkpoint holds the dual states of {len(self.shards)} ranks, "
                                  f"this run has {ctx.world_size}: resume with the world size that wrote it")
-        elif self.dual_sd is not None:
-            saved = "replicate"
+        elif self.dual_sd is not None:  # a full dual state: replicated, or split-oracle rounds (any world size)
+            saved = "split-oracle" if self.strategy == "split-oracle" else "replicate"
         else:
             saved = self.strategy
         if saved is not None:
             if given not in ("auto", saved):
-                kind = "sharded" if saved == "shard" else "replicated or single-process"
+                kind = {"shard": "sharded", "split-oracle": "split-oracle"}.get(saved, "replicated or single-process")
                 raise ValueError(f"BCFWCallback: the dual state to continue is that of a {kind} run: it continues "
                                  f"with strategy={saved!r}, not {given!r}")
             self.strategy = saved
         elif given == "auto" and self.solver != "bcfw":
-            self.strategy = "replicate"  # only BCFW shards
-        elif given in ("auto", "shard"):
+            self.strategy = "replicate"  # only BCFW shards or splits its oracle calls
+        elif given != "replicate":
             cal = choose_strategy(model, data, self.lam, opts, ctx)
             self.strategy = cal.strategy if given == "auto" else given
-            self.shard_batch_size = cal.shard_batch_size
+            self.round_size = cal.shard_batch_size if self.strategy == "shard" else cal.split_batch_size
             self.calibration = {f"calibration_{k}": v for k, v in cal._asdict().items()
-                                if k not in ("strategy", "shard_batch_size")}
+                                if k not in ("strategy", "shard_batch_size", "split_batch_size")}
             warn_if_slow(cal, self.strategy, opts.batch_size, len(data), ctx)
             rank_zero_info(f"[{self.log_prefix}] strategy {self.strategy} over {ctx.world_size} processes (given "
                            f"{given!r}): predicted {cal.replicate_pass_seconds:.3g} s per pass replicated, "
-                           f"{cal.shard_pass_seconds:.3g} s sharded in rounds of {cal.shard_batch_size} (block step "
+                           f"{cal.shard_pass_seconds:.3g} s sharded in rounds of {cal.shard_batch_size}, "
+                           f"{cal.split_pass_seconds:.3g} s with the oracle split in rounds of {cal.split_batch_size} "
+                           f"(oracle {cal.oracle_seconds:.3g} s, all-gather {cal.gather_seconds:.3g} s; block step "
                            f"{cal.step_seconds:.3g} s, all-reduce {cal.allreduce_seconds:.3g} s)")
         else:
             self.strategy = given
         changes = {"strategy": self.strategy}
-        if self.strategy == "shard" and opts.batch_size == "auto":
-            if self.shard_batch_size is None:
-                raise ValueError("BCFWCallback: the checkpoint of this sharded run does not record its round size; "
+        if self.strategy in ("shard", "split-oracle") and opts.batch_size == "auto":
+            if self.round_size is None:
+                raise ValueError(f"BCFWCallback: the checkpoint of this {self.strategy} run does not record its round size; "
                                  "give batch_size")
-            changes["batch_size"] = self.shard_batch_size
+            changes["batch_size"] = self.round_size
         return dataclasses.replace(opts, **changes)
 
     def state_dict(self) -> dict:
@@ -547,7 +552,7 @@ class BCFWCallback(Callback):
             "solved_epoch": self.solved_epoch,
             "shards": copy.deepcopy(self.shards) if self.save_dual_state else None,
             "strategy": self.strategy,
-            "shard_batch_size": self.shard_batch_size,
+            "round_size": self.round_size,
             "calibration": dict(self.calibration),
         }
 
@@ -566,7 +571,7 @@ class BCFWCallback(Callback):
         self.calls = int(state_dict["calls"])
         self.shards = state_dict.get("shards")
         self.strategy = state_dict.get("strategy")
-        self.shard_batch_size = state_dict.get("shard_batch_size")
+        self.round_size = state_dict.get("round_size", state_dict.get("shard_batch_size"))  # the older key
         self.calibration = dict(state_dict.get("calibration", {}))
         self.solved_epoch = state_dict.get("solved_epoch")
         self.last_record = self.history[-1] if self.history else None

@@ -34,8 +34,9 @@ def resolve_auto_preset(model, data, options, rounds: bool = False):
     since an interpreted step costs more than the passes a refinement saves on a cheap oracle
     (``docs/results/presets.md``):
 
-    * mini-batch rounds (``rounds``: ``batch_size > 1`` or blocks sharded over processes): ``uniform-fw`` (pairwise
-      and away steps move one block; gap sampling did not pay in rounds on OCR-large, ``docs/results/scale.md``);
+    * rounds (``rounds``: ``batch_size > 1``, blocks sharded over processes, or ``strategy="split-oracle"``):
+      ``uniform-fw`` (pairwise and away steps move one block; gap sampling did not pay in rounds on OCR-large,
+      ``docs/results/scale.md``);
     * a model whose dual state runs every refinement compiled (its
       :attr:`~torch_bcfw.models.base.StructuredModel.compiled_steps` is ``"all"``: a chain on the CPU):
       ``gap-pairwise``;
@@ -129,12 +130,18 @@ class BCFW(DualAlgorithm):
             options = dataclasses.replace(options, batch_size=1 if on_cpu else measured_round_size(model, data, lam,
                                                                                                    options))
         if options.preset == "auto":
-            options = resolve_auto_preset(model, data, options,
-                                          rounds=options.batch_size > 1 or (comm is not None and comm.sharded))
+            options = resolve_auto_preset(model, data, options, rounds=options.batch_size > 1 or options.strategy ==
+                                          "split-oracle" or (comm is not None and comm.sharded))
         super().__init__(model, data, lam, options, state, bounds, comm)
         self.batch_size = options.batch_size
+        #: ``strategy="split-oracle"``: rounds of ``batch_size`` blocks decoded at one ``w`` (the calls split over the
+        #: processes by the communicator's ``start_corners``), then one-block steps in order
+        self.split_oracle = options.strategy == "split-oracle"
+        if self.split_oracle and (options.refined or options.step_rule != "fw" or self.comm.sharded):
+            raise ValueError("strategy='split-oracle' runs plain BCFW rounds (uniform or perm sampling, FW steps, no "
+                             f"cache) on a replicated state (got {options.variant_name()!r})")
         #: mini-batch rounds (Wang et al. 2016): ``batch_size > 1``, or blocks sharded over processes
-        self.minibatch = self.batch_size > 1 or self.comm.sharded
+        self.minibatch = (self.batch_size > 1 and not self.split_oracle) or self.comm.sharded
         if self.minibatch and options.step_rule != "fw":
             raise ValueError(
                 "mini-batch BCFW (batch_size > 1) and BCFW over several processes take joint FW steps (with any "
@@ -208,6 +215,8 @@ class BCFW(DualAlgorithm):
         self._resume_point = None
         if self.minibatch:
             return self._advance_rounds(m)
+        if self.split_oracle:
+            return self._advance_split_oracle(m)
         if not self.refined:
             plan = StepPlan.plain(self.sampler.draw(m), self.step_code, self.options.averaging)
         else:
@@ -270,6 +279,34 @@ class BCFW(DualAlgorithm):
             if self._since_refresh == 0 and done == 0:
                 self.converged = True  # the exact block gaps just computed are all zero: optimal
             self.check_requested = True
+
+    def _advance_split_oracle(self, m: int) -> None:
+        """At least ``m`` block iterations in whole rounds of ``batch_size`` blocks (a pass is cut at the multiples of
+        ``batch_size``; a chunk that ends inside a round finishes it).  Every round's blocks are drawn and decoded at
+        the current ``w`` (:meth:`start_corners <torch_bcfw.solvers.comm.LocalComm.start_corners>`: the calls split
+        over the processes of a group, the answers gathered while the work goes on); then the previous round's blocks
+        take their one-block Frank-Wolfe steps towards their corners in the drawn order
+        (:meth:`~torch_bcfw.duals.base.DualState.corner_steps`, exact line search), and the chunk ends with the last
+        round's steps.  A round is thus decoded before the previous round's steps: a corner decoded at an earlier
+        ``w`` is a corner of the block's simplex all the same, so every step keeps the dual feasible and never
+        decreases it (the line search clips at 0 when the corner no longer ascends)."""
+        done, pending = 0, None
+        while done < m:
+            pos = self.steps % self.n
+            size = min(self.batch_size - pos % self.batch_size, self.n - pos)
+            blocks = self.sampler.draw(size)
+            started = (blocks, self.comm.start_corners(self.state, blocks))
+            if pending is not None:
+                self._corner_steps(*pending)
+            pending = started
+            self.steps += size
+            self.oracle_calls += size
+            done += size
+        self._corner_steps(*pending)
+        self.last_block_gaps = self.last_blocks = None
+
+    def _corner_steps(self, blocks: np.ndarray, started) -> None:
+        self.state.corner_steps(blocks, self.comm.finish_corners(started), self.step_code, self.options.averaging)
 
     def on_scheduled_check(self) -> None:
         super().on_scheduled_check()

@@ -59,6 +59,16 @@ class LocalComm:
         """This process' part of ``m`` block iterations."""
         return m
 
+    def start_corners(self, state, blocks: np.ndarray):
+        """Start the oracle calls of a round (``strategy="split-oracle"``): the answers of ``blocks`` (``int64[m]``)
+        at the current ``w`` of the (replicated) ``state``, handed over by :meth:`finish_corners`.  Here every block
+        is decoded in this process, at once."""
+        return [state.block_oracle(i) for i in blocks.tolist()]
+
+    def finish_corners(self, pending) -> list[Tensor]:
+        """The answers a :meth:`start_corners` call started, one labeling per block in order."""
+        return pending
+
     def sum_pair(self, vector: Tensor, scalar) -> tuple[Tensor, float]:
         """``(sum vector, sum scalar)`` over the processes."""
         return vector, float(scalar)

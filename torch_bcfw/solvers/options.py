@@ -99,7 +99,7 @@ def _check_real(name: str, v, *, positive: bool, finite: bool, optional: bool = 
 
 
 #: the values of ``SolverOptions.strategy``
-STRATEGIES = ("auto", "replicate", "shard")
+STRATEGIES = ("auto", "replicate", "shard", "split-oracle")
 
 
 @dataclass
@@ -230,8 +230,11 @@ class SolverOptions:
         batch_size: ``solver="bcfw"``: ``tau``, the blocks of one mini-batch round (Wang et al. 2016), an integer
             ``>= 1`` (1: BCFW), or ``"auto"`` (default): 1 where the data is on the CPU (the compiled one-block
             kernel); with the data on a GPU, where one-block steps are hundreds of times slower than rounds, the
-            round size of :func:`measured_round_size`; when ``fit`` shards the examples, the calibration's
-            (:func:`torch_bcfw.distributed.strategy.choose_strategy`).  The result's options record the number.  Above 1 every round draws ``tau`` distinct blocks (``uniform``: without
+            round size of :func:`measured_round_size`; when ``fit`` shards the examples or splits the oracle calls,
+            the calibration's (:func:`torch_bcfw.distributed.strategy.choose_strategy`).  The result's options
+            record the number.  With ``strategy="split-oracle"`` it is the round of blocks decoded at one ``w``,
+            each then taking its own one-block step (see ``strategy``).  Otherwise, above 1 every round draws ``tau``
+            distinct blocks (``uniform``: without
             replacement within the round; ``perm``: consecutive blocks of the permutations), decodes them in one
             batched oracle call at the same ``w`` and moves them together along the joint direction with one exact
             line search (its numerator is the sum of the blocks' gaps) or the fixed step
@@ -243,9 +246,13 @@ class SolverOptions:
             ``"replicate"`` (every rank runs the same single-process solve on all examples, with no communication
             but the agreed stopping decisions; the heads are checked identical at the end; rank 0 saves one
             checkpoint, which resumes under any number of processes), ``"shard"`` (the examples sharded over the
-            ranks, mini-batch rounds with one all-reduce each) or ``"auto"`` (default: a short calibration on the
-            live group picks one, see :func:`torch_bcfw.distributed.strategy.choose_strategy`; the result's
-            options record the choice).
+            ranks, mini-batch rounds with one all-reduce each), ``"split-oracle"`` (for a costly oracle: the dual
+            state replicated as with ``"replicate"``, the oracle calls of each round of ``batch_size`` blocks split
+            over the ranks at the same ``w`` and their answers gathered, then every rank takes the round's one-block
+            steps in order, each with its exact line search; the trajectory does not depend on the number of ranks,
+            and one process runs the same rounds alone) or ``"auto"`` (default: a short calibration on the live group
+            picks one, see :func:`torch_bcfw.distributed.strategy.choose_strategy`; the result's options record the
+            choice).
     """
 
     max_passes: float = 100
