@@ -1,24 +1,35 @@
 """A BCFW-solved head against the heads a Lightning user would pick instead, on the same backbone.
 
-    python benchmarks/heads.py --task ocr [--seeds 0,1,2] [--epochs 12] [--quick]
+    python benchmarks/heads.py --task ocr|conll [--seeds 0,1,2] [--epochs N] [--quick]
 
-OCR-large (train folds 1-9, test fold 0) with the letter CNN of the example (``torch_bcfw.tasks.ocr.LetterCNN``),
-the same initialisation (seed), data order, Adam with a cosine schedule and epoch budget under each head:
+Two tasks, each with the backbone of its example and the same initialisation (seed), data order, optimiser with a
+cosine schedule and epoch budget under each head:
 
-* ``softmax`` -- a linear classifier per letter, cross-entropy;
+* ``ocr`` -- OCR-large (train folds 1-9, test fold 0), the letter CNN (``torch_bcfw.tasks.ocr.LetterCNN``), Adam, 12
+  epochs; the metric is the test letter error (the task loss: mean over words of the fraction of wrong letters).
+  Tuning holds fold 1 out of the training folds.
+* ``conll`` -- CoNLL-2000 chunking (8936 training, 2012 test sentences), the BiLSTM token encoder of
+  ``examples/conll_embeddings_lightning.py`` (``torch_bcfw.tasks.conll.TokenEncoder``: word, POS and character
+  embeddings), AdamW, 10 epochs; the metric is the conlleval chunk F1 (%) on the test sentences.  Tuning holds the last
+  1000 training sentences out.
+
+The heads:
+
+* ``softmax`` -- a linear classifier per position, cross-entropy;
 * ``crf`` -- a linear-chain CRF (emission layer + transition matrix) trained by its log-likelihood, computed with
   torch-struct's ``LinearChainCRF``, Viterbi decoding;
 * ``hinge`` -- the chain head in the optimiser: ``StructuredHead(trainable=True)`` and the library's
   ``StructuredHingeLoss`` with ``lam`` (the SSVM objective on each batch);
-* ``bcfw`` -- the example's ``OCRChainCNN`` with ``BCFWCallback(lam=0.01, passes_per_call=10)``: two epochs of
-  cross-entropy warm-up, then the structured hinge reaches the backbone while BCFW solves the head after every epoch
-  (``--bcfw-passes`` / ``--bcfw-every`` change the schedule).
+* ``bcfw`` -- the example's module (``OCRChainCNN`` / ``ConllChainTagger``) with ``BCFWCallback(lam,
+  passes_per_call=10)`` (``lam`` 0.01 on OCR, 0.1 on CoNLL, the examples'): two epochs of cross-entropy warm-up,
+  then the structured hinge reaches the backbone while BCFW solves the head after every epoch (``--bcfw-passes`` /
+  ``--bcfw-every`` change the schedule).
 
-Each run is a process of its own (its peak memory is its own). After every epoch the test letter error (the task
-loss: mean over words of the fraction of wrong letters) is measured, outside the clock; the clock counts training and,
-for the BCFW head, the callback's solves. The learning rate of each head is chosen from ``--lrs`` on held-out training
-data (fold 1 held out of the training folds, never the test fold) unless ``--lr`` fixes it.  ``--quick``: the first
-300 training and 300 test words, 3 epochs, one seed, no tuning (under 3 minutes; ``tests/test_heads_script.py``).
+Each run is a process of its own (its peak memory is its own). After every epoch the test metric is measured,
+outside the clock; the clock counts training and, for the BCFW head, the callback's solves.  The learning rate of
+each head is chosen from ``--lrs`` on held-out training data (never the test split) unless ``--lr`` fixes it.
+``--quick``: the first 300 training and 300 test words or sentences, 3 epochs, one seed, no tuning (under 3 minutes
+per task; ``tests/test_heads_script.py``).
 
 Writes ``benchmarks/results/heads_<task>.json`` and ``heads_<task>.png`` (test metric against wall-clock seconds, one
 curve per head) and prints the table.
@@ -41,8 +52,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import DATA, RESULTS, print_table, write_json  # noqa: E402
 
 HEADS = ("softmax", "crf", "hinge", "bcfw")
-#: the head's SSVM regularisation (the example's) and the BCFW passes per epoch
-LAM, PASSES = 0.01, 10
+#: per task: the head's SSVM regularisation (the example's), the epoch budget, the metric's name and direction
+TASKS = {"ocr": {"lam": 0.01, "epochs": 12, "metric": "test letter error", "higher_is_better": False},
+         "conll": {"lam": 0.1, "epochs": 10, "metric": "test chunk F1 (%)", "higher_is_better": True}}
+#: BCFW passes per call of the callback (the examples')
+PASSES = 10
 
 
 # ---------------------------------------------------------------------------------------------------- one run
@@ -96,8 +110,13 @@ def crf_nll_and_decode(emission, transitions, offsets, labels=None):
     return (None if nll is None else nll / len(lengths)), pred
 
 
-def _module(head: str, lr: float):
-    """The LightningModule of ``head`` (the BCFW head: the example's ``OCRChainCNN``)."""
+def _module(task: str, head: str, lr: float):
+    """The LightningModule of ``head`` on ``task``."""
+    return _ocr_module(head, lr) if task == "ocr" else _conll_module(head, lr)
+
+
+def _ocr_module(head: str, lr: float):
+    """The LightningModule of ``head`` on OCR (the BCFW head: the example's ``OCRChainCNN``)."""
     import lightning.pytorch as pl
     import torch
     import torch.nn.functional as F
@@ -119,7 +138,7 @@ def _module(head: str, lr: float):
                 self.transitions = torch.nn.Parameter(torch.zeros(N_LETTERS, N_LETTERS))
             else:
                 self.head = StructuredHead(Chain(64, N_LETTERS), trainable=True)
-                self.hinge = StructuredHingeLoss(self.head, lam=LAM)
+                self.hinge = StructuredHingeLoss(self.head, lam=TASKS["ocr"]["lam"])
 
         def training_step(self, batch, _):
             images, labels, offsets = batch
@@ -144,6 +163,70 @@ def _module(head: str, lr: float):
             return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "epoch"}}
 
     return Peer()
+
+
+def _conll_module(head: str, lr: float):
+    """The LightningModule of ``head`` on CoNLL: the example's ``ConllChainTagger`` (its encoder built from the
+    datamodule's vocabulary in ``configure_model``), whose heads the peers replace."""
+    import torch
+    import torch.nn.functional as F
+
+    from torch_bcfw.models import Chain
+    from torch_bcfw.nn import StructuredHead, StructuredHingeLoss
+    from torch_bcfw.tasks.conll import ConllChainTagger
+
+    if head == "bcfw":
+        return ConllChainTagger(encoder="bilstm", lr=lr, ce_epochs=2, ce_weight=0.0, hinge_weight=1.0)
+
+    class Peer(ConllChainTagger):
+        def __init__(self):
+            super().__init__(encoder="bilstm", lr=lr)
+            K, dim = self.n_labels, self.hparams.feature_dim
+            if head == "crf":
+                self.transitions = torch.nn.Parameter(torch.zeros(K, K))
+            if head == "hinge":
+                self.head = StructuredHead(Chain(dim, K), trainable=True)
+                self.hinge = StructuredHingeLoss(self.head, lam=TASKS["conll"]["lam"])
+
+        def training_step(self, batch, _):
+            feats = self.features(batch)
+            if head == "softmax":
+                return F.cross_entropy(self.classifier(feats), batch.labels)
+            if head == "crf":
+                return crf_nll_and_decode(self.classifier(feats), self.transitions, batch.offsets, batch.labels)[0]
+            return self.hinge(feats, batch.labels, batch.offsets)
+
+        def predict_tags(self, batch):
+            feats = self.features(batch)
+            if head == "softmax":
+                return self.classifier(feats).argmax(1)
+            if head == "crf":
+                return crf_nll_and_decode(self.classifier(feats), self.transitions, batch.offsets)[1]
+            return self.head(feats, batch.offsets)
+
+        def configure_optimizers(self):  # the example's AdamW and schedule, over every trained parameter
+            opt = torch.optim.AdamW(self.parameters(), lr=lr, weight_decay=self.hparams.weight_decay)
+            sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=max(1, self.trainer.max_epochs))
+            return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "epoch"}}
+
+    return Peer()
+
+
+def _chunk_f1(module, loader) -> float:
+    """The conlleval chunk F1 (%) of ``module.predict_tags`` on ``loader``'s sentences."""
+    import torch
+
+    from torch_bcfw.datasets.conll_chain import chunk_f1_from_ids
+
+    module.eval()
+    preds, offsets, tags = [], [0], []
+    with torch.no_grad():
+        for batch in loader:
+            preds.append(module.predict_tags(batch))
+            offsets.extend((batch.offsets[1:] + offsets[-1]).tolist())
+            tags.extend(batch.tags)
+    module.train()
+    return 100.0 * float(chunk_f1_from_ids(torch.cat(preds), torch.tensor(offsets), tags)["f1"])
 
 
 def _letter_error(module, loader) -> float:
@@ -184,17 +267,29 @@ def worker(args) -> None:
     from torch_bcfw.lightning import BCFWCallback
     from torch_bcfw.tasks.ocr import OCRWordsDataModule, _Words
 
+    from torch_bcfw.tasks.conll import ConllChunkingDataModule
+
     torch.set_num_threads(max(1, os.cpu_count() or 1))
     pl.seed_everything(args.seed, verbose=False)
-    data = OCRWordsDataModule(path=str(DATA / "ocr"), split="large", fold=0, batch_size=32, eval_batch_size=512,
-                              limit=args.limit, test_limit=args.limit, seed=args.seed)
-    data.setup()
-    if args.tune:  # held-out training data: train on folds 2-9, evaluate on fold 1 (the test fold 0 never seen)
-        words = load_ocr(str(DATA / "ocr"))
-        data.train_data, data.test_data = (words.subset(_first(mask, args.limit))
-                                           for mask in ((words.folds != 0) & (words.folds != 1), words.folds == 1))
-        data.train, data.test = _Words(data.train_data), _Words(data.test_data)
-    module = _module(args.head, args.lr)
+    if args.task == "ocr":
+        data = OCRWordsDataModule(path=str(DATA / "ocr"), split="large", fold=0, batch_size=32, eval_batch_size=512,
+                                  limit=args.limit, test_limit=args.limit, seed=args.seed)
+        data.setup()
+        if args.tune:  # held-out training data: train on folds 2-9, evaluate on fold 1 (the test fold 0 never seen)
+            words = load_ocr(str(DATA / "ocr"))
+            data.train_data, data.test_data = (words.subset(_first(mask, args.limit))
+                                               for mask in ((words.folds != 0) & (words.folds != 1), words.folds == 1))
+            data.train, data.test = _Words(data.train_data), _Words(data.test_data)
+        metric = _letter_error
+    else:  # tuning: the last 1000 training sentences (a tenth of them with --limit) held out, the test split unseen
+        holdout = (max(1, args.limit // 10) if args.limit else 1000) if args.tune else 0
+        data = ConllChunkingDataModule(path=str(DATA / "conll2000"), batch_size=32, eval_batch_size=256,
+                                       limit=args.limit, test_limit=args.limit, holdout=holdout, seed=args.seed)
+        data.setup()
+        if args.tune:
+            data.test = data.val
+        metric = _chunk_f1
+    module = _module(args.task, args.head, args.lr)
     test_loader = data.test_dataloader()
     curve = []
     clock = {"spent": 0.0, "t0": None}
@@ -206,12 +301,12 @@ def worker(args) -> None:
         def on_train_epoch_end(self, trainer, pl_module):
             clock["spent"] += time.perf_counter() - clock["t0"]
             curve.append({"epoch": trainer.current_epoch + 1, "seconds": clock["spent"],
-                          "test_error": _letter_error(pl_module, test_loader)})
+                          "test_metric": metric(pl_module, test_loader)})
 
     callbacks = []
     solve = None
     if args.head == "bcfw":
-        solve = BCFWCallback(lam=LAM, passes_per_call=args.bcfw_passes, initial_passes=args.bcfw_passes,
+        solve = BCFWCallback(lam=TASKS[args.task]["lam"], passes_per_call=args.bcfw_passes, initial_passes=args.bcfw_passes,
                              every_n_epochs=args.bcfw_every,
                              solver_options={"step": "line_search", "sampling": "uniform", "averaging": True,
                                              "seed": 1})
@@ -223,7 +318,7 @@ def worker(args) -> None:
     t0 = time.perf_counter()
     trainer.fit(module, datamodule=data)
     wall = time.perf_counter() - t0
-    out = {"head": args.head, "lr": args.lr, "seed": args.seed, "tune": args.tune, "curve": curve, "fit_s": wall,
+    out = {"task": args.task, "head": args.head, "lr": args.lr, "seed": args.seed, "tune": args.tune, "curve": curve, "fit_s": wall,
            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
     if solve is not None:
         solve_s = sum(r.wall for r in solve.history)
@@ -234,7 +329,8 @@ def worker(args) -> None:
 # ---------------------------------------------------------------------------------------------------- driver
 def _launch(head: str, lr: float, seed: int, args, tmp: Path, tune: bool = False) -> dict:
     out = tmp / f"{head}-{lr:g}-{seed}-{int(tune)}.json"
-    cmd = [sys.executable, __file__, "--worker", "--head", head, "--lr", str(lr), "--seed", str(seed), "--out",
+    cmd = [sys.executable, __file__, "--worker", "--task", args.task, "--head", head, "--lr", str(lr), "--seed",
+           str(seed), "--out",
            str(out), "--tmp", str(tmp / "runs"), "--epochs", str(args.epochs),
            "--bcfw-passes", str(args.bcfw_passes), "--bcfw-every", str(args.bcfw_every)]
     if args.limit:
@@ -247,12 +343,19 @@ def _launch(head: str, lr: float, seed: int, args, tmp: Path, tune: bool = False
     return json.loads(out.read_text())
 
 
-def _summary(runs: list[dict]) -> dict:
-    """Per head: the best test error (mean over seeds, with the min-max), the seconds and epoch it was reached."""
-    best = [min(r["curve"], key=lambda c: c["test_error"]) for r in runs]
-    errs = [b["test_error"] for b in best]
-    out = {"head": runs[0]["head"], "lr": runs[0]["lr"], "test_error": float(np.mean(errs)),
-           "error_min": min(errs), "error_max": max(errs), "seconds_to_best": float(np.mean([b["seconds"] for b in best])),
+def _best(curve: list[dict], task: str) -> dict:
+    """The epoch of ``curve`` with the best test metric (the first of equals)."""
+    sign = -1.0 if TASKS[task]["higher_is_better"] else 1.0
+    return min(curve, key=lambda c: sign * c["test_metric"])
+
+
+def _summary(runs: list[dict], task: str) -> dict:
+    """Per head: the best test metric (mean over seeds, with the min-max), the seconds and epoch it was reached."""
+    best = [_best(r["curve"], task) for r in runs]
+    vals = [b["test_metric"] for b in best]
+    out = {"head": runs[0]["head"], "lr": runs[0]["lr"], "test_metric": float(np.mean(vals)),
+           "metric_min": min(vals), "metric_max": max(vals),
+           "seconds_to_best": float(np.mean([b["seconds"] for b in best])),
            "epoch_of_best": float(np.mean([b["epoch"] for b in best])),
            "peak_rss_mb": float(np.mean([r["peak_rss_mb"] for r in runs]))}
     if "callback_share" in runs[0]:
@@ -261,7 +364,7 @@ def _summary(runs: list[dict]) -> dict:
     return out
 
 
-def _plot(runs: list[dict], path: Path) -> None:
+def _plot(runs: list[dict], task: str, path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -271,11 +374,12 @@ def _plot(runs: list[dict], path: Path) -> None:
     for j, head in enumerate(HEADS):
         mine = [r for r in runs if r["head"] == head]
         for k, r in enumerate(mine):
-            ax.plot([c["seconds"] for c in r["curve"]], [c["test_error"] for c in r["curve"]], "-o", ms=3,
+            ax.plot([c["seconds"] for c in r["curve"]], [c["test_metric"] for c in r["curve"]], "-o", ms=3,
                     color=f"C{j}", alpha=0.8, label=head if k == 0 else None)
     ax.set_xlabel("wall-clock seconds (training, and the head's solves)")
-    ax.set_ylabel("test letter error")
-    ax.set_yscale("log")
+    ax.set_ylabel(TASKS[task]["metric"])
+    if not TASKS[task]["higher_is_better"]:
+        ax.set_yscale("log")
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
@@ -286,12 +390,12 @@ def _plot(runs: list[dict], path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--task", choices=("ocr",), default="ocr")
+    ap.add_argument("--task", choices=tuple(TASKS), default="ocr")
     ap.add_argument("--seeds", default="0,1,2")
-    ap.add_argument("--epochs", type=int, default=12)
+    ap.add_argument("--epochs", type=int, default=None, help="epoch budget (default: 12 on OCR, 10 on CoNLL)")
     ap.add_argument("--lrs", default="1e-3,2e-3,4e-3", help="learning rates tried on held-out training data")
     ap.add_argument("--lr", type=float, default=None, help="use this learning rate for every head (no tuning)")
-    ap.add_argument("--limit", type=int, default=None, help="only the first N training and test words")
+    ap.add_argument("--limit", type=int, default=None, help="only the first N training and test words / sentences")
     ap.add_argument("--heads", default=",".join(HEADS))
     ap.add_argument("--quick", action="store_true", help="300 words, 3 epochs, one seed, lr 2e-3: under 3 minutes")
     ap.add_argument("--results", default=None, help="folder for the JSON and PNG (default benchmarks/results)")
@@ -308,6 +412,8 @@ def main(argv: list[str] | None = None) -> None:
         return worker(args)
     if args.quick:
         args.limit, args.epochs, args.seeds, args.lr = args.limit or 300, 3, "0", args.lr or 2e-3
+    args.epochs = args.epochs or TASKS[args.task]["epochs"]
+    task = args.task
     heads = args.heads.split(",")
     seeds = [int(s) for s in args.seeds.split(",")]
     grid = [float(v) for v in args.lrs.split(",")]
@@ -317,21 +423,24 @@ def main(argv: list[str] | None = None) -> None:
             lr = args.lr
             if lr is None:  # the grid on held-out training data, seed 0; the lowest best error wins
                 tried = [_launch(head, v, 0, args, Path(tmp), tune=True) for v in grid]
-                tuning += [{"head": head, "lr": t["lr"], "held_out_error": min(c["test_error"] for c in t["curve"])}
+                tuning += [{"head": head, "lr": t["lr"], "held_out_metric": _best(t["curve"], task)["test_metric"]}
                            for t in tried]
-                lr = min(tried, key=lambda t: min(c["test_error"] for c in t["curve"]))["lr"]
+                sign = -1.0 if TASKS[task]["higher_is_better"] else 1.0  # the best held-out metric wins
+                lr = min(tried, key=lambda t: sign * _best(t["curve"], task)["test_metric"])["lr"]
             for seed in seeds:
                 runs.append(_launch(head, lr, seed, args, Path(tmp)))
-                print(f"{head:8s} lr {lr:g} seed {seed}: best test error "
-                      f"{min(c['test_error'] for c in runs[-1]['curve']):.4f} ({runs[-1]['fit_s']:.0f} s)", flush=True)
-    table = [_summary([r for r in runs if r["head"] == h]) for h in heads]
-    print_table(table, ["head", "lr", "test_error", "error_min", "error_max", "seconds_to_best", "epoch_of_best",
+                print(f"{head:8s} lr {lr:g} seed {seed}: best {TASKS[task]['metric']} "
+                      f"{_best(runs[-1]['curve'], task)['test_metric']:.4f} ({runs[-1]['fit_s']:.0f} s)", flush=True)
+    table = [_summary([r for r in runs if r["head"] == h], task) for h in heads]
+    print(f"metric: {TASKS[task]['metric']}")
+    print_table(table, ["head", "lr", "test_metric", "metric_min", "metric_max", "seconds_to_best", "epoch_of_best",
                         "peak_rss_mb", "callback_share", "final_gap"])
     if tuning:
-        print_table(tuning, ["head", "lr", "held_out_error"])
+        print_table(tuning, ["head", "lr", "held_out_metric"])
     name = f"heads_{args.task}{'_quick' if args.quick else ''}"
     payload = {"command": "python benchmarks/heads.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-               "date": time.strftime("%Y-%m-%d"), "epochs": args.epochs, "limit": args.limit, "seeds": seeds,
+               "date": time.strftime("%Y-%m-%d"), "task": task, "metric": TASKS[task]["metric"],
+               "higher_is_better": TASKS[task]["higher_is_better"], "lam": TASKS[task]["lam"], "epochs": args.epochs, "limit": args.limit, "seeds": seeds,
                "bcfw_passes": args.bcfw_passes, "bcfw_every": args.bcfw_every,
                "lr_grid": grid if args.lr is None else [args.lr], "tuning": tuning, "table": table, "runs": runs}
     if args.results is None:
@@ -339,7 +448,7 @@ def main(argv: list[str] | None = None) -> None:
     else:
         Path(args.results).mkdir(parents=True, exist_ok=True)
         (Path(args.results) / f"{name}.json").write_text(json.dumps(payload, indent=1))
-    _plot(runs, Path(args.results or RESULTS) / f"{name}.png")
+    _plot(runs, task, Path(args.results or RESULTS) / f"{name}.png")
 
 
 if __name__ == "__main__":

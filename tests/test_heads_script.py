@@ -43,13 +43,15 @@ def test_crf_likelihood_and_decoding_against_enumeration():
 
 
 @pytest.mark.heavy
-def test_quick_run_writes_the_table_json_and_plot(tmp_path):
-    heads.main(["--task", "ocr", "--quick", "--results", str(tmp_path)])
-    rep = json.loads((tmp_path / "heads_ocr_quick.json").read_text())
-    assert [r["head"] for r in rep["table"]] == list(heads.HEADS)
-    for row in rep["table"]:
-        assert 0.0 < row["test_error"] < 1.0 and row["seconds_to_best"] > 0 and row["peak_rss_mb"] > 0
+@pytest.mark.parametrize("task", ["ocr", "conll"])
+def test_quick_run_writes_the_table_json_and_plot(task, tmp_path):
+    heads.main(["--task", task, "--quick", "--results", str(tmp_path)])
+    rep = json.loads((tmp_path / f"heads_{task}_quick.json").read_text())
+    assert rep["task"] == task and [r["head"] for r in rep["table"]] == list(heads.HEADS)
+    for row in rep["table"]:  # a letter error in (0, 1), a chunk F1 in (0, 100] %
+        assert 0.0 < row["test_metric"] < (1.0 if task == "ocr" else 100.0 + 1e-9)
+        assert row["seconds_to_best"] > 0 and row["peak_rss_mb"] > 0
     bcfw = rep["table"][-1]
     assert 0.0 < bcfw["callback_share"] < 1.0 and bcfw["final_gap"] >= 0
     assert all(len(r["curve"]) == 3 for r in rep["runs"])  # one point per epoch
-    assert (tmp_path / "heads_ocr_quick.png").read_bytes()[:4] == b"\x89PNG"
+    assert (tmp_path / f"heads_{task}_quick.png").read_bytes()[:4] == b"\x89PNG"
