@@ -388,6 +388,64 @@ def _plot(runs: list[dict], task: str, path: Path) -> None:
     print(f"wrote {path}")
 
 
+def goal_check(runs: list[dict], task: str) -> list[dict]:
+    """The issue's goal per peer head, seed by seed: the seconds the BCFW head took to reach a metric at least as good
+    as the peer's best on the same seed (``None``: never within the budget), against the seconds the peer took to
+    reach its best."""
+    better = (lambda a, b: a >= b) if TASKS[task]["higher_is_better"] else (lambda a, b: a <= b)
+    bcfw = {r["seed"]: r for r in runs if r["head"] == "bcfw"}
+    rows = []
+    for peer in HEADS[:-1]:
+        for r in (r for r in runs if r["head"] == peer and r["seed"] in bcfw):
+            best = _best(r["curve"], task)
+            hit = next((c for c in bcfw[r["seed"]]["curve"] if better(c["test_metric"], best["test_metric"])), None)
+            rows.append({"peer": peer, "seed": r["seed"], "peer_best": best["test_metric"],
+                         "peer_seconds": best["seconds"], "bcfw_seconds": None if hit is None else hit["seconds"],
+                         "met": hit is not None and hit["seconds"] <= best["seconds"]})
+    return rows
+
+
+def _report(task: str, heads: list[str], runs: list[dict]) -> tuple[list[dict], list[dict]]:
+    table = [_summary([r for r in runs if r["head"] == h], task) for h in heads]
+    print(f"metric: {TASKS[task]['metric']}")
+    print_table(table, ["head", "lr", "test_metric", "metric_min", "metric_max", "seconds_to_best", "epoch_of_best",
+                        "peak_rss_mb", "callback_share", "final_gap"])
+    goal = goal_check(runs, task)
+    if goal:
+        print_table(goal, ["peer", "seed", "peer_best", "peer_seconds", "bcfw_seconds", "met"])
+    return table, goal
+
+
+def _write(name: str, payload: dict, runs: list[dict], task: str, results: str | None) -> None:
+    if results is None:
+        write_json(f"{name}.json", payload)
+    else:
+        Path(results).mkdir(parents=True, exist_ok=True)
+        (Path(results) / f"{name}.json").write_text(json.dumps(payload, indent=1))
+    _plot(runs, task, Path(results or RESULTS) / f"{name}.png")
+
+
+def combine(files: list[Path], task: str, name: str, results: str | None, argv) -> None:
+    """The table and plot of the runs stored in ``files`` (result files of this script for ``task``; curves written
+    before the metric was renamed keep it as ``test_error``)."""
+    runs, sources = [], []
+    for f in files:
+        rep = json.loads(Path(f).read_text())
+        if rep.get("task", "ocr") != task:
+            raise SystemExit(f"{f} holds runs of task {rep.get('task', 'ocr')!r}, not {task!r}")
+        sources.append({"file": str(f), "command": rep.get("command")})
+        for r in rep["runs"]:
+            r = {**r, "curve": [{**c, "test_metric": c.get("test_metric", c.get("test_error"))} for c in r["curve"]]}
+            runs.append(r)
+    heads = [h for h in HEADS if any(r["head"] == h for r in runs)]
+    table, goal = _report(task, heads, runs)
+    payload = {"command": "python benchmarks/heads.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+               "date": time.strftime("%Y-%m-%d"), "task": task, "metric": TASKS[task]["metric"],
+               "higher_is_better": TASKS[task]["higher_is_better"], "sources": sources, "table": table, "goal": goal,
+               "runs": runs}
+    _write(name, payload, runs, task, results)
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--task", choices=tuple(TASKS), default="ocr")
@@ -401,6 +459,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--results", default=None, help="folder for the JSON and PNG (default benchmarks/results)")
     ap.add_argument("--bcfw-passes", type=float, default=PASSES, help="BCFW head: passes per call (the example's 10)")
     ap.add_argument("--bcfw-every", type=int, default=1, help="BCFW head: solve every N epochs (the example's 1)")
+    ap.add_argument("--combine", nargs="+", type=Path, default=None, metavar="JSON",
+                    help="no runs: the table and plot of the runs in these result files (e.g. seeds run apart)")
+    ap.add_argument("--name", default=None, help="with --combine: the name of the JSON and PNG written")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--head", help=argparse.SUPPRESS)
     ap.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
@@ -410,6 +471,8 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     if args.worker:
         return worker(args)
+    if args.combine:
+        return combine(args.combine, args.task, args.name or f"heads_{args.task}_combined", args.results, argv)
     if args.quick:
         args.limit, args.epochs, args.seeds, args.lr = args.limit or 300, 3, "0", args.lr or 2e-3
     args.epochs = args.epochs or TASKS[args.task]["epochs"]
@@ -431,10 +494,7 @@ def main(argv: list[str] | None = None) -> None:
                 runs.append(_launch(head, lr, seed, args, Path(tmp)))
                 print(f"{head:8s} lr {lr:g} seed {seed}: best {TASKS[task]['metric']} "
                       f"{_best(runs[-1]['curve'], task)['test_metric']:.4f} ({runs[-1]['fit_s']:.0f} s)", flush=True)
-    table = [_summary([r for r in runs if r["head"] == h], task) for h in heads]
-    print(f"metric: {TASKS[task]['metric']}")
-    print_table(table, ["head", "lr", "test_metric", "metric_min", "metric_max", "seconds_to_best", "epoch_of_best",
-                        "peak_rss_mb", "callback_share", "final_gap"])
+    table, goal = _report(task, heads, runs)
     if tuning:
         print_table(tuning, ["head", "lr", "held_out_metric"])
     name = f"heads_{args.task}{'_quick' if args.quick else ''}"
@@ -442,13 +502,9 @@ def main(argv: list[str] | None = None) -> None:
                "date": time.strftime("%Y-%m-%d"), "task": task, "metric": TASKS[task]["metric"],
                "higher_is_better": TASKS[task]["higher_is_better"], "lam": TASKS[task]["lam"], "epochs": args.epochs, "limit": args.limit, "seeds": seeds,
                "bcfw_passes": args.bcfw_passes, "bcfw_every": args.bcfw_every,
-               "lr_grid": grid if args.lr is None else [args.lr], "tuning": tuning, "table": table, "runs": runs}
-    if args.results is None:
-        write_json(f"{name}.json", payload)
-    else:
-        Path(args.results).mkdir(parents=True, exist_ok=True)
-        (Path(args.results) / f"{name}.json").write_text(json.dumps(payload, indent=1))
-    _plot(runs, task, Path(args.results or RESULTS) / f"{name}.png")
+               "lr_grid": grid if args.lr is None else [args.lr], "tuning": tuning, "table": table, "goal": goal,
+               "runs": runs}
+    _write(name, payload, runs, task, args.results)
 
 
 if __name__ == "__main__":

@@ -1,8 +1,8 @@
 """One rank of the Lightning DDP tests (tests/test_distributed_fit.py runs it with torchrun, 2 CPU processes, gloo):
 ``BCFWCallback`` under ``strategy="ddp"``.
 
-``python lightning_ddp_worker.py OUT_DIR STRATEGY``; ``STRATEGY``: the callback's ``strategy`` (``shard``, or ``auto``
-which picks ``replicate`` on this tiny problem).  Writes ``OUT_DIR/ddp_rank<r>.json`` with, for the uninterrupted run
+``python lightning_ddp_worker.py OUT_DIR STRATEGY``; ``STRATEGY``: the callback's ``strategy`` (``shard``,
+``split-oracle``, or ``auto`` which picks ``replicate`` on this tiny problem).  Writes ``OUT_DIR/ddp_rank<r>.json`` with, for the uninterrupted run
 (3 epochs) and for the run resumed from the checkpoint ``OUT_DIR/mid.ckpt`` written after 2 epochs: the head, the
 backbone, the last record, the logged gap, the strategy, the calibration counters, the gathered training features
 of the last solve, and for a sharded run every rank's dual state (the callback's ``shards``).
@@ -28,7 +28,9 @@ from torch_bcfw.lightning import BCFWCallback  # noqa: E402
 
 LAM = 0.05
 CALLBACKS = {"shard": {"lam": LAM, "passes_per_call": 25, "batch_size": 4, "seed": 5, "strategy": "shard"},
-             "auto": {"lam": LAM, "passes_per_call": 25, "seed": 5}}
+             "auto": {"lam": LAM, "passes_per_call": 25, "seed": 5},
+             "split-oracle": {"lam": LAM, "passes_per_call": 25, "batch_size": 3, "seed": 5,
+                              "strategy": "split-oracle"}}
 
 
 def trainer(root: Path, cb, epochs: int) -> pl.Trainer:

@@ -149,14 +149,15 @@ def test_torchrun_command_line_fit_and_resume(tmp_path):
     assert len(again[0].history) > len(first[0].history)
 
 
-@pytest.mark.parametrize("strategy", ["shard", "auto"])
+@pytest.mark.parametrize("strategy", ["shard", "auto", "split-oracle"])
 def test_lightning_ddp_callback_solves_one_head_over_all_ranks(strategy, tmp_path):
-    """``BCFWCallback`` under ``strategy="ddp"`` (2 CPU processes, gloo), sharded and with ``strategy="auto"`` (which
-    replicates this tiny problem): the same head on both ranks, the logged gap the exact certificate over all
+    """``BCFWCallback`` under ``strategy="ddp"`` (2 CPU processes, gloo), sharded, with ``strategy="auto"`` (which
+    replicates this tiny problem) and with the oracle calls split: the same head on both ranks, the logged gap the exact certificate over all
     examples, the single-process optimum within it, and an exact resume from a Lightning checkpoint (written by rank
     0).  Replicated: the features each rank computed for its batches are gathered in the order of one process, and
     the head is bit for bit the one a single process solves on them from the same state -- the checkpoint after 2
-    epochs resumed in ONE process with the final backbone gives the 2-process head of epoch 3."""
+    epochs resumed in ONE process with the final backbone gives the 2-process head of epoch 3 (split-oracle too: its
+    trajectory does not depend on the number of processes)."""
     pytest.importorskip("lightning", reason="the [lightning] extra is not installed")
     from conftest import brute_force_primal, random_multiclass_problem
     from lightning_ddp_worker import CALLBACKS
@@ -171,7 +172,7 @@ def test_lightning_ddp_callback_solves_one_head_over_all_ranks(strategy, tmp_pat
     assert runs[0].returncode == 0, runs[0].stdout[-4000:]
     r0, r1 = (json.loads((tmp_path / f"ddp_rank{r}.json").read_text()) for r in range(2))
     assert (r0["rank"], r1["rank"], r0["world_size"]) == (0, 1, 2)
-    expected = "shard" if strategy == "shard" else "replicate"
+    expected = "replicate" if strategy == "auto" else strategy
     for key in ("full", "resumed"):
         a, b = r0[key], r1[key]
         assert a["head"] == b["head"] and a["backbone"] == b["backbone"] and a["logged_gap"] == b["logged_gap"]

@@ -119,11 +119,12 @@ class ReplicaComm(LocalComm):
 
 
 class _PendingCorners(NamedTuple):
-    """A round's answers in flight: the all-gather's handle and buffers, and the labelings' shapes."""
+    """A round's answers in flight: the all-gather's handle and buffers, the labelings' shapes and their device."""
 
     handle: object
     out: list
     shapes: list
+    device: torch.device
 
 
 class SplitOracleComm(ReplicaComm):
@@ -155,7 +156,7 @@ class SplitOracleComm(ReplicaComm):
         out = [torch.empty_like(buf) for _ in range(p)]
         with collective("split-oracle all_gather", self.ctx):
             handle = dist.all_gather(out, buf.to(self.ctx.device), async_op=True)
-        return _PendingCorners(handle, out, shapes)
+        return _PendingCorners(handle, out, shapes, state.w.device)
 
     def finish_corners(self, pending: _PendingCorners) -> list[Tensor]:
         with collective("split-oracle all_gather", self.ctx):
@@ -163,7 +164,7 @@ class SplitOracleComm(ReplicaComm):
         p, shapes = self.ctx.world_size, pending.shapes
         answers = [None] * len(shapes)
         for k in range(p):  # rank k's answers, in the order of its positions
-            flat, at = pending.out[k].cpu(), 0
+            flat, at = pending.out[k].to(pending.device), 0
             for j in range(k, len(shapes), p):
                 c = math.prod(shapes[j])
                 answers[j] = flat[at:at + c].reshape(shapes[j])
@@ -180,8 +181,8 @@ def _step_seconds(model, data, lam: float, options) -> float:
 
 
 def _oracle_apply_seconds(model, data, lam: float, options) -> tuple[float, float, float]:
-    """Seconds per oracle call (``block_oracle``), and of the steps towards given answers (``corner_steps``, with the
-    ``block_data`` a split round reads) per block and per call, on a scratch state: ``m = CALIBRATION_ORACLES``
+    """Seconds per oracle call (``block_oracle``), and of the steps towards given answers (``corner_steps``) per block
+    and per call, on a scratch state: ``m = CALIBRATION_ORACLES``
     blocks decoded one by one, then rounds of one block and of the ``m`` (``t(m) = t_round + m t_apply``, the
     fastest of three of each), after one untimed round (it compiles or loads the kernels)."""
     alg = make_algorithm("bcfw", model, data, lam, dataclasses.replace(options, batch_size=1, progress=False))
@@ -194,8 +195,6 @@ def _oracle_apply_seconds(model, data, lam: float, options) -> tuple[float, floa
 
     def steps(k: int) -> float:
         t = time.perf_counter()
-        for i in range(k):
-            st.block_data(i)
         st.corner_steps(blocks[:k], ys[:k], alg.step_code)
         return time.perf_counter() - t
 
