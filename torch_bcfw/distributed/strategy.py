@@ -172,21 +172,24 @@ class SplitOracleComm(ReplicaComm):
         return answers
 
 
-def _step_seconds(model, data, lam: float, options) -> float:
-    """Seconds per block step of the single-process BCFW solve of ``(model, data, lam)`` with ``options`` (one-block
-    steps, the model's box constraints) on a scratch state: the second of two timed chunks (the first compiles or
-    loads the kernels)."""
-    alg = make_algorithm("bcfw", model, data, lam, dataclasses.replace(options, batch_size=1, progress=False))
-    return seconds_per_block(alg, min(len(data), CALIBRATION_STEPS))
+def _scratch(model, data, lam: float, options):
+    """A scratch single-process BCFW run of ``(model, data, lam)`` with ``options`` (one-block steps, the model's box
+    constraints), timed by the calibration and then dropped."""
+    return make_algorithm("bcfw", model, data, lam, dataclasses.replace(options, batch_size=1, progress=False))
 
 
-def _oracle_apply_seconds(model, data, lam: float, options) -> tuple[float, float, float]:
+def _step_seconds(alg) -> float:
+    """Seconds per block step of the scratch run ``alg``: the second of two timed chunks (the first compiles or loads
+    the kernels)."""
+    return seconds_per_block(alg, min(alg.n, CALIBRATION_STEPS))
+
+
+def _oracle_apply_seconds(alg) -> tuple[float, float, float]:
     """Seconds per oracle call (``block_oracle``), and of the steps towards given answers (``corner_steps``) per block
-    and per call, on a scratch state: ``m = CALIBRATION_ORACLES``
-    blocks decoded one by one, then rounds of one block and of the ``m`` (``t(m) = t_round + m t_apply``, the
-    fastest of three of each), after one untimed round (it compiles or loads the kernels)."""
-    alg = make_algorithm("bcfw", model, data, lam, dataclasses.replace(options, batch_size=1, progress=False))
-    st, m = alg.state, min(len(data), CALIBRATION_ORACLES)
+    and per call, on the scratch run ``alg``'s state: ``m = CALIBRATION_ORACLES`` blocks decoded one by one, then
+    rounds of one block and of the ``m`` (``t(m) = t_round + m t_apply``, the fastest of three of each), after one
+    untimed round (it compiles or loads the kernels)."""
+    st, m = alg.state, min(alg.n, CALIBRATION_ORACLES)
     blocks = np.arange(m, dtype=np.int64)
     st.block_oracle(0)  # warm-up
     t0 = time.perf_counter()
@@ -229,8 +232,9 @@ def split_pass_seconds(n: int, p: int, r: int, t_oracle: float, t_apply: float, 
 
 def choose_strategy(model, data, lam: float, options, ctx: DistributedContext) -> Calibration:
     """Measure and predict (see the module's docstring); every rank of ``ctx`` calls it and gets rank 0's answer."""
-    t_step = _step_seconds(model, data, lam, options)
-    t_oracle, t_apply, t_round = _oracle_apply_seconds(model, data, lam, options)
+    alg = _scratch(model, data, lam, options)  # one scratch run for both: the data's kernel inputs built once
+    t_step = _step_seconds(alg)
+    t_oracle, t_apply, t_round = _oracle_apply_seconds(alg)
     t_ar = _collective_seconds(all_reduce_sum, torch.zeros(model.n_features + 2, dtype=torch.float64), ctx)
     label = torch.zeros(max(1, data[:1].y.numel()), dtype=torch.long)
     t_gather = _collective_seconds(lambda buf, c: all_gather_parts(buf, [buf.numel()] * c.world_size, c), label, ctx)
