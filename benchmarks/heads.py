@@ -422,7 +422,8 @@ def _write(name: str, payload: dict, runs: list[dict], task: str, results: str |
     else:
         Path(results).mkdir(parents=True, exist_ok=True)
         (Path(results) / f"{name}.json").write_text(json.dumps(payload, indent=1))
-    _plot(runs, task, Path(results or RESULTS) / f"{name}.png")
+    if runs:
+        _plot(runs, task, Path(results or RESULTS) / f"{name}.png")
 
 
 def combine(files: list[Path], task: str, name: str, results: str | None, argv) -> None:
@@ -446,6 +447,22 @@ def combine(files: list[Path], task: str, name: str, results: str | None, argv) 
     _write(name, payload, runs, task, results)
 
 
+def _write_tuning(task: str, tuning: list[dict], grid: list[float], args, argv) -> None:
+    """``--tune-only``: the held-out metric of every (head, rate) and each head's chosen rate, as JSON."""
+    sign = -1.0 if TASKS[task]["higher_is_better"] else 1.0
+    chosen = {}
+    for row in tuning:
+        best = chosen.get(row["head"])
+        if best is None or sign * row["held_out_metric"] < sign * best["held_out_metric"]:
+            chosen[row["head"]] = row
+    payload = {"command": "python benchmarks/heads.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+               "date": time.strftime("%Y-%m-%d"), "task": task, "metric": "held-out " + TASKS[task]["metric"].replace("test ", ""),
+               "epochs": args.epochs, "limit": args.limit, "lr_grid": grid, "tuning": tuning,
+               "chosen_lr": {h: r["lr"] for h, r in chosen.items()}}
+    print("chosen:", payload["chosen_lr"])
+    _write(args.name or f"heads_{task}_tuning", payload, [], task, args.results)
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--task", choices=tuple(TASKS), default="ocr")
@@ -462,6 +479,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--combine", nargs="+", type=Path, default=None, metavar="JSON",
                     help="no runs: the table and plot of the runs in these result files (e.g. seeds run apart)")
     ap.add_argument("--name", default=None, help="with --combine: the name of the JSON and PNG written")
+    ap.add_argument("--tune-only", action="store_true",
+                    help="only the learning-rate grid on held-out training data: the table and the chosen rates")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--head", help=argparse.SUPPRESS)
     ap.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
@@ -490,13 +509,15 @@ def main(argv: list[str] | None = None) -> None:
                            for t in tried]
                 sign = -1.0 if TASKS[task]["higher_is_better"] else 1.0  # the best held-out metric wins
                 lr = min(tried, key=lambda t: sign * _best(t["curve"], task)["test_metric"])["lr"]
-            for seed in seeds:
+            for seed in ([] if args.tune_only else seeds):
                 runs.append(_launch(head, lr, seed, args, Path(tmp)))
                 print(f"{head:8s} lr {lr:g} seed {seed}: best {TASKS[task]['metric']} "
                       f"{_best(runs[-1]['curve'], task)['test_metric']:.4f} ({runs[-1]['fit_s']:.0f} s)", flush=True)
-    table, goal = _report(task, heads, runs)
     if tuning:
         print_table(tuning, ["head", "lr", "held_out_metric"])
+    if args.tune_only:
+        return _write_tuning(task, tuning, grid, args, argv)
+    table, goal = _report(task, heads, runs)
     name = f"heads_{args.task}{'_quick' if args.quick else ''}"
     payload = {"command": "python benchmarks/heads.py " + " ".join(argv if argv is not None else sys.argv[1:]),
                "date": time.strftime("%Y-%m-%d"), "task": task, "metric": TASKS[task]["metric"],
