@@ -265,7 +265,7 @@ def worker(args) -> None:
 
     from torch_bcfw.datasets.ocr import load_ocr
     from torch_bcfw.lightning import BCFWCallback
-    from torch_bcfw.tasks.ocr import OCRWordsDataModule, _Words
+    from torch_bcfw.tasks.ocr import OCRWordsDataModule, _words
 
     from torch_bcfw.tasks.conll import ConllChunkingDataModule
 
@@ -279,7 +279,7 @@ def worker(args) -> None:
             words = load_ocr(str(DATA / "ocr"))
             data.train_data, data.test_data = (words.subset(_first(mask, args.limit))
                                                for mask in ((words.folds != 0) & (words.folds != 1), words.folds == 1))
-            data.train, data.test = _Words(data.train_data), _Words(data.test_data)
+            data.train, data.test = _words(data.train_data), _words(data.test_data)
         metric = _letter_error
     else:  # tuning: the last 1000 training sentences (a tenth of them with --limit) held out, the test split unseen
         holdout = (max(1, args.limit // 10) if args.limit else 1000) if args.tune else 0

@@ -10,11 +10,8 @@ Entry points: :func:`fit`, the models in :mod:`torch_bcfw.models`, the data cont
 """
 import os as _os
 
-# numba's parallel loops (batched Viterbi) and torch's intra-op threads share one OpenMP runtime; with
-# its default busy-waiting, every switch between a numba parallel region and a torch op spins for
-# milliseconds (a 10x slower exact gap pass on OCR, 100x on tiny problems).  Passive waiting removes
-# that; it only takes effect when torch_bcfw is imported before torch (set OMP_WAIT_POLICY yourself to
-# choose otherwise).
+# numba's parallel loops and torch's intra-op threads share one OpenMP runtime, whose default busy-waiting spins
+# for milliseconds at every switch (a 10x slower gap pass on OCR); effective only when imported before torch.
 _os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from . import kernel_cache as _kernel_cache  # noqa: E402 - before any kernel is defined

@@ -1,16 +1,11 @@
 """Periodic checkpoints of a run (:func:`torch_bcfw.fit` with ``checkpoint=``, ``torch-bcfw fit --checkpoint-every``).
 
-A checkpoint is a saved :class:`~torch_bcfw.fit.FitResult` of the run so far: the weights and certificate
-of its last exact check, and the solver's whole state (dual blocks, sampler, counters), written atomically
-(:func:`~torch_bcfw.serialization.atomic_save`), so that a kill at any moment leaves the previous complete
-checkpoint or a newer complete one.  ``fit(..., init=FitResult.load(path))`` continues the run exactly; a
-kill loses at most one checkpoint interval.
+A checkpoint is a :class:`~torch_bcfw.fit.FitResult` of the run so far (weights and certificate of its last
+check, the whole solver state), saved atomically; ``fit(..., init=FitResult.load(path))`` continues it exactly.
 
-A run sharded over processes saves one *set*: every rank writes its shard tagged with the run's block iterations
-(``run.rank0-of-2.w1200.pt``, :func:`shard_path`), all ranks wait for each other, rank 0 names the complete set in
-``run.shards.json`` (:func:`save_sharded`), and only then does each rank remove its older files.  A kill at any
-moment (one rank, all of them, during any save) leaves the set the manifest names complete;
-:func:`newest_sharded` finds this rank's member of the newest complete set (``FitResult.load_sharded``).
+A sharded run saves one *set*: every rank writes its shard (:func:`shard_path`), rank 0 then commits the set in a
+manifest (:func:`save_sharded`), and only then are older files removed, so a kill at any moment leaves the
+manifest's set complete (:func:`newest_sharded`).
 """
 from __future__ import annotations
 
@@ -100,6 +95,7 @@ class Checkpoint:
             self._last_passes, self._last_time = passes, now
         return bool(flag)
 
+
 def shard_path(path, rank: int, world_size: int, work: int) -> Path:
     """Rank ``rank``'s member of the set a sharded run saved at ``path`` after ``work`` block iterations:
     ``run.pt`` -> ``run.rank0-of-2.w1200.pt``."""
@@ -118,9 +114,9 @@ MANIFEST_FORMAT = "torch_bcfw.shards/1"
 
 
 def save_sharded(result, path, ctx) -> None:
-    """Save this rank's ``result`` (a ``FitResult``) as its member of the set at ``result.counters["work"]``, commit
-    the set once every rank's member is written (rank 0 writes the manifest), then remove this rank's older members.
-    Every rank of ``ctx`` (a :class:`~torch_bcfw.distributed.DistributedContext`) calls it at the same point."""
+    """Save this rank's ``result`` as its member of the set at ``result.counters["work"]``, commit the set once every
+    member is written (rank 0 writes the manifest), then remove this rank's older members.  Every rank of ``ctx``
+    calls it at the same point."""
     from .distributed import DistributedError, all_gather_int64
 
     work = int(result.counters.get("work", 0))
@@ -174,9 +170,8 @@ def _read_manifest(path, world_size: int) -> int | None:
 
 
 def newest_sharded(paths, ctx) -> Path | None:
-    """This rank's member of the newest complete set among the sharded saves at ``paths`` (``None``: no committed
-    set).  Rank 0 reads the manifests and tells the others (their files may be on other machines); a member that is
-    missing on any rank raises ``FileNotFoundError`` on every rank."""
+    """This rank's member of the newest complete set among the sharded saves at ``paths`` (``None``: none committed);
+    rank 0 reads the manifests, and a member missing on any rank raises ``FileNotFoundError`` on every rank."""
     from .distributed import all_gather_int64, broadcast_from_rank0
 
     choice = [-1, -1]

@@ -1,9 +1,5 @@
-"""The checks of arguments that every layer shares: nothing is coerced, a bad value raises a clear error.
-
-``lam`` and box bounds (the problem), the number of examples of a sharded problem, and the strict checks of the data
-containers and models: integers and bools that are truly that (``n_features=2.5`` or ``bias="no"`` raise instead of
-becoming 2 or True), finite, real, detached feature tensors, integer index tensors.  The lowest module of the package:
-it imports nothing of it.
+"""The checks of arguments that every layer shares: nothing is coerced (``n_features=2.5`` or ``bias="no"`` raise),
+a bad value raises a clear error.  The lowest module of the package: it imports nothing of it.
 """
 from __future__ import annotations
 
@@ -15,13 +11,12 @@ import torch
 from torch import Tensor
 
 __all__ = ["check_lam", "check_n_total", "check_bounds", "check_finite", "check_int", "check_bool", "check_not_meta",
-           "check_input_tensor", "check_index_tensor", "saved_tensor", "saved_int", "saved_float"]
+           "check_input_tensor", "check_index_tensor", "check_offsets", "check_known", "saved_tensor", "saved_int", "saved_float"]
 
 
 def check_lam(lam: float) -> float:
-    """``lam`` as a Python float: a real number (int, float, numpy scalar or 0-d real tensor) that is finite and
-    ``> 0``.  ``TypeError`` for a bool, a string, a complex number or any other type (nothing is coerced);
-    ``ValueError`` for NaN, an infinity or ``lam <= 0``."""
+    """``lam`` as a Python float: a finite real number ``> 0`` (int, float, numpy scalar or 0-d real tensor).
+    ``TypeError`` for any other type (bool, str, complex...), ``ValueError`` for NaN, an infinity or ``lam <= 0``."""
     v = lam
     if isinstance(v, torch.Tensor) and v.ndim == 0 and v.dtype != torch.bool and not v.dtype.is_complex:
         v = v.item()
@@ -37,9 +32,7 @@ def check_lam(lam: float) -> float:
 
 def check_n_total(n_total, n: int) -> int:
     """The problem's number of examples: ``n`` (the state's own blocks) when ``n_total`` is ``None``, else
-    ``n_total`` as an int ``>= n`` (a state holding one shard of a sharded problem scales its blocks by the
-    problem's ``1 / (lam n_total)`` and ``L_i / n_total``).  ``TypeError`` for a non-integer, ``ValueError`` for
-    ``n_total < n``."""
+    ``n_total`` as an int ``>= n`` (a shard of a sharded problem).  ``TypeError`` for a non-integer."""
     if n_total is None:
         return int(n)
     if isinstance(n_total, (bool, np.bool_)) or not isinstance(n_total, numbers.Integral):
@@ -83,11 +76,8 @@ def check_finite(x: Tensor, name: str) -> None:
 
 
 def check_int(value, name: str, minimum: int | None = None) -> int:
-    """``value`` as a Python ``int``: an ``int`` or a numpy / 0-d torch integer.
-
-    Raises ``TypeError`` for anything else -- a bool, a float (even an integral one such as ``3.0``), a string --
-    and ``ValueError`` when ``value < minimum``.
-    """
+    """``value`` as a Python ``int``: an ``int`` or a numpy / 0-d torch integer.  ``TypeError`` for anything else
+    (a bool, a float even like ``3.0``, a string), ``ValueError`` when ``value < minimum``."""
     if isinstance(value, (bool, np.bool_)) or (isinstance(value, Tensor) and value.dtype == torch.bool):
         raise TypeError(f"{name} must be an integer, got {value!r} (bool)")
     if isinstance(value, Tensor) and (value.is_floating_point() or value.is_complex()):
@@ -117,9 +107,8 @@ def check_not_meta(t, name: str) -> None:
 
 
 def check_input_tensor(t: Tensor, name: str) -> None:
-    """The checks every feature tensor of a data container passes: not on the ``meta`` device, real (a complex
-    tensor would lose its imaginary part in the float64 conversion), and not requiring grad (the solvers work on
-    fixed features: a backbone's output must be detached, ``x.detach()``, before the head is solved on it)."""
+    """The checks every feature tensor of a data container passes: not on the ``meta`` device, real, and not
+    requiring grad (the head is solved on fixed features: a backbone's output must be detached)."""
     check_not_meta(t, name)
     if t.is_complex():
         raise ValueError(f"{name} must be real, got a complex tensor ({t.dtype}); pass its real part (x.real) or "
@@ -130,11 +119,8 @@ def check_input_tensor(t: Tensor, name: str) -> None:
 
 
 def check_index_tensor(t, name: str, device=None) -> Tensor:
-    """An integer index tensor (offsets, lengths, edges, example indices) as ``LongTensor``.
-
-    Lists / arrays of ints are accepted; a floating-point (even integer-valued), complex or bool tensor raises
-    ``ValueError`` instead of being truncated, as does one on the ``meta`` device.
-    """
+    """An integer index tensor (offsets, lengths, edges, example indices; lists / arrays of ints too) as
+    ``LongTensor``; a floating-point (even integer-valued), complex, bool or ``meta`` tensor raises ``ValueError``."""
     check_not_meta(t, name)
     out = torch.as_tensor(t) if device is None else torch.as_tensor(t, device=device)
     if out.is_floating_point() or out.is_complex() or out.dtype == torch.bool:
@@ -145,6 +131,23 @@ def check_index_tensor(t, name: str, device=None) -> Tensor:
     return out.long()
 
 
+def check_offsets(offsets: Tensor, total: int, name: str, total_name: str | None, unit: str, empty_ok: bool = False,
+                  min_len: int = 2) -> None:
+    """``ValueError`` unless the ``offsets`` of a packed array are 1-D with ``>= min_len`` entries, run from 0 to
+    ``total`` (named ``total_name`` in the message, if given) and are strictly increasing (every ``unit``
+    non-empty) or, with ``empty_ok``, non-decreasing."""
+    if offsets.dim() != 1 or offsets.numel() < min_len:
+        raise ValueError(f"{name} must be 1-D with n + 1 >= {min_len} entries (n {unit}s), got shape "
+                         f"{tuple(offsets.shape)}")
+    if int(offsets[0]) != 0 or int(offsets[-1]) != total:
+        end = total if total_name is None else f"{total_name} = {total}"
+        raise ValueError(f"{name} must start at 0 and end at {end}, "
+                         f"got {int(offsets[0])} .. {int(offsets[-1])}")
+    if bool((offsets.diff() < (0 if empty_ok else 1)).any()):
+        raise ValueError(f"{name} must be non-decreasing" if empty_ok
+                         else f"{name} must be strictly increasing (every {unit} must have length >= 1)")
+
+
 # ----------------------------------------------------------------------------- values read from a file
 # A saved state reaches compiled kernels that index with its arrays: every value is checked (type, dtype, shape,
 # finiteness, range) before use, and a bad one raises ``ValueError`` naming the field and the rule.
@@ -153,10 +156,9 @@ _KINDS = {"float": "a floating or integer tensor", "int": "an integer tensor", "
 
 def saved_tensor(value, name: str, shape: tuple, kind: str = "float", finite: bool = True, lo=None,
                  hi=None) -> Tensor:
-    """The tensor ``value`` read from a file, checked: a ``torch.Tensor`` of ``kind`` (``"float"``: floating or
-    integer, returned as float64; ``"int"``: integer, returned as int64; ``"bool"``) with the ``shape`` given
-    (``None`` entries: any size), finite (``finite``, float only) and within ``[lo, hi]`` (``None``: unbounded; ``inf``
-    entries allowed there when not ``finite``).  Returns a CPU tensor that shares nothing with ``value``."""
+    """The tensor ``value`` read from a file, checked, as a CPU copy: of ``kind`` (``"float"``: floating or integer,
+    returned as float64; ``"int"``: returned as int64; ``"bool"``), of ``shape`` (``None`` entries: any size), finite
+    (``finite``, float only) and within ``[lo, hi]`` (``None``: unbounded)."""
     if not isinstance(value, Tensor):
         raise ValueError(f"{name} must be a tensor, got {type(value).__name__}")
     if value.layout != torch.strided or value.is_complex() or value.device.type == "meta":
@@ -209,3 +211,10 @@ def saved_float(value, name: str, finite: bool = True, lo: float | None = None, 
     if (lo is not None and v < lo) or (hi is not None and v > hi):
         raise ValueError(f"{name} must lie in [{lo}, {hi}], got {v}")
     return v
+
+
+def check_known(given, allowed, what: str) -> None:
+    """``ValueError`` naming the entries of ``given`` (a config section's keys) that are not in ``allowed``."""
+    unknown = sorted(set(given) - set(allowed))
+    if unknown:
+        raise ValueError(f"unknown {what}(s) {unknown}; expected {list(allowed)}")

@@ -1,8 +1,5 @@
-"""Command line: ``torch-bcfw fit --config configs/ocr.yaml``, ``torch-bcfw evaluate``,
-``torch-bcfw compare --config configs/ocr_variants.yaml`` (several solvers x seeds, see
-:mod:`torch_bcfw.compare`), ``torch-bcfw path --config configs/ocr_path.yaml`` (the regularization path with
-model selection, see :mod:`torch_bcfw.solvers.path`) and ``torch-bcfw train --config configs/ocr_cnn.yaml`` (a Lightning
-experiment, see :mod:`torch_bcfw.lightning.cli`; needs the ``lightning`` extra).
+"""Command line: ``torch-bcfw fit``, ``evaluate``, ``export``, ``compare`` (:mod:`torch_bcfw.compare`), ``path``
+(:mod:`torch_bcfw.solvers.path`) and ``train`` (Lightning, :mod:`torch_bcfw.lightning.cli`).
 
 A config is a YAML file::
 
@@ -12,10 +9,8 @@ A config is a YAML file::
     options: {max_passes: 100, gap_check: 10, gap_tol: 0.01}
     output: runs/ocr
 
-Any entry can be overridden with ``--set key.sub=value`` (the value is parsed as YAML).
-``fit`` shows a progress bar, prints a final table and writes ``model.pt`` (the model: weights, history and
-certificate, without the dual state), ``checkpoint.pt`` (the full state, what ``--resume`` continues),
-``history.csv``, ``history.json`` and ``gap.png`` to the output folder.
+Any entry can be overridden with ``--set key.sub=value`` (parsed as YAML).  ``fit`` writes ``model.pt`` (without
+the dual state), ``checkpoint.pt`` (what ``--resume`` continues), ``history.csv``, ``history.json`` and ``gap.png``.
 """
 from __future__ import annotations
 
@@ -29,6 +24,8 @@ import tempfile
 from pathlib import Path
 
 import yaml
+
+from .checks import check_known
 
 __all__ = ["main", "load_config"]
 
@@ -46,8 +43,7 @@ def _set(cfg: dict, dotted: str, value) -> None:
 
 
 class _ConfigLoader(yaml.SafeLoader):
-    """YAML's safe loader with YAML 1.2's floats: ``1e-3`` and ``5E4`` are numbers (YAML 1.1, PyYAML's rule, wants a
-    dot and a signed exponent and reads them as strings)."""
+    """YAML's safe loader with YAML 1.2's floats: ``1e-3`` and ``5E4`` are numbers (PyYAML reads them as strings)."""
 
 
 _ConfigLoader.yaml_implicit_resolvers = {k: list(v) for k, v in yaml.SafeLoader.yaml_implicit_resolvers.items()}
@@ -59,8 +55,7 @@ _ConfigLoader.add_implicit_resolver(
 
 
 def _parse_yaml(text: str, where: str):
-    """Parse a config (safe YAML with YAML 1.2 floats) with a one-line error naming ``where`` and the line and
-    column."""
+    """Parse a config with a one-line error naming ``where``, the line and the column."""
     try:
         return yaml.load(text, Loader=_ConfigLoader)  # noqa: S506 - a SafeLoader subclass
     except RecursionError:
@@ -95,10 +90,9 @@ DATA_PATH_KEYS = ("path", "cache_dir")
 
 
 def resolve_data_paths(cfg: dict, config_file: Path) -> None:
-    """Resolve the relative paths of ``cfg["data"]`` (in place): relative to the working directory where they exist,
-    else relative to the folder of ``config_file`` where they exist there (written back as that absolute path, so
-    that the ``config.yaml`` a fit saves works from anywhere).  A ``data.path`` found in neither place (and not to be
-    downloaded) raises ``FileNotFoundError`` naming both places."""
+    """Resolve the relative paths of ``cfg["data"]`` in place: kept where they exist from the working directory,
+    else made absolute where they exist beside ``config_file``; a ``data.path`` found in neither place (and not to
+    be downloaded) raises ``FileNotFoundError``."""
     data = cfg.get("data")
     if not isinstance(data, dict):
         return
@@ -156,9 +150,7 @@ def _fit_settings(cfg: dict) -> tuple[float, str, dict]:
     from .checks import check_lam
     from .solvers.options import SOLVERS, SolverOptions
 
-    unknown = sorted(set(cfg) - set(_FIT_SECTIONS))
-    if unknown:
-        raise ValueError(f"unknown config section(s) {unknown}; expected {list(_FIT_SECTIONS)}")
+    check_known(cfg, _FIT_SECTIONS, "config section")
     if "lam" not in cfg:
         raise ValueError("the config needs a 'lam' entry (regularisation, > 0)")
     if not isinstance(cfg.get("data"), dict):
@@ -185,8 +177,8 @@ def _torchrun_context(device):
 
 
 def _resume_source(folder: Path, ctx=None) -> Path:
-    """The newest complete state of the run in ``folder``: its checkpoint (written during the run and at its end;
-    ``model.pt`` holds no state); in a sharded run this rank's member of the newest committed set."""
+    """The newest complete state of the run in ``folder``: its checkpoint, or in a sharded run this rank's member of
+    the newest committed set."""
     if ctx is not None:  # a sharded run's committed set first
         from .checkpoint import newest_sharded
 
@@ -232,9 +224,8 @@ def _resumed_options(options: dict, init, n: int) -> dict | None:
 
 def _fit_table(result, n_train: int, out: Path, data_cfg: dict | None = None, test=None,
                compile_time: float | None = None) -> str:
-    """The final table of ``fit``.  With the config's ``data_cfg`` and the ``test`` data, the dataset's own metrics
-    (chunk F1, IoU: :func:`torch_bcfw.datasets.task_metrics.task_metrics`) follow the test error (the task loss);
-    ``compile_time``: seconds of one-off numba compilation measured apart from the solve (shown when > 0)."""
+    """The final table of ``fit``, with the dataset's own metrics on ``test`` (``task_metrics`` of ``data_cfg``)
+    and ``compile_time`` (seconds of numba compilation, shown when > 0)."""
     from .datasets.task_metrics import task_metrics
 
     s = result.summary()
@@ -263,8 +254,7 @@ def _fit_table(result, n_train: int, out: Path, data_cfg: dict | None = None, te
 
 
 class _TerminateAsInterrupt:
-    """While active, SIGTERM raises ``KeyboardInterrupt`` (handled like Ctrl-C: the run stops, is certified and
-    saved); ``received`` names the signal that stopped the run."""
+    """While active, SIGTERM raises ``KeyboardInterrupt`` like Ctrl-C; ``received`` names the signal received."""
 
     def __enter__(self):
         self.received = None
@@ -335,12 +325,10 @@ def cmd_fit(args) -> int:
         atomic_write_text(out / "config.yaml", yaml.safe_dump(cfg, sort_keys=False))
     options.setdefault("progress", not args.quiet)
     ckpt = Checkpoint(out / "checkpoint.pt", **interval) if interval else None
-    # compile (first run) or load the numba kernels before the solve, so that its clock measures the solve alone
     compiled = precompile(model, train, lam, solver, test_data=test,
                           announce=None if args.quiet or not main else print_notice, **options)
     with _TerminateAsInterrupt() as signals:
         result = fit(model, train, lam, solver, test_data=test, init=init, checkpoint=ckpt, **options)
-    # the final state goes to the checkpoint (what --resume continues), the model file holds what prediction needs
     if ctx is not None and result.options.strategy == "shard":  # every rank's shard in one committed set
         from .checkpoint import save_sharded
 
@@ -414,33 +402,24 @@ def cmd_compare(args) -> int:
 
 
 def cmd_path(args) -> int:
-    """The eps-approximate regularization path (and optionally the grid searches) of a config's data; model
-    selection on the validation set; JSON + PNG."""
+    """The eps-approximate regularization path (and optional grid searches) with model selection; JSON + PNG."""
     from .datasets.registry import load_problem_with_validation
     from .solvers.certificate import task_loss
     from .solvers.path import grid_search, plot_sweep, regularization_path
 
     cfg = load_config(args.config, args.set)
-    known = {"data", "path", "grid", "options", "output"}
-    unknown = sorted(set(cfg) - known)
-    if unknown:
-        raise ValueError(f"unknown config section(s) {unknown}; expected {sorted(known)}")
+    check_known(cfg, ("data", "grid", "options", "output", "path"), "config section")
     pcfg = dict(cfg.get("path") or {})
-    bad = sorted(set(pcfg) - {"eps", "kappa", "lam_min", "time_budget", "max_breakpoints"})
-    if bad:
-        raise ValueError(f"unknown path option(s) {bad}; expected eps, kappa, lam_min, time_budget, max_breakpoints")
+    check_known(pcfg, ("eps", "kappa", "lam_min", "time_budget", "max_breakpoints"), "path option")
     gcfg = dict(cfg.get("grid") or {})
-    bad = sorted(set(gcfg) - {"warm", "cold", "lams", "time_budget"})
-    if bad:
-        raise ValueError(f"unknown grid option(s) {bad}; expected warm, cold, lams, time_budget")
+    check_known(gcfg, ("warm", "cold", "lams", "time_budget"), "grid option")
     model, train, val, test = load_problem_with_validation(cfg.get("data", {}))
     if val is None:
         print("torch-bcfw: note: no data.validation entry: lambda is selected on the training loss", file=sys.stderr)
     options = dict(cfg.get("options") or {})
     eps = float(pcfg.get("eps", 0.1))
     log = not args.quiet
-    # Ctrl-C: a sweep keeps its finished points (stopped_by "interrupted"); no further sweep starts; what was
-    # finished is written and the command exits with 130
+    # Ctrl-C: a sweep keeps its finished points, no further sweep starts, exit code 130
     try:
         path = regularization_path(model, train, eps=eps, kappa=float(pcfg.get("kappa", 0.9)),
                                    lam_min=float(pcfg.get("lam_min", 1e-5)), val_data=val,
@@ -637,8 +616,7 @@ def main(argv=None) -> int:
         import torch.distributed as dist
 
         if dist.is_available() and dist.is_initialized():
-            # the group is broken: tearing it down at exit can abort the process (SIGABRT from gloo's threads);
-            # what the run saved is on disk already
+            # tearing the broken group down at exit can abort the process (SIGABRT from gloo's threads)
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(1)

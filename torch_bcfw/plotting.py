@@ -48,17 +48,12 @@ def _points(hist, key):
 
 def plot_histories(histories: dict, path, title: str | None = None, gap_tol: float | None = None,
                    compile_time: float | None = None) -> Path:
-    """Plot ``{label: history}`` (lists of history dicts, the form files hold: ``CheckRecord.to_dict``) to ``path``
-    (PNG).
+    """Plot ``{label: history}`` (lists of ``CheckRecord.to_dict`` dicts) to ``path`` (PNG).
 
-    Left panel: duality gap against effective passes; right: against solver time (seconds).  For each history the
-    thick line is the **certified gap** (``gap``: the primal of the selected iterate minus the best dual value
-    seen), the figure ``FitResult.gap`` and ``torch-bcfw fit`` report, with its last value written beside its last
-    point; the thin dashed and dotted lines are the iterates' own gaps (last iterate ``gap_last``, averaged iterate
-    ``gap_avg``), drawn when recorded.  ``gap_tol`` (when given) is a horizontal line.  ``compile_time`` (seconds of
-    one-off numba compilation, when it was measured apart from the solve, see :func:`torch_bcfw.compilation.precompile`)
-    is noted on the time panel, which shows the solve alone.  A gap of exactly 0 cannot be drawn on the log scale:
-    it is written as text instead.
+    Duality gap against effective passes (left) and solver time (right): a thick line for the **certified gap**
+    (``gap``, its last value written beside it), thin dashed / dotted ones for ``gap_last`` / ``gap_avg``, a
+    horizontal line at ``gap_tol``; ``compile_time`` (numba compilation seconds, outside the solve) is noted on the
+    time panel.  A gap of exactly 0 is written as text (no log scale for it).
     """
     return save_figure(histories_figure(histories, title, gap_tol, compile_time), path)
 

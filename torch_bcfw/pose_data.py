@@ -1,10 +1,9 @@
 """Pose examples on a ``G x G`` grid: the data container of :class:`~torch_bcfw.models.PoseTree`.
 
-One example is an image with ``J`` joints: ``K`` unary features per joint and grid cell (e.g. a CNN's heatmap
-scores), the true cell of every joint, which joints the loss counts, the torso size that scales the loss and,
-for a tree with mixture types, the true type of every edge and optional image-dependent type features.  The
-labels are packed one block per image (``J`` flat cells ``y * G + x``, then the ``E`` edge types), as the dual
-states expect; :attr:`PoseData.positions` gives the ``[n, J, 2]`` view.
+One example is an image with ``J`` joints: ``K`` unary features per joint and grid cell, the true cells, the
+joints the loss counts, the torso size that scales the loss and, for mixture types, the true edge types and
+optional type features.  Labels are packed one block per image (``J`` flat cells ``y * G + x``, then ``E`` edge
+types); :attr:`PoseData.positions` gives the ``[n, J, 2]`` view.
 """
 from __future__ import annotations
 
@@ -13,7 +12,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from .checks import check_input_tensor, check_not_meta
+from .checks import check_finite, check_input_tensor, check_not_meta
 from .data import _as_index, check_cat_parts
 
 __all__ = ["PoseData", "flat_to_positions"]
@@ -25,28 +24,24 @@ class PoseData:
     Args:
         unary: float ``[n, J, K, G, G]``: ``K`` features per joint and cell (``[n, J, G, G]`` is taken as
             ``K = 1``), finite.
-        positions: true cells, integer ``[n, J, 2]`` in ``(y, x)`` order, each in ``[0, G)`` (every joint,
-            invisible ones imputed: :func:`~torch_bcfw.models.pose.impute_positions`), or ``None`` (unlabelled data: decoding only).
+        positions: true cells, integer ``[n, J, 2]`` in ``(y, x)`` order, each in ``[0, G)`` (invisible joints
+            imputed: :func:`~torch_bcfw.models.pose.impute_positions`), or ``None`` (unlabelled data).
         visible: bool ``[n, J]``: the joints the loss counts (default: all).
         torso: ``[n]`` torso size ``s_i`` in grid units, finite and ``> 0`` (default: ``G``).
-        types: true mixture type of every tree edge, integer ``[n, E]`` (for a :class:`~torch_bcfw.models.PoseTree`
-            with ``n_types > 1``: :meth:`~torch_bcfw.models.PoseTree.nearest_types` of the true cells), or ``None`` (a model with one
-            type per edge, or unlabelled data).
-        type_unary: optional image-dependent type features, float ``[n, E, K, 2, G, G]``: for edge ``e`` in type
-            ``k``, a feature at the child's cell (side 0) and at the parent's cell (side 1) -- e.g. a CNN's
-            ``log p(t_e = k | image around the cell)`` (Chen & Yuille 2014); used by a
-            :class:`~torch_bcfw.models.PoseTree` with ``type_features=True``, finite.
+        types: true mixture type of every tree edge, integer ``[n, E]`` (e.g.
+            :meth:`~torch_bcfw.models.PoseTree.nearest_types`), or ``None`` (one type per edge, or unlabelled).
+        type_unary: optional image-dependent type features, finite float ``[n, E, K, 2, G, G]``: for edge ``e`` in
+            type ``k``, a feature at the child's cell (side 0) and the parent's (side 1), e.g. a CNN's
+            ``log p(t_e = k | image)`` (Chen & Yuille 2014), for ``PoseTree(type_features=True)``.
         check: validate (default; subsets of a valid set skip it).
 
     Attributes:
         unary, visible, torso, types, type_unary: as given (``visible`` / ``torso`` filled in when omitted).
-        y: ``LongTensor[n * (J + E)]`` packed labelings: per image the ``J`` flat cells ``y * G + x``, then the
-            ``E`` edge types when ``types`` is given (``None`` without positions).
-        offsets: ``LongTensor[n + 1]`` ``= arange(n + 1) * n_labels`` (the per-image blocks of ``y``).
+        y: ``LongTensor[n * (J + E)]`` packed labelings (see the module docstring; ``None`` without positions).
+        offsets: ``LongTensor[n + 1]`` ``= arange(n + 1) * n_labels``.
 
     Raises:
-        ValueError: wrong shapes or dtypes, NaN / infinite values, cells outside the grid, a torso size
-            that is not finite and positive.
+        ValueError: wrong shapes or dtypes, NaN / infinite values, cells outside the grid, a bad torso size.
     """
 
     def __init__(self, unary: Tensor, positions: Tensor | None = None, visible: Tensor | None = None,
@@ -90,7 +85,6 @@ class PoseData:
         if check:
             _check_visible_torso(self.visible, self.torso, n, J)
 
-    # ------------------------------------------------------------------ sizes
     def __len__(self) -> int:
         return self.unary.shape[0]
 
@@ -120,7 +114,6 @@ class PoseData:
         return (f"PoseData(n={len(self)}, joints={self.n_joints}, K={self.n_unary}, grid={self.grid_size}, "
                 f"labelled={self.y is not None}, typed={self.types is not None}, device={self.device})")
 
-    # ------------------------------------------------------------------ labels
     @property
     def positions(self) -> Tensor | None:
         """True cells ``LongTensor[n, J, 2]`` in ``(y, x)`` order (``None`` if unlabelled)."""
@@ -129,7 +122,6 @@ class PoseData:
         return flat_to_positions(self.y.view(len(self), -1)[:, : self.n_joints], len(self), self.n_joints,
                                  self.grid_size)
 
-    # ------------------------------------------------------------------ selection, devices
     def __getitem__(self, idx) -> "PoseData":
         """The examples ``idx`` (int, slice, list or ``LongTensor``; repeats allowed), in that order."""
         i = _as_index(idx, len(self)).to(self.device)
@@ -186,8 +178,7 @@ def _check_unary(unary: Tensor) -> None:
         raise ValueError(f"the grid must be square (G x G), got {gy} x {gx}")
     if min(n, J, K, gy) < 1:
         raise ValueError(f"unary features must be non-empty, got shape {tuple(unary.shape)}")
-    if not bool(torch.isfinite(unary).all()):
-        raise ValueError(f"unary features contain {int((~torch.isfinite(unary)).sum())} NaN or infinite value(s)")
+    check_finite(unary, "unary features")
 
 
 def _check_type_unary(type_unary: Tensor, n: int, G: int) -> None:
@@ -198,8 +189,7 @@ def _check_type_unary(type_unary: Tensor, n: int, G: int) -> None:
     if type_unary.shape[0] != n or type_unary.shape[3] != 2 or tuple(type_unary.shape[-2:]) != (G, G):
         raise ValueError(f"type_unary must have shape [{n}, E, K, 2, {G}, {G}] (side 0: child, 1: parent), got "
                          f"{tuple(type_unary.shape)}")
-    if not bool(torch.isfinite(type_unary).all()):
-        raise ValueError("type_unary contains NaN or infinite values")
+    check_finite(type_unary, "type_unary")
 
 
 def _check_positions(positions: Tensor, n: int, J: int, G: int) -> None:

@@ -1,14 +1,10 @@
 """Files written and read by the library: atomic saves and loads that never execute code.
 
-* :func:`atomic_save` / :func:`atomic_write_text` write to a temporary file in the destination folder,
-  flush it to disk and ``os.replace`` it over the destination: a kill at any moment leaves either the
-  previous complete file or the new complete one, never a truncated file.
-* :func:`load_checked` reads with ``torch.load(..., weights_only=True)``: only tensors and plain
-  containers (dict, list, tuple, str, numbers, ``None``) can come out of a file; a pickled call
-  (``os.system``...) is refused with a clear error before anything runs.
-* :func:`to_plain` turns the numpy arrays and scalars of a solver's state into tensors and Python
-  numbers, so that every state the library saves loads with ``weights_only=True`` (and a loader that
-  reads them back with ``np.asarray`` gets the same values, bit for bit).
+* :func:`atomic_save` / :func:`atomic_write_text` write a temporary file beside the destination, fsync it and
+  ``os.replace`` it: a kill leaves the previous complete file or the new one, never a truncated one.
+* :func:`load_checked` reads with ``weights_only=True``: only tensors and plain containers come out.
+* :func:`to_plain` turns numpy arrays and scalars into tensors and Python numbers (bit for bit), so every saved
+  state loads with ``weights_only=True``.
 """
 from __future__ import annotations
 
@@ -29,11 +25,8 @@ class UnsafeFileError(ValueError):
 
 
 def to_plain(obj):
-    """A copy of ``obj`` in which numpy arrays are CPU tensors and numpy scalars Python numbers.
-
-    Dicts, lists and tuples are copied recursively; tensors are detached CPU clones; other values
-    (str, int, float, bool, None) are kept.
-    """
+    """A copy of ``obj`` in which numpy arrays are CPU tensors and numpy scalars Python numbers (containers copied
+    recursively, tensors detached CPU clones, other values kept)."""
     if isinstance(obj, dict):
         return {k: to_plain(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
@@ -61,8 +54,8 @@ def _fsync_dir(folder: Path) -> None:
 
 
 def _umask() -> int:
-    """The process' umask, read without changing it where the system says it (Linux ``/proc``): setting it to read
-    it back would briefly apply another umask to files that other threads create."""
+    """The process' umask, read from ``/proc`` where possible (setting it to read it would briefly affect other
+    threads)."""
     try:
         for line in Path("/proc/self/status").read_text().splitlines():
             if line.startswith("Umask:"):
@@ -75,8 +68,8 @@ def _umask() -> int:
 
 
 def _file_mode(path: Path) -> int:
-    """Permission bits for the file written at ``path``: those of the file it replaces, or for a new file what
-    ``open`` would give (``0o666`` less the umask); ``mkstemp`` alone would make every file private (``0o600``)."""
+    """Permission bits for the file written at ``path``: those of the file it replaces, else ``0o666`` less the umask
+    (as ``open`` gives, where ``mkstemp`` alone would give ``0o600``)."""
     try:
         return path.stat().st_mode & 0o777
     except OSError:
@@ -84,8 +77,8 @@ def _file_mode(path: Path) -> int:
 
 
 def check_writable_file(path, what: str = "file") -> Path:
-    """``path`` as a ``Path`` once it can be written: not a folder, and its nearest existing ancestor a folder this
-    process may write to.  Raises ``IsADirectoryError`` / ``NotADirectoryError`` / ``PermissionError`` naming it."""
+    """``path`` as a ``Path`` once it can be written (not a folder; its nearest existing ancestor a writable folder),
+    else ``IsADirectoryError`` / ``NotADirectoryError`` / ``PermissionError`` naming it."""
     path = Path(path)
     if path.is_dir():
         raise IsADirectoryError(f"the {what} {path} is a folder: give the path of a file in it")
@@ -136,11 +129,9 @@ def load_checked(path, map_location="cpu", what: str = "file"):
 
     Raises:
         FileNotFoundError: no file at ``path``.
-        UnsafeFileError: the file holds pickled objects other than tensors and plain containers
-            (nothing in it was run).
-        ValueError: the file is not a torch save (truncated, or another format), or its objects would take far
-            more memory than its bytes (compressed records, views beyond their storage, shared references walked
-            again, deep nesting: :func:`_check_expansion`).
+        UnsafeFileError: the file holds objects other than tensors and plain containers (nothing was run).
+        ValueError: the file is not a torch save, or its objects would take far more memory than its bytes
+            (:func:`_check_archive`, :func:`_check_expansion`).
     """
     path = Path(path)
     if not path.is_file():
@@ -192,10 +183,9 @@ def _tensor_parts(t: torch.Tensor) -> list:
 
 
 def _check_expansion(obj, size: int, where: str) -> None:
-    """Refuse loaded objects that would take far more memory or time than the file's ``size`` bytes: a tensor that
-    views more elements than its storage holds (a zero-stride or overlapping view), tensors larger in all than
-    ``LOAD_TENSOR_BYTES_PER_BYTE`` times the file, more container entries than the budget (references to one shared
-    container are walked each time, as any later use walks them) or nesting deeper than ``LOAD_MAX_DEPTH``."""
+    """Refuse loaded objects that would take far more memory or time than the file's ``size`` bytes: a tensor viewing
+    more elements than its storage, tensors above ``LOAD_TENSOR_BYTES_PER_BYTE`` times the file, more container
+    entries than the budget (shared containers counted each time reached) or nesting deeper than ``LOAD_MAX_DEPTH``."""
     nodes_left = LOAD_NODES_FIXED + int(size * LOAD_NODES_PER_BYTE)
     tensor_left = LOAD_TENSOR_BYTES_PER_BYTE * size + 2**20
     stack = [(obj, 0)]

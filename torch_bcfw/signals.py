@@ -1,10 +1,8 @@
 """Ctrl-C (SIGINT) and SIGTERM held back while a solver's state changes, then delivered.
 
-A ``KeyboardInterrupt`` raised in the middle of a block step could leave the dual state half-moved (a block
-updated, ``w`` or ``l`` not), and a certificate computed from such a state would be wrong.  The solver loop
-runs its steps inside :func:`deferred_signals`: a signal that arrives there is recorded and re-delivered, to
-the handler that was installed, as soon as the block of steps ends.  A Ctrl-C therefore stops a run within
-one chunk of steps (one effective pass for most solvers).
+A ``KeyboardInterrupt`` in the middle of a block step could leave the dual state half-moved (and its certificate
+wrong): the solver loop runs its steps inside :func:`deferred_signals`, which re-delivers a signal when the steps
+end.
 """
 from __future__ import annotations
 
@@ -17,13 +15,8 @@ __all__ = ["deferred_signals"]
 
 @contextlib.contextmanager
 def deferred_signals(signals=(signal.SIGINT, signal.SIGTERM)):
-    """Hold ``signals`` back until the block ends, then raise them again (``signal.raise_signal``) so that the
-    handlers installed before the block (the default SIGINT handler raises ``KeyboardInterrupt``) run then.
-
-    Only signals with a Python-level handler are held (a signal left to its default action, e.g. SIGTERM in a
-    plain script, still ends the process at once).  Outside the main thread, where Python runs no signal
-    handler, the block runs as is.
-    """
+    """Hold ``signals`` back until the block ends, then raise them again for the handlers installed before it.
+    Only signals with a Python-level handler are held; outside the main thread the block runs as is."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return

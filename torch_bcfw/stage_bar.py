@@ -1,7 +1,5 @@
-"""``StageBar``: a "preparing features" progress bar over the named stages of a data loader's feature building.
-
-It appears on stderr only once the work has taken :data:`SHOW_AFTER_S` seconds (a quick load prints nothing), and
-shows the stage now running.
+"""``StageBar``: a progress bar over the named stages of a data loader's feature building, shown on stderr (with
+the stage now running) once the work has taken :data:`SHOW_AFTER_S` seconds.
 """
 from __future__ import annotations
 

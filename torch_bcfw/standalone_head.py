@@ -8,9 +8,7 @@ deployment loads the head without torch_bcfw installed::
     labels = head(x, lengths)               # chain: x [N_tok, F] (the words' tokens one after the other)
     labels = head(x)                        # multiclass: x [n, F]
 
-Within the package only the exporter reads it (its path and :data:`FORMAT`): it is the source the export writes
-out.  Its decoders are a second implementation of the package's (Viterbi, argmax), checked against them in the
-tests.
+Its decoders (Viterbi, argmax) are a second implementation of the package's, checked against them in the tests.
 """
 from __future__ import annotations
 

@@ -10,12 +10,8 @@ __all__ = ["single_thread"]
 
 @contextlib.contextmanager
 def single_thread(device):
-    """One torch intra-op thread inside the block when ``device`` is a CPU (restored after).
-
-    Per-example solver steps (SSG, online EG) are sequences of tensor operations on a few rows; on a CPU their
-    intra-op threads only add synchronisation, which dominates when other processes share the cores (one SSG
-    pass over OCR-small: 32 ms per step with 2 threads on a loaded 2-core machine, about 1 ms with one).
-    """
+    """One torch intra-op thread inside the block when ``device`` is a CPU (restored after): per-example steps on a
+    few rows gain nothing from threads but synchronisation costs (32 ms against 1 ms per SSG step, OCR-small)."""
     if torch.device(device).type != "cpu":
         yield
         return

@@ -18,10 +18,8 @@ from pathlib import Path
 
 __all__ = ["CHUNK_TAGS", "SPLITS", "Sentence", "load_conll2000", "parse_conll"]
 
-#: The 22 chunk tags of the CoNLL-2000 *training* split, sorted (IOB2-style B-/I- prefixes for
-#: 11 chunk types, plus ``O``). The test split additionally contains ``I-LST`` (2 tokens) and
-#: lacks ``B-UCP``, ``I-UCP``, ``I-INTJ`` and ``I-PRT``; a model using this label set can never
-#: predict ``I-LST``, which only costs recall on those two chunks.
+#: The 22 chunk tags of the CoNLL-2000 *training* split, sorted (B-/I- prefixes for 11 chunk types, plus ``O``).
+#: The test split also contains ``I-LST`` (2 tokens), which a model over this label set can never predict.
 CHUNK_TAGS: tuple[str, ...] = (
     "B-ADJP", "B-ADVP", "B-CONJP", "B-INTJ", "B-LST", "B-NP", "B-PP", "B-PRT", "B-SBAR",
     "B-UCP", "B-VP", "I-ADJP", "I-ADVP", "I-CONJP", "I-INTJ", "I-NP", "I-PP", "I-PRT",
@@ -42,10 +40,7 @@ _HOW_TO_GET = (
 
 @dataclass(frozen=True)
 class Sentence:
-    """One chunk-annotated sentence; the three tuples all have length ``T >= 1``.
-
-    Lists are accepted and stored as tuples.
-    """
+    """One chunk-annotated sentence; the three tuples (lists are accepted) all have length ``T >= 1``."""
 
     words: tuple[str, ...]
     pos: tuple[str, ...]
@@ -56,10 +51,8 @@ class Sentence:
             object.__setattr__(self, name, tuple(getattr(self, name)))
         lengths = {len(self.words), len(self.pos), len(self.chunks)}
         if len(lengths) != 1:
-            raise ValueError(
-                f"Sentence fields differ in length: words={len(self.words)}, "
-                f"pos={len(self.pos)}, chunks={len(self.chunks)}"
-            )
+            raise ValueError(f"Sentence fields differ in length: words={len(self.words)}, pos={len(self.pos)}, "
+                             f"chunks={len(self.chunks)}")
         if not self.words:
             raise ValueError("Sentence must have at least one token")
 
@@ -79,9 +72,7 @@ def parse_conll(lines: Iterable[str], source: str = "<lines>") -> list[Sentence]
         fields = line.split()
         if fields:
             if len(fields) != 3:
-                raise ValueError(
-                    f"{source}:{line_no}: expected 'word POS chunk-tag', got {line.rstrip()!r}"
-                )
+                raise ValueError(f"{source}:{line_no}: expected 'word POS chunk-tag', got {line.rstrip()!r}")
             rows.append(fields)
         elif rows:
             sentences.append(_sentence_from_rows(rows))
@@ -117,9 +108,7 @@ def load_conll2000(path: str | os.PathLike[str], split: str = "train") -> list[S
             with candidate.open(encoding="utf-8") as handle:
                 return parse_conll(handle, source=str(candidate))
     looked = "\n".join(f"  {place}" for place in [root, *candidates])
-    raise FileNotFoundError(
-        f"CoNLL-2000 {split!r} split not found. Looked at:\n{looked}\n{_HOW_TO_GET}"
-    )
+    raise FileNotFoundError(f"CoNLL-2000 {split!r} split not found. Looked at:\n{looked}\n{_HOW_TO_GET}")
 
 
 def _candidates(root: Path, split: str) -> list[Path]:
@@ -146,6 +135,4 @@ def _find_member(archive: zipfile.ZipFile, filename: str) -> str:
     for name in (f"conll2000/{filename}", filename):
         if name in names:
             return name
-    raise FileNotFoundError(
-        f"{archive.filename} holds neither conll2000/{filename} nor {filename}. {_HOW_TO_GET}"
-    )
+    raise FileNotFoundError(f"{archive.filename} holds neither conll2000/{filename} nor {filename}. {_HOW_TO_GET}")

@@ -13,12 +13,10 @@ Feature set and dimension.  The vocabulary keeps the template attributes seen on
 
 (emission, per-label bias, start and end biases, transitions), exactly the ``d`` of the paper.
 
-Labels.  The 22 tags of the training split (:data:`~torch_bcfw.datasets.conll.CHUNK_TAGS`,
-sorted) get ids ``0..21``.  The test split also holds ``I-LST`` (2 tokens), a tag never seen in
-training, which no model over these 22 labels can predict.  For the Hamming loss every unseen
-tag is mapped to the id of ``O`` (:data:`UNSEEN_TAG`); chunk F1 is always computed against the
-*gold tag strings* of the sentences (:func:`chunk_f1_from_ids`), so the two ``LST`` chunks
-that contain ``I-LST`` count as missed there, as in conlleval.
+Labels.  The 22 tags of the training split (:data:`~torch_bcfw.datasets.conll.CHUNK_TAGS`, sorted) get ids
+``0..21``.  For the Hamming loss a tag unseen in training (``I-LST`` in the test split) takes the id of ``O``
+(:data:`UNSEEN_TAG`); chunk F1 is computed against the *gold tag strings* (:func:`chunk_f1_from_ids`), so such
+chunks count as missed, as in conlleval.
 """
 from __future__ import annotations
 
@@ -34,11 +32,9 @@ from ..features.chunking import PAD_ID, AttributeVocabulary, TaggedSentence, tok
 from ..metrics.chunking import chunk_f1
 from .conll import CHUNK_TAGS, Sentence, load_conll2000
 
-__all__ = [
-    "TAG_IDS", "UNSEEN_TAG", "BIAS_ATTRIBUTE", "ConllProblem", "tags_to_ids", "ids_to_tags",
-    "chunk_vocabulary", "encode_sentences", "load_conll_problem", "predictions_to_tags",
-    "chunk_f1_from_ids", "evaluate_chunking", "token_attribute_strings", "write_crfsuite_data",
-]
+__all__ = ["TAG_IDS", "UNSEEN_TAG", "BIAS_ATTRIBUTE", "ConllProblem", "tags_to_ids", "ids_to_tags", "chunk_vocabulary",
+           "encode_sentences", "load_conll_problem", "predictions_to_tags", "chunk_f1_from_ids", "evaluate_chunking",
+           "token_attribute_strings", "write_crfsuite_data"]
 
 #: chunk tag -> label id (the 22 training tags, sorted)
 TAG_IDS: dict[str, int] = {tag: i for i, tag in enumerate(CHUNK_TAGS)}
@@ -64,12 +60,10 @@ def ids_to_tags(ids: Tensor | Sequence[int]) -> list[str]:
     return out
 
 
-def chunk_vocabulary(sentences: Sequence[TaggedSentence], min_count: int = 3, drop_bias: bool = True) -> AttributeVocabulary:
-    """Template attributes seen on at least ``min_count`` tokens of ``sentences`` (sorted).
-
-    With ``drop_bias`` the constant ``bias`` attribute is left out (the chain has its own
-    per-label bias); on the CoNLL-2000 train split ``min_count=3`` gives 74,658 attributes.
-    """
+def chunk_vocabulary(sentences: Sequence[TaggedSentence], min_count: int = 3,
+                     drop_bias: bool = True) -> AttributeVocabulary:
+    """Template attributes seen on at least ``min_count`` tokens of ``sentences`` (sorted); with ``drop_bias``
+    without the constant ``bias`` attribute (the chain has its own per-label bias)."""
     vocab = AttributeVocabulary().fit(sentences, min_count=min_count)
     if drop_bias:
         vocab = AttributeVocabulary([a for a in vocab.attributes if a != BIAS_ATTRIBUTE])
@@ -98,11 +92,9 @@ def encode_sentences(sentences: Sequence[Sentence], vocab: AttributeVocabulary) 
 def token_attribute_strings(sentence: TaggedSentence, vocab: AttributeVocabulary, bias: bool = False) -> list[list[str]]:
     """The attributes the chain sees on each token of ``sentence``, as strings (export for other tools).
 
-    Token ``t`` gets its template attributes that are in ``vocab``, in template order: exactly the
-    columns of its row in :func:`encode_sentences`' sparse features (``vocab.attributes[j]`` for each
-    stored id ``j``).  With ``bias`` the constant :data:`BIAS_ATTRIBUTE` is put first on every token when
-    ``vocab`` lacks it (``drop_bias=True`` left it out because the chain has its own per-label bias; a
-    CRF without one, such as CRFsuite, needs it to get the same per-label bias).
+    Token ``t`` gets its template attributes that are in ``vocab``, in template order: exactly the columns of its
+    row in :func:`encode_sentences`' sparse features.  With ``bias`` the constant :data:`BIAS_ATTRIBUTE` is put
+    first on every token when ``vocab`` lacks it (a CRF without its own per-label bias, such as CRFsuite, needs it).
     """
     known = vocab.__contains__
     head = [BIAS_ATTRIBUTE] if bias and not known(BIAS_ATTRIBUTE) else []
@@ -120,10 +112,8 @@ def write_crfsuite_data(path: str | os.PathLike[str], sentences: Iterable[Senten
 
     One line per token, ``<gold tag>\\t<attribute>\\t<attribute>...`` (the attributes of
     :func:`token_attribute_strings`, value 1, ``:`` and ``\\`` escaped as CRFsuite expects), and an
-    empty line after each sentence: ``crfsuite learn`` reads the file as it is, and python-crfsuite users
-    pass each line's fields after the first as the token's attribute names (the escaping is one-to-one,
-    so the attribute set is the same).  ``bias=True`` (default) adds the ``bias`` attribute, CRFsuite's
-    per-label bias, when ``vocab`` lacks it.
+    empty line after each sentence, as ``crfsuite learn`` reads it.  ``bias=True`` (default) adds the ``bias``
+    attribute, CRFsuite's per-label bias, when ``vocab`` lacks it.
     """
     n_tokens = 0
     with open(path, "w", encoding="utf-8") as f:
@@ -206,12 +196,9 @@ def predictions_to_tags(pred: Tensor, offsets: Tensor) -> list[list[str]]:
 
 
 def chunk_f1_from_ids(pred: Tensor, offsets: Tensor, gold: Sequence[Sentence] | Sequence[Sequence[str]]) -> dict:
-    """conlleval chunk precision / recall / F1 of packed predicted label ids against gold tags.
-
-    ``gold`` is a list of :class:`~torch_bcfw.datasets.conll.Sentence` (their ``chunks``) or of
-    tag lists, one per sequence of ``offsets``; the gold *strings* are used, so a tag unseen in
-    training (``I-LST``) counts as the model missing it.  Returns :func:`~torch_bcfw.metrics.chunking.chunk_f1`'s dict.
-    """
+    """conlleval chunk precision / recall / F1 (:func:`~torch_bcfw.metrics.chunking.chunk_f1`'s dict) of packed
+    predicted label ids against gold tags: a list of :class:`~torch_bcfw.datasets.conll.Sentence` (their ``chunks``)
+    or of tag lists, one per sequence of ``offsets``."""
     gold_tags = [list(g.chunks) if isinstance(g, Sentence) else list(g) for g in gold]
     pred_tags = predictions_to_tags(pred, offsets)
     if len(gold_tags) != len(pred_tags):

@@ -12,16 +12,12 @@ already tokenised); the ``.align`` files hold one line per pair of space-separat
 link) or ``fpos-epos-P`` (a *possible* link), 0-based, **French position first**.  The unlabelled files are
 plain tokenised lines (line ``t`` of ``X.e`` translates line ``t`` of ``X.f``).
 
-Links are returned in the (English, French) orientation: ``(j, k)`` links English word ``j`` to French word ``k``.
-``SentencePair.possible`` is AER's ``P``: the possible links *and* the sure ones (in the files the two sets are
-disjoint).
+Links are returned in the (English, French) orientation: ``(j, k)`` links English word ``j`` to French word ``k``;
+``SentencePair.possible`` is AER's ``P``, the possible links *and* the sure ones.
 
 Protocol (Taskar et al. 2005; the BCFW paper's 347 gold test pairs): train on gold pairs 1-100, choose settings
-on the 37 trial pairs, test on gold pairs 101-447 (:func:`hansards_split`).
-
-Get the data from the HLT-NAACL 2003 workshop on building and using parallel texts ("Hansards" English-French
-trial and test data with their alignments, http://web.eecs.umich.edu/~mihalcea/wpt/) and pass the folder that
-holds ``test/``, ``dev/`` and ``train/``.
+on the 37 trial pairs, test on gold pairs 101-447 (:func:`hansards_split`).  Data: the HLT-NAACL 2003 workshop
+on parallel texts, http://web.eecs.umich.edu/~mihalcea/wpt/.
 """
 from __future__ import annotations
 
@@ -48,14 +44,9 @@ _LINK = re.compile(r"^(\d+)-(\d+)(-P)?$")
 
 @dataclass(frozen=True)
 class SentencePair:
-    """One English-French sentence pair.
-
-    Attributes:
-        snum: sentence number (the ``snum`` attribute; the line number for unlabelled text).
-        english, french: the tokens (as in the files).
-        sure: the sure links ``(j, k)`` (English ``j``, French ``k``), or ``None`` for unlabelled pairs.
-        possible: the possible links including the sure ones (AER's ``P``), or ``None``.
-    """
+    """One English-French sentence pair: ``snum`` (the ``snum`` attribute; the line number for unlabelled text),
+    the ``english`` and ``french`` tokens, the ``sure`` links ``(j, k)`` (English ``j``, French ``k``) and the
+    ``possible`` ones including the sure ones (AER's ``P``), both ``None`` for unlabelled pairs."""
 
     snum: int
     english: tuple[str, ...]
@@ -122,12 +113,9 @@ def read_sentences(path) -> list:
 
 
 def read_links(path, sizes) -> list:
-    """``[(sure, possible)]`` per line of an ``.align`` file, in (English, French) orientation.
-
-    ``sizes[t] = (m, f)`` are the lengths of pair ``t``; a link outside them, a token that is not ``f-e`` /
-    ``f-e-P``, or a line count other than ``len(sizes)`` raises ``ValueError`` naming the file and line.
-    ``possible`` includes the sure links.
-    """
+    """``[(sure, possible)]`` per line of an ``.align`` file, in (English, French) orientation (``possible``
+    includes the sure links).  ``sizes[t] = (m, f)`` are the lengths of pair ``t``; a link outside them, a malformed
+    token or a line count other than ``len(sizes)`` raises ``ValueError`` naming the file and line."""
     path = Path(path)
     with open(_need(path, "alignment file"), encoding="utf-8") as fh:
         lines = fh.read().split("\n")
@@ -164,6 +152,14 @@ def _gold(root: Path, folder: str, stem: str) -> list:
     return [SentencePair(s, a, b, sure, pos) for (s, a), (_, b), (sure, pos) in zip(e, f, links)]
 
 
+def _lines(path: Path) -> list[str]:
+    """The lines of a text file, trailing blank lines dropped."""
+    lines = path.read_text(encoding="utf-8").split("\n")
+    while lines and not lines[-1].strip():
+        lines.pop()
+    return lines
+
+
 def read_unlabelled(folder) -> list:
     """The pairs of every ``X.e`` / ``X.f`` file pair in ``folder`` (files sorted by name; empty lines skipped)."""
     folder = Path(folder)
@@ -175,12 +171,7 @@ def read_unlabelled(folder) -> list:
     out = []
     for stem in stems:
         fe, ff = Path(f"{stem}.e"), _need(Path(f"{stem}.f"), "unlabelled French file")
-        le = fe.read_text(encoding="utf-8").split("\n")
-        lf = ff.read_text(encoding="utf-8").split("\n")
-        while le and not le[-1].strip():
-            le.pop()
-        while lf and not lf[-1].strip():
-            lf.pop()
+        le, lf = _lines(fe), _lines(ff)
         if len(le) != len(lf):
             raise ValueError(f"{fe} has {len(le)} lines but {ff} has {len(lf)}: the files must be line-aligned")
         for t, (a, b) in enumerate(zip(le, lf), 1):
@@ -192,11 +183,8 @@ def read_unlabelled(folder) -> list:
 
 def load_hansards(root, unlabelled: bool = True) -> HansardsCorpus:
     """Read the gold (447 pairs), trial (37) and (``unlabelled=True``) unlabelled (2,383) parts from ``root``.
-
-    Raises:
-        FileNotFoundError: a missing folder or file (the message names the path looked at and where to get the data).
-        ValueError: malformed sentences or links (file and line named).
-    """
+    Raises ``FileNotFoundError`` naming the missing folder or file and ``ValueError`` for malformed sentences or
+    links (file and line named)."""
     if root is None:
         raise ValueError(f"load_hansards needs the data folder; {_HOW_TO_GET}")
     root = Path(root).expanduser()
@@ -218,10 +206,9 @@ def hansards_split(corpus: HansardsCorpus, n_train: int = N_TRAIN) -> HansardsSp
 def matching_target(pair: SentencePair) -> np.ndarray:
     """The training labeling of a gold pair: a largest one-to-one subset of its **sure** links (``int64 [m, f]``).
 
-    Gold sure links may give a word several partners (145 of the 4,038 sure links of the 447 gold pairs cannot be
-    kept in any matching); the SSVM's truth must be a matching, so this keeps a maximum-cardinality matching of
-    the sure links, ties broken towards the smallest relative-position distortion ``|j/m - k/f|`` (exactly: the
-    assignment maximises ``#links - eps * sum distortion``).  Possible links never enter the target.
+    Gold sure links may give a word several partners, but the SSVM's truth must be a matching: this keeps a
+    maximum-cardinality matching of the sure links, ties broken towards the smallest relative-position distortion
+    (the assignment maximises ``#links - eps * sum distortion``).  Possible links never enter the target.
     """
     from scipy.optimize import linear_sum_assignment
 
@@ -257,10 +244,9 @@ class HansardsProblem:
 def load_hansards_problem(root, n_train: int = N_TRAIN, miss_cost: float = 3.0, extra_cost: float = 1.0,
                           normalize: str = "words", ibm_iterations: int = 5, diagonal_tension: float = 4.0,
                           hmm_iterations: int = 5, unlabelled: bool = True, progress: bool = False) -> HansardsProblem:
-    """Load the data, fit the text features on every pair's text (unlabelled, gold and trial; never their
-    links), and build the :class:`~torch_bcfw.models.matching.Matching` model and its train / trial / test data
-    (gold pairs ``1..n_train``, the 37 trial pairs, the other gold pairs).  ``progress``: a "preparing features"
-    bar on stderr when the work takes over 2 s (:class:`~torch_bcfw.stage_bar.StageBar`)."""
+    """Load the data, fit the text features on every pair's text (never their links), and build the
+    :class:`~torch_bcfw.models.matching.Matching` model and its train / trial / test data.  ``progress``: a
+    "preparing features" bar on stderr when the work takes over 2 s."""
     from ..features.alignment import AlignmentFeaturizer
     from ..models.matching import Matching
     from ..stage_bar import StageBar
@@ -282,11 +268,9 @@ def load_hansards_problem(root, n_train: int = N_TRAIN, miss_cost: float = 3.0, 
 
 
 def alignment_data(pairs: Sequence, featurizer, labels: bool = True):
-    """A :class:`~torch_bcfw.models.matching.MatchingData` of ``pairs`` with the link features of ``featurizer`` (a fitted
-    :class:`~torch_bcfw.features.alignment.AlignmentFeaturizer`).
-
-    With ``labels`` (and gold links on every pair) ``y`` is :func:`matching_target`
-    (a largest matching of the sure links) and ``sure`` / ``possible`` keep the full gold sets for AER.
+    """A :class:`~torch_bcfw.models.matching.MatchingData` of ``pairs`` with the link features of a fitted
+    :class:`~torch_bcfw.features.alignment.AlignmentFeaturizer`.  With ``labels`` (and gold links on every pair)
+    ``y`` is :func:`matching_target` and ``sure`` / ``possible`` keep the full gold sets for AER.
     """
     from ..models.matching import MatchingData
 
@@ -294,15 +278,14 @@ def alignment_data(pairs: Sequence, featurizer, labels: bool = True):
     if not labels or any(p.sure is None for p in pairs):
         return MatchingData.from_pairs(xs)
     ys = [torch.from_numpy(matching_target(p)) for p in pairs]
-    sure, possible = [], []
-    for p in pairs:
-        m, f = p.sizes
-        s = torch.zeros(m, f, dtype=torch.bool)
-        q = torch.zeros(m, f, dtype=torch.bool)
-        for j, k in p.sure:
-            s[j, k] = True
-        for j, k in p.possible:
-            q[j, k] = True
-        sure.append(s)
-        possible.append(q)
+    sure = [_link_mask(p.sure, p.sizes) for p in pairs]
+    possible = [_link_mask(p.possible, p.sizes) for p in pairs]
     return MatchingData.from_pairs(xs, ys, sure, possible)
+
+
+def _link_mask(links, sizes: tuple[int, int]) -> torch.Tensor:
+    """bool ``[m, f]``, True at the links ``(j, k)``."""
+    mask = torch.zeros(sizes, dtype=torch.bool)
+    for j, k in links:
+        mask[j, k] = True
+    return mask

@@ -6,19 +6,12 @@ Expected layout under ``root`` (as distributed by the authors)::
     root/gray/horse001.jpg ... horse328.jpg           grey images, same size as the masks
     root/figure_ground/horse001.jpg ... horse328.jpg  grey-level masks (JPEG)
 
-Preprocessing (fixed and documented so that results are comparable):
+Preprocessing (fixed so that results are comparable): masks are thresholded at the native resolution (foreground
+iff grey value > 127); the image (rgb or gray) is resized directly to the working resolution (computed from the
+mask size) with bilinear interpolation, stretching it onto the mask's frame; the binary mask is resized with box
+averaging and re-thresholded at 1/2.
 
-* masks are thresholded at the native resolution: foreground iff grey value > 127;
-* the working resolution is computed from the mask size (``size`` or ``max_side``);
-* the image (rgb, whose native size differs from the mask's, or gray) is resized *directly*
-  to the working resolution with bilinear interpolation (antialiased when shrinking). This
-  is geometrically the same as "resize rgb to the mask size, then everything to the working
-  resolution" -- both stretch the full image onto the mask's frame -- but interpolates once;
-* the binary mask is resized with box (area) averaging and re-thresholded at 1/2 (a pixel is
-  foreground iff most of its footprint is); this is nearest-neighbour when enlarging.
-
-Split (no official one exists; fixed here): images 1-200 train, 201-228 validation
-(``"val"``), 229-328 test.
+Split (no official one exists; fixed here): images 1-200 train, 201-228 validation (``"val"``), 229-328 test.
 
 Requires Pillow (``pip install torch_bcfw[graphcut]``).
 """
@@ -51,13 +44,8 @@ _DOWNLOAD_HINT = (
 
 @dataclass
 class HorseImage:
-    """One image of the Weizmann horses.
-
-    Attributes:
-        name: file stem, e.g. ``"horse001"``.
-        image: float ``Tensor[C, H, W]`` in ``[0, 1]``, ``C = 3`` (rgb) or ``1`` (gray).
-        mask: ``LongTensor[H, W]``, 1 = horse (foreground), 0 = background.
-    """
+    """One image: ``name`` (file stem, e.g. ``"horse001"``), ``image`` float ``Tensor[C, H, W]`` in ``[0, 1]``
+    (``C = 3`` rgb or ``1`` gray), ``mask`` ``LongTensor[H, W]`` (1 = horse)."""
 
     name: str
     image: Tensor
@@ -69,9 +57,7 @@ def _import_pil() -> ModuleType:
     try:
         from PIL import Image
     except ImportError as err:
-        raise ImportError(
-            "Loading the Weizmann horses needs Pillow: pip install torch_bcfw[graphcut]"
-        ) from err
+        raise ImportError("Loading the Weizmann horses needs Pillow: pip install torch_bcfw[graphcut]") from err
     return Image
 
 
@@ -82,19 +68,11 @@ def split_numbers(split: str) -> range:
     return SPLITS[split]
 
 
-def working_size(
-    mask_size: tuple[int, int],
-    size: tuple[int, int] | None = None,
-    max_side: int | None = None,
-) -> tuple[int, int]:
-    """Working resolution ``(H, W)`` of an image whose mask is ``mask_size = (H0, W0)``.
-
-    Args:
-        mask_size: native mask ``(height, width)``.
-        size: fixed ``(height, width)`` (aspect ratio not kept).
-        max_side: longest side after an aspect-preserving rescale (sides rounded, >= 1).
-            At most one of ``size`` and ``max_side`` may be given; neither keeps ``mask_size``.
-    """
+def working_size(mask_size: tuple[int, int], size: tuple[int, int] | None = None,
+                 max_side: int | None = None) -> tuple[int, int]:
+    """Working resolution ``(H, W)`` of an image whose mask is ``mask_size = (H0, W0)``: ``size`` (fixed, aspect
+    ratio not kept), or the aspect-preserving rescale with longest side ``max_side`` (sides rounded, >= 1), or
+    ``mask_size`` when neither is given (at most one may be)."""
     if size is not None and max_side is not None:
         raise ValueError("give at most one of size and max_side")
     if size is not None:
@@ -116,20 +94,13 @@ def _check_root(root: Path, color: str) -> tuple[Path, Path]:
     image_dir, mask_dir = root / color, root / "figure_ground"
     for folder in (image_dir, mask_dir):
         if not folder.is_dir():
-            raise FileNotFoundError(
-                f"Weizmann horses: folder {folder} not found (looked under root={root}). "
-                + _DOWNLOAD_HINT
-            )
+            raise FileNotFoundError(f"Weizmann horses: folder {folder} not found (looked under root={root}). "
+                                    + _DOWNLOAD_HINT)
     return image_dir, mask_dir
 
 
-def _load_one(
-    image_path: Path,
-    mask_path: Path,
-    color: str,
-    size: tuple[int, int] | None,
-    max_side: int | None,
-) -> HorseImage:
+def _load_one(image_path: Path, mask_path: Path, color: str, size: tuple[int, int] | None,
+              max_side: int | None) -> HorseImage:
     """Read, threshold and resize one image/mask pair (see the module docstring)."""
     Image = _import_pil()
     for path in (image_path, mask_path):
@@ -150,14 +121,9 @@ def _load_one(
     return HorseImage(mask_path.stem, image, torch.from_numpy(mask.astype(np.int64)))
 
 
-def load_weizmann_horses(
-    root: str | Path,
-    size: tuple[int, int] | None = None,
-    max_side: int | None = None,
-    split: str = "train",
-    color: str = "rgb",
-) -> list[HorseImage]:
-    """Load one split of the Weizmann Horse Database.
+def load_weizmann_horses(root: str | Path, size: tuple[int, int] | None = None, max_side: int | None = None,
+                         split: str = "train", color: str = "rgb") -> list[HorseImage]:
+    """Load one split of the Weizmann Horse Database as :class:`HorseImage` s in file order.
 
     Args:
         root: folder holding ``rgb/``, ``gray/`` and ``figure_ground/``.
@@ -168,12 +134,7 @@ def load_weizmann_horses(
         split: ``"train"`` (1-200), ``"val"`` (201-228), ``"test"`` (229-328) or ``"all"``.
         color: ``"rgb"`` (3 channels) or ``"gray"`` (1 channel).
 
-    Returns:
-        ``list`` of :class:`HorseImage` in file order, each with ``image`` float
-        ``Tensor[C, H, W]`` in ``[0, 1]`` and ``mask`` ``LongTensor[H, W]`` in ``{0, 1}``.
-
-    Raises:
-        FileNotFoundError: ``root`` or one of its folders/files is missing.
+    Raises ``FileNotFoundError`` when ``root`` or one of its folders/files is missing.
     """
     numbers = split_numbers(split)
     image_dir, mask_dir = _check_root(Path(root), color)
@@ -183,14 +144,9 @@ def load_weizmann_horses(
 
 
 def pixel_features(images: Tensor) -> Tensor:
-    """Hand-made per-pixel features for a graph-cut model without a CNN: ``[B, 2C + 5, H, W]`` float64.
-
-    Per pixel: the colour (``C`` channels), its 5 x 5 box-smoothed colour, the position ``(y, x)`` in
-    ``[-1, 1]`` and its squares (horses are roughly centred), and a constant 1 (the unary bias).
-
-    Args:
-        images: ``Tensor[B, C, H, W]`` in ``[0, 1]``.
-    """
+    """Hand-made per-pixel features of ``images [B, C, H, W]`` in ``[0, 1]`` for a graph-cut model without a CNN:
+    ``[B, 2C + 5, H, W]`` float64 -- the colour, its 5 x 5 box-smoothed colour, the position ``(y, x)`` in
+    ``[-1, 1]`` and its squares, and a constant 1 (the unary bias)."""
     if images.dim() != 4:
         raise ValueError(f"images must be [B, C, H, W], got {tuple(images.shape)}")
     images = images.to(torch.float64)

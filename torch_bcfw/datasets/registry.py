@@ -37,6 +37,12 @@ def _flag(cfg: dict, key: str, default: bool) -> bool:
     return v
 
 
+def _limited(train, cfg: dict):
+    """The first ``data.limit`` training examples (all without a ``limit``)."""
+    limit = _int(cfg, "limit")
+    return train if limit is None else train[list(range(min(limit, len(train))))]
+
+
 def _check_keys(cfg: dict) -> None:
     name = cfg.get("name")
     if name not in DATASETS:
@@ -53,10 +59,7 @@ def _ocr(cfg: dict):
 
     train, test = load_ocr_split(cfg.get("path"), split=cfg.get("split", "large"), fold=_int(cfg, "fold", 0),
                                  cache_dir=cfg.get("cache_dir"), download=_flag(cfg, "download", False))
-    limit = _int(cfg, "limit")
-    if limit is not None:
-        train = train[list(range(min(limit, len(train))))]
-    return Chain(train.x.shape[1], N_LETTERS), train, test
+    return Chain(train.x.shape[1], N_LETTERS), _limited(train, cfg), test
 
 
 def _conll(cfg: dict, progress: bool = False):
@@ -96,8 +99,7 @@ def _horses(cfg: dict):
     contrast = _flag(cfg, "contrast", True)
     train = horse_graph_data(cfg["path"], "train", size, contrast)
     test = horse_graph_data(cfg["path"], cfg.get("test_split", "test"), size, contrast)
-    if _int(cfg, "limit") is not None:
-        train = train[list(range(min(cfg["limit"], len(train))))]
+    train = _limited(train, cfg)
     model = GraphCut(train.n_inputs, train.n_edge_inputs, loss=cfg.get("loss", "balanced"),
                      processes=_int(cfg, "processes"))
     return model, train, test
@@ -129,10 +131,7 @@ def _hansards(cfg: dict, progress: bool = False):
                                  normalize=normalize, ibm_iterations=_int(cfg, "ibm_iterations", 5),
                                  diagonal_tension=_number(cfg, "diagonal_tension", 4.0),
                                  hmm_iterations=_int(cfg, "hmm_iterations", 5), progress=progress)
-    train = prob.train
-    if _int(cfg, "limit") is not None:
-        train = train[list(range(min(cfg["limit"], len(train))))]
-    return prob.model, train, prob.test if split == "test" else prob.trial
+    return prob.model, _limited(prob.train, cfg), prob.test if split == "test" else prob.trial
 
 
 DATASETS = {"ocr": _ocr, "conll": _conll, "horses": _horses, "hansards": _hansards}
@@ -154,7 +153,8 @@ def load_problem_with_validation(cfg: dict):
     _device(cfg)  # before the data is read
     spec = cfg.pop("validation", None)
     if spec is None:
-        return _no_validation(cfg)
+        model, train, test = load_problem(cfg)
+        return model, train, None, test
     if not isinstance(spec, dict):
         raise ValueError(f"data.validation must be a mapping such as {{fold: 1}} or {{fraction: 0.2}}, got {spec!r}")
     unknown = sorted(set(spec) - {"fold", "fraction", "seed"})
@@ -170,8 +170,7 @@ def load_problem_with_validation(cfg: dict):
         train, val, test = ocr_split_with_validation(words, cfg.get("split", "large"), _int(cfg, "fold", 0),
                                                      _int(spec, "fold"))
         model = Chain(train.x.shape[1], N_LETTERS)
-        if _int(cfg, "limit") is not None:
-            train = train[list(range(min(cfg["limit"], len(train))))]
+        train = _limited(train, cfg)
     else:
         import torch
 
@@ -211,11 +210,6 @@ def _device(cfg: dict) -> torch.device | None:
     if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
         raise ValueError(f"data.device {name!r}: this machine has {torch.cuda.device_count()} CUDA device(s)")
     return dev
-
-
-def _no_validation(cfg: dict):
-    model, train, test = load_problem(cfg)
-    return model, train, None, test
 
 
 def load_problem(cfg: dict, progress: bool = False):

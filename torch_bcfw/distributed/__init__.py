@@ -1,16 +1,5 @@
-"""Distributed BCFW over ``torch.distributed``: blocks (examples) sharded over the ranks, ``w`` replicated.
-
-* :mod:`.context` -- :class:`DistributedContext` (rank, world size, backend, device, timeout),
-  :func:`init_from_env` (torchrun's environment), :func:`current_context`.
-* :mod:`.sharding` -- which examples each rank owns (:func:`shard_indices`, :func:`shard`), and the check that
-  all ranks hold the same dataset.
-* :mod:`.collectives` -- float64 sum all-reduces (a vector and named scalars packed into one collective),
-  broadcast from rank 0, the replicated-``w`` check; a dead peer raises :class:`DistributedError`.
-* :mod:`.certificate` -- :func:`global_certify`, the exact duality gap over all ranks' examples.
-* :mod:`.comm` -- :class:`ShardComm`, what a sharded BCFW run asks of the other ranks (one all-reduce per round).
-
-Launch: ``torchrun --nproc-per-node N script.py`` (one node), ``torchrun --nnodes M --node-rank k
---nproc-per-node N --rdzv-backend c10d --rdzv-endpoint HOST:PORT script.py`` (several).
+"""Distributed BCFW over ``torch.distributed`` (launched by ``torchrun``): the process context, the sharding of the
+examples, the collectives, the exact certificate over all ranks and the communicators of sharded and replicated runs.
 """
 from .certificate import global_certify
 from .comm import ShardComm

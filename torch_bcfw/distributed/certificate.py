@@ -1,28 +1,14 @@
-"""The exact duality-gap certificate of a sharded run (``w`` replicated, examples sharded over the ranks).
-
-Every rank runs the batched loss-augmented oracle on its own examples at the common ``w``
-(``model.hinge_terms(w, shard) -> (y_star, H)``, ``H: Tensor[n_rank]``), then ONE all-reduce sums
-``[sum_i H_i, ell_rank, n_rank]`` over the ranks.  With ``S_H = sum_i H_i`` (all ``n`` examples) and ``ell = sum_i
-ell_i = b^T alpha``::
-
-    primal = lam/2 ||w||^2 + S_H / n
-    dual   = ell - lam/2 ||w||^2
-    gap    = primal - dual
-
-the values of :func:`torch_bcfw.solvers.certificate.certify` on the full data.  It is a certificate only if no
-update happens during the pass (all oracles at the same ``w``).
-
-Rounding: ``certify`` takes ``H.mean()`` (on the CPU: the sum of ``H`` divided by ``n``); here the sum is a sum of
-per-rank partial sums, which can differ from the one-pass sum in the last bits (relative error ~ ``P`` ulp of
-``sum H``, far below 1e-12).  With one rank the two agree bit for bit: the same ``H.sum()`` is divided by the same
-``n``.
+"""The exact duality-gap certificate of a sharded run: each rank's oracle pass on its examples at the common ``w``,
+then ONE all-reduce of ``[sum_i H_i, ell_rank, n_rank]``.  The values of
+:func:`torch_bcfw.solvers.certificate.certify` on the full data, up to the last bits of the per-rank partial sums
+(bit for bit with one rank).
 """
 from __future__ import annotations
 
 import torch
 from torch import Tensor
 
-from ..solvers.certificate import Certificate, squared_norm
+from ..solvers.certificate import Certificate, squared_norm, with_dual
 from .collectives import all_reduce_packed
 from .context import DistributedContext
 from .errors import DistributedError
@@ -32,26 +18,15 @@ __all__ = ["global_certify"]
 
 def global_certify(model, shard_data, w: Tensor, ell_local: float | Tensor | None, lam: float,
                    n_total: int | None, ctx: DistributedContext) -> Certificate:
-    """Primal, dual and gap of ``(w, ell)`` over the examples of all ranks, in one all-reduce.
+    """Primal, dual and gap of ``(w, ell)`` over the examples of all ranks, in one all-reduce: the same
+    :class:`~torch_bcfw.solvers.certificate.Certificate` on every rank but ``y_star`` (this rank's answers).
 
     Args:
-        model: the structured model (its ``hinge_terms``).
         shard_data: this rank's examples (``Shard.data``).
-        w: ``Tensor[d]``, the replicated weights (the same on every rank; see
-            :func:`~torch_bcfw.distributed.assert_replicated`).
-        ell_local: ``sum_{i in shard} ell_i``, this rank's part of ``ell = b^T alpha`` (float or one-element
-            tensor); ``None`` for a primal-only certificate (``dual = gap = None``), on every rank.
-        lam: the regularisation ``lam > 0``.
-        n_total: ``n``, the number of examples of all ranks together; checked against the sum of the shard
-            sizes (``None``: take that sum).
-        ctx: the distributed context.
-
-    Returns:
-        The :class:`~torch_bcfw.solvers.certificate.Certificate` of the full problem, the same on every rank
-        except ``y_star``, which holds the oracle answers of this rank's examples only.
-
-    Raises:
-        DistributedError: ``n_total`` is not the sum of the shard sizes (on every rank), or a collective failed.
+        w: ``Tensor[d]``, the replicated weights (the same on every rank).
+        ell_local: this rank's part of ``ell = b^T alpha`` (float or one-element tensor); ``None`` on every rank
+            for a primal-only certificate.
+        n_total: ``n``, checked against the sum of the shard sizes (``DistributedError``); ``None``: that sum.
     """
     if not lam > 0:
         raise ValueError(f"lam must be > 0, got {lam}")
@@ -66,8 +41,4 @@ def global_certify(model, shard_data, w: Tensor, ell_local: float | Tensor | Non
         raise DistributedError(f"global_certify (rank {ctx.rank}): n_total = {n_total} but the shards of the "
                                f"{ctx.world_size} ranks hold {n} examples together")
     ww = squared_norm(w64)
-    primal = 0.5 * lam * ww + sums["hinge_sum"] / n
-    if ell_local is None:
-        return Certificate(primal, None, None, y_star)
-    dual = sums["ell"] - 0.5 * lam * ww
-    return Certificate(primal, dual, primal - dual, y_star)
+    return with_dual(0.5 * lam * ww + sums["hinge_sum"] / n, sums.get("ell"), lam, ww, y_star)

@@ -1,17 +1,6 @@
 """The collectives of a distributed BCFW run, each bounded by the group's timeout and raising
-:class:`~torch_bcfw.distributed.DistributedError` (naming the operation and the rank) when a peer fails.
-
-* :func:`all_reduce_sum` -- float64 sum of a flat tensor over the ranks.
-* :func:`all_reduce_packed` -- a vector and a few named scalars summed in ONE collective: they are packed into one
-  float64 buffer ``[vector (d), scalar_1, ..., scalar_k]`` (a mini-batch round reduces
-  ``[delta_w (d), delta_ell, n_blocks]`` this way); :func:`pack_sum_buffer` / :func:`unpack_sum_buffer` are the
-  packing on its own.
-* :func:`broadcast_from_rank0` -- rank 0's tensor on every rank (initialising the replicated ``w``).
-* :func:`all_gather_int64` -- one small integer vector per rank, gathered on every rank (agreement checks).
-* :func:`assert_replicated` -- checks that ``w`` is the same on every rank (one all-gather of a checksum; on a
-  mismatch a broadcast and a max-reduce give the largest difference, and every rank raises).
-
-Every rank must call the same collectives in the same order with tensors of the same shapes.
+:class:`~torch_bcfw.distributed.DistributedError` (naming the operation and the rank) when a peer fails.  Every rank
+must call the same collectives in the same order with tensors of the same shapes.
 """
 from __future__ import annotations
 
@@ -32,11 +21,7 @@ __all__ = ["all_reduce_sum", "all_reduce_packed", "pack_sum_buffer", "unpack_sum
 
 @contextmanager
 def collective(op: str, ctx: DistributedContext) -> Iterator[None]:
-    """Run a collective, turning a backend failure into a :class:`DistributedError` naming ``op`` and the rank.
-
-    With gloo a dead peer makes the collective raise as soon as its socket closes; a live peer that never arrives
-    makes it raise after the group's timeout (``ctx.timeout_s``).
-    """
+    """Run a collective, turning a backend failure into a :class:`DistributedError` naming ``op`` and the rank."""
     try:
         yield
     except RuntimeError as exc:
@@ -48,18 +33,14 @@ def collective(op: str, ctx: DistributedContext) -> Iterator[None]:
             f"stopping. Cause: {exc}") from exc
 
 
-def _flat64(x: Tensor, ctx: DistributedContext, name: str) -> Tensor:
-    if not isinstance(x, Tensor):
-        raise TypeError(f"{name} must be a tensor, got {type(x).__name__}")
-    if x.is_complex() or not (x.is_floating_point() or x.dtype in (torch.int32, torch.int64)):
-        raise TypeError(f"{name} must be a real floating-point (or integer) tensor, got {x.dtype}")
-    return x.detach().reshape(-1).to(device=ctx.device, dtype=torch.float64)
-
-
 def all_reduce_sum(x: Tensor, ctx: DistributedContext) -> Tensor:
     """``sum_r x_r``: the float64 sum over the ranks of ``x`` (any shape), flattened: ``Tensor[x.numel()]`` on
     ``ctx.device``.  ``x`` itself is left unchanged."""
-    buf = _flat64(x, ctx, "x").clone()
+    if not isinstance(x, Tensor):
+        raise TypeError(f"x must be a tensor, got {type(x).__name__}")
+    if x.is_complex() or not (x.is_floating_point() or x.dtype in (torch.int32, torch.int64)):
+        raise TypeError(f"x must be a real floating-point (or integer) tensor, got {x.dtype}")
+    buf = x.detach().reshape(-1).to(device=ctx.device, dtype=torch.float64).clone()
     with collective("all_reduce_sum", ctx):
         dist.all_reduce(buf, op=dist.ReduceOp.SUM)
     return buf
@@ -90,11 +71,8 @@ def unpack_sum_buffer(buf: Tensor, d: int, names: list[str]) -> tuple[Tensor, di
 
 def all_reduce_packed(vector: Tensor | None, scalars: Mapping[str, float | Tensor],
                       ctx: DistributedContext) -> tuple[Tensor, dict[str, float]]:
-    """Sum ``vector`` (any shape, ``d`` entries) and the named ``scalars`` over the ranks in one all-reduce.
-
-    Returns ``(vector_sum, scalar_sums)``: ``Tensor[d]`` float64 on ``ctx.device`` and ``{name: float}``.  Every
-    rank must pass a vector of the same size and the same names in the same order.
-    """
+    """Sum ``vector`` (any shape, ``d`` entries) and the named ``scalars`` over the ranks in one all-reduce
+    (:func:`pack_sum_buffer`): ``(Tensor[d] float64 on ctx.device, {name: float})``."""
     d = 0 if vector is None else vector.numel()
     buf = pack_sum_buffer(vector, scalars, ctx.device)
     with collective("all_reduce_packed", ctx):
@@ -147,12 +125,7 @@ def _checksum(x: Tensor) -> int:
 
 def assert_replicated(w: Tensor, ctx: DistributedContext, tol: float = 0.0, name: str = "w") -> None:
     """Check that ``w`` is the same on every rank (bit for bit when ``tol = 0``; ``max |w_r - w_0| <= tol``
-    otherwise).
-
-    Raises:
-        DistributedError: on every rank, naming the ranks whose ``w`` differs from rank 0's and the largest
-            difference (or the differing sizes).
-    """
+    otherwise); else ``DistributedError`` on every rank, naming the ranks that differ and the largest difference."""
     info = all_gather_int64([_checksum(w), w.numel()], ctx)
     if bool((info[:, 0] == info[0, 0]).all()):
         return

@@ -1,11 +1,6 @@
-""":class:`ShardComm`: the communicator of a BCFW run whose blocks are sharded over the ranks of a process group
-(the interface of :class:`torch_bcfw.solvers.comm.LocalComm`).
-
-Each rank holds its examples and their dual state; ``w`` is replicated.  A mini-batch round costs ONE all-reduce of
-``[V (d), sum l_i, sum l_s, blocks]`` (:meth:`ShardComm.sum_round`): every rank then computes the same line search
-from the same sums and applies the same ``w += -gamma V``, so the replicas stay identical bit for bit (every rank
-receives the same reduced buffer).  Certificates reduce the hinge sums of an oracle pass at the common ``w``
-(:func:`~torch_bcfw.distributed.certificate.global_certify`), so the gap is exact over all examples.
+""":class:`ShardComm`: the communicator (:class:`torch_bcfw.solvers.comm.LocalComm`'s interface) of a BCFW run whose
+blocks are sharded over the ranks, ``w`` replicated.  A mini-batch round costs ONE all-reduce
+(:meth:`ShardComm.sum_round`), after which every rank takes the same step from the same sums, bit for bit.
 """
 from __future__ import annotations
 
@@ -15,8 +10,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from ..solvers.certificate import Certificate, squared_norm
-from ..solvers.comm import share_of
+from ..solvers.certificate import Certificate, squared_norm, with_dual
 from .certificate import global_certify
 from .collectives import all_reduce_packed, collective
 from .context import DistributedContext
@@ -40,9 +34,6 @@ class ShardComm:
         self.round_seconds = 0.0
         self.rounds = 0
 
-    def share(self, m: int) -> int:
-        return share_of(m, self.sizes, self.rank)
-
     def sum_round(self, V: Tensor, sums: Tensor) -> tuple[Tensor, Tensor]:
         """One all-reduce of ``[V, sums]`` (float64); returns the sums on ``V``'s device."""
         t0 = time.perf_counter()
@@ -64,10 +55,7 @@ class ShardComm:
 
     def certify(self, model, data, w: Tensor, ell: float | None, lam: float) -> Certificate:
         c = global_certify(model, data, w, None, lam, self.n_total, self.ctx)
-        if ell is None:
-            return c
-        dual = float(ell) - 0.5 * lam * squared_norm(w)
-        return Certificate(c.primal, dual, c.primal - dual, c.y_star)
+        return with_dual(c.primal, ell, lam, squared_norm(w), c.y_star)
 
     def task_loss(self, model, data, w: Tensor) -> float:
         y = model.decode(w.to(torch.float64), data)

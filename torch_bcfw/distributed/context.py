@@ -1,16 +1,7 @@
 """Who this process is in a ``torch.distributed`` run: rank, world size, backend, device and timeout.
 
-A run is launched by ``torchrun`` (``torchrun --nproc-per-node N -m torch_bcfw fit --config ...``; multi-node:
-``torchrun --nnodes M --node-rank k --rdzv-backend c10d --rdzv-endpoint HOST:PORT ...``), which sets ``RANK``,
-``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR`` and ``MASTER_PORT`` for every process.  :func:`init_from_env`
-initialises the default process group from them; :meth:`DistributedContext.from_process_group` describes a
-default group that the caller initialised; :func:`current_context` is ``None`` outside a distributed run.
-
-Backends: ``gloo`` for CPU tensors, ``nccl`` for CUDA tensors (one GPU per process, ``cuda:LOCAL_RANK``).  The
-timeout bounds every collective: with gloo, a collective whose peer died raises as soon as the peer's socket
-closes, and one whose peer is alive but never arrives raises after the timeout.  With nccl the timeout is enforced
-by torch's NCCL watchdog, which may abort the process instead of raising.  Under torchrun, the launcher also stops the
-surviving workers of a run when one of them exits with an error.
+Backends: ``gloo`` for CPU tensors, ``nccl`` for CUDA tensors (``cuda:LOCAL_RANK``).  The timeout bounds every
+collective (with nccl it is enforced by torch's watchdog, which may abort the process instead of raising).
 """
 from __future__ import annotations
 
@@ -77,15 +68,8 @@ class DistributedContext:
 
     @classmethod
     def from_process_group(cls, timeout_s: float | None = None) -> "DistributedContext":
-        """The context of the initialised default process group.
-
-        ``timeout_s``: the group's collective timeout; ``None`` reads it from the group (gloo / nccl expose it)
-        or, failing that, takes torch's default for the backend.
-
-        Raises:
-            DistributedError: ``torch.distributed`` is not available or the default group is not initialised
-                (the message says how to launch), or the backend is neither gloo nor nccl.
-        """
+        """The context of the initialised default process group (else ``DistributedError``).  ``timeout_s``: the
+        group's collective timeout; ``None`` reads it from the group, else takes torch's default."""
         if not dist.is_available():
             raise DistributedError("torch.distributed is not available in this build of torch")
         if not dist.is_initialized():
@@ -107,19 +91,13 @@ class DistributedContext:
 
 def init_from_env(backend: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S,
                   device: str | torch.device | None = None) -> DistributedContext:
-    """Initialise the default process group from torchrun's environment and return its context.
+    """Initialise the default process group from torchrun's environment (or take the initialised one, whose backend
+    must match) and return its context; ``DistributedError`` when the environment, backend or rendezvous fails.
 
     Args:
         backend: ``"gloo"`` or ``"nccl"``; ``None`` picks nccl when ``device`` is a CUDA device, gloo otherwise.
         timeout_s: bound (seconds) on the rendezvous and on every collective of the group.
-        device: where the data lives (``"cpu"``, ``"cuda"``); ``None`` means CPU.  With nccl each process uses
-            ``cuda:LOCAL_RANK``.
-
-    An already initialised default group is returned as is (its backend must match ``backend`` if given).
-
-    Raises:
-        DistributedError: a variable of ``RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT`` is missing or malformed
-            (not launched by torchrun), an unsupported backend, nccl without CUDA, or the rendezvous failed.
+        device: where the data lives (``"cpu"``, ``"cuda"``); ``None`` means CPU.
     """
     if not dist.is_available():
         raise DistributedError("torch.distributed is not available in this build of torch")

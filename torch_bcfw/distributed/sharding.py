@@ -1,16 +1,6 @@
 """Which blocks (training examples) each rank owns, and the check that all ranks shard the same dataset.
 
-Layout: contiguous, balanced ranges in rank order.  With ``n`` examples and ``P`` ranks, ``q, r = divmod(n, P)``;
-rank ``k`` owns ``[k q + min(k, r), (k + 1) q + min(k + 1, r))``: the first ``r`` ranks hold ``q + 1`` examples, the
-others ``q``.  The ranges partition ``0 .. n-1`` and concatenating the shards in rank order gives the dataset back in
-its order; the layout depends on ``(n, P)`` only (deterministic, no seed), so a checkpoint written by ``P`` ranks is
-resharded the same way by the same world size.
-
-:func:`shard` works on any :class:`~torch_bcfw.data.StructuredData` container (``len(data)``, ``data[idx]``,
-``type(data).cat(parts)``): every rank passes the full dataset and keeps its range.  Before cutting, one all-gather
-compares ``n`` and a fingerprint of the labels (:func:`~torch_bcfw.duals.fingerprint.labels_fingerprint`; the
-features when unlabelled) across the ranks, so ranks that loaded different datasets stop with the same error on every
-rank instead of training on a mixture.
+Layout: contiguous, balanced ranges in rank order, depending on ``(n, P)`` only (:func:`shard_bounds`).
 """
 from __future__ import annotations
 
@@ -30,19 +20,14 @@ __all__ = ["Shard", "shard", "shard_bounds", "shard_indices", "shard_sizes", "ch
            "dataset_fingerprint"]
 
 
-def _check_layout_args(n, rank, world_size) -> tuple[int, int, int]:
+def shard_bounds(n: int, rank: int, world_size: int) -> tuple[int, int]:
+    """``(start, stop)``: rank ``rank`` owns examples ``start .. stop-1`` of ``n`` split over ``world_size`` ranks
+    (contiguous, balanced: sizes differ by at most one, the larger shards first)."""
     n = check_int(n, "n", minimum=0)
     world_size = check_int(world_size, "world_size", minimum=1)
     rank = check_int(rank, "rank", minimum=0)
     if rank >= world_size:
         raise ValueError(f"rank {rank} is not in [0, world_size={world_size})")
-    return n, rank, world_size
-
-
-def shard_bounds(n: int, rank: int, world_size: int) -> tuple[int, int]:
-    """``(start, stop)``: rank ``rank`` owns examples ``start .. stop-1`` of ``n`` split over ``world_size`` ranks
-    (contiguous, balanced: sizes differ by at most one, the larger shards first)."""
-    n, rank, world_size = _check_layout_args(n, rank, world_size)
     q, r = divmod(n, world_size)
     return rank * q + min(rank, r), (rank + 1) * q + min(rank + 1, r)
 
@@ -82,11 +67,8 @@ def dataset_fingerprint(data) -> int:
 
 
 def check_same_dataset(data, ctx: DistributedContext) -> int:
-    """Check that every rank holds the same dataset (same ``n``, same fingerprint); return ``n``.
-
-    One all-gather of ``[n, fingerprint]``; every rank sees the same table, so on a mismatch every rank raises
-    the same :class:`DistributedError`, listing each rank's ``n`` and fingerprint.
-    """
+    """Check that every rank holds the same dataset (same ``n``, same fingerprint; one all-gather); return ``n``.
+    On a mismatch every rank raises the same :class:`DistributedError`, listing each rank's ``n`` and fingerprint."""
     table = all_gather_int64([len(data), dataset_fingerprint(data)], ctx)
     if bool((table == table[0]).all()):
         return int(table[0, 0])
@@ -97,15 +79,9 @@ def check_same_dataset(data, ctx: DistributedContext) -> int:
 
 
 def shard(data, ctx: DistributedContext, check: bool = True) -> Shard:
-    """This rank's :class:`Shard` of the full dataset ``data`` (which every rank passes).
-
-    ``check``: first verify with :func:`check_same_dataset` that all ranks passed the same dataset (one
-    all-gather).  Call it on every rank (it is a collective when ``check`` is true).
-
-    Raises:
-        DistributedError: the ranks hold different datasets, or fewer examples than ranks (a rank would own no
-            block); the same error on every rank.
-    """
+    """This rank's :class:`Shard` of the full dataset ``data`` (which every rank passes; ``check``: first
+    :func:`check_same_dataset`, a collective).  ``DistributedError`` on every rank when there are fewer examples
+    than ranks."""
     n = check_same_dataset(data, ctx) if check else len(data)
     if n < ctx.world_size:
         raise DistributedError(f"{n} examples cannot be sharded over {ctx.world_size} ranks (rank {ctx.rank}): every "
@@ -115,9 +91,8 @@ def shard(data, ctx: DistributedContext, check: bool = True) -> Shard:
 
 
 def gather_shards(shard_data, ctx: DistributedContext):
-    """The full dataset on every rank: all ranks' shards concatenated in rank order (``type(shard_data).cat``), on
-    ``shard_data``'s device.  Sends the shards through ``all_gather_object`` (pickled, on the CPU): meant for
-    tests and checkpoints, not for the training loop."""
+    """The full dataset on every rank: all ranks' shards concatenated in rank order, on ``shard_data``'s device
+    (pickled through ``all_gather_object``: for tests and checkpoints, not the training loop)."""
     parts = [None] * ctx.world_size
     with collective("gather_shards", ctx):
         dist.all_gather_object(parts, shard_data.to("cpu"))

@@ -1,24 +1,15 @@
 """How ``fit`` uses a process group: replicate the single-process solve on every rank, split a replicated run's
 oracle calls over the ranks, or shard the examples.
 
-``choose_strategy`` measures, on the live group, what decides it: the seconds of one block step of this problem in
-one process (a short run of plain BCFW steps on a scratch dual state), of one oracle call and of one interpreted
-step towards a given corner, of one all-reduce of ``d + 2`` numbers and of one all-gather of a labeling.  Per
-effective pass:
-
-* replicating costs ``n t_step`` on every rank at once;
-* splitting the oracle (``"split-oracle"``) costs ``n (t_oracle / P + t_apply) + (n / R) (t_round + t_gather)``
-  for rounds of ``R`` blocks (``t_apply`` per block and ``t_round`` per call of the round's steps, the smallest
-  multiple of ``P`` whose fixed costs are at most a tenth of a rank's oracle calls, at most ``n / 16`` blocks so
-  that the corners are little out of date); its steps are one-block steps, so it needs about the passes of BCFW;
-* sharding over ``P`` ranks costs ``(n / P) t_step + (n / tau) t_allreduce`` for rounds of ``tau`` blocks (the given
-  ``batch_size``, or the smallest multiple of ``P`` whose all-reduce costs at most a tenth of the round's steps).
-  Rounds converge more slowly per pass than one-block steps, the more so the larger they are, so sharding is chosen
-  only with rounds of at most ``MAX_SHARD_ROUND`` blocks per process and a quarter of the examples.
-
-A way other than replicating is chosen only when predicted ``SHARD_MARGIN`` times faster per pass; splitting the
-oracle before sharding when both are (the same passes as BCFW, where joint rounds need more: 23% more at rounds of 4
-on the 5 ms oracle, ``docs/results/scale.md``).  Rank 0's measurements decide for every rank.
+``choose_strategy`` times, on the live group, one block step, one oracle call, one step towards a given corner, one
+all-reduce of ``d + 2`` numbers and one all-gather of a labeling (rank 0's figures decide).  Per effective pass,
+replicating costs ``n t_step``; splitting the oracle ``n (t_oracle / P + t_apply) + (n / R) (t_round + t_gather)``
+for rounds of ``R`` blocks (the smallest multiple of ``P`` whose fixed costs are at most a tenth of a rank's oracle
+calls, at most ``n / 16``); sharding ``(n / P) t_step + (n / tau) t_allreduce`` for rounds of ``tau`` blocks (the
+given ``batch_size``, or the smallest multiple of ``P`` whose all-reduce costs at most a tenth of the round's steps,
+and at most ``MAX_SHARD_ROUND`` per process and ``n / 4``: larger rounds need more passes).  Another way than
+replicating must be predicted ``SHARD_MARGIN`` times faster; splitting goes before sharding (it needs the passes of
+BCFW, ``docs/results/scale.md``).
 """
 from __future__ import annotations
 
@@ -35,7 +26,7 @@ import torch.distributed as dist
 
 from torch import Tensor
 
-from ..solvers.certificate import Certificate, squared_norm
+from ..solvers.certificate import Certificate, squared_norm, with_dual
 from ..solvers.comm import LocalComm
 from ..solvers.bcfw import seconds_per_block
 from ..solvers.run import make_algorithm
@@ -75,10 +66,9 @@ class Calibration(NamedTuple):
 
 
 class ReplicaComm(LocalComm):
-    """A replicated run: every block in this process (the reductions are the identity), but the stopping decisions
-    that read a clock (``time_budget``) are taken together, so that the replicas stay identical, and the exact gap
-    pass is split: each rank decodes its contiguous share of the examples and the per-example hinge terms (task
-    losses) are gathered, so that every rank sums the same vector a single process would (the same bits)."""
+    """A replicated run: every block here, the clock's stopping decisions taken together, and the exact gap pass
+    split: each rank decodes its contiguous share and the per-example terms are gathered, so that every rank sums
+    the same vector a single process would (the same bits)."""
 
     def __init__(self, ctx: DistributedContext):
         self.ctx = ctx
@@ -104,11 +94,7 @@ class ReplicaComm(LocalComm):
         y_part, h_part = model.hinge_terms(w64, self._share(data))
         hinge = self._gathered(h_part.to(torch.float64), len(data))
         sq = squared_norm(w64)
-        primal = 0.5 * lam * sq + float(hinge.mean())
-        if ell is None:
-            return Certificate(primal, None, None, y_part)
-        dual = float(ell) - 0.5 * lam * sq
-        return Certificate(primal, dual, primal - dual, y_part)
+        return with_dual(0.5 * lam * sq + float(hinge.mean()), ell, lam, sq, y_part)
 
     def task_loss(self, model, data, w: Tensor) -> float:
         if len(data) < self.ctx.world_size:
@@ -128,11 +114,9 @@ class _PendingCorners(NamedTuple):
 
 
 class SplitOracleComm(ReplicaComm):
-    """``strategy="split-oracle"``: a replicated run whose rounds' oracle calls are split over the ranks.  Rank ``r``
-    decodes the blocks at positions ``r, r + P, ...`` of a round and one all-gather of the labelings, in flight while
-    the ranks take the previous round's steps and decode the next round, gives every rank every answer.  A block's
-    answer depends only on ``w`` and the block, so the run's trajectory is the same under any number of ranks, one
-    process included."""
+    """``strategy="split-oracle"``: a replicated run whose rounds' oracle calls are split over the ranks (rank ``r``
+    decodes positions ``r, r + P, ...``; one asynchronous all-gather shares the labelings).  The trajectory is the
+    same under any number of ranks."""
 
     def __init__(self, ctx: DistributedContext):
         super().__init__(ctx)
@@ -172,23 +156,9 @@ class SplitOracleComm(ReplicaComm):
         return answers
 
 
-def _scratch(model, data, lam: float, options):
-    """A scratch single-process BCFW run of ``(model, data, lam)`` with ``options`` (one-block steps, the model's box
-    constraints), timed by the calibration and then dropped."""
-    return make_algorithm("bcfw", model, data, lam, dataclasses.replace(options, batch_size=1, progress=False))
-
-
-def _step_seconds(alg) -> float:
-    """Seconds per block step of the scratch run ``alg``: the second of two timed chunks (the first compiles or loads
-    the kernels)."""
-    return seconds_per_block(alg, min(alg.n, CALIBRATION_STEPS))
-
-
 def _oracle_apply_seconds(alg) -> tuple[float, float, float]:
     """Seconds per oracle call (``block_oracle``), and of the steps towards given answers (``corner_steps``) per block
-    and per call, on the scratch run ``alg``'s state: ``m = CALIBRATION_ORACLES`` blocks decoded one by one, then
-    rounds of one block and of the ``m`` (``t(m) = t_round + m t_apply``, the fastest of three of each), after one
-    untimed round (it compiles or loads the kernels)."""
+    and per call (``t(m) = t_round + m t_apply``, the fastest of three rounds of 1 and of ``m`` blocks)."""
     st, m = alg.state, min(alg.n, CALIBRATION_ORACLES)
     blocks = np.arange(m, dtype=np.int64)
     st.block_oracle(0)  # warm-up
@@ -232,8 +202,9 @@ def split_pass_seconds(n: int, p: int, r: int, t_oracle: float, t_apply: float, 
 
 def choose_strategy(model, data, lam: float, options, ctx: DistributedContext) -> Calibration:
     """Measure and predict (see the module's docstring); every rank of ``ctx`` calls it and gets rank 0's answer."""
-    alg = _scratch(model, data, lam, options)  # one scratch run for both: the data's kernel inputs built once
-    t_step = _step_seconds(alg)
+    # one scratch single-process run (one-block steps) for every timing
+    alg = make_algorithm("bcfw", model, data, lam, dataclasses.replace(options, batch_size=1, progress=False))
+    t_step = seconds_per_block(alg, min(alg.n, CALIBRATION_STEPS))
     t_oracle, t_apply, t_round = _oracle_apply_seconds(alg)
     t_ar = _collective_seconds(all_reduce_sum, torch.zeros(model.n_features + 2, dtype=torch.float64), ctx)
     label = torch.zeros(max(1, data[:1].y.numel()), dtype=torch.long)

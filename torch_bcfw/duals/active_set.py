@@ -8,27 +8,20 @@ from torch import Tensor
 from ..checks import saved_tensor
 from .base import LOAD_TOL, DualState
 from .dense import DenseDualState
-from .working_set import ACC, ALPHA, WorkingSet, block_labelings
+from .working_set import ACC, ALPHA, WorkingSet
 
 __all__ = ["ActiveSetDualState"]
 
 
 class ActiveSetDualState(DenseDualState):
-    """Dense ``w_i`` plus the dual variables themselves: per block, the labelings with non-zero
-    weight (the active set) and their weights.  Works for any model; can be re-bound to new features.
+    """Dense ``w_i`` plus the dual variables themselves: per block, the labelings with non-zero weight (the active
+    set) and their weights.  Works for any model; can be re-bound to new features.
 
-    ``alpha`` lives in a :class:`~torch_bcfw.duals.working_set.WorkingSet` (attribute ``active_set``): per block the
-    labelings in the order they were first used, with their weight (column ``ALPHA``), their loss ``L_i(y)/n``
-    (``LOSS``) and their averaging accumulator (``ACC``); a labeling leaves when both its weight and its accumulator
-    are 0.  The dense ``w_i`` table of :class:`~torch_bcfw.duals.dense.DenseDualState` is kept as a cache for the
-    solver steps and recomputed from the active sets by :meth:`_rebuild_blocks` (``w_i = sum_y alpha_i(y)
-    psi_i(y) / (lam n)``, one batched :meth:`~torch_bcfw.models.base.StructuredModel.joint_feature` call per
-    chunk).  A BCFW step adds at most one labeling to one block, so the memory grows with the number of
-    distinct oracle answers (at most ``K`` per example for a multiclass model).
-
-    The active set is the state's own record of ``alpha``, complete at all times; a solver's
-    :attr:`~torch_bcfw.duals.base.DualState.working_set` (a cache or MP-BCFW's planes, which may evict active
-    labelings) is a separate instance of the same structure.
+    ``alpha`` lives in a :class:`~torch_bcfw.duals.working_set.WorkingSet` (attribute ``active_set``, complete at all
+    times, separate from a solver's :attr:`~torch_bcfw.duals.base.DualState.working_set`): per block the labelings
+    with their weight (``ALPHA``), loss ``L_i(y)/n`` (``LOSS``) and averaging accumulator (``ACC``); a labeling
+    leaves when its weight and accumulator are both 0.  The dense ``w_i`` table is a cache, recomputed by
+    :meth:`_rebuild_blocks` (``w_i = sum_y alpha_i(y) psi_i(y) / (lam n)``).
     """
 
     rebindable = True
@@ -39,8 +32,8 @@ class ActiveSetDualState(DenseDualState):
 
     # ------------------------------------------------------------ moves of alpha
     def _plane(self, i: int, y: Tensor, loss: float | None = None) -> int:
-        """Position of labeling ``y`` in block ``i``'s active set, added with ``alpha = 0`` (and ``L_i(y) / n``, given
-        as ``loss`` or computed) when absent."""
+        """Position of labeling ``y`` in block ``i``'s active set, added with ``alpha = 0`` and ``L_i(y) / n``
+        (``loss``, or computed) when absent."""
         ws = self.active_set
         ynp = y.detach().cpu().numpy().reshape(-1)
         j = ws.find(i, ynp)
@@ -94,10 +87,9 @@ class ActiveSetDualState(DenseDualState):
 
     def _move_all(self, y: Tensor, gamma: float) -> None:
         super()._move_all(y, gamma)
-        labs = block_labelings(y, getattr(self.data, "offsets", None))
         losses = (self.model.loss(self.data, y) / self.n_total).tolist()
-        for i in range(self.n):
-            self._add(i, torch.from_numpy(labs[i]), gamma, losses[i])
+        for i, yi in enumerate(self._labelings(y)):
+            self._add(i, torch.from_numpy(yi), gamma, losses[i])
 
     def _avg_accumulate(self, i, S) -> None:
         super()._avg_accumulate(i, S)
@@ -110,12 +102,9 @@ class ActiveSetDualState(DenseDualState):
 
     def _rescale_storage(self, rho: float) -> None:
         ws = self.active_set
-        labs = block_labelings(self.data.y, getattr(self.data, "offsets", None))
-        for i in range(self.n):
+        for i, yi in enumerate(self._labelings(self.data.y)):
             ws.column(i, ALPHA)[:] *= rho
-            j = ws.find(i, labs[i])
-            if j < 0:
-                j = ws.insert(i, labs[i], 0.0, 0, True)
+            j = ws.put(i, yi, 0.0)
             ws.fl[ws.start[i] + j, ALPHA] += 1.0 - rho
             self._prune(i, nonpositive=True, keep_averaged=False)
 
@@ -167,16 +156,14 @@ class ActiveSetDualState(DenseDualState):
         }
 
     def _load_storage(self, sd: dict) -> None:
-        """The saved active sets, checked: block ids in range, each labeling of its block's length (and, through the
-        model's loss and joint features, one of its labelings), weights on each block's simplex, accumulators
-        ``>= 0``, no labeling twice in a block."""
+        """The saved active sets, checked: block ids in range, each labeling one of its block's (length, model's loss
+        and joint features), weights on each block's simplex, accumulators ``>= 0``, no labeling twice in a block."""
         if not {"blocks", "weights", "accs", "labels", "label_lengths"} <= sd.keys():
             raise ValueError("the saved active-set state lacks blocks, weights, accs, labels or label_lengths")
         blocks = saved_tensor(sd["blocks"], "state storage blocks", (None,), "int", lo=0, hi=self.n - 1)
         m = blocks.shape[0]
         lengths = saved_tensor(sd["label_lengths"], "state storage label_lengths", (m,), "int")
-        want = torch.tensor([len(y) for y in block_labelings(self.data.y, getattr(self.data, "offsets", None))],
-                            dtype=torch.int64)
+        want = torch.tensor([len(y) for y in self._labelings(self.data.y)], dtype=torch.int64)
         if m and not torch.equal(lengths, want[blocks]):
             raise ValueError("state storage label_lengths: a labeling is not of its block's length")
         labels = saved_tensor(sd["labels"], "state storage labels", (int(lengths.sum()),), "int", lo=0)

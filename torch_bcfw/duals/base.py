@@ -1,24 +1,16 @@
 """Per-block dual state of the BCFW family.
 
-The SSVM dual variable ``alpha`` has one simplex block per example.  BCFW never needs ``alpha`` itself, only its
-images ``w_i = A alpha_[i]`` and ``l_i = b^T alpha_[i]`` (Lacoste-Julien et al. 2013, Alg. 4), with ``w = sum_i
-w_i`` and ``l = sum_i l_i``.  :class:`DualState` holds the bookkeeping every storage shares (``w``, ``l``, the
-per-block ``l_i``, the step counter ``k``, the weighted average, box constraints, checkpoints, rebinding, running a
-:class:`~torch_bcfw.duals.plan.StepPlan`); a subclass decides how the blocks are stored through the hooks listed in
-``docs/anatomy.md`` (a dense ``w_i`` table, :class:`~torch_bcfw.duals.dense.DenseDualState`; label marginals,
-:class:`~torch_bcfw.duals.chain.ChainDualState`; ...).
+The SSVM dual ``alpha`` has one simplex block per example; BCFW needs only ``w_i = A alpha_[i]`` and ``l_i = b^T
+alpha_[i]`` (Lacoste-Julien et al. 2013, Alg. 4), ``w = sum_i w_i``, ``l = sum_i l_i``.  :class:`DualState` holds
+the bookkeeping every storage shares; a subclass stores the blocks through the hooks of ``docs/anatomy.md``.
 
-**Weighted averaging** (``wbar_T = 2/(T(T+1)) sum_t t w_t``, eq. 14 of the BCFW paper) is done in the dual, per
-block and lazily: a block's state is constant between two visits, so its contribution over such a stretch is its
-state times ``sum t`` over the stretch.  Each block keeps an accumulator and the clock of its last change; a step
-touches only the visited block, and ``wbar`` is assembled on demand.  ``lbar`` uses the identity ``lbar_T = l_T -
-2/(T(T+1)) sum_t t(t+1)/2 (l_{t+1} - l_t)``.
+**Weighted averaging** (``wbar_T = 2/(T(T+1)) sum_t t w_t``, eq. 14 of the BCFW paper) is lazy and per block: each
+block keeps an accumulator and the clock of its last change, and ``wbar`` is assembled on demand.  ``lbar`` uses
+``lbar_T = l_T - 2/(T(T+1)) sum_t t(t+1)/2 (l_{t+1} - l_t)``.
 
-**New features** (:meth:`DualState.rebind`, :meth:`DualState.from_state_dict`).  When the features ``x`` change (a
-backbone trained under the head), the same ``alpha`` maps to another ``w = A(x) alpha``.  A state whose storage holds
-the dual variables themselves (the chain's marginals, an active set's labelings) re-derives ``w`` and its caches
-under the new features, ``l = b^T alpha`` being unchanged: the certificate is then the exact gap at the new
-features.  A storage of ``w_i = A(x_old) alpha_[i]`` cannot (``rebindable = False``).
+**New features** (:meth:`DualState.rebind`, :meth:`DualState.from_state_dict`): a state storing the dual variables
+themselves re-derives ``w = A(x) alpha`` and its caches under new features (``l = b^T alpha`` is unchanged); a
+storage of ``w_i = A(x_old) alpha_[i]`` cannot (``rebindable = False``).
 
 **Box constraints** (Osokin et al. 2016, App. H).  After :meth:`DualState.set_bounds` the state keeps the
 untruncated ``v = sum_i v_i`` and exposes ``w = clip(v, lower, upper)``: the oracle and inner products use ``w``,
@@ -26,9 +18,9 @@ directions and their norms ``v``.  The dual gains the box multipliers: ``D = l -
 beta_l^T l)`` with ``beta_u = [v - u]_+``, ``beta_l = [l - v]_+`` (:meth:`DualState.dual_ell`), and the block gaps
 still sum to the exact gap.
 
-**Working sets.**  Pairwise and away steps, the cache and MP-BCFW need each block's labelings with their weights:
-an optional :class:`~torch_bcfw.duals.working_set.WorkingSet` (``working_set``, saved with the state and kept by a
-rebind), whose ``alpha`` follow every move.
+**Working sets**: pairwise and away steps, the cache and MP-BCFW use an optional
+:class:`~torch_bcfw.duals.working_set.WorkingSet` (``working_set``, saved and kept by a rebind) whose ``alpha``
+follow every move.
 """
 from __future__ import annotations
 
@@ -68,11 +60,9 @@ class DualState:
         avg_ell_u: scalar accumulator of the averaged ``l``.
     """
 
-    #: True when the stored blocks are the dual variables themselves (label marginals, active
-    #: sets) and not feature-space images ``w_i``, so that the state can be moved to new features
-    #: (:meth:`rebind`).  A subclass storing feature-space vectors must set this to False.  The
-    #: ``_load_storage`` of a rebindable state must derive any feature-space cache at ``self.data``'s
-    #: features (a label-marginal storage has none: :meth:`_w_from_blocks` evaluates the marginals).
+    #: True when the stored blocks are the dual variables themselves (not feature-space images ``w_i``), so that
+    #: the state can be moved to new features (:meth:`rebind`); its ``_load_storage`` must derive any feature-space
+    #: cache at ``self.data``'s features.
     rebindable = True
 
     def __init__(self, model, data, lam: float, n_total: int | None = None):
@@ -104,20 +94,21 @@ class DualState:
         raise NotImplementedError
 
     def _move_block(self, i: int, y: Tensor, gamma: float, v: Tensor) -> None:
-        """Move block ``i``'s stored state: ``alpha_i <- (1 - gamma) alpha_i + gamma e_y``.
-
-        ``v = w_i - w_s`` is the direction :meth:`block_direction` returned for ``y``.
-        """
+        """``alpha_i <- (1 - gamma) alpha_i + gamma e_y`` in the storage (``v``: :meth:`block_direction`'s)."""
         raise NotImplementedError
 
     def block_w(self, i: int) -> Tensor:
         """``w_i`` as a dense ``Tensor[d]``."""
         raise NotImplementedError
 
+    def _labelings(self, y) -> list[np.ndarray]:
+        """Each block's labeling in ``y`` (laid out like ``data.y``; :func:`~.working_set.block_labelings`)."""
+        return block_labelings(y, getattr(self.data, "offsets", None))
+
     def _move_all(self, y: Tensor, gamma: float) -> None:
         """Batch move: ``alpha <- (1 - gamma) alpha + gamma s`` with ``s`` the corners ``y`` (all blocks, laid out like
         ``data.y``).  Default: one :meth:`_move_block` per block."""
-        for i, yi in enumerate(block_labelings(y, getattr(self.data, "offsets", None))):
+        for i, yi in enumerate(self._labelings(y)):
             yi = torch.as_tensor(yi, dtype=torch.long, device=self.w.device)
             self._move_block(i, yi, gamma, self.block_direction(i, yi)[0])
 
@@ -126,8 +117,7 @@ class DualState:
         return sum((self.block_w(i) for i in range(self.n)), torch.zeros_like(self.v))
 
     def _avg_accumulate(self, i: int | None, S) -> None:
-        """Add ``S`` times block ``i``'s current state to its average accumulator (``i=None``: all
-        blocks, ``S: Tensor[n]``)."""
+        """Add ``S`` times block ``i``'s state to its average accumulator (``i=None``: all blocks, ``S: Tensor[n]``)."""
         raise NotImplementedError
 
     def _avg_w(self, S: Tensor, total: float) -> Tensor:
@@ -146,18 +136,14 @@ class DualState:
         ``new_ell_i``, and ``l`` and the averaging accumulator of ``l`` follow."""
         self.block_ell[i] = new_ell_i
         self.v.add_(d, alpha=alpha)
-        if self._box:
-            self._sync_w()
+        self._sync_w()
         self.ell += new_ell_i - ell_i
         self.avg_ell_u += average_weight(self.avg_t) * (new_ell_i - ell_i)
 
     # ------------------------------------------------------------ solver API
     def block_step(self, i: int, y: Tensor, step_code: int, averaging: bool = True) -> tuple[float, float]:
-        """One Frank-Wolfe step on block ``i`` towards the corner of labeling ``y``.
-
-        Returns ``(num, gamma)``: ``num = lam <w_i - w_s, w> - l_i + l_s`` is the block gap when
-        ``y`` is an exact oracle answer at the current ``w``; ``gamma`` is the step taken.
-        """
+        """One Frank-Wolfe step on block ``i`` towards the corner of labeling ``y``.  Returns ``(num, gamma)``: ``num =
+        lam <w_i - w_s, w> - l_i + l_s`` (the block gap when ``y`` is an exact oracle answer), ``gamma`` the step."""
         v, ell_s = self.block_direction(i, y)
         ell_i = float(self.block_ell[i])
         num = self.lam * float(v @ self.w) - ell_i + ell_s
@@ -173,10 +159,9 @@ class DualState:
         return num, gamma
 
     def corner_steps(self, blocks: np.ndarray, ys: list, step_code: int, averaging: bool = True) -> np.ndarray:
-        """One-block Frank-Wolfe steps on ``blocks`` (``int64[m]``) in order, block ``blocks[j]`` towards the corner of
-        the given labeling ``ys[j]`` (an oracle answer, maybe at an earlier ``w``: ``strategy="split-oracle"``).
-        Returns the line searches' numerators (``float64[m]``; the block gaps when the answers are current).
-        Default: one :meth:`block_step` per block."""
+        """One :meth:`block_step` per block of ``blocks`` (``int64[m]``) in order, towards the given labelings ``ys``
+        (oracle answers, maybe at an earlier ``w``: ``strategy="split-oracle"``).  Returns the numerators
+        (``float64[m]``)."""
         return np.array([self.block_step(i, y, step_code, averaging)[0] for i, y in zip(blocks.tolist(), ys)],
                         dtype=np.float64)
 
@@ -184,13 +169,10 @@ class DualState:
                    averaging: bool = True) -> tuple[float, float, bool]:
         """A pairwise or away step on block ``i`` (Osokin et al. 2016, Algs. 3 and 4), exact line search.
 
-        ``rule = PAIRWISE_RULE``: ``alpha_i <- alpha_i + gamma (e_s - e_a)``, direction ``w_s - w_a``;
-        ``rule = AWAY_RULE``: ``alpha_i <- (1 + gamma) alpha_i - gamma e_a``, direction ``w_i - w_a``.
-        ``gamma`` is clipped to ``[0, gmax]`` (``alpha_i(a)`` resp. ``alpha_i(a) / (1 - alpha_i(a))``).
-        Returns ``(num, gamma, drop)``: ``num`` is the step's numerator (``H_s - H_a`` resp.
-        ``sum_y alpha(y) H(y) - H_a``, over ``n``) and ``drop`` says the clip bound was hit (then
-        ``alpha_i(a)`` becomes exactly 0 in the stored dual variables).  With box constraints the
-        directions are untruncated and the inner products use the truncated ``w``.
+        ``rule = PAIRWISE_RULE``: ``alpha_i <- alpha_i + gamma (e_s - e_a)``; ``AWAY_RULE``: ``alpha_i <- (1 + gamma)
+        alpha_i - gamma e_a``.  ``gamma`` is clipped to ``[0, gmax]``.  Returns ``(num, gamma, drop)``: ``num`` the
+        numerator (``H_s - H_a`` resp. ``sum_y alpha(y) H(y) - H_a``, over ``n``), ``drop`` when the clip bound was
+        hit (``alpha_i(a)`` becomes exactly 0 with ``drop_exact``).
         """
         v_s, ell_s = self.block_direction(i, y_s)  # v_i - w_s
         v_a, ell_a = self.block_direction(i, y_a)  # v_i - w_a
@@ -218,9 +200,8 @@ class DualState:
 
     def _move_block_general(self, i: int, y_s: Tensor, y_a: Tensor, coeffs: tuple, gamma: float, d: Tensor,
                             drop: bool) -> None:
-        """Move block ``i``'s storage: ``alpha_i <- alpha_i + gamma (p e_s + q e_a + r alpha_i)`` with
-        ``(p, q, r) = coeffs``; ``d = p w_s + q w_a + r w_i`` is the feature-space direction.  ``drop``: the
-        step removes ``y_a`` (its weight must become exactly 0)."""
+        """``alpha_i <- alpha_i + gamma (p e_s + q e_a + r alpha_i)``, ``(p, q, r) = coeffs``, ``d`` the feature-space
+        direction; ``drop``: ``alpha_i(y_a)`` must become exactly 0."""
         raise NotImplementedError
 
     # ------------------------------------------------------------ explicit corners (generic step loop)
@@ -230,17 +211,12 @@ class DualState:
         return float(self.block_ell[i]) - self.lam * float(self.block_w(i) @ self.w)
 
     def corner_values(self, i: int, ys: list) -> np.ndarray:
-        """``H_i(y; w) / n = (L_i(y) - <w, phi(x_i, y_i) - phi(x_i, y)>) / n`` for labelings ``ys`` of block ``i``.
-
-        ``ys`` holds labelings as 1-D integer arrays or tensors (the layout of the block's labels).
-        Returns ``float64[len(ys)]``; consistent with :meth:`block_value` (corner minus block value is a
-        block gap).  One batched loss and score call (:meth:`pair_values`).
-        """
+        """``H_i(y; w) / n = (L_i(y) - <w, phi(x_i, y_i) - phi(x_i, y)>) / n`` for labelings ``ys`` (1-D integer
+        arrays or tensors) of block ``i``: ``float64[len(ys)]``, minus :meth:`block_value` a block gap."""
         return self.pair_values([i] * len(ys), ys)
 
     def pair_values(self, blocks, ys: list) -> np.ndarray:
-        """:meth:`corner_values` of many blocks at once: ``H_i(y; w) / n`` for the pairs ``(blocks[q], ys[q])`` in one
-        batched loss and score call (``float64[len(ys)]``; the cache test of a mini-batch round)."""
+        """:meth:`corner_values` for the pairs ``(blocks[q], ys[q])`` in one batched call (``float64[len(ys)]``)."""
         rep = self.data[torch.as_tensor(np.asarray(blocks, dtype=np.int64), device=self.w.device)]
         y = torch.cat([torch.as_tensor(np.asarray(t), dtype=torch.long).reshape(-1) for t in ys]).to(self.w.device)
         y = y.reshape(rep.y.shape)
@@ -258,12 +234,9 @@ class DualState:
         return self.model.oracle(self.w, self.block_data(i), loss_augmented=True)
 
     def block_gaps(self) -> tuple[Tensor, Tensor, Tensor]:
-        """Exact block gaps at the current ``w`` in one batched oracle pass (no step is taken).
-
-        Returns ``(g, H, y_star)``: ``g_i = lam <v_i - v_s, w> - l_i + l_s = H_i / n - (l_i - lam <v_i, w>)``
-        (``Tensor[n]``, float64; ``sum_i g_i`` is the duality gap, box terms included), the hinge values
-        ``H_i = max_y L_i(y) - <w, psi_i(y)>`` and the oracle answers.
-        """
+        """Exact block gaps at the current ``w`` in one batched oracle pass (no step is taken).  Returns ``(g, H,
+        y_star)``: ``g_i = H_i / n - (l_i - lam <v_i, w>)`` (``Tensor[n]`` float64, summing to the duality gap), the
+        hinge values ``H_i = max_y L_i(y) - <w, psi_i(y)>`` and the oracle answers."""
         y_star, H = self.model.hinge_terms(self.w, self.data)
         dots = self._block_dots()
         return H / self.n_total - (self.block_ell - dots), H, y_star
@@ -274,11 +247,8 @@ class DualState:
 
     # ------------------------------------------------------------ box constraints (App. H)
     def set_bounds(self, lower: Tensor | None, upper: Tensor | None) -> None:
-        """Constrain the weights to ``lower <= w <= upper`` (``Tensor[d]``, +-inf allowed, or ``None``).
-
-        Must be called on a fresh state or one whose ``v`` is the untruncated sum (every state of this
-        package).  ``w`` becomes ``clip(v, lower, upper)``; see the module docstring.
-        """
+        """Constrain the weights to ``lower <= w <= upper`` (``Tensor[d]``, +-inf allowed, or ``None``): ``w``
+        becomes ``clip(v, lower, upper)`` (see the module docstring)."""
         lo, hi = check_bounds(lower, upper, self.d, self.v.device)
         self.lower, self.upper = lo, hi
         self._box = True
@@ -308,14 +278,10 @@ class DualState:
 
     # ------------------------------------------------------------ working set
     def ensure_working_set(self) -> WorkingSet:
-        """The state's :class:`WorkingSet`, created at the ground truth if the state has none.
-
-        Creating one is only consistent at the initial point ``alpha_i = e_{y_i}`` (``k == 0``); a state
-        that has moved without one cannot list its dual variables and raises ``ValueError``.
-        """
+        """The state's :class:`WorkingSet`, created at the ground truth if the state has none (only consistent at the
+        initial point ``alpha_i = e_{y_i}``: a state that has moved raises ``ValueError``)."""
         if self.working_set is None:
-            moved = self.k != 0 or (self.d > 0 and float(self.v.abs().max()) != 0.0)
-            if moved:
+            if self.k != 0 or (self.d > 0 and float(self.v.abs().max()) != 0.0):
                 raise ValueError(
                     "this dual state has moved without a working set, so its dual variables alpha are not "
                     "listed; pairwise / away steps and caching must start from a fresh state (or one saved "
@@ -326,12 +292,9 @@ class DualState:
 
     # ------------------------------------------------------------ moving along lambda (regularization path)
     def set_corners(self, y: Tensor) -> None:
-        """Put every block on one corner: ``alpha_i = e_{y_i'}`` for the labelings ``y`` (all blocks, laid out
-        like ``data.y``).  The averages restart; a working set (if any) lists exactly these corners.
-
-        Used by the regularization path (Osokin et al. 2016, Alg. 6: ``alpha_i = e_{y~_i}``, the max-loss
-        labelings) so that ``w = A alpha``, ``l = b^T alpha`` hold exactly at the state's ``lam``.
-        """
+        """Put every block on one corner: ``alpha_i = e_{y_i'}`` for the labelings ``y`` (all blocks, laid out like
+        ``data.y``; the regularization path's max-loss labelings, Osokin et al. 2016, Alg. 6).  The averages
+        restart; a working set (if any) lists exactly these corners."""
         self._move_all(y, 1.0)
         self.block_ell = self.model.loss(self.data, y).to(self.block_ell) / self.n_total
         self.v = self._w_from_blocks()
@@ -340,27 +303,18 @@ class DualState:
         self._restart_average()
         ws = self.working_set
         if ws is not None:
-            labs = block_labelings(y, getattr(self.data, "offsets", None))
             losses = self.block_ell.detach().cpu().numpy()
-            for i in range(self.n):
+            for i, yi in enumerate(self._labelings(y)):
                 ws.alphas(i)[:] = 0.0
-                yi = labs[i]
-                j = ws.find(i, yi)
-                if j < 0:
-                    j = ws.insert(i, yi, float(losses[i]), 0, True)
+                j = ws.put(i, yi, float(losses[i]))  # may move the block's region: index after it
                 ws.fl[ws.start[i] + j, ALPHA] = 1.0
                 ws.incomplete[i] = 0
 
     def rescale_lam(self, lam_new: float) -> float:
-        """Move the state to a smaller ``lam_new = rho lam`` keeping ``w`` (Osokin et al. 2016, Prop. 1).
-
-        The dual variables become ``alpha_i <- rho alpha_i + (1 - rho) e_{y_i}`` (mass moves to the ground
-        truth, whose ``psi_i(y_i) = 0`` and ``L_i(y_i) = 0``), so with ``A_new = A_old / rho``:
-        ``w_i`` and ``w`` (and ``v``) are unchanged and ``l_i <- rho l_i``.  The duality gap at ``lam_new``
-        is ``g_old + (1 - rho) Delta`` with ``Delta = l - lam <v, w>`` (:meth:`path_delta`).  The weighted
-        averages restart (an average over iterates of another ``lam`` is not a point of the new problem).
-        Returns ``rho``.  ``rho`` must lie in ``(0, 1]``: a larger ``lam`` would need negative weights.
-        """
+        """Move the state to a smaller ``lam_new = rho lam`` keeping ``w`` (Osokin et al. 2016, Prop. 1): ``alpha_i <-
+        rho alpha_i + (1 - rho) e_{y_i}``, so ``w_i`` and ``w`` are unchanged and ``l_i <- rho l_i``; the gap at
+        ``lam_new`` is ``g_old + (1 - rho) Delta`` (:meth:`path_delta`).  The averages restart.  Returns ``rho``,
+        which must lie in ``(0, 1]``."""
         lam_new = check_lam(lam_new)
         rho = lam_new / self.lam
         if not rho <= 1.0:
@@ -371,13 +325,9 @@ class DualState:
         self._rescale_storage(rho)
         ws = self.working_set
         if ws is not None:
-            labs = block_labelings(self.data.y, getattr(self.data, "offsets", None))
-            for i in range(self.n):
+            for i, yi in enumerate(self._labelings(self.data.y)):
                 ws.alphas(i)[:] *= rho
-                yi = labs[i]
-                j = ws.find(i, yi)
-                if j < 0:
-                    j = ws.insert(i, yi, 0.0, 0, True)
+                j = ws.put(i, yi, 0.0)
                 ws.fl[ws.start[i] + j, ALPHA] += 1.0 - rho
         self.block_ell.mul_(rho)
         self.ell = float(self.block_ell.sum())
@@ -386,14 +336,12 @@ class DualState:
         return rho
 
     def path_delta(self) -> float:
-        """``Delta = sum_i (l_i - lam <v_i, w>) = l - lam <v, w>``: the growth rate of the duality gap under
-        :meth:`rescale_lam`, ``g(lam rho) = g(lam) + (1 - rho) Delta`` (Osokin et al. 2016, Prop. 1; with box
-        constraints the box multipliers are included, since ``<v - w, w>`` is their term)."""
+        """``Delta = l - lam <v, w>``: the growth rate of the duality gap under :meth:`rescale_lam`, ``g(lam rho) =
+        g(lam) + (1 - rho) Delta`` (Osokin et al. 2016, Prop. 1; box multipliers included)."""
         return self.ell - self.lam * float(self.v @ self.w)
 
     def _rescale_storage(self, rho: float) -> None:
-        """Storage hook of :meth:`rescale_lam`: ``alpha_i <- rho alpha_i + (1 - rho) e_{y_i}`` in the stored
-        blocks (a storage of ``w_i = A alpha_i`` has nothing to do: ``w_i`` is unchanged)."""
+        """Storage hook of :meth:`rescale_lam`: ``alpha_i <- rho alpha_i + (1 - rho) e_{y_i}`` (nothing for ``w_i``)."""
 
     def _restart_average(self) -> None:
         """Forget the weighted average (its accumulators restart at the current iterate)."""
@@ -405,12 +353,11 @@ class DualState:
     def _avg_reset_storage(self) -> None:
         """Zero the storage's average accumulators."""
         raise NotImplementedError
+
     # ------------------------------------------------------------ running plans
     def run_plan(self, plan: StepPlan) -> PlanResult:
-        """Run a :class:`~torch_bcfw.duals.plan.StepPlan`: mini-batch plans in the round loop
-        :func:`~torch_bcfw.duals.plan.run_rounds`, one-block plans in the generic step loop
-        :func:`~torch_bcfw.duals.plan.generic_plan_steps`.  A state with a compiled loop overrides this for the plans
-        it compiles (:meth:`can_run_plan`) and must give the generic loop's trajectory."""
+        """Run a :class:`~torch_bcfw.duals.plan.StepPlan`: mini-batch plans in :func:`~.plan.run_rounds`, one-block
+        plans in :func:`~.plan.generic_plan_steps` (a compiled override must give the same trajectory)."""
         if plan.rounds is not None:
             return run_rounds(self, plan)
         return generic_plan_steps(self, plan)
@@ -420,25 +367,20 @@ class DualState:
         return False
 
     def run_steps(self, order: np.ndarray, step_code: int, averaging: bool = True) -> np.ndarray:
-        """Sequential BCFW steps on the blocks in ``order`` (``int64[m]``), each after an exact oracle call: the plain
-        :class:`~torch_bcfw.duals.plan.StepPlan`.  Returns the ``m`` block gaps observed (``float64[m]``)."""
+        """Plain :class:`~.plan.StepPlan` on the blocks ``order`` (``int64[m]``); its block gaps (``float64[m]``)."""
         return self.run_plan(StepPlan.plain(order, step_code, averaging)).gaps
 
     # ------------------------------------------------------------ mini-batch steps (Wang et al. 2016)
     def subset_oracle(self, idx: Tensor):
-        """Loss-augmented decoding of the blocks ``idx`` (``LongTensor[tau]``, distinct) at the current ``w`` in one
-        batched oracle call.  Returns ``(sub, y)``: the examples ``data[idx]`` and their answers, laid out like
-        ``sub.y``."""
+        """One batched loss-augmented oracle call on the distinct blocks ``idx`` (``LongTensor[tau]``): ``(sub, y)``,
+        the examples ``data[idx]`` and their answers laid out like ``sub.y``."""
         sub = self.data[idx] if len(idx) != 1 else self.block_data(int(idx[0]))
         return sub, self.model.oracle(self.w, sub, loss_augmented=True)
 
     def subset_direction(self, idx: Tensor, sub, y: Tensor) -> tuple[Tensor, Tensor, object]:
-        """The joint direction of blocks ``idx`` towards the corners ``y`` (``sub = data[idx]``).
-
-        Returns ``(V, ell_s, parts)``: ``V = sum_{i in idx} (w_i - w_s,i)`` (``Tensor[d]``; ``A d = -V`` for the
-        joint direction ``d = sum_i (s_[i] - alpha_[i])``), ``ell_s = L_i(y_i) / n`` (``Tensor[tau]``) and what
-        :meth:`_move_subset` needs (storage-specific).  Default: one :meth:`block_direction` per block; dense and
-        compact storages override it with batched tensor operations."""
+        """The joint direction of blocks ``idx`` towards the corners ``y`` (``sub = data[idx]``): ``(V, ell_s,
+        parts)``, ``V = sum_{i in idx} (w_i - w_s,i)`` (``Tensor[d]``), ``ell_s = L_i(y_i) / n`` (``Tensor[tau]``)
+        and what :meth:`_move_subset` needs.  Default: one :meth:`block_direction` per block."""
         labs = block_labelings(y, getattr(sub, "offsets", None))
         V = torch.zeros_like(self.v)
         vs, ells = [], []
@@ -462,11 +404,9 @@ class DualState:
             self._avg_touch(i)
 
     def round_step(self, blocks: np.ndarray, plan: StepPlan) -> RoundStep:
-        """One round of the mini-batch ``plan`` on this process' blocks ``blocks`` (``int64[tau]``, distinct, maybe
-        none): their corners at the current ``w`` -- one batched oracle call (:meth:`subset_oracle`), or with the
-        plan's cache the cached corners that pass the test and the oracle for the others
-        (:func:`~torch_bcfw.duals.plan.round_corners`) -- then one joint step (:meth:`minibatch_step`, whose
-        ``reduce`` is the plan's)."""
+        """One round of the mini-batch ``plan`` on this process' distinct blocks ``blocks`` (``int64[tau]``, maybe
+        none): their corners (:meth:`subset_oracle`, or with the cache :func:`~.plan.round_corners`), then one joint
+        step (:meth:`minibatch_step` with the plan's ``reduce``)."""
         idx = torch.as_tensor(blocks, dtype=torch.long).to(self.w.device)
         js = hit = None
         if not len(blocks):  # a process without a block in the round
@@ -481,23 +421,16 @@ class DualState:
 
     def minibatch_step(self, idx: Tensor, sub, y: Tensor, step_code: int, averaging: bool = True,
                        reduce=None, block_gaps: np.ndarray | None = None) -> tuple[float, float, int]:
-        """One mini-batch Frank-Wolfe step (Wang et al. 2016): the blocks ``idx`` (distinct) move together
-        towards their corners ``y`` (oracle answers at the current ``w``) with one step size ``gamma``.
-
-        Along ``d = sum_{i in idx} (s_[i] - alpha_[i])`` the dual is ``f(alpha + gamma d) = l + gamma dl -
-        lam/2 ||w - gamma V||^2`` (``V = sum_i (w_i - w_s,i)``, ``dl = sum_i (l_s,i - l_i)``), so the exact line
-        search is ``gamma = clip(num / den, 0, 1)`` with ``num = lam <V, w> + dl``, which is the sum of the blocks'
-        gaps ``g_i = lam <w_i - w_s,i, w> - l_i + l_s,i``, and ``den = lam ||V||^2``, computed from the summed
-        ``V`` (the cross terms between blocks are what limit the speed-up).  ``FIXED``: ``gamma = min(1, 2 n tau /
-        (tau k + 2 n))`` (``k`` block steps so far; ``2n / (k + 2n)`` at ``tau = 1``).  At ``tau = 1`` this is
-        :meth:`block_step`, bit for bit.
+        """One mini-batch Frank-Wolfe step (Wang et al. 2016): the distinct blocks ``idx`` move together towards their
+        corners ``y`` with one step ``gamma``.  With ``V = sum_i (w_i - w_s,i)``, ``dl = sum_i (l_s,i - l_i)`` the
+        line search is ``clip(num / den, 0, 1)``, ``num = lam <V, w> + dl`` (the sum of the block gaps), ``den = lam
+        ||V||^2``; ``FIXED``: ``min(1, 2 n tau / (tau k + 2 n))``.  At ``tau = 1`` this is :meth:`block_step`, bit
+        for bit.
 
         ``reduce``: ``None``, or a callable summing ``(V, [sum_i l_i, sum_i l_s,i, len(idx)])`` over the processes
-        that share the round (``w`` replicated): then ``num``, ``den``, ``tau`` and ``gamma`` are the round's, ``w``
-        moves by the summed ``V``, and this state moves only its own blocks.  ``block_gaps``: ``float64[len(idx)]``
-        that receives each block's gap ``g_i`` before the step (:meth:`_subset_block_gaps`; gap sampling).
-        Returns ``(num, gamma, tau)``, ``tau`` the round's blocks over all processes (a round of none takes no step
-        and does not advance the clocks).
+        sharing the round (``w`` replicated; each moves only its own blocks).  ``block_gaps``: ``float64[len(idx)]``
+        receiving each block's gap before the step.  Returns ``(num, gamma, tau)``, ``tau`` the round's blocks over
+        all processes (none: no step, the clocks stay).
         """
         if len(idx):
             V, ell_s, parts = self.subset_direction(idx, sub, y)
@@ -521,8 +454,7 @@ class DualState:
             new_ell = (1.0 - gamma) * ell_i + gamma * ell_s
             self.block_ell[idx] = new_ell
             self.v.add_(V, alpha=-gamma)
-            if self._box:
-                self._sync_w()
+            self._sync_w()
             dl = float((new_ell - ell_i).sum())
             self.ell += dl
             self.avg_ell_u += average_weight(self.avg_t) * dl
@@ -532,14 +464,12 @@ class DualState:
 
     def _subset_block_gaps(self, idx: Tensor, sub, parts) -> Tensor:
         """``lam <w_i - w_s,i, w>`` for each block of a round (``Tensor[tau]``; ``parts`` from
-        :meth:`subset_direction`), the direction part of the block gaps ``g_i = lam <w_i - w_s,i, w> - l_i + l_s,i``.
-        Default: from the per-block directions of the default :meth:`subset_direction`."""
+        :meth:`subset_direction`), the direction part of the block gaps."""
         return torch.stack([self.lam * (v @ self.w) for _, v in parts])
 
     def _round_step(self, V: Tensor, sums: Tensor, step_code: int, reduce=None) -> tuple[Tensor, float, float, int]:
-        """The step of a round from its direction ``V`` (``Tensor[d]``) and ``sums = [sum l_i, sum l_s, blocks]``
-        (summed over the processes first when ``reduce`` is given): ``(V, num, gamma, tau)``, ``num`` the line
-        search's numerator (the sum of the round's block gaps) and ``tau`` the round's blocks."""
+        """The step of a round from ``V`` (``Tensor[d]``) and ``sums = [sum l_i, sum l_s, blocks]`` (first summed by
+        ``reduce`` when given): ``(V, num, gamma, tau)``."""
         if reduce is not None:
             V, sums = reduce(V, sums)
         tau = int(sums[2])
@@ -548,13 +478,11 @@ class DualState:
         return V, num, minibatch_step_size(step_code, num, den, self.k, self.n_total, tau), tau
 
     def batch_step(self, y: Tensor, step_code: int, fw_iter: int, averaging: bool = True) -> tuple[float, float]:
-        """One batch Frank-Wolfe step towards the corners ``y`` (oracle answers for all blocks).
-
-        Returns ``(gap, gamma)``, ``gap`` being the exact duality gap of the state *before* the step
-        (when ``y`` are exact oracle answers at the current ``w``).
-        """
+        """One batch Frank-Wolfe step towards the corners ``y`` (oracle answers for all blocks).  Returns ``(gap,
+        gamma)``, ``gap`` the duality gap before the step (for exact answers)."""
         n, lam = self.n_total, self.lam
-        w_s = (self.model.joint_feature_sum(self.data, self.data.y) - self.model.joint_feature_sum(self.data, y)) / (lam * n)
+        phi = self.model.joint_feature_sum
+        w_s = (phi(self.data, self.data.y) - phi(self.data, y)) / (lam * n)
         ell_s = float(self.model.loss(self.data, y).sum()) / n
         v = self.v - w_s
         gap = lam * float(v @ self.w) - self.ell + ell_s
@@ -569,8 +497,7 @@ class DualState:
             self._move_all(y, gamma)
             self.block_ell.mul_(1.0 - gamma).add_(self.model.loss(self.data, y) / n, alpha=gamma)
             self.v.add_(v, alpha=-gamma)
-            if self._box:
-                self._sync_w()
+            self._sync_w()
             self.ell = (1.0 - gamma) * old_ell + gamma * ell_s
             self.avg_ell_u += average_weight(self.avg_t) * (self.ell - old_ell)
         self.k += n
@@ -578,13 +505,10 @@ class DualState:
         return gap, gamma
 
     def averaged(self, reduce=None) -> tuple[Tensor, float]:
-        """The weighted average ``(wbar, lbar)`` of the iterates (weights ``t``, eq. 14 of the BCFW paper).
-
-        Only meaningful when every step ran with ``averaging=True``.  With box constraints ``wbar`` is the
-        truncation of the averaged ``v`` and ``lbar`` includes its box term (a feasible primal-dual pair).
-        ``reduce``: for a state holding one shard, the callable summing ``(vector, scalar)`` over the processes
-        (this state's blocks give their part of ``wbar`` and ``lbar``).
-        """
+        """The weighted average ``(wbar, lbar)`` of the iterates (weights ``t``, eq. 14 of the BCFW paper), meaningful
+        when every step ran with ``averaging=True``.  With box constraints ``wbar`` is the truncated averaged ``v``
+        and ``lbar`` includes its box term.  ``reduce``: for a state holding one shard, the callable summing
+        ``(vector, scalar)`` over the processes."""
         T = self.avg_t
         if T == 0:
             ell = self.ell if reduce is None else reduce(self.v[:0], self.ell)[1]
@@ -599,11 +523,8 @@ class DualState:
         return v_avg, ell_avg
 
     def refresh(self, reduce=None) -> float:
-        """Recompute ``w = sum_i w_i`` and ``l = sum_i l_i`` from the blocks; return the drift removed.
-
-        ``reduce``: for a state holding one shard (its ``w`` is the sum over all processes' blocks, its ``l`` its own
-        blocks' part), the callable summing ``(vector, scalar)`` over the processes: ``w`` becomes the sum of every
-        process' blocks (the same on every process)."""
+        """Recompute ``w = sum_i w_i`` and ``l = sum_i l_i`` from the blocks; return the drift removed.  ``reduce``:
+        for a state holding one shard, the callable summing ``(vector, scalar)`` over the processes (for ``w``)."""
         v = self._w_from_blocks()
         if reduce is not None:
             v, _ = reduce(v, 0.0)
@@ -625,13 +546,9 @@ class DualState:
 
     @classmethod
     def from_state_dict(cls, model, data, lam: float, sd: dict) -> "DualState":
-        """A state on ``data`` carrying the dual variables saved in ``sd`` (from :meth:`state_dict`).
-
-        ``data`` must hold the same examples with the same labels in the same order as the data the
-        state was saved from, but its *features* may differ: ``w``, the dense caches and the average
-        are re-derived from the stored blocks under ``data``'s features (see the module docstring),
-        so ``w = A(x) alpha`` holds exactly for the current ``x``.
-        """
+        """A state on ``data`` (the saved examples, labels and order; the features may differ) carrying the dual
+        variables saved in ``sd`` (:meth:`state_dict`): ``w`` and the caches are re-derived under ``data``'s
+        features."""
         cls._check_rebindable()
         state = cls(model, data, lam, sd.get("n_total"))
         state.load_state_dict(sd)  # a rebindable storage derives its feature-space caches at data's features
@@ -639,14 +556,10 @@ class DualState:
         return state
 
     def rebind(self, data) -> float:
-        """Move this state to new features ``data`` (same examples and labels, in the same order).
-
-        The dual variables (blocks), the per-block ``l_i``, the step counter, the averaging clocks and
-        the averaged dual variables are kept; ``w = sum_i w_i`` and every feature-dependent cache are
-        recomputed under ``data``'s features.  Returns ``max |w_new - w_old|``, the staleness removed.
-        Raises ``NotImplementedError`` for states that do not store the dual variables
-        (:class:`~torch_bcfw.duals.dense.DenseDualState`) and ``ValueError`` when ``data`` holds other examples.
-        """
+        """Move this state to new features ``data`` (same examples and labels, in the same order): the dual
+        variables, ``l_i``, the counters and the averages are kept, ``w`` and every feature-dependent cache
+        recomputed.  Returns ``max |w_new - w_old|``.  Raises ``NotImplementedError`` for a state that is not
+        :attr:`rebindable` and ``ValueError`` when ``data`` holds other examples."""
         self._check_rebindable()
         self.model.check_data(data)
         if len(data) != self.n:
@@ -676,6 +589,15 @@ class DualState:
     def _load_storage(self, sd: dict) -> None:
         raise NotImplementedError
 
+    def _load_tensors(self, sd: dict, kind: str, specs: dict) -> None:
+        """Set each attribute ``name`` of ``specs`` (``name: (shape, lo, hi)``) from ``sd[name]``, checked by
+        :func:`~torch_bcfw.checks.saved_tensor`; ``ValueError`` naming the ``kind`` of state when one is missing."""
+        for name, (shape, lo, hi) in specs.items():
+            if name not in sd:
+                raise ValueError(f"the saved {kind} state lacks {name!r}")
+            value = saved_tensor(sd[name], f"state storage {name}", shape, lo=lo, hi=hi)
+            setattr(self, name, value.to(self.w.device))
+
     def state_dict(self) -> dict:
         """Everything needed to continue exactly (tensors on CPU)."""
         sd = {
@@ -704,17 +626,12 @@ class DualState:
     def load_state_dict(self, sd: dict) -> None:
         """Continue from :meth:`state_dict`'s output on this state's data (same examples, labels and order).
 
-        Nothing of ``sd`` is used unchecked (a file is not trusted): every field's type, dtype, shape, finiteness and
-        range is checked (:func:`~torch_bcfw.checks.saved_tensor`), ``lam`` must be this state's, the storage checks
-        its own arrays (``_load_storage``) and the dual variables their feasibility (``_check_dual_variables``:
-        simplices, losses recomputed where the storage determines them), and the derived ``w`` and ``l`` must equal
-        those of the loaded blocks (within :data:`LOAD_TOL`, relative).  A failure raises ``ValueError`` naming the
-        field and the rule, before anything runs on the state.
-
-        On the data it was saved from the state resumes bit for bit.  When the features differ (the saved features
-        fingerprint does not match, or is absent), a :attr:`rebindable` state re-derives ``w = A(x) alpha`` and every
-        feature-space cache from its dual variables (``rebound`` is then True), and any other state raises
-        ``ValueError``: its stored ``w_i`` are images under the old features.
+        Nothing of ``sd`` is used unchecked: every field's type, dtype, shape, finiteness and range
+        (:func:`~torch_bcfw.checks.saved_tensor`), ``lam``, the storage (``_load_storage``), the dual variables'
+        feasibility (``_check_dual_variables``) and the derived ``w`` and ``l`` (within :data:`LOAD_TOL`); a failure
+        raises ``ValueError`` before anything runs.  On the same data the state resumes bit for bit; under other
+        features a :attr:`rebindable` state re-derives ``w = A(x) alpha`` (``rebound`` is then True) and any other
+        raises ``ValueError``.
         """
         if not isinstance(sd, dict) or "kind" not in sd:
             raise ValueError("not a dual state (expected the dict written by DualState.state_dict)")
@@ -764,8 +681,7 @@ class DualState:
         avg_last = saved_tensor(sd["avg_last"], "state avg_last", (n,), "int", lo=0, hi=avg_t)
         avg_ell_u = saved_float(sd["avg_ell_u"], "state avg_ell_u")
         ws = sd.get("working_set")
-        ws = WorkingSet.from_state_dict(ws, block_labelings(self.data.y, getattr(self.data, "offsets", None))) \
-            if ws is not None else None
+        ws = WorkingSet.from_state_dict(ws, self._labelings(self.data.y)) if ws is not None else None
         self.v = v
         if bounds is not None:
             self.lower, self.upper, self._box = lower, upper, True
@@ -785,9 +701,8 @@ class DualState:
         self._check_derived()
 
     def _check_working_set(self, ws: WorkingSet) -> None:
-        """The loaded working set's labelings are labelings of their blocks (checked by the model's loss, which also
-        gives their ``L_i(y) / n``: the saved losses must match) and its weights lie on the simplex (or below it, in
-        a block whose planes no longer hold all of its mass)."""
+        """The loaded working set's labelings are their blocks' (the model's loss must accept them and match the saved
+        ``L_i(y) / n``) and its weights lie on the simplex (or below it, in an ``incomplete`` block)."""
         owners = np.repeat(np.arange(self.n), ws.size)
         if not len(owners):
             return
@@ -809,15 +724,12 @@ class DualState:
                 raise ValueError(f"state working_set: the weights of block {i} are off the simplex (sum {total})")
 
     def _check_dual_variables(self) -> None:
-        """Storage hook of :meth:`load_state_dict`: check that the loaded blocks are feasible dual variables and that
-        ``block_ell`` is their ``b^T alpha_i`` where the storage determines it (``ValueError`` otherwise).  Default:
-        nothing beyond the checks of every state (a storage of feature-space images ``w_i`` cannot tell)."""
+        """Storage hook of :meth:`load_state_dict`: ``ValueError`` unless the loaded blocks are feasible dual variables
+        with ``block_ell`` their ``b^T alpha_i`` (where the storage determines it; default: nothing to check)."""
 
     def _check_derived(self) -> None:
-        """``w`` (``v``) and ``l`` must be those of the loaded blocks: ``sum_i w_i`` and ``sum_i l_i`` within
-        :data:`LOAD_TOL` (relative).  The saved values are kept (a resume is bit for bit).  A state holding one shard
-        checks ``l`` here and ``w``, the sum over every process' blocks, with :meth:`check_w` once its process group
-        can sum them."""
+        """``v`` and ``l`` must be ``sum_i w_i`` and ``sum_i l_i`` within :data:`LOAD_TOL` (relative); the saved values
+        are kept.  A state holding one shard checks ``w`` later with :meth:`check_w`."""
         if self.n_total == self.n:
             self.check_w()
         total = float(self.block_ell.sum())

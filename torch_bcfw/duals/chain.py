@@ -2,14 +2,10 @@
 
 For :class:`~torch_bcfw.models.chain.Chain`, ``w_i = (phi_i(y_i) - phi_i(mu_i, T_i)) / (lam n)`` depends on block
 ``i``'s dual variables only through their token marginals ``mu_i [L_i, K]`` and expected transition counts
-``T_i [K, K]``, so :class:`ChainDualState` stores these instead of a dense ``w_i`` per example: memory grows with
-the number of tokens, not with ``n * d``, and the state can be re-bound to new token features.
-
-On CPU the steps run in compiled kernels fed with CSR token features and per-sequence Gram matrices
-(:func:`sequence_grams`): the chain's block operations (:mod:`.chain_kernels`, given to the step driver
-:mod:`.driver` by :mod:`.chain_ops`) run every :class:`~torch_bcfw.duals.plan.StepPlan`, plain BCFW included; the
-mini-batch rounds too (:func:`~torch_bcfw.duals.driver.round_steps`, with the parts of
-:mod:`.chain_minibatch_kernels`).
+``T_i [K, K]``, so :class:`ChainDualState` stores these: memory grows with the number of tokens, not with ``n * d``,
+and the state can be re-bound to new token features.  On CPU the steps run in compiled code fed with CSR token
+features and per-sequence Gram matrices (:func:`sequence_grams`): the block operations of :mod:`.chain_kernels`,
+the step loop of :mod:`.chain_driver` and the mini-batch rounds of :mod:`.chain_rounds`.
 """
 from __future__ import annotations
 
@@ -22,7 +18,6 @@ from numba import njit
 from torch import Tensor
 
 from ..inference.viterbi import viterbi_packed
-from ..checks import saved_tensor
 from .base import LOAD_TOL, DualState
 from .chain_driver import chain_plain_steps, chain_plan_steps
 from .chain_kernels import TOTALS, ChainAverages, ChainFeatures, ChainMarginals, ChainWeights, decode_block
@@ -46,10 +41,9 @@ def _marginal_scores(U: Tensor, trans: Tensor, data, M: Tensor, T: Tensor) -> Te
 class ChainDualState(DualState):
     """Marginal dual state of the chain: ``mu [N_tok, K]`` and ``T [n, K, K]`` (see the module docstring).
 
-    ``w_i = (phi_i(y_i) - phi_i(mu_i, T_i)) / (lam n)``; the initial state is the ground truth
-    (``mu`` one-hot, ``T`` the true transition counts), i.e. ``w_i = 0``.  On CPU the steps run in
-    the compiled driver :func:`~torch_bcfw.duals.driver.plan_steps`; elsewhere in
-    torch through :meth:`~torch_bcfw.duals.base.DualState.block_step`.
+    The initial state is the ground truth (``mu`` one-hot, ``T`` the true transition counts): ``w_i = 0``.  On CPU
+    the steps run in :func:`~.chain_driver.chain_plan_steps`, elsewhere through the torch methods of
+    :class:`~torch_bcfw.duals.base.DualState`.
 
     Args:
         model: a :class:`~torch_bcfw.models.chain.Chain`.
@@ -58,9 +52,7 @@ class ChainDualState(DualState):
     """
 
     #: True: :meth:`state_dict` moves the storage (``mu``, ``T`` and their accumulators, on CPU) into the dict
-    #: instead of copying it, and the state cannot step any more.  For the owner of a state dropped after saving
-    #: it (:func:`~torch_bcfw.fit` building its result): no second copy of the largest arrays.
-    #: :meth:`load_state_dict` always copies, so no state ever writes into a saved dict.
+    #: instead of copying it, and the state cannot step any more (for an owner dropping the state after saving it).
     hand_over_storage = False
 
     def __init__(self, model, data, lam: float, n_total: int | None = None):
@@ -76,10 +68,13 @@ class ChainDualState(DualState):
         self._round = None  # (plan, round scratch) of the compiled rounds
 
     # ------------------------------------------------------------ storage hooks
+    def _tokens(self, i: int) -> slice:
+        """The positions of block ``i``'s tokens in ``mu``."""
+        return slice(int(self.data.offsets[i]), int(self.data.offsets[i + 1]))
+
     def _block_marginal_direction(self, i: int, y: Tensor) -> tuple[Tensor, Tensor]:
         blk = self.block_data(i)
-        s, e = int(self.data.offsets[i]), int(self.data.offsets[i + 1])
-        D = self.model.one_hot(y) - self.mu[s:e]
+        D = self.model.one_hot(y) - self.mu[self._tokens(i)]
         dT = self.model.transition_counts(blk, y)[0] - self.T[i]
         return D, dT
 
@@ -91,17 +86,18 @@ class ChainDualState(DualState):
 
     def _move_block(self, i: int, y: Tensor, gamma: float, v: Tensor) -> None:
         D, dT = self._block_marginal_direction(i, y)
-        s, e = int(self.data.offsets[i]), int(self.data.offsets[i + 1])
-        self.mu[s:e] += gamma * D
+        tok = self._tokens(i)
+        self.mu[tok] += gamma * D
         self.T[i] += gamma * dT
 
     def _move_block_general(self, i, y_s, y_a, coeffs, gamma, d, drop) -> None:
         p, q, r = coeffs
         blk = self.block_data(i)
-        s, e = int(self.data.offsets[i]), int(self.data.offsets[i + 1])
-        D = r * self.mu[s:e] + p * self.model.one_hot(y_s) + q * self.model.one_hot(y_a)
-        dT = r * self.T[i] + p * self.model.transition_counts(blk, y_s)[0] + q * self.model.transition_counts(blk, y_a)[0]
-        self.mu[s:e] += gamma * D
+        tok = self._tokens(i)
+        D = r * self.mu[tok] + p * self.model.one_hot(y_s) + q * self.model.one_hot(y_a)
+        counts = self.model.transition_counts
+        dT = r * self.T[i] + p * counts(blk, y_s)[0] + q * counts(blk, y_a)[0]
+        self.mu[tok] += gamma * D
         self.T[i] += gamma * dT
 
     def set_block_marginals(self, i: int, mu: Tensor, T: Tensor, ell_i: float) -> None:
@@ -109,9 +105,9 @@ class ChainDualState(DualState):
         counts ``T [K, K]`` and ``l_i = ell_i`` (online EG): ``w`` and ``l`` follow exactly (``phi`` is linear in
         the marginals).  The weighted average is not kept for such moves."""
         blk = self.block_data(i)
-        s, e = int(self.data.offsets[i]), int(self.data.offsets[i + 1])
-        dv = self.model.features_from_marginals(blk, self.mu[s:e] - mu, self.T[i] - T) / (self.lam * self.n_total)
-        self.mu[s:e] = mu
+        tok = self._tokens(i)
+        dv = self.model.features_from_marginals(blk, self.mu[tok] - mu, self.T[i] - T) / (self.lam * self.n_total)
+        self.mu[tok] = mu
         self.T[i] = T
         self.v = self.v + dv
         self._sync_w()
@@ -121,10 +117,9 @@ class ChainDualState(DualState):
     def block_value(self, i: int) -> float:
         """``l_i - lam <w_i, w> = l_i + (score(mu_i) - score(y_i)) / n`` from the block's unary scores."""
         blk = self.block_data(i)
-        s, e = int(self.data.offsets[i]), int(self.data.offsets[i + 1])
         U = self.model.unary_scores(self.w, blk)
         trans = self.model.unpack(self.w)[4]
-        s_mu = float((U * self.mu[s:e]).sum() + (self.T[i] * trans).sum())
+        s_mu = float((U * self.mu[self._tokens(i)]).sum() + (self.T[i] * trans).sum())
         s_true = float(self.model._score_from_unary(U, trans, blk, blk.y)[0])
         return float(self.block_ell[i]) + (s_mu - s_true) / self.n_total
 
@@ -173,7 +168,8 @@ class ChainDualState(DualState):
     def _subset_block_gaps(self, idx: Tensor, sub, parts) -> Tensor:
         """``lam <w_i - w_s,i, w> = (score(D_i) + <dT_i, trans>) / n`` from the unary scores of the round's tokens."""
         _, D, dT = parts
-        return _marginal_scores(self.model.unary_scores(self.w, sub), self.model.unpack(self.w)[4], sub, D, dT) / self.n_total
+        U, trans = self.model.unary_scores(self.w, sub), self.model.unpack(self.w)[4]
+        return _marginal_scores(U, trans, sub, D, dT) / self.n_total
 
     def _move_subset(self, idx: Tensor, y: Tensor, gamma: float, parts) -> None:
         tok, D, dT = parts
@@ -191,9 +187,9 @@ class ChainDualState(DualState):
 
     def block_w(self, i: int) -> Tensor:
         blk = self.block_data(i)
-        s, e = int(self.data.offsets[i]), int(self.data.offsets[i + 1])
         true = self.model.joint_feature_sum(blk, blk.y)
-        return (true - self.model.features_from_marginals(blk, self.mu[s:e], self.T[i])) / (self.lam * self.n_total)
+        cur = self.model.features_from_marginals(blk, self.mu[self._tokens(i)], self.T[i])
+        return (true - cur) / (self.lam * self.n_total)
 
     def _w_from_blocks(self) -> Tensor:
         cur = self.model.features_from_marginals(self.data, self.mu, self.T.sum(0))
@@ -204,8 +200,8 @@ class ChainDualState(DualState):
             self.mu_acc.add_(S.repeat_interleave(self.data.lengths)[:, None] * self.mu)
             self.T_acc.add_((S[:, None, None] * self.T).sum(0))
         else:
-            s, e = int(self.data.offsets[i]), int(self.data.offsets[i + 1])
-            self.mu_acc[s:e].add_(self.mu[s:e], alpha=S)
+            tok = self._tokens(i)
+            self.mu_acc[tok].add_(self.mu[tok], alpha=S)
             self.T_acc.add_(self.T[i], alpha=S)
 
     def _avg_w(self, S: Tensor, total: float) -> Tensor:
@@ -214,7 +210,7 @@ class ChainDualState(DualState):
         return (self._phi_true_sum - self.model.features_from_marginals(self.data, mu, T)) / (self.lam * self.n_total)
 
     def _rescale_storage(self, rho: float) -> None:
-        """``mu <- rho mu + (1 - rho) onehot(y)``, ``T <- rho T + (1 - rho) T(y)`` (see :meth:`DualState.rescale_lam`)."""
+        """``mu <- rho mu + (1 - rho) onehot(y)``, ``T <- rho T + (1 - rho) T(y)`` (:meth:`DualState.rescale_lam`)."""
         self.mu.mul_(rho).add_(self.model.one_hot(self.data.y), alpha=1.0 - rho)
         self.T.mul_(rho).add_(self.model.transition_counts(self.data, self.data.y), alpha=1.0 - rho)
 
@@ -224,16 +220,11 @@ class ChainDualState(DualState):
 
     # ------------------------------------------------------------ compiled path
     def kernel_features(self) -> ChainFeatures:
-        """The data as the compiled kernels take it (built once): CSR token features and per-sequence Gram matrices
-        ``X_i X_i^T + 1``.
-
-        The CSR arrays come straight from :meth:`~torch_bcfw.data.SequenceData.x_csr` (stored sparse features, or the
-        non-zeros of dense ones), and the Gram matrices are computed from them by :func:`sequence_grams`, so dense
-        data and the same data stored sparse give identical kernel inputs.  Feature ids, values and Gram entries go
-        to the kernels in the narrowest types that hold them exactly (:func:`_narrow_ids`, :func:`_narrow_exact`: one
-        byte each for OCR's binary pixels): a step reads them for every token of its block, a cache miss per line on
-        a random block order, and widening them back inside the kernels is exact.
-        """
+        """The data as the compiled kernels take it (built once): CSR token features
+        (:meth:`~torch_bcfw.data.SequenceData.x_csr`, so dense and sparse storage give identical inputs) and the
+        per-sequence Gram matrices ``X_i X_i^T + 1`` (:func:`sequence_grams`).  Ids, values and Gram entries come in
+        the narrowest types that hold them exactly (:func:`_narrow_ids`, :func:`_narrow_exact`): fewer cache misses,
+        and widening them in the kernels is exact."""
         if self._features is None:
             indptr, indices, values = (t.cpu().contiguous() for t in self.data.x_csr())
             values = values.to(torch.float64)
@@ -244,19 +235,16 @@ class ChainDualState(DualState):
                                            _narrow_exact(gram), gram_off.numpy())
         return self._features
 
+    def _kernel_weights(self, v: Tensor) -> ChainWeights:
+        """Views of ``v`` (``Tensor[d]`` on CPU, in the layout of ``w``) as the kernels' :class:`ChainWeights`."""
+        return ChainWeights(*(t.numpy() for t in self.model.unpack(v)))
+
     def _groups(self, totals: np.ndarray) -> tuple:
         """The named groups every chain kernel takes (:mod:`.chain_kernels`): the features, ``w`` (views of ``v``), the
         marginals with ``totals`` (a :data:`~.chain_kernels.TOTALS` record of ``l, avg_l_u``) and the averages."""
-        w = ChainWeights(*(t.numpy() for t in self.model.unpack(self.v)))
-        return (self.kernel_features(), w, ChainMarginals(self.mu.numpy(), self.T.numpy(), self.block_ell.numpy(),
-                                                          totals),
+        marg = ChainMarginals(self.mu.numpy(), self.T.numpy(), self.block_ell.numpy(), totals)
+        return (self.kernel_features(), self._kernel_weights(self.v), marg,
                 ChainAverages(self.mu_acc.numpy(), self.T_acc.numpy(), self.avg_last.numpy()))
-
-    def _totals(self) -> np.ndarray:
-        return np.array([(self.ell, self.avg_ell_u)], dtype=TOTALS)
-
-    def _adopt_totals(self, totals: np.ndarray) -> None:
-        self.ell, self.avg_ell_u = float(totals["ell"][0]), float(totals["avg_ell_u"][0])
 
     def can_run_plan(self, plan: StepPlan) -> bool:
         """The compiled loops run here on CPU tensors without box constraints: every one-block plan over all the
@@ -267,9 +255,8 @@ class ChainDualState(DualState):
         return plan.working_set is None if plan.rounds is not None else self.n_total == self.n
 
     def run_plan(self, plan: StepPlan) -> PlanResult:
-        """A one-block plan that :meth:`can_run_plan` in the compiled loop :func:`~.chain_driver.chain_plan_steps`
-        (same trajectory as the generic step loop); MP-BCFW's exact steps for a model whose oracle is overridden
-        (e.g. a slowed-down one) call that oracle from Python, one block per call.  Other plans: as every state."""
+        """A one-block plan that :meth:`can_run_plan` in :func:`~.chain_driver.chain_plan_steps` (MP-BCFW's exact steps
+        with an overridden oracle: that oracle from Python, one block per call); other plans as every state."""
         if plan.rounds is not None or not self.can_run_plan(plan):
             return super().run_plan(plan)
         planes = plan.working_set.planes if plan.working_set is not None else None
@@ -284,19 +271,17 @@ class ChainDualState(DualState):
         return self._compiled_steps(plan, np.zeros(0, dtype=np.int64))
 
     def block_oracle(self, i: int) -> Tensor:
-        """On CPU without box constraints, for the model's own oracle: the compiled steps' decoding
-        (:func:`~.chain_kernels.decode_block`, the same Viterbi as the compiled loops run); else the model's
-        :meth:`~torch_bcfw.models.chain.Chain.oracle`."""
+        """On CPU without box constraints, for the model's own oracle: :func:`~.chain_kernels.decode_block` (the
+        compiled loops' Viterbi); else the model's :meth:`~torch_bcfw.models.chain.Chain.oracle`."""
         if self.w.device.type != "cpu" or self.has_bounds or not self.model.builtin_oracle():
             return super().block_oracle(i)
         feats = self.kernel_features()
         y = np.empty(int(feats.offsets[i + 1] - feats.offsets[i]), dtype=np.int64)
-        decode_block(i, feats, ChainWeights(*(t.numpy() for t in self.model.unpack(self.v))), y)
+        decode_block(i, feats, self._kernel_weights(self.v), y)
         return torch.from_numpy(y)
 
     def corner_steps(self, blocks: np.ndarray, ys: list, step_code: int, averaging: bool = True) -> np.ndarray:
-        """In the compiled loop when it runs here (one call of :func:`~.chain_driver.chain_plan_steps` with the given
-        answers), else one :meth:`block_step` per block."""
+        """One call of :func:`~.chain_driver.chain_plan_steps` with the given answers when it runs here."""
         plan = StepPlan.plain(np.asarray(blocks, dtype=np.int64), step_code, averaging)
         if not self.can_run_plan(plan):
             return super().corner_steps(blocks, ys, step_code, averaging)
@@ -304,12 +289,12 @@ class ChainDualState(DualState):
         return self._compiled_steps(plan, ylab).gaps
 
     def _compiled_steps(self, plan: StepPlan, ylab: np.ndarray) -> PlanResult:
-        """One call of :func:`~.chain_driver.chain_plan_steps` (``ylab``: given oracle answers of the plan's blocks);
-        the counters, the working set's pool and MP-BCFW-avg's running average are written back."""
+        """One call of :func:`~.chain_driver.chain_plan_steps` (``ylab``: given oracle answers of the plan's blocks),
+        writing back the counters, the working set's pool and MP-BCFW-avg's running average."""
         m = int(plan.m)
         gaps = np.full(m, np.nan)
         blocks = np.full(m, -1, dtype=np.int64)
-        totals = self._totals()
+        totals = np.array([(self.ell, self.avg_ell_u)], dtype=TOTALS)
         flags, sampling, running = compiled_plan(plan, self.v.numpy())
         ws = self.working_set if plan.working_set is not None else None
         pool = ws.arrays() if ws is not None else _NO_POOL
@@ -324,15 +309,14 @@ class ChainDualState(DualState):
         if flags.running_average:
             run = plan.working_set.planes.running
             run.ell, run.k = float(running.totals["ell"][0]), int(running.totals["k"][0])
-        self._adopt_totals(totals)
+        self.ell, self.avg_ell_u = float(totals["ell"][0]), float(totals["avg_ell_u"][0])
         self.k, self.avg_t = progress.k, progress.clock
         done = progress.done
         return PlanResult(steps=done, oracle_calls=progress.oracle_calls, cache_hits=progress.cache_hits,
                           need_gap_pass=progress.status == NEED_GAP_PASS, blocks=blocks[:done], gaps=gaps[:done])
 
     def _round_context(self, plan: StepPlan) -> _RoundContext:
-        """The compiled rounds' groups for ``plan``, built at its first round (views of the state's tensors: rebuilt
-        when a tensor was replaced)."""
+        """The compiled rounds' groups for ``plan`` (views of the state's tensors, rebuilt when one was replaced)."""
         ctx = self._round
         if ctx is None or ctx.plan is not plan or ctx.v is not self.v or ctx.mu is not self.mu:
             feats = self.kernel_features()
@@ -342,19 +326,18 @@ class ChainDualState(DualState):
             scr = round_scratch(feats.offsets, K, tokens, int(np.diff(rof).max(initial=0)))
             if self._acc is None:
                 FK = self.model.n_inputs * K  # the emission entries
-                self._acc = (torch.zeros_like(self.v), Touched(np.zeros(FK, dtype=np.uint8), np.zeros(FK, dtype=np.int64),
-                                                               np.zeros(1, dtype=np.int64)))
+                touched = Touched(np.zeros(FK, dtype=np.uint8), np.zeros(FK, dtype=np.int64), np.zeros(1, np.int64))
+                self._acc = (torch.zeros_like(self.v), touched)
             P, touched = self._acc
-            acc = ChainWeights(*(t.numpy() for t in self.model.unpack(P)))
+            acc = self._kernel_weights(P)
             self._round = ctx = _RoundContext(plan, self.v, self.mu, scr, acc, touched, P,
                                               *self._groups(np.zeros(1, dtype=TOTALS)))
         return ctx
 
     def round_step(self, blocks: np.ndarray, plan: StepPlan) -> RoundStep:
-        """One round of a mini-batch plan that :meth:`can_run_plan` in the compiled parts of :mod:`.chain_rounds`
-        (the trajectory of the torch round up to rounding): the corners and the summed direction ``P`` (sparse in
-        the emission entries it touches), the step -- the line search from ``P``'s own norm, or from the reduced ``V
-        = P / (lam n)`` when ``plan.rounds.reduce`` sums the round over processes -- and the moves."""
+        """One round of a mini-batch plan that :meth:`can_run_plan` in the compiled parts of :mod:`.chain_rounds` (the
+        torch round's trajectory up to rounding); with ``plan.rounds.reduce`` the step uses the reduced ``V = P /
+        (lam n)``."""
         if not self.can_run_plan(plan):
             return super().round_step(blocks, plan)
         c = self._round_context(plan)
@@ -394,13 +377,8 @@ class ChainDualState(DualState):
     def _load_storage(self, sd: dict) -> None:
         """The saved marginals and their accumulators, checked (shapes, finite, accumulators ``>= 0``)."""
         N, K, n = self.data.n_tokens, self.model.n_labels, self.n
-        shapes = {"mu": (N, K), "T": (n, K, K), "mu_acc": (N, K), "T_acc": (K, K)}
-        dev = self.w.device
-        for name, shape in shapes.items():
-            if name not in sd:
-                raise ValueError(f"the saved chain state lacks {name!r}")
-            lo = -LOAD_TOL if name.endswith("_acc") else None
-            setattr(self, name, saved_tensor(sd[name], f"state storage {name}", shape, lo=lo).to(dev))
+        self._load_tensors(sd, "chain", {"mu": ((N, K), None, None), "T": ((n, K, K), None, None),
+                                         "mu_acc": ((N, K), -LOAD_TOL, None), "T_acc": ((K, K), -LOAD_TOL, None)})
 
     def _check_dual_variables(self) -> None:
         """The marginals of a distribution over each block's labelings: every token's ``mu_t`` on the simplex, every
@@ -410,7 +388,8 @@ class ChainDualState(DualState):
         tol = LOAD_TOL
         if bool((mu < -tol).any()) or not bool(torch.allclose(mu.sum(1), torch.ones_like(mu[:, 0]), atol=tol)):
             raise ValueError("state storage mu: a token's marginals are off the simplex")
-        if bool((T < -tol).any()) or not bool(torch.allclose(T.sum((1, 2)), (lengths - 1).to(T), atol=tol * (1 + T.shape[1]))):
+        sums_ok = torch.allclose(T.sum((1, 2)), (lengths - 1).to(T), atol=tol * (1 + T.shape[1]))
+        if bool((T < -tol).any()) or not bool(sums_ok):
             raise ValueError("state storage T: a sequence's transition marginals are negative or do not sum to L_i - 1")
         seq, off = self.data.token_sequence_ids(), self.data.offsets
         first = torch.ones_like(seq, dtype=torch.bool)
@@ -464,16 +443,11 @@ def _narrow_exact(x: Tensor) -> np.ndarray:
     return y.numpy() if torch.equal(y.to(torch.float64), x) else x.numpy()
 
 
-def sequence_grams(indptr: Tensor, indices: Tensor, values: Tensor, offsets: Tensor, n_features: int) -> tuple[Tensor, Tensor]:
-    """Per-sequence Gram matrices ``G_i = X_i X_i^T + 1`` of CSR token features (CPU).
-
-    ``G_i`` is ``L_i x L_i``, stored row-major at ``gram[gram_off[i] : gram_off[i+1]]``.  Each
-    entry is a sparse dot product (the ``+1`` is the per-label bias feature), so the cost is
-    ``sum_i L_i^2 * nnz per token`` and the features are never densified.
-
-    Returns:
-        ``(gram Tensor[sum_i L_i^2] float64, gram_off LongTensor[n + 1])``.
-    """
+def sequence_grams(indptr: Tensor, indices: Tensor, values: Tensor, offsets: Tensor,
+                   n_features: int) -> tuple[Tensor, Tensor]:
+    """Per-sequence Gram matrices ``G_i = X_i X_i^T + 1`` of CSR token features (CPU; the ``+1`` is the per-label bias
+    feature), each ``L_i x L_i`` row-major at ``gram[gram_off[i] : gram_off[i+1]]``, from sparse dot products.
+    Returns ``(gram Tensor[sum_i L_i^2] float64, gram_off LongTensor[n + 1])``."""
     offsets = offsets.cpu().long()
     lengths = offsets.diff()
     gram_off = torch.zeros(lengths.numel() + 1, dtype=torch.long)

@@ -1,17 +1,11 @@
-"""The chain's compiled step loop: every one-block :class:`~torch_bcfw.duals.plan.StepPlan` -- plain BCFW, its
-refinements (gap sampling, pairwise / away steps, the cache) and MP-BCFW's exact and approximate passes -- without
-returning to Python.
+"""The chain's compiled step loop: every one-block :class:`~torch_bcfw.duals.plan.StepPlan` -- plain BCFW, gap
+sampling, pairwise / away steps, the cache, MP-BCFW's exact and approximate passes -- without returning to Python.
 
-:func:`chain_plan_steps` is the iteration of :func:`~torch_bcfw.duals.plan.generic_plan_steps` (which it must
-reproduce; tests compare them) built from the chain's block operations (:mod:`.chain_kernels`) and the shared
-compiled parts: the sum tree of gap sampling (:mod:`.sumtree`), the working set (:mod:`.working_set`) and the step
-rules (:mod:`.stepsize`).  Plain BCFW is the plan with none of the refinements: each iteration is then the oracle and
-the FW step, nothing measured or kept, with the next block's state prefetched.  :func:`chain_plain_steps` is that
-branch alone, compiled on its own: a first plain fit compiles it in a few seconds without the working set's code.
-
-The marginal state ``mu_i, T_i`` equals ``sum_y alpha_i(y) (onehot(y), counts(y))`` for the weights in the
-working set (up to round-off), because every move of the marginals is the same combination of corners as the move of
-``alpha``.  Box constraints are not handled here (the state runs the generic loop).
+:func:`chain_plan_steps` is the iteration of :func:`~torch_bcfw.duals.plan.generic_plan_steps` (tests compare them)
+built from :mod:`.chain_kernels`, :mod:`.sumtree`, :mod:`.working_set` and :mod:`.stepsize`.
+:func:`chain_plain_steps` is its plain branch compiled on its own (a first plain fit compiles without the working
+set's code).  The marginals ``mu_i, T_i`` equal ``sum_y alpha_i(y) (onehot(y), counts(y))`` for the working set's
+weights (up to round-off).  Box constraints are not handled here (the state runs the generic loop).
 """
 from __future__ import annotations
 
@@ -31,10 +25,9 @@ __all__ = ["chain_plan_steps", "chain_plain_steps"]
 
 @njit(cache=True)
 def _store_answer(ws, i, yh, ell_s, score, max_size, evict, grow):
-    """Put the oracle answer ``yh`` of block ``i`` in the working set ``ws`` unless it is there: a new plane (``alpha =
-    0``, loss ``ell_s``, score ``score``) after evicting the longest-inactive planes down to ``evict - 1`` when ``evict
-    > 0`` (MP-BCFW), at most ``max_size`` planes otherwise (see :func:`~.working_set.ws_insert`).  Returns ``(position,
-    pool)``."""
+    """Put the oracle answer ``yh`` of block ``i`` in ``ws`` unless it is there (``alpha = 0``, loss ``ell_s``, score
+    ``score``), evicting the longest-inactive planes down to ``evict - 1`` when ``evict > 0`` (MP-BCFW), else at most
+    ``max_size`` planes (:func:`~.working_set.ws_insert`).  Returns ``(position, pool)``."""
     hkey = label_hash(yh)
     j = ws_find(ws, i, hkey, yh)
     if j < 0:
@@ -59,21 +52,14 @@ def _running_average(run, ell) -> None:
 
 @njit(cache=True)
 def chain_plan_steps(plan, sampling, ws, running, ylab, lam, k0, t0, feats, w, marg, avg, gaps, blocks):
-    """Run up to ``plan.m`` block iterations of a one-block plan on the chain's state (see the module docstring).
+    """Run up to ``plan.m`` block iterations of a one-block plan on the chain's state.
 
-    ``plan``, ``sampling``, ``running``: the plan's :class:`~.plan.PlanFlags`, :class:`~.plan.Sampling` and
-    :class:`~.plan.Running` (:func:`~.plan.compiled_plan`); ``ws``: the working set's :class:`~.working_set.Pool`;
-    ``ylab``: oracle answers given by the caller, the labelings of the plan's blocks concatenated in order (MP-BCFW's
-    exact step with the model's own oracle; the split-oracle rounds' corners), else empty; ``lam``, ``k0``, ``t0``: the state's ``lam``, step counter and averaging clock; ``feats``,
-    ``w``, ``marg``, ``avg``: the chain's groups (:mod:`.chain_kernels`).
-
-    MP-BCFW (``plan.planes``): ``MP_EXACT``, the oracle answer joins the planes, the longest-inactive evicted beyond
-    ``max_planes``; ``MP_APPROX``, the best stored plane is the corner, and the planes last active before ``cutoff`` are
-    dropped after the step; either stamps the corner's plane.  With ``running_average`` the running average of ``(v,
-    l)`` takes weight ``2 / (k + 2)`` after every step (MP-BCFW-avg).
-
-    Per iteration ``j``: ``blocks[j]`` the block, ``gaps[j]`` its exact block gap when the oracle was called (``nan`` on
-    a cache hit).  Returns ``(Progress, pool)``, the pool possibly reallocated.
+    ``plan``, ``sampling``, ``running``: :func:`~.plan.compiled_plan`'s groups; ``ws``: the working set's
+    :class:`~.working_set.Pool`; ``ylab``: oracle answers given by the caller, the plan's blocks' labelings
+    concatenated (else empty); ``lam``, ``k0``, ``t0``: the state's ``lam``, step counter and averaging clock;
+    ``feats``, ``w``, ``marg``, ``avg``: the chain's groups (:mod:`.chain_kernels`).  MP-BCFW's planes and the
+    running average as in :class:`~.plan.MultiPlane`.  Per iteration ``j``: ``blocks[j]`` the block, ``gaps[j]`` its
+    exact block gap (``nan`` on a cache hit).  Returns ``(Progress, pool)``, the pool possibly reallocated.
     """
     offsets, y = feats.offsets, feats.y
     mu, T, block_ell = marg.mu, marg.T, marg.block_ell
@@ -197,10 +183,8 @@ def chain_plan_steps(plan, sampling, ws, running, ylab, lam, k0, t0, feats, w, m
 
 @njit(cache=True)
 def chain_plain_steps(plan, sampling, lam, k0, t0, feats, w, marg, avg, gaps, blocks):
-    """Plain BCFW on the chain's state: the branch of :func:`chain_plan_steps` for a plan with none of the
-    refinements (FW steps on the blocks of ``sampling.order``, nothing measured or kept), the same operations in the
-    same order -- hence the same bits -- without the code of the working set and of gap sampling.  Arguments as for
-    :func:`chain_plan_steps`; returns the :class:`~.plan.Progress`."""
+    """Plain BCFW: the branch of :func:`chain_plan_steps` for a plan without refinements, the same operations in the
+    same order (the same bits).  Arguments as for :func:`chain_plan_steps`; returns the :class:`~.plan.Progress`."""
     offsets, y = feats.offsets, feats.y
     mu, T, block_ell = marg.mu, marg.T, marg.block_ell
     trans = w.trans

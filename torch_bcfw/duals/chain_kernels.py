@@ -1,29 +1,20 @@
 """The chain's compiled block operations, for its marginal dual state: what a block step is made of.
 
 The arrays cross the compiled boundary in named groups (:class:`ChainFeatures`, :class:`ChainWeights`,
-:class:`ChainMarginals`, :class:`ChainAverages`, :class:`StepScratch`), read by name.  The operations: unary scores,
-loss-augmented decoding and the corner of a block (:func:`corner_base`, :func:`add_corner`, :func:`block_corner`),
-the scores of stored labelings (:func:`labels_score`), the squared norm of a direction (:func:`direction_sqnorm`,
-:func:`transition_stats`), the moves of a block with its lazy average (:func:`fw_move`, :func:`move_block`: the steps
-of :meth:`~torch_bcfw.duals.base.DualState.block_step`; :func:`active_set_step`: those of
-:meth:`~torch_bcfw.duals.base.DualState.block_move`) and the prefetch of the next block's state.  The chain's step
-driver (:mod:`.chain_driver`) and its mini-batch rounds (:mod:`.chain_rounds`) compose them; tests check them
+:class:`ChainMarginals`, :class:`ChainAverages`, :class:`StepScratch`), read by name.  The step driver
+(:mod:`.chain_driver`) and the mini-batch rounds (:mod:`.chain_rounds`) compose these operations; tests check them
 against the generic torch steps.
 
 Layout (see :class:`torch_bcfw.models.chain.Chain`): emission ``We[F, K]``, per-label bias, start and end biases
-``[K]``, transitions ``trans[K, K]``.  Token features are CSR (``indptr[N_tok+1], indices[nnz], values[nnz]``), so
-binary pixels and sparse indicator attributes cost only their non-zeros; ids, values and the Gram entries may come
-in any narrower exact type (:meth:`~torch_bcfw.duals.chain.ChainDualState.kernel_features`).
-
-The kernels that allocate nothing compile without numba's runtime (``_nrt=False``): their array arguments then carry
-no reference counting, whose atomic increments and decrements otherwise take about a fifth of an OCR pass
-(``docs/results/driver_speed.md``).  A kernel that needs the runtime (an allocation) fails to compile so marked.
+``[K]``, transitions ``trans[K, K]``.  Token features are CSR (``indptr[N_tok+1], indices[nnz], values[nnz]``); ids,
+values and Gram entries may come in any narrower exact type.  Kernels that allocate nothing compile without numba's
+runtime (``_nrt=False``: no reference counting of their array arguments, ``docs/results/driver_speed.md``).
 
 Block state: token marginals ``mu[N_tok, K]`` and transition marginals ``T[n, K, K]`` with ``w_i = (phi_i(y_i) -
 phi_i(mu_i)) / (lam n)``.  For a direction ``delta = e_{y*} - mu_i``, ``||phi_i(delta)||^2 = sum_{t,t'} G_i[t,t']
-<delta_t, delta_t'> + ||delta_0||^2 + ||delta_{L-1}||^2 + ||delta_T||^2`` with ``G_i = X_i X_i^T + 1`` (the ``+1``
-is the per-label bias feature).  Scores are of labelings under ``w`` without the block constant, so with
-``h(y) = L_i(y)/n + score(y)/n`` and ``h_i = l_i + score(mu_i)/n`` the difference ``h(y*) - h_i`` is a block gap.
+<delta_t, delta_t'> + ||delta_0||^2 + ||delta_{L-1}||^2 + ||delta_T||^2`` with ``G_i = X_i X_i^T + 1``.  Scores are
+of labelings under ``w`` without the block constant: with ``h(y) = L_i(y)/n + score(y)/n`` and ``h_i = l_i +
+score(mu_i)/n``, ``h(y*) - h_i`` is a block gap.
 """
 from __future__ import annotations
 
@@ -92,10 +83,9 @@ class ChainAverages(NamedTuple):
 
 
 class StepScratch(NamedTuple):
-    """The scratch of one block step, sized for the longest sequence: unary scores ``U``, loss-augmented unaries
-    ``Ua``, the direction's unary part ``D`` (``[Lmax, K]`` each), the corner ``ystar`` (int64), the Viterbi messages
-    ``delta``, the transition direction ``dT [K, K]``, the away corner ``ya`` (int64) and the corner as stored in a
-    working set ``yh`` (int32)."""
+    """The scratch of one block step: unary scores ``U``, loss-augmented unaries ``Ua``, the direction's unary part
+    ``D`` (``[Lmax, K]`` each), the corner ``ystar`` (int64), Viterbi messages ``delta``, the transition direction
+    ``dT [K, K]``, the away corner ``ya`` (int64) and the corner as a working set stores it ``yh`` (int32)."""
 
     U: np.ndarray
     Ua: np.ndarray
@@ -108,8 +98,8 @@ class StepScratch(NamedTuple):
 
 
 class Corner(NamedTuple):
-    """What an FW step needs to know of its corner: the scores of ``y*`` and of ``mu_i`` under ``w`` (transitions
-    included), the block's ``l_i``, ``l_s = L_i(y*) / n`` and the transition part ``sq_T`` of ``||phi_i(delta)||^2``."""
+    """An FW step's corner: the scores of ``y*`` and ``mu_i`` under ``w`` (transitions included), ``l_i``, ``l_s =
+    L_i(y*) / n`` and the transition part ``sq_T`` of ``||phi_i(delta)||^2``."""
 
     score: float
     score_mu: float
@@ -149,8 +139,7 @@ def _prefetch_range(a, lo, hi):
 
 @njit(cache=True, _nrt=False)
 def prefetch_block(i, offsets, indptr, indices, values, gram, gram_off, mu, T, mu_acc, averaging):
-    """Start loading the state of block ``i`` (``T_i``, ``mu_i``, its features and Gram matrix) into the cache while
-    the current block is processed: the blocks are visited in random order, so these are cache misses otherwise."""
+    """Prefetch block ``i``'s ``T_i``, ``mu_i``, features and Gram matrix while the current block is processed."""
     K = mu.shape[1]
     s = offsets[i]
     e = offsets[i + 1]
@@ -196,8 +185,7 @@ def loss_augmented_decode(U, Ua, L, s, y, inv_L, trans, ystar, delta):
 
 @njit(cache=True)
 def decode_block(i, feats, w, ystar):
-    """The oracle of the compiled steps alone: the loss-augmented decoding of block ``i`` at ``w`` into ``ystar[:L]``
-    (int64; the corners of ``strategy="split-oracle"``)."""
+    """The compiled steps' oracle alone: loss-augmented decoding of block ``i`` at ``w`` into ``ystar[:L]`` (int64)."""
     s = feats.offsets[i]
     L = feats.offsets[i + 1] - s
     scr = step_scratch(feats.offsets, w.We.shape[1])
@@ -235,11 +223,9 @@ def _unary_scores(s, L, indptr, indices, values, We, bias, start, end, U):
 
 @njit(cache=True, fastmath={"contract"}, _nrt=False)
 def add_direction(a, s, L, indptr, indices, values, D, We, bias, start, end):
-    """``w += a * phi_i(delta)`` for the unary part ``D[L, K]`` of the direction (emission and biases).
-
-    Label by label over the non-zeros of each ``D[t]`` (``e_{y*} - mu_t`` has only a few: the labels the block's
-    state puts mass on), so token ``t`` costs ``nnz(D[t]) * nnz(x_t)`` updates instead of ``K * nnz(x_t)``.  Only
-    multiply-adds are contracted (no reassociation): each entry gets the same ``(a x) d + w`` as a dense sweep."""
+    """``w += a * phi_i(delta)`` for the unary part ``D[L, K]`` of the direction (emission and biases), over the
+    non-zeros of each ``D[t]`` only.  Only multiply-adds are contracted (no reassociation): each entry gets the same
+    ``(a x) d + w`` as a dense sweep."""
     K = We.shape[1]
     for t in range(L):
         tok = s + t
@@ -351,9 +337,8 @@ def _transition_update(Ti, trans, Ta, ystar, a, gamma, S):
 
 @njit(cache=True, fastmath=True, _nrt=False)
 def fw_move(i, s, L, step_code, averaging, lam, k, clock, corner, ystar, D, feats, w, marg, avg):
-    """The FW step of block ``i`` towards the labeling ``ystar``, given the unary part ``D[:L]`` of the direction
-    ``e_{y*} - mu_i`` and its :class:`Corner`: block gap, line search (or the fixed step after ``k`` steps), lazy
-    averaging and the updates of ``w``, ``mu_i``, ``T_i``, ``l_i``.  Returns ``(gap, gamma)``."""
+    """The FW step of block ``i`` towards ``ystar`` from the direction's unary part ``D[:L] = e_{y*} - mu_i`` and its
+    :class:`Corner`: block gap, step size and the moves (:func:`move_block`).  Returns ``(gap, gamma)``."""
     n = feats.offsets.shape[0] - 1
     lam_n = lam * n
     sq = direction_sqnorm(i, L, D, feats.gram, feats.gram_off) + corner.sq_T
@@ -368,9 +353,9 @@ def fw_move(i, s, L, step_code, averaging, lam, k, clock, corner, ystar, D, feat
 
 @njit(cache=True, fastmath=True, inline="always")
 def move_block(i, s, L, gamma, a, ell_s, clock, averaging, D, ystar, feats, w, marg, avg, trans):
-    """Block ``i`` (tokens ``s .. s+L-1``) moves by ``gamma`` towards ``ystar``: its ``l_i``, the lazy average (before
-    the move), ``w += a phi_i(delta)`` with ``a = -gamma / (lam n)`` for the emission and bias part and ``trans += a
-    (counts - T_i)`` (``a = 0`` and ``trans`` a scratch when ``w`` is moved elsewhere), ``T_i`` and ``mu_i``."""
+    """Block ``i`` (tokens ``s .. s+L-1``) moves by ``gamma`` towards ``ystar``: ``l_i``, the lazy average, ``w += a
+    phi_i(delta)`` with ``a = -gamma / (lam n)`` (``a = 0`` and ``trans`` a scratch when ``w`` moves elsewhere),
+    ``T_i`` and ``mu_i``."""
     mu, mu_acc = marg.mu, avg.mu_acc
     tot = marg.totals[0]
     K = mu.shape[1]
@@ -396,9 +381,8 @@ def move_block(i, s, L, gamma, a, ell_s, clock, averaging, D, ystar, feats, w, m
 
 @njit(cache=True, inline="always")
 def corner_base(s, L, feats, w, mu, U, D):
-    """What a block's step needs before its corner is known, at the current ``w``: the unary scores ``U`` of the block
-    whose ``L`` tokens start at ``s``, and ``D[:L] = -mu_i`` (the unary part of the direction before the corner's
-    one-hot, :func:`add_corner`).  Returns the unary score of ``mu_i`` (its transition part: :func:`transition_stats`)."""
+    """Before the corner is known: the unary scores ``U`` of the block whose ``L`` tokens start at ``s``, and ``D[:L]
+    = -mu_i`` (:func:`add_corner` adds the one-hot).  Returns the unary score of ``mu_i``."""
     K = w.We.shape[1]
     _unary_scores(s, L, feats.indptr, feats.indices, feats.values, w.We, w.bias, w.start, w.end, U)
     score_mu = 0.0
@@ -412,7 +396,7 @@ def corner_base(s, L, feats, w, mu, U, D):
 
 @njit(cache=True, inline="always")
 def add_corner(s, L, y, trans, U, ystar, D):
-    """The corner ``ystar[:L]`` of the block whose tokens start at ``s``: ``D[t, y*_t] += 1`` (so ``D = e_{y*} - mu_i``).
+    """The corner ``ystar[:L]`` of the block whose tokens start at ``s``: ``D[t, y*_t] += 1`` (``D = e_{y*} - mu_i``).
     Returns ``(score of y*, mistakes of y*)``."""
     score_star = 0.0
     mistakes = 0
@@ -428,10 +412,8 @@ def add_corner(s, L, y, trans, U, ystar, D):
 
 @njit(cache=True, inline="always")
 def block_corner(s, L, feats, w, mu, U, Ua, ystar, delta, D):
-    """The oracle and the corner of the block whose ``L`` tokens start at ``s``, at the current ``w``: unary scores
-    ``U``, loss-augmented decoding into ``ystar[:L]``, and the unary part ``D[:L] = e_{y*} - mu_i`` of the direction.
-    Returns ``(score of y*, unary score of mu_i, mistakes of y*)`` (the transition part of ``mu_i``'s score is
-    :func:`transition_stats`')."""
+    """:func:`corner_base`, the loss-augmented decoding into ``ystar[:L]`` and :func:`add_corner`.  Returns ``(score
+    of y*, unary score of mu_i, mistakes of y*)``."""
     score_mu = corner_base(s, L, feats, w, mu, U, D)
     loss_augmented_decode(U, Ua, L, s, feats.y, 1.0 / L, w.trans, ystar, delta)
     score_star, mistakes = add_corner(s, L, feats.y, w.trans, U, ystar, D)
@@ -441,7 +423,7 @@ def block_corner(s, L, feats, w, mu, U, Ua, ystar, delta, D):
 # ---------------------------------------------------------------- pairwise and away steps (Osokin et al. 2016)
 @njit(cache=True, fastmath=True, _nrt=False)
 def _general_direction(s, L, p, ys, q, ya, r, mu, Ti, D, dT):
-    """``D = r mu_i + p onehot(ys) + q onehot(ya)``, ``dT = r T_i + p counts(ys) + q counts(ya)``; returns ``||dT||^2``."""
+    """``D = r mu_i + p onehot(ys) + q onehot(ya)``, ``dT = r T_i + p counts(ys) + q counts(ya)``; ``||dT||^2``."""
     K = D.shape[1]
     for t in range(L):
         for c in range(K):
@@ -498,9 +480,8 @@ def _avg_accumulate(i, s, L, clock, marg, avg):
 def active_set_step(kind, i, s, L, j_s, j_a, h_i, h_s, ell_i, ell_s, clock, averaging, lam, ws, feats, w, marg, avg,
                     scr):
     """A pairwise (``mu_i += gamma (e_s - e_a)``) or away (``mu_i += gamma (mu_i - e_a)``) step of block ``i`` against
-    its plane ``j_a`` of the working set ``ws`` (a :class:`~.working_set.Pool`) with the clipped exact line search (a
-    drop step at the bound), the working set's ``alpha`` following; ``scr.ystar`` holds the FW corner ``s`` (plane
-    ``j_s``), ``h_i, h_s`` the values of ``mu_i`` and of the corner."""
+    plane ``j_a`` of the :class:`~.working_set.Pool` ``ws``, clipped exact line search, ``alpha`` following;
+    ``scr.ystar`` holds the FW corner (plane ``j_s``), ``h_i, h_s`` the values of ``mu_i`` and of the corner."""
     n = feats.offsets.shape[0] - 1
     lam_n = lam * n
     Ti = marg.T[i]

@@ -1,20 +1,15 @@
 """Compiled parts of a mini-batch round (Wang et al. 2016) for the chain's marginal dual state.
 
-A round of blocks ``B`` is three parts, so that a round split over processes can all-reduce between them (the round
-loop is :func:`~torch_bcfw.duals.plan.run_rounds`, the joint step :meth:`ChainDualState.round_step
-<torch_bcfw.duals.chain.ChainDualState.round_step>`):
+A round of blocks ``B`` is three parts, so that a round split over processes can all-reduce between them (the loop
+is :func:`~torch_bcfw.duals.plan.run_rounds`, the joint step :meth:`~torch_bcfw.duals.chain.ChainDualState.round_step`):
 
-1. :func:`round_directions` -- for every block of ``B`` at the same ``w``: unary scores, loss-augmented Viterbi,
-   the scores of the corner and of ``mu_i``, the direction ``delta_i = e_{y*} - mu_i`` (kept in the
-   :class:`RoundScratch`), and the sum ``P = sum_i phi_i(delta_i)`` accumulated in the feature space (``P`` has the
-   layout of ``w``, :class:`~.chain_kernels.ChainWeights`; the emission entries touched are listed in
-   :class:`Touched` so only they are read, applied and cleared).  Returns the sums of the block gaps, of ``l_i`` and
-   of ``l_s``.
-2. the step: ``V = P / (lam n)`` is the joint direction ``sum_i (w_i - w_s,i)``, ``num`` the sum of the block gaps,
-   ``den = lam ||V||^2 = ||P||^2 / (lam n^2)`` (:func:`touched_sqnorm` when ``P`` is this process' own).
-3. :func:`round_move` -- every block of ``B`` moves with ``gamma``: ``mu_i``, ``T_i``, ``l_i`` and the lazy average;
-   ``w`` moves by ``-gamma V`` in one sweep over the touched entries of ``P`` (:func:`apply_touched`), or by the
-   caller with the reduced ``V``; ``P`` is cleared (:func:`clear_touched`).
+1. :func:`round_directions` -- per block at the same ``w``: the corner, the direction ``delta_i = e_{y*} - mu_i``
+   (kept in the :class:`RoundScratch`) and ``P = sum_i phi_i(delta_i)`` in the layout of ``w`` (the emission entries
+   touched listed in :class:`Touched`);
+2. the step: ``V = P / (lam n)``, ``num`` the sum of the block gaps, ``den = ||P||^2 / (lam n^2)``
+   (:func:`touched_sqnorm`);
+3. :func:`round_move` -- ``mu_i``, ``T_i``, ``l_i`` and the lazy average of every block; ``w`` moves by ``-gamma V``
+   (:func:`apply_touched`, or the caller with the reduced ``V``) and ``P`` is cleared (:func:`clear_touched`).
 """
 from __future__ import annotations
 
@@ -40,10 +35,9 @@ class Touched(NamedTuple):
 
 
 class RoundScratch(NamedTuple):
-    """The scratch of a round: a block step's :class:`~.chain_kernels.StepScratch` ``block``, the blocks' directions
-    ``D [N, K]`` and corners ``Y int64[N]`` (``N`` at least the tokens of the round), each block's first token
-    ``tok`` in them, and ``spare`` (``[K, K]``, standing in for the transition weights of a move that leaves ``w``
-    alone)."""
+    """The scratch of a round: a :class:`~.chain_kernels.StepScratch` ``block``, the directions ``D [N, K]`` and
+    corners ``Y int64[N]`` of the round's tokens, each block's first token ``tok``, and ``spare`` (``[K, K]``, the
+    transition weights of a move that leaves ``w`` alone)."""
 
     block: tuple
     D: np.ndarray
@@ -145,8 +139,7 @@ def touched_sqnorm(acc, touched):
 
 @njit(cache=True, _nrt=False)
 def apply_touched(a, acc, touched, w):
-    """``w += a P`` over the listed emission entries and the dense bias and transition parts: the move of ``w`` by
-    the round's summed direction, one sweep instead of one sparse update per block."""
+    """``w += a P`` over the listed emission entries and the dense bias and transition parts."""
     K = acc.We.shape[1]
     Pf = acc.We.reshape(acc.We.size)
     Wf = w.We.reshape(w.We.size)
@@ -182,7 +175,7 @@ def clear_touched(acc, touched):
 @njit(cache=True, _nrt=False)
 def round_move(blocks, gamma, n_total, clock, averaging, feats, w, marg, avg, scr):
     """Part 3: move the blocks ``blocks`` with step ``gamma`` (their directions in ``scr`` from part 1): ``mu_i``,
-    ``T_i``, ``l_i`` and the lazy average.  ``w`` is left to the caller (:func:`apply_touched`, or the reduced ``V``)."""
+    ``T_i``, ``l_i`` and the lazy average; ``w`` is left to the caller (:func:`apply_touched`, or the reduced ``V``)."""
     y, offsets, tok = feats.y, feats.offsets, scr.tok
     for j in range(blocks.shape[0]):
         i = blocks[j]
@@ -200,8 +193,7 @@ def round_move(blocks, gamma, n_total, clock, averaging, feats, w, marg, avg, sc
 
 @njit(cache=True)
 def local_round(blocks, step_code, lam, k, clock, averaging, n_total, feats, w, marg, avg, acc, touched, scr, bgaps):
-    """A whole round of this process' own blocks (nothing to reduce): parts 1-3 with the line search from ``P``'s own
-    norm (or the fixed step after ``k`` block steps) and ``w += -gamma P / (lam n)``.  Returns ``(num, gamma)``."""
+    """A whole round of this process' own blocks (nothing to reduce): parts 1-3.  Returns ``(num, gamma)``."""
     num, _, _ = round_directions(blocks, n_total, feats, w, marg, acc, touched, scr, bgaps)
     den = touched_sqnorm(acc, touched) / (lam * n_total * n_total)
     gamma = minibatch_step_size(step_code, num, den, k, n_total, blocks.shape[0])

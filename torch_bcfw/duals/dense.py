@@ -4,7 +4,6 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..checks import saved_tensor
 from .base import DualState
 from .stepsize import lazy_weight
 
@@ -99,7 +98,5 @@ class DenseDualState(DualState):
 
     def _load_storage(self, sd: dict) -> None:
         """The saved ``w_i`` table and its accumulator, checked (``[n, d]``, finite)."""
-        for name in ("w_blocks", "w_blocks_acc"):
-            if name not in sd:
-                raise ValueError(f"the saved dense state lacks {name!r}")
-            setattr(self, name, saved_tensor(sd[name], f"state storage {name}", (self.n, self.d)).to(self.w.device))
+        shape = ((self.n, self.d), None, None)
+        self._load_tensors(sd, "dense", {"w_blocks": shape, "w_blocks_acc": shape})

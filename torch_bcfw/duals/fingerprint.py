@@ -11,11 +11,7 @@ __all__ = ["labels_fingerprint", "features_fingerprint"]
 
 
 def labels_fingerprint(data) -> str:
-    """A short hash of ``data``'s labels and (for sequences) its sequence boundaries.
-
-    Saved with a state so a state is never loaded onto other examples (or the same examples in
-    another order) without an error.
-    """
+    """A short hash of ``data``'s labels and sequence boundaries: a state is never loaded onto other examples."""
     h = hashlib.sha1()
     h.update(np.ascontiguousarray(data.y.detach().cpu().numpy().astype(np.int64)))  # hashed in place: no byte copy
     offsets = getattr(data, "offsets", None)
@@ -50,13 +46,8 @@ def _feed(h, obj, depth: int = 0) -> None:
 
 
 def features_fingerprint(data) -> str:
-    """A hash of everything ``data`` holds: features, labels, sequence boundaries, graphs (every public
-    attribute of the container, recursively; private caches are skipped).
-
-    Saved with a state: a state loaded onto data with other features either re-derives ``w = A(x) alpha``
-    from its stored dual variables (:attr:`DualState.rebindable` states) or is refused, so that a warm start
-    never certifies a dual value of the old features.
-    """
+    """A hash of every public attribute of ``data``, recursively (features, labels, boundaries, graphs): a state
+    loaded onto other features re-derives ``w = A(x) alpha`` (:attr:`DualState.rebindable`) or is refused."""
     h = hashlib.blake2b(digest_size=16)
     _feed(h, data)
     return h.hexdigest()

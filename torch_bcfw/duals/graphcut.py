@@ -1,19 +1,11 @@
 """The dual state of the graph-cut model: dense ``w_i`` plus node marginals, re-bindable to new features.
 
-For :class:`~torch_bcfw.models.graphcut.GraphCut` the joint feature map is linear in the labelling's node
-indicators (unary block) and depends on the edges only through edge features that do not change when a
-backbone network is trained (pairwise block).  So block ``i``'s dual variables ``alpha_i`` (a distribution over
-the ``2^N_i`` labelings) enter ``w_i = A alpha_i`` only through
-
-* the node marginals ``mu_p = sum_y alpha_i(y) y_p`` (``Tensor[N_tot]``), and
-* the expected pairwise block ``pw_i = sum_y alpha_i(y) phi_P(x_i, y)`` (``Tensor[n, E]``, feature-independent),
-
-and ``w_i = (phi(x_i, y_i) - [U_i(mu) ; pw_i]) / (lam n)`` with ``U_i(mu) = sum_p a_p mu_p x_p / Z_i``.
-:class:`GraphCutDualState` keeps the dense ``[n, d]`` table of :class:`~torch_bcfw.duals.dense.DenseDualState`
-for the steps and moves ``(mu, pw)`` (and their averaging accumulators) along with it.  Its saved state holds
-``(mu, pw)`` only, and loading it under new node features re-derives ``w_i`` exactly
-(:meth:`~torch_bcfw.duals.base.DualState.rebind`): ``O(N_tot)`` memory, whatever the number of distinct
-labelings visited (an :class:`~torch_bcfw.duals.active_set.ActiveSetDualState` would store every one of them).
+For :class:`~torch_bcfw.models.graphcut.GraphCut` block ``i``'s dual variables ``alpha_i`` enter ``w_i = A alpha_i``
+only through the node marginals ``mu_p = sum_y alpha_i(y) y_p`` (``Tensor[N_tot]``) and the expected pairwise block
+``pw_i = sum_y alpha_i(y) phi_P(x_i, y)`` (``Tensor[n, E]``, feature-independent): ``w_i = (phi(x_i, y_i) - [U_i(mu)
+; pw_i]) / (lam n)`` with ``U_i(mu) = sum_p a_p mu_p x_p / Z_i``.  :class:`GraphCutDualState` keeps the dense
+``[n, d]`` table of :class:`~torch_bcfw.duals.dense.DenseDualState` for the steps and moves ``(mu, pw)`` along with
+it; its saved ``(mu, pw)`` re-derive ``w_i`` exactly under new node features, in ``O(N_tot)`` memory.
 """
 from __future__ import annotations
 
@@ -73,10 +65,9 @@ def _cut(gain: np.ndarray, edges: np.ndarray, penalties: np.ndarray) -> np.ndarr
 
 
 class GraphCutGraphs(NamedTuple):
-    """The data of the compiled step loop: ``records`` (typed list of the blocks'
+    """The data of the compiled step loop: ``records`` (typed list of
     :class:`~torch_bcfw.inference.graphcut_pool.GraphRecord`), ``phi_true`` (``float64[n, d]``), ``seg_off``
-    (``int64[n + 1]`` node offsets), ``F`` (unary dimension) and ``checked`` (the box keeps ``w_P >= 0``: no check
-    before a cut)."""
+    (``int64[n + 1]`` node offsets), ``F`` (unary dimension) and ``checked`` (the box keeps ``w_P >= 0``)."""
 
     records: object
     phi_true: np.ndarray
@@ -124,12 +115,9 @@ LOOP_TOTALS = np.dtype([("ell", np.float64), ("avg_ell_u", np.float64), ("oracle
 @njit(cache=True)
 def _fused_block_step(seg, rec, i, a, phi_true, w, blocks, avg, lam, step_code, k, clock, averaging):
     """One BCFW block step towards the labelling ``seg`` (bool[N_i]) of block ``i`` (graph record ``rec``, nodes ``a ..
-    a + N_i``, true features ``phi_true``) on the groups ``w``, ``blocks``, ``avg``.
-
-    Computes ``phi_s = phi(x_i, seg)`` and ``l_s = L_i(seg) / n``, the direction ``d = w_i - w_s``, the block
-    gap ``num = lam <d, w> - l_i + l_s`` and the step ``gamma``, then (``gamma != 0``) the lazy averaging
-    update and ``w_i -= gamma d``, ``mu``, ``pw``, ``l_i``, ``v -= gamma d`` and ``w = clip(v)`` (``W`` is
-    ``V`` itself without a box), all in place.  Returns ``(num, gamma, l_i old, l_i new)``."""
+    a + N_i``, true features ``phi_true``): ``phi(x_i, seg)``, ``L_i(seg) / n``, the direction ``d = w_i - w_s``, the
+    gap ``num = lam <d, w> - l_i + l_s``, the step, the lazy average and the in-place moves of ``w_i``, ``mu``,
+    ``pw``, ``l_i``, ``v`` and ``w = clip(v)``.  Returns ``(num, gamma, l_i old, l_i new)``."""
     x, ns, e0, e1, edge_x, truth, omega = rec.x, rec.node_scale, rec.e0, rec.e1, rec.edge_x, rec.truth, rec.omega
     V, W = w.V, w.W
     WB, mu, pw = blocks.WB, blocks.mu, blocks.pw
@@ -216,14 +204,11 @@ def _fused_block_step(seg, rec, i, a, phi_true, w, blocks, avg, lam, step_code, 
 
 @njit(cache=True)
 def _step_loop(order, step_code, averaging, lam, graphs, w, blocks, avg, totals, gaps):
-    """The plain BCFW steps of :meth:`GraphCutDualState.run_plan` in one compiled loop.
-
-    Per step ``j`` (block ``i = order[j]``): the loss-augmented oracle -- node gains and edge penalties
-    (:func:`~torch_bcfw.inference.graphcut_pool.cut_inputs`, as the batched oracle) and the cut by PyMaxflow
-    (:func:`_cut`, in object mode) -- then :func:`_fused_block_step`; ``gaps[j]`` receives its block gap.  The
-    :data:`LOOP_TOTALS` record ``totals[0]`` is updated after every step, so an exception raised by the cut (Ctrl-C)
-    leaves it consistent with the finished steps.  Returns the number of steps done: fewer than ``len(order)`` when the
-    unchecked pairwise weights are below ``-NEGATIVE_TOLERANCE`` (the caller raises)."""
+    """The plain BCFW steps of :meth:`GraphCutDualState.run_plan`: per step ``j`` the oracle (gains and penalties by
+    :func:`~torch_bcfw.inference.graphcut_pool.cut_inputs`, the cut by PyMaxflow in object mode) and
+    :func:`_fused_block_step`; ``gaps[j]`` receives the block gap.  ``totals[0]`` (:data:`LOOP_TOTALS`) is updated
+    after every step, so an interruption leaves it consistent.  Returns the number of steps done: fewer than
+    ``len(order)`` when the unchecked pairwise weights are below ``-NEGATIVE_TOLERANCE`` (the caller raises)."""
     tot = totals[0]
     W = w.W
     F = graphs.F
@@ -265,9 +250,8 @@ class GraphCutDualState(DenseDualState):
         pw: ``Tensor[n, d - F]`` float64 expected pairwise block of ``phi``.
         mu_acc, pw_acc, acc_w: averaging accumulators (``sum_t S_t mu_t`` etc. and ``sum_t S_t`` per block).
 
-    A checkpoint (:meth:`state_dict`) holds ``(mu, pw)`` and their accumulators, from which ``w_i`` is re-derived
-    under whatever features the state is loaded with (rebind), plus -- valid only under the same features,
-    checked by a fingerprint -- the ``w_i`` table itself, so resuming on the same data is bit-exact.
+    A checkpoint holds ``(mu, pw)`` and their accumulators (``w_i`` re-derived under any features) plus, valid
+    under the same features (a fingerprint), the ``w_i`` table itself, so resuming on the same data is bit-exact.
     """
 
     rebindable = True
@@ -313,9 +297,8 @@ class GraphCutDualState(DenseDualState):
 
     # ------------------------------------------------------------ the compiled step loop
     def _graphs(self) -> GraphCutGraphs:
-        """For :meth:`run_plan` (built once): the blocks' :class:`~torch_bcfw.inference.graphcut_pool.GraphRecord` (the
-        model's cached per-graph CPU arrays, shared with the batched oracle) as a numba typed list,
-        ``phi(x_i, y_i): float64[n, d]`` and the node offsets ``int64[n + 1]``; ``checked`` is set per call."""
+        """For :meth:`run_plan` (built once): the model's per-graph records as a numba typed list, ``phi(x_i, y_i):
+        float64[n, d]`` and the node offsets ``int64[n + 1]``; ``checked`` is set per call."""
         graphs = self.__dict__.get("_np_graphs")
         if graphs is None:
             self._true_pairwise()
@@ -335,17 +318,9 @@ class GraphCutDualState(DenseDualState):
                 and self.model.builtin_oracle() and self.n_total == self.n)
 
     def run_plan(self, plan: StepPlan) -> PlanResult:
-        """A plain plan that :meth:`can_run_plan` in the compiled loop :func:`_step_loop` (the iterates of the generic
-        loop up to rounding): the loss-augmented oracle of the batched oracle's per-graph code (gains and penalties
-        compiled, the cut by PyMaxflow called back in object mode) and one compiled kernel per step
-        (:func:`_fused_block_step`: ``phi`` and the loss of the answer, the line search, the averaging and the updates
-        of ``w_i``, ``mu``, ``pw``, ``v`` and ``w``), without per-step interpreter work besides the cut.  The oracle's
-        share of the time is added to :attr:`oracle_seconds`.  Interrupted (Ctrl-C inside the cut), the state holds
-        exactly the finished steps.  Other plans: as every state.
-
-        The graph cut keeps this short loop of its own rather than the chain's decomposition into scores, corners and
-        moves: its oracle is a callback into PyMaxflow and its step computes the answer's features and loss in one
-        fused pass, so the refinements (which need plane scores and general moves) run in the generic loop."""
+        """A plain plan that :meth:`can_run_plan` in the compiled loop :func:`_step_loop` (the generic loop's iterates
+        up to rounding; the oracle's time is added to :attr:`oracle_seconds`; interrupted, the state holds exactly the
+        finished steps).  Other plans: as every state."""
         if not self.can_run_plan(plan):
             return super().run_plan(plan)
         F = self.F
@@ -440,8 +415,7 @@ class GraphCutDualState(DenseDualState):
 
     def _storage_dict(self) -> dict:
         sd = {name: getattr(self, name).cpu().clone() for name in ("mu", "pw", "mu_acc", "pw_acc", "acc_w")}
-        # valid under the same features only (checked by the fingerprint when loading): the w_i table itself,
-        # so that a checkpoint resumes bit-exactly instead of re-deriving w_i from (mu, pw) up to rounding
+        # valid under the same features only (checked by the fingerprint): a bit-exact resume
         sd["pairwise"] = self._pairwise_fingerprint()
         sd["same_features"] = {"fingerprint": self._features_fingerprint(), "w_blocks": self.w_blocks.cpu().clone(),
                                "w_blocks_acc": self.w_blocks_acc.cpu().clone()}
@@ -456,12 +430,9 @@ class GraphCutDualState(DenseDualState):
             )
         dev = self.w.device
         N, E, n = self.data.n_nodes, self.d - self.F, self.n
-        shapes = {"mu": ((N,), -LOAD_TOL, 1 + LOAD_TOL), "pw": ((n, E), None, None), "mu_acc": ((N,), -LOAD_TOL, None),
-                  "pw_acc": ((n, E), None, None), "acc_w": ((n,), -LOAD_TOL, None)}
-        for name, (shape, lo, hi) in shapes.items():
-            if name not in sd:
-                raise ValueError(f"the saved graph-cut state lacks {name!r}")
-            setattr(self, name, saved_tensor(sd[name], f"state storage {name}", shape, lo=lo, hi=hi).to(dev))
+        self._load_tensors(sd, "graph-cut", {"mu": ((N,), -LOAD_TOL, 1 + LOAD_TOL), "pw": ((n, E), None, None),
+                                             "mu_acc": ((N,), -LOAD_TOL, None), "pw_acc": ((n, E), None, None),
+                                             "acc_w": ((n,), -LOAD_TOL, None)})
         phi_true = self.model.joint_feature(self.data, self.data.y)
         scale = 1.0 / (self.lam * self.n_total)
         expected = torch.cat([self.model.unary_feature(self.data, self.mu), self.pw], 1)
@@ -491,5 +462,6 @@ class GraphCutDualState(DenseDualState):
         if self.pw.shape[1]:  # pw_i = -(1/Z_i) sum_pq P(y_p != y_q) f_pq, f_pq >= 0: between -(all edges cut) and 0
             full = torch.zeros_like(self.pw).index_add_(0, self.data.edge_graph(), self.data.edge_x.to(self.pw))
             full = full / self.data.mass().to(self.pw)[:, None]
-            if bool((self.pw > LOAD_TOL * (1 + full)).any()) or bool((self.pw < -full * (1 + LOAD_TOL) - LOAD_TOL).any()):
+            low = self.pw < -full * (1 + LOAD_TOL) - LOAD_TOL
+            if bool((self.pw > LOAD_TOL * (1 + full)).any()) or bool(low.any()):
                 raise ValueError("state storage pw: an expected pairwise feature lies outside [-(every edge cut), 0]")

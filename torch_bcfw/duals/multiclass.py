@@ -1,11 +1,8 @@
 """The multiclass dual state: the dense ``w_i`` table with plain BCFW steps in one compiled loop.
 
-A :class:`~torch_bcfw.models.Multiclass` block step is a handful of ``d``-vector operations (``d = K (F + 1)``): the
-interpreted step of :class:`~torch_bcfw.duals.dense.DenseDualState` spends ~150 microseconds on torch calls for
-them.  :func:`multiclass_plain_steps` runs a whole plain plan (uniform or permuted order, FW steps, line search or
-the fixed step, the lazy weighted average) in numba, the oracle included (the loss-augmented argmax over the class
-scores), with the generic loop's arithmetic: the same steps up to the rounding of the dot products.  Every other plan
-(gap sampling, pairwise / away steps, the cache, mini-batch rounds, box constraints) runs in the generic loops.
+:func:`multiclass_plain_steps` runs a whole plain plan (uniform or permuted order, FW steps, line search or the fixed
+step, the lazy weighted average) in numba, oracle included (the loss-augmented argmax over the class scores), with the
+generic loop's arithmetic up to the rounding of the dot products.  Every other plan runs in the generic loops.
 """
 from __future__ import annotations
 
@@ -25,12 +22,10 @@ def multiclass_plain_steps(order, x, y, bias, w_blocks, w_blocks_acc, w, block_e
                            averaging, k, avg_t, ell, avg_ell_u, gaps):
     """Plain BCFW steps on the blocks ``order`` (``int64[m]``) of a multiclass problem, in place.
 
-    ``x: float64[n, F]`` the inputs, ``y: int64[n]`` the labels, ``bias``: a constant feature appended (the model's
-    ``bias``); ``w_blocks`` / ``w_blocks_acc: float64[n, d]`` the ``w_i`` table and its average accumulator,
-    ``w: float64[d]`` (``sum_i w_i``), ``block_ell: float64[n]``, ``avg_last: int64[n]`` the averaging clocks.
-    Scalars ``k``, ``avg_t``, ``ell``, ``avg_ell_u`` (the step counter, averaging clock, ``sum_i l_i`` and its average
-    accumulator) are returned updated: ``(k, avg_t, ell, avg_ell_u)``.  ``gaps[j]`` receives the block gap of step
-    ``j`` (the line search's numerator)."""
+    ``x: float64[n, F]`` the inputs, ``y: int64[n]`` the labels, ``bias``: a constant feature appended;
+    ``w_blocks`` / ``w_blocks_acc: float64[n, d]`` the ``w_i`` table and its accumulator, ``w: float64[d]``,
+    ``block_ell: float64[n]``, ``avg_last: int64[n]``.  Returns ``(k, avg_t, ell, avg_ell_u)`` updated; ``gaps[j]``
+    receives the block gap of step ``j``."""
     n_feat = x.shape[1]
     fp = n_feat + (1 if bias else 0)
     n_classes = w.shape[0] // fp

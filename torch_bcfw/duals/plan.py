@@ -1,14 +1,11 @@
-"""What a solver hands to a dual state for a chunk of composed BCFW iterations, what comes back, and the generic
-loops that run it through any state's public methods.
+"""What a solver hands to a dual state for a chunk of BCFW iterations (:class:`StepPlan`), what comes back, and the
+generic loops that run it through any state's public methods.
 
-A :class:`StepPlan` names the parts of one iteration (sampling policy, oracle with an optional working set and cache
-test, step rule) and holds the solver-side arrays they work on (gap estimates and their sum tree, the sampler's queue
-and pre-drawn randomness).  Plain BCFW is the plan with no refinement (:meth:`StepPlan.plain`).  A state runs a plan
-with :meth:`~torch_bcfw.duals.base.DualState.run_plan`: one-block plans in :func:`generic_plan_steps` (or the state's
-compiled loop, which must give the same trajectory), mini-batch plans in :func:`run_rounds`, the one round loop of
-every state, local or split over processes.  :func:`compiled_plan` gives a plan's parts as the named groups a
-compiled loop takes.  The iteration itself, step by step, is in ``docs/anatomy.md``.  This module imports no solver
-and no state.
+A plan names the parts of one iteration (sampling policy, oracle with an optional working set and cache test, step
+rule) and holds the solver-side arrays they work on.  One-block plans run in :func:`generic_plan_steps` (or a
+state's compiled loop, with the same trajectory), mini-batch plans in :func:`run_rounds`, local or split over
+processes; :func:`compiled_plan` gives a plan's parts as a compiled loop takes them.  The iteration, step by step:
+``docs/anatomy.md``.  This module imports no solver and no state.
 """
 from __future__ import annotations
 
@@ -29,15 +26,14 @@ __all__ = ["StepPlan", "GapDraws", "CacheTest", "MultiPlane", "WorkingSetUse", "
 MP_EXACT = 1   #: multi-plane BCFW: exact steps, the oracle answers join the planes
 MP_APPROX = 2  #: multi-plane BCFW: approximate steps on the best stored plane
 
-#: :attr:`Progress.status` of a compiled chunk: it ran; gap sampling found every estimate zero (an exact gap pass
-#: must refresh them)
+#: :attr:`Progress.status` of a compiled chunk: it ran; gap sampling found every estimate zero
 DONE, NEED_GAP_PASS = 0, 1
 
 
 @dataclass
 class GapDraws:
-    """The sampling part of gap sampling (Osokin et al. 2016, Alg. 2): blocks drawn inside the loop from the sum tree
-    of the plan's :attr:`StepPlan.estimates`, never-visited blocks first.
+    """Gap sampling (Osokin et al. 2016, Alg. 2): blocks drawn inside the loop from the sum tree of the plan's
+    :attr:`StepPlan.estimates`, never-visited blocks first.
 
     Attributes:
         uniforms: ``float64[m]`` uniforms in [0, 1) for the tree draws, one per iteration (per slot of a round).
@@ -138,7 +134,8 @@ class StepPlan:
         """Mini-batch BCFW: one joint FW step per round of distinct blocks ``order[rounds[j]:rounds[j + 1]]``."""
         order = np.ascontiguousarray(order, dtype=np.int64)
         rounds = np.ascontiguousarray(rounds, dtype=np.int64)
-        if rounds.ndim != 1 or rounds.size < 1 or rounds[0] != 0 or rounds[-1] != len(order) or (np.diff(rounds) < 0).any():
+        if (rounds.ndim != 1 or rounds.size < 1 or rounds[0] != 0 or rounds[-1] != len(order)
+                or (np.diff(rounds) < 0).any()):
             raise ValueError("rounds must be non-decreasing offsets into order, from 0 to len(order)")
         return cls(m=len(order), order=order, step_code=step_code, averaging=averaging, rounds=Rounds(rounds, reduce))
 
@@ -177,11 +174,10 @@ class StepPlan:
 
 @dataclass
 class PlanResult:
-    """Outcome of a chunk: iterations done, oracle calls, cache hits, ``need_gap_pass`` (gap sampling found
-    every estimate zero), and per iteration the block (``blocks``) and its oracle block gap (``gaps``,
-    ``nan`` on a cache hit).  Mini-batch plans: ``rounds`` taken (a round that found every estimate zero is not
-    taken), ``steps`` the slots of those rounds here, ``oracle_calls`` their blocks over all processes minus this
-    process' cache hits (``cache_hits``), and ``gaps`` each round's line-search numerator at its first slot."""
+    """Outcome of a chunk: iterations done, oracle calls, cache hits, ``need_gap_pass`` (gap sampling found every
+    estimate zero), and per iteration the block (``blocks``) and its oracle block gap (``gaps``, ``nan`` on a cache
+    hit).  Mini-batch plans: ``rounds`` taken, ``steps`` their slots, ``oracle_calls`` their blocks over all
+    processes minus this process' ``cache_hits``, and ``gaps`` each round's numerator at its first slot."""
 
     steps: int
     oracle_calls: int
@@ -194,11 +190,10 @@ class PlanResult:
 
 @dataclass
 class RoundStep:
-    """One joint step of a round (:meth:`~torch_bcfw.duals.base.DualState.round_step`): the line search's numerator
-    ``num`` (the sum of the round's block gaps over all processes), the step ``gamma``, the round's blocks over all
-    processes ``tau`` (0: none anywhere, no step taken), and for this process' blocks their gaps ``gaps`` (when the
-    plan keeps estimates), their corners' planes in the working set ``planes`` and the cache hits ``hit`` (when it
-    keeps one)."""
+    """One joint step of a round (:meth:`~torch_bcfw.duals.base.DualState.round_step`): the numerator ``num`` (the
+    sum of the block gaps over all processes), the step ``gamma``, the blocks over all processes ``tau`` (0: no
+    step), and for this process' blocks their ``gaps`` (with estimates), their corners' ``planes`` and the cache
+    hits ``hit`` (with a working set)."""
 
     num: float
     gamma: float
@@ -210,11 +205,9 @@ class RoundStep:
 
 # ---------------------------------------------------------------- a plan's parts as a compiled loop takes them
 class PlanFlags(NamedTuple):
-    """The parts of a one-block plan: ``m`` iterations, step ``rule`` and ``step_code``, ``averaging``; ``by_gap``
-    (gap sampling, else the blocks of the order); ``track_estimates`` (the oracle's block gaps update the estimates);
-    the working set (``use_working_set``, ``keep_inactive``, ``max_size``), the cache test (``cache``, ``cache_F``,
-    ``cache_threshold``), MP-BCFW's ``planes`` (0, ``MP_EXACT`` or ``MP_APPROX``) with ``stamp``, ``cutoff`` and
-    ``max_planes``, and ``running_average`` (MP-BCFW-avg's, after every step)."""
+    """The fields of a one-block :class:`StepPlan` and of its :class:`WorkingSetUse`, :class:`CacheTest` and
+    :class:`MultiPlane` flattened (:func:`compiled_plan`): ``by_gap`` (gap sampling), ``track_estimates`` (the oracle's
+    block gaps update the estimates), ``planes`` (0, ``MP_EXACT`` or ``MP_APPROX``)."""
 
     m: int
     rule: int
@@ -236,9 +229,8 @@ class PlanFlags(NamedTuple):
 
 
 class Sampling(NamedTuple):
-    """The blocks of a plan: ``order`` (uniform / permutation sampling) or gap sampling's ``uniforms``, never-visited
-    ``queue`` and its position ``queue_pos`` (``int64[1]``), and the estimates ``est`` with their sum tree ``tree``
-    of ``tree_size`` leaves over ``est^power`` (empty arrays for the parts a plan does not have)."""
+    """The blocks of a plan: ``order``, or the :class:`GapDraws` and the estimates with their sum tree (empty arrays
+    for the parts a plan does not have)."""
 
     order: np.ndarray
     uniforms: np.ndarray
@@ -306,10 +298,9 @@ def _as_labels(y, device) -> torch.Tensor:
 
 # ---------------------------------------------------------------- the generic loops
 def generic_plan_steps(state, plan: StepPlan) -> PlanResult:
-    """Run the one-block ``plan`` on ``state`` one block at a time through the state's public methods
-    (``block_value``, ``corner_values``, ``block_oracle``, ``block_step``, ``block_move``); the iteration is that of
-    ``docs/anatomy.md``.  A plain plan measures nothing: its block gaps are those of the FW steps
-    (:meth:`~torch_bcfw.duals.base.DualState.block_step`)."""
+    """Run the one-block ``plan`` on ``state`` one block at a time through its public methods (``block_value``,
+    ``corner_values``, ``block_oracle``, ``block_step``, ``block_move``).  A plain plan measures nothing: its block
+    gaps are the FW steps' numerators."""
     m = int(plan.m)
     gaps = np.full(m, np.nan)
     blocks = np.full(m, -1, dtype=np.int64)
@@ -404,12 +395,10 @@ def generic_plan_steps(state, plan: StepPlan) -> PlanResult:
 
 
 def round_corners(state, plan: StepPlan, blocks: list[int]):
-    """The corners of a round's blocks with the cache (Osokin et al. 2016, Alg. 5, per block): a block whose best
-    cached labeling passes the cache test moves towards it, the others towards the answers of ONE batched oracle call
-    at the round's ``w``; the oracle answers join the working set.  The test itself is batched: every cached labeling
-    of the round scored in one call (:meth:`DualState.pair_values`), the blocks' values in another
-    (:meth:`DualState.subset_values`).  Returns ``(sub, y, js, hit)``: the round's examples and corners (laid out like
-    ``sub.y``), each corner's plane in the working set and the hit mask."""
+    """The corners of a round's blocks with the cache (Osokin et al. 2016, Alg. 5, per block): the best cached
+    labeling where it passes the test, else the answers of one batched oracle call (which join the working set).
+    Returns ``(sub, y, js, hit)``: the round's examples and corners (laid out like ``sub.y``), each corner's plane in
+    the working set and the hit mask."""
     ws = state.working_set
     dev = state.w.device
     idx = torch.as_tensor(blocks, dtype=torch.long, device=dev)
@@ -437,21 +426,17 @@ def round_corners(state, plan: StepPlan, blocks: list[int]):
         ell_m = (state.model.loss(sub_m, y_m).to(torch.float64) / state.n_total).cpu().numpy()
         for r, (q, ynp) in enumerate(zip(miss, block_labelings(y_m, getattr(sub_m, "offsets", None)))):
             i = blocks[q]
-            j = ws.find(i, ynp)
-            js[q] = j if j >= 0 else ws.insert(i, ynp, float(ell_m[r]), plan.working_set.max_size, False)
+            js[q] = ws.put(i, ynp, float(ell_m[r]), plan.working_set.max_size, False)
             labs[q] = np.asarray(ynp, dtype=np.int64).reshape(-1)
     y = torch.as_tensor(np.concatenate(labs), dtype=torch.long, device=dev).reshape(sub.y.shape)
     return sub, y, js, hit
 
 
 def run_rounds(state, plan: StepPlan) -> PlanResult:
-    """Run a mini-batch plan, local or split over processes (``plan.rounds.reduce``, handed to the joint step): per
-    round its blocks (drawn from the estimates with gap sampling) and one joint step
-    (:meth:`DualState.round_step <torch_bcfw.duals.base.DualState.round_step>`).  ``gaps`` holds each round's
-    line-search numerator (the sum of its block gaps) at the round's first slot, ``nan`` elsewhere.  With gap sampling
-    the estimates take the round's block gaps, and a round that finds every estimate zero (on every process) ends the
-    chunk and asks for an exact gap pass.  With the cache (``plan.working_set``) the working set follows every step
-    and a hit keeps its estimate (Alg. 5)."""
+    """Run a mini-batch plan, local or split over processes (``plan.rounds.reduce``): per round its blocks (drawn
+    from the estimates with gap sampling) and one joint step (:meth:`~torch_bcfw.duals.base.DualState.round_step`).
+    ``gaps`` holds each round's numerator at its first slot.  With gap sampling the estimates take the block gaps
+    (a cache hit keeps its estimate), and a round finding every estimate zero ends the chunk."""
     gap, est, offsets = plan.gap, plan.estimates, plan.rounds.offsets
     ws = state.working_set if plan.working_set is not None else None
     order = plan.order
@@ -476,8 +461,7 @@ def run_rounds(state, plan: StepPlan) -> PlanResult:
                 ws_fw_update(ws.arrays(), i, jj, r.gamma)
         if est is not None:
             for i, g, h in zip(blocks.tolist(), r.gaps.tolist(), hit.tolist()):
-                # a cached corner's gap is not the block's gap: a hit keeps its estimate (its leaf, zeroed by the
-                # draw, comes back)
+                # a cached corner's gap is not the block's gap: a hit keeps its estimate
                 est_set(est.est, est.tree, est.size, i, float(est.est[i]) if h else g, est.power, gap is not None)
         if len(blocks):
             gaps[a] = r.num

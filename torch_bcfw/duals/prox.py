@@ -1,21 +1,18 @@
 """Prox geometries of the extragradient method: the polytope of a model's labelings, its prox steps and the
 dual points they give.
 
-A geometry maps a point ``z`` of the polytope (parts representation: marginals for a chain, link marginals for a
-matching) to the library's dual pair ``(A(z), b(z))`` (``w = A alpha``, ``l = b^T alpha``), measures the coupling
-norm ``sigma`` of the saddle-point operator and takes the lookahead and correction prox steps of
-:class:`~torch_bcfw.solvers.extragradient.Extragradient` (see that module for the method and the notation).
-A model names its geometry by :meth:`~torch_bcfw.models.base.StructuredModel.prox_geometry`; the solver sees only
-the methods below: ``kind``, ``sigma()``, ``start()``, ``step(W_prev, t, v_w, eta)``, ``point(...)``,
-``warm_state()`` and ``load_warm_state(sd)``.
+A geometry maps a point ``z`` of the polytope (marginals for a chain, link marginals for a matching) to the dual pair
+``(A(z), b(z))``, measures the coupling norm ``sigma`` and takes the lookahead and correction prox steps of
+:class:`~torch_bcfw.solvers.extragradient.Extragradient`.  A model names its geometry by
+:meth:`~torch_bcfw.models.base.StructuredModel.prox_geometry`; the solver uses ``kind``, ``sigma()``, ``start()``,
+``step(W_prev, t, v_w, eta)``, ``point(...)``, ``warm_state()`` and ``load_warm_state(sd)``.
 
-* :class:`EntropicChainGeometry` (chains): Bregman / KL prox steps on the distributions over labelings, whose
-  marginals come from the expectation oracle (forward-backward,
-  :func:`~torch_bcfw.inference.forward_backward.shared_transition_marginals`); ``sigma`` from a closed-form bound
-  on ``||phi_i(y) - phi_i(y_i)||`` (per-sequence Gram matrices, :func:`~torch_bcfw.duals.chain.sequence_grams`).
+* :class:`EntropicChainGeometry` (chains): KL prox steps whose marginals come from forward-backward
+  (:func:`~torch_bcfw.inference.forward_backward.shared_transition_marginals`); ``sigma`` from a closed-form bound
+  (per-sequence Gram matrices, :func:`~torch_bcfw.duals.chain.sequence_grams`).
 * :class:`EuclideanMatchingGeometry` (matchings): Euclidean projections onto the bipartite matching polytope
-  (:func:`~torch_bcfw.inference.matching_projection.project_matching_polytope`, warm-started by the row and column
-  multipliers of the previous iteration); ``sigma`` exact from a ``d x d`` eigenvalue problem.
+  (:func:`~torch_bcfw.inference.matching_projection.project_matching_polytope`, warm-started by the previous row
+  and column multipliers); ``sigma`` exact from a ``d x d`` eigenvalue problem.
 """
 from __future__ import annotations
 
@@ -130,7 +127,6 @@ class EuclideanMatchingGeometry:
         self.q = {"v": zeros(F), "u": zeros(F)}
         self.warm = False
         self.last_dist = 0.0
-        self.projection_iters = 0
 
     def sigma(self) -> float:
         G = self.Xn.T @ self.Xn
@@ -151,7 +147,6 @@ class EuclideanMatchingGeometry:
                                         tol=self.tol, max_iters=self.iters)
         self.p[which], self.q[which] = res.p, res.q
         self.last_dist = max(self.last_dist, float(res.dist.max()))
-        self.projection_iters += res.iters
         return res.z[self.index]
 
     def _lookahead(self, W_prev, t, eta, warm):

@@ -1,16 +1,10 @@
 """Sum tree over per-block gap estimates: exact sampling ``i ~ g_i^p / sum_j g_j^p`` in ``O(log n)``.
 
-Shared by the gap sampler of the solvers (:class:`torch_bcfw.solvers.sampling.GapSampler`) and the
-compiled step kernels, which update the estimate of a block right after its oracle call and draw the
-next block from the updated tree (gap sampling is exact at every step, never stale by a chunk).
-
-Layout: ``tree[1]`` is the total, node ``p`` has children ``2p`` and ``2p + 1``, leaf of block ``i`` is
-``tree[size + i]`` with ``size`` the smallest power of two ``>= n``.  Inner nodes are always recomputed
-as the sum of their two children (no incremental drift).
-
-Estimates ``est[i] = +inf`` mark blocks never visited: their leaf is 0 and they are served first, in
-the order of a random permutation (``queue``, position ``smeta[0]``), before any proportional draw
-(Alg. 2 of Osokin et al. 2016 initialises the estimates to +inf; see the reference note, 1.2).
+Shared by the solvers' gap sampler (:class:`torch_bcfw.solvers.sampling.GapSampler`) and the compiled step loops,
+which update a block's estimate right after its oracle call.  Layout: ``tree[1]`` is the total, node ``p`` has
+children ``2p`` and ``2p + 1``, block ``i``'s leaf is ``tree[size + i]`` (``size`` the smallest power of two ``>=
+n``); inner nodes are always recomputed from their children.  Estimates ``+inf`` mark never-visited blocks: their
+leaf is 0 and they are served first, in the order of ``queue`` (position ``smeta[0]``; Osokin et al. 2016, Alg. 2).
 """
 from __future__ import annotations
 
@@ -57,10 +51,8 @@ def tree_build(tree, size, est, power) -> None:
 
 @njit(cache=True)
 def tree_sample(tree, size, u) -> int:
-    """Leaf index drawn with probability ``leaf / total`` for a uniform ``u in [0, 1)`` (total must be > 0).
-
-    Never returns a zero-weight leaf: a child is entered only if its weight is positive.
-    """
+    """Leaf index drawn with probability ``leaf / total`` for a uniform ``u in [0, 1)`` (total > 0); never a
+    zero-weight leaf."""
     x = u * tree[1]
     p = 1
     while p < size:
@@ -99,11 +91,9 @@ def gap_draw(queue, smeta, tree, size, u) -> int:
 
 @njit(cache=True)
 def gap_draw_round(queue, smeta, tree, size, uniforms, out) -> int:
-    """Up to ``len(out)`` *distinct* blocks for a mini-batch round, written to ``out``: the unvisited blocks first
-    (``queue``), then draws ``i ~ tree`` without replacement (one uniform of ``uniforms`` per slot; a drawn block's
-    leaf is set to 0 until the caller stores its new estimate with :func:`est_set`).  Returns how many were drawn:
-    fewer than ``len(out)`` when the positive estimates run out, 0 when all are zero (the caller must refresh
-    them with an exact gap pass).  Unvisited blocks have a zero leaf, so a queue block is never drawn twice."""
+    """Up to ``len(out)`` *distinct* blocks for a mini-batch round, written to ``out``: the unvisited blocks first,
+    then draws ``i ~ tree`` without replacement (one of ``uniforms`` per slot; a drawn leaf is 0 until the caller's
+    :func:`est_set`).  Returns how many were drawn (0: all estimates are zero)."""
     c = 0
     for j in range(out.shape[0]):
         if smeta[0] < queue.shape[0]:

@@ -1,20 +1,18 @@
 """Per-block working sets of labelings: one structure for the cache, the active sets and the MP-BCFW planes.
 
-The refinements of BCFW (Osokin et al. 2016) need a small explicit part of each block's simplex variable
-``alpha_i``: the active set with its weights (pairwise and away steps), the cache of past oracle answers, the planes
-of multi-plane BCFW (Shah et al. 2015), and the dual variables of
-:class:`~torch_bcfw.duals.active_set.ActiveSetDualState`.  One :class:`WorkingSet` serves all four: per block a list
-of *planes*, each a labeling (``int32``) with its 64-bit FNV-1a ``key``, and the float columns ``ALPHA``
-(``alpha_i(y)``, 0 for a cached labeling not active), ``LOSS`` (``L_i(y) / n``), ``SCORE`` (its last value ``H_i(y;
-w) / n`` up to a per-block shift, written when the block is scored), ``LAST`` (MP-BCFW's time of last activity) and
-``ACC`` (an averaging accumulator of a state that re-derives its average from the planes).  Nothing stored depends
-on the features, so a working set survives a rebind.  The solvers keep ``alpha_i`` on the simplex with ``w = A
-alpha``; initially every block holds its ground truth with ``alpha = 1``.
+The refinements of BCFW (Osokin et al. 2016) need an explicit part of each block's ``alpha_i``: the active set
+(pairwise and away steps), the cache of past oracle answers, the planes of multi-plane BCFW (Shah et al. 2015) and
+the dual variables of :class:`~torch_bcfw.duals.active_set.ActiveSetDualState`.  A :class:`WorkingSet` holds per
+block a list of *planes*, each a labeling (``int32``) with its 64-bit FNV-1a ``key`` and the float columns ``ALPHA``
+(``alpha_i(y)``), ``LOSS`` (``L_i(y) / n``), ``SCORE`` (``H_i(y; w) / n`` up to a per-block shift, written when the
+block is scored), ``LAST`` (MP-BCFW's time of last activity) and ``ACC`` (an averaging accumulator).  Nothing stored
+depends on the features, so a working set survives a rebind.  Initially every block holds its ground truth with
+``alpha = 1``.
 
-Storage is a pool of numpy arrays (:class:`Pool`) shared by the compiled loops and the generic loop through the
-compiled helpers ``ws_*``: a block owns a contiguous region of plane and label slots; a full region moves to the end
-of the pool with twice the capacity, a full pool is reallocated (the helpers return the new :class:`Pool`).  Planes
-keep their insertion order, so ties are broken the same way by every loop.
+Storage is a pool of numpy arrays (:class:`Pool`) shared by the compiled and the generic loops through the compiled
+helpers ``ws_*``: a block owns a contiguous region of slots; a full region moves to the end of the pool with twice
+the capacity, a full pool is reallocated (the helpers return the new :class:`Pool`).  Planes keep their insertion
+order, so every loop breaks ties the same way.
 """
 from __future__ import annotations
 
@@ -91,10 +89,7 @@ def ws_find(ws, i, h, y) -> int:
 
 @njit(cache=True)
 def ws_grow(ws, i):
-    """Give block ``i`` a region of twice its capacity at the end of the pool (reallocating the pool if needed).
-
-    Returns the :class:`Pool` (new arrays when reallocated).
-    """
+    """Give block ``i`` a region of twice its capacity at the end of the pool; returns the (maybe new) :class:`Pool`."""
     key, fl, lab = ws.key, ws.fl, ws.lab
     free = ws.free[0]
     L = ws.lab_len[i]
@@ -176,13 +171,9 @@ def ws_drop_inactive(ws, i) -> None:
 
 @njit(cache=True)
 def ws_evict_lru(ws, i) -> int:
-    """Remove the plane of block ``i`` that has been inactive longest (smallest ``last``; the earliest
-    stored among equals) and return its old position (-1 for an empty block).
-
-    MP-BCFW's capacity rule (Shah et al. 2015, Alg. 3, line 5).  Evicting a plane with ``alpha > 0`` sets
-    ``incomplete[i]``: its mass stays in the state's ``w_i`` but is no longer listed (footnote 1 of the
-    paper: correctness does not need it).
-    """
+    """MP-BCFW's capacity rule (Shah et al. 2015, Alg. 3, line 5): remove block ``i``'s plane inactive longest
+    (smallest ``last``, the earliest among equals) and return its old position (-1 for an empty block).  Evicting a
+    plane with ``alpha > 0`` sets ``incomplete[i]`` (its mass stays in ``w_i``, unlisted)."""
     if ws.size[i] == 0:
         return -1
     s0 = ws.start[i]
@@ -198,12 +189,8 @@ def ws_evict_lru(ws, i) -> int:
 
 @njit(cache=True)
 def ws_drop_stale(ws, i, cutoff) -> int:
-    """Remove every plane of block ``i`` with ``last < cutoff`` but never the last one standing (the most
-    recently active plane is kept when all are stale); returns the number removed.
-
-    MP-BCFW's inactivity rule (Alg. 3, line 6, run on the block just processed by an approximate pass).
-    Like :func:`ws_evict_lru` it sets ``incomplete[i]`` when it drops a plane with ``alpha > 0``.
-    """
+    """MP-BCFW's inactivity rule (Alg. 3, line 6): remove block ``i``'s planes with ``last < cutoff`` except the most
+    recently active one; returns the number removed (``incomplete[i]`` as in :func:`ws_evict_lru`)."""
     s0 = ws.start[i]
     keep = -1
     for j in range(ws.size[i]):
@@ -226,18 +213,10 @@ def ws_drop_stale(ws, i, cutoff) -> int:
 
 @njit(cache=True)
 def ws_insert(ws, i, h, y, loss, max_size, allow_grow_active):
-    """Add labeling ``y`` (hash ``h``, ``alpha = 0``) to block ``i``; return ``(j, pool)``.
-
-    ``y`` must not be stored yet.  When the block already holds ``max_size`` planes (``max_size > 0``):
-
-    1. the inactive plane (``alpha == 0``) with the lowest stored score is replaced, if there is one;
-    2. otherwise, if ``allow_grow_active`` (pairwise / away steps: active labelings are never dropped),
-       the block grows beyond ``max_size``;
-    3. otherwise (FW steps with a cache) the active plane with the lowest stored score is replaced and
-       ``incomplete[i]`` is set: its mass stays in the state's ``w_i`` but is no longer listed.
-
-    Scores are those written by the last scoring of the block (the current step's, for the solvers).
-    """
+    """Add labeling ``y`` (not stored yet; hash ``h``, ``alpha = 0``) to block ``i``; return ``(j, pool)``.  When the
+    block holds ``max_size > 0`` planes already, the inactive plane with the lowest stored score is replaced; without
+    one, the block grows if ``allow_grow_active`` (pairwise / away steps), else the lowest-scored active plane is
+    replaced and ``incomplete[i]`` set."""
     if max_size > 0 and ws.size[i] >= max_size:
         s0 = ws.start[i]
         fl = ws.fl
@@ -308,15 +287,9 @@ TIE_TOL = 1e-11
 
 @njit(cache=True)
 def ws_corners(ws, i):
-    """``(j_max, j_min_active, n_active)``: the best plane by score and the worst *active* plane.
-
-    Scores within ``TIE_TOL * (1 + max |score|)`` of the extreme count as tied, and among tied planes the
-    one with the smallest key (hash of the labeling) is taken.  Ties are structural, not accidental: an
-    exact pairwise line search equalises the scores of its two atoms, and at a block's optimum all active
-    atoms score the same.  The rule makes the choice independent of the last bits of floating point and of
-    the storage order, so equivalent step loops (compiled / generic, with a cache that never hits / without
-    a cache) take the same steps.
-    """
+    """``(j_max, j_min_active, n_active)``: the best plane by score and the worst *active* plane.  Scores within
+    ``TIE_TOL * (1 + max |score|)`` of the extreme are tied (exact pairwise steps equalise scores), and the smallest
+    key wins: the choice does not depend on the last bits or the storage order, so equivalent loops agree."""
     s0 = ws.start[i]
     fl, key = ws.fl, ws.key
     hi = -np.inf
@@ -361,31 +334,32 @@ class WorkingSet:
     Args:
         true_labels: a list of ``n`` 1-D integer arrays, the ground-truth labeling of each block (all
             planes of block ``i`` have ``len(true_labels[i])`` labels).
-        n: number of examples (losses are stored divided by ``n``).
         init_cap: initial plane capacity per block (regions double when full).
     """
 
     def __init__(self, true_labels, init_cap: int = 4):
         nb = len(true_labels)
-        self.n = nb
-        self.lab_len = np.array([len(y) for y in true_labels], dtype=np.int64)
-        c0 = max(1, int(init_cap))
-        self.cap = np.full(nb, c0, dtype=np.int64)
-        self.start = np.arange(nb, dtype=np.int64) * c0
-        self.lab_start = np.zeros(nb, dtype=np.int64)
-        self.lab_start[1:] = np.cumsum(self.lab_len[:-1] * c0)
-        self.size = np.ones(nb, dtype=np.int64)
-        P = nb * c0
-        Q = int(self.lab_len.sum()) * c0
-        self.key = np.zeros(P, dtype=np.uint64)
-        self.fl = np.zeros((P, NCOL), dtype=np.float64)
-        self.lab = np.zeros(max(Q, 1), dtype=np.int32)
-        self.free = np.array([(P, Q)], dtype=FREE)
-        self.incomplete = np.zeros(nb, dtype=np.uint8)
+        lab_len = np.array([len(y) for y in true_labels], dtype=np.int64)
+        self._allocate(lab_len, np.ones(nb, dtype=np.int64), np.full(nb, max(1, int(init_cap)), dtype=np.int64),
+                       np.zeros(nb, dtype=np.uint8))
         pool = self.arrays()
         for i, y in enumerate(true_labels):
             y = np.asarray(y, dtype=np.int32)
             ws_write(pool, i, 0, np.uint64(label_hash(y)), y, 0.0, 1.0)
+
+    def _allocate(self, lab_len: np.ndarray, size: np.ndarray, cap: np.ndarray, incomplete: np.ndarray) -> None:
+        """Empty pool arrays for blocks of ``lab_len`` labels, ``size`` planes and ``cap`` slots each (int64[n])."""
+        self.n = len(lab_len)
+        self.lab_len, self.size, self.cap, self.incomplete = lab_len, size, cap, incomplete
+        self.start = np.zeros(self.n, dtype=np.int64)
+        self.start[1:] = np.cumsum(cap[:-1])
+        self.lab_start = np.zeros(self.n, dtype=np.int64)
+        self.lab_start[1:] = np.cumsum((cap * lab_len)[:-1])
+        P, Q = int(cap.sum()), int((cap * lab_len).sum())
+        self.key = np.zeros(P, dtype=np.uint64)
+        self.fl = np.zeros((P, NCOL), dtype=np.float64)
+        self.lab = np.zeros(max(Q, 1), dtype=np.int32)
+        self.free = np.array([(P, Q)], dtype=FREE)
 
     @classmethod
     def for_data(cls, data, init_cap: int = 4) -> "WorkingSet":
@@ -436,6 +410,11 @@ class WorkingSet:
         self.adopt(pool)
         return int(j)
 
+    def put(self, i: int, y, loss: float, max_size: int = 0, allow_grow_active: bool = True) -> int:
+        """Position of labeling ``y`` in block ``i``, added by :meth:`insert` (``alpha = 0``) when absent."""
+        j = self.find(i, y)
+        return j if j >= 0 else self.insert(i, y, loss, max_size, allow_grow_active)
+
     def drop_inactive(self, i: int) -> None:
         ws_drop_inactive(self.arrays(), i)
 
@@ -445,7 +424,7 @@ class WorkingSet:
             ws_remove(self.arrays(), i, j)
 
     def column(self, i: int, col: int) -> np.ndarray:
-        """Column ``col`` (``ALPHA``, ``LOSS``, ``SCORE``, ``LAST`` or ``ACC``) of the planes of block ``i`` (a view)."""
+        """Column ``col`` (``ALPHA``, ``LOSS``, ``SCORE``, ``LAST``, ``ACC``) of the planes of block ``i`` (a view)."""
         return self.fl[self.slots(i), col]
 
     # ------------------------------------------------------------------ MP-BCFW policy (Shah et al. 2015)
@@ -481,9 +460,6 @@ class WorkingSet:
     def sizes(self) -> np.ndarray:
         return self.size.copy()
 
-    def n_active(self) -> np.ndarray:
-        return np.array([int((self.alphas(i) > 0).sum()) for i in range(self.n)], dtype=np.int64)
-
     # ------------------------------------------------------------------ persistence
     def state_dict(self) -> dict:
         """Compact copy: per block its planes in order (labels concatenated)."""
@@ -497,11 +473,10 @@ class WorkingSet:
 
     @classmethod
     def from_state_dict(cls, sd: dict, true_labels) -> "WorkingSet":
-        """The working set saved by :meth:`state_dict`, for blocks whose ground-truth labelings are ``true_labels``
-        (a list of 1-D integer arrays).  Every array is checked before use (``ValueError`` naming the field): the
-        block count and labeling lengths must be those of ``true_labels``, the sizes consistent, the values finite,
-        ``incomplete`` 0 or 1; the keys are recomputed from the labels.  The labels' range and the losses are for
-        the owner to check against its model (:meth:`~torch_bcfw.duals.base.DualState.load_state_dict`)."""
+        """The working set saved by :meth:`state_dict`, for blocks whose ground-truth labelings are ``true_labels``.
+        Every array is checked (``ValueError`` naming the field): block count and labeling lengths those of
+        ``true_labels``, sizes consistent, values finite, ``incomplete`` 0 or 1; the keys are recomputed.  The labels'
+        range and losses are for the owner to check (:meth:`~torch_bcfw.duals.base.DualState.load_state_dict`)."""
         if not isinstance(sd, dict) or not {"size", "lab_len", "fl", "lab", "incomplete"} <= sd.keys():
             raise ValueError("state working_set must be the dict of WorkingSet.state_dict")
         n = len(true_labels)
@@ -517,20 +492,9 @@ class WorkingSet:
         lab = saved_tensor(sd["lab"], "working_set lab", (Q,), "int", lo=0, hi=np.iinfo(np.int32).max)
         incomplete = saved_tensor(sd["incomplete"], "working_set incomplete", (n,), "int", lo=0, hi=1)
         ws = cls.__new__(cls)
-        ws.n = n
-        ws.lab_len = lab_len.numpy().copy()
-        ws.size = size.numpy().copy()
-        ws.cap = np.maximum(ws.size, 4).astype(np.int64)
-        ws.start = np.zeros(n, dtype=np.int64)
-        ws.start[1:] = np.cumsum(ws.cap[:-1])
-        ws.lab_start = np.zeros(n, dtype=np.int64)
-        ws.lab_start[1:] = np.cumsum((ws.cap * ws.lab_len)[:-1])
-        Pc, Qc = int(ws.cap.sum()), int((ws.cap * ws.lab_len).sum())
-        ws.key = np.zeros(Pc, dtype=np.uint64)
-        ws.fl = np.zeros((Pc, NCOL), dtype=np.float64)
-        ws.lab = np.zeros(max(Qc, 1), dtype=np.int32)
-        ws.free = np.array([(Pc, Qc)], dtype=FREE)
-        ws.incomplete = incomplete.numpy().astype(np.uint8)
+        size = size.numpy().copy()
+        ws._allocate(lab_len.numpy().copy(), size, np.maximum(size, 4).astype(np.int64),
+                     incomplete.numpy().astype(np.uint8))
         fl, lab = fl.numpy(), lab.numpy().astype(np.int32)
         p = q = 0
         for i in range(n):

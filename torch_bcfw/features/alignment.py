@@ -1,11 +1,10 @@
 """Link features for word alignment, built from parallel *text only* (never from gold links).
 
-:class:`AlignmentFeaturizer` is fitted on sentence pairs (in the Hansards protocol the unlabelled pairs plus the
-gold and trial texts) and reads nothing but their lower-cased tokens (a test shuffles the gold links and checks that
-the features do not change).  It gathers sentence co-occurrence counts (the Dice coefficient), token frequencies,
-and three pairs of translation models trained by EM in both directions (:mod:`torch_bcfw.features.translation`):
-IBM Model 1, Model 1 with fast_align's diagonal prior (Dyer et al. 2013; ``diagonal_tension=0`` drops it) and the
-HMM aligner (Vogel et al. 1996, NULL states of Och & Ney 2003; ``hmm_iterations=0`` drops it).
+:class:`AlignmentFeaturizer` is fitted on sentence pairs and reads nothing but their lower-cased tokens.  It gathers
+sentence co-occurrence counts (the Dice coefficient), token frequencies, and three pairs of translation models
+trained by EM in both directions (:mod:`torch_bcfw.features.translation`): IBM Model 1, Model 1 with fast_align's
+diagonal prior (Dyer et al. 2013; ``diagonal_tension=0`` drops it) and the HMM aligner (Vogel et al. 1996, NULL
+states of Och & Ney 2003; ``hmm_iterations=0`` drops it).
 
 Features of the link between English word ``e_j`` and French word ``f_k`` (:attr:`AlignmentFeaturizer.names` lists
 them in order): a bias; Dice, its bins and its diagonal neighbours; Dice ranks in both directions; the distortion
@@ -57,7 +56,6 @@ def _common_prefix(a: str, b: str) -> int:
     return i
 
 
-# ----------------------------------------------------------------------------- IBM models
 class AlignmentFeaturizer:
     """Link features from text statistics (see the module docstring).
 
@@ -83,7 +81,6 @@ class AlignmentFeaturizer:
         self.null_prob = float(null_prob)
         self.fitted = False
 
-    # ------------------------------------------------------------------ names
     @property
     def names(self) -> list[str]:
         n = ["bias", "dice"]
@@ -108,7 +105,6 @@ class AlignmentFeaturizer:
     def _ibm_tags(self) -> list[str]:
         return ["ibm1"] + (["diag"] if self.diagonal_tension > 0 else []) + (["hmm"] if self.hmm_iterations else [])
 
-    # ------------------------------------------------------------------ fit
     def fit_stages(self) -> list[str]:
         """The names of the stages of :meth:`fit`, in order (for a progress bar)."""
         return ["vocabulary"] + [f"{tag} {d}" for tag in self._ibm_tags() for d in ("e->f", "f->e")]
@@ -163,7 +159,6 @@ class AlignmentFeaturizer:
         return (np.array([self.e_vocab[w] for w in e], dtype=np.int64),
                 np.array([self.f_vocab[w] for w in f], dtype=np.int64))
 
-    # ------------------------------------------------------------------ per-pair statistics
     def dice(self, pair) -> np.ndarray:
         """``[m, f]`` Dice coefficients of the pair's word pairs."""
         e, f = self._ids(pair)
@@ -195,7 +190,6 @@ class AlignmentFeaturizer:
         t_ef = ef.lookup(np.broadcast_to(f[None, :], (m, n)), np.broadcast_to(e[:, None], (m, n)))
         return {"post_fe": p_fe.T, "post_ef": p_ef, "vit_fe": vit_fe, "vit_ef": vit_ef, "t_fe": t_fe, "t_ef": t_ef}
 
-    # ------------------------------------------------------------------ features
     def pair_features(self, pair) -> Tensor:
         """``[m, f, F]`` float64 link features of one pair."""
         e_ids, f_ids = self._ids(pair)
@@ -252,7 +246,6 @@ class AlignmentFeaturizer:
         return [self.pair_features(p) for p in pairs]
 
 
-# ----------------------------------------------------------------------------- datasets and baselines
 def dice_competitive_linking(dice: np.ndarray, threshold: float = 0.0) -> np.ndarray:
     """Competitive linking (Melamed 2000) on a ``[m, f]`` Dice matrix: repeatedly link the highest-Dice pair of
     still-free words while its Dice exceeds ``threshold``.  Returns a 0/1 ``int64 [m, f]`` matching."""
@@ -315,7 +308,6 @@ def symmetrize(forward: np.ndarray, reverse: np.ndarray, method: str = "grow-dia
     return A.astype(np.int64)
 
 
-# ----------------------------------------------------------------------------- an external aligner's links
 #: names of the columns :func:`link_indicator_features` adds per aligner
 LINK_FEATURE_NAMES = ("fwd", "rev", "intersection", "grow_diag", "union", "fwd_neighbour", "rev_neighbour")
 

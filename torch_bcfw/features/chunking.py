@@ -9,14 +9,11 @@ every token getting all ``A = NUM_TEMPLATES = 20`` attributes:
   ``pos[-1]|pos[0]``, ``pos[0]|pos[1]``, ``pos[1]|pos[2]``; trigrams
   ``pos[-2]|pos[-1]|pos[0]``, ``pos[-1]|pos[0]|pos[1]``, ``pos[0]|pos[1]|pos[2]``.
 
-Offsets are relative to the token. Positions before the sentence read ``__BOS__`` and
-positions after it ``__EOS__``. An attribute string is ``<template name>=<values joined by
-'|'>``, for example ``w[-1]|w[0]=he|reckons`` (values are not escaped: a word containing ``|``
-could in principle collide with a different bigram; CoNLL-2000 has none).
+Offsets are relative to the token; positions outside the sentence read ``__BOS__`` / ``__EOS__``.  An attribute
+string is ``<template name>=<values joined by '|'>``, e.g. ``w[-1]|w[0]=he|reckons`` (values are not escaped).
 
-Encoding layout: a sentence of ``T`` tokens becomes a ``LongTensor`` of shape ``(T, A)``
-whose column ``j`` holds the id of template ``j``'s attribute, or ``PAD_ID = -1`` where that
-attribute is not in the vocabulary (or, in a batch, where the token is padding).
+Encoding: a sentence of ``T`` tokens becomes a ``LongTensor (T, A)`` whose column ``j`` holds the id of template
+``j``'s attribute, or ``PAD_ID = -1`` where that attribute is not in the vocabulary (or the token is padding).
 """
 
 from __future__ import annotations
@@ -28,18 +25,8 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-__all__ = [
-    "BOS",
-    "EOS",
-    "NUM_TEMPLATES",
-    "PAD_ID",
-    "TEMPLATES",
-    "TEMPLATE_NAMES",
-    "AttributeVocabulary",
-    "TaggedSentence",
-    "pad_attribute_ids",
-    "token_attributes",
-]
+__all__ = ["BOS", "EOS", "NUM_TEMPLATES", "PAD_ID", "TEMPLATES", "TEMPLATE_NAMES", "AttributeVocabulary",
+           "TaggedSentence", "pad_attribute_ids", "token_attributes"]
 
 BOS = "__BOS__"
 EOS = "__EOS__"
@@ -91,13 +78,8 @@ class TaggedSentence(Protocol):
 def token_attributes(sentence: TaggedSentence) -> list[list[str]]:
     """Attribute strings of every token: ``T`` lists of ``NUM_TEMPLATES`` strings each."""
     if len(sentence.words) != len(sentence.pos):
-        raise ValueError(
-            f"words and pos differ in length: {len(sentence.words)} != {len(sentence.pos)}"
-        )
-    fields = {
-        "w": _padded([word.lower() for word in sentence.words]),
-        "pos": _padded(list(sentence.pos)),
-    }
+        raise ValueError(f"words and pos differ in length: {len(sentence.words)} != {len(sentence.pos)}")
+    fields = {"w": _padded([word.lower() for word in sentence.words]), "pos": _padded(list(sentence.pos))}
     return [
         [_attribute(name, template, fields, t + _MAX_OFFSET) for name, template in _NAMED]
         for t in range(len(sentence.words))
@@ -108,9 +90,7 @@ def _padded(values: list[str]) -> list[str]:
     return [BOS] * _MAX_OFFSET + values + [EOS] * _MAX_OFFSET
 
 
-def _attribute(
-    name: str, template: tuple[tuple[str, int], ...], fields: Mapping[str, list[str]], i: int
-) -> str:
+def _attribute(name: str, template: tuple[tuple[str, int], ...], fields: Mapping[str, list[str]], i: int) -> str:
     if not template:
         return name
     return name + "=" + "|".join(fields[field][i + offset] for field, offset in template)
@@ -121,12 +101,7 @@ class AttributeVocabulary:
 
     Build with :meth:`fit` on training sentences; encode with :meth:`transform` (one sentence,
     ``(T, A)``) or :meth:`transform_batch` (``(B, T_max, A)`` plus lengths). Attributes unseen
-    at fit time become ``PAD_ID``.
-
-    On the CoNLL-2000 train split there are 324,344 attributes with ``min_count=1`` and 74,659
-    with ``min_count=3``; the latter (the ``bias`` attribute acting as the per-tag unary bias,
-    plus 22 start and 22 end biases and 22 x 22 transitions) gives exactly the BCFW paper's
-    ``d = 74,659 * 22 + 22 * 22 + 2 * 22 = 1,643,026``.
+    at fit time become ``PAD_ID``.  On the CoNLL-2000 train split ``min_count=3`` keeps 74,659 attributes.
     """
 
     def __init__(self, attributes: Sequence[str] = ()) -> None:
@@ -172,11 +147,8 @@ class AttributeVocabulary:
         return torch.tensor(ids, dtype=torch.long).reshape(len(ids), NUM_TEMPLATES)
 
     def transform_packed(self, sentences: Sequence[TaggedSentence]) -> torch.Tensor:
-        """Attribute ids of all tokens of ``sentences``, one after the other: ``LongTensor (N_tok, NUM_TEMPLATES)``.
-
-        Equal to ``torch.cat([self.transform(s) for s in sentences])``, built in one array without a
-        tensor per sentence (less memory on a whole corpus).
-        """
+        """``torch.cat([self.transform(s) for s in sentences])``: ``LongTensor (N_tok, NUM_TEMPLATES)``, built in one
+        array without a tensor per sentence (less memory on a whole corpus)."""
         get = self._index.get
         n_tokens = sum(len(sentence.words) for sentence in sentences)
         ids = np.fromiter(
@@ -185,9 +157,7 @@ class AttributeVocabulary:
         )
         return torch.from_numpy(ids).reshape(n_tokens, NUM_TEMPLATES)
 
-    def transform_batch(
-        self, sentences: Sequence[TaggedSentence]
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    def transform_batch(self, sentences: Sequence[TaggedSentence]) -> tuple[torch.Tensor, torch.Tensor]:
         """Encode and pad a batch: ids ``(B, T_max, NUM_TEMPLATES)`` and lengths ``(B,)``."""
         return pad_attribute_ids([self.transform(sentence) for sentence in sentences])
 

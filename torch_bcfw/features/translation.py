@@ -13,11 +13,9 @@ remembers position ``i``, so the jump after a NULL word is measured from the las
   default of 100 makes rare on the Hansards);
 * emissions ``t(f | e)`` (real states) and ``t(f | NULL)`` (NULL states), initialised from IBM Model 1.
 
-Training batches sentences of similar length, runs the scaled forward-backward recursions over the batch in
-torch (one ``[B, 2M, 2M]`` transition tensor per batch) and accumulates expected emission counts by ``index_add``
-into the same key table as :func:`train_ibm`, and expected jump counts per jump
-bucket (the usual approximate M-step for ``c``).  Posteriors of a single pair are computed in numpy
-(:meth:`HMMModel.posteriors`).
+Training runs the scaled forward-backward recursions over batches of sentences of similar length in torch and
+accumulates expected emission counts into the key table of :func:`train_ibm` and expected jump counts per jump
+bucket (the usual approximate M-step for ``c``).  Posteriors of a single pair are computed in numpy.
 """
 from __future__ import annotations
 
@@ -105,9 +103,6 @@ def train_ibm(src: Sequence[np.ndarray], tgt: Sequence[np.ndarray], n_src: int, 
         tot = torch.zeros(n_src + 1, dtype=torch.float64).index_add_(0, src_of, counts)
         table = counts / tot[src_of]
     return IBMModel(ukeys, table, n_tgt, null, tension, null_prob)
-
-
-# ----------------------------------------------------------------------------- the featurizer
 
 
 class HMMModel:

@@ -4,19 +4,11 @@ In 1D, for scores ``f[p]`` on ``p = 0..N-1`` and every query ``q``::
 
     D[q] = max_p f[p] - (a d**2 + b d),   d = q - p - mu,   arg[q] = the maximising p
 
-with ``a >= 0`` (a convex penalty), any real ``b`` and offset ``mu``.  In 2D the penalty is the sum of an x term and
-a y term, so the transform is the 1D transform along x (every row) then along y (every column), the argmax composed
-from the two passes.  Methods (``method``):
-
-* ``"envelope"``: F&H's linear-time upper envelope of the lines ``c[p] + 2 a p s`` (``s = q - mu``), a numba kernel on
-  CPU in float64 (``D`` evaluated from the original formula at the selected ``p``); ``a = 0`` takes a separate
-  ``O(N)`` path (the argmax of ``f[p] + b p`` serves every query);
-* ``"dense"``: exact ``O(N^2)`` per 1D transform with broadcast tensor ops, in the input dtype and on its device
-  (the CUDA formulation);
-* ``"auto"`` (default): ``"envelope"`` on CPU, ``"dense"`` elsewhere.
-
-Both equal brute force up to rounding; tied positions may differ.  Scores must be finite (forbid a position with a
-large negative number, not ``-inf``).
+with ``a >= 0`` (convex), any ``b`` and offset ``mu``.  In 2D the penalty is an x term plus a y term: the 1D
+transform along x, then along y.  Methods: ``"envelope"`` (F&H's linear-time upper envelope, a numba kernel on CPU in
+float64; ``a = 0`` takes an ``O(N)`` path), ``"dense"`` (exact ``O(N^2)`` tensor ops in the input dtype and device)
+and ``"auto"`` (``"envelope"`` on CPU, ``"dense"`` elsewhere).  Both equal brute force up to rounding; tied positions
+may differ.  Scores must be finite (forbid a position with a large negative number, not ``-inf``).
 """
 
 from __future__ import annotations
@@ -37,10 +29,8 @@ __all__ = ["PACKED_2D", "Method", "distance_transform_1d", "distance_transform_2
 
 
 @numba.njit(cache=True)
-def _envelope_row(
-    f: np.ndarray, a: float, b: float, mu: float,
-    out: np.ndarray, arg: np.ndarray, v: np.ndarray, z: np.ndarray,
-) -> None:
+def _envelope_row(f: np.ndarray, a: float, b: float, mu: float, out: np.ndarray, arg: np.ndarray, v: np.ndarray,
+                  z: np.ndarray) -> None:
     """1D transform of one row with ``a > 0``; ``v`` (int64[N]) and ``z`` (float64[N+1]) are workspace."""
     n = f.shape[0]
     k = 0
@@ -87,12 +77,9 @@ def _linear_row(f: np.ndarray, b: float, mu: float, out: np.ndarray, arg: np.nda
         arg[q] = best
 
 
-
 @numba.njit(cache=True)
-def _transform_row(
-    f: np.ndarray, a: float, b: float, mu: float,
-    out: np.ndarray, arg: np.ndarray, v: np.ndarray, z: np.ndarray,
-) -> None:
+def _transform_row(f: np.ndarray, a: float, b: float, mu: float, out: np.ndarray, arg: np.ndarray, v: np.ndarray,
+                   z: np.ndarray) -> None:
     """1D transform of one row, dispatching on ``a == 0``; ``v``, ``z`` are workspace of length >= N, N+1."""
     if a == 0.0:
         _linear_row(f, b, mu, out, arg)
@@ -207,28 +194,17 @@ def _numpy_f64(f: Tensor) -> np.ndarray:
     return np.ascontiguousarray(f.detach().cpu().numpy(), dtype=np.float64)
 
 
-def distance_transform_1d(
-    f: Tensor,
-    a: float | Tensor,
-    b: float | Tensor = 0.0,
-    mu: float | Tensor = 0.0,
-    method: Method = "auto",
-) -> tuple[Tensor, Tensor]:
+def distance_transform_1d(f: Tensor, a: float | Tensor, b: float | Tensor = 0.0, mu: float | Tensor = 0.0,
+                          method: Method = "auto") -> tuple[Tensor, Tensor]:
     """Batched 1D transform ``D[q] = max_p f[p] - (a d^2 + b d)``, ``d = q - p - mu``.
 
     Args:
         f: scores, float tensor [B, N], finite.
-        a: quadratic coefficient(s) >= 0, number or tensor [B].
-        b: linear coefficient(s), number or tensor [B].
-        mu: offset(s), number or tensor [B].
+        a, b, mu: quadratic coefficient(s) ``>= 0``, linear coefficient(s), offset(s): numbers or tensors [B].
         method: ``"auto"``, ``"envelope"`` or ``"dense"`` (see the module docstring).
 
-    Returns:
-        ``(D, arg)``: ``D`` [B, N] in the dtype and on the device of ``f``; ``arg``
-        LongTensor [B, N], the maximising ``p`` for every query ``q``.
-
-    Raises:
-        ValueError: bad shapes, non-finite values, or a negative ``a``.
+    Returns ``(D, arg)``: ``D`` [B, N] in the dtype and on the device of ``f``, ``arg`` LongTensor [B, N] the
+    maximising ``p`` of every query ``q``.  ``ValueError`` on bad shapes, non-finite values or a negative ``a``.
     """
     _check_scores(f, 1)
     coeffs = _pack(f.shape[0], a=a, b=b, mu=mu)
@@ -239,25 +215,13 @@ def distance_transform_1d(
     return torch.from_numpy(out).to(device=f.device, dtype=f.dtype), torch.from_numpy(arg).to(f.device)
 
 
-
 def distance_transform_2d_packed(f: Tensor, coeffs: Tensor, method: Method = "auto") -> tuple[Tensor, Tensor, Tensor]:
     """:func:`distance_transform_2d` with the coefficients packed in one tensor (one call per tree edge).
 
-    Args:
-        f: scores, float tensor [B, G_y, G_x], finite.
-        coeffs: tensor [B, 6], columns ``PACKED_2D = (a_x, b_x, mu_x, a_y, b_y, mu_y)``;
-            ``a_x, a_y >= 0``.
-        method: ``"auto"``, ``"envelope"`` or ``"dense"``.
-
-    Returns:
-        ``(D, arg_y, arg_x)`` as in :func:`distance_transform_2d`.
+    ``coeffs``: tensor [B, 6], columns ``PACKED_2D = (a_x, b_x, mu_x, a_y, b_y, mu_y)``, ``a_x, a_y >= 0``; ``f``,
+    ``method`` and the result as in :func:`distance_transform_2d`.
     """
     _check_scores(f, 2)
-    return _transform_2d(f, coeffs, method)
-
-
-def _transform_2d(f: Tensor, coeffs: Tensor, method: Method) -> tuple[Tensor, Tensor, Tensor]:
-    """2D transform of checked scores ``f`` [B, G_y, G_x]; checks the packed ``coeffs`` [B, 6]."""
     c = _check_coefficients(coeffs, f.shape[0], PACKED_2D, (0, 3))
     if _resolve_method(method, f.device) == "dense":
         return _dense_2d(f, coeffs)
@@ -266,36 +230,22 @@ def _transform_2d(f: Tensor, coeffs: Tensor, method: Method) -> tuple[Tensor, Te
             torch.from_numpy(arg_y).to(f.device), torch.from_numpy(arg_x).to(f.device))
 
 
-def distance_transform_2d(
-    f: Tensor,
-    a_x: float | Tensor,
-    b_x: float | Tensor,
-    a_y: float | Tensor,
-    b_y: float | Tensor,
-    mu_x: float | Tensor = 0.0,
-    mu_y: float | Tensor = 0.0,
-    method: Method = "auto",
-) -> tuple[Tensor, Tensor, Tensor]:
-    """Batched 2D transform with a separable quadratic penalty.
-
-    ``D[qy, qx] = max_{py, px} f[py, px] - (a_x dx^2 + b_x dx + a_y dy^2 + b_y dy)`` with
-    ``dx = qx - px - mu_x`` and ``dy = qy - py - mu_y``.
+def distance_transform_2d(f: Tensor, a_x: float | Tensor, b_x: float | Tensor, a_y: float | Tensor,
+                          b_y: float | Tensor, mu_x: float | Tensor = 0.0, mu_y: float | Tensor = 0.0,
+                          method: Method = "auto") -> tuple[Tensor, Tensor, Tensor]:
+    """Batched 2D transform ``D[qy, qx] = max_{py, px} f[py, px] - (a_x dx^2 + b_x dx + a_y dy^2 + b_y dy)``,
+    ``dx = qx - px - mu_x``, ``dy = qy - py - mu_y``.
 
     Args:
         f: scores, float tensor [B, G_y, G_x], finite.
-        a_x, a_y: quadratic coefficients >= 0, numbers or tensors [B].
-        b_x, b_y: linear coefficients, numbers or tensors [B].
-        mu_x, mu_y: offsets, numbers or tensors [B].
+        a_x, a_y / b_x, b_y / mu_x, mu_y: quadratic coefficients ``>= 0`` / linear coefficients / offsets, numbers
+            or tensors [B].
         method: ``"auto"``, ``"envelope"`` or ``"dense"`` (see the module docstring).
 
-    Returns:
-        ``(D, arg_y, arg_x)``: ``D`` [B, G_y, G_x] in the dtype and on the device of
-        ``f``; ``arg_y``, ``arg_x`` LongTensor [B, G_y, G_x], the maximising
-        ``(py, px)`` for every query ``(qy, qx)``.
-
-    Raises:
-        ValueError: bad shapes, non-finite values, or a negative quadratic coefficient.
+    Returns ``(D, arg_y, arg_x)``: ``D`` [B, G_y, G_x] in the dtype and on the device of ``f``, ``arg_y``, ``arg_x``
+    LongTensor [B, G_y, G_x] the maximising ``(py, px)`` of every query ``(qy, qx)``.  ``ValueError`` on bad shapes,
+    non-finite values or a negative quadratic coefficient.
     """
     _check_scores(f, 2)
     coeffs = _pack(f.shape[0], a_x=a_x, b_x=b_x, mu_x=mu_x, a_y=a_y, b_y=b_y, mu_y=mu_y)
-    return _transform_2d(f, coeffs, method)
+    return distance_transform_2d_packed(f, coeffs, method)

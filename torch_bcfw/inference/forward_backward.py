@@ -1,14 +1,9 @@
 """Marginals of a linear chain (forward-backward in log space): the expectation oracle of online EG.
 
-For sequence ``i`` with node potentials ``u_t(k)`` (``[L_i, K]``) and transition potentials ``A_i(j, k)``
-(``[K, K]``, the same at every position of the sequence), the Gibbs distribution is
-``p(y) = exp(sum_t u_t(y_t) + sum_t A_i(y_t, y_{t+1})) / Z_i``.  :func:`chain_marginals` returns, for every
-sequence of a packed batch, ``log Z_i``, the node marginals ``mu [N_tok, K]`` and the transition marginals
-summed over the positions of the sequence ``T [n, K, K]`` (the expected transition counts), in float64, on
-the device of the potentials.  :func:`chain_marginals_one` is the same for one sequence, compiled (numba) for
-the per-example steps of online EG on CPU; tests pin it to the batched version and to enumeration.
-:func:`shared_transition_marginals` is :func:`chain_marginals` for one transition matrix shared by every
-sequence, in probability space (the prox steps of the extragradient method).
+For node potentials ``u_t(k)`` (``[L_i, K]``) and transition potentials ``A_i(j, k)`` (``[K, K]``) the Gibbs
+distribution is ``p(y) = exp(sum_t u_t(y_t) + sum_t A_i(y_t, y_{t+1})) / Z_i``.  :func:`chain_marginals` (batched,
+any device), :func:`chain_marginals_one` (one sequence, numba) and :func:`shared_transition_marginals` (one shared
+transition matrix, probability space) return its node marginals and expected transition counts in float64.
 """
 from __future__ import annotations
 
@@ -21,16 +16,9 @@ __all__ = ["chain_marginals", "chain_marginals_one", "shared_transition_marginal
 
 
 def chain_marginals(node: Tensor, trans: Tensor, offsets: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """Batched forward-backward over packed sequences.
-
-    Args:
-        node: ``Tensor[N_tok, K]`` node log-potentials (tokens of all sequences, packed).
-        trans: ``Tensor[n, K, K]`` per-sequence transition log-potentials, or ``Tensor[K, K]`` shared.
-        offsets: ``LongTensor[n + 1]`` sequence boundaries (every sequence non-empty).
-
-    Returns:
-        ``(log_Z [n], mu [N_tok, K], T [n, K, K])``, float64.
-    """
+    """Batched forward-backward over packed sequences: node log-potentials ``node [N_tok, K]``, transition
+    log-potentials ``trans [n, K, K]`` (or ``[K, K]`` shared), boundaries ``offsets [n + 1]`` (no empty sequence).
+    Returns ``(log_Z [n], mu [N_tok, K], T [n, K, K])``, float64."""
     node = node.to(torch.float64)
     dev = node.device
     offsets = offsets.to(dev)
@@ -99,12 +87,10 @@ def chain_marginals_one(node, trans):
 
 
 def shared_transition_marginals(node: Tensor, trans: Tensor, offsets: Tensor) -> tuple[Tensor, Tensor]:
-    """:func:`chain_marginals` (``mu [N_tok, K]``, ``T [n, K, K]``) for one
-    transition matrix ``trans [K, K]`` shared by every sequence, by the scaled forward-backward recursions in
-    probability space (max-shifted potentials, per-step normalisation; every step a ``[n, K] x [K, K]`` product
-    instead of a ``[n, K, K]`` log-sum-exp: several times faster).  Probabilities below about ``1e-308`` of the
-    largest transition flush to 0; when a scaling factor vanishes or overflows (potentials spanning more than the
-    float64 exponent range) it falls back to the log-space recursions."""
+    """:func:`chain_marginals` (``mu [N_tok, K]``, ``T [n, K, K]``) for one transition matrix ``trans [K, K]``
+    shared by every sequence, by scaled forward-backward in probability space (several times faster).
+    Probabilities below about ``1e-308`` of the largest transition flush to 0; when a scaling factor vanishes or
+    overflows it falls back to the log-space recursions."""
     node = node.to(torch.float64)
     dev = node.device
     offsets = offsets.to(dev)

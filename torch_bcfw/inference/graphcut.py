@@ -1,31 +1,17 @@
 """Exact MAP inference for binary pairwise (Potts) models by graph cuts.
 
-Energy convention
------------------
-Labels are ``y_p in {0, 1}`` for ``N`` nodes. A problem is given by
-
-* ``unary``: ``Tensor[N, 2]``, the score ``u_p[k]`` of giving node ``p`` label ``k``;
-* ``edges``: ``LongTensor[M, 2]``, undirected edges ``(p, q)`` with ``p != q``;
-* ``pairwise``: ``Tensor[M]``, a Potts *penalty* ``c_pq`` paid when the labels differ.
-
-The **score** that is *maximised* is::
+Labels are ``y_p in {0, 1}`` for ``N`` nodes; a problem is ``unary: Tensor[N, 2]`` (the score ``u_p[k]`` of label
+``k``), ``edges: LongTensor[M, 2]`` (undirected, ``p != q``, duplicates add up) and ``pairwise: Tensor[M]`` (a Potts
+*penalty* ``c_pq`` paid when the labels differ).  The score maximised is::
 
     S(y) = sum_p u_p[y_p]  -  sum_{(p, q) in E} c_pq [y_p != y_q].
 
-The problem is submodular (min-cut solvable exactly) iff every ``c_pq >= 0``, i.e. the
-pairwise term is attractive. Penalties below ``-NEGATIVE_TOLERANCE`` are rejected with a
-``ValueError`` (PyMaxflow itself silently accepts negative capacities and then returns a
-wrong answer); values in ``[-NEGATIVE_TOLERANCE, 0)`` are treated as ``0``.
-Duplicate edges are allowed: their penalties add up.
+It is submodular iff every ``c_pq >= 0``.  Penalties below ``-NEGATIVE_TOLERANCE`` raise ``ValueError`` (PyMaxflow
+silently returns a wrong cut for them); those in ``[-NEGATIVE_TOLERANCE, 0)`` count as ``0``.  Loss-augmented
+decoding adds :func:`hamming_unary_augment` to ``unary``.
 
-Loss-augmented decoding (``argmax_y S(y) + L(y)``) for the Hamming losses is done by adding
-:func:`hamming_unary_augment` to ``unary``; the augmented problem stays submodular.
-
-Dependencies
-------------
-The solver uses PyMaxflow (Boykov-Kolmogorov max-flow), imported lazily. Install it with
-``pip install torch_bcfw[graphcut]``. Note that PyMaxflow is licensed under the **GPL**
-(version 3 or later): a program that distributes it must comply with its licence.
+The solver is PyMaxflow (Boykov-Kolmogorov), imported lazily (``pip install torch_bcfw[graphcut]``); PyMaxflow is
+licensed under the **GPL** (version 3 or later): a program that distributes it must comply with its licence.
 """
 
 from __future__ import annotations
@@ -40,10 +26,6 @@ from torch import Tensor
 NEGATIVE_TOLERANCE = 1e-12
 """Penalties in ``[-NEGATIVE_TOLERANCE, 0)`` are clamped to 0; anything lower is an error."""
 
-_CompactProblem = tuple[np.ndarray, np.ndarray, np.ndarray]
-"""A validated problem as CPU arrays: ``(u1 - u0 float64[N], edges int32|int64[M, 2],
-pairwise float64[M])``; only the unary difference matters for the argmax."""
-
 
 def _import_maxflow() -> ModuleType:
     """Import PyMaxflow, or raise an ImportError that says how to install it."""
@@ -55,11 +37,6 @@ def _import_maxflow() -> ModuleType:
             "(or pip install PyMaxflow). Note that PyMaxflow is GPL-licensed."
         ) from err
     return maxflow
-
-
-# ----------------------------------------------------------------------------------------
-# Validation
-# ----------------------------------------------------------------------------------------
 
 
 def _check_finite(name: str, values: np.ndarray) -> None:
@@ -84,30 +61,15 @@ def _validate_edges(edges: Tensor, n: int) -> np.ndarray:
     return e.astype(np.int32 if n < 2**31 else np.int64)
 
 
-def _validate_problem(
-    unary: Tensor,
-    edges: Tensor,
-    pairwise: Tensor,
-) -> _CompactProblem:
-    """Check a problem and convert it to its compact CPU form.
-
-    Args:
-        unary: ``Tensor[N, 2]`` finite unary scores.
-        edges: integer ``Tensor[M, 2]`` with entries in ``[0, N)`` and no self-loops.
-        pairwise: ``Tensor[M]`` finite Potts penalties, ``>= -NEGATIVE_TOLERANCE``.
-
-    Returns:
-        ``(u1 - u0 float64[N], edges int32[M, 2], pairwise float64[M])`` with tiny negative
-        penalties clamped to 0.
-    """
+def _validate_problem(unary: Tensor, edges: Tensor, pairwise: Tensor) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Check a problem (finite values, edges in ``[0, N)`` without self-loops, penalties ``>= -NEGATIVE_TOLERANCE``);
+    return ``(u1 - u0 float64[N], edges int32[M, 2], pairwise float64[M])``, tiny negative penalties clamped to 0."""
     if unary.dim() != 2 or unary.shape[1] != 2:
         raise ValueError(f"unary must have shape [N, 2], got {tuple(unary.shape)}")
     n = unary.shape[0]
     e = _validate_edges(edges, n)
     if pairwise.shape != (e.shape[0],):
-        raise ValueError(
-            f"pairwise must have shape [M] = [{e.shape[0]}], got {tuple(pairwise.shape)}"
-        )
+        raise ValueError(f"pairwise must have shape [M] = [{e.shape[0]}], got {tuple(pairwise.shape)}")
     u = unary.detach().to("cpu", torch.float64).numpy()
     c = pairwise.detach().to("cpu", torch.float64).numpy()
     _check_finite("unary", u)
@@ -120,42 +82,13 @@ def _validate_problem(
     return u[:, 1] - u[:, 0], e, np.maximum(c, 0.0)
 
 
-# ----------------------------------------------------------------------------------------
-# Exact MAP
-# ----------------------------------------------------------------------------------------
-
-
-def _solve_compact(problem: _CompactProblem) -> np.ndarray:
-    """Exact argmax of ``S(y)`` for a validated problem.
-
-    Min-cut encoding: a node in the sink segment gets label 1 and pays its source capacity,
-    a node in the source segment gets label 0 and pays its sink capacity. Minimising
-    ``-S(y)`` up to a constant therefore needs source cap ``max(u0 - u1, 0)`` and sink cap
-    ``max(u1 - u0, 0)``; each Potts edge becomes a pair of arcs of capacity ``c_pq``.
-
-    Args:
-        problem: ``(u1 - u0 float64[N], edges int[M, 2], pairwise float64[M])``.
-
-    Returns:
-        ``bool[N]``, True where the label is 1.
-    """
-    gain = problem[0]
-    if gain.shape[0] == 0:
-        return np.zeros(0, dtype=bool)
-    graph, nodes = build_graph(*problem)
-    return cut_graph(graph, nodes)
-
-
 def build_graph(gain: np.ndarray, edges: np.ndarray, pairwise: np.ndarray):
-    """The PyMaxflow graph of a validated problem (see :func:`_solve_compact` for the encoding).
+    """The PyMaxflow graph of a validated problem.
 
-    Args:
-        gain: ``float64[N]``, ``u1 - u0`` per node.
-        edges: ``int32[M, 2]`` endpoints.
-        pairwise: ``float64[M]`` non-negative Potts penalties.
-
-    Returns:
-        ``(graph, nodes)``: a ``maxflow.Graph[float]`` and its node ids (``int[N]``).
+    A node in the sink segment gets label 1 and pays its source capacity ``max(u0 - u1, 0)``, one in the source
+    segment label 0 and its sink capacity ``max(u1 - u0, 0)``; each Potts edge is a pair of arcs of capacity ``c_pq``.
+    ``gain``: ``float64[N]``, ``u1 - u0`` per node; ``edges``: ``int32[M, 2]``; ``pairwise``: ``float64[M]``, ``>= 0``.
+    Returns ``(graph, nodes)``: a ``maxflow.Graph[float]`` and its node ids (``int[N]``).
     """
     maxflow = _import_maxflow()
     n, m = gain.shape[0], edges.shape[0]
@@ -173,42 +106,19 @@ def cut_graph(graph, nodes) -> np.ndarray:
     return graph.get_grid_segments(nodes)
 
 
-def _to_labels(segments: np.ndarray, device: torch.device) -> Tensor:
-    """``bool[N]`` min-cut segments -> ``LongTensor[N]`` labels on ``device``."""
-    return torch.from_numpy(segments.astype(np.int64)).to(device)
-
-
 def graphcut_map(unary: Tensor, edges: Tensor, pairwise: Tensor) -> Tensor:
-    """Exact ``argmax_y S(y)`` of a submodular binary Potts model (see module docstring).
-
-    Args:
-        unary: ``Tensor[N, 2]`` unary scores.
-        edges: ``LongTensor[M, 2]`` undirected edges.
-        pairwise: ``Tensor[M]`` non-negative Potts penalties.
-
-    Returns:
-        ``LongTensor[N]`` with labels in ``{0, 1}``, on ``unary.device``. Ties between
-        maximisers are broken arbitrarily (but deterministically).
-
-    Raises:
-        ValueError: bad shapes, NaN/inf, out-of-range edges, self-loops, negative penalties.
-        ImportError: PyMaxflow is not installed.
-    """
-    return _to_labels(_solve_compact(_validate_problem(unary, edges, pairwise)), unary.device)
+    """Exact ``argmax_y S(y)`` of a submodular binary Potts model (``unary [N, 2]``, ``edges [M, 2]``, non-negative
+    ``pairwise [M]``, see the module docstring): ``LongTensor[N]`` in ``{0, 1}`` on ``unary.device`` (ties broken
+    deterministically).  ``ValueError`` on bad shapes, NaN/inf, bad edges or negative penalties; ``ImportError``
+    without PyMaxflow."""
+    gain, e, c = _validate_problem(unary, edges, pairwise)
+    seg = cut_graph(*build_graph(gain, e, c)) if gain.shape[0] else np.zeros(0, dtype=bool)
+    return torch.from_numpy(seg.astype(np.int64)).to(unary.device)
 
 
 def energy_score(unary: Tensor, edges: Tensor, pairwise: Tensor, labels: Tensor) -> float:
-    """Score ``S(y) = sum_p u_p[y_p] - sum_pq c_pq [y_p != y_q]`` of a labelling, in float64.
-
-    Args:
-        unary: ``Tensor[N, 2]`` unary scores.
-        edges: ``LongTensor[M, 2]`` undirected edges.
-        pairwise: ``Tensor[M]`` Potts penalties (any sign: no submodularity check here).
-        labels: ``LongTensor[N]`` with values in ``{0, 1}``.
-
-    Returns:
-        The score as a Python float.
-    """
+    """Score ``S(y) = sum_p u_p[y_p] - sum_pq c_pq [y_p != y_q]`` of ``labels`` (``LongTensor[N]`` in ``{0, 1}``)
+    as a Python float (computed in float64; ``pairwise`` may have any sign here)."""
     if labels.shape != (unary.shape[0],):
         raise ValueError(f"labels must have shape [{unary.shape[0]}], got {tuple(labels.shape)}")
     y = labels.to(unary.device, torch.int64)
@@ -227,34 +137,17 @@ def _available_cpus() -> int:
     return os.cpu_count() or 1
 
 
-# ----------------------------------------------------------------------------------------
-# Hamming losses and loss augmentation
-# ----------------------------------------------------------------------------------------
-
-
-def hamming_node_weights(
-    y_true: Tensor, weights: Tensor | None = None, balanced: bool = False
-) -> Tensor:
+def hamming_node_weights(y_true: Tensor, weights: Tensor | None = None, balanced: bool = False) -> Tensor:
     """Per-node loss weights ``omega_p`` so that ``L(y) = sum_p omega_p [y_p != y_true_p]``.
 
     * ``balanced=False`` (normalised Hamming): ``omega_p = a_p / sum_q a_q``.
-    * ``balanced=True`` (class-balanced Hamming, Osokin et al. 2016, App. I, as in the
-      authors' code): ``omega_p = a_p / (2 A_c)`` with ``A_c`` the total mass of the true
-      class ``c = y_true_p``, i.e. ``L = (FN / A_1 + FP / A_0) / 2``. The weights are
-      *inversely* proportional to the class area (the paper's "proportional" is a slip).
-      If only one class is present, ``omega_p = a_p / A_c``: the loss is the error rate of
-      that class (the authors' convention), still in ``[0, 1]``.
+    * ``balanced=True`` (Osokin et al. 2016, App. I, as in the authors' code): ``omega_p = a_p / (2 A_c)``,
+      ``A_c`` the mass of the true class ``c = y_true_p``, i.e. ``L = (FN / A_1 + FP / A_0) / 2`` (*inversely*
+      proportional to the class area: the paper's "proportional" is a slip); ``a_p / A_c`` with one class present.
 
-    Here ``a_p`` is the node mass: ``weights`` (e.g. superpixel areas) or 1 per node.
-    Both losses lie in ``[0, 1]`` and vanish at ``y = y_true``.
-
-    Args:
-        y_true: ``LongTensor[N]`` in ``{0, 1}``.
-        weights: optional non-negative ``Tensor[N]`` node masses with positive total.
-        balanced: class-balanced (True) or normalised (False) Hamming.
-
-    Returns:
-        ``Tensor[N]`` (float64, on ``y_true.device``).
+    ``a_p`` is the node mass: ``weights`` (optional non-negative ``Tensor[N]`` with positive total) or 1 per node.
+    ``y_true``: ``LongTensor[N]`` in ``{0, 1}``.  Returns ``Tensor[N]`` (float64, on ``y_true.device``); both losses
+    lie in ``[0, 1]``.
     """
     if y_true.dim() != 1:
         raise ValueError(f"y_true must have shape [N], got {tuple(y_true.shape)}")
@@ -279,41 +172,19 @@ def hamming_node_weights(
     return mass / (present * safe_class_mass[y_true])
 
 
-def hamming_unary_augment(
-    y_true: Tensor, weights: Tensor | None = None, balanced: bool = False
-) -> Tensor:
-    """Unary terms that turn score maximisation into loss-augmented decoding.
-
-    ``energy_score(unary + aug, ...)(y) == energy_score(unary, ...)(y) + hamming_loss(y_true, y)``
-    for every labelling ``y``, so ``graphcut_map(unary + aug, edges, pairwise)`` returns
-    ``argmax_y S(y) + L(y)``. Add it to the *scores* (the sign is +: we maximise).
-
-    Args:
-        y_true: ``LongTensor[N]`` ground truth in ``{0, 1}``.
-        weights, balanced: see :func:`hamming_node_weights`.
-
-    Returns:
-        ``Tensor[N, 2]`` (float64): entry ``[p, k]`` is ``omega_p [k != y_true_p]``.
-    """
+def hamming_unary_augment(y_true: Tensor, weights: Tensor | None = None, balanced: bool = False) -> Tensor:
+    """Unary terms to add to the scores for loss-augmented decoding: ``graphcut_map(unary + aug, edges, pairwise)``
+    returns ``argmax_y S(y) + L(y)``.  Arguments as :func:`hamming_node_weights`; returns ``Tensor[N, 2]``
+    (float64), entry ``[p, k]`` is ``omega_p [k != y_true_p]``."""
     omega = hamming_node_weights(y_true, weights, balanced)
     wrong = torch.ones(y_true.shape[0], 2, dtype=torch.float64, device=y_true.device)
     wrong.scatter_(1, y_true[:, None], 0.0)
     return wrong * omega[:, None]
 
 
-def hamming_loss(
-    y_true: Tensor, y_pred: Tensor, weights: Tensor | None = None, balanced: bool = False
-) -> float:
-    """Normalised or class-balanced Hamming loss ``sum_p omega_p [y_pred_p != y_true_p]``.
-
-    Args:
-        y_true: ``LongTensor[N]`` ground truth in ``{0, 1}``.
-        y_pred: ``LongTensor[N]`` prediction in ``{0, 1}``.
-        weights, balanced: see :func:`hamming_node_weights`.
-
-    Returns:
-        The loss in ``[0, 1]`` as a Python float.
-    """
+def hamming_loss(y_true: Tensor, y_pred: Tensor, weights: Tensor | None = None, balanced: bool = False) -> float:
+    """Normalised or class-balanced Hamming loss ``sum_p omega_p [y_pred_p != y_true_p]`` in ``[0, 1]``, a Python
+    float (``y_pred``: ``LongTensor[N]`` in ``{0, 1}``; other arguments as :func:`hamming_node_weights`)."""
     if y_pred.shape != y_true.shape:
         raise ValueError(f"y_pred shape {tuple(y_pred.shape)} != y_true {tuple(y_true.shape)}")
     omega = hamming_node_weights(y_true, weights, balanced)

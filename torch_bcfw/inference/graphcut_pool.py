@@ -1,28 +1,12 @@
 """A process pool for batches of graph cuts whose graphs stay resident in the workers.
 
-PyMaxflow holds the GIL, so a batch of cuts (an exact duality-gap pass, a batch Frank-Wolfe step, a
-prediction pass) only runs in parallel in several processes.  Shipping every problem (unaries, edges,
-penalties) on every call costs as much as the cuts on grid graphs (a 48 x 64 cut takes about 1 ms,
-comparable to pickling and piping its arrays).
-
-:class:`ResidentGraphCutPool` ships each graph once and then only the weights
-(:meth:`ResidentGraphCutPool.solve_records`, the path of :class:`~torch_bcfw.models.graphcut.GraphCut`'s batched
-oracle and exact gap pass):
-
-* each graph has a content key (:meth:`~torch_bcfw.models.graphcut.GraphCut.record_keys`);
-* a graph is assigned to one *slot* the first time it is seen (slot 0 is the calling process, slots
-  ``1 .. P-1`` are worker processes; new graphs go to the least loaded slot of the call) and stays there;
-* a worker keeps a whole :data:`GraphRecord` per graph (node features, node scales, loss augmentation, labels
-  and loss weights, edges and edge features), so a call sends only ``w``, the graphs' keys and the records a
-  worker does not hold yet; every process computes, per graph, the node gains, the penalties, the cut *and*
-  the loss and score of its answer (:func:`solve_records`), the calling process solving slot 0's graphs while
-  the workers run; the caller only gathers ``N_tot`` bytes of labels plus two floats per graph.
-
-Every per-graph quantity comes from the same numba loops in whichever process it is computed, so the pool's
-answers are bit-identical to :func:`solve_records` in one process.
-The workers are started lazily (``forkserver`` by default; a script must guard its entry point with
-``if __name__ == "__main__":`` for that start method) and stopped by :meth:`ResidentGraphCutPool.close`,
-at interpreter exit, or when the pool is garbage-collected.
+PyMaxflow holds the GIL, so a batch of cuts only runs in parallel in several processes, and shipping every problem
+on every call costs as much as the cuts.  :class:`ResidentGraphCutPool` ships each graph's :data:`GraphRecord` once
+(keyed by content, :meth:`~torch_bcfw.models.graphcut.GraphCut.record_keys`) to a sticky *slot* (slot 0 is the
+calling process, new graphs go to the least loaded slot), then only the weights; every process computes the gains,
+penalties, cut, loss and score of its graphs (:func:`solve_records`) by the same numba loops, so the answers are
+bit-identical to one process.  Workers start lazily (``forkserver`` by default: a script must guard its entry point
+with ``if __name__ == "__main__":``) and stop at :meth:`ResidentGraphCutPool.close`, at exit or on collection.
 """
 from __future__ import annotations
 
@@ -42,12 +26,12 @@ from .graphcut import _available_cpus, build_graph, cut_graph
 
 __all__ = ["ResidentGraphCutPool", "GraphRecord", "solve_records"]
 
+
 class GraphRecord(NamedTuple):
-    """Everything one process needs to decode a graph from ``w`` alone, and to score its answer: node features ``x
-    float64[N, F]``, ``node_scale float64[N]`` (``a_p / Z``), the loss augmentation ``aug float64[N]`` (``omega_p (1 -
-    2 y_p)``), ``truth bool[N]``, the loss weights ``omega float64[N]``, ``edges int32[M, 2]`` and their endpoint
-    columns ``e0``, ``e1``, ``edge_x float64[M, E]`` and ``inv_z = 1 / Z``.  ``aug``, ``truth`` and ``omega`` are
-    empty without labels (plain decoding only)."""
+    """All one process needs to decode and score a graph given ``w``: node features ``x float64[N, F]``,
+    ``node_scale float64[N]`` (``a_p / Z``), loss augmentation ``aug float64[N]`` (``omega_p (1 - 2 y_p)``),
+    ``truth bool[N]``, loss weights ``omega float64[N]`` (these three empty without labels), ``edges int32[M, 2]``,
+    their endpoint columns ``e0``, ``e1``, ``edge_x float64[M, E]`` and ``inv_z = 1 / Z``."""
 
     x: np.ndarray
     node_scale: np.ndarray
@@ -119,8 +103,7 @@ def labeling_terms(seg, g, c, e0, e1, truth, omega, with_loss):
 def cut_inputs(x, w_u, node_scale, aug, augment, edges, edge_x, w_e, inv_z):
     """``(g, gain, c)`` of one graph: :func:`node_gains` and, when the graph needs a cut (nodes, edges and a
     positive pairwise weight), the :func:`edge_penalties` ``c``; else ``c`` is empty and the answer is
-    ``gain > 0`` per node.  The one place that decides whether a graph is cut (:func:`decode_record`, the
-    compiled step loop of :class:`~torch_bcfw.duals.graphcut.GraphCutDualState`)."""
+    ``gain > 0``.  The one place that decides whether a graph is cut."""
     g, gain = node_gains(x, w_u, node_scale, aug, augment)
     if x.shape[0] == 0 or edges.shape[0] == 0 or w_e.shape[0] == 0 or not w_e.max() > 0.0:
         return g, gain, np.zeros(0)
@@ -129,8 +112,8 @@ def cut_inputs(x, w_u, node_scale, aug, augment, edges, edge_x, w_e, inv_z):
 
 def decode_record(rec: GraphRecord, w_u: np.ndarray, w_e: np.ndarray,
                   loss_augmented: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Decode one graph: ``(seg bool[N], g float64[N], c float64[M])`` (``c`` empty when there is no cut -- no
-    edges or zero pairwise weights, see :func:`cut_inputs` -- in which case ``seg = gain > 0``)."""
+    """Decode one graph: ``(seg bool[N], g float64[N], c float64[M])`` (``c`` empty without a cut,
+    :func:`cut_inputs`)."""
     g, gain, c = cut_inputs(rec.x, w_u, rec.node_scale, rec.aug, loss_augmented, rec.edges, rec.edge_x, w_e,
                             rec.inv_z)
     if c.shape[0] == 0:
@@ -140,18 +123,11 @@ def decode_record(rec: GraphRecord, w_u: np.ndarray, w_e: np.ndarray,
 
 def solve_records(records: Sequence[GraphRecord], w_u: np.ndarray, w_e: np.ndarray, loss_augmented: bool,
                   terms: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Decode a list of graphs in this process from the weights alone.
+    """Decode the ``records`` (:data:`GraphRecord`) in this process from unary weights ``w_u float64[F]`` and
+    pairwise weights ``w_e float64[E]`` (``>= 0``, checked by the caller), with the records' loss augmentation when
+    ``loss_augmented``; with ``terms`` also each answer's score ``<w, phi(x_i, y*)>`` and (with labels) loss.
 
-    Args:
-        records: per graph a :data:`GraphRecord`.
-        w_u: ``float64[F]`` unary weights; ``w_e``: ``float64[E]`` pairwise weights, ``>= 0`` (checked by
-            the caller; all zero or empty: a per-node threshold, no cut).
-        loss_augmented: add the records' loss augmentation to the node gains.
-        terms: also return each answer's score ``<w, phi(x_i, y*)>`` and (with labels) its loss ``L_i(y*)``.
-
-    Returns:
-        ``(seg bool[sum N_i], loss float64[n], score float64[n])`` (``loss``, ``score`` zero without
-        ``terms``).
+    Returns ``(seg bool[sum N_i], loss float64[n], score float64[n])`` (zero ``loss``, ``score`` without ``terms``).
     """
     out = np.empty(sum(r.x.shape[0] for r in records), dtype=bool)
     loss = np.zeros(len(records))
@@ -232,7 +208,6 @@ class ResidentGraphCutPool:
         #: CPU seconds the workers spent in :meth:`solve_records` calls (all workers, summed)
         self.worker_cpu_s = 0.0
 
-    # ------------------------------------------------------------------ lifecycle
     def _start(self) -> None:
         if self._workers or self.processes == 1:
             return
@@ -265,7 +240,6 @@ class ResidentGraphCutPool:
     def __getstate__(self):
         raise TypeError("a ResidentGraphCutPool holds processes and cannot be pickled")
 
-    # ------------------------------------------------------------------ assignment
     def _assign(self, keys: Sequence[bytes], sizes: Sequence[int]) -> list[list[int]]:
         """Per slot, the positions of the call's graphs it solves (sticky; new graphs to the least loaded)."""
         load = [0] * self.processes
@@ -285,21 +259,14 @@ class ResidentGraphCutPool:
             slots[s].append(j)
         return [sorted(s) for s in slots]
 
-    # ------------------------------------------------------------------ solving
     def solve_records(self, keys: Sequence[bytes], record: Callable[[int], GraphRecord], sizes: Sequence[int],
                       w_u: np.ndarray, w_e: np.ndarray, loss_augmented: bool,
                       terms: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """:func:`solve_records` on ``len(keys)`` graphs spread over the processes (bit-identical answers).
+        """:func:`solve_records` on graphs spread over the processes (bit-identical answers): ``keys``, the content
+        key of every graph's :data:`GraphRecord`; ``record(j)`` returns graph ``j``'s record (called only where
+        needed); ``sizes``: ``N_j`` per graph; other arguments as :func:`solve_records`.
 
-        Args:
-            keys: content key of every graph's :data:`GraphRecord` (equal keys: equal records).
-            record: ``record(j)`` returns graph ``j``'s record (called for the caller's share and for graphs a
-                worker does not hold yet).
-            sizes: ``N_j`` per graph.
-            w_u, w_e, loss_augmented, terms: as :func:`solve_records`.
-
-        Returns:
-            ``(seg bool[sum N_j], loss float64[n], score float64[n])`` in the order of ``keys``.
+        Returns ``(seg bool[sum N_j], loss float64[n], score float64[n])`` in the order of ``keys``.
         """
         self._start()
         sizes = [int(n) for n in sizes]
@@ -320,26 +287,18 @@ class ResidentGraphCutPool:
             loss, score = np.zeros(len(keys)), np.zeros(len(keys))
             mine = slots[0]
             if mine:
-                res = solve_records([record(j) for j in mine], *args)
-                self._gather(out, loss, score, res, mine, offsets)
+                _gather(out, loss, score, solve_records([record(j) for j in mine], *args), mine, offsets)
             for s, pos in sent:
                 status, res, *cpu = self._workers[s - 1][1].recv()
                 if status != "ok":
                     raise RuntimeError(f"graph-cut worker {s} failed:\n{res}")
-                self._gather(out, loss, score, res, pos, offsets)
+                _gather(out, loss, score, res, pos, offsets)
                 self.worker_cpu_s += cpu[0]
         except BaseException:
             self.close()
             raise
         self.calls += 1
         return out, loss, score
-
-    @staticmethod
-    def _gather(out, loss, score, res, pos: list[int], offsets: np.ndarray) -> None:
-        seg, l_, s_ = res
-        ResidentGraphCutPool._scatter(out, seg, pos, offsets)
-        loss[pos] = l_
-        score[pos] = s_
 
     def _ship(self, s: int, pos: list[int], keys, make) -> tuple[dict, list]:
         """The structures slot ``s`` lacks for the call's graphs ``pos`` (``{key: make(j)}``) and the keys it
@@ -365,10 +324,12 @@ class ResidentGraphCutPool:
         self.shipped_graphs += len(new)
         return new, evict
 
-    @staticmethod
-    def _scatter(out: np.ndarray, res: np.ndarray, pos: list[int], offsets: np.ndarray) -> None:
-        p = 0
-        for j in pos:
-            n = int(offsets[j + 1] - offsets[j])
-            out[offsets[j]:offsets[j + 1]] = res[p:p + n]
-            p += n
+
+def _gather(out, loss, score, res, pos: list[int], offsets: np.ndarray) -> None:
+    """Scatter one slot's ``(seg, loss, score)`` answers for the call's graphs ``pos`` into the call's arrays."""
+    seg, loss[pos], score[pos] = res
+    p = 0
+    for j in pos:
+        n = int(offsets[j + 1] - offsets[j])
+        out[offsets[j]:offsets[j + 1]] = seg[p:p + n]
+        p += n

@@ -1,14 +1,9 @@
 """Euclidean projection onto the bipartite matching polytope, batched, with a certified distance to the exact answer.
 
 For an ``m x f`` matrix ``a`` the projection solves ``min_z 1/2 ||z - a||^2`` s.t. ``z >= 0`` and every row and
-column sum ``<= 1`` (the fractional matchings).  The solver works on the Lagrange dual: with row and column
-multipliers ``p, q >= 0`` the minimiser is ``z(p, q)_jk = max(0, a_jk - p_j - q_k)`` and the negated dual ``f(p, q) =
-1/2 ||z(p, q)||^2 + sum p + sum q`` is convex, piecewise quadratic and smooth.  Projected Newton steps on ``f``
-(:func:`project_matching_polytope`) land on the optimum once the support is right, from a warm start or from a
-batched primal-dual interior-point solve (Mehrotra's predictor-corrector, :func:`_interior_point`: robust for
-large ``|a|``, where the dual is degenerate); where no Newton step decreases ``f``, one exact block-coordinate sweep
-(every row's capped-simplex threshold, :func:`capped_simplex_threshold`, then every column's: Dykstra seen from the
-dual).
+column sum ``<= 1`` (the fractional matchings).  With row and column multipliers ``p, q >= 0`` the minimiser is
+``z(p, q)_jk = max(0, a_jk - p_j - q_k)``; the negated dual ``f(p, q) = 1/2 ||z(p, q)||^2 + sum p + sum q`` is
+minimised by projected Newton steps (:func:`project_matching_polytope`).
 
 **Certificate.**  The point returned is ``z(p, q) / max(1, row sum, column sum)`` entrywise, always exactly
 feasible; ``1/2 ||z - z*||^2 <= gap = 1/2 ||z - z(p, q)||^2 + sum_j p_j (1 - sum_k z_jk) + sum_k q_k (1 - sum_j
@@ -70,7 +65,7 @@ def _feasible_and_gap(a: Tensor, p: Tensor, q: Tensor) -> tuple[Tensor, Tensor]:
     ``z(p, q) = max(0, a - p - q)`` is itself rounded by about ``eps |a|``) counts as 0: the bound holds up to the
     floating-point rounding of the sums (without this, ``p_j x rounding`` would floor the certified distance at about
     ``sqrt(p eps |a|)``)."""
-    zpq = (a - p[:, :, None] - q[:, None, :]).clamp_min(0.0)
+    zpq = _zpq(a, p, q)
     scale = torch.maximum(zpq.sum(2)[:, :, None], zpq.sum(1)[:, None, :]).clamp_min(1.0)
     z = zpq / scale
     eps = torch.finfo(a.dtype).eps
@@ -98,11 +93,9 @@ def _bcd_sweep(a: Tensor, p: Tensor, q: Tensor) -> tuple[Tensor, Tensor]:
 
 
 def _interior_point(a: Tensor, maskz: Tensor, iters: int = 80) -> tuple[Tensor, Tensor]:
-    """Row and column multipliers of the projection QP by a primal-dual interior-point method (Mehrotra's
-    predictor-corrector), batched: ``min 1/2 ||z - a||^2`` s.t. ``A z + s = 1``, ``z, s >= 0`` (``A``: row and column
-    sums).  The Newton systems reduce to ``[B, M + F, M + F]`` positive definite matrices
-    ``A D^-1 A^T + diag(s / y)`` (Cholesky).  Robust whatever the scale of ``a`` and the degeneracy of the dual (an
-    LP-like, assignment-like projection when ``|a|`` is large); its multipliers start the Newton polish."""
+    """Row and column multipliers of the projection QP by a batched primal-dual interior-point method (Mehrotra's
+    predictor-corrector): ``min 1/2 ||z - a||^2`` s.t. ``A z + s = 1``, ``z, s >= 0`` (``A``: row and column sums),
+    with Newton systems ``A D^-1 A^T + diag(s / y)`` solved by Cholesky."""
     B, M, F = a.shape
     a = torch.where(maskz, a, torch.zeros_like(a))
     big_all = a.abs().amax((1, 2)).clamp_min(1.0)
@@ -250,20 +243,12 @@ def project_matching_polytope(a: Tensor, p0: Tensor | None = None, q0: Tensor | 
                               warm_iters: int = 10, max_iters: int = 50) -> MatchingProjection:
     """Project every ``a[b]`` (``[B, M, F]``, float64; padded entries ``<= PAD_VALUE / 2``) onto the matching polytope.
 
-    The negated dual ``f(x) = 1/2 sum_jk max(0, a_jk - p_j - q_k)^2 + sum_j p_j + sum_k q_k`` over
-    ``x = (p, q) >= 0`` is convex and piecewise quadratic, with gradient ``(1 - row sums, 1 - column sums)`` of
-    ``z(p, q)`` and generalised Hessian ``[[D_r, S], [S^T, D_c]]`` (``S`` the support of ``z(p, q)``, ``D`` its row
-    and column counts).  It is minimised by projected Newton steps (Bertsekas 1982: variables at their bound 0 with a
-    positive gradient are held there, the others take the Newton step of the free block, regularised by
-    ``1e-12 (1 + max degree)``; an Armijo search along the projection arc, with decreases of ``f`` summed entry by
-    entry, ``(z' - z)(z' + z) / 2``, to stay exact far below the rounding of ``f``; in the end game, where even
-    that is rounding, a full step is kept when it halves the natural residual; where no step is found, one exact
-    block-coordinate sweep: the rows' capped-simplex thresholds then the columns', i.e. Dykstra's alternating
-    projection seen from the dual).  Once the support and the active bounds are right, a Newton step lands on the
-    optimum.  The Newton steps start from the warm start ``(p0, q0)`` when given (``warm_iters`` of them); the
-    matrices not certified by then start again from the multipliers of a primal-dual interior-point solve
-    (:func:`_interior_point`, robust at any scale: for large ``|a|`` the projection is nearly an assignment LP with
-    a degenerate dual, where Newton steps from far away crawl), then take up to ``max_iters`` Newton steps.
+    Projected Newton steps on the negated dual ``f`` (Bertsekas 1982; generalised Hessian ``[[D_r, S], [S^T, D_c]]``,
+    ``S`` the support of ``z(p, q)``, ``D`` its row and column counts; an Armijo search along the projection arc, with
+    decreases of ``f`` summed entry by entry to stay exact below the rounding of ``f``; where no step is found, one
+    exact block-coordinate sweep).  They start from the warm start ``(p0, q0)`` when given; the matrices not
+    certified after ``warm_iters`` steps restart from a primal-dual interior-point solve (:func:`_interior_point`,
+    robust for large ``|a|``, where the dual is degenerate).
 
     Args:
         a: the points to project.
@@ -272,30 +257,23 @@ def project_matching_polytope(a: Tensor, p0: Tensor | None = None, q0: Tensor | 
         warm_iters: most Newton steps from the warm start.
         max_iters: most Newton steps after the interior-point start.
 
-    Returns:
-        A :class:`MatchingProjection` (``z`` is feasible in every case; ``dist`` bounds its distance to the exact
-        projection; ``iters`` counts the Newton steps of both phases).
+    Returns a :class:`MatchingProjection` (``z`` is feasible in every case; ``dist`` bounds its distance to the exact
+    projection; ``iters`` counts the Newton steps of both phases).
     """
     a = a.to(torch.float64)
-    B, M, F = a.shape
-    iters = 0
-    if p0 is not None and q0 is not None:
-        res = _newton(a, p0.to(a).clamp_min(0.0), q0.to(a).clamp_min(0.0), tol, warm_iters)
-        iters = res.iters
-    else:
-        res = None
-    todo = torch.ones(B, dtype=torch.bool, device=a.device) if res is None else res.dist > tol
+    if p0 is None or q0 is None:
+        p, q = _interior_point(a, a > PAD_VALUE / 2)
+        return _newton(a, p, q, tol, max_iters)
+    res = _newton(a, p0.to(a).clamp_min(0.0), q0.to(a).clamp_min(0.0), tol, warm_iters)
+    todo = res.dist > tol
     if bool(todo.any()):
         idx = torch.nonzero(todo)[:, 0]
         ab = a[idx]
         p, q = _interior_point(ab, ab > PAD_VALUE / 2)
         r2 = _newton(ab, p, q, tol, max_iters)
-        iters += r2.iters
-        if res is None:
-            return MatchingProjection(z=r2.z, p=r2.p, q=r2.q, dist=r2.dist, iters=iters)
+        res.iters += r2.iters
         better = r2.dist < res.dist[idx]  # keep whichever is certified closer
         sel = idx[better]
         res.z[sel], res.p[sel], res.q[sel], res.dist[sel] = (r2.z[better], r2.p[better], r2.q[better],
                                                               r2.dist[better])
-    res.iters = iters
     return res

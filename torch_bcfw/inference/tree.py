@@ -7,20 +7,13 @@ Every node ``j`` (a body joint) takes a position ``l_j = (y_j, x_j)`` on a ``G_y
     dx = x_child - x_parent - mu_e[1],   dy = y_child - y_parent - mu_e[0]
 
 (the feature order of Chen & Yuille 2014 and Osokin et al. 2016, 3.5; ``mu_e`` the expected displacement).  The
-pairwise term is a penalty: the quadratic weights ``w_e[1], w_e[3]`` must be ``>= 0`` (else the distance transform
-does not apply and :func:`tree_max_sum` raises ``ValueError``); a linear head keeps them so with box constraints.
+quadratic weights ``w_e[1], w_e[3]`` must be ``>= 0`` for the distance transform (else ``ValueError``).
+:func:`tree_max_sum` passes 2D distance-transform messages from the leaves to the root and backtracks the argmax
+tables: ``O(J G_y G_x)`` per image.
 
-:func:`tree_max_sum` passes messages from the leaves to the root, each a 2D distance transform of the child's
-belief (``distance_transform_2d`` with ``a_x = w_e[1], b_x = -w_e[0], mu_x -> -mu_e[1]``, the same for ``y``), takes
-the best root position and backtracks the argmax tables: ``O(J G_y G_x)`` per image.
-
-``LSP_JOINTS`` lists the 14 joints in the order of LSP's ``joints.mat``; ``LSP_TREE_EDGES`` (13 pairs, root
-``LSP_ROOT`` = neck) hangs the head top and both shoulders from the neck, each arm from its shoulder and each leg
-from the hip, which hangs from the shoulder on its side (the torso sides are nearly rigid).
-
-:func:`pose_loss` is the loss of Osokin et al. (2016, 3.5) with the printed ``max`` corrected to ``min``: the mean
-over visible joints of ``min(1, ||l_j - l*_j||^2 / s^2)``; it decomposes over joints, so loss-augmented decoding is
-``tree_max_sum(unary + pose_loss_unaries(...), w, mu)``.
+``LSP_JOINTS`` lists the 14 joints in the order of LSP's ``joints.mat``; ``LSP_TREE_EDGES`` (root ``LSP_ROOT`` =
+neck) hangs the head top and shoulders from the neck, each arm from its shoulder and each hip from its shoulder.
+:func:`pose_loss` is the loss of Osokin et al. (2016, 3.5) with the printed ``max`` corrected to ``min``.
 """
 
 from __future__ import annotations
@@ -34,19 +27,8 @@ from torch import Tensor
 
 from torch_bcfw.inference.distance_transform import Method, distance_transform_2d_packed
 
-__all__ = [
-    "LSP_JOINTS",
-    "LSP_ROOT",
-    "LSP_TREE_EDGES",
-    "TreeMaxSum",
-    "brute_force_max_sum",
-    "deformation_features",
-    "edge_ends",
-    "pose_loss",
-    "pose_loss_unaries",
-    "tree_max_sum",
-    "tree_score",
-]
+__all__ = ["LSP_JOINTS", "LSP_ROOT", "LSP_TREE_EDGES", "TreeMaxSum", "brute_force_max_sum", "deformation_features",
+           "edge_ends", "pose_loss", "pose_loss_unaries", "tree_max_sum", "tree_score"]
 
 LSP_JOINTS: tuple[str, ...] = (
     "right_ankle", "right_knee", "right_hip", "left_hip", "left_knee", "left_ankle",
@@ -82,17 +64,10 @@ class TreeMaxSum(NamedTuple):
 
 
 def deformation_features(child_pos: Tensor, parent_pos: Tensor, mu: Tensor | Sequence[float]) -> Tensor:
-    """Deformation features ``(dx, dx^2, dy, dy^2)`` of an edge; the pairwise score is ``-<w_e, features>``.
-
-    Args:
-        child_pos, parent_pos: positions [..., 2] in (y, x) order (integer or float).
-        mu: expected displacement ``child - parent`` [..., 2] in (y, x) order, broadcastable.
-
-    Returns:
-        Float tensor [..., 4] with ``dx = x_child - x_parent - mu_x`` and
-        ``dy = y_child - y_parent - mu_y``; the dtype is that of ``mu`` when it is a
-        float tensor, else the default dtype.
-    """
+    """Deformation features ``(dx, dx^2, dy, dy^2)`` of an edge (the pairwise score is ``-<w_e, features>``),
+    ``dx = x_child - x_parent - mu_x``, ``dy = y_child - y_parent - mu_y``, for positions ``[..., 2]`` and expected
+    displacements ``mu`` ``[..., 2]`` (broadcastable), all (y, x): ``[..., 4]`` in ``mu``'s float dtype (else the
+    default dtype)."""
     mu = torch.as_tensor(mu)
     dtype = mu.dtype if mu.is_floating_point() else torch.get_default_dtype()
     d = child_pos.to(dtype) - parent_pos.to(dtype) - mu.to(device=child_pos.device, dtype=dtype)
@@ -101,12 +76,8 @@ def deformation_features(child_pos: Tensor, parent_pos: Tensor, mu: Tensor | Seq
 
 
 def _tree_order(edges: Edges, num_nodes: int) -> tuple[int, list[int]]:
-    """Validate that ``edges`` (parent, child) form a tree over ``num_nodes`` nodes.
-
-    Returns:
-        The root and the indices of ``edges`` in top-down order (every edge after
-        the edge that reaches its parent).
-    """
+    """Validate that ``edges`` (parent, child) form a tree over ``num_nodes`` nodes; return the root and the
+    indices of ``edges`` in top-down order (every edge after the edge that reaches its parent)."""
     if len(edges) != num_nodes - 1:
         raise ValueError(f"a tree over {num_nodes} nodes has {num_nodes - 1} edges, got {len(edges)}")
     children: dict[int, list[int]] = {j: [] for j in range(num_nodes)}
@@ -162,25 +133,16 @@ def _check_convex(w: Tensor) -> None:
 
 
 def _message_coefficients(w: Tensor, mu: Tensor) -> Tensor:
-    """Packed distance-transform coefficients [E, B, 6] of the child-to-parent messages.
-
-    The transform penalises ``d = q - p - mu'`` (``q`` parent, ``p`` child) while the
-    edge features use ``child - parent - mu = -d`` with ``mu' = -mu``, so
-    ``w1 dx^2 + w0 dx = w1 d^2 - w0 d``: ``(a, b, mu') = (w1, -w0, -mu_x)`` and
-    ``(w3, -w2, -mu_y)``, in the column order ``PACKED_2D``.
-    """
+    """Packed distance-transform coefficients [E, B, 6] of the child-to-parent messages: the transform penalises
+    ``d = q - p - mu'`` (``q`` parent, ``p`` child), the features use ``-d`` with ``mu' = -mu``, so ``(a, b, mu') =
+    (w1, -w0, -mu_x)`` and ``(w3, -w2, -mu_y)`` (column order ``PACKED_2D``)."""
     w, mu = w.detach().to("cpu", torch.float64), mu.detach().to("cpu", torch.float64)
     packed = torch.stack((w[..., 1], -w[..., 0], -mu[..., 1], w[..., 3], -w[..., 2], -mu[..., 0]), dim=-1)
     return packed.transpose(0, 1).contiguous()
 
 
-def tree_max_sum(
-    unary: Tensor,
-    w: Tensor,
-    mu: Tensor,
-    edges: Edges = LSP_TREE_EDGES,
-    method: Method = "auto",
-) -> TreeMaxSum:
+def tree_max_sum(unary: Tensor, w: Tensor, mu: Tensor, edges: Edges = LSP_TREE_EDGES,
+                 method: Method = "auto") -> TreeMaxSum:
     """Exact MAP configuration of the tree model (see the module docstring for the score).
 
     Args:
@@ -191,12 +153,9 @@ def tree_max_sum(
         edges: (parent, child) pairs forming a tree over the J nodes (default: the LSP skeleton).
         method: distance-transform method, see :mod:`torch_bcfw.inference.distance_transform`.
 
-    Returns:
-        ``TreeMaxSum(positions [B, J, 2] long (y, x), score [B])``; the score is the max
-        of the objective, in the dtype of ``unary``.
+    Returns ``TreeMaxSum(positions [B, J, 2] long (y, x), score [B])``, the score in the dtype of ``unary``.
 
-    Raises:
-        ValueError: bad shapes, an invalid tree, or a negative quadratic weight.
+    Raises ``ValueError`` on bad shapes, an invalid tree or a negative quadratic weight.
     """
     _check_unary(unary)
     batch, num_nodes, _, gx = unary.shape
@@ -222,15 +181,9 @@ def tree_max_sum(
 
 
 def tree_score(unary: Tensor, positions: Tensor, w: Tensor, mu: Tensor, edges: Edges = LSP_TREE_EDGES) -> Tensor:
-    """Score of given configurations (valid for any edge list, tree or not).
-
-    Args:
-        unary: [B, J, G_y, G_x]; positions: long [B, J, 2] in (y, x) order;
-        w: [E, 4] or [B, E, 4]; mu: [E, 2] or [B, E, 2] (as in :func:`tree_max_sum`).
-
-    Returns:
-        Tensor [B]: ``sum_j unary[j, l_j] - sum_e <w_e, deformation_features(l_child, l_parent, mu_e)>``.
-    """
+    """Score ``[B]`` of configurations ``positions`` (long [B, J, 2], (y, x); any edge list, tree or not):
+    ``sum_j unary[j, l_j] - sum_e <w_e, deformation_features(l_child, l_parent, mu_e)>``, other arguments as in
+    :func:`tree_max_sum`."""
     _check_unary(unary)
     batch, num_nodes, _, gx = unary.shape
     if positions.shape != (batch, num_nodes, 2):
@@ -243,16 +196,10 @@ def tree_score(unary: Tensor, positions: Tensor, w: Tensor, mu: Tensor, edges: E
     return score - (w.to(unary.dtype) * feats).sum(dim=(1, 2))
 
 
-def brute_force_max_sum(
-    unary: Tensor, w: Tensor, mu: Tensor, edges: Edges, max_configurations: int = 2_000_000,
-) -> TreeMaxSum:
-    """Reference MAP by enumerating all ``P**J`` configurations (tiny problems only; any edge list).
-
-    Same arguments and result as :func:`tree_max_sum`; no convexity requirement.
-
-    Raises:
-        ValueError: if ``P**J`` exceeds ``max_configurations``.
-    """
+def brute_force_max_sum(unary: Tensor, w: Tensor, mu: Tensor, edges: Edges,
+                        max_configurations: int = 2_000_000) -> TreeMaxSum:
+    """Reference MAP by enumerating all ``P**J`` configurations (any edge list, no convexity requirement); arguments
+    and result as :func:`tree_max_sum`; ``ValueError`` if ``P**J`` exceeds ``max_configurations``."""
     _check_unary(unary)
     batch, num_nodes, gy, gx = unary.shape
     count = (gy * gx) ** num_nodes
@@ -284,17 +231,8 @@ def _check_loss_inputs(true_pos: Tensor, visible: Tensor, torso_size: Tensor) ->
 def pose_loss(pred_pos: Tensor, true_pos: Tensor, visible: Tensor, torso_size: Tensor) -> Tensor:
     """Per-image loss ``mean_{visible j} min(1, ||l_j - l*_j||^2 / s^2)`` (0 if no joint is visible).
 
-    Units are free but must agree: positions and ``torso_size`` both in grid units
-    (for loss-augmented decoding, consistent with :func:`pose_loss_unaries`) or both
-    in pixels. Coordinates of invisible joints are ignored (they may be NaN).
-
-    Args:
-        pred_pos: predicted positions [B, J, 2]; true_pos: ground truth [B, J, 2]
-            (same coordinate order, e.g. (y, x)); visible: bool [B, J];
-            torso_size: ``s`` per image [B], finite and > 0.
-
-    Returns:
-        Tensor [B] in [0, 1], zero when ``pred_pos == true_pos``.
+    ``pred_pos``, ``true_pos``: [B, J, 2] in the same units as ``torso_size`` (``s`` per image, [B], finite and
+    > 0); invisible joints (``visible``: bool [B, J]) are ignored (may be NaN).  Returns [B] in [0, 1].
     """
     _check_loss_inputs(true_pos, visible, torso_size)
     d2 = (pred_pos.to(true_pos.dtype) - true_pos).square().sum(dim=-1)
@@ -303,20 +241,12 @@ def pose_loss(pred_pos: Tensor, true_pos: Tensor, visible: Tensor, torso_size: T
 
 
 def pose_loss_unaries(true_pos: Tensor, visible: Tensor, torso_size: Tensor, grid_size: int) -> Tensor:
-    """The loss of :func:`pose_loss` as unary terms on the grid, for loss-augmented decoding.
+    """The loss of :func:`pose_loss` as unary terms on the grid: ``out[b, j, y, x]`` is the contribution of joint
+    ``j`` at ``(y, x)``, so ``tree_max_sum(unary + out, w, mu)`` maximises score + loss.
 
-    ``out[b, j, y, x]`` is the contribution of joint ``j`` at grid position ``(y, x)``,
-    so ``pose_loss(positions, ...) = sum_j out[b, j, positions[b, j]]`` and
-    ``tree_max_sum(unary + out, w, mu)`` maximises score + loss.
-
-    Args:
-        true_pos: ground truth [B, J, 2] in (y, x) grid coordinates (may be fractional).
-        visible: bool [B, J]; invisible joints contribute 0.
-        torso_size: ``s`` per image [B] in grid units, finite and > 0.
-        grid_size: ``G`` (the grid is G x G).
-
-    Returns:
-        Tensor [B, J, G, G] in the dtype of ``true_pos`` (float).
+    ``true_pos``: [B, J, 2] in (y, x) grid coordinates (may be fractional); ``visible``: bool [B, J] (invisible
+    joints contribute 0); ``torso_size``: [B] in grid units; ``grid_size``: ``G``.  Returns [B, J, G, G] in the
+    (float) dtype of ``true_pos``.
     """
     _check_loss_inputs(true_pos, visible, torso_size)
     if not true_pos.is_floating_point():

@@ -1,28 +1,19 @@
 """Exact max-sum on a pose tree whose edges have mixture types (Yang & Ramanan 2011, Chen & Yuille 2014).
 
-A single quadratic deformation per edge fits LSP Extended badly: its sports poses point limbs in every direction,
-so the mean offset ``child - parent`` is close to zero and the penalty pulls every child onto its parent.  With
-``K`` *types* per edge (for example k-means clusters of the training offsets), each with its own offset, its own
-deformation weights and a bias, a configuration is a position ``l_j`` per joint and a type ``t_e`` per edge::
+With ``K`` *types* per edge, each with its own offset, deformation weights and bias, a configuration is a position
+``l_j`` per joint and a type ``t_e`` per edge::
 
     score(l, t) = sum_j unary[j, l_j]
                 + sum_{e = (parent, child)} ( b[e, t_e] - <w[e, t_e], deformation_features(l_child, l_parent, mu[e, t_e])> )
 
-(:func:`~torch_bcfw.inference.tree.deformation_features`: ``(dx, dx^2, dy, dy^2)`` relative to the type's offset).
-A type enters only the term of its own edge, so ``max_t`` can be taken inside every message: the message of a
-child to its parent is the pointwise maximum over ``k`` of ``K`` distance transforms of the child's belief (one
-per type, each shifted by ``b[e, k]``), and the backtrack reads the winning type and child position per parent
-position.  Cost: ``O(K J P)`` per image.  With ``K = 1`` and ``b = 0`` this is
-:func:`~torch_bcfw.inference.tree.tree_max_sum` (tested equal).  Ties between types go to the lowest type index.
+(:func:`~torch_bcfw.inference.tree.deformation_features` relative to the type's offset).  A type enters only its
+own edge's term, so every message is the pointwise maximum over ``k`` of ``K`` distance transforms of the child's
+belief, each shifted by ``b[e, k]``: ``O(K J P)`` per image.  Ties between types go to the lowest type index.
 
-Image-dependent pairwise relations (Chen & Yuille 2014).  An optional ``type_unary`` ``[B, E, K, 2, G_y, G_x]``
-adds, for edge ``e`` in type ``k``, a score at the child's cell (side 0) and one at the parent's cell (side 1) --
-e.g. weighted log-probabilities ``log p(t_e = k | image around l)`` that a CNN predicts at both ends of the limb::
+An optional ``type_unary`` ``[B, E, K, 2, G_y, G_x]`` (image-dependent pairwise relations, Chen & Yuille 2014) adds
+a score at the child's cell (side 0) and at the parent's cell (side 1)::
 
     score(l, t) += sum_e ( type_unary[e, t_e, 0, l_child] + type_unary[e, t_e, 1, l_parent] )
-
-The child side joins the belief before type ``k``'s distance transform and the parent side the transformed
-message, so the cost and exactness are unchanged.
 """
 from __future__ import annotations
 
@@ -32,16 +23,8 @@ import torch
 from torch import Tensor
 
 from .distance_transform import Method, distance_transform_2d_packed
-from .tree import (
-    LSP_TREE_EDGES,
-    Edges,
-    _check_convex,
-    _check_unary,
-    _message_coefficients,
-    _tree_order,
-    deformation_features,
-    edge_ends,
-)
+from .tree import (LSP_TREE_EDGES, Edges, _check_convex, _check_unary, _message_coefficients, _tree_order,
+                   deformation_features, edge_ends)
 
 __all__ = ["MixtureTreeMaxSum", "mixture_tree_max_sum", "mixture_tree_score", "select_types", "type_end_scores"]
 
@@ -54,7 +37,8 @@ class MixtureTreeMaxSum(NamedTuple):
     score: Tensor
 
 
-def _mixture_parameters(w: Tensor, b: Tensor, mu: Tensor, batch: int, num_edges: int) -> tuple[Tensor, Tensor, Tensor, int]:
+def _mixture_parameters(w: Tensor, b: Tensor, mu: Tensor, batch: int,
+                        num_edges: int) -> tuple[Tensor, Tensor, Tensor, int]:
     """Broadcast ``w`` ([E, K, 4] or [B, E, K, 4]), ``b`` ([E, K] / [B, E, K]) and ``mu`` ([E, K, 2] / [B, E, K, 2])
     to batch shape; returns them and ``K``."""
     w, b, mu = torch.as_tensor(w), torch.as_tensor(b), torch.as_tensor(mu)
@@ -95,13 +79,8 @@ def select_types(maps: Tensor, types: Tensor) -> Tensor:
 
 
 def type_end_scores(type_unary: Tensor, cells: Tensor, types: Tensor, edges: Edges = LSP_TREE_EDGES) -> Tensor:
-    """``[B, E, 2]``: ``type_unary[b, e, types[b, e], s]`` at the child's (``s = 0``) and the parent's (``s = 1``)
-    flat cell of edge ``e`` -- the type scores of one labeling.
-
-    Args:
-        type_unary: ``[B, E, K, 2, G_y, G_x]``; cells: flat cells ``y * G_x + x`` long ``[B, J]``;
-        types: long ``[B, E]``; edges: ``(parent, child)`` pairs.
-    """
+    """``[B, E, 2]``: ``type_unary [B, E, K, 2, G_y, G_x]`` at ``types[b, e]`` (long ``[B, E]``) and the child's
+    (side 0) and the parent's (side 1) flat cell ``y * G_x + x`` of edge ``e`` (``cells``: long ``[B, J]``)."""
     B, E = types.shape
     parents, children = edge_ends(edges, cells.device)
     chosen = select_types(type_unary, types).reshape(B, E, 2, -1)  # [B, E, 2, G_y G_x]
@@ -113,22 +92,13 @@ def mixture_tree_max_sum(unary: Tensor, w: Tensor, b: Tensor, mu: Tensor, edges:
                          method: Method = "auto", type_unary: Tensor | None = None) -> MixtureTreeMaxSum:
     """Exact MAP positions and edge types of the mixture tree model (see the module docstring).
 
-    Args:
-        unary: unary scores [B, J, G_y, G_x], finite.
-        w: deformation weights per edge and type [E, K, 4] or [B, E, K, 4], order ``(dx, dx^2, dy, dy^2)``;
-            the quadratic weights ``w[..., 1], w[..., 3]`` must be ``>= 0``.
-        b: type biases [E, K] or [B, E, K].
-        mu: offsets ``child - parent`` per edge and type [E, K, 2] or [B, E, K, 2], (y, x) order.
-        edges: (parent, child) pairs forming a tree (default: the LSP skeleton).
-        method: distance-transform method (:mod:`torch_bcfw.inference.distance_transform`).
-        type_unary: optional image-dependent type scores [B, E, K, 2, G_y, G_x] (side 0 at the child's cell,
-            side 1 at the parent's; module docstring), finite, on the device of ``unary``.
+    Arguments as :func:`~torch_bcfw.inference.tree.tree_max_sum` with a type axis: ``w`` [E, K, 4] or
+    [B, E, K, 4], ``mu`` [E, K, 2] or [B, E, K, 2]; type biases ``b`` [E, K] or [B, E, K]; optional ``type_unary``
+    [B, E, K, 2, G_y, G_x] (finite, on the device of ``unary``; see the module docstring).
 
-    Returns:
-        :class:`MixtureTreeMaxSum` (positions [B, J, 2], types [B, E], score [B] in the dtype of ``unary``).
+    Returns :class:`MixtureTreeMaxSum` (positions [B, J, 2], types [B, E], score [B] in the dtype of ``unary``).
 
-    Raises:
-        ValueError: bad shapes, non-finite parameters, an invalid tree or a negative quadratic weight.
+    Raises ``ValueError`` on bad shapes, non-finite parameters, an invalid tree or a negative quadratic weight.
     """
     _check_unary(unary)
     batch, num_nodes, _, gx = unary.shape

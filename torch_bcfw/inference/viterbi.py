@@ -1,15 +1,7 @@
-"""Batched max-plus Viterbi decoding for linear chains, in torch (CPU or CUDA).
-
-Sequences are packed (tokens of all sequences concatenated, ``offsets[n+1]``) or padded
-(``[B, T, K]`` plus ``lengths``).  Sequences are grouped by length so every group runs as one
-dense max-plus recursion without masking; on OCR this is about 3x faster than one padded batch.
-
-Ties are broken towards the lowest label index (``torch.max`` returns the first maximum), the
-same rule as the compiled single-sequence decoder :func:`viterbi_numba`.
-
-On CPU the packed decoder runs the compiled decoder over the sequences in parallel threads
-(about 5x faster than the bucketed torch recursion on OCR); on other devices it runs the
-bucketed torch recursion.  Both give the same labels.
+"""Batched max-plus Viterbi decoding for linear chains, packed (``offsets[n+1]``) or padded (``[B, T, K]`` plus
+``lengths``).  On CPU the compiled :func:`viterbi_numba` runs over the sequences in parallel threads; elsewhere the
+torch recursion runs once per group of equal-length sequences.  Both give the same labels, ties going to the lowest
+label index.
 """
 from __future__ import annotations
 
@@ -39,16 +31,9 @@ def _viterbi_same_length(unary: Tensor, transition: Tensor) -> tuple[Tensor, Ten
 
 
 def viterbi_packed(unary: Tensor, offsets: Tensor, transition: Tensor) -> tuple[Tensor, Tensor]:
-    """Decode packed sequences.
-
-    Args:
-        unary: ``[N_tok, K]`` per-token label scores (start/end biases already folded in).
-        offsets: ``LongTensor[n + 1]`` sequence boundaries.
-        transition: ``[K, K]`` score of label ``a`` followed by label ``b`` at ``[a, b]``.
-
-    Returns:
-        ``(labels LongTensor[N_tok], score Tensor[n])`` -- the argmax labeling and its score.
-    """
+    """Decode packed sequences: per-token label scores ``unary [N_tok, K]``, boundaries ``offsets [n + 1]``,
+    ``transition [K, K]`` (label ``a`` followed by ``b`` at ``[a, b]``).  Returns the argmax labeling and its score,
+    ``(labels LongTensor[N_tok], score Tensor[n])``."""
     if unary.dim() != 2 or transition.shape != (unary.shape[1], unary.shape[1]):
         raise ValueError(f"unary must be [N_tok, K] and transition [K, K]; got {tuple(unary.shape)}, {tuple(transition.shape)}")
     transition = transition.to(unary.dtype)
@@ -57,13 +42,10 @@ def viterbi_packed(unary: Tensor, offsets: Tensor, transition: Tensor) -> tuple[
         labels = np.empty(u.shape[0], dtype=np.int64)
         scores = np.empty(offsets.numel() - 1, dtype=u.dtype)
         threads = torch.get_num_threads()
-        # a few sequences (the per-example steps of SSG, online EG): a serial loop; starting numba's thread pool
-        # for them costs more than decoding (15 ms per call on a loaded 2-core machine)
+        # a few sequences: a serial loop (starting numba's thread pool costs more than decoding them)
         batch = _viterbi_batch_serial if scores.shape[0] <= _SERIAL_MAX else _viterbi_batch_numba
         batch(u, offsets.contiguous().numpy(), transition.detach().contiguous().numpy(), labels, scores)
-        if torch.get_num_threads() != threads:
-            # numba's OpenMP threading layer shares libgomp with torch, and its parallel region resets the
-            # process-wide OpenMP thread count: keep the caller's torch.set_num_threads
+        if torch.get_num_threads() != threads:  # numba's OpenMP region resets the shared libgomp thread count
             torch.set_num_threads(threads)
         return torch.from_numpy(labels), torch.from_numpy(scores)
     return viterbi_packed_torch(unary, offsets, transition)
@@ -134,16 +116,9 @@ def _viterbi_batch_numba(unary, offsets, transition, labels, scores):
 
 @njit(cache=True, _nrt=False)
 def viterbi_numba(unary: np.ndarray, transition: np.ndarray, out: np.ndarray, delta: np.ndarray) -> float:
-    """Single-sequence max-plus Viterbi (compiled).
-
-    ``unary: float64[L, K]``, ``transition: float64[K, K]``; writes the labels to ``out: int64[L]``
-    using the scratch buffer ``delta: float64[>= L, K]`` (the max-plus messages); returns the score.
-    Ties go to the lowest label index, as in :func:`viterbi_packed`.
-
-    The forward pass keeps only the maxima (no backpointer table); the backtrack recomputes the
-    argmax of the chosen label's predecessor from the stored messages with the same additions,
-    so the labels are those a backpointer table would give.
-    """
+    """Single-sequence max-plus Viterbi (compiled): ``unary: float64[L, K]``, ``transition: float64[K, K]``; writes
+    the labels to ``out: int64[L]`` using the scratch messages ``delta: float64[>= L, K]``; returns the score.  The
+    backtrack recomputes each backpointer from ``delta`` with the same additions (no backpointer table)."""
     L, K = unary.shape
     for c in range(K):
         delta[0, c] = unary[0, c]
@@ -196,8 +171,7 @@ def _first_argmax(v: np.ndarray) -> int:
 
 @njit(cache=True, _nrt=False)
 def _best_predecessor(prev: np.ndarray, transition: np.ndarray, c: int) -> int:
-    """First ``a`` maximising ``prev[a] + transition[a, c]``: the backpointer of label ``c`` (scanning ``a``
-    in increasing order with strict ``>``, as the forward recursion of :func:`viterbi_numba` does)."""
+    """First ``a`` maximising ``prev[a] + transition[a, c]``: the backpointer of label ``c``."""
     best = prev[0] + transition[0, c]
     arg = 0
     for a in range(1, prev.shape[0]):

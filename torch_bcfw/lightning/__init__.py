@@ -1,12 +1,6 @@
-"""Lightning integration: BCFW on the structured head of a trainable backbone.
-
-* :class:`BCFWCallback` -- every ``k`` epochs, computes the training features (any
-  :class:`~torch_bcfw.data.StructuredData` container), re-binds the dual state to them, runs BCFW passes,
-  writes the head's weights and logs ``ssvm/gap`` & co.;
-* :func:`torch_bcfw.lightning.cli.train_main` -- ``torch-bcfw train --config ...`` (LightningCLI).
-
-The ready-made tasks (datamodules, backbones, LightningModules) are in :mod:`torch_bcfw.tasks`.  Needs the
-``lightning`` extra (``pip install torch_bcfw[lightning]``).
+"""Lightning integration: :class:`BCFWCallback` solves the structured head of a trainable backbone with BCFW, and
+:func:`torch_bcfw.lightning.cli.train_main` runs ``torch-bcfw train --config ...`` (LightningCLI).  The ready-made
+tasks are in :mod:`torch_bcfw.tasks`.  Needs the ``lightning`` extra (``pip install torch_bcfw[lightning]``).
 """
 try:
     import lightning.pytorch  # noqa: F401

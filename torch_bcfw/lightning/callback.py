@@ -25,12 +25,9 @@ __all__ = ["BCFWCallback", "collect_features", "make_dual_state"]
 
 
 def make_dual_state(model, data, lam: float, n_total: int | None = None):
-    """The model's own dual state when it can be re-bound to new features, else an :class:`ActiveSetDualState`.
-
-    (A model that keeps the default dense state gets the active-set state directly: it is dense too, with
-    an ``[n, d]`` table of ``w_i``, so it suits small and medium problems.)  ``n_total``: the problem's number of
-    examples when ``data`` is one rank's shard of it.
-    """
+    """The model's own dual state when it can be re-bound to new features, else an :class:`ActiveSetDualState`
+    (also for a model with the default dense state).  ``n_total``: the problem's number of examples when ``data``
+    is one rank's shard of it."""
     from ..models.base import StructuredModel
 
     if type(model).dual_state is StructuredModel.dual_state:
@@ -72,31 +69,6 @@ def _find(trainer, pl_module, name: str):
     return None
 
 
-def eval_outputs(pl_module, batches, each, to_device=None, keep=None) -> list:
-    """``[each(pl_module.bcfw_features(batch)) for batch in batches]`` in eval mode without gradient; the
-    train/eval mode of every submodule is restored afterwards.  ``to_device`` moves a batch first; ``keep(i)``:
-    only the batches whose position ``i`` it accepts (the others are read and skipped).  Raises ``ValueError`` when
-    ``batches`` is empty (or, without ``keep``, when nothing was kept)."""
-    modes = [(m, m.training) for m in pl_module.modules()]
-    pl_module.eval()
-    parts, seen = [], 0
-    try:
-        with torch.no_grad():
-            for i, batch in enumerate(batches):
-                seen += 1
-                if keep is not None and not keep(i):
-                    continue
-                if to_device is not None:
-                    batch = to_device(batch)
-                parts.append(each(pl_module.bcfw_features(batch)))
-    finally:
-        for m, mode in modes:
-            m.training = mode
-    if not seen:
-        raise ValueError("bcfw_dataloader yielded no batch")
-    return parts
-
-
 def as_structured_data(out) -> StructuredData:
     """The output of ``bcfw_features(batch)`` as a data container: a :class:`~torch_bcfw.data.StructuredData`
     container as it is, ``(x, y)`` (one row per example) as a :class:`~torch_bcfw.data.MulticlassData`,
@@ -121,24 +93,34 @@ def as_structured_data(out) -> StructuredData:
 def collect_features(pl_module, batches, device="cpu", to_device=None, ctx=None) -> StructuredData:
     """Run ``pl_module.bcfw_features`` over ``batches`` in eval mode without gradient; concatenate.
 
-    ``bcfw_features(batch)`` returns a data container (:class:`~torch_bcfw.data.StructuredData`) or a tuple
-    ``(x, y)`` / ``(x, y, offsets)`` (:func:`as_structured_data`); every batch must give the same container
-    type.  The result (``type(part).cat`` of the parts) is on ``device`` with float64 features.  The train/eval
+    ``bcfw_features(batch)`` returns a data container or ``(x, y)`` / ``(x, y, offsets)``
+    (:func:`as_structured_data`); every batch must give the same container type.  The result (``type(part).cat``
+    of the parts) is on ``device`` with float64 features; ``to_device`` moves each batch first.  The train/eval
     mode of every submodule is restored afterwards.
 
     ``ctx``: a process group (:class:`~torch_bcfw.distributed.DistributedContext`, e.g. Lightning's DDP) whose
     ranks all pass the same ``batches``: rank ``r`` computes the features of batches ``r, r + P, r + 2P, ...`` only,
-    and the parts are gathered (one ``all_gather_object``), so that every rank returns the same data, in the order
-    of ``batches``, as one process computing them all.
+    and the parts are gathered, so that every rank returns the same data as one process computing them all.
     """
-    def each(out):
-        return as_structured_data(out).to(device, torch.float64)
-
-    if ctx is None:
-        parts = eval_outputs(pl_module, batches, each, to_device)
-    else:
-        parts = _gathered_parts(eval_outputs(pl_module, batches, each, to_device,
-                                             keep=lambda i: i % ctx.world_size == ctx.rank), ctx, device)
+    modes = [(m, m.training) for m in pl_module.modules()]
+    pl_module.eval()
+    parts, seen = [], 0
+    try:
+        with torch.no_grad():
+            for i, batch in enumerate(batches):
+                seen += 1
+                if ctx is not None and i % ctx.world_size != ctx.rank:
+                    continue
+                if to_device is not None:
+                    batch = to_device(batch)
+                parts.append(as_structured_data(pl_module.bcfw_features(batch)).to(device, torch.float64))
+    finally:
+        for m, mode in modes:
+            m.training = mode
+    if not seen:
+        raise ValueError("bcfw_dataloader yielded no batch")
+    if ctx is not None:
+        parts = _gathered_parts(parts, ctx, device)
     kinds = sorted({type(p).__name__ for p in parts})
     if len(kinds) != 1:
         raise TypeError(f"bcfw_features returned different containers for different batches: {kinds}")
@@ -165,51 +147,36 @@ class BCFWCallback(Callback):
 
     1. computes the training features with the module in eval mode and without gradient
        (the *feature protocol* below),
-    2. re-binds its dual state to these features (:meth:`~torch_bcfw.duals.base.DualState.from_state_dict`:
-       the stored dual variables -- label marginals for a chain, active sets of labelings otherwise --
-       are kept and ``w = A(x) alpha`` is recomputed under the new features),
+    2. re-binds its dual state to these features (:meth:`~torch_bcfw.duals.base.DualState.from_state_dict`),
     3. runs ``passes_per_call`` effective passes of BCFW (or batch FW) from there, ends with an exact
        duality-gap check, writes the certified model (the last or the averaged iterate, whichever has
        the lower primal) into the head, and
     4. logs ``{log_prefix}/gap`` (certified gap of the head's weights at the current features),
        ``/primal``, ``/dual``, ``/oracle_calls``, ``/passes`` (cumulative), ``/stale`` (``max |w_new -
-       w_old|`` removed by the rebind) and ``/train_loss`` through ``pl_module.log``, so
-       ``ModelCheckpoint`` / ``EarlyStopping`` can monitor them.
+       w_old|`` removed by the rebind) and ``/train_loss`` through ``pl_module.log``.
 
     **Feature protocol** (the LightningModule, or its datamodule, provides):
 
     * ``bcfw_dataloader()`` -- an iterable over *all* training examples in a fixed order (no shuffling,
       no dropped batches), the same examples on every call;
     * ``bcfw_features(batch)`` (on the LightningModule) -- the head's input for one batch, with labels: any
-      data container of the head's model (:class:`~torch_bcfw.data.StructuredData`: ``SequenceData``,
-      ``MulticlassData``, ``GraphData``, ``PoseData``, ``MatchingData``), or ``(x, y)`` / ``(x, y, offsets)``
-      (one row per example / packed tokens).  Batches are moved to the module's device by the trainer's
-      strategy first; the callback joins the batches with the container's ``cat`` and solves on float64
-      features.
+      data container of the head's model (:class:`~torch_bcfw.data.StructuredData`), or ``(x, y)`` /
+      ``(x, y, offsets)`` (one row per example / packed tokens).  Batches are moved to the module's device first;
+      the callback joins them with the container's ``cat`` and solves on float64 features.
 
     **DDP.**  Under a multi-process Trainer every rank computes the features of its share of the batches and the
-    parts are gathered (:func:`collect_features`); the solve then replicates (every rank the single-process solve
-    on all examples), splits each round's oracle calls over the ranks of a replicated solve, or shards (rounds split
-    over the ranks), as the option ``strategy`` says (``"auto"``, the
-    default: the first solve calibrates with :func:`~torch_bcfw.distributed.strategy.choose_strategy` and the run
-    keeps the choice, :attr:`strategy`).  One head, identical on every rank.
+    parts are gathered (:func:`collect_features`); the solve then replicates, splits each round's oracle calls over
+    the ranks, or shards the rounds, as the option ``strategy`` says (``"auto"``, the default: the first solve
+    calibrates with :func:`~torch_bcfw.distributed.strategy.choose_strategy`, :attr:`strategy` keeps the choice).
+    One head, identical on every rank.
 
-    **Ctrl-C.**  A solve interrupted by ``KeyboardInterrupt`` (which :func:`~torch_bcfw.solvers.run.run_solver`
-    turns into ``stopped_by = "interrupted"``) is discarded whole and the interrupt is raised again, so that
-    it ends the training instead of Lightning training on: Lightning's own interrupt handling runs (its
-    trainer status becomes ``INTERRUPTED``, every callback's ``on_exception`` is called, e.g. an
-    ``OnExceptionCheckpoint``; Lightning 2.x then ends the process with ``sys.exit(1)``).  What stays is
-    consistent: the head keeps the weights of the last *finished* call, and :attr:`history`,
-    :attr:`last_record`, the dual state, the counters and the logged figures are all those of that call
-    (the callback's checkpoint state resumes from it); :attr:`interrupted` is set.  The write of a finished
-    call (head, dual state, history) is done with Ctrl-C held back, so it is never half done.
+    **Ctrl-C.**  An interrupted solve is discarded whole and the ``KeyboardInterrupt`` raised again (ending the
+    training); the head, :attr:`history`, :attr:`last_record`, the dual state and the counters stay those of the
+    last *finished* call, whose write is done with Ctrl-C held back; :attr:`interrupted` is set.
 
-    **Warm starting after a feature change.**  The dual variables ``alpha`` (which labelings carry
-    which weight) are what is warm-started; the weights are not: ``w`` is re-derived as ``A(x) alpha``
-    from the new features, so the primal-dual pair is feasible for the *current* problem and the
-    logged gap is its exact duality gap.  ``alpha`` is a good start when the features moved little
-    (the oracle answers stay similar); the first passes after a large change repair it.  The averaged
-    iterate is re-derived the same way (the averaged dual variables are stored).
+    **Warm starting.**  The dual variables are warm-started, not the weights: ``w`` is re-derived as ``A(x) alpha``
+    from the new features (the averaged iterate likewise), so the logged gap is the exact duality gap of the
+    *current* problem (see ``docs/lightning.md``).
 
     Args:
         lam: regularisation ``lam > 0`` of the SSVM on the head.
@@ -218,9 +185,8 @@ class BCFWCallback(Callback):
         passes_per_call: effective passes of the solver per call.
         initial_passes: passes of the solve before the first training epoch (on the initial features;
             ``0``: none; default ``passes_per_call``).  Skipped when resuming from a checkpoint.
-        solver: ``"bcfw"`` (default), ``"fw"`` (batch Frank-Wolfe) or ``"mp-bcfw"`` (multi-plane BCFW: its
-            working sets of labelings are part of the dual state and survive the rebind; its two averages
-            live in feature space and restart at every call).
+        solver: ``"bcfw"`` (default), ``"fw"`` (batch Frank-Wolfe) or ``"mp-bcfw"`` (multi-plane BCFW; its
+            working sets survive the rebind, its averages restart at every call).
         device: where the solver runs (``"cpu"``, default, uses the compiled chain kernel;
             ``None``: the module's device).
         log_prefix: prefix of the logged names; give every instance its own.
@@ -228,10 +194,8 @@ class BCFWCallback(Callback):
             ``head_attr``).
         verbose: print one line per call.
         save_dual_state: keep the dual state (and the solver's sampler state) in Lightning checkpoints (default
-            True: ``trainer.fit(..., ckpt_path=...)`` then continues the head's solve exactly).  ``False``: the
-            checkpoint keeps the callback's history and counters only -- for a chain head on OCR-large a few
-            kilobytes instead of megabytes -- and a resumed run re-solves the head from a fresh dual state at its
-            next call (its first certificate is then that of ``passes_per_call`` passes from scratch).
+            True: a resumed ``trainer.fit`` continues the head's solve exactly).  ``False``: only the history and
+            counters are kept, and a resumed run re-solves the head from a fresh dual state at its next call.
         solver_options: :class:`~torch_bcfw.solvers.options.SolverOptions` fields (``step``,
             ``sampling``, ``averaging``, ``gap_check``, ``gap_tol``, ``time_budget``, ``seed`` ...);
             also accepted as keyword arguments.  ``max_passes`` is ``passes_per_call``.
@@ -292,7 +256,6 @@ class BCFWCallback(Callback):
         self.round_size = None  # a sharded or split-oracle run's round size (the calibration's, batch_size="auto")
         self.calibration = {}  # the figures behind strategy="auto"'s choice (calibration_* counters)
 
-    # ------------------------------------------------------------------ Lightning plumbing
     @property
     def state_key(self) -> str:
         return self._generate_state_key(name=self.name, log_prefix=self.log_prefix)
@@ -328,26 +291,22 @@ class BCFWCallback(Callback):
         if self.calls == 0 and self.initial_passes > 0:
             self.solve(trainer, pl_module, self.initial_passes, log=False)
 
-    def _due(self, trainer) -> bool:
-        return (trainer.current_epoch + 1) % self.every_n_epochs == 0 and self.solved_epoch != trainer.current_epoch
-
     def on_validation_epoch_start(self, trainer, pl_module) -> None:
         # the end-of-epoch validation runs before on_train_epoch_end: solve first, so that it decodes with
         # the head solved on the features it evaluates (the backbone does not change in between)
         if trainer.sanity_checking or trainer.state.fn != "fit":
             return
-        if not trainer.fit_loop.epoch_loop.batch_progress.is_last_batch:
-            return  # a validation in the middle of an epoch
-        if self._due(trainer):
-            self.solve(trainer, pl_module, self.passes_per_call, log=True)
-            self.solved_epoch = trainer.current_epoch
+        if trainer.fit_loop.epoch_loop.batch_progress.is_last_batch:  # not a validation in the middle of an epoch
+            self._solve_if_due(trainer, pl_module)
 
     def on_train_epoch_end(self, trainer, pl_module) -> None:
-        if self._due(trainer):
+        self._solve_if_due(trainer, pl_module)
+
+    def _solve_if_due(self, trainer, pl_module) -> None:
+        if (trainer.current_epoch + 1) % self.every_n_epochs == 0 and self.solved_epoch != trainer.current_epoch:
             self.solve(trainer, pl_module, self.passes_per_call, log=True)
             self.solved_epoch = trainer.current_epoch
 
-    # ------------------------------------------------------------------ the solve
     def training_data(self, trainer, pl_module) -> StructuredData:
         """The current training data (float64 features on the solver's device) via the feature protocol; under DDP
         each rank computes the features of its share of the batches and every rank gets all of them
@@ -488,7 +447,6 @@ class BCFWCallback(Callback):
             pl_module.log(f"{self.log_prefix}/{k}", torch.tensor(float(v), dtype=torch.float64),
                           on_step=False, on_epoch=True, prog_bar=(k == "gap"), add_dataloader_idx=False)
 
-    # ------------------------------------------------------------------ checkpoint
     def _distributed_options(self, ctx, model, data, opts: SolverOptions) -> SolverOptions:
         """Under DDP: ``opts`` with the strategy (and a sharded run's round size) of this callback's solves.
 

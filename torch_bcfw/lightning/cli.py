@@ -1,13 +1,10 @@
 """``torch-bcfw train --config configs/ocr_cnn.yaml``: a whole Lightning experiment from one YAML file.
 
-The file is a :class:`~lightning.pytorch.cli.LightningCLI` config without subcommand: top-level
-``seed_everything``, ``trainer`` (with its ``callbacks``, e.g. a :class:`~torch_bcfw.lightning.BCFWCallback`),
-``model`` and ``data`` (``class_path`` + ``init_args``), plus ``test`` (run ``trainer.test`` after
-fitting, default true), ``report`` (a JSON file for the final figures, optional), ``ckpt_path`` (resume
-from a checkpoint: the module, the optimiser and every callback's state, the BCFW dual state included) and
-``threads`` (CPU threads of torch and numba; 1 on a CPU shared with other jobs).  Any entry can
-be overridden on the command line, e.g. ``--trainer.max_epochs=3 --data.init_args.limit=300``;
-``torch-bcfw train --help`` lists them all.
+The file is a :class:`~lightning.pytorch.cli.LightningCLI` config without subcommand (``seed_everything``,
+``trainer``, ``model``, ``data``), plus ``test`` (run ``trainer.test`` after fitting, default true), ``report`` (a
+JSON file for the final figures), ``ckpt_path`` (resume from a checkpoint, the BCFW dual state included) and
+``threads`` (CPU threads of torch and numba).  Any entry can be overridden on the command line, e.g.
+``--trainer.max_epochs=3``; ``torch-bcfw train --help`` lists them all.
 """
 from __future__ import annotations
 
@@ -38,10 +35,7 @@ class TrainCLI(LightningCLI):
 
 def set_threads(torch_threads: int, numba_threads: int | None = None) -> tuple[int, int]:
     """Set the CPU threads of torch and of the compiled (numba) decoders; return the previous ``(torch, numba)``.
-
-    ``numba_threads`` defaults to ``torch_threads`` (capped at numba's maximum).  One thread each avoids
-    the oversubscription slowdowns of a CPU shared with other jobs.
-    """
+    ``numba_threads`` defaults to ``torch_threads`` (capped at numba's maximum)."""
     import numba
 
     before = (torch.get_num_threads(), numba.get_num_threads())

@@ -5,8 +5,7 @@
 * :mod:`torch_bcfw.metrics.segmentation` -- pixel accuracy and foreground IoU of binary segmentations;
 * :mod:`torch_bcfw.metrics.pck` -- PCK of human pose, with a paired image-bootstrap interval of differences.
 
-Each computes its figures from the predictions and annotations the caller passes; which metric a dataset reports in
-``torch-bcfw fit`` is in :mod:`torch_bcfw.datasets.task_metrics`.
+Which metric a dataset reports in ``torch-bcfw fit`` is in :mod:`torch_bcfw.datasets.task_metrics`.
 """
 from .alignment import AlignmentScores, alignment_scores, alignment_scores_from_labelings
 

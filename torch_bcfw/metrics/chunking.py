@@ -20,11 +20,8 @@ Chunk = tuple[str, int, int]
 
 
 def extract_chunks(tags: Sequence[str]) -> set[Chunk]:
-    """Chunks of one tag sequence as ``(type, start, end)`` with ``end`` exclusive.
-
-    ``tags[start:end]`` are the chunk's tags. Raises ``ValueError`` on a tag that is neither
-    ``O`` nor ``B-<type>`` / ``I-<type>``.
-    """
+    """Chunks of one tag sequence as ``(type, start, end)`` (``tags[start:end]``); ``ValueError`` on a tag that is
+    neither ``O`` nor ``B-<type>`` / ``I-<type>``."""
     chunks: set[Chunk] = set()
     start, open_type = -1, ""
     for i, tag in enumerate(tags):
@@ -48,9 +45,7 @@ def _split_tag(tag: str) -> tuple[str, str]:
     return prefix, chunk_type
 
 
-def chunk_f1(
-    true_tags: Sequence[Sequence[str]], pred_tags: Sequence[Sequence[str]]
-) -> dict[str, Any]:
+def chunk_f1(true_tags: Sequence[Sequence[str]], pred_tags: Sequence[Sequence[str]]) -> dict[str, Any]:
     """Micro-averaged chunk precision, recall and F1 over sentences, plus per-type scores.
 
     ``true_tags`` and ``pred_tags`` are lists of ``N >= 1`` tag sequences, sentence ``i`` having
@@ -75,22 +70,16 @@ def chunk_f1(
     return {**totals, "per_type": per_type}
 
 
-def _check_inputs(
-    true_tags: Sequence[Sequence[str]], pred_tags: Sequence[Sequence[str]]
-) -> None:
+def _check_inputs(true_tags: Sequence[Sequence[str]], pred_tags: Sequence[Sequence[str]]) -> None:
     if len(true_tags) != len(pred_tags):
-        raise ValueError(
-            f"true_tags has {len(true_tags)} sentences but pred_tags has {len(pred_tags)}"
-        )
+        raise ValueError(f"true_tags has {len(true_tags)} sentences but pred_tags has {len(pred_tags)}")
     if len(true_tags) == 0:
         raise ValueError("chunk_f1 needs at least one sentence")
     for i, (true_seq, pred_seq) in enumerate(zip(true_tags, pred_tags)):
         if isinstance(true_seq, str) or isinstance(pred_seq, str):
             raise TypeError(f"sentence {i}: expected a sequence of tags, got a string")
         if len(true_seq) != len(pred_seq):
-            raise ValueError(
-                f"sentence {i}: {len(true_seq)} true tags but {len(pred_seq)} predicted tags"
-            )
+            raise ValueError(f"sentence {i}: {len(true_seq)} true tags but {len(pred_seq)} predicted tags")
 
 
 def _scores(n_true: int, n_pred: int, n_correct: int) -> dict[str, float | int]:
@@ -98,11 +87,5 @@ def _scores(n_true: int, n_pred: int, n_correct: int) -> dict[str, float | int]:
     recall = n_correct / n_true if n_true else 0.0
     total = precision + recall
     f1 = 2 * precision * recall / total if total else 0.0
-    return {
-        "precision": precision,
-        "recall": recall,
-        "f1": f1,
-        "n_true": n_true,
-        "n_pred": n_pred,
-        "n_correct": n_correct,
-    }
+    return {"precision": precision, "recall": recall, "f1": f1, "n_true": n_true, "n_pred": n_pred,
+            "n_correct": n_correct}

@@ -8,23 +8,16 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-
 __all__ = ["compare_pck", "pck", "pck_difference"]
 
 
 def pck(pred: Tensor, true: Tensor, visible: Tensor, torso: Tensor, alpha: float = 0.2) -> Tensor:
-    """Percentage of correct keypoints with torso normalisation (PCK@alpha), as a fraction.
-
-    A visible joint is correct if ``||pred - true|| <= alpha * torso``. Joints that are
-    not visible, and all joints of images whose torso size is not finite and positive
-    (see :func:`torso_size`), are not counted.
+    """Percentage of correct keypoints with torso normalisation (PCK@alpha), as a 0-d fraction (NaN if no joint is
+    counted): a visible joint is correct if ``||pred - true|| <= alpha * torso``.
 
     Args:
         pred, true: [N, 14, 2] in the same units and coordinate order; visible: bool [N, 14];
         torso: [N] in the same units; alpha: threshold as a fraction of the torso size.
-
-    Returns:
-        0-d tensor in [0, 1] (NaN if no joint is counted).
     """
     if pred.shape != true.shape or visible.shape != true.shape[:-1] or torso.shape != true.shape[:1]:
         raise ValueError(f"shape mismatch: pred {tuple(pred.shape)}, true {tuple(true.shape)}, "
@@ -47,10 +40,8 @@ def pck_difference(pred: Tensor, baseline: Tensor, true: Tensor, visible: Tensor
                    alpha: float = 0.2, n_boot: int = 2000, level: float = 0.95, seed: int = 0) -> dict:
     """PCK@alpha of ``pred`` minus that of ``baseline`` on the same images, with a paired bootstrap interval.
 
-    The joints of one image are not independent (a bad image loses most of them), so the interval resamples
-    images: ``n_boot`` draws of ``N`` images with replacement, PCK difference of each draw (a ratio of sums,
-    like :func:`pck`), percentile interval at ``level``.  An interval that contains 0 means the test split
-    cannot tell the two predictions apart.
+    The interval resamples images (their joints are not independent): ``n_boot`` draws of ``N`` images with
+    replacement, the PCK difference of each draw, percentile interval at ``level``.
 
     Args:
         pred, baseline, true: ``[N, 14, 2]`` in the same units; visible: bool ``[N, 14]``; torso: ``[N]``

@@ -1,26 +1,14 @@
 """Linear-chain SSVM (the OCR / CoNLL model of the BCFW paper).
 
-Joint features of a sequence ``x_1..x_L`` (``x_t in R^F``) with labels ``y_1..y_L`` in ``[0, K)``:
+Joint features of a sequence ``x_1..x_L`` (``x_t in R^F``) with labels ``y_1..y_L`` in ``[0, K)``: emission
+``sum_t x_t (x) e_{y_t}`` (``F*K``, stored feature-major ``We[F, K]``), per-label bias ``sum_t e_{y_t}``, start bias
+``e_{y_1}`` and end bias ``e_{y_L}`` (``K`` each), transitions ``sum_t e_{y_t} (x) e_{y_{t+1}}`` (``K*K``,
+``trans[a, b]`` for ``a`` followed by ``b``); ``d = F K + 3 K + K^2``.  Loss: Hamming distance normalised by the
+sequence length (``L_i in [0, 1]``); loss-augmented decoding adds ``1/L`` to every wrong label's unary score.
 
-* emission ``sum_t x_t (x) e_{y_t}`` (``F*K``, stored feature-major ``We[F, K]``);
-* per-label bias ``sum_t e_{y_t}`` (``K``), start bias ``e_{y_1}`` and end bias ``e_{y_L}`` (``K`` each);
-* transitions ``sum_t e_{y_t} (x) e_{y_{t+1}}`` (``K*K``, ``trans[a, b]`` for ``a`` followed by ``b``).
-
-``d = F K + 3 K + K^2`` (4082 on OCR: F = 128 pixels, K = 26).  Loss: Hamming distance
-normalised by the sequence length, so ``L_i in [0, 1]``; loss-augmented decoding adds ``1/L``
-to every wrong label's unary score and runs the same Viterbi.
-
-The dual state (:class:`~torch_bcfw.duals.chain.ChainDualState`) stores per-position label marginals and
-per-sequence transition marginals instead of a dense ``w_i`` per example: memory grows with the number of
-tokens, not with ``n * d``.
-
-Token features may be dense (OCR pixels) or sparse (:class:`~torch_bcfw.data.SparseFeatures`,
-e.g. the ~75k indicator attributes of CoNLL-2000 chunking, ``d = 1,643,026``).  The model never
-branches on the layout: unary scores are ``X We`` (:meth:`SequenceData.x_matmul`, a
-gather-and-sum over each token's attributes when sparse), the emission block of a feature sum
-is ``X^T mu`` (:meth:`SequenceData.xt_matmul`, summed per attribute), joint features are scattered
-from the CSR entries (:meth:`SequenceData.x_csr`), and the compiled BCFW kernel takes the CSR
-arrays of either layout.
+Token features may be dense or sparse (:class:`~torch_bcfw.data.SparseFeatures`); the model never branches on the
+layout (:meth:`SequenceData.x_matmul`, :meth:`SequenceData.xt_matmul`, :meth:`SequenceData.x_csr`).  The dual state
+(:class:`~torch_bcfw.duals.chain.ChainDualState`) stores token and transition marginals instead of a dense ``w_i``.
 """
 from __future__ import annotations
 
@@ -69,46 +57,22 @@ class Chain(StructuredModel):
     def head_ops(self) -> ChainHeadOps:
         return ChainHeadOps(self)
 
-    # ------------------------------------------------------------ layout
     def unpack(self, w: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
         """Views ``(We [F, K], bias [K], start [K], end [K], trans [K, K])`` into ``w: [d]``."""
         F, K = self.n_inputs, self.n_labels
         o = F * K
-        return (
-            w[:o].view(F, K),
-            w[o : o + K],
-            w[o + K : o + 2 * K],
-            w[o + 2 * K : o + 3 * K],
-            w[o + 3 * K :].view(K, K),
-        )
+        return (w[:o].view(F, K), w[o : o + K], w[o + K : o + 2 * K], w[o + 2 * K : o + 3 * K],
+                w[o + 3 * K :].view(K, K))
 
-    # ------------------------------------------------------------ checks
     def check_data(self, data, require_labels: bool = True) -> None:
         if not isinstance(data, SequenceData):
             raise TypeError(f"Chain expects SequenceData, got {type(data).__name__}")
         if data.n_inputs != self.n_inputs:
             raise ValueError(f"token features have dimension {data.n_inputs} but the model expects {self.n_inputs}")
-        if data.y is None:
-            if require_labels:
-                raise ValueError("training data needs labels (y is None)")
-            return
-        lo, hi = int(data.y.min()), int(data.y.max())
-        if lo < 0 or hi >= self.n_labels:
-            raise ValueError(f"labels must lie in [0, {self.n_labels - 1}], got range [{lo}, {hi}]")
+        self._check_labels(data.y, require_labels, self.n_labels)
 
-    def _check_y(self, data: SequenceData, y: Tensor) -> Tensor:
-        y = torch.as_tensor(y, device=data.device).long().reshape(-1)
-        if y.shape[0] != data.n_tokens:
-            raise ValueError(f"expected {data.n_tokens} token labels, got {y.shape[0]}")
-        return y
-
-    # ------------------------------------------------------------ scores
     def unary_scores(self, w: Tensor, data: SequenceData) -> Tensor:
-        """Per-token label scores ``[N_tok, K]`` with the bias, start and end terms folded in.
-
-        The emission part is ``X We`` (:meth:`SequenceData.x_matmul`): a dense product, or for
-        sparse token features a gather-and-sum of the rows of ``We`` named by each token's attributes.
-        """
+        """Per-token label scores ``[N_tok, K]``: ``X We`` plus the bias, start and end terms."""
         self.check_weights(w, data)
         We, b, s, e, _ = self.unpack(w)
         U = data.x_matmul(We) + b
@@ -124,11 +88,8 @@ class Chain(StructuredModel):
         return aug
 
     def oracle(self, w: Tensor, data: SequenceData, loss_augmented: bool = True) -> Tensor:
-        U = self.unary_scores(w, data)
-        if loss_augmented:
-            U = U + self.loss_unaries(data, U.dtype)
-        labels, _ = viterbi_packed(U, data.offsets, self.unpack(w)[4])
-        return labels
+        U, trans = self.gibbs_parts(w, data, loss_augmented)
+        return viterbi_packed(U, data.offsets, trans)[0]
 
     def _pairs(self, data: SequenceData) -> Tensor:
         """Indices ``j`` of tokens followed by a token of the same sequence (``LongTensor[N_tok - n]``)."""
@@ -137,23 +98,14 @@ class Chain(StructuredModel):
         return torch.nonzero(keep)[:, 0]
 
     def marginals(self, w: Tensor, data: SequenceData, loss_augmented: bool = False):
-        """Marginals of ``p_i(y) ~ exp([L_i(y)] + <w, phi(x_i, y)>)`` per sequence (forward-backward in log space,
-        batched, CPU or CUDA).
+        """Marginals of ``p_i(y) ~ exp([L_i(y)] + <w, phi(x_i, y)>)`` per sequence (batched forward-backward):
+        ``(log_Z [n], mu [N_tok, K], T [n, K, K])``, the log partition functions, token label marginals and
+        expected transition counts (float64)."""
+        U, trans = self.gibbs_parts(w, data, loss_augmented)
+        return chain_marginals(U, trans, data.offsets)
 
-        Returns:
-            ``(log_Z [n], mu [N_tok, K], T [n, K, K])``: the log partition functions, the token label marginals
-            and the expected transition counts of every sequence (float64).
-        """
-        U = self.unary_scores(w, data)
-        if loss_augmented:
-            U = U + self.loss_unaries(data, U.dtype)
-        return chain_marginals(U, self.unpack(w)[4], data.offsets)
-
-    # ------------------------------------------------------------ Gibbs parts (online EG)
     def gibbs_parts(self, w: Tensor, data: SequenceData, loss_augmented: bool = True) -> tuple[Tensor, Tensor]:
-        """The loss-augmented score ``[L_i(y)] + <w, phi(x_i, y)>`` as parts: ``(node [N_tok, K], trans [K, K])``
-        (start, end and bias folded into the node part).  Online EG adds ``eta`` times these to a block's
-        log-potentials."""
+        """The (loss-augmented) score ``[L_i(y)] + <w, phi(x_i, y)>`` as ``(node [N_tok, K], trans [K, K])``."""
         U = self.unary_scores(w, data)
         if loss_augmented:
             U = U + self.loss_unaries(data, U.dtype)
@@ -178,7 +130,7 @@ class Chain(StructuredModel):
         return out
 
     def score(self, w: Tensor, data: SequenceData, y: Tensor) -> Tensor:
-        y = self._check_y(data, y)
+        y = self._flat_labels(data, y, data.n_tokens, "token labels")
         w = w.to(torch.float64)
         return self._score_from_unary(self.unary_scores(w, data), self.unpack(w)[4], data, y)
 
@@ -192,12 +144,11 @@ class Chain(StructuredModel):
         return y_star, H
 
     def loss(self, data: SequenceData, y: Tensor) -> Tensor:
-        y = self._check_y(data, y)
+        y = self._flat_labels(data, y, data.n_tokens, "token labels")
         wrong = torch.zeros(len(data), dtype=torch.float64, device=data.device)
         wrong.index_add_(0, data.token_sequence_ids(), (y != data.y).to(torch.float64))
         return wrong / data.lengths.to(torch.float64)
 
-    # ------------------------------------------------------------ joint features
     def transition_counts(self, data: SequenceData, y: Tensor) -> Tensor:
         """Per-sequence transition counts ``[n, K, K]`` (float64)."""
         K = self.n_labels
@@ -208,21 +159,10 @@ class Chain(StructuredModel):
         return out
 
     def features_from_marginals(self, data: SequenceData, mu: Tensor, trans: Tensor) -> Tensor:
-        """``sum_i phi(x_i, mu_i)`` for unary marginals ``mu: [N_tok, K]`` and summed transition marginals ``trans: [K, K]``.
-
-        ``phi`` is linear in the marginals, so one-hot ``mu`` gives the joint feature of labelings.
-        The emission block ``X^T mu`` sums, per attribute, the marginals of the tokens holding it
-        (sparse features are never densified).
-        """
-        return torch.cat(
-            [
-                data.xt_matmul(mu.to(torch.float64)).reshape(-1),
-                mu.sum(0),
-                mu[data.offsets[:-1]].sum(0),
-                mu[data.offsets[1:] - 1].sum(0),
-                trans.reshape(-1),
-            ]
-        )
+        """``sum_i phi(x_i, mu_i)`` for unary marginals ``mu: [N_tok, K]`` and summed transition marginals
+        ``trans: [K, K]`` (``phi`` is linear in them; sparse features are never densified)."""
+        return torch.cat([data.xt_matmul(mu.to(torch.float64)).reshape(-1), mu.sum(0), mu[data.offsets[:-1]].sum(0),
+                          mu[data.offsets[1:] - 1].sum(0), trans.reshape(-1)])
 
     def one_hot(self, y: Tensor) -> Tensor:
         """The labels ``y: LongTensor[N_tok]`` as one-hot rows ``Tensor[N_tok, K]`` (float64)."""
@@ -230,40 +170,23 @@ class Chain(StructuredModel):
         return out.scatter_(1, y[:, None], 1.0)
 
     def joint_feature_sum(self, data: SequenceData, y: Tensor) -> Tensor:
-        """``sum_i phi(x_i, y_i)``: ``Tensor[d]`` (float64), from label counts and ``X^T onehot(y)``
-        (:meth:`SequenceData.xt_one_hot`).
-
-        The same numbers as ``features_from_marginals(data, one_hot(y), transition_counts(data, y).sum(0))``
-        (the counts are exact integers, the emission sums have the same terms in the same order), without the
-        ``[N_tok, K]`` one-hot table or the ``[n, K, K]`` per-sequence counts.
-        """
-        y = self._check_y(data, y)
+        """``sum_i phi(x_i, y_i)``: ``Tensor[d]`` (float64), from label counts and ``X^T onehot(y)``: the numbers
+        of ``features_from_marginals(data, one_hot(y), transition_counts(data, y).sum(0))`` without those tables."""
+        y = self._flat_labels(data, y, data.n_tokens, "token labels")
         K = self.n_labels
-        if y.numel() and (int(y.min()) < 0 or int(y.max()) >= K):
-            raise ValueError(f"labels must lie in [0, {K - 1}], got range [{int(y.min())}, {int(y.max())}]")
+        self._check_labels(y, True, K)
         j = self._pairs(data)
 
         def counts(labels: Tensor, n: int) -> Tensor:
             return torch.bincount(labels, minlength=n).to(torch.float64)
 
-        return torch.cat(
-            [
-                data.xt_one_hot(y, K).reshape(-1),
-                counts(y, K),
-                counts(y[data.offsets[:-1]], K),
-                counts(y[data.offsets[1:] - 1], K),
-                counts(y[j] * K + y[j + 1], K * K),
-            ]
-        )
+        return torch.cat([data.xt_one_hot(y, K).reshape(-1), counts(y, K), counts(y[data.offsets[:-1]], K),
+                          counts(y[data.offsets[1:] - 1], K), counts(y[j] * K + y[j + 1], K * K)])
 
     def joint_feature(self, data: SequenceData, y: Tensor) -> Tensor:
-        """``phi(x_i, y_i')`` for every sequence: ``Tensor[n, d]`` (float64), scattered from the CSR entries.
-
-        The output is dense, ``n * d`` numbers (13 MB per sequence on CoNLL); a request for more
-        than ``2**28`` numbers (2 GiB) raises ``ValueError`` -- use :meth:`joint_feature_sum`,
-        :meth:`score` or :meth:`features_from_marginals`, which never build it.
-        """
-        y = self._check_y(data, y)
+        """``phi(x_i, y_i')`` for every sequence: dense ``Tensor[n, d]`` (float64); more than ``2**28`` numbers
+        raise ``ValueError`` (use :meth:`joint_feature_sum` or :meth:`score`, which never build it)."""
+        y = self._flat_labels(data, y, data.n_tokens, "token labels")
         n, K, d = len(data), self.n_labels, self.n_features
         if n * d > _JOINT_FEATURE_LIMIT:
             raise ValueError(
@@ -286,19 +209,17 @@ class Chain(StructuredModel):
         out[:, o + 3 * K :] = self.transition_counts(data, y).reshape(n, -1)
         return out
 
-    # ------------------------------------------------------------ what the solvers use
     def dual_state(self, data: SequenceData, lam: float, n_total: int | None = None) -> ChainDualState:
-        """The marginal state :class:`~torch_bcfw.duals.chain.ChainDualState` (compiled steps on CPU)."""
+        """The marginal state :class:`~torch_bcfw.duals.chain.ChainDualState`."""
         return ChainDualState(self, data, lam, n_total)
 
     def builtin_oracle(self) -> bool:
-        """True when :meth:`oracle` is the chain's own Viterbi, which the compiled step kernels of the dual state
-        run inline; a subclass that overrides it (e.g. a slowed-down oracle) is called from Python instead."""
+        """True unless a subclass overrides :meth:`oracle` (the compiled steps then call it from Python)."""
         return type(self).oracle is Chain.oracle
 
     def prox_geometry(self, data: SequenceData, lam: float, proj_tol: float, proj_iters: int):
-        """Entropic prox steps on the marginal polytopes (:class:`~torch_bcfw.duals.prox.EntropicChainGeometry`,
-        by the expectation oracle); ``proj_tol`` and ``proj_iters`` are not used (the steps are exact)."""
+        """Entropic prox steps on the marginal polytopes (:class:`~torch_bcfw.duals.prox.EntropicChainGeometry`);
+        ``proj_tol`` and ``proj_iters`` are not used (the steps are exact)."""
         from ..duals.prox import EntropicChainGeometry
 
         return EntropicChainGeometry(self, data, lam)

@@ -6,18 +6,11 @@ features ``f_pq``, labels ``y_p in {0, 1}``, optional node masses ``a_p``).  The
 
     phi(x_i, y) = 1/Z_i [ sum_p a_p y_p x_p ;  - sum_{pq in E_i} [y_p != y_q] f_pq ]
 
-With the sign of Osokin et al. (2016, App. I) ``w_P >= 0`` means attractive, so every plain and loss-augmented
-problem is submodular: :meth:`GraphCut.weight_bounds` is that box (App. H), and an oracle call with a negative
-pairwise weight raises ``ValueError`` rather than return a wrong cut.  Losses (``loss=``): ``"hamming"`` (normalised
-by the node mass) and ``"balanced"``, ``(FN / A_1 + FP / A_0) / 2`` (App. I; its weights are inversely proportional
-to the class areas, the paper's "proportional" is a slip), both in ``[0, 1]`` and added to the unaries for
-loss-augmented decoding.
-
-Oracle: one example is cut in this process; a batch of at least ``pool_min_nodes`` nodes goes to a
-:class:`~torch_bcfw.inference.graphcut_pool.ResidentGraphCutPool` whose workers keep the graphs resident.  Every
-process decodes a graph from ``w`` and its cached :class:`~torch_bcfw.inference.graphcut_pool.GraphRecord` by the same
-numba loops and PyMaxflow, so pooled and in-process answers are bit-identical.  Without pairwise terms decoding is a
-per-node threshold.
+With the sign of Osokin et al. (2016, App. I) ``w_P >= 0`` means attractive, so every problem is submodular
+(:meth:`GraphCut.weight_bounds`, App. H); a negative pairwise weight raises ``ValueError``.  Losses: ``"hamming"``
+(normalised by the node mass) and ``"balanced"``, ``(FN / A_1 + FP / A_0) / 2`` (App. I), both in ``[0, 1]``.
+A batch of at least ``pool_min_nodes`` nodes is cut in a
+:class:`~torch_bcfw.inference.graphcut_pool.ResidentGraphCutPool`, with answers bit-identical to this process's.
 """
 from __future__ import annotations
 
@@ -52,7 +45,7 @@ class GraphCut(StructuredModel):
         pool_min_nodes: batches with fewer nodes in all are cut in this process (a pool round trip costs
             about a millisecond).
 
-    ``w = [w_U (F), w_P (E)]``; see the module docstring for ``phi``, the losses and the sign convention.
+    ``w = [w_U (F), w_P (E)]``.
     """
 
     #: the oracle is a max-flow per image
@@ -102,7 +95,6 @@ class GraphCut(StructuredModel):
             self._pool.close()
             self._pool = None
 
-    # -------------------------------------------------------------- checks
     def check_data(self, data, require_labels: bool = True) -> None:
         if not isinstance(data, GraphData):
             raise TypeError(f"GraphCut expects GraphData, got {type(data).__name__}")
@@ -111,8 +103,7 @@ class GraphCut(StructuredModel):
         if self.pairwise and data.n_edge_inputs != self.n_edge_inputs:
             raise ValueError(f"edge features have dimension {data.n_edge_inputs} but the model expects "
                              f"{self.n_edge_inputs}")
-        if data.y is None and require_labels:
-            raise ValueError("training data needs labels (y is None)")
+        self._check_labels(data.y, require_labels)
 
     def weight_bounds(self):
         """``(lower, upper)``: ``w_P >= 0`` (attractive Potts, submodular cuts), ``w_U`` free; ``None`` without
@@ -135,7 +126,6 @@ class GraphCut(StructuredModel):
                 raise ValueError("labelings must be in {0, 1}")
         return y.long()
 
-    # -------------------------------------------------------------- the contract
     def joint_feature(self, data: GraphData, y: Tensor) -> Tensor:
         """``phi(x_i, y_i')``: ``Tensor[n, d]`` float64 (see the module docstring)."""
         y = self._labels(data, y)
@@ -152,8 +142,7 @@ class GraphCut(StructuredModel):
 
     def unary_feature(self, data: GraphData, mu: Tensor) -> Tensor:
         """Unary block of ``phi`` for (possibly fractional) node labels ``mu: Tensor[N_tot]`` (float64):
-        ``sum_p a_p mu_p x_p / Z_i``, ``Tensor[n, F]``.  Linear in ``mu``, so node marginals give the
-        expected unary feature of a distribution over labelings (:class:`~torch_bcfw.duals.graphcut.GraphCutDualState`)."""
+        ``sum_p a_p mu_p x_p / Z_i``, ``Tensor[n, F]`` (linear in ``mu``)."""
         yw = data.node_scale() * mu
         if len(data) == 1:
             return (yw @ data.x64())[None]
@@ -161,13 +150,11 @@ class GraphCut(StructuredModel):
         return unary.index_add_(0, data.node_graph(), data.x64() * yw[:, None])
 
     def dual_state(self, data, lam: float, n_total: int | None = None) -> GraphCutDualState:
-        """A :class:`~torch_bcfw.duals.graphcut.GraphCutDualState`: dense ``w_i`` plus node marginals, so
-        the state can be re-bound to new node features (a backbone under the head)."""
+        """A :class:`~torch_bcfw.duals.graphcut.GraphCutDualState` (dense ``w_i`` plus node marginals)."""
         return GraphCutDualState(self, data, lam, n_total)
 
     def builtin_oracle(self) -> bool:
-        """True when :meth:`oracle` is this class's own graph cut, which the fused step loop of the dual state runs
-        inline; a subclass with its own oracle gets the generic steps."""
+        """True unless a subclass overrides :meth:`oracle` (it then gets the generic steps)."""
         return type(self).oracle is GraphCut.oracle
 
     def loss_weights(self, data: GraphData) -> Tensor:
@@ -190,20 +177,16 @@ class GraphCut(StructuredModel):
         return out
 
     def hinge_terms(self, w: Tensor, data: GraphData) -> tuple[Tensor, Tensor]:
-        """``(y*, H)`` as :meth:`~torch_bcfw.models.base.StructuredModel.hinge_terms` (oracle answers, then
-        ``H_i = L_i(y*) + <w, phi(x_i, y*)> - <w, phi(x_i, y_i)>`` from the loss and score definitions).
-
-        With pairwise terms each graph's answer, loss and score are computed together, per graph, by
-        :func:`~torch_bcfw.inference.graphcut_pool.solve_records` (in the worker pool for large batches, with
-        bit-identical results); ``<w, phi(x_i, y_i)>`` comes from the cached ``phi(x_i, y_i)``."""
+        """``(y*, H)`` as :meth:`~torch_bcfw.models.base.StructuredModel.hinge_terms`; with pairwise terms each
+        graph's answer, loss and score come together from :func:`~torch_bcfw.inference.graphcut_pool.solve_records`."""
         self.check_weights(w, data)
+        if data.y is None:
+            raise ValueError("loss-augmented decoding needs labels (y is None)")
         w64 = w.to(torch.float64)
         truth = data._cached(f"phi_true_{self.pairwise}", lambda: self.joint_feature(data, data.y))
         if not self.pairwise or type(self).oracle is not GraphCut.oracle:  # e.g. a subclass with its own oracle
             y_star = self.oracle(w64, data, loss_augmented=True)
             return y_star, self.loss(data, y_star) + self.score(w64, data, y_star) - truth @ w64
-        if data.y is None:
-            raise ValueError("loss-augmented decoding needs labels (y is None)")
         seg, loss, score = self._decode(w64, data, loss_augmented=True, terms=True)
         y_star = torch.from_numpy(seg).to(device=data.device, dtype=torch.long)
         H = torch.from_numpy(loss + score).to(data.device) - truth @ w64
@@ -245,8 +228,7 @@ class GraphCut(StructuredModel):
 
     def _decode(self, w64: Tensor, data: GraphData, loss_augmented: bool,
                 terms: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """:func:`~torch_bcfw.inference.graphcut_pool.solve_records` on all graphs: in this process, or in the
-        worker pool for large batches (same per-graph code, bit-identical results)."""
+        """:func:`~torch_bcfw.inference.graphcut_pool.solve_records` on all graphs, here or in the worker pool."""
         w_e = self.pairwise_weights(w64).cpu().numpy()
         w_u = w64[: self.n_inputs].cpu().numpy()
         records = self.graph_records(data)
@@ -260,12 +242,12 @@ class GraphCut(StructuredModel):
 
     def graph_records(self, data: GraphData) -> list:
         """Per graph a :data:`~torch_bcfw.inference.graphcut_pool.GraphRecord` (CPU numpy views; cached on
-        ``data`` per loss): all a process needs to decode and score the graph given ``w``."""
+        ``data`` per loss)."""
         return data._cached(f"gc_records_{self.loss_name}", lambda: _graph_records(self, data))
 
     def record_keys(self, data: GraphData) -> list[bytes]:
-        """A content key per graph record (BLAKE2b of the graph key, node features, scales, labels and loss
-        weights; cached on ``data``): the worker pool keeps records by these keys."""
+        """A content key per graph record (BLAKE2b of the graph key and record arrays; cached on ``data``): the
+        worker pool keeps records by these keys."""
         def make():
             keys = []
             for gk, rec in zip(data.graph_keys(), self.graph_records(data)):
@@ -278,8 +260,7 @@ class GraphCut(StructuredModel):
         return data._cached(f"gc_keys_{self.loss_name}", make)
 
     def _processes(self) -> int:
-        """The pool's processes: ``processes``, never more than the CPUs this process may run on (a setting read
-        from a model file starts no more processes than the machine runs)."""
+        """The pool's processes: ``processes``, never more than the CPUs this process may run on."""
         cpus = _available_cpus()
         return cpus if self.processes is None else min(self.processes, cpus)
 

@@ -2,25 +2,17 @@
 paper, Lacoste-Julien et al. 2013, Sec. 6 and App. F).
 
 Data: a :class:`MatchingData` holds, for every sentence pair ``i`` of ``m_i`` English and ``f_i`` French words, a
-feature vector ``x_jk in R^F`` per candidate link (``m_i * f_i`` links, row-major), all pairs concatenated with
-``offsets``.  A labeling is 0/1 per link (``LongTensor[N_links]``) in which every word takes part in at most one
-link: a partial matching.
+feature vector ``x_jk in R^F`` per candidate link (``m_i * f_i`` links, row-major), all pairs concatenated.  A
+labeling is 0/1 per link (``LongTensor[N_links]``), a partial matching (every word in at most one link).
 
 * joint feature ``phi(x_i, y) = 1/Z_i sum_jk y_jk x_jk`` (``d = F``);
-* loss: the asymmetric Hamming loss of the BCFW paper (App. F), ``L_i(y) = 1/Z_i (extra_cost * #extra links +
-  miss_cost * #missed true links)``;
-* normalisation ``Z_i = m_i + f_i`` (``normalize="words"``, default) for both, the matching analogue of the chain's
-  per-token normalisation: decoding is unchanged, the loss lies in ``[0, (miss_cost + extra_cost) / 2]`` and the
-  features keep one link's scale (neither paper states one: ``shared/reference/word_alignment_matching.md``);
-  ``normalize="none"`` keeps raw sums;
-* oracle: the loss is linear in the links, so loss-augmented decoding adds ``c_jk`` (``extra_cost`` off the truth,
-  ``-miss_cost`` on it) to the link scores; each pair is solved exactly by :func:`scipy.optimize.linear_sum_assignment`
-  on a square matrix padded with one "unaligned" slot per word (:func:`max_weight_matching`).
+* loss (App. F): ``L_i(y) = 1/Z_i (extra_cost * #extra links + miss_cost * #missed true links)``;
+* ``Z_i = m_i + f_i`` (``normalize="words"``, default; ``shared/reference/word_alignment_matching.md``) or 1
+  (``normalize="none"``);
+* oracle: loss-augmented decoding adds ``c_jk`` (``extra_cost`` off the truth, ``-miss_cost`` on it) to the link
+  scores; each pair is solved exactly by :func:`max_weight_matching`.
 
-The matching polytope is integral, so the oracle is the exact max over partial matchings (checked against
-enumeration).  The training truth must be a matching: :func:`torch_bcfw.datasets.hansards.matching_target` keeps a
-largest matching of the sure links.  Dual state: :class:`~torch_bcfw.duals.dense.DenseDualState`; the extragradient
-method projects onto the matching polytope (:meth:`Matching.prox_geometry`).  Requires scipy
+The training truth must be a matching (:func:`torch_bcfw.datasets.hansards.matching_target`).  Requires scipy
 (``pip install torch_bcfw[alignment]``).
 """
 from __future__ import annotations
@@ -40,8 +32,8 @@ __all__ = ["Matching", "MatchingData", "max_weight_matching", "NORMALIZATIONS"]
 NORMALIZATIONS = ("words", "none")
 
 
-# ----------------------------------------------------------------------------- data
-def _bool_links(t, name: str, n_links: int, device) -> Tensor | None:
+def _link_labels(t, name: str, n_links: int, device, dtype: torch.dtype) -> Tensor | None:
+    """``t`` (or ``None``) checked to hold one 0/1 or bool entry per candidate link, cast to ``dtype``."""
     if t is None:
         return None
     check_not_meta(t, name)
@@ -52,7 +44,7 @@ def _bool_links(t, name: str, n_links: int, device) -> Tensor | None:
         raise ValueError(f"{name} must have one entry per candidate link ({n_links}), got shape {tuple(t.shape)}")
     if t.dtype != torch.bool and n_links and (int(t.min()) < 0 or int(t.max()) > 1):
         raise ValueError(f"{name} must hold 0/1 values, got range [{int(t.min())}, {int(t.max())}]")
-    return t.bool()
+    return t.to(dtype)
 
 
 class MatchingData:
@@ -66,14 +58,10 @@ class MatchingData:
         sure: ``[N_links]`` bool, the gold *sure* links (may break the one-to-one rule; kept for AER), or ``None``.
         possible: ``[N_links]`` bool, the gold *possible* links; the container stores ``possible | sure`` (AER's
             ``P``, which contains ``S``), or ``None``.
-        check: validate (default; sub-datasets of a valid one skip it).
+        check: validate (default; sub-datasets of a valid one skip it): ``ValueError`` on bad shapes or dtypes,
+            NaN / infinite features, a labeling that is not 0/1 or not a matching.
 
-    Attributes:
-        x, sizes, y, sure, possible: as above.
-        offsets: ``LongTensor[n + 1]``, ``offsets[i + 1] - offsets[i] = m_i * f_i``.
-
-    Raises:
-        ValueError: bad shapes or dtypes, NaN / infinite features, a labeling that is not 0/1 or not a matching.
+    Attributes: the arguments and ``offsets``, ``LongTensor[n + 1]`` with ``offsets[i + 1] - offsets[i] = m_i * f_i``.
     """
 
     def __init__(self, x: Tensor, sizes: Tensor, y: Tensor | None = None, sure: Tensor | None = None,
@@ -103,17 +91,9 @@ class MatchingData:
             raise ValueError(f"MatchingData.x has {x.shape[0]} rows but the sizes give sum m_i * f_i = "
                              f"{int(self.offsets[-1])} candidate links")
         if check:
-            if y is not None:
-                check_not_meta(y, "MatchingData.y")
-                y = torch.as_tensor(y, device=x.device)
-                if y.is_floating_point() or y.is_complex():
-                    raise ValueError(f"MatchingData.y must hold 0/1 integers, got {y.dtype}")
-                y = y.long()
-                if y.shape != (x.shape[0],):
-                    raise ValueError(f"MatchingData.y must have one entry per candidate link ({x.shape[0]}), "
-                                     f"got shape {tuple(y.shape)}")
-            sure = _bool_links(sure, "MatchingData.sure", x.shape[0], x.device)
-            possible = _bool_links(possible, "MatchingData.possible", x.shape[0], x.device)
+            y = _link_labels(y, "MatchingData.y", x.shape[0], x.device, torch.long)
+            sure = _link_labels(sure, "MatchingData.sure", x.shape[0], x.device, torch.bool)
+            possible = _link_labels(possible, "MatchingData.possible", x.shape[0], x.device, torch.bool)
             if possible is not None and sure is not None:
                 possible = possible | sure
         self.y = y
@@ -122,7 +102,6 @@ class MatchingData:
         if check and y is not None:
             self.check_labeling(y, "MatchingData.y")
 
-    # ------------------------------------------------------------------ constructors
     @classmethod
     def from_pairs(cls, xs: Sequence[Tensor], ys: Sequence[Tensor] | None = None,
                    sure: Sequence[Tensor] | None = None, possible: Sequence[Tensor] | None = None) -> "MatchingData":
@@ -151,7 +130,6 @@ class MatchingData:
         return cls(torch.cat([x.reshape(-1, x.shape[-1]) for x in xs]), sizes.to(xs[0].device), flat(ys, "label"),
                    flat(sure, "sure"), flat(possible, "possible"))
 
-    # ------------------------------------------------------------------ views
     def __len__(self) -> int:
         return self.sizes.shape[0]
 
@@ -216,7 +194,6 @@ class MatchingData:
         m, f = (int(v) for v in self.sizes[i])
         return t[int(self.offsets[i]): int(self.offsets[i + 1])].reshape(m, f, *t.shape[1:])
 
-    # ------------------------------------------------------------------ selection, devices
     def __getitem__(self, idx) -> "MatchingData":
         """The pairs ``idx`` (an int, a slice, a list or ``LongTensor``; repeats allowed), in that order."""
         idx = _as_index(idx, len(self))
@@ -249,15 +226,11 @@ class MatchingData:
         return MatchingData(x, self.sizes, self.y, self.sure, self.possible)
 
 
-# ----------------------------------------------------------------------------- exact decoding of one pair
 def max_weight_matching(S: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """A maximum-weight partial matching of the ``m x f`` score matrix ``S``: ``(rows, cols)`` of its links.
 
-    Every word may stay unaligned at score 0: the square ``(m + f) x (f + m)`` cost matrix ``[[-S, N_e], [N_f, 0]]``
-    gives English word ``j`` a private "unaligned" column ``f + j`` and French word ``k`` a private "unaligned"
-    row ``m + k`` (cost 0 on those diagonals, forbidden elsewhere), and the null-null block is free, so every
-    assignment is a partial matching plus its unaligned words, at cost ``-sum of the links' scores``.  Links of
-    score ``<= 0`` are dropped from the answer (a tie with leaving both words unaligned: the value is unchanged).
+    :func:`scipy.optimize.linear_sum_assignment` on the ``(m + f) x (f + m)`` cost matrix ``[[-S, N_e], [N_f, 0]]``
+    (a private "unaligned" slot of cost 0 per word, forbidden elsewhere).  Links of score ``<= 0`` are dropped.
     """
     from scipy.optimize import linear_sum_assignment
 
@@ -275,7 +248,6 @@ def max_weight_matching(S: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return r[pos], c[pos]
 
 
-# ----------------------------------------------------------------------------- the model
 class Matching(StructuredModel):
     """Word alignment as a maximum-weight bipartite matching (see the module docstring).
 
@@ -310,22 +282,13 @@ class Matching(StructuredModel):
         return {"n_features": self.n_inputs, "miss_cost": self.miss_cost, "extra_cost": self.extra_cost,
                 "normalize": self.normalize}
 
-    # ------------------------------------------------------------ checks
     def check_data(self, data, require_labels: bool = True) -> None:
         if not isinstance(data, MatchingData):
             raise TypeError(f"Matching expects MatchingData, got {type(data).__name__}")
         if data.n_inputs != self.n_inputs:
             raise ValueError(f"link features have dimension {data.n_inputs} but the model expects {self.n_inputs}")
-        if data.y is None and require_labels:
-            raise ValueError("training data needs labels (y is None)")
+        self._check_labels(data.y, require_labels)
 
-    def _check_y(self, data: MatchingData, y: Tensor) -> Tensor:
-        y = torch.as_tensor(y, device=data.device).long().reshape(-1)
-        if y.shape[0] != data.n_links:
-            raise ValueError(f"expected {data.n_links} link labels, got {y.shape[0]}")
-        return y
-
-    # ------------------------------------------------------------ loss
     def normalizers(self, data: MatchingData) -> Tensor:
         """``Z_i`` per pair (``Tensor[n]``, float64): ``m_i + f_i``, or 1 with ``normalize="none"``."""
         if self.normalize == "words":
@@ -339,7 +302,7 @@ class Matching(StructuredModel):
         return self.extra_cost - (self.extra_cost + self.miss_cost) * truth
 
     def loss(self, data: MatchingData, y: Tensor) -> Tensor:
-        y = self._check_y(data, y)
+        y = self._flat_labels(data, y, data.n_links, "link labels")
         extra = ((y == 1) & (data.y == 0)).to(torch.float64)
         missed = ((y == 0) & (data.y == 1)).to(torch.float64)
         per_link = self.extra_cost * extra + self.miss_cost * missed
@@ -357,7 +320,6 @@ class Matching(StructuredModel):
         """``max_y L_i(y)`` per pair, exactly (the loss-augmented oracle at ``w = 0``)."""
         return self.loss(data, self._decode_scores(self.loss_link_costs(data), data))
 
-    # ------------------------------------------------------------ scores and decoding
     def link_scores(self, w: Tensor, data: MatchingData) -> Tensor:
         """``s_jk = <w, x_jk>`` for every candidate link: ``Tensor[N_links]`` (float64)."""
         self.check_weights(w, data)
@@ -382,7 +344,7 @@ class Matching(StructuredModel):
         return self._decode_scores(s, data)
 
     def score(self, w: Tensor, data: MatchingData, y: Tensor) -> Tensor:
-        y = self._check_y(data, y)
+        y = self._flat_labels(data, y, data.n_links, "link labels")
         s = self.link_scores(w, data)
         return self._pair_sum(data, s * y.to(torch.float64)) / self.normalizers(data)
 
@@ -393,9 +355,8 @@ class Matching(StructuredModel):
         diff = self._pair_sum(data, s * (y_star - data.y).to(torch.float64))
         return y_star, self.loss(data, y_star) + diff / self.normalizers(data)
 
-    # ------------------------------------------------------------ joint features
     def joint_feature(self, data: MatchingData, y: Tensor) -> Tensor:
-        y = self._check_y(data, y)
+        y = self._flat_labels(data, y, data.n_links, "link labels")
         if len(data) == 1:
             return (y.to(torch.float64) @ data.x.to(torch.float64))[None] / self.normalizers(data)[:, None]
         sel = torch.nonzero(y)[:, 0]  # the chosen links only
@@ -404,15 +365,13 @@ class Matching(StructuredModel):
         return out / self.normalizers(data)[:, None]
 
     def joint_feature_sum(self, data: MatchingData, y: Tensor) -> Tensor:
-        y = self._check_y(data, y)
+        y = self._flat_labels(data, y, data.n_links, "link labels")
         weights = y.to(torch.float64) / self.normalizers(data)[data.pair_ids()]
         return weights @ data.x.to(torch.float64)
 
-    # ------------------------------------------------------------ what the solvers use
     def prox_geometry(self, data: MatchingData, lam: float, proj_tol: float, proj_iters: int):
-        """Euclidean projections onto the matching polytope
-        (:class:`~torch_bcfw.duals.prox.EuclideanMatchingGeometry`), each to a certified distance ``<= proj_tol``
-        from the exact projection in at most ``proj_iters`` iterations."""
+        """Euclidean projections onto the matching polytope (:class:`~torch_bcfw.duals.prox.EuclideanMatchingGeometry`),
+        each to a certified distance ``<= proj_tol`` in at most ``proj_iters`` iterations."""
         from ..duals.prox import EuclideanMatchingGeometry
 
         return EuclideanMatchingGeometry(self, data, lam, proj_tol, proj_iters)

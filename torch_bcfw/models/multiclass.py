@@ -46,13 +46,11 @@ class Multiclass(StructuredModel):
         return {"n_features": self.n_inputs, "n_classes": self.n_classes, "bias": self.bias}
 
     def builtin_oracle(self) -> bool:
-        """True when :meth:`oracle` is this class's own argmax, which the compiled step loop of the dual state runs
-        inline; a subclass that overrides it gets the generic steps."""
+        """True unless a subclass overrides :meth:`oracle` (it then gets the generic steps)."""
         return type(self).oracle is Multiclass.oracle
 
     def dual_state(self, data, lam: float, n_total: int | None = None):
-        """The dense ``w_i`` table with plain BCFW steps compiled
-        (:class:`~torch_bcfw.duals.multiclass.MulticlassDualState`)."""
+        """Dense ``w_i`` with compiled plain steps (:class:`~torch_bcfw.duals.multiclass.MulticlassDualState`)."""
         from ..duals.multiclass import MulticlassDualState
 
         return MulticlassDualState(self, data, lam, n_total)
@@ -65,14 +63,7 @@ class Multiclass(StructuredModel):
             raise TypeError(f"Multiclass expects MulticlassData, got {type(data).__name__}")
         if data.x.shape[1] != self.n_inputs:
             raise ValueError(f"features have dimension {data.x.shape[1]} but the model expects {self.n_inputs}")
-        if data.y is None:
-            if require_labels:
-                raise ValueError("training data needs labels (y is None)")
-            return
-        if int(data.y.min()) < 0 or int(data.y.max()) >= self.n_classes:
-            raise ValueError(
-                f"labels must lie in [0, {self.n_classes - 1}], got range [{int(data.y.min())}, {int(data.y.max())}]"
-            )
+        self._check_labels(data.y, require_labels, self.n_classes)
 
     def _inputs(self, data: MulticlassData, dtype=torch.float64) -> Tensor:
         x = data.x.to(dtype)
@@ -80,28 +71,22 @@ class Multiclass(StructuredModel):
             x = torch.cat([x, x.new_ones(x.shape[0], 1)], 1)
         return x
 
-    def _check_y(self, data, y: Tensor) -> Tensor:
-        y = torch.as_tensor(y, device=data.device).long().reshape(-1)
-        if y.shape[0] != len(data):
-            raise ValueError(f"expected {len(data)} labels, got {y.shape[0]}")
-        return y
-
     def joint_feature(self, data: MulticlassData, y: Tensor) -> Tensor:
-        y = self._check_y(data, y)
+        y = self._flat_labels(data, y, len(data))
         x = self._inputs(data)
         out = x.new_zeros(len(data), self.n_classes, x.shape[1])
         out[torch.arange(len(data), device=x.device), y] = x
         return out.reshape(len(data), -1)
 
     def joint_feature_sum(self, data: MulticlassData, y: Tensor) -> Tensor:
-        y = self._check_y(data, y)
+        y = self._flat_labels(data, y, len(data))
         x = self._inputs(data)
         out = x.new_zeros(self.n_classes, x.shape[1])
         out.index_add_(0, y, x)
         return out.reshape(-1)
 
     def loss(self, data: MulticlassData, y: Tensor) -> Tensor:
-        y = self._check_y(data, y)
+        y = self._flat_labels(data, y, len(data))
         return (y != data.y).to(torch.float64)
 
     def scores(self, w: Tensor, data: MulticlassData) -> Tensor:
@@ -118,6 +103,6 @@ class Multiclass(StructuredModel):
         return s.argmax(1)
 
     def score(self, w: Tensor, data: MulticlassData, y: Tensor) -> Tensor:
-        y = self._check_y(data, y)
+        y = self._flat_labels(data, y, len(data))
         s = self.scores(w.to(torch.float64), data)
         return s.gather(1, y[:, None])[:, 0]

@@ -7,66 +7,42 @@ Every joint ``j`` takes one cell ``l_j = (y_j, x_j)`` of the grid.  With ``K`` u
     dx = (x_child - x_parent - mu_e[1]) / s_e[1],  dy = (y_child - y_parent - mu_e[0]) / s_e[0]
 
 (the score of :func:`torch_bcfw.inference.tree.tree_max_sum`); ``w = [w_U (J*K, joint-major) | w_e (E*4,
-edge-major)]``.  The offsets ``mu_e`` are the mean displacements of the training data (:func:`mean_offsets`) and the
-scales ``s_e`` their standard deviations (:func:`offset_scales`): constants of the model that keep the displacement
-features ``O(1)`` (raw ``dx^2`` reaches ``G^2`` and the number of BCFW passes grows with it).  The deformation is a
-penalty only when the quadratic weights are ``>= 0``: :meth:`PoseTree.weight_bounds` is that box (Osokin et al.
-2016, App. H).
+edge-major)]``.  The offsets ``mu_e`` (:func:`mean_offsets`) and scales ``s_e`` (:func:`offset_scales`) are constants
+that keep the displacement features ``O(1)``.  The quadratic weights are boxed ``>= 0`` (:meth:`PoseTree.weight_bounds`,
+Osokin et al. 2016, App. H).
 
 Loss: the mean over visible joints of ``min(1, ||l_j - l*_j||^2 / (r s_i)^2)`` (the paper's ``max`` is a typo),
-``s_i`` the torso size in grid units, ``r`` the ``loss_radius`` (default 1); it decomposes over joints, so
-loss-augmented decoding adds it to the unaries.  The oracle is exact max-sum with generalised distance-transform
-messages, ``O(J G^2)`` per image, batched.  Labelings: ``y`` is ``LongTensor[n * J]`` of flat cells ``y * G + x``
-(:meth:`PoseData.positions` gives ``[n, J, 2]``).
+``s_i`` the torso size in grid units, ``r`` the ``loss_radius``.  The oracle is exact max-sum with distance-transform
+messages, ``O(J G^2)`` per image.  Labelings: ``LongTensor[n * J]`` of flat cells ``y * G + x``.
 
 **Mixture types** (Yang & Ramanan 2011; Chen & Yuille 2014).  With ``mu`` of shape ``[E, K, 2]`` a labeling is the
-cells and a type per edge (``J + E`` labels), each type with its own offset, scales, boxed deformation weights and
-bias (``d = J*K_u + 5*E*K``); the loss ignores the types, and the oracle maximises over positions and types
-exactly (:func:`~torch_bcfw.inference.tree_mixture.mixture_tree_max_sum`).  With ``type_features=True`` a CNN's
-per-cell ``log p(t_e = k)`` at the child's and the parent's end (:class:`PoseData` ``type_unary``) adds ``2 E``
-features (:meth:`PoseTree.type_feature_weights`), at the same cost.  Unannotated joints are placed along the tree by
-:func:`impute_positions`; the loss ignores them.
+cells and a type per edge (``J + E`` labels), each type with its own offset, scales, deformation weights and bias
+(:func:`~torch_bcfw.inference.tree_mixture.mixture_tree_max_sum`); the loss ignores the types.  ``type_features=True``
+adds ``2 E`` features from :class:`PoseData` ``type_unary`` (:meth:`PoseTree.type_feature_weights`).
 """
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 
 import torch
 from torch import Tensor
 
 from ..checks import check_bool, check_int
 from ..inference.distance_transform import Method
-from ..inference.tree import (
-    LSP_TREE_EDGES,
-    _tree_order,
-    deformation_features,
-    edge_ends,
-    pose_loss,
-    pose_loss_unaries,
-    tree_max_sum,
-)
+from ..inference.tree import (LSP_TREE_EDGES, Edges, _tree_order, deformation_features, edge_ends, pose_loss,
+                              pose_loss_unaries, tree_max_sum)
 from ..inference.tree_mixture import mixture_tree_max_sum, type_end_scores
 from ..pose_data import PoseData, flat_to_positions
 from .base import StructuredModel
 
 __all__ = ["PoseTree", "impute_positions", "mean_offsets", "nearest_types", "offset_scales", "offset_types"]
 
-Edges = Sequence[tuple[int, int]]
 
-
-# ---------------------------------------------------------------------------- training-set statistics
 def mean_offsets(positions: Tensor, visible: Tensor, edges: Edges = LSP_TREE_EDGES) -> Tensor:
-    """Mean displacement ``child - parent`` of every edge over the examples where both joints are visible.
-
-    Args:
-        positions: ``[n, J, 2]`` ``(y, x)`` in grid units (float or integer; NaN allowed where invisible).
-        visible: bool ``[n, J]``.
-        edges: ``(parent, child)`` pairs.
-
-    Returns:
-        float64 ``[E, 2]`` ``(mu_y, mu_x)``; an edge never seen with both ends visible gets ``(0, 0)``.
-    """
+    """Mean displacement ``child - parent`` of every edge over the examples where both joints are visible: float64
+    ``[E, 2]`` ``(mu_y, mu_x)``, ``(0, 0)`` for an edge never seen with both ends visible.  ``positions``: ``[n, J,
+    2]`` ``(y, x)`` in grid units (NaN allowed where invisible); ``visible``: bool ``[n, J]``; ``edges``: ``(parent,
+    child)`` pairs."""
     pos = torch.as_tensor(positions).to(torch.float64)
     parents, children = edge_ends(edges, pos.device)
     both = visible[:, parents] & visible[:, children]  # [n, E]
@@ -78,8 +54,7 @@ def mean_offsets(positions: Tensor, visible: Tensor, edges: Edges = LSP_TREE_EDG
 def offset_types(positions: Tensor, visible: Tensor, n_types: int, edges: Edges = LSP_TREE_EDGES,
                  iterations: int = 50, seed: int = 0) -> tuple[Tensor, Tensor]:
     """Mixture types of every edge: k-means (Lloyd) of the displacements ``child - parent`` over the examples
-    where both joints are visible (the types of Yang & Ramanan 2011 / Chen & Yuille 2014; the decoder is
-    :func:`~torch_bcfw.inference.tree_mixture.mixture_tree_max_sum`).
+    where both joints are visible.
 
     Args:
         positions: ``[n, J, 2]`` ``(y, x)`` in grid units (NaN allowed where invisible); visible: bool ``[n, J]``.
@@ -87,10 +62,9 @@ def offset_types(positions: Tensor, visible: Tensor, n_types: int, edges: Edges 
         iterations: Lloyd iterations; seed: the initial centres are ``K`` distinct visible displacements drawn
             with this seed.
 
-    Returns:
-        ``(centres float64 [E, K, 2], types long [n, E])``: each example's type is the nearest centre to its
-        displacement (also for pairs with an invisible joint, whose positions must then be imputed, e.g. by
-        :func:`impute_positions`); an edge with fewer than ``K`` visible displacements repeats its last centre.
+    Returns ``(centres float64 [E, K, 2], types long [n, E])``: each example's type is the nearest centre to its
+    displacement (also for pairs with an invisible joint, whose positions must then be imputed, e.g. by
+    :func:`impute_positions`); an edge with fewer than ``K`` visible displacements repeats its last centre.
     """
     K = int(n_types)
     if K < 1:
@@ -123,15 +97,9 @@ def offset_types(positions: Tensor, visible: Tensor, n_types: int, edges: Edges 
 
 
 def nearest_types(positions: Tensor, centres: Tensor, edges: Edges = LSP_TREE_EDGES) -> Tensor:
-    """The type of every edge whose offset ``centres[e, k]`` is nearest to the displacement ``child - parent``.
-
-    Args:
-        positions: ``[n, J, 2]`` ``(y, x)`` (grid units, every joint placed); centres: ``[E, K, 2]``
-            (:func:`offset_types`); edges: ``(parent, child)`` pairs.
-
-    Returns:
-        ``LongTensor[n, E]`` (ties to the lower type).
-    """
+    """The type of every edge whose offset ``centres[e, k]`` (``[E, K, 2]``, :func:`offset_types`) is nearest to the
+    displacement ``child - parent`` of ``positions`` (``[n, J, 2]`` ``(y, x)``, every joint placed):
+    ``LongTensor[n, E]`` (ties to the lower type)."""
     pos = torch.as_tensor(positions).to(torch.float64)
     parents, children = edge_ends(edges, pos.device)
     d = pos[:, children] - pos[:, parents]  # [n, E, 2]
@@ -168,22 +136,13 @@ def offset_scales(positions: Tensor, visible: Tensor, edges: Edges = LSP_TREE_ED
 
 def impute_positions(positions: Tensor, visible: Tensor, grid_size: int, mu: Tensor,
                      edges: Edges = LSP_TREE_EDGES) -> Tensor:
-    """Grid cells for every joint: visible joints rounded, invisible ones filled in along the tree.
+    """Grid cells for every joint: visible joints rounded, invisible ones placed breadth first from the visible
+    ones at a placed neighbour's cell plus (down) or minus (up) the edge's mean offset, rounded and clamped (an image
+    without visible joints starts from the grid centre at the root).
 
-    An invisible joint gets the cell of an already placed tree neighbour plus the mean offset of the edge
-    (``parent + mu_e`` going down, ``child - mu_e`` going up), rounded and clamped to the grid; placement
-    spreads from the visible joints (breadth first, nearest visible joint first).  An image without any
-    visible joint starts from the grid centre at the root.
-
-    Args:
-        positions: float ``[n, J, 2]`` ``(y, x)`` in grid units (NaN where invisible).
-        visible: bool ``[n, J]``.
-        grid_size: ``G``.
-        mu: ``[E, 2]`` mean offsets child - parent (:func:`mean_offsets`).
-        edges: ``(parent, child)`` pairs forming a tree.
-
-    Returns:
-        ``LongTensor[n, J, 2]`` in ``[0, G)``.
+    ``positions``: float ``[n, J, 2]`` ``(y, x)`` in grid units (NaN where invisible); ``visible``: bool ``[n, J]``;
+    ``mu``: ``[E, 2]`` mean offsets (:func:`mean_offsets`); ``edges`` form a tree.  Returns ``LongTensor[n, J, 2]``
+    in ``[0, G)``.
     """
     n, J, _ = positions.shape
     root, _ = _tree_order(edges, J)
@@ -213,7 +172,6 @@ def impute_positions(positions: Tensor, visible: Tensor, grid_size: int, mu: Ten
     return pos.round().clamp(0, G - 1).long().to(torch.as_tensor(positions).device)
 
 
-# ---------------------------------------------------------------------------- the model
 class PoseTree(StructuredModel):
     """Tree-structured pictorial-structures SSVM, optionally with mixture types per edge (module docstring).
 
@@ -291,7 +249,6 @@ class PoseTree(StructuredModel):
                 "min_quadratic": self.min_quadratic, "method": self.method, "type_features": self.type_features,
                 "loss_radius": self.loss_radius}
 
-    # ------------------------------------------------------------------ layout
     @property
     def n_edges(self) -> int:
         return len(self.edges)
@@ -322,12 +279,9 @@ class PoseTree(StructuredModel):
             raise ValueError("the model has no type features (PoseTree(..., type_features=True))")
         return w[self.n_features - 2 * self.n_edges :].view(self.n_edges, 2)
 
-    def _scales3(self, device) -> Tensor:
-        return self.scales.to(device).reshape(self.n_edges, self.n_types, 2)
-
     def _feature_divisors(self, device) -> Tensor:
         """``[E, K, 4]`` divisors ``(s_x, s_x^2, s_y, s_y^2)`` of the raw deformation features."""
-        s = self._scales3(device)
+        s = self.scales.to(device).reshape(self.n_edges, self.n_types, 2)
         return torch.stack((s[..., 1], s[..., 1] ** 2, s[..., 0], s[..., 0] ** 2), dim=-1)
 
     def pixel_weights(self, w: Tensor) -> Tensor:
@@ -349,9 +303,7 @@ class PoseTree(StructuredModel):
         return lower, torch.full((self.n_features,), float("inf"), dtype=torch.float64)
 
     def nearest_types(self, positions: Tensor) -> Tensor:
-        """The type of every edge whose offset ``mu[e, k]`` is nearest to the displacement ``child - parent``
-        of ``positions`` (``[n, J, 2]``, ``(y, x)``; ties to the lower type): ``LongTensor[n, E]`` (zeros with
-        one type per edge).  The true types of training data (:class:`PoseData` ``types``)."""
+        """:func:`nearest_types` of ``positions`` (``[n, J, 2]``) to the model's offsets: ``LongTensor[n, E]``."""
         return nearest_types(positions, self.mu.reshape(self.n_edges, self.n_types, 2), self.edges)
 
     def pack_labels(self, positions: Tensor, types: Tensor | None = None) -> Tensor:
@@ -364,7 +316,6 @@ class PoseTree(StructuredModel):
         types = self.nearest_types(positions) if types is None else torch.as_tensor(types, device=cells.device)
         return torch.cat((cells, types.long()), dim=1).reshape(-1)
 
-    # ------------------------------------------------------------------ checks
     def check_data(self, data, require_labels: bool = True) -> None:
         if not isinstance(data, PoseData):
             raise TypeError(f"PoseTree expects PoseData, got {type(data).__name__}")
@@ -416,7 +367,6 @@ class PoseTree(StructuredModel):
     def _positions(self, data: PoseData, y: Tensor) -> tuple[Tensor, Tensor]:
         return self.split_labels(torch.as_tensor(y, device=data.device), len(data))
 
-    # ------------------------------------------------------------------ the contract
     def unary_scores(self, w: Tensor, data: PoseData) -> Tensor:
         """``sum_k w_U[j, k] unary[i, j, k]``: float64 ``[n, J, G, G]``."""
         w_u, _ = self.unpack(w.to(device=data.device, dtype=torch.float64))
@@ -454,10 +404,7 @@ class PoseTree(StructuredModel):
 
     def oracle(self, w: Tensor, data: PoseData, loss_augmented: bool = True) -> Tensor:
         """Exact (loss-augmented) MAP of every image: packed labelings ``LongTensor[n * n_labels]`` (flat cells,
-        then the edge types with ``K > 1``).
-
-        Raises ``ValueError`` when a quadratic deformation weight of ``w`` is negative.
-        """
+        then the edge types with ``K > 1``); ``ValueError`` when a quadratic deformation weight is negative."""
         self.check_weights(w, data)
         U = self.unary_scores(w, data)
         if loss_augmented:

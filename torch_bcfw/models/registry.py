@@ -1,9 +1,8 @@
 """The model classes a saved result may name: the library's own plus those users register.
 
-A saved :class:`~torch_bcfw.fit.FitResult` stores its model as a registered name and the model's
-``config()``.  Loading builds the model only through this registry: a file can never make the loader
-import a module or call anything else (``subprocess.run``...).  Register your own
-:class:`~torch_bcfw.models.base.StructuredModel` subclasses before loading results that use them::
+A saved :class:`~torch_bcfw.fit.FitResult` stores its model as a registered name and its ``config()``; loading
+builds the model only through this registry (a file can never make the loader import or call anything else).
+Register your own :class:`~torch_bcfw.models.base.StructuredModel` subclasses before loading results that use them::
 
     import torch_bcfw
 
@@ -55,10 +54,8 @@ def model_name(model: StructuredModel) -> str:
     for key, c in _REGISTRY.items():
         if c is cls:
             return key
-    raise ValueError(
-        f"model class {cls.__module__}.{cls.__qualname__} is not registered, so a saved result could not be "
-        "loaded back: call torch_bcfw.register_model on it first"
-    )
+    raise ValueError(f"model class {cls.__module__}.{cls.__qualname__} is not registered, so a saved result could not "
+                     "be loaded back: call torch_bcfw.register_model on it first")
 
 
 def _check_plain(value, where: str) -> None:
@@ -86,10 +83,8 @@ def model_from_config(name, config) -> StructuredModel:
     if cls is None:
         cls = next((c for c in _REGISTRY.values() if f"{c.__module__}.{c.__qualname__}" == name), None)
     if cls is None:
-        raise ValueError(
-            f"the file names model class {name!r}, which is not a registered model; registered: "
-            f"{sorted(_REGISTRY)}. Register your own class with torch_bcfw.register_model before loading"
-        )
+        raise ValueError(f"the file names model class {name!r}, which is not a registered model; registered: "
+                         f"{sorted(_REGISTRY)}. Register your own class with torch_bcfw.register_model before loading")
     if not isinstance(config, dict) or not all(isinstance(k, str) for k in config):
         raise ValueError(f"the saved model_config must be a dict with string keys, got {type(config).__name__}")
     for k, v in config.items():

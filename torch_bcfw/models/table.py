@@ -1,13 +1,6 @@
-"""A structured model given by explicit tables: tiny enumerable problems and the toy problem of App. C.
-
-:class:`TableModel` lists, for every example ``i`` and every labeling ``y in {0..m-1}``, the joint feature
-``phi(x_i, y)`` and the loss ``L_i(y)``; the oracle enumerates.  Data is a
-:class:`~torch_bcfw.data.MulticlassData` whose ``x[:, 0]`` holds the example's row in the tables and whose
-``y`` holds the ground truth (:meth:`TableModel.data`).
-
-:func:`app_c_toy` builds the toy problem of Osokin et al. 2016, App. C (one hard example, ``n - 1`` easy
-ones, ``lam = 1/n``), on which gap sampling provably needs ``O(n + t)`` oracle calls where uniform
-sampling needs ``O(n t)`` to make ``t`` steps on the hard example.
+"""A structured model given by explicit tables (tiny enumerable problems) and the toy problem of Osokin et al.
+2016, App. C (:func:`app_c_toy`).  Data is a :class:`~torch_bcfw.data.MulticlassData` whose ``x[:, 0]`` holds the
+example's row in the tables and whose ``y`` holds the ground truth (:meth:`TableModel.data`).
 """
 from __future__ import annotations
 
@@ -52,12 +45,7 @@ class TableModel(StructuredModel):
         rows = self._rows(data)
         if int(rows.min()) < 0 or int(rows.max()) >= self.features.shape[0]:
             raise ValueError("data rows out of the table")
-        if data.y is None:
-            if require_labels:
-                raise ValueError("training data needs labels (y is None)")
-            return
-        if int(data.y.min()) < 0 or int(data.y.max()) >= self.n_labels:
-            raise ValueError(f"labels must lie in [0, {self.n_labels - 1}]")
+        self._check_labels(data.y, require_labels, self.n_labels)
 
     def joint_feature(self, data, y: Tensor) -> Tensor:
         y = torch.as_tensor(y).long().reshape(-1)
@@ -80,7 +68,8 @@ class TableModel(StructuredModel):
 
 
 def app_c_toy(n: int, K: int) -> tuple[TableModel, MulticlassData, float]:
-    """The toy problem of App. C: ``(model, data, lam = 1/n)``.
+    """The toy problem of App. C, ``(model, data, lam = 1/n)``, on which gap sampling needs ``O(n + t)`` oracle
+    calls where uniform sampling needs ``O(n t)`` for ``t`` steps on the hard example.
 
     Labels ``{0..K}`` (0 is the truth), 0-1 loss, ``phi(x_i, 0) = 0``; example 0 is *hard*:
     ``phi(x_0, k) = -e_k / sqrt(2)``; examples ``1..n-1`` are *easy*: ``phi(x_i, k) = -e_{K+1}``

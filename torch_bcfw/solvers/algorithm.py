@@ -5,6 +5,8 @@ import torch
 from torch import Tensor
 
 from ..checks import saved_int
+from ..duals.plan import generic_plan_steps
+from ..duals.stepsize import FIXED, LINE_SEARCH
 from .certificate import Certificate
 from .comm import LOCAL
 
@@ -18,12 +20,9 @@ class Algorithm:
         name: solver name.
         oracle_calls: training oracle calls made so far (gap checks are not counted).
         cache_hits: iterations served by a cache instead of the oracle (BCFW with ``cache``).
-        check_requested: set by :meth:`advance` when the algorithm needs an exact gap pass now
-            (gap sampling with every estimate zero); the loop runs the check and clears it.
-        converged: set when the algorithm can certify that no further progress is possible (every exact
-            block gap is zero); the loop stops.
-        whole_passes: True for batch methods, whose one iteration visits every block (a fractional
-            ``max_passes`` is refused for them: it could not be run exactly).
+        check_requested: set by :meth:`advance` when an exact gap pass is needed now; the loop runs and clears it.
+        converged: set when no further progress is possible (every exact block gap is zero); the loop stops.
+        whole_passes: True for batch methods, whose iteration visits every block (fractional ``max_passes`` refused).
     """
 
     name = "base"
@@ -32,7 +31,6 @@ class Algorithm:
 
     def __init__(self, model, data, lam: float, options, comm=None):
         self.model, self.data, self.lam, self.options = model, data, lam, options
-        #: where the blocks live (:mod:`torch_bcfw.solvers.comm`): this process, or shards over a process group
         self.comm = LOCAL if comm is None else comm
         #: the problem's number of examples (all processes); ``data`` holds this process' ``len(data)`` of them
         self.n = self.comm.n_total if self.comm.sharded else len(data)
@@ -43,19 +41,16 @@ class Algorithm:
 
     @property
     def work(self) -> int:
-        """Block iterations done (the unit of ``max_passes`` and of the gap-check schedule): oracle calls,
-        unless an algorithm also counts cache hits."""
+        """Block iterations done (the unit of ``max_passes`` and of the gap-check schedule)."""
         return self.oracle_calls
 
     def chunk_size(self) -> int:
-        """Iterations per chunk: the rest of the pass in progress (one pass once aligned), so that a run continued
-        from one that stopped mid-pass keeps the gap-check schedule of an uninterrupted run."""
+        """Iterations per chunk: the rest of the pass in progress (keeps the gap-check schedule of a resumed run)."""
         return self.n - self.work % self.n
 
     def refuse_bcfw_extras(self, bounds, refinements: bool = True) -> None:
-        """Raise ``ValueError`` for what only BCFW / FW support: the refinements of Osokin et al. 2016 (gap
-        sampling, pairwise / away steps, cache) unless ``refinements=False``, and box constraints (``bounds`` or the
-        model's ``weight_bounds``)."""
+        """Refuse (``ValueError``) the BCFW refinements (unless ``refinements=False``) and box constraints (``bounds``
+        or the model's ``weight_bounds``), which only BCFW / FW support."""
         if refinements and self.options.refined:
             raise ValueError("gap sampling, pairwise / away steps and caching are BCFW refinements (solver='bcfw')")
         if normalise_bounds(bounds, self.model) is not None:
@@ -101,10 +96,8 @@ class Algorithm:
         raise NotImplementedError
 
     def load_progress(self, sd: dict) -> None:
-        """Continue the progress of the run that wrote ``sd`` (a :meth:`state_dict`) on a dual state of its own:
-        the block sampler's generator, the iteration count (batch and multi-plane FW) and the oracle calls.  What
-        belongs to the dual state or the features it was computed on (block-gap estimates, cache, averages) is
-        not loaded: this is the resume of a run whose dual state was re-bound to new features."""
+        """Continue the progress of the run that wrote ``sd`` (a :meth:`state_dict`) on a dual state re-bound to new
+        features: the sampler's generator, the iteration count and the oracle calls, not what belongs to the state."""
         if "sampler" in sd and hasattr(self, "sampler"):
             self.sampler.load_state_dict(sd["sampler"])
         if "iteration" in sd and hasattr(self, "iteration"):
@@ -129,17 +122,17 @@ def normalise_bounds(bounds, model):
 
 
 class DualAlgorithm(Algorithm):
-    """An algorithm that works on a model's dual state (BCFW, batch FW): iterates come from the state.
-
-    ``bounds = (lower, upper)`` constrains the weights (box constraints, Osokin et al. 2016, App. H); by
-    default the model's :meth:`~torch_bcfw.models.base.StructuredModel.weight_bounds`.
-    """
+    """An algorithm on a model's dual state (BCFW, batch FW); ``bounds = (lower, upper)``: box constraints on the
+    weights (Osokin et al. 2016, App. H), by default the model's ``weight_bounds``."""
 
     def __init__(self, model, data, lam: float, options, state=None, bounds=None, comm=None):
         super().__init__(model, data, lam, options, comm)
         if state is None:
             state = model.dual_state(data, lam, n_total=self.n) if self.comm.sharded else model.dual_state(data, lam)
         self.state = state
+        self.step_code = LINE_SEARCH if options.step == "line_search" else FIXED
+        #: run plans in the state's compiled loop when it has one (tests set False to run the generic loop)
+        self.fused = True
         b = normalise_bounds(bounds, model)
         if b is not None:
             self.state.set_bounds(*b)
@@ -157,3 +150,7 @@ class DualAlgorithm(Algorithm):
 
     def on_scheduled_check(self) -> None:
         self.state.refresh(reduce=self.comm.sum_pair if self.comm.sharded else None)
+
+    def run_plan(self, plan):
+        """``plan`` run by the state, or by the generic step loop when :attr:`fused` is off."""
+        return self.state.run_plan(plan) if self.fused else generic_plan_steps(self.state, plan)

@@ -1,11 +1,8 @@
 """Block-Coordinate Frank-Wolfe (Lacoste-Julien et al. 2013, Alg. 4) and its refinements (Osokin et al.
 2016: gap sampling, pairwise and away steps, caching), on a model's dual state.
 
-Every run is a composed iteration: a sampling policy, the oracle with the state's working set and an optional cache
-test, and a step rule, in chunks of :class:`~torch_bcfw.duals.plan.StepPlan` that the state runs
-(:meth:`~torch_bcfw.duals.base.DualState.run_plan`: its compiled loop when it has one, else the generic loop; the
-iteration is described in ``docs/anatomy.md``).  Plain BCFW (uniform or permutation sampling, FW steps, no cache) is
-the plan with no refinement (:meth:`StepPlan.plain <torch_bcfw.duals.plan.StepPlan.plain>`).
+A run is chunks of :class:`~torch_bcfw.duals.plan.StepPlan` (sampling, oracle with working set and cache test, step
+rule) that the state runs (:meth:`~torch_bcfw.duals.base.DualState.run_plan`; see ``docs/anatomy.md``).
 """
 from __future__ import annotations
 
@@ -16,12 +13,12 @@ import numpy as np
 import torch
 
 from ..checks import saved_float, saved_int
-from ..duals.plan import CacheTest, StepPlan, WorkingSetUse, generic_plan_steps
-from ..duals.stepsize import FIXED, FW_RULE, LINE_SEARCH, STEP_RULES
+from ..duals.plan import CacheTest, StepPlan, WorkingSetUse
+from ..duals.stepsize import FW_RULE, STEP_RULES
 from .algorithm import DualAlgorithm
-from .certificate import Certificate, squared_norm
+from .certificate import Certificate, squared_norm, with_dual
 from .comm import pass_rounds
-from .options import parse_preset
+from .options import SolverOptions, parse_preset
 from .sampling import GapEstimates, GapSampler, make_sampler
 
 __all__ = ["seconds_per_block", "round_costs", "measured_round_size", "round_size_candidates", "chosen_round_size",
@@ -29,26 +26,15 @@ __all__ = ["seconds_per_block", "round_costs", "measured_round_size", "round_siz
 
 
 def resolve_auto_preset(model, data, options, rounds: bool = False):
-    """``preset="auto"``: the combination for this problem, from its properties (never a clock), among those of
-    :data:`~torch_bcfw.solvers.options.AUTO_CHOICES` that fit the given fields.  What runs compiled decides first,
-    since an interpreted step costs more than the passes a refinement saves on a cheap oracle
-    (``docs/results/presets.md``):
+    """``preset="auto"``: the first of :data:`~torch_bcfw.solvers.options.AUTO_CHOICES` fitting the given fields, in
+    an order set by properties of the problem, never a clock (``docs/results/presets.md``): ``uniform-fw`` for
+    ``rounds`` (``batch_size > 1``, sharded blocks or ``strategy="split-oracle"``); ``gap-pairwise`` when the
+    model's :attr:`~torch_bcfw.models.base.StructuredModel.compiled_steps` is ``"all"`` (a chain on the CPU);
+    ``uniform-fw`` for ``"plain"`` or a cheap oracle; else ``gap-pairwise-cache`` (an
+    :attr:`~torch_bcfw.models.base.StructuredModel.expensive_oracle`, Osokin et al. 2016, Sec. 5.1).
 
-    * rounds (``rounds``: ``batch_size > 1``, blocks sharded over processes, or ``strategy="split-oracle"``):
-      ``uniform-fw`` (pairwise and away steps move one block; gap sampling did not pay in rounds on OCR-large,
-      ``docs/results/scale.md``);
-    * a model whose dual state runs every refinement compiled (its
-      :attr:`~torch_bcfw.models.base.StructuredModel.compiled_steps` is ``"all"``: a chain on the CPU):
-      ``gap-pairwise``;
-    * one that runs plain steps compiled only (``"plain"``: the graph cut on the CPU): ``uniform-fw``, plain BCFW;
-    * interpreted steps (``"none"``): ``gap-pairwise-cache`` for an expensive oracle (the model's
-      :attr:`~torch_bcfw.models.base.StructuredModel.expensive_oracle`: pose trees, matchings; Osokin et al. 2016,
-      Sec. 5.1), else ``uniform-fw`` (a multiclass or table model: the bookkeeping of gap sampling and working sets
-      costs more than the passes it saves on a cheap oracle).
-
-    Returns the resolved options; ``extra["auto"]`` records the choice and the properties behind it.  The same problem
-    always gets the same choice, and a resumed run keeps its saved options.  Options already resolved (given
-    explicitly, or the options of a :class:`~torch_bcfw.FitResult`) are returned unchanged."""
+    Returns the resolved options with ``extra["auto"]`` recording the choice and its reasons; resolved options are
+    returned unchanged."""
     if not options.auto_pending:
         return options
     expensive = bool(model.expensive_oracle)
@@ -74,8 +60,7 @@ ROUND_SIZE_CANDIDATES, ROUND_SIZE_SLACK = (64, 256, 1024), 2.0
 
 
 def seconds_per_block(alg, m: int) -> float:
-    """Seconds per block iteration of the (scratch) algorithm ``alg``: the second of two chunks of ``m`` iterations
-    (the first compiles or loads the kernels and warms the allocator)."""
+    """Seconds per block iteration of the scratch algorithm ``alg``: the second of two chunks of ``m`` iterations."""
     alg.advance(m)
     t0, work = time.perf_counter(), alg.work
     alg.advance(m)
@@ -83,25 +68,20 @@ def seconds_per_block(alg, m: int) -> float:
 
 
 def round_costs(model, data, lam: float, options: SolverOptions, sizes) -> dict[int, float]:
-    """Seconds per block of plain BCFW in rounds of each size of ``sizes`` (1: one-block steps): two rounds on a
-    scratch state, the second timed (:func:`seconds_per_block`)."""
+    """Seconds per block of plain BCFW in rounds of each size of ``sizes`` (:func:`seconds_per_block`)."""
     return {tau: seconds_per_block(BCFW(model, data, lam, dataclasses.replace(
         options, batch_size=tau, progress=False, sampling="uniform", step_rule="fw", cache=False, preset=None)), tau)
         for tau in sizes}
 
 
 def measured_round_size(model, data, lam: float, options: SolverOptions) -> int:
-    """``batch_size="auto"`` with the data off the CPU: each round size of ``ROUND_SIZE_CANDIDATES`` (at most half the
-    examples) runs two rounds on a scratch state, the second timed; the smallest whose cost per block is within
-    ``ROUND_SIZE_SLACK`` of the cheapest is chosen (larger rounds need more passes).  On an H100, OCR-large's rounds
-    cost 1.43, 0.51 and 0.16 s per pass at 64, 256 and 1024 blocks, one-block steps 41.7 s
-    (docs/results/gpu.md)."""
+    """``batch_size="auto"`` with the data off the CPU: the :func:`chosen_round_size` of the timed
+    :func:`round_size_candidates` (docs/results/gpu.md)."""
     return chosen_round_size(round_costs(model, data, lam, options, round_size_candidates(len(data))))
 
 
 def round_size_candidates(n: int) -> list[int]:
-    """The round sizes ``batch_size="auto"`` times for ``n`` examples (those of ``ROUND_SIZE_CANDIDATES`` up to
-    ``n / 2``)."""
+    """The round sizes ``batch_size="auto"`` times: those of ``ROUND_SIZE_CANDIDATES`` up to ``n / 2``."""
     return [t for t in ROUND_SIZE_CANDIDATES if t <= n // 2] or [max(1, n // 2)]
 
 
@@ -118,7 +98,6 @@ class BCFW(DualAlgorithm):
         estimates: :class:`GapEstimates`, the per-block gap estimates (gap sampling and the cache test).
         glob_gap: the last exact duality gap ``g^(k0)`` (the global term of the cache test).
         steps: block iterations (oracle calls + cache hits).
-        fused: use the state's compiled loop when it has one (tests set False to run the generic loop).
         last_block_gaps / last_blocks: the oracle block gaps (``nan`` on cache hits) and blocks of the last chunk.
     """
 
@@ -134,13 +113,10 @@ class BCFW(DualAlgorithm):
                                           "split-oracle" or (comm is not None and comm.sharded))
         super().__init__(model, data, lam, options, state, bounds, comm)
         self.batch_size = options.batch_size
-        #: ``strategy="split-oracle"``: rounds of ``batch_size`` blocks decoded at one ``w`` (the calls split over the
-        #: processes by the communicator's ``start_corners``), then one-block steps in order
         self.split_oracle = options.strategy == "split-oracle"
         if self.split_oracle and (options.refined or options.step_rule != "fw" or self.comm.sharded):
             raise ValueError("strategy='split-oracle' runs plain BCFW rounds (uniform or perm sampling, FW steps, no "
                              f"cache) on a replicated state (got {options.variant_name()!r})")
-        #: mini-batch rounds (Wang et al. 2016): ``batch_size > 1``, or blocks sharded over processes
         self.minibatch = (self.batch_size > 1 and not self.split_oracle) or self.comm.sharded
         if self.minibatch and options.step_rule != "fw":
             raise ValueError(
@@ -149,30 +125,23 @@ class BCFW(DualAlgorithm):
                 f"{options.variant_name()!r})")
         if self.batch_size > self.n:
             raise ValueError(f"batch_size = {self.batch_size} exceeds the number of examples n = {self.n}")
-        self.step_code = LINE_SEARCH if options.step == "line_search" else FIXED
         self.rule = STEP_RULES[options.step_rule]
         self.refined = options.refined
         self.steps = 0
-        self.fused = True
-        self.last_block_gaps = None
-        self.last_blocks = None
-        self.estimates = None
+        self.last_block_gaps = self.last_blocks = None
         self.glob_gap = np.inf
         self._since_refresh = -1  # iterations since the last exact gap pass (-1: none yet)
         self.exact_block_gaps = None  # (g, H) of the last exact gap pass (refined runs)
         self._scheduled = False  # the next certificate is a check of the run's schedule (on_scheduled_check)
         self._resume_point = None  # the sampling state before an unscheduled certificate (see state_dict)
-        # this process' blocks: their gap estimates and sampler (seeded per process when the blocks are sharded)
         n_here = len(data)
         seed = options.seed if not self.comm.sharded else np.random.SeedSequence([options.seed, self.comm.rank])
+        self.estimates = GapEstimates(n_here, options.gap_power) if self.refined else None
         if options.sampling == "gap":
-            self.estimates = GapEstimates(n_here, options.gap_power)
             self.sampler = GapSampler(n_here, seed, self.estimates)
         else:
             self.sampler = make_sampler(options.sampling, n_here, seed)
         if self.refined:
-            if self.estimates is None:
-                self.estimates = GapEstimates(n_here, options.gap_power)
             self.use_ws = options.cache or self.rule != FW_RULE
             if self.use_ws:
                 self.state.ensure_working_set()
@@ -185,14 +154,11 @@ class BCFW(DualAlgorithm):
     def work(self) -> int:
         return self.steps if self.refined else self.oracle_calls
 
-    def chunk_size(self) -> int:
-        # the rest of the pass in progress: realign to whole passes after an early gap pass, and after a warm
-        # start from a run that stopped mid-pass (so that the gap checks of the schedule fall where they would)
+    def chunk_size(self) -> int:  # realign to whole passes after an early gap pass or a mid-pass warm start
         return self.n - self.steps % self.n
 
     def _refine(self, plan: StepPlan) -> StepPlan:
-        """The refinements' parts of ``plan``: the gap estimates (kept up to date by the oracle calls), the working
-        set and the cache test."""
+        """Add the refinements to ``plan``: the gap estimates, the working set and the cache test."""
         o = self.options
         plan.estimates = self.estimates
         if self.use_ws:
@@ -221,26 +187,28 @@ class BCFW(DualAlgorithm):
             plan = StepPlan.plain(self.sampler.draw(m), self.step_code, self.options.averaging)
         else:
             plan = self._plan(m)
-        res = self.state.run_plan(plan) if self.fused else generic_plan_steps(self.state, plan)
+        res = self.run_plan(plan)
         if isinstance(self.sampler, GapSampler):
             self.sampler.consumed(res.steps, m)
-        self.steps += res.steps
         self.oracle_calls += res.oracle_calls
         self.cache_hits += res.cache_hits
+        self._end_chunk(res, res.steps)
+
+    def _end_chunk(self, res, done: int) -> None:
+        """Count the ``done`` block iterations of the chunk ``res`` and take up its request of an exact gap pass."""
+        self.steps += done
         self.last_block_gaps, self.last_blocks = res.gaps, res.blocks
         if res.need_gap_pass:
-            if self._since_refresh == 0 and res.steps == 0:
+            if self._since_refresh == 0 and done == 0:
                 self.converged = True  # the exact block gaps just computed are all zero: optimal
             self.check_requested = True
         if self._since_refresh >= 0:
-            self._since_refresh += res.steps
+            self._since_refresh += done
 
     def _advance_rounds(self, m: int) -> None:
-        """At least ``m`` block iterations (all processes together) in whole rounds of about ``batch_size`` distinct
-        blocks.  A pass is always cut into the same rounds (:func:`~torch_bcfw.solvers.comm.pass_rounds`), so runs
-        split at a round boundary (a pass boundary, e.g. a checkpoint) continue exactly; a chunk that ends inside a
-        round finishes it.  This process draws its share of every round from its own blocks, and each round takes
-        one joint step (one collective when the blocks are sharded)."""
+        """At least ``m`` block iterations (all processes) in whole rounds of about ``batch_size`` distinct blocks, one
+        joint step each.  A pass is always cut into the same rounds (:func:`~torch_bcfw.solvers.comm.pass_rounds`),
+        so a run split at a pass boundary continues exactly."""
         local, total = pass_rounds(self.n, self.batch_size, self.comm)
         ends = np.cumsum(total)
         pos = self.steps % self.n
@@ -269,27 +237,15 @@ class BCFW(DualAlgorithm):
                 hits = int(self.comm.sum_scalar(res.cache_hits))  # every process' hits
             self.oracle_calls += res.oracle_calls + res.cache_hits - hits
             self.cache_hits += hits
-            if self._since_refresh >= 0:
-                self._since_refresh += done
         else:
             self.oracle_calls += done
-        self.steps += done
-        self.last_block_gaps, self.last_blocks = res.gaps, res.blocks
-        if res.need_gap_pass:
-            if self._since_refresh == 0 and done == 0:
-                self.converged = True  # the exact block gaps just computed are all zero: optimal
-            self.check_requested = True
+        self._end_chunk(res, done)
 
     def _advance_split_oracle(self, m: int) -> None:
-        """At least ``m`` block iterations in whole rounds of ``batch_size`` blocks (a pass is cut at the multiples of
-        ``batch_size``; a chunk that ends inside a round finishes it).  Every round's blocks are drawn and decoded at
-        the current ``w`` (:meth:`start_corners <torch_bcfw.solvers.comm.LocalComm.start_corners>`: the calls split
-        over the processes of a group, the answers gathered while the work goes on); then the previous round's blocks
-        take their one-block Frank-Wolfe steps towards their corners in the drawn order
-        (:meth:`~torch_bcfw.duals.base.DualState.corner_steps`, exact line search), and the chunk ends with the last
-        round's steps.  A round is thus decoded before the previous round's steps: a corner decoded at an earlier
-        ``w`` is a corner of the block's simplex all the same, so every step keeps the dual feasible and never
-        decreases it (the line search clips at 0 when the corner no longer ascends)."""
+        """At least ``m`` block iterations in whole rounds of ``batch_size`` blocks (cut at its multiples).  Each round
+        is decoded at the current ``w`` (:meth:`~torch_bcfw.solvers.comm.LocalComm.start_corners`) before the previous
+        round takes its one-block FW steps in order (:meth:`~torch_bcfw.duals.base.DualState.corner_steps`): an
+        older corner is still a corner, so every step keeps the dual feasible and never decreases it."""
         done, pending = 0, None
         while done < m:
             pos = self.steps % self.n
@@ -315,10 +271,8 @@ class BCFW(DualAlgorithm):
     def certificate(self) -> Certificate:
         if not self.refined:
             return super().certificate()
-        # A check outside the schedule (the solver loop's final check when a run ends between two scheduled
-        # checks, or a direct call) refreshes the estimates like any exact gap pass, but an uninterrupted run
-        # would not have refreshed them there: keep the state before the refresh for state_dict, so that a
-        # warm start continues exactly as the uninterrupted run.
+        # an unscheduled check refreshes the estimates where an uninterrupted run would not: state_dict saves the
+        # state before the refresh, so that a warm start continues exactly
         self._resume_point = None if self._scheduled else self._sampling_state()
         self._scheduled = False
         st = self.state
@@ -334,11 +288,10 @@ class BCFW(DualAlgorithm):
             hinge, ell = float(sums[0]) / self.n, float(sums[1]) - st.box_term()
         else:
             hinge, ell = float(H.mean()), st.dual_ell()
-        primal = 0.5 * self.lam * sq + hinge
-        dual = ell - 0.5 * self.lam * sq
-        self.glob_gap = max(primal - dual, 0.0)
+        cert = with_dual(0.5 * self.lam * sq + hinge, ell, self.lam, sq, y_star)
+        self.glob_gap = max(cert.gap, 0.0)
         self._since_refresh = 0
-        return Certificate(primal, dual, primal - dual, y_star)
+        return cert
 
     def estimated_gap(self) -> float | None:
         if self.estimates is None:
@@ -359,21 +312,15 @@ class BCFW(DualAlgorithm):
         self._since_refresh = 0
 
     def _sampling_state(self) -> dict:
-        """What an exact gap pass changes besides ``exact_block_gaps``: the estimates (and their sum tree, rebuilt
-        from them on load), the first-visit queue position, the global gap of the cache test, the counter since
-        the last refresh."""
+        """What an exact gap pass changes besides ``exact_block_gaps`` (estimates, queue position, global gap)."""
         sd = {"sampler": self.sampler.state_dict(), "glob_gap": self.glob_gap, "since_refresh": self._since_refresh}
         if self.estimates is not None:
             sd["estimates"] = self.estimates.state_dict()
         return sd
 
     def state_dict(self) -> dict:
-        """Everything a warm start needs to continue the run exactly (``fit(a + b passes)`` equals ``fit(a)`` then
-        ``fit(b, init=...)`` bit for bit, at any split: the dual state with its working set, the sampler's
-        generator, the gap sampler's first-visit queue and position, the gap estimates, the global gap of the cache
-        test and the counters).  After an unscheduled certificate (the final check of a run that ended between
-        two scheduled checks) the sampling state is the one before its refresh, i.e. that of the uninterrupted
-        run; its exact block gaps remain available as :attr:`exact_block_gaps`."""
+        """Everything a warm start needs to continue the run exactly; after an unscheduled certificate, the sampling
+        state before its refresh (that of the uninterrupted run)."""
         sd = {"state": self.state.state_dict(), "oracle_calls": self.oracle_calls, "steps": self.steps,
               "cache_hits": self.cache_hits}
         if self.comm.sharded:

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import math
-import time
 
 __all__ = ["Callback", "ProgressBar", "PrintLogger", "format_record"]
 
@@ -55,7 +54,6 @@ class ProgressBar(Callback):
 
         self.bar = tqdm(total=float(info["max_passes"]), unit="pass", desc=info["solver"], leave=self.leave,
                         bar_format="{desc} {n:.1f}/{total:.0f} passes |{bar}| {elapsed}{postfix}")
-        self.t0 = time.perf_counter()
 
     def on_chunk(self, passes: float, elapsed: float) -> None:
         if self.bar is not None:

@@ -1,12 +1,5 @@
-"""Where the blocks of a run live: in this process (:class:`LocalComm`), or sharded over the processes of a
-``torch.distributed`` group (:class:`torch_bcfw.distributed.ShardComm`, same interface).
-
-An algorithm asks its communicator for what depends on the other processes' blocks: its share of a chunk of block
-iterations, the sum of a mini-batch round's ``(V, sums)``, sums of vectors and scalars (``w`` re-summed from the
-blocks, the averaged iterate, the dual's ``l``), exact certificates and task losses over all examples, and agreement
-on a stopping decision.  With one process every reduction is the identity, so a solver written against this
-interface runs unchanged in both settings.
-"""
+"""Where the blocks of a run live: in this process (:class:`LocalComm`, every reduction the identity), or sharded over
+the processes of a ``torch.distributed`` group (:class:`torch_bcfw.distributed.ShardComm`, same interface)."""
 from __future__ import annotations
 
 import numpy as np
@@ -55,14 +48,9 @@ class LocalComm:
     world_size = 1
     sharded = False
 
-    def share(self, m: int) -> int:
-        """This process' part of ``m`` block iterations."""
-        return m
-
     def start_corners(self, state, blocks: np.ndarray):
         """Start the oracle calls of a round (``strategy="split-oracle"``): the answers of ``blocks`` (``int64[m]``)
-        at the current ``w`` of the (replicated) ``state``, handed over by :meth:`finish_corners`.  Here every block
-        is decoded in this process, at once."""
+        at the current ``w`` of ``state``, handed over by :meth:`finish_corners` (here: decoded at once)."""
         return [state.block_oracle(i) for i in blocks.tolist()]
 
     def finish_corners(self, pending) -> list[Tensor]:

@@ -7,21 +7,11 @@ every block at once, with
 * ``a_j = 1/(lam n) sum_i psi_i(y_i*)``  (``Tensor[d]``, in the units of ``w``) and
 * ``b_j = 1/n sum_i L_i(y_i*)``.
 
-The restricted dual over the planes (plane 0 is the ground truth, ``a_0 = 0``, ``b_0 = 0``) is re-solved over
-the simplex of plane weights ``beta`` (the fully corrective Frank-Wolfe view of Lacoste-Julien et al. 2013,
-Sec. 3)::
-
-    max_beta  D(beta) = beta^T b - lam/2 ||sum_j beta_j a_j||^2,   beta >= 0, sum_j beta_j = 1,
-
-so ``w = sum_j beta_j a_j`` and ``l = beta^T b``.  The inner problem is a small dense QP in the plane Gram
-matrix ``K_jk = <a_j, a_k>``; it is solved by pairwise Frank-Wolfe with exact line search, warm-started, to an
-inner duality gap ``<= cp_inner_tol * max(1, |D|)`` (at most ``cp_inner_iters`` iterations).  Whatever the
-inner accuracy, every ``beta`` on the simplex is a feasible dual point (``alpha_i = sum_j beta_j e_{y_i^j}``),
-so the certified gap ``P(w) - D(beta)`` of the loop is exact; an inexact inner solve only slows the method.
-
-Box constraints are not supported (the inner QP would change); models with ``weight_bounds`` (graph cuts,
-pose trees) need ``solver="bcfw"`` or ``"fw"``.  Planes are stored densely (``d`` numbers each), one per
-iteration.  A state saved on some features refuses to load on others (its planes are feature-space vectors).
+The restricted dual ``max_beta beta^T b - lam/2 ||sum_j beta_j a_j||^2`` over the simplex of plane weights (plane 0
+the ground truth, ``a_0 = 0``, ``b_0 = 0``) is re-solved by pairwise Frank-Wolfe in the Gram matrix ``K_jk = <a_j,
+a_k>``, warm-started, to an inner gap ``<= cp_inner_tol * max(1, |D|)``; ``w = sum_j beta_j a_j``, ``l = beta^T b``.
+Every ``beta`` on the simplex is a feasible dual point, so the certified gap is exact whatever the inner accuracy.
+No box constraints (models with ``weight_bounds`` need ``solver="bcfw"`` or ``"fw"``).
 """
 from __future__ import annotations
 
@@ -36,20 +26,10 @@ __all__ = ["CuttingPlane", "solve_simplex_qp"]
 
 
 def solve_simplex_qp(K, b, lam: float, beta, tol: float, max_iters: int):
-    """Maximise ``beta^T b - lam/2 beta^T K beta`` over the simplex by pairwise Frank-Wolfe (exact line search).
-
-    Args:
-        K: ``float64[P, P]`` Gram matrix (positive semi-definite), numpy.
-        b: ``float64[P]``.
-        lam: the regularisation (scales the quadratic term).
-        beta: ``float64[P]`` starting point on the simplex (not modified).
-        tol: stop when the inner duality gap ``max_j g_j - min_{beta_j > 0} g_j`` (``g = b - lam K beta``, the
-            gradient of the concave objective; it bounds the suboptimality) is ``<= tol``.
-        max_iters: iteration cap.
-
-    Returns:
-        ``(beta, iterations, inner gap)``.
-    """
+    """Maximise ``beta^T b - lam/2 beta^T K beta`` over the simplex by pairwise Frank-Wolfe (exact line search) from
+    ``beta`` (``float64[P]``, not modified), with ``K`` (``float64[P, P]``, PSD) and ``b`` (``float64[P]``) numpy
+    arrays, until the inner gap ``max_j g_j - min_{beta_j > 0} g_j`` (``g = b - lam K beta``) is ``<= tol`` or for
+    ``max_iters`` iterations.  Returns ``(beta, iterations, inner gap)``."""
     beta = np.array(beta, dtype=np.float64)
     Kb = K @ beta
     it, gap = 0, np.inf
@@ -70,11 +50,7 @@ def solve_simplex_qp(K, b, lam: float, beta, tol: float, max_iters: int):
 
 class CuttingPlane(Algorithm):
     """``solver="cutting-plane"``: one full oracle pass adds one plane; the dual over the planes is re-solved.
-
-    Options (:class:`~torch_bcfw.solvers.options.SolverOptions`): ``cp_inner_tol`` (default 1e-10, relative),
-    ``cp_inner_iters`` (default 10000); ``gap_check`` counts iterations (one pass each).  No averaging: the
-    iterate is the fully corrective solution.
-    """
+    No averaging: the iterate is the fully corrective solution."""
 
     name = "cutting-plane"
     whole_passes = True
@@ -92,7 +68,6 @@ class CuttingPlane(Algorithm):
         self.ell = 0.0
         self.iteration = 0
         self.inner_iterations = 0
-        self.last_inner_gap = 0.0
         self._phi_true = None
 
     def _add_plane(self) -> None:
@@ -117,7 +92,7 @@ class CuttingPlane(Algorithm):
         beta = self.beta.cpu().numpy()
         dual = float(beta @ b) - 0.5 * self.lam * float(beta @ (K @ beta))
         tol = self.options.cp_inner_tol * max(1.0, abs(dual))
-        beta, its, self.last_inner_gap = solve_simplex_qp(K, b, self.lam, beta, tol, self.options.cp_inner_iters)
+        beta, its, _ = solve_simplex_qp(K, b, self.lam, beta, tol, self.options.cp_inner_iters)
         self.beta = torch.from_numpy(beta).to(self.a.device)
         self.inner_iterations += its
         self.w = self.beta @ self.a
@@ -129,10 +104,6 @@ class CuttingPlane(Algorithm):
             self._solve()
             self.iteration += 1
             self.oracle_calls += self.n
-
-    @property
-    def n_planes(self) -> int:
-        return int(self.b.numel())
 
     def iterate(self):
         return self.w, self.ell

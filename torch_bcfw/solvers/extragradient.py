@@ -1,5 +1,4 @@
-"""The dual extragradient method (Taskar, Lacoste-Julien & Jordan 2006: Nesterov's dual extrapolation) on the
-regularised SSVM objective of every solver of this library.
+"""The dual extragradient method (Taskar, Lacoste-Julien & Jordan 2006: Nesterov's dual extrapolation).
 
 **Saddle-point form.**  With ``z_i`` in the polytope ``Z_i`` of example ``i``'s labelings in the parts
 representation (a chain: token marginals and expected transition counts; a matching: link marginals), ``phi_i(z_i) =
@@ -10,26 +9,19 @@ z_i)`` (the library's ``w = A alpha``) and ``G_z_i = -(c_i + F_i^T w) / n``.  ``
 constant ``L = (lam + sqrt(lam^2 + 4 sigma^2)) / 2`` (``sigma`` the norm of the coupling in the geometry's norms);
 the step is ``eta = xg_step_scale / L``.
 
-* **Chains: entropic geometry** (``1/2 ||w||^2`` plus the negative entropy of each ``alpha_i``): ``sigma^2 = sum_i
-  R_i^2 / n^2`` with a closed-form bound on ``R_i >= max_y ||phi_i(y) - phi_i(y_i)||``; a prox step is a Gibbs
-  distribution whose marginals come from forward-backward batched over the examples
-  (:func:`~torch_bcfw.inference.forward_backward.shared_transition_marginals`, log space when the potentials
-  overflow); the prox centre is uniform.
+* **Chains: entropic geometry**: ``sigma^2 = sum_i R_i^2 / n^2`` with a closed-form bound ``R_i >= max_y ||phi_i(y)
+  - phi_i(y_i)||``; a prox step is a Gibbs distribution (batched forward-backward); the prox centre is uniform.
 * **Matchings: Euclidean geometry**: ``sigma^2 = lambda_max(sum_i F_i F_i^T) / n^2``; a prox step is the projection
-  onto the matching polytope (:func:`~torch_bcfw.inference.matching_projection.project_matching_polytope`, all pairs
-  at once, within a certified ``xg_proj_tol``, exactly feasible); the prox centre is the ground truth.
+  onto the matching polytope (within a certified ``xg_proj_tol``, exactly feasible); the centre is the ground truth.
 
 **The iteration** (``s`` the running sum of ``-G``, ``u_hat`` the centre, ``T(u, g) = argmax_u' <g, u'> - 1/eta
-D_h(u', u)``): ``v = T(u_hat, s)``, ``u^t = T(v, -G(v))``, ``s <- s - G(u^t)``; the averaged iterate is uniform.
-It runs in the memory-efficient form of Taskar et al. (Sec. 4): by linearity ``s_z = (t c + F^T W) / n`` with ``W =
-sum_k w^k``, so every ``z`` is regenerated from ``W`` and ``t`` and the state is ``O(d)`` (plus, for matchings, the
-projections' multipliers as warm starts).
+D_h(u', u)``): ``v = T(u_hat, s)``, ``u^t = T(v, -G(v))``, ``s <- s - G(u^t)``; the averaged iterate is uniform.  In
+the memory-efficient form of Taskar et al. (Sec. 4), ``s_z = (t c + F^T W) / n`` with ``W = sum_k w^k``: every ``z``
+is regenerated from ``W`` and ``t``, so the state is ``O(d)``.
 
-**Certificate.**  :meth:`iterate` and :meth:`averaged` are ``(A(z), b(z))`` of the current and the averaged feasible
-``z``: exact dual points, certified by the loop like BCFW's.  **Accounting**: an iteration makes two projections per
-example, counted as ``2 n`` oracle calls; ``max_passes`` and ``gap_check`` count iterations.  Needs a model with a
-prox geometry (:meth:`~torch_bcfw.models.base.StructuredModel.prox_geometry`: chains, matchings); refuses box
-constraints and the BCFW refinements.
+:meth:`iterate` and :meth:`averaged` are ``(A(z), b(z))`` of feasible ``z``: exact dual points.  An iteration counts
+as ``2 n`` oracle calls (two projections per example).  Needs a model with a
+:meth:`~torch_bcfw.models.base.StructuredModel.prox_geometry` (chains, matchings); no box constraints.
 """
 from __future__ import annotations
 

@@ -1,15 +1,11 @@
 """Batch Frank-Wolfe on the SSVM dual (Lacoste-Julien et al. 2013, Alg. 2).
 
-Each iteration makes one batched oracle call over all ``n`` examples at the current ``w`` and
-moves every block towards its corner with one common step (line search or ``2/(k+2)``).  With
-line search it equals the batch subgradient method with an adaptive step ``gamma / lam``.
-With box constraints this is Alg. 8 of Osokin et al. 2016 (App. H): the dual state keeps the untruncated
-``v`` and the oracle runs at ``w = clip(v)``.
+Each iteration makes one batched oracle call at the current ``w`` and moves every block towards its corner with one
+common step (line search or ``2/(k+2)``).  With box constraints this is Alg. 8 of Osokin et al. 2016 (App. H).
 """
 from __future__ import annotations
 
 from ..checks import saved_int
-from ..duals.stepsize import FIXED, LINE_SEARCH
 from .algorithm import DualAlgorithm
 
 __all__ = ["FrankWolfe"]
@@ -23,14 +19,12 @@ class FrankWolfe(DualAlgorithm):
         if options.refined:
             raise ValueError("gap sampling, pairwise / away steps and caching are BCFW refinements (solver='bcfw')")
         super().__init__(model, data, lam, options, state, bounds)
-        self.step_code = LINE_SEARCH if options.step == "line_search" else FIXED
         self.iteration = 0
-        self.last_gap = None
 
     def advance(self, m: int) -> None:
         for _ in range(max(1, m // self.n)):
             y = self.model.oracle(self.state.w, self.data, loss_augmented=True)
-            self.last_gap, _ = self.state.batch_step(y, self.step_code, self.iteration, self.options.averaging)
+            self.state.batch_step(y, self.step_code, self.iteration, self.options.averaging)
             self.iteration += 1
             self.oracle_calls += self.n
 

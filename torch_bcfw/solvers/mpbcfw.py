@@ -1,27 +1,13 @@
 """Multi-plane BCFW (Shah, Kolmogorov & Lampert, CVPR 2015, Alg. 3): BCFW for costly max-oracles.
 
-Every exact oracle answer is kept in its block's working set of *planes* (the state's
-:class:`~torch_bcfw.duals.working_set.WorkingSet`: timestamps of last activity, LRU eviction at the cap ``N``,
-eviction by inactivity after ``T`` iterations).  One **outer iteration** is an **exact pass** (``n`` BCFW steps, each
-oracle answer joining its block's planes) and up to ``M`` **approximate passes** (each block once in a fresh random
-order, stepping towards the best stored plane at the current ``w``; ties to the smallest label hash).
-
-**Automatic number of approximate passes** (Sec. 3.4, cross-multiplied as in the authors' code): after approximate
-pass ``B`` the passes stop when ``r dF_B t_A < dF_A t_B`` (``A`` everything since the start of the iteration before
-``B``, ``dF`` the dual gain, ``t`` the cost), or when ``dF_B <= min_gain |F|`` (the guard).  The cost is measured by
-``options.mp_clock``: ``"work"`` (default) counts an exact step as 1 and an approximate step over ``p`` planes as
-``p /`` :data:`PLANES_PER_ORACLE_CALL`, so runs are deterministic; ``"wall"`` uses seconds (the paper's rule); a
-``clock`` given to :class:`MPBCFW` overrides both.  ``r = 0`` gives one approximate pass, ``r = inf`` always ``M``.
-
-**Averaging** (MP-BCFW-avg, Sec. 3.5): one weighted average after the exact steps and one after the approximate
-steps; :meth:`MPBCFW.averaged` is their mixture maximising the dual (closed form; golden section with box
-constraints).
-
-With ``N = 0`` there is no working set and no approximate pass: the exact pass is plain BCFW, bit for bit.  With
-``N > 0`` the passes are multi-plane plans (:meth:`StepPlan.multi_plane <torch_bcfw.duals.plan.StepPlan.multi_plane>`)
-that the state runs like every plan.  The history records ``exact_calls``, ``approx_steps``, ``approx_passes``,
-``outer_iterations`` and the time in each kind of pass (:meth:`MPBCFW.accounting`); ``max_passes`` and
-``gap_check`` count exact passes.
+Every exact oracle answer joins its block's working set of *planes* (:class:`~torch_bcfw.duals.working_set.WorkingSet`:
+LRU eviction at the cap ``N``, eviction after ``T`` inactive iterations).  One outer iteration is an exact pass (``n``
+BCFW steps) and up to ``M`` approximate passes (each block once in a random order, stepping towards its best stored
+plane at the current ``w``).  After approximate pass ``B`` the passes stop when ``r dF_B t_A < dF_A t_B`` (Sec. 3.4;
+``A`` everything since the start of the iteration before ``B``, ``dF`` the dual gain, ``t`` the cost of
+``options.mp_clock``) or when ``dF_B <= min_gain |F|``.  MP-BCFW-avg (Sec. 3.5) keeps one average after the exact and
+one after the approximate steps and returns their mixture maximising the dual.  With ``N = 0`` this is plain BCFW,
+bit for bit.  ``max_passes`` and ``gap_check`` count exact passes.
 """
 from __future__ import annotations
 
@@ -33,9 +19,9 @@ import torch
 from torch import Tensor
 
 from ..checks import saved_float, saved_int, saved_tensor
-from ..duals.plan import MP_APPROX, MP_EXACT, StepPlan, generic_plan_steps
+from ..duals.plan import MP_APPROX, MP_EXACT, StepPlan
 from ..duals.working_set import WorkingSet
-from ..duals.stepsize import FIXED, LINE_SEARCH, line_search_step
+from ..duals.stepsize import line_search_step
 from .certificate import squared_norm
 from .algorithm import DualAlgorithm
 from .callbacks import Callback
@@ -46,20 +32,15 @@ __all__ = ["MPBCFW", "RecordAccounting", "stop_approximate_passes", "TwoAverages
 #: seed salt of the generator of the approximate passes' orders (kept apart from the exact pass's sampler)
 _APPROX_SALT = 0x6D70
 
-#: ``mp_clock="work"``: scoring this many planes (one approximate step over a block's working set of that size)
-#: costs as much as one exact oracle call.  A fixed constant, so that the automatic rule is deterministic; the
-#: exact oracles MP-BCFW is meant for (graph cuts, pose trees, Viterbi over many labels) cost far more than
-#: scoring ten stored labelings, so the rule leans towards approximate passes less than the wall clock would.
+#: ``mp_clock="work"``: scoring this many planes costs as much as one exact oracle call (a fixed constant, so that
+#: the automatic rule is deterministic)
 PLANES_PER_ORACLE_CALL = 10.0
 
 
 def stop_approximate_passes(gain_a: float, time_a: float, gain_b: float, time_b: float, ratio: float,
                             min_gain: float, dual: float) -> bool:
-    """The stopping rule after an approximate pass ``B`` (see the module docstring).
-
-    ``gain_a, time_a``: dual gain and time since the start of the outer iteration up to the start of ``B``;
-    ``gain_b, time_b``: those of ``B``.  True: stop (``B`` is kept).
-    """
+    """The stopping rule after an approximate pass ``B`` (see the module docstring): True to stop (``B`` is kept).
+    ``gain_a, time_a``: dual gain and cost before ``B`` in the outer iteration; ``gain_b, time_b``: those of ``B``."""
     if not gain_b > min_gain * abs(dual):
         return True  # the guard: nothing (or too little) gained
     if ratio == math.inf:
@@ -141,17 +122,14 @@ class MPBCFW(DualAlgorithm):
     :class:`~torch_bcfw.solvers.options.SolverOptions`.
 
     Args:
-        clock: a function returning the current time in seconds (default ``time.perf_counter``); the
-            time accounting reads it at pass boundaries only, and so does the automatic rule when it is given
-            (it then overrides ``options.mp_clock``) or with ``mp_clock="wall"``.  Tests inject a synthetic
-            clock (e.g. a cost model of oracle calls and approximate steps).
+        clock: a function returning the current time in seconds (default ``time.perf_counter``), read at pass
+            boundaries; when given, the automatic rule measures it instead of ``options.mp_clock``.
 
     Attributes:
         iteration: completed outer iterations (the exact pass in progress belongs to ``iteration + 1``).
         approx_steps, approx_passes: approximate block steps and passes so far.
         exact_time, approx_time: clock time spent in exact and in approximate passes.
-        exact_work, approx_work: their cost in oracle-call units (``mp_clock="work"``'s cost model; in the
-            checkpoint, not in the history).
+        exact_work, approx_work: their cost in oracle-call units (``mp_clock="work"``).
         rule_clock: ``"work"``, ``"wall"`` or ``"clock"`` (a given clock): what the automatic rule measures.
         last_approx_passes: approximate passes of the last completed outer iteration.
     """
@@ -168,14 +146,10 @@ class MPBCFW(DualAlgorithm):
             raise ValueError("mp-bcfw with a working set (mp_max_planes > 0) needs step='line_search'")
         super().__init__(model, data, lam, options, state, bounds)
         self.clock = clock if clock is not None else time.perf_counter
-        if clock is not None:
-            self.rule_clock = "clock"
-        else:
-            self.rule_clock = "wall" if options.mp_clock == "wall" else "work"
+        self.rule_clock = "clock" if clock is not None else "wall" if options.mp_clock == "wall" else "work"
         self.N = options.mp_max_planes
         self.M = options.mp_max_approx_passes if self.N > 0 else 0
         self.T = options.mp_inactive_iters
-        self.step_code = LINE_SEARCH if options.step == "line_search" else FIXED
         self.sampler = make_sampler(options.sampling, self.n, options.seed)
         self.approx_rng = np.random.Generator(np.random.PCG64([options.seed, _APPROX_SALT]))
         self.iteration = 0
@@ -187,7 +161,6 @@ class MPBCFW(DualAlgorithm):
         self._iter_exact_cost = 0.0  # the rule's cost (seconds or work units) of its exact pass so far
         self.averages = TwoAverages(self.state.d, self.state.w.device) if (options.averaging and self.N > 0) else None
         self.ws = self._working_set() if self.N > 0 else None
-        self.fused = True  # use the state's fused steps when it has them (tests set False to run the generic loop)
 
     def _working_set(self) -> WorkingSet:
         st = self.state
@@ -201,24 +174,7 @@ class MPBCFW(DualAlgorithm):
     # ------------------------------------------------------------ helpers
     def dual_value(self) -> float:
         """``F = dual_ell - lam/2 ||w||^2`` of the current iterate (``O(d)``, no oracle call)."""
-        w = self.state.w
-        return self.state.dual_ell() - 0.5 * self.lam * squared_norm(w)
-
-    def _run(self, plan: StepPlan) -> None:
-        """``plan`` run by the state (its compiled loop when it has one), or the generic step loop (``fused`` off)."""
-        if self.fused:
-            self.state.run_plan(plan)
-        else:
-            generic_plan_steps(self.state, plan)
-
-    def _exact_steps(self, order, stamp: float) -> None:
-        """The exact block steps of ``order``: a multi-plane plan (:meth:`StepPlan.multi_plane`)."""
-        avg = self.averages.exact if self.averages is not None else None
-        self._run(StepPlan.multi_plane(order, MP_EXACT, stamp, self.N, running=avg))
-
-    def _approx_pass(self, order, stamp: float, cutoff: float) -> None:
-        avg = self.averages.approx if self.averages is not None else None
-        self._run(StepPlan.multi_plane(order, MP_APPROX, stamp, cutoff=cutoff, running=avg))
+        return self.state.dual_ell() - 0.5 * self.lam * squared_norm(self.state.w)
 
     # ------------------------------------------------------------ the algorithm
     def chunk_size(self) -> int:
@@ -235,7 +191,8 @@ class MPBCFW(DualAlgorithm):
             plan = StepPlan.plain(order, self.step_code, self.options.averaging)
             self.last_block_gaps = self.state.run_plan(plan).gaps
         else:
-            self._exact_steps(order, float(self.iteration + 1))
+            avg = self.averages.exact if self.averages is not None else None
+            self.run_plan(StepPlan.multi_plane(order, MP_EXACT, float(self.iteration + 1), self.N, running=avg))
         dt = self.clock() - t0
         self.exact_time += dt
         self.exact_work += m  # one oracle call per exact step
@@ -257,14 +214,13 @@ class MPBCFW(DualAlgorithm):
         cutoff = float(k - self.T) if self.T > 0 else -math.inf
         dual = self.dual_value()
         gain_a, time_a = dual - self._iter_dual0, self._iter_exact_cost
+        avg = self.averages.approx if self.averages is not None else None
         for p in range(1, self.M + 1):
             stamp = k + p / (self.M + 1.0)
             order = self.approx_rng.permutation(self.n)
-            # every block is visited once and only its own step changes its set: the planes scored in this pass
-            # are the set sizes now
             work_b = float(self.ws.size.sum()) / PLANES_PER_ORACLE_CALL
             t0 = self.clock()
-            self._approx_pass(order, stamp, cutoff)
+            self.run_plan(StepPlan.multi_plane(order, MP_APPROX, stamp, cutoff=cutoff, running=avg))
             dt = self.clock() - t0
             time_b = work_b if self.rule_clock == "work" else dt
             new_dual = self.dual_value()
@@ -293,7 +249,7 @@ class MPBCFW(DualAlgorithm):
         return v.clone(), ell
 
     def accounting(self) -> dict:
-        """Oracle cost accounting for the history (see the module docstring)."""
+        """Oracle cost accounting for the history."""
         ws = self.ws
         return {
             "exact_calls": self.oracle_calls, "approx_steps": self.approx_steps, "approx_passes": self.approx_passes,
@@ -325,9 +281,8 @@ class MPBCFW(DualAlgorithm):
             raise ValueError(f"approx_rng is not a state of its generator: {exc!r}") from None
         self.oracle_calls = saved_int(sd["oracle_calls"], "oracle_calls", 0)
         self.iteration, self.pos = saved_int(sd["iteration"], "iteration", 0), saved_int(sd["pos"], "pos", 0, self.n - 1)
-        self.approx_steps = saved_int(sd["approx_steps"], "approx_steps", 0)
-        self.approx_passes = saved_int(sd["approx_passes"], "approx_passes", 0)
-        self.last_approx_passes = saved_int(sd["last_approx_passes"], "last_approx_passes", 0)
+        for key in ("approx_steps", "approx_passes", "last_approx_passes"):
+            setattr(self, key, saved_int(sd[key], key, 0))
         self.exact_time = saved_float(sd["exact_time"], "exact_time", lo=0.0)
         self.approx_time = saved_float(sd["approx_time"], "approx_time", lo=0.0)
         self._iter_dual0 = saved_float(sd["iter_dual0"], "iter_dual0")

@@ -1,21 +1,14 @@
 """Online exponentiated gradient on the SSVM dual (Collins, Globerson, Koo, Carreras & Bartlett 2008), as the
 BCFW paper configured it for its baseline (Lacoste-Julien et al. 2013, App. F).
 
-Each block's dual variable is a Gibbs distribution ``alpha_i(y) ~ exp(theta_i(y))`` over its labelings, with
-``theta_i`` in the parts of the model (for a chain: node potentials ``[L_i, K]`` and transition potentials
-``[K, K]``).  A step on block ``i`` at ``w`` is the exponentiated-gradient step of the dual:
-``theta_i <- theta_i + eta_i H_i(.; w)`` where ``H_i(y; w) = L_i(y) - <w, psi_i(y)>`` is the gradient of
-``D(alpha) = b^T alpha - lam/2 ||A alpha||^2`` times ``n`` (so ``eta`` has the scale of Collins et al.'s code:
-their ``C`` is ``1/(lam n)``).  The new marginals come from the expectation oracle (forward-backward), each
-call counted as one oracle call.  The step size is per example: initially ``eg_step0 = 0.5``; a backtracking
-line search halves it until the dual increases, at most ``eg_max_halvings_first = 2`` times in the first pass
-and ``eg_max_halvings = 5`` afterwards (no move when it never increases); after each line search it is
-multiplied by ``eg_step_growth = 1.05``.  The start is the uniform distribution (``theta = 0``), not ``w = 0``.
-
-Every iterate is a feasible dual point (in the interior of the simplex), ``w = A alpha`` and ``l = b^T alpha``
-are kept exactly, so the loop's certificate is exact.  No averaged iterate is kept (the paper shows none for
-EG).  ``max_passes`` and ``gap_check`` count block updates (``n`` per pass); the history's ``passes`` counts
-oracle calls, line-search calls included.  Needs a model with Gibbs parts and a marginal dual state (the chain).
+Each block's dual variable is a Gibbs distribution ``alpha_i(y) ~ exp(theta_i(y))``, ``theta_i`` in the model's
+parts (a chain: node potentials ``[L_i, K]``, transitions ``[K, K]``).  A step on block ``i`` is ``theta_i <- theta_i
++ eta_i H_i(.; w)``, ``H_i(y; w) = L_i(y) - <w, psi_i(y)>`` (``n`` times the dual's gradient: their ``C`` is ``1/(lam
+n)``); the marginals come from forward-backward, one oracle call each.  Per-example steps start at ``eg_step0``, are
+halved until the dual increases (at most ``eg_max_halvings_first`` times in the first pass, ``eg_max_halvings``
+after; no move when it never does) and grow by ``eg_step_growth`` after each line search.  The start is ``theta =
+0``.  Every iterate is a feasible dual point, so the certificate is exact; no averaged iterate.  ``max_passes``
+counts block updates; the history's ``passes`` counts oracle calls.  Needs a chain (Gibbs parts, marginal state).
 """
 from __future__ import annotations
 

@@ -36,16 +36,12 @@ _RULE_TOKENS = {"fw": "fw", "bcfw": "fw", "pairwise": "pairwise", "bcpfw": "pair
 
 
 def parse_preset(name: str) -> dict:
-    """``sampling``, ``step_rule`` and ``cache`` of a preset name.
-
-    A name joins with ``-`` an optional sampling (``uniform`` default, ``perm``, ``gap``), an optional step
-    rule (``fw`` default, ``pairwise``, ``away``; the paper's names ``bcfw``, ``bcpfw``, ``bcafw`` also work)
-    and an optional ``cache``: ``"gap-pairwise-cache"``, ``"gap"``, ``"pairwise"``, ``"uniform-fw"``...
-    ``"auto"`` is resolved by the solver from the model's ``expensive_oracle`` (see :class:`SolverOptions`).
-    """
+    """``sampling``, ``step_rule`` and ``cache`` of a preset name: joined with ``-``, an optional sampling
+    (``uniform`` default, ``perm``, ``gap``), step rule (``fw`` default, ``pairwise``, ``away``; also the paper's
+    ``bcfw``, ``bcpfw``, ``bcafw``) and ``cache``, e.g. ``"gap-pairwise-cache"``, ``"pairwise"``."""
     if not isinstance(name, str) or not name:
         raise ValueError(f"preset must be a non-empty string, got {name!r}")
-    out = {"sampling": "uniform", "step_rule": "fw", "cache": False}
+    out = dict(_COMBINATION_DEFAULTS)
     seen = set()
     for tok in name.lower().split("-"):
         if tok in _SAMPLING_TOKENS and "s" not in seen:
@@ -101,158 +97,117 @@ def _check_real(name: str, v, *, positive: bool, finite: bool, optional: bool = 
 #: the values of ``SolverOptions.strategy``
 STRATEGIES = ("auto", "replicate", "shard", "split-oracle")
 
+#: integer options and their minimum
+_INT_OPTIONS = {"gap_check": 1, "seed": 0, "cache_size": 1, "mp_max_planes": 0, "mp_inactive_iters": 0,
+                "mp_max_approx_passes": 0, "cp_inner_iters": 1, "eg_max_halvings_first": 0, "eg_max_halvings": 0,
+                "xg_proj_iters": 1}
+#: real options: ``(> 0 rather than >= 0, finite, None allowed)``; all but ``_NUMBER_OPTIONS`` are made floats
+_REAL_OPTIONS = {
+    "max_passes": (True, True, False), "gap_tol": (False, True, True), "rel_gap_tol": (False, True, True),
+    "time_budget": (True, True, True), "cache_F": (True, False, False), "cache_nu": (True, False, False),
+    "gap_power": (True, True, False), "early_gap_check": (True, True, True), "mp_approx_ratio": (False, False, False),
+    "mp_min_gain": (False, False, False), "cp_inner_tol": (True, True, False), "eg_step0": (True, True, False),
+    "eg_step_growth": (True, True, False), "xg_step_scale": (True, True, False), "xg_proj_tol": (True, True, False),
+}
+_NUMBER_OPTIONS = ("max_passes", "gap_tol", "rel_gap_tol", "time_budget")
+
 
 @dataclass
 class SolverOptions:
-    """Options shared by BCFW, batch Frank-Wolfe and SSG.
+    """Options shared by every solver (the defaults of the authors' BCFWstruct and gapBCFW code).
 
-    Defaults follow the authors' BCFWstruct code (line search, weighted averaging, uniform
-    sampling with replacement, ``rand_seed = 1``) and the gapBCFW code (exact gap every 10 passes,
-    cache of 100 labelings per block, ``F = 0.25``, ``nu = 0.01``, sampling proportional to ``gap^1``).
-    Without a preset, BCFW is plain BCFW (Lacoste-Julien et al. 2013).
+    Without a preset, BCFW is plain BCFW (Lacoste-Julien et al. 2013).  The refinements of Osokin et al. 2016
+    (BCFW only: ``sampling="gap"``, ``step_rule="pairwise"`` / ``"away"``, ``cache=True``) combine freely;
+    ``preset`` names a combination.  A pass of these variants is ``n`` block iterations, cache hits included; the
+    history's ``passes`` is oracle calls / n.
 
-    The refinements of Osokin et al. 2016 (BCFW only): ``sampling="gap"``, ``step_rule="pairwise"`` /
-    ``"away"`` and ``cache=True`` combine freely; ``preset`` names a combination.  A "pass" of these
-    variants is ``n`` block iterations (cache hits included, as in the authors' code); the history
-    counts oracle calls and cache hits separately, and ``passes`` there is oracle calls / n.
+    Every option is checked, nothing is coerced (``ValueError`` naming the option): integer options take an
+    ``int`` or numpy integer (not a bool, not an integral float such as ``3.0``); bool options take ``True`` /
+    ``False`` or a numpy bool; numeric options take real numbers, never a bool or NaN, finite unless said below.
 
-    Every option is checked, nothing is coerced (``ValueError`` naming the option and the value): integer
-    options take an ``int`` or a numpy integer (not a bool, not a float even if integral such as ``3.0``);
-    bool options take ``True`` / ``False`` or a numpy bool (not ``"no"``, not ``0``); numeric options take
-    real numbers, never a bool and never NaN, and are finite unless said otherwise below.
-
-    **Warm starts** (``fit(..., init=result)``) continue a run exactly: ``fit(a + b passes)`` equals ``fit(a)``
-    then ``fit(b, init=...)`` bit for bit (weights, averages and every history record but the timings), at any
-    split, whole or fractional, for ``solver="bcfw"`` with every sampling and refinement (gap sampling
-    included: the estimates, the first-visit queue, the global gap of the cache test and the random stream are
-    saved, and the final check of the first run does not refresh the saved estimates) and for ``"mp-bcfw"`` --
-    except that the first run's history holds one more record, the final check at the split.  Limits:
-    ``time_budget`` and Ctrl-C stops depend on the clock; ``solver="mp-bcfw"`` with ``mp_clock="wall"`` depends on the clock at every outer iteration.
+    Warm starts continue exactly: ``fit(a + b passes)`` equals ``fit(a)`` then ``fit(b, init=...)`` bit for bit (but
+    the timings and the first run's final check) for ``"bcfw"`` and ``"mp-bcfw"``, unless a clock decides.
 
     Attributes:
-        max_passes: stop after this many effective passes (oracle calls / n), a finite number > 0 (fractions
-            allowed; to stop on the gap or the time only, give a large number with ``gap_tol`` /
-            ``time_budget``). Default 100.
-        gap_check: run an exact duality-gap pass (n oracle calls at a fixed ``w``) every this
-            many passes, and always at the end: an integer >= 1. Default 10.
-        gap_tol: stop as soon as a certified gap (of the last or of the averaged iterate) is
-            ``<= gap_tol`` (finite, >= 0), in the units of the objective ``lam/2||w||^2 + 1/n sum_i H_i``.
-            ``None`` (default) never stops on the gap.
-        rel_gap_tol: stop as soon as a certified gap divided by its primal value is ``<= rel_gap_tol``
-            (finite, >= 0; ``None``, default: never).
-        time_budget: stop after this many seconds of solver time (finite, > 0; ``None``: no limit). The model
-            reached so far is returned, with its certified gap.
-        step: ``"line_search"`` (default) or ``"fixed"`` (``2n/(k+2n)`` for BCFW, ``2/(k+2)`` for
-            FW). SSG always uses ``1/(lam (k+1))``.
-        sampling: ``"uniform"`` (i.i.d. with replacement, the setting of the theory; the default when neither
-            it nor a preset is given: ``None`` stands for "not given"),
-            ``"perm"`` (a fresh random permutation every pass) or ``"gap"`` (BCFW only: adaptive gap
-            sampling, Alg. 2: every block once in a random order, then ``i ~ g_i^gap_power`` over the
-            block-gap estimates, which every oracle call updates and every exact gap pass refreshes;
-            when all estimates are 0 the exact gap pass is run at once).
+        max_passes: stop after this many effective passes (oracle calls / n), finite > 0, fractions allowed.
+            Default 100.
+        gap_check: run an exact duality-gap pass (n oracle calls at a fixed ``w``) every this many passes, and at
+            the end: an integer >= 1. Default 10.
+        gap_tol: stop once a certified gap (last or averaged iterate) is ``<= gap_tol`` (finite, >= 0), in the
+            units of ``lam/2||w||^2 + 1/n sum_i H_i``.  ``None`` (default): never.
+        rel_gap_tol: stop once a certified gap / its primal value is ``<= rel_gap_tol`` (finite, >= 0; ``None``,
+            default: never).
+        time_budget: stop after this many seconds of solver time (finite, > 0; ``None``: no limit); the model
+            reached so far is returned, certified.
+        step: ``"line_search"`` (default) or ``"fixed"`` (``2n/(k+2n)`` for BCFW, ``2/(k+2)`` for FW). SSG
+            always uses ``1/(lam (k+1))``.
+        sampling: ``"uniform"`` (i.i.d. with replacement; the default, ``None``: not given), ``"perm"`` (a fresh
+            permutation every pass) or ``"gap"`` (BCFW only, Alg. 2: every block once in a random order, then
+            ``i ~ g_i^gap_power`` over the block-gap estimates, updated by every oracle call and refreshed by every
+            exact gap pass; all estimates 0 runs the exact gap pass at once).
         step_rule: ``"fw"`` (default, ``None``: not given), ``"pairwise"`` (BCPFW, Alg. 3) or ``"away"`` (BCAFW,
-            Alg. 4).
-            Pairwise and away steps keep explicit active sets (the dual state's working set) and need
-            ``step="line_search"``.
-        cache: keep a working set of past oracle answers per block and use its best labeling instead of
-            calling the oracle when ``g_hat_i >= max(cache_F g_i, cache_nu / n g_global)`` (Alg. 5).
-            ``g_global`` starts at the exact gap of the starting point ``alpha_i = e_{y_i}``
-            (``mean_i max_y L_i(y)``: 1 for normalised losses, the value of the authors' code) and is
-            replaced by every exact gap pass; ``+inf`` when the run starts from a moved state.
-            Default False (``None``: not given).
-        cache_size: maximum labelings per block, an integer >= 1 (default 100, the authors' code); the inactive one with the
-            lowest score is evicted; active labelings are never evicted by pairwise / away steps.
+            Alg. 4); pairwise and away steps keep explicit active sets and need ``step="line_search"``.
+        cache: keep a working set of past oracle answers per block and use its best labeling instead of the oracle
+            when ``g_hat_i >= max(cache_F g_i, cache_nu / n g_global)`` (Alg. 5).  ``g_global`` starts at the
+            exact gap of ``alpha_i = e_{y_i}`` (``mean_i max_y L_i(y)``; ``+inf`` from a moved state) and is
+            replaced by every exact gap pass.  Default False (``None``: not given).
+        cache_size: maximum labelings per block, an integer >= 1 (default 100); the inactive one with the lowest
+            score is evicted, active ones never.
         cache_F: local factor ``F`` of the cache-hit test, > 0 (default 0.25; ``inf`` allowed).
         cache_nu: global factor ``nu`` of the cache-hit test, > 0 (default 0.01); ``inf`` disables hits.
         gap_power: exponent ``p`` of gap sampling, ``i ~ g_i^p``, finite > 0 (default 1).
-        early_gap_check: with ``gap_tol`` and block-gap estimates (gap sampling or cache), run the exact gap
-            pass as soon as the sum of the estimates is ``<= early_gap_check * gap_tol`` instead of waiting for
-            the next ``gap_check`` pass (the gapBCFW code does this with 0.8; the regularization path uses it).
-            ``None`` (default): only the scheduled checks.
-        preset: a named combination of ``sampling``, ``step_rule`` and ``cache``:
-            ``"gap-pairwise-cache"``, ``"gap"``, ``"uniform-fw-cache"``... (:func:`parse_preset`).  A preset never
-            overrides a field given explicitly: giving one that disagrees with the preset is an error (the same
-            value is fine, so the reload of :meth:`to_dict`, which holds the preset and the resolved fields,
-            works).  ``"auto"``: one of :data:`AUTO_CHOICES` from properties of the problem, never a clock
-            (:func:`~torch_bcfw.solvers.bcfw.resolve_auto_preset`): what the model's dual state runs compiled
-            first (``gap-pairwise`` for a chain on the CPU, plain BCFW for a graph cut), then the oracle
-            (``gap-pairwise-cache`` for an expensive one, else plain BCFW); recorded in ``extra["auto"]``.  Fields given with ``"auto"`` must fit one of the choices (``step="fixed"`` only fits
-            the FW steps without the cache, ``cache=True`` only ``gap-pairwise-cache``); when they fit only one, it
-            is chosen at once.
-            Until the solver resolves it, ``step_rule`` and ``cache`` are ``None`` (:attr:`auto_pending`).
-        averaging: (a bool, like ``check_averaged``, ``track_train_loss``, ``progress`` and ``cache``) keep the weighted average ``wbar_k = 2/(k(k+1)) sum_t t w_t`` (and ``lbar``)
-            and certify its gap as well. Default True (BCFWstruct: "it made a big difference in
-            test error").
-        check_averaged: also run the gap pass at the averaged iterate (one more oracle pass per
-            check). Default True. Without it the averaged iterate is not certified, so the last
-            iterate is returned as the model.
-        track_train_loss: record the task loss of the (averaged) model on the training set at every
-            gap check (one plain-decoding pass). Default True.
-        seed: random seed of the sampler, an integer >= 0 (not a float, not a bool). Default 1.
+        early_gap_check: with ``gap_tol`` and block-gap estimates, run the exact gap pass as soon as the estimates
+            sum to ``<= early_gap_check * gap_tol`` (the gapBCFW code uses 0.8).  ``None`` (default): only the
+            scheduled checks.
+        preset: a named combination of ``sampling``, ``step_rule`` and ``cache`` (:func:`parse_preset`), e.g.
+            ``"gap-pairwise-cache"``; fields given explicitly must agree with it.  ``"auto"``: one of
+            :data:`AUTO_CHOICES` fitting the given fields, from properties of the problem
+            (:func:`~torch_bcfw.solvers.bcfw.resolve_auto_preset`); until resolved the open fields are ``None``.
+        averaging: keep the weighted average ``wbar_k = 2/(k(k+1)) sum_t t w_t`` (and ``lbar``) and certify its
+            gap too. Default True.
+        check_averaged: also run the gap pass at the averaged iterate (one more oracle pass per check); without
+            it the last iterate is the model. Default True.
+        track_train_loss: record the task loss of the model on the training set at every gap check. Default True.
+        seed: random seed of the sampler, an integer >= 0. Default 1.
         progress: show a progress bar (pass, gap, primal, elapsed). Default False.
-        mp_max_planes: ``solver="mp-bcfw"`` (Shah et al. 2015): cap ``N`` on the planes (past oracle
-            answers) kept per block; the longest-inactive plane is evicted at the cap.  Default 1000 (the
-            paper's runs; a high bound, ``mp_inactive_iters`` is what limits the sets).  ``0``: no working
-            set and no approximate pass, i.e. exactly BCFW.
-        mp_inactive_iters: ``T``: planes not active (returned by an exact or approximate oracle) during the
-            last ``T`` outer iterations are dropped during the approximate passes.  Default 10; ``0``: never.
-        mp_max_approx_passes: ``M``: most approximate passes per outer iteration (default 1000, a cap: the
-            automatic rule decides); ``0``: exact passes only.
-        mp_approx_ratio: ``r`` of the automatic rule: stop the approximate passes when ``r x`` the dual gain
-            per unit of cost (``mp_clock``) of the last pass falls below that of the whole iteration so far.
-            Default 1 (the paper); ``0``: one approximate pass per iteration; ``inf``: always ``M`` (the rule off).
-        mp_min_gain: guard of the rule: also stop when an approximate pass gains ``<= mp_min_gain x |dual|``
-            (default 1e-12).
-        mp_clock: how the automatic rule measures the cost of a pass: ``"work"`` (deterministic: a cost model in
-            oracle-call units, an exact block step costs 1 and an approximate block step over ``p`` planes
-            ``p / PLANES_PER_ORACLE_CALL`` with the constant
-            :data:`torch_bcfw.solvers.mpbcfw.PLANES_PER_ORACLE_CALL` = 10, so that two runs with the same seed are
-            identical bit for bit), ``"wall"`` (seconds, the paper's rule: the number of approximate passes, hence
-            the run, depends on the machine's speed and load) or ``"auto"`` (default: ``"work"``).  The history's
-            ``exact_time`` / ``approx_time`` stay in seconds with either.
-        cp_inner_tol: ``solver="cutting-plane"``: the restricted dual over the planes is solved to an inner duality
-            gap ``<= cp_inner_tol * max(1, |dual|)`` (default 1e-10).  The certified gap is exact whatever this is.
-        cp_inner_iters: ``solver="cutting-plane"``: at most this many pairwise Frank-Wolfe steps per inner solve
-            (default 10000).
-        eg_step0: ``solver="online-eg"``: initial step size of every example (default 0.5, Collins et al.'s code).
-        eg_max_halvings_first: ``solver="online-eg"``: most halvings of the step in the first pass' line searches
+        mp_max_planes: ``solver="mp-bcfw"`` (Shah et al. 2015): cap ``N`` on the planes kept per block, the
+            longest-inactive evicted.  Default 1000; ``0``: no working set, exactly BCFW.
+        mp_inactive_iters: ``T``: planes inactive during the last ``T`` outer iterations are dropped during the
+            approximate passes.  Default 10; ``0``: never.
+        mp_max_approx_passes: ``M``: most approximate passes per outer iteration (default 1000); ``0``: exact
+            passes only.
+        mp_approx_ratio: ``r`` of the automatic rule: stop the approximate passes when ``r x`` the dual gain per
+            unit of cost of the last pass falls below that of the whole iteration so far.  Default 1 (the paper);
+            ``0``: one approximate pass per iteration; ``inf``: always ``M``.
+        mp_min_gain: also stop when an approximate pass gains ``<= mp_min_gain x |dual|`` (default 1e-12).
+        mp_clock: the cost the automatic rule measures: ``"work"`` (deterministic: an exact block step costs 1, an
+            approximate one over ``p`` planes ``p /`` :data:`~torch_bcfw.solvers.mpbcfw.PLANES_PER_ORACLE_CALL`),
+            ``"wall"`` (seconds, the paper's rule) or ``"auto"`` (default: ``"work"``).
+        cp_inner_tol: ``solver="cutting-plane"``: the restricted dual is solved to an inner gap
+            ``<= cp_inner_tol * max(1, |dual|)`` (default 1e-10); the certified gap is exact whatever this is.
+        cp_inner_iters: ``solver="cutting-plane"``: most pairwise FW steps per inner solve (default 10000).
+        eg_step0: ``solver="online-eg"``: initial step size of every example (default 0.5).
+        eg_max_halvings_first: ``solver="online-eg"``: most step halvings per line search in the first pass
             (default 2).
         eg_max_halvings: ``solver="online-eg"``: most halvings afterwards (default 5).
-        eg_step_growth: ``solver="online-eg"``: factor applied to an example's step after each line search
-            (default 1.05).
-        xg_step_scale: ``solver="extragradient"``: the step is ``xg_step_scale / L`` with ``L`` the Lipschitz
-            constant of the saddle-point operator (default 1: the step of the theory; above 1 convergence is not
-            guaranteed, the certificate stays exact).
-        xg_proj_tol: ``solver="extragradient"`` on matchings: every Euclidean projection onto the matching polytope is
-            computed to a certified distance ``<= xg_proj_tol`` from the exact one (default 1e-9; the projected point
-            is feasible whatever this is).
+        eg_step_growth: ``solver="online-eg"``: factor on an example's step after each line search (default 1.05).
+        xg_step_scale: ``solver="extragradient"``: the step is ``xg_step_scale / L``, ``L`` the Lipschitz constant
+            of the saddle-point operator (default 1; above 1 convergence is not guaranteed).
+        xg_proj_tol: ``solver="extragradient"`` on matchings: certified distance of every projection onto the
+            matching polytope from the exact one (default 1e-9; the point is feasible whatever this is).
         xg_proj_iters: ``solver="extragradient"`` on matchings: most Newton steps per projection (default 50).
         batch_size: ``solver="bcfw"``: ``tau``, the blocks of one mini-batch round (Wang et al. 2016), an integer
-            ``>= 1`` (1: BCFW), or ``"auto"`` (default): 1 where the data is on the CPU (the compiled one-block
-            kernel); with the data on a GPU, where one-block steps are hundreds of times slower than rounds, the
-            round size of :func:`measured_round_size`; when ``fit`` shards the examples or splits the oracle calls,
-            the calibration's (:func:`torch_bcfw.distributed.strategy.choose_strategy`).  The result's options
-            record the number.  With ``strategy="split-oracle"`` it is the round of blocks decoded at one ``w``,
-            each then taking its own one-block step (see ``strategy``).  Otherwise, above 1 every round draws ``tau``
-            distinct blocks (``uniform``: without
-            replacement within the round; ``perm``: consecutive blocks of the permutations), decodes them in one
-            batched oracle call at the same ``w`` and moves them together along the joint direction with one exact
-            line search (its numerator is the sum of the blocks' gaps) or the fixed step
-            ``min(1, 2 n tau / (tau k + 2 n))``.  ``gap``: each round draws its blocks from the gap estimates
-            without replacement, and the round's block gaps update them; ``cache``: the oracle is called once for
-            the round's blocks that miss the cache.  FW steps only (pairwise / away steps are refused).  With the
-            blocks sharded over processes ``tau`` counts the blocks of all processes.
-        strategy: how ``fit`` uses a ``torch.distributed`` process group of several ranks (ignored without one):
-            ``"replicate"`` (every rank runs the same single-process solve on all examples, with no communication
-            but the agreed stopping decisions; the heads are checked identical at the end; rank 0 saves one
-            checkpoint, which resumes under any number of processes), ``"shard"`` (the examples sharded over the
-            ranks, mini-batch rounds with one all-reduce each), ``"split-oracle"`` (for a costly oracle: the dual
-            state replicated as with ``"replicate"``, the oracle calls of each round of ``batch_size`` blocks split
-            over the ranks at the same ``w`` and their answers gathered, then every rank takes the round's one-block
-            steps in order, each with its exact line search; the trajectory does not depend on the number of ranks,
-            and one process runs the same rounds alone) or ``"auto"`` (default: a short calibration on the live group
-            picks one, see :func:`torch_bcfw.distributed.strategy.choose_strategy`; the result's options record the
-            choice).
+            ``>= 1`` (1: BCFW), or ``"auto"`` (default): 1 on the CPU, on a GPU
+            :func:`~torch_bcfw.solvers.bcfw.measured_round_size`, under a distributed strategy the calibration's; the
+            result's options record it.  A round draws
+            ``tau`` distinct blocks (of all processes), decodes them at one ``w`` and moves them together (FW steps,
+            one exact line search or the step ``min(1, 2 n tau / (tau k + 2 n))``); with ``strategy="split-oracle"``
+            each block then takes its own one-block step.
+        strategy: how ``fit`` uses a ``torch.distributed`` group of several ranks: ``"replicate"`` (every rank runs
+            the same single-process solve), ``"shard"`` (examples sharded over the ranks, mini-batch rounds with one
+            all-reduce each), ``"split-oracle"`` (a replicated state whose rounds' oracle calls are split over the
+            ranks; the trajectory does not depend on their number) or ``"auto"`` (default: a short calibration
+            picks one, :func:`torch_bcfw.distributed.strategy.choose_strategy`).
     """
 
     max_passes: float = 100
@@ -309,8 +264,7 @@ class SolverOptions:
             raise ValueError(f"sampling must be 'uniform', 'perm' or 'gap', got {self.sampling!r}")
         if self.step_rule is not None and self.step_rule not in ("fw", "pairwise", "away"):
             raise ValueError(f"step_rule must be 'fw', 'pairwise' or 'away', got {self.step_rule!r}")
-        # ---- the combination (sampling, step rule, cache): the given fields, then the preset (which must agree
-        # with them), then the defaults
+        # the combination: the given fields, then the preset (which must agree with them), then the defaults
         given = {k: getattr(self, k) for k in _COMBINATION_DEFAULTS if getattr(self, k) is not None}
         if self.preset == "auto":
             self._filter_auto_choices(given)
@@ -329,35 +283,13 @@ class SolverOptions:
                     setattr(self, k, v)
         if (self.step_rule not in ("fw", None) or self.cache) and self.step != "line_search":
             raise ValueError("pairwise / away steps and caching need step='line_search'")
-        # ---- numbers: real ints / reals, never bools, never NaN
-        self.gap_check = _check_int("gap_check", self.gap_check, 1)
-        self.seed = _check_int("seed", self.seed, 0)
-        self.cache_size = _check_int("cache_size", self.cache_size, 1)
-        for name in ("mp_max_planes", "mp_inactive_iters", "mp_max_approx_passes"):
-            setattr(self, name, _check_int(name, getattr(self, name), 0))
-        self.max_passes = _check_real("max_passes", self.max_passes, positive=True, finite=True)
-        self.gap_tol = _check_real("gap_tol", self.gap_tol, positive=False, finite=True, optional=True)
-        self.rel_gap_tol = _check_real("rel_gap_tol", self.rel_gap_tol, positive=False, finite=True, optional=True)
-        self.time_budget = _check_real("time_budget", self.time_budget, positive=True, finite=True, optional=True)
-        for name in ("cache_F", "cache_nu"):
-            setattr(self, name, float(_check_real(name, getattr(self, name), positive=True, finite=False)))
-        self.gap_power = float(_check_real("gap_power", self.gap_power, positive=True, finite=True))
-        if self.early_gap_check is not None:
-            self.early_gap_check = float(
-                _check_real("early_gap_check", self.early_gap_check, positive=True, finite=True, optional=True))
-        for name in ("mp_approx_ratio", "mp_min_gain"):
-            setattr(self, name, float(_check_real(name, getattr(self, name), positive=False, finite=False)))
+        for name, lo in _INT_OPTIONS.items():
+            setattr(self, name, _check_int(name, getattr(self, name), lo))
+        for name, (positive, finite, optional) in _REAL_OPTIONS.items():
+            v = _check_real(name, getattr(self, name), positive=positive, finite=finite, optional=optional)
+            setattr(self, name, v if v is None or name in _NUMBER_OPTIONS else float(v))
         if self.mp_clock not in MP_CLOCKS:
             raise ValueError(f"mp_clock must be one of {MP_CLOCKS}, got {self.mp_clock!r}")
-        self.cp_inner_tol = float(_check_real("cp_inner_tol", self.cp_inner_tol, positive=True, finite=True))
-        self.cp_inner_iters = _check_int("cp_inner_iters", self.cp_inner_iters, 1)
-        self.eg_step0 = float(_check_real("eg_step0", self.eg_step0, positive=True, finite=True))
-        self.eg_step_growth = float(_check_real("eg_step_growth", self.eg_step_growth, positive=True, finite=True))
-        self.eg_max_halvings_first = _check_int("eg_max_halvings_first", self.eg_max_halvings_first, 0)
-        self.eg_max_halvings = _check_int("eg_max_halvings", self.eg_max_halvings, 0)
-        self.xg_step_scale = float(_check_real("xg_step_scale", self.xg_step_scale, positive=True, finite=True))
-        self.xg_proj_tol = float(_check_real("xg_proj_tol", self.xg_proj_tol, positive=True, finite=True))
-        self.xg_proj_iters = _check_int("xg_proj_iters", self.xg_proj_iters, 1)
         if self.batch_size != "auto":
             self.batch_size = _check_int("batch_size", self.batch_size, 1)
         if self.strategy not in STRATEGIES:
@@ -375,9 +307,8 @@ class SolverOptions:
                                                    and not parse_preset(name)["cache"]))]
 
     def _filter_auto_choices(self, given: dict) -> None:
-        """``preset="auto"``: keep the choices of :data:`AUTO_CHOICES` that agree with the given fields (and with
-        ``step``); none: error; one: it is fixed now; more: the fields they differ in stay ``None`` until the solver
-        sees the model (:func:`torch_bcfw.solvers.bcfw.resolve_auto_preset`, which picks among them)."""
+        """``preset="auto"``: set the fields every choice of :meth:`auto_fits` agrees on (error when none fits);
+        the others stay ``None`` until :func:`~torch_bcfw.solvers.bcfw.resolve_auto_preset`."""
         fits = self.auto_fits()
         if not fits:
             raise ValueError(
@@ -393,8 +324,7 @@ class SolverOptions:
 
     @property
     def auto_pending(self) -> bool:
-        """True while ``preset="auto"`` still has to choose ``sampling``, ``step_rule`` or ``cache`` (from the
-        model)."""
+        """True while ``preset="auto"`` still has to choose ``sampling``, ``step_rule`` or ``cache``."""
         return self.preset == "auto" and any(getattr(self, k) is None for k in _COMBINATION_DEFAULTS)
 
     @classmethod
@@ -412,8 +342,7 @@ class SolverOptions:
         return self.sampling == "gap" or self.step_rule != "fw" or self.cache
 
     def variant_name(self) -> str:
-        """The preset name of the (resolved) combination, e.g. ``"gap-pairwise-cache"`` (``"auto"`` while
-        ``preset="auto"`` is not resolved yet)."""
+        """The preset name of the combination, e.g. ``"gap-pairwise-cache"`` (``"auto"`` while unresolved)."""
         if self.auto_pending:
             return "auto"
         return f"{self.sampling}-{self.step_rule}" + ("-cache" if self.cache else "")

@@ -1,30 +1,20 @@
 """The epsilon-approximate regularization path of Osokin et al. 2016 (Sec. 4, Algs. 6-7) and the grid searches it
 is compared with.
 
-**Path.**  For every ``lam > 0`` down to a stopping point the path holds weights with a certified duality gap ``<=
-eps``, from breakpoints ``lam_1 = lam_inf > lam_2 > ... > lam_J``:
+**Path.**  Breakpoints ``lam_1 = lam_inf > lam_2 > ... > lam_J`` give, for every ``lam`` down to a stopping point,
+weights with a certified duality gap ``<= eps``: above ``lam_inf``, ``w(lam) = psi~ / lam`` (Alg. 6; ``psi~`` the mean
+joint feature of the max-loss labelings); on ``[lam_{j+1}, lam_j]``, ``w_j`` optimised at ``lam_j`` to ``kappa eps``.
+Moving to ``rho lam_j`` keeps ``w`` and rescales the dual variables (Prop. 1,
+:meth:`~torch_bcfw.duals.base.DualState.rescale_lam`); the gap grows as ``g_j + (1 - rho) Delta_j``, so the next
+breakpoint is ``rho = 1 - (eps - g_j) / Delta_j`` (eq. 13), and when ``Delta_j <= eps - g_j`` (inverted in the paper's
+Alg. 7) the path is complete.  :meth:`RegularizationPath.certificate` recomputes the gap at any ``lam``.  Losses are
+constant on every piece (scaling ``w`` keeps the predictions), so model selection over the path is exact.
 
-* ``lam >= lam_inf``: ``w(lam) = psi~ / lam``, the closed form of the first piece (Alg. 6; ``psi~`` the mean joint
-  feature of the max-loss labelings), ``lam_inf`` chosen so that the gap is ``<= kappa eps`` there;
-* ``lam_{j+1} <= lam <= lam_j``: ``w(lam) = w_j``, optimised at ``lam_j`` to a gap ``<= kappa eps``.  Moving to
-  ``lam = rho lam_j`` keeps ``w`` and rescales the dual variables towards the ground truth (Prop. 1,
-  :meth:`~torch_bcfw.duals.base.DualState.rescale_lam`); the gap grows as ``g_j + (1 - rho) Delta_j``, so the next
-  breakpoint is ``rho = 1 - (eps - g_j) / Delta_j`` (eq. 13).  When ``Delta_j <= eps - g_j`` (inverted in the
-  paper's Alg. 7) ``w_j`` is ``eps``-approximate for every smaller ``lam``: the path is complete.
+**Grid search** (the paper's baseline, Sec. 5.2): ``lam = 2^15 ... 2^-15`` solved in turn to gap ``<= eps``, cold or
+warm (rescaled dual variables).  Both report cumulative effective passes (gap passes included) and time.
 
-Every breakpoint's gap is exact (a batch gap pass), so the guarantee holds;
-:meth:`RegularizationPath.certificate` recomputes it at any ``lam`` from the stored weights and the rescaled dual
-value, independently of the path's bookkeeping.  Prediction does not change when ``w`` is scaled, so the training
-and validation losses are constant on every piece: model selection over the path is exact.
-
-**Grid search** (the paper's baseline, Sec. 5.2): ``lam = 2^15 ... 2^-15`` solved one after the other to gap ``<=
-eps``, cold or warm (keep ``w``, rescale the dual variables).  All report cumulative effective passes (batch gap
-passes included) and time at each ``lam``.
-
-**Ctrl-C** ends a path or a grid search: the cut inner solve is dropped, no further ``lam`` is solved, and the
-finished points are returned with ``stopped_by == "interrupted"`` (model selection only sees them); an interrupt
-before the path's first point raises ``KeyboardInterrupt``.  ``torch-bcfw path`` writes the partial sweep and exits
-with code 130.
+**Ctrl-C**: the cut inner solve is dropped and the finished points are returned with ``stopped_by ==
+"interrupted"``; before the path's first point, ``KeyboardInterrupt`` propagates.
 """
 from __future__ import annotations
 
@@ -49,7 +39,7 @@ __all__ = [
     "path_options",
 ]
 
-#: the paper's grid, 2^15 ... 2^-15
+
 def default_grid() -> list[float]:
     """``[2^15, 2^14, ..., 2^-15]`` (31 values), the grid of Osokin et al. 2016, Sec. 5.2."""
     return [2.0 ** k for k in range(15, -16, -1)]
@@ -216,9 +206,8 @@ class RegularizationPath(LambdaSweep):
 
 # ----------------------------------------------------------------------------------------------- drivers
 def path_options(target: float, **options) -> SolverOptions:
-    """The inner solver's options of a path (``gap_tol = kappa eps``) or a grid search (``gap_tol = eps``): no averaging (the rescaling
-    needs the dual variables of the iterate), exact gap pass as soon as the block-gap estimates sum to
-    ``0.8 gap_tol`` (the gapBCFW code), BCFW with gap sampling unless a preset / sampling / step rule is given."""
+    """The inner BCFW's options of a path or grid search, ``gap_tol = target``: no averaging (the rescaling needs the
+    iterate's dual variables), ``early_gap_check = 0.8``, ``preset="gap-fw"`` unless the combination is given."""
     for k in ("gap_tol", "averaging", "check_averaged"):
         if k in options:
             raise ValueError(f"the path sets {k!r} itself (gap_tol = kappa * eps, no averaging)")
@@ -275,16 +264,15 @@ def _solve(model, data, lam, opts, state, clock: _Clock, budget_end, bounds, blo
 
 
 def _point(lam, state, rec, clock, stopped_by) -> SweepPoint:
-    """The breakpoint of the state's last iterate ``w``: ``rec`` is the :class:`~torch_bcfw.solvers.record.CheckRecord`
-    of its check, or the :class:`~torch_bcfw.solvers.certificate.Certificate` of the initial point."""
+    """The breakpoint of the state's ``w``; ``rec``: its check's record, or the initial point's ``Certificate``."""
     gap = rec.gap if isinstance(rec, Certificate) else rec.gap_last
     return SweepPoint(lam=float(lam), w=state.w.detach().cpu().clone(), dual_ell=state.dual_ell(), gap=float(gap),
                       primal=float(rec.primal), passes=clock.passes, time=clock.seconds, stopped_by=stopped_by)
 
 
 def _predicted_block_gaps(alg, rho: float):
-    """Exact block gaps after rescaling by ``rho`` (``g_i <- g_i + (1 - rho) delta_i = rho g_i + (1 - rho) H_i / n``,
-    Prop. 1 per block), from the last exact gap pass of ``alg``; ``None`` when it kept none."""
+    """Exact block gaps after rescaling by ``rho`` (``rho g_i + (1 - rho) H_i / n``, Prop. 1 per block) from the last
+    exact gap pass of ``alg``; ``None`` when it kept none."""
     eg = getattr(alg, "exact_block_gaps", None) if alg is not None else None
     if eg is None:
         return None
@@ -297,8 +285,7 @@ def regularization_path(
     track_train_loss: bool = True, time_budget: float | None = None, max_breakpoints: int | None = None,
     bounds=None, progress: bool = False, callbacks=None, **options,
 ) -> RegularizationPath:
-    """The ``eps``-approximate regularization path from ``lam_inf`` down to ``lam_min`` (Osokin et al. 2016,
-    Algs. 6-7 with the corrected stopping test; see the module docstring).
+    """The ``eps``-approximate regularization path from ``lam_inf`` down to ``lam_min`` (see the module docstring).
 
     Args:
         model, data: the structured model and its training data (``L_i(y_i) = 0`` is required).
@@ -315,9 +302,6 @@ def regularization_path(
         callbacks: :class:`~torch_bcfw.solvers.callbacks.Callback` s of every inner solve.
         **options: the inner BCFW's :class:`SolverOptions` (``preset``, ``max_passes`` per breakpoint, default
             1000, ``gap_check``, ``seed``...).  ``gap_tol`` and averaging are set by the path.
-
-    Ctrl-C: the finished breakpoints are returned with ``stopped_by == "interrupted"`` (the cut solve is
-    dropped); before the first breakpoint is certified, ``KeyboardInterrupt`` propagates.
     """
     _check_inputs(model, data, eps, kappa)
     if not lam_min > 0:
@@ -325,13 +309,11 @@ def regularization_path(
     opts = path_options(kappa * eps, **options)
     n = len(data)
     clock = _Clock(n)
-    wall0 = time.perf_counter()
-    budget_end = None if time_budget is None else wall0 + float(time_budget)
+    budget_end = None if time_budget is None else time.perf_counter() + float(time_budget)
 
     # ---- Alg. 6: the start lam_inf, alpha_i = e_{y~_i}
     t0 = time.perf_counter()
-    dev = data.device
-    w0 = torch.zeros(model.n_features, dtype=torch.float64, device=dev)
+    w0 = torch.zeros(model.n_features, dtype=torch.float64, device=data.device)
     y_tilde = model.oracle(w0, data, loss_augmented=True)
     psi_t = (model.joint_feature_sum(data, data.y) - model.joint_feature_sum(data, y_tilde)).to(torch.float64) / n
     y_hat = model.decode(psi_t, data)
@@ -343,8 +325,6 @@ def regularization_path(
     state = model.dual_state(data, lam_inf)
     init_alg = BCFW(model, data, lam_inf, opts, state=state, bounds=bounds)  # sets bounds, working set
     state.set_corners(y_tilde)
-    clock.seconds += time.perf_counter() - t0
-    t0 = time.perf_counter()
     cert = init_alg.certificate()
     clock.oracle += n
     clock.seconds += time.perf_counter() - t0
@@ -381,16 +361,13 @@ def regularization_path(
             rho = 1.0 - tau / delta
             lam_next = rho * lam
             if lam <= lam_min:
-                path.lower_limit = lam_next
                 path.stopped_by = "lam_min"
-                break
-            if max_breakpoints is not None and len(path.points) >= max_breakpoints:
-                path.lower_limit = lam_next
+            elif max_breakpoints is not None and len(path.points) >= max_breakpoints:
                 path.stopped_by = "max_breakpoints"
-                break
-            if budget_end is not None and time.perf_counter() >= budget_end:
-                path.lower_limit = lam_next
+            elif budget_end is not None and time.perf_counter() >= budget_end:
                 path.stopped_by = "time_budget"
+            if path.stopped_by:
+                path.lower_limit = lam_next
                 break
             if lam_next < lam_min:
                 lam_next, rho = lam_min, lam_min / lam
@@ -404,7 +381,7 @@ def regularization_path(
                 # out of time before solving, or the solve was cut by Ctrl-C (dropped): the previous point,
                 # rescaled to lam, is certified <= eps there (Prop. 1), not kappa eps
                 path.lower_limit = lam
-                path.stopped_by = "time_budget" if new_alg is None else "interrupted"
+                path.stopped_by = stopped
                 path.predicted_gaps.pop()
                 break
             alg = new_alg
@@ -428,8 +405,7 @@ def grid_search(
 
     ``warm_start=True`` keeps ``w`` from the previous ``lam`` and rescales the dual variables (Prop. 1, the
     paper's warm start); ``False`` starts every ``lam`` from ``alpha_i = e_{y_i}``.  Other arguments as in
-    :func:`regularization_path` (``options`` configure the inner BCFW).  Ctrl-C: the finished ``lam`` s are
-    returned with ``stopped_by == "interrupted"`` (the cut solve is dropped).
+    :func:`regularization_path`.
     """
     _check_inputs(model, data, eps)
     grid = sorted((float(v) for v in (default_grid() if lams is None else lams)), reverse=True)
@@ -452,11 +428,8 @@ def grid_search(
                 state = model.dual_state(data, lam)
             new_alg, rec, stopped = _solve(model, data, lam, opts, state, clock, budget_end, bounds, gaps,
                                            callbacks=callbacks)
-            if new_alg is None:
-                sweep.stopped_by = "time_budget"
-                break
-            if stopped == "interrupted":  # the cut solve is dropped
-                sweep.stopped_by = "interrupted"
+            if new_alg is None or stopped == "interrupted":  # out of time, or the cut solve is dropped
+                sweep.stopped_by = stopped
                 break
             alg = new_alg
             sweep.points.append(_point(lam, state, rec, clock, stopped))

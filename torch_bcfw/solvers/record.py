@@ -1,11 +1,6 @@
-"""``CheckRecord``: what one exact gap check of a solver run certified (one entry of a run's history).
-
-A record has typed fields for the columns every check writes and an ``extra`` dict for the columns that some
-solvers or callers add (mp-bcfw's cost accounting, the Lightning callback's ``epoch`` / ``stale`` ...), read as
-attributes too (``rec.gap``, ``rec.epoch``).  ``gap`` is always the certified gap of the run's model; the
-gaps of the two iterates are ``gap_last`` and ``gap_avg``.  :meth:`CheckRecord.to_dict` is the form saved in files
-(``FitResult.save``, ``history.json``: the columns in order, then the extra ones) and :meth:`CheckRecord.from_dict`
-reads it back, also the dicts of older files with fewer columns.
+"""``CheckRecord``: what one exact gap check of a solver run certified (one entry of a run's history): typed
+columns, plus ``extra`` columns some solvers or callers add (read as attributes too); :meth:`CheckRecord.to_dict` is
+the form saved in files and :meth:`CheckRecord.from_dict` reads it back, also from older files.
 """
 from __future__ import annotations
 
@@ -32,7 +27,7 @@ class CheckRecord:
             when ``check_averaged`` is off).
         selected: the iterate the run returns as its model, ``"last"`` or ``"averaged"`` (the lower primal).
         gap: the certified gap of that model: its primal minus the better of the two duals (``None`` without
-            a dual).  The figure a user reads as "the gap" (``FitResult.gap``, the bar, the tables and plots).
+            a dual): "the gap" (``FitResult.gap``, the bar, tables and plots).
         train_loss: mean task loss of the model on the training data (``None`` unless ``track_train_loss``).
         test_loss: mean task loss of the model on the test data (``None`` without test data).
         solver_time: cumulative seconds of solver steps.
@@ -41,8 +36,7 @@ class CheckRecord:
         extra: further columns (name -> number, string or ``None``), e.g. mp-bcfw's ``approx_steps``; each also
             reads as an attribute.
 
-    Records loaded from older files may lack some columns: those are ``None`` and stay absent from
-    :meth:`to_dict` (as they are from the saved dict), so a record always writes back the dict it was loaded from.
+    Columns missing from an older file are ``None`` and stay absent from :meth:`to_dict`.
     """
 
     passes: float | None = None

@@ -1,20 +1,11 @@
 """One run of a solver on one problem: the solver loop (chunks of steps, exact gap checks, stopping rules) and
-``SolverRun`` (the algorithm with its dual state, the cumulative counters and the history, saved and resumed).
+``SolverRun`` (the algorithm with its dual state, counters and history, saved and resumed), through which
+:func:`torch_bcfw.fit` and the Lightning callback train.  :data:`ALGORITHMS` is the library's solver table.
 
-:func:`torch_bcfw.fit` and the Lightning :class:`~torch_bcfw.lightning.BCFWCallback` both train through
-:class:`SolverRun`.  The library's one solver table (:data:`ALGORITHMS`) lives here.
-
-Stopping rules of :func:`run_solver`: ``max_passes`` more passes (``n`` block iterations each: oracle calls, plus
-cache hits for a cached BCFW), a certified gap ``<= gap_tol`` (or ``gap / primal <= rel_gap_tol``), the
-``time_budget`` (wall-clock seconds, steps and checks together), Ctrl-C (or SIGTERM where a handler turns it into
-``KeyboardInterrupt``, as the command line does; held back until the current chunk of steps ends, see
-:mod:`torch_bcfw.signals`), or an algorithm that certifies it cannot progress (``converged``: every exact block gap
-is zero).  In every case the loop ends with an exact certificate of the model it returns.
-
-The exact gap check (the algorithm's :meth:`~torch_bcfw.solvers.algorithm.Algorithm.certificate`) runs every
-``gap_check`` passes, and at once when the algorithm asks for it (gap sampling whose estimates are all zero).  For
-the refined BCFW the check is also the batch gap pass that refreshes the block-gap estimates and the global gap of
-the cache test (Osokin et al. 2016, Alg. 2).
+Stopping rules of :func:`run_solver`: ``max_passes``, a certified gap ``<= gap_tol`` (or ``gap / primal <=
+rel_gap_tol``), ``time_budget`` (wall-clock seconds), Ctrl-C or SIGTERM (taking effect between chunks of steps,
+:mod:`torch_bcfw.signals`), or ``converged`` (every exact block gap is zero).  The loop always ends with an exact
+certificate of the model it returns.  The check runs every ``gap_check`` passes and when the algorithm asks for it.
 """
 from __future__ import annotations
 
@@ -47,10 +38,8 @@ class RunOutput:
     Attributes:
         history: the :class:`~torch_bcfw.solvers.record.CheckRecord` of every check (the caller's list, extended).
         stopped_by: the stopping rule that ended the run.
-        checked_weights: ``(w, w_avg or None)``, copies of the iterates the last completed check of this run
-            certified (``None`` when no check completed).  After a second Ctrl-C during the final check the
-            algorithm has moved past them: these, not the algorithm's current iterates, go with
-            ``history[-1]``.
+        checked_weights: ``(w, w_avg or None)``, copies of the iterates the last completed check certified (``None``
+            when none completed): these, not the current iterates, go with ``history[-1]``.
     """
 
     history: list = field(default_factory=list)
@@ -63,8 +52,8 @@ WEAK_DUALITY_TOL = 1e-9
 
 
 def _check(alg, options, test_data, counters: dict, out: RunOutput) -> CheckRecord:
-    """Exact certificate of the last (and averaged) iterate; returns the history record and stores copies of
-    the certified iterates in ``out.checked_weights`` once the record is complete."""
+    """Exact certificate of the last (and averaged) iterate: the history record; copies of the certified iterates go
+    to ``out.checked_weights``."""
     t0 = time.perf_counter()
     model = alg.model
     w, ell = alg.iterate()
@@ -111,14 +100,15 @@ def _relative_gap(rec: dict) -> float:
     return g / primal if primal > 0 else (0.0 if g <= 0 else math.inf)
 
 
-def _check_here(alg, options, test_data, counters: dict, out: RunOutput, callbacks) -> CheckRecord:
-    """A check at the algorithm's current point outside the loop's schedule (the run's last, or a resumed state's
-    first): recorded like a scheduled one (replacing ``history[-1]`` when it certifies the same point again)."""
-    if alg.work % (options.gap_check * alg.n) == 0:  # this check is the schedule's (a run cut just before it)
+def _check_here(alg, options, test_data, counters: dict, out: RunOutput, callbacks,
+                scheduled: bool = False) -> CheckRecord:
+    """A check, recorded in ``out.history``; one outside the loop's schedule (the run's last, or a resumed state's
+    first) replaces ``history[-1]`` when it certifies the same point again."""
+    if scheduled or alg.work % (options.gap_check * alg.n) == 0:  # a run cut just before a scheduled check
         with deferred_signals():
             alg.on_scheduled_check()
     rec = _check(alg, options, test_data, counters, out)
-    if _same_check(out.history[-1] if out.history else None, rec):
+    if not scheduled and _same_check(out.history[-1] if out.history else None, rec):
         out.history[-1] = rec  # a warm start that took no step: the same point on the same data again
     else:
         out.history.append(rec)
@@ -131,12 +121,10 @@ def run_solver(alg, options, test_data=None, callbacks=(), counters: dict | None
                history: list | None = None, after_iteration=None, certify_first: bool = False) -> RunOutput:
     """Run ``alg`` for ``options.max_passes`` more effective passes (or until another stopping rule).
 
-    ``counters`` (``solver_time``, ``gap_time``, ``gap_oracle_calls``, and ``work``: the algorithm's block
-    iterations so far) and ``history`` continue a previous run when given (warm start); they are updated in
-    place.  ``after_iteration(out)`` (optional) is called after every chunk of steps and its checks, at a point
-    where the algorithm's state, ``out.history`` and ``out.checked_weights`` are consistent (checkpoints).
-    ``certify_first``: check the state before the first step (a resumed state whose final check was cut by a second
-    interrupt: the history then has the record that check would have added).
+    ``counters`` (``solver_time``, ``gap_time``, ``gap_oracle_calls``, ``work``) and ``history`` continue a previous
+    run when given; they are updated in place.  ``after_iteration(out)`` is called after every chunk and its checks,
+    where the state, ``out.history`` and ``out.checked_weights`` are consistent (checkpoints).  ``certify_first``:
+    check the state before the first step (a resumed state whose final check was cut by a second interrupt).
     """
     counters = counters if counters is not None else {}
     for key in ("solver_time", "gap_time", "gap_oracle_calls", "work"):
@@ -179,13 +167,8 @@ def run_solver(alg, options, test_data=None, callbacks=(), counters: dict | None
                 alg.check_requested = est is not None and est <= early * options.gap_tol
             if alg.work % (options.gap_check * n) == 0 or alg.check_requested:
                 alg.check_requested = False
-                with deferred_signals():
-                    alg.on_scheduled_check()
-                last_rec = _check(alg, options, test_data, counters, out)
+                last_rec = _check_here(alg, options, test_data, counters, out, callbacks, scheduled=True)
                 checked_at = (alg.work, alg.oracle_calls)
-                out.history.append(last_rec)
-                for cb in callbacks:
-                    cb.on_check(last_rec)
                 if options.gap_tol is not None and _certified_gap(last_rec) <= options.gap_tol:
                     out.stopped_by = "gap_tol"
                     break
@@ -227,11 +210,10 @@ _STATE_OPTIONS = ("sampling", "step_rule", "cache")
 
 def make_algorithm(solver: str, model, data, lam: float, options: SolverOptions, *, state=None,
                    bounds=None, comm=None) -> Algorithm:
-    """The algorithm ``solver`` on ``(model, data, lam)``, on the dual state ``state`` (default: a new one of the
-    model's) and the box constraints ``bounds`` (default: the model's ``weight_bounds``); ``comm``: a sharded
-    communicator (:class:`torch_bcfw.distributed.ShardComm`) when ``data`` is this process' shard (``"bcfw"``
-    only), or a replica's (:class:`torch_bcfw.distributed.strategy.ReplicaComm`: all blocks here, stopping decisions
-    agreed with the other replicas)."""
+    """The algorithm ``solver`` on ``(model, data, lam)``, on the dual state ``state`` (default: a new one) with box
+    constraints ``bounds`` (default: the model's); ``comm``: a :class:`torch_bcfw.distributed.ShardComm` when
+    ``data`` is this process' shard (``"bcfw"`` only), or a replica's
+    :class:`~torch_bcfw.distributed.strategy.ReplicaComm`."""
     if solver not in ALGORITHMS:
         raise ValueError(f"unknown solver {solver!r}; choose from {list(SOLVERS)}")
     if solver != "bcfw" and options.batch_size == "auto":  # BCFW resolves its own (measured_round_size)
@@ -261,9 +243,7 @@ class SolverRun:
         state: the dual state to start from (solvers of :data:`DUAL_STATE_SOLVERS`; default: a new one).
         bounds: box constraints ``(lower, upper)`` on the weights (default: the model's ``weight_bounds``).
         saved: a :meth:`state_dict` to continue (:meth:`load_state_dict`).
-        comm: ``data`` is this process' shard of a problem sharded over a process group
-            (:class:`torch_bcfw.distributed.ShardComm`; ``"bcfw"`` only), or a replica's communicator
-            (:func:`make_algorithm`); default: all blocks here, alone.
+        comm: a sharded or replica communicator (:func:`make_algorithm`); default: all blocks here, alone.
 
     Attributes:
         algorithm: the :class:`~torch_bcfw.solvers.algorithm.Algorithm`.
@@ -271,9 +251,7 @@ class SolverRun:
         counters: cumulative ``solver_time``, ``gap_time``, ``gap_oracle_calls`` and ``work`` (block iterations).
         history: the :class:`~torch_bcfw.solvers.record.CheckRecord` of every exact gap check.
 
-    A run continued from its :meth:`state_dict` (in a new ``SolverRun`` on the same problem) follows the
-    trajectory of an uninterrupted one bit for bit; :meth:`load_progress` instead continues only the sampler
-    and counters on a dual state of the caller's (the Lightning callback's re-bound state).
+    A run continued from its :meth:`state_dict` follows the trajectory of an uninterrupted one bit for bit.
     """
 
     def __init__(self, model, data, lam: float, solver: str = "bcfw", options: SolverOptions | None = None, *,
@@ -300,13 +278,9 @@ class SolverRun:
     # ------------------------------------------------------------------ running
     def run(self, max_passes: float | None = None, *, test_data=None, callbacks=(), after_iteration=None,
             certify_first: bool = False) -> RunOutput:
-        """Run ``max_passes`` more effective passes (default ``options.max_passes``) or until another stopping rule
-        of :func:`run_solver`; :attr:`counters` and :attr:`history` are extended.
-
-        ``test_data``: labelled data whose task loss every check records.  ``callbacks``: run callbacks (the
-        algorithm's own record columns, e.g. mp-bcfw's accounting, come first, and a progress bar last when
-        ``options.progress``).  ``after_iteration(out)``, ``certify_first``: see :func:`run_solver`.
-        """
+        """Run ``max_passes`` more effective passes (default ``options.max_passes``), extending :attr:`counters` and
+        :attr:`history`.  ``test_data``: labelled data whose task loss every check records; ``callbacks``,
+        ``after_iteration``, ``certify_first``: see :func:`run_solver`."""
         opts = self.options if max_passes is None else dataclasses.replace(self.options, max_passes=max_passes)
         alg = self.algorithm
         cbs = ([RecordAccounting(alg)] if hasattr(alg, "accounting") else []) + list(callbacks or [])
@@ -345,10 +319,8 @@ class SolverRun:
         self.history = as_records(sd["history"])
 
     def load_progress(self, solver_state: dict | None, counters: dict, history) -> None:
-        """Continue a run whose dual state the caller re-bound (given as ``state``): the sampler, iteration and
-        oracle counts of ``solver_state`` (:meth:`Algorithm.load_progress
-        <torch_bcfw.solvers.algorithm.Algorithm.load_progress>`; ``None``: none yet), and copies of ``counters``
-        and ``history``."""
+        """Continue a run whose dual state the caller re-bound (given as ``state``): the progress of ``solver_state``
+        (:meth:`~torch_bcfw.solvers.algorithm.Algorithm.load_progress`; ``None``: none yet), counters, history."""
         if solver_state is not None:
             self.algorithm.load_progress(solver_state)
         self.counters = dict(counters)

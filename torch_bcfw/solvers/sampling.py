@@ -1,10 +1,5 @@
-"""Block sampling policies: which blocks a pass of BCFW visits, in which order.
-
-``uniform`` and ``perm`` draw a chunk's blocks in advance.  ``gap`` (adaptive gap sampling, Alg. 2 of
-Osokin et al. 2016) draws each block from the current gap estimates, so it hands the step loop what it
-needs to draw inside the loop: the estimates with their sum tree (:class:`GapEstimates`, updated after
-every oracle call), the queue of never-visited blocks and pre-drawn uniforms.
-"""
+"""Block sampling policies: which blocks a pass of BCFW visits, in which order (``uniform`` and ``perm`` in advance;
+``gap``, Alg. 2 of Osokin et al. 2016, inside the step loop from the estimates)."""
 from __future__ import annotations
 
 import numpy as np
@@ -130,12 +125,8 @@ class PermutationSampler(Sampler):
 
 
 class GapEstimates:
-    """Per-block gap estimates ``g_i^(k_i)`` (the block gap measured at the last oracle call or exact gap
-    pass on block ``i``, clipped at 0) and a sum tree over ``g_i^power`` for sampling.
-
-    ``+inf`` marks a block never measured (its tree leaf is 0).  Used by gap sampling and by the local
-    term of the cache-hit test.
-    """
+    """Per-block gap estimates ``g_i^(k_i)`` (the block gap at the last oracle call or exact gap pass on block ``i``,
+    clipped at 0; ``+inf``: never measured, tree leaf 0) and a sum tree over ``g_i^power`` for sampling."""
 
     def __init__(self, n: int, power: float = 1.0):
         self.n = int(n)
@@ -149,11 +140,6 @@ class GapEstimates:
         g = np.asarray(gaps, dtype=np.float64)
         self.est[:] = np.where(g > 0.0, g, 0.0)
         tree_build(self.tree, self.size, self.est, self.power)
-
-    def total(self) -> float:
-        """Sum of the finite estimates (the heuristic gap)."""
-        e = self.est[np.isfinite(self.est)]
-        return float(e.sum())
 
     def state_dict(self) -> dict:
         return {"est": self.est.copy(), "power": self.power}
@@ -175,12 +161,9 @@ class GapEstimates:
 class GapSampler(Sampler):
     """Adaptive gap sampling: ``i ~ g_i^p / sum_j g_j^p`` over the current estimates, with replacement.
 
-    Rule for the start (the paper's ``g_i = +inf``): every block is visited once first, in the order of
-    a random permutation drawn from the seed; only then are blocks drawn from the estimates.  A block
-    whose estimate is 0 is not drawn until an exact gap pass refreshes it; when all estimates are 0 the
-    step loop stops the chunk and asks for the exact gap pass.  An exact gap pass makes every estimate
-    exact, so it also ends the first-visit queue.  The draws themselves happen inside the step loop (after
-    each oracle call the tree is updated), from uniforms pre-drawn here: :meth:`uniforms`.
+    First every block once, in a random permutation (the paper's ``g_i = +inf``; an exact gap pass ends this
+    queue).  When all estimates are 0 the step loop asks for the exact gap pass.  The draws happen inside the step
+    loop, from uniforms pre-drawn here (:meth:`uniforms`).
     """
 
     name = "gap"
@@ -198,9 +181,8 @@ class GapSampler(Sampler):
         return self.rng.random(m)
 
     def consumed(self, k: int, m: int) -> None:
-        """The chunk that drew ``m`` uniforms took ``k`` steps (it stopped early to ask for an exact gap pass):
-        rewind the generator to just after the ``k``-th uniform, so that the random stream does not depend on
-        where the chunks end (a run split by a checkpoint draws exactly the uniforms of the whole run)."""
+        """The chunk that drew ``m`` uniforms took ``k`` steps: rewind the generator to just after the ``k``-th
+        uniform, so that the random stream does not depend on where the chunks end."""
         if k < m:
             self.rng.bit_generator.state = self._rng_before
             self.rng.random(k)

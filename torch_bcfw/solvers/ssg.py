@@ -1,8 +1,7 @@
 """Stochastic subgradient (Pegasos step ``1/(lam (k+1))``) with weighted averaging: the SSG baseline.
 
-``w <- (1 - 1/(k+1)) w + 1/(lam (k+1)) psi_i(y*)`` for a sampled example ``i`` and its
-loss-augmented answer ``y*`` (Lacoste-Julien et al. 2013, App. F).  SSG has no dual variables,
-so only the primal value is certified; there is no duality gap.
+``w <- (1 - 1/(k+1)) w + 1/(lam (k+1)) psi_i(y*)`` for a sampled example ``i`` and its loss-augmented answer ``y*``
+(Lacoste-Julien et al. 2013, App. F).  No dual variables: only the primal value is certified.
 """
 from __future__ import annotations
 
@@ -40,19 +39,16 @@ class SSG(Algorithm):
 
     def advance(self, m: int) -> None:
         with single_thread(self.data.device):
-            self._advance(m)
-
-    def _advance(self, m: int) -> None:
-        for i in self.sampler.draw(m):
-            blk = self._block(int(i))
-            y = self.model.oracle(self.w, blk, loss_augmented=True)
-            psi = (self.model.joint_feature(blk, blk.y) - self.model.joint_feature(blk, y))[0]
-            step = 1.0 / (self.k + 1)
-            self.w.mul_(1.0 - step).add_(psi, alpha=step / self.lam)
-            if self.options.averaging:
-                rho = 2.0 / (self.k + 2)
-                self.w_avg.mul_(1.0 - rho).add_(self.w, alpha=rho)
-            self.k += 1
+            for i in self.sampler.draw(m):
+                blk = self._block(int(i))
+                y = self.model.oracle(self.w, blk, loss_augmented=True)
+                psi = (self.model.joint_feature(blk, blk.y) - self.model.joint_feature(blk, y))[0]
+                step = 1.0 / (self.k + 1)
+                self.w.mul_(1.0 - step).add_(psi, alpha=step / self.lam)
+                if self.options.averaging:
+                    rho = 2.0 / (self.k + 2)
+                    self.w_avg.mul_(1.0 - rho).add_(self.w, alpha=rho)
+                self.k += 1
         self.oracle_calls += m
 
     def iterate(self):

@@ -1,31 +1,12 @@
 """Word, POS and character embeddings under a BCFW-solved chain head on CoNLL-2000 chunking.
 
 The embedding route of the CoNLL experiment (``examples/conll_embeddings_lightning.py``,
-``configs/conll_embeddings.yaml``); the sparse linear chain of
-:mod:`torch_bcfw.datasets.conll_chain` is the baseline it is compared with.
-
-* :class:`ConllVocab` -- the input vocabularies, built on the training sentences: words seen at least
-  ``min_word_count`` times (lower-cased and with digits mapped to ``0`` by default) plus ``<unk>``,
-  the characters of the training words (case kept) plus ``<unk>``, and the training POS tags plus
-  ``<unk>``.  Id ``0`` is padding in every vocabulary, id ``1`` is ``<unk>``.
-* :class:`ConllChunkingDataModule` -- CoNLL-2000 as packed batches (:class:`ChunkBatch`: word, POS and
-  character ids per token, chunk label ids, ``offsets [B + 1]`` and the gold tag strings); implements
-  ``bcfw_dataloader()`` (all training sentences, fixed order) for :class:`~torch_bcfw.lightning.BCFWCallback`.
-* :class:`TokenEncoder` -- plain torch: a character CNN (max-pooled over each word's characters), word
-  and POS embeddings, a sentence encoder (``"bilstm"``: a bidirectional LSTM; ``"cnn"``: 1-d
-  convolutions over the tokens of each sentence) and a linear projection to ``feature_dim`` features,
-  layer-normalised without affine parameters (so the hinge cannot be lowered by scaling the features).
-* :class:`ConllChainTagger` -- the LightningModule: encoder + :class:`~torch_bcfw.nn.StructuredHead` on a
-  :class:`~torch_bcfw.models.Chain` over the 22 chunk tags.  The first ``ce_epochs`` epochs train the
-  encoder with per-token cross-entropy through an auxiliary linear classifier, then with the
-  :class:`~torch_bcfw.nn.StructuredHingeLoss` of the chain head (plus ``ce_weight`` times the
-  cross-entropy); the head itself is solved by the callback, never by the optimiser.  Validation /
-  test log the conlleval chunk ``f1``, ``precision``, ``recall`` (against the gold tag *strings*, so the
-  test split's ``I-LST`` counts as missed) and the token ``error``.
-
-The embedding sizes depend on the vocabulary, which the datamodule builds in ``setup``: the module
-creates its encoder in ``configure_model`` from ``trainer.datamodule.vocab`` (or explicitly with
-:meth:`ConllChainTagger.build`), and stores the vocabulary in its checkpoints.
+``configs/conll_embeddings.yaml``); the sparse linear chain of :mod:`torch_bcfw.datasets.conll_chain` is the
+baseline it is compared with.  :class:`ConllVocab` holds the input vocabularies (id ``0`` is padding and ``1``
+``<unk>`` in each), :class:`ConllChunkingDataModule` the packed batches (:class:`ChunkBatch`),
+:class:`TokenEncoder` the plain-torch encoder and :class:`ConllChainTagger` the LightningModule.  The embedding
+sizes depend on the vocabulary, which the datamodule builds in ``setup``: the module creates its encoder in
+``configure_model`` (or with :meth:`ConllChainTagger.build`) and stores the vocabulary in its checkpoints.
 """
 from __future__ import annotations
 
@@ -44,7 +25,7 @@ from ..datasets.conll import CHUNK_TAGS, Sentence, load_conll2000
 from ..datasets.conll_chain import chunk_f1_from_ids, tags_to_ids
 from ..models import Chain
 from ..nn import StructuredHead, StructuredHingeLoss
-from .eval_hooks import EvalHooks
+from .eval_hooks import EvalHooks, PackedLoaders, cosine_schedule, warmup_hinge_loss
 
 __all__ = ["ENCODERS", "ChunkBatch", "ConllChainTagger", "ConllChunkingDataModule", "ConllVocab", "TokenEncoder",
            "pack_sentences"]
@@ -52,11 +33,9 @@ __all__ = ["ENCODERS", "ChunkBatch", "ConllChainTagger", "ConllChunkingDataModul
 #: sentence encoders of :class:`TokenEncoder`
 ENCODERS = ("bilstm", "cnn")
 PAD, UNK = 0, 1
-_SPECIALS = ("<pad>", "<unk>")
 _DIGITS = re.compile(r"\d")
 
 
-# ---------------------------------------------------------------------------- vocabulary
 class ConllVocab:
     """Word, character and POS vocabularies (id 0: padding, id 1: ``<unk>``).
 
@@ -74,6 +53,9 @@ class ConllVocab:
         self.word_ids = {w: i + 2 for i, w in enumerate(self.words)}
         self.char_ids = {c: i + 2 for i, c in enumerate(self.chars)}
         self.pos_ids = {p: i + 2 for i, p in enumerate(self.pos)}
+        self.n_words: int = len(self.words) + 2  # vocabulary sizes, padding and <unk> included
+        self.n_chars: int = len(self.chars) + 2
+        self.n_pos: int = len(self.pos) + 2
 
     def normalize(self, word: str) -> str:
         if self.lowercase:
@@ -96,18 +78,6 @@ class ConllVocab:
         chars = sorted({ch for s in sentences for w in s.words for ch in w})
         pos = sorted({p for s in sentences for p in s.pos})
         return cls(words, chars, pos, lowercase, normalize_digits, max_word_chars)
-
-    @property
-    def n_words(self) -> int:
-        return len(self.words) + 2
-
-    @property
-    def n_chars(self) -> int:
-        return len(self.chars) + 2
-
-    @property
-    def n_pos(self) -> int:
-        return len(self.pos) + 2
 
     def encode(self, sentence: Sentence) -> tuple[Tensor, Tensor, Tensor]:
         """``(word ids [T], POS ids [T], char ids [T, C])``; ``C`` = the longest word (capped), 0-padded."""
@@ -132,7 +102,6 @@ class ConllVocab:
         return f"ConllVocab(words={self.n_words}, chars={self.n_chars}, pos={self.n_pos})"
 
 
-# ---------------------------------------------------------------------------- data
 class ChunkBatch(NamedTuple):
     """A packed batch of ``B`` sentences with ``N`` tokens in all."""
 
@@ -142,17 +111,6 @@ class ChunkBatch(NamedTuple):
     labels: Tensor  # [N] chunk label ids (tags unseen in training -> O)
     offsets: Tensor  # [B + 1]
     tags: tuple  # B tuples of gold chunk tag strings
-
-
-class _Sentences(torch.utils.data.Dataset):
-    def __init__(self, sentences: Sequence[Sentence], vocab: ConllVocab):
-        self.items = [(*vocab.encode(s), tags_to_ids(s.chunks), tuple(s.chunks)) for s in sentences]
-
-    def __len__(self):
-        return len(self.items)
-
-    def __getitem__(self, i):
-        return self.items[i]
 
 
 def pack_sentences(items) -> ChunkBatch:
@@ -168,7 +126,7 @@ def pack_sentences(items) -> ChunkBatch:
     return ChunkBatch(torch.cat(words), torch.cat(pos), ch, torch.cat(labels), offsets, tuple(tags))
 
 
-class ConllChunkingDataModule(pl.LightningDataModule):
+class ConllChunkingDataModule(PackedLoaders, pl.LightningDataModule):
     """CoNLL-2000 chunking (8936 training, 2012 test sentences) for Lightning.
 
     Args:
@@ -189,6 +147,8 @@ class ConllChunkingDataModule(pl.LightningDataModule):
         validate_on_test: return the test sentences as the validation loader (learning curves only;
             CoNLL-2000 has no separate validation split); not together with ``holdout``.
     """
+
+    collate = staticmethod(pack_sentences)
 
     def __init__(self, path: str, batch_size: int = 32, eval_batch_size: int = 256,
                  limit: int | None = None, test_limit: int | None = None, holdout: int = 0, min_word_count: int = 2,
@@ -232,32 +192,14 @@ class ConllChunkingDataModule(pl.LightningDataModule):
         self.train_sentences, self.val_sentences, self.test_sentences = train_s, val_s, test_s
         self.vocab = ConllVocab.fit(train_s, self.min_word_count, self.lowercase, self.normalize_digits,
                                     self.max_word_chars)
-        self.train, self.test = _Sentences(train_s, self.vocab), _Sentences(test_s, self.vocab)
-        self.val = _Sentences(val_s, self.vocab) if val_s else None
+        self.train, self.test = self._encode(train_s), self._encode(test_s)
+        self.val = self._encode(val_s) if val_s else None
 
-    def train_dataloader(self):
-        g = torch.Generator().manual_seed(self.seed)
-        return torch.utils.data.DataLoader(self.train, batch_size=self.batch_size, shuffle=True, generator=g,
-                                           collate_fn=pack_sentences)
-
-    def _eval_loader(self, sentences):
-        return torch.utils.data.DataLoader(sentences, batch_size=self.eval_batch_size, shuffle=False,
-                                           collate_fn=pack_sentences)
-
-    def val_dataloader(self):
-        if self.val is not None:
-            return self._eval_loader(self.val)
-        return self._eval_loader(self.test) if self.validate_on_test else []
-
-    def test_dataloader(self):
-        return self._eval_loader(self.test)
-
-    def bcfw_dataloader(self):
-        """All training sentences in a fixed order (the callback's feature pass)."""
-        return self._eval_loader(self.train)
+    def _encode(self, sentences: Sequence[Sentence]) -> list:
+        """``[(words, pos, chars, labels, tags)]`` per sentence (the items :func:`pack_sentences` collates)."""
+        return [(*self.vocab.encode(s), tags_to_ids(s.chunks), tuple(s.chunks)) for s in sentences]
 
 
-# ---------------------------------------------------------------------------- encoder
 def _positions(offsets: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """``(sentence index [N], position in the sentence [N], lengths [B])`` of packed tokens."""
     lengths = offsets[1:] - offsets[:-1]
@@ -273,7 +215,6 @@ class CharCNN(nn.Module):
         super().__init__()
         self.embed = nn.Embedding(n_chars, char_dim, padding_idx=PAD)
         self.conv = nn.Conv1d(char_dim, channels, kernel_size, padding=kernel_size // 2)
-        self.out_dim = channels
 
     def forward(self, chars: Tensor) -> Tensor:
         h = F.relu(self.conv(self.embed(chars).transpose(1, 2)))  # [N, channels, C]
@@ -369,7 +310,6 @@ def _check_encoder_args(encoder, word_dim, pos_dim, char_dim, char_channels, hid
         raise ValueError(f"dropout must be in [0, 1), got {dropout}")
 
 
-# ---------------------------------------------------------------------------- LightningModule
 class ConllChainTagger(EvalHooks, pl.LightningModule):
     """Embedding encoder + chain head over the 22 chunk tags, solved by :class:`~torch_bcfw.lightning.BCFWCallback`.
 
@@ -407,7 +347,6 @@ class ConllChainTagger(EvalHooks, pl.LightningModule):
         self.hinge = StructuredHingeLoss(self.head)
         self._eval = []
 
-    # ------------------------------------------------------------ construction
     def build(self, vocab: ConllVocab) -> None:
         """Create the encoder for ``vocab`` (once; a second call must bring a vocabulary of the same sizes)."""
         if self.encoder is not None:
@@ -448,34 +387,18 @@ class ConllChainTagger(EvalHooks, pl.LightningModule):
         """Token features ``[N, feature_dim]`` of a packed batch."""
         return self._encoder()(batch.words, batch.pos, batch.chars, batch.offsets)
 
-    # ------------------------------------------------------------ the feature protocol
     def bcfw_features(self, batch: ChunkBatch):
         return self.features(batch), batch.labels, batch.offsets
 
-    # ------------------------------------------------------------ training
     def training_step(self, batch: ChunkBatch, batch_idx):
         feats = self.features(batch)
-        B = batch.offsets.numel() - 1
-        hinge_phase = self.current_epoch >= self.hparams.ce_epochs and bool(self.head.w.abs().sum() > 0)
-        loss = 0.0
-        if not hinge_phase or self.hparams.ce_weight > 0:
-            ce = F.cross_entropy(self.classifier(feats), batch.labels)
-            self.log("train/ce", ce, on_step=False, on_epoch=True, batch_size=B)
-            loss = ce if not hinge_phase else self.hparams.ce_weight * ce
-        if hinge_phase:
-            h = self.hinge(feats, batch.labels, batch.offsets)
-            self.log("train/hinge", h, on_step=False, on_epoch=True, batch_size=B)
-            loss = loss + self.hparams.hinge_weight * h
-        return loss
+        return warmup_hinge_loss(self, feats, batch.labels, batch.offsets, batch.offsets.numel() - 1)
 
     def configure_optimizers(self):
         params = list(self._encoder().parameters()) + list(self.classifier.parameters())
-        opt = torch.optim.AdamW(params, lr=self.hparams.lr, weight_decay=self.hparams.weight_decay)
-        epochs = self.trainer.max_epochs if self.trainer is not None and self.trainer.max_epochs else 10
-        sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=max(1, epochs))
-        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "epoch"}}
+        return cosine_schedule(self, torch.optim.AdamW(params, lr=self.hparams.lr,
+                                                       weight_decay=self.hparams.weight_decay))
 
-    # ------------------------------------------------------------ evaluation
     def predict_tags(self, batch: ChunkBatch) -> Tensor:
         """Viterbi decoding of the chain head on the batch's features: label ids ``[N]``."""
         return self.head(self.features(batch), batch.offsets)

@@ -1,21 +1,10 @@
 """Figure/ground segmentation of the Weizmann horses: a small FCN under BCFW-solved graph-cut heads.
 
-The example of ``examples/horse_segmentation.py`` and ``configs/horses.yaml``:
-
-* :class:`HorsesDataModule` -- the horses at a fixed working resolution, batches ``(images [B, 3, H, W],
-  masks [B, H, W])``; ``bcfw_dataloader()`` yields all training images in a fixed order;
-* :class:`SegmentationFCN` -- a plain-torch U-Net-like fully convolutional network (with two coordinate
-  input channels), image -> per-pixel features ``[B, F, H, W]``, layer-normalised over the channels without
-  affine parameters (so the SSVM cannot lower its hinge by scaling features);
-* :class:`GraphCutHead` -- a :class:`~torch_bcfw.nn.StructuredHead` on a :class:`~torch_bcfw.models.GraphCut`
-  that decodes a :class:`~torch_bcfw.graph_data.GraphData` (min-cut);
-* :class:`HorseSegmenter` -- the LightningModule: the FCN is trained with per-pixel binary cross-entropy
-  through a 1x1 convolution (the "CNN alone" baseline, thresholded at probability 1/2); two heads on the
-  features ``[f_p, 1]`` are solved by :class:`~torch_bcfw.lightning.BCFWCallback` s (``bcfw_features`` returns
-  one ``GraphData`` per batch): ``head_unary`` (no pairwise term) and ``head`` (plus the contrast-sensitive
-  Potts term on the 4-connected pixel grid, pairwise weights >= 0).  Validation and test log pixel accuracy,
-  foreground IoU (over all pixels of the split) and mean per-image IoU of the three
-  (:mod:`torch_bcfw.metrics.segmentation`): ``{stage}/{cnn,unary,potts}_{acc,iou,miou}``.
+The example of ``examples/horse_segmentation.py`` and ``configs/horses.yaml``: :class:`HorseSegmenter` trains
+:class:`SegmentationFCN` with per-pixel binary cross-entropy (the "CNN alone" baseline) and two
+:class:`GraphCutHead` s on its features, unary-only and with a contrast-sensitive Potts term, are solved by
+:class:`~torch_bcfw.lightning.BCFWCallback` s.  Validation and test log ``{stage}/{cnn,unary,potts}_{acc,iou,miou}``
+(:mod:`torch_bcfw.metrics.segmentation`).
 """
 from __future__ import annotations
 
@@ -29,13 +18,12 @@ from ..graph_data import GraphData, grid_graph_data
 from ..metrics.segmentation import segmentation_counts, segmentation_summary
 from ..models.graphcut import GraphCut
 from ..nn import StructuredHead
-from .eval_hooks import EvalHooks
+from .eval_hooks import EvalHooks, PackedLoaders, cosine_schedule
 
 __all__ = ["GraphCutHead", "HorseSegmenter", "HorsesDataModule", "SegmentationFCN"]
 
 
-# ---------------------------------------------------------------------------- data
-class HorsesDataModule(pl.LightningDataModule):
+class HorsesDataModule(PackedLoaders, pl.LightningDataModule):
     """Weizmann horses (:func:`~torch_bcfw.datasets.horses.load_weizmann_horses`) for Lightning.
 
     Args:
@@ -48,6 +36,8 @@ class HorsesDataModule(pl.LightningDataModule):
 
     Split (fixed, see the loader): images 1-200 train, 201-228 validation, 229-328 test.
     """
+
+    collate = None
 
     def __init__(self, root: str, size: tuple[int, int] = (48, 64), batch_size: int = 16, eval_batch_size: int = 50,
                  seed: int = 0, limit: int | None = None):
@@ -66,26 +56,9 @@ class HorsesDataModule(pl.LightningDataModule):
                 horses = horses[: int(self.limit)]
             self.splits[split] = torch.utils.data.TensorDataset(torch.stack([h.image for h in horses]),
                                                                 torch.stack([h.mask for h in horses]))
-
-    def train_dataloader(self):
-        g = torch.Generator().manual_seed(self.seed)
-        return torch.utils.data.DataLoader(self.splits["train"], batch_size=self.batch_size, shuffle=True, generator=g)
-
-    def _eval(self, split: str):
-        return torch.utils.data.DataLoader(self.splits[split], batch_size=self.eval_batch_size, shuffle=False)
-
-    def val_dataloader(self):
-        return self._eval("val")
-
-    def test_dataloader(self):
-        return self._eval("test")
-
-    def bcfw_dataloader(self):
-        """All training images in a fixed order (the callbacks' feature pass)."""
-        return self._eval("train")
+        self.train, self.val, self.test = self.splits["train"], self.splits["val"], self.splits["test"]
 
 
-# ---------------------------------------------------------------------------- network
 def _block(c_in: int, c_out: int) -> nn.Sequential:
     return nn.Sequential(nn.Conv2d(c_in, c_out, 3, padding=1, bias=False), nn.BatchNorm2d(c_out), nn.ReLU(inplace=True),
                          nn.Conv2d(c_out, c_out, 3, padding=1, bias=False), nn.BatchNorm2d(c_out), nn.ReLU(inplace=True))
@@ -130,7 +103,6 @@ class SegmentationFCN(nn.Module):
         return F.layer_norm(f.permute(0, 2, 3, 1), (self.feature_dim,)).permute(0, 3, 1, 2)
 
 
-# ---------------------------------------------------------------------------- head
 class GraphCutHead(StructuredHead):
     """:class:`~torch_bcfw.nn.StructuredHead` on a :class:`~torch_bcfw.models.GraphCut` model.
 
@@ -158,7 +130,6 @@ class GraphCutHead(StructuredHead):
         return self.model.score(self.w.to(data.device, torch.float64), data, y)
 
 
-# ---------------------------------------------------------------------------- the module
 class HorseSegmenter(EvalHooks, pl.LightningModule):
     """FCN backbone + CNN baseline classifier + unary-only and Potts graph-cut heads (solved by callbacks).
 
@@ -186,7 +157,6 @@ class HorseSegmenter(EvalHooks, pl.LightningModule):
         self.head_unary = GraphCutHead(GraphCut(feature_dim + 1, E, loss=loss, pairwise=False))
         self._counts: dict[str, list[Tensor]] = {m: [] for m in self.METHODS}
 
-    # ------------------------------------------------------------ the feature protocol
     def graph_data(self, feats: Tensor, images: Tensor, masks: Tensor | None) -> GraphData:
         """Pixel-grid graphs with node features ``[f_p, 1]`` (float64) and contrast edge features.  The features are
         detached: the graph-cut heads are solved and decode on fixed features (``GraphData`` refuses features that
@@ -198,7 +168,6 @@ class HorseSegmenter(EvalHooks, pl.LightningModule):
         images, masks = batch
         return self.graph_data(self.backbone(images), images, masks)
 
-    # ------------------------------------------------------------ training
     def training_step(self, batch, batch_idx):
         images, masks = batch
         if self.hparams.flip:
@@ -212,12 +181,9 @@ class HorseSegmenter(EvalHooks, pl.LightningModule):
 
     def configure_optimizers(self):
         params = list(self.backbone.parameters()) + list(self.classifier.parameters())
-        opt = torch.optim.AdamW(params, lr=self.hparams.lr, weight_decay=self.hparams.weight_decay)
-        epochs = self.trainer.max_epochs if self.trainer is not None and self.trainer.max_epochs else 10
-        sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=max(1, epochs))
-        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "epoch"}}
+        return cosine_schedule(self, torch.optim.AdamW(params, lr=self.hparams.lr,
+                                                       weight_decay=self.hparams.weight_decay))
 
-    # ------------------------------------------------------------ evaluation
     def predict_masks(self, images: Tensor) -> dict[str, Tensor]:
         """``{"cnn", "unary", "potts"}`` -> predicted masks ``LongTensor[B, H, W]``."""
         feats = self.backbone(images)

@@ -1,27 +1,17 @@
 """LSP Extended for the pose task: preprocessed tensors, grid targets, augmentation, fixed-order loaders.
 
 :class:`LSPPoseDataModule` loads the fixed split of :mod:`torch_bcfw.datasets.lsp` (train = images 1-1500,
-test = 1501-2000), letterboxed to ``size x size``, and derives everything the pictorial-structures head
-needs on the ``G x G`` grid (``G = grid_size``):
-
-* ``mean_offsets`` ``[13, 2]``: mean displacement child - parent of every LSP tree edge over the training
-  images where both joints are annotated (grid units), and ``offset_scales`` ``[13, 2]`` their standard
-  deviations times ``deformation_scale``;
-* with ``n_types = K > 1``: ``type_offsets`` ``[13, K, 2]``, the k-means centres of those displacements
-  (:func:`~torch_bcfw.models.pose.offset_types`), ``type_scales`` ``[13, K, 2]`` the deviations within every
-  type times ``deformation_scale``, and per image the ``types`` ``[13]`` of the true cells (nearest centre);
-  ``head_offsets`` / ``head_scales`` are what the head uses (the type tables, or the mean ones for ``K = 1``);
-* per image: ``cells`` (true cells ``[14, 2]``, invisible joints imputed along the tree:
-  :func:`~torch_bcfw.models.pose.impute_positions`), ``torso`` in grid units with the documented fallback
-  (:func:`~torch_bcfw.datasets.lsp.torso_with_fallback`: training median torso in original pixels times
-  the resize factor, for the 342 of 2,000 images without an annotated torso diagonal), and ``pck_torso``
-  in frame pixels *without* fallback (NaN: the image is left out of PCK).
+test = 1501-2000), letterboxed to ``size x size``, and derives what the pictorial-structures head needs on the
+``G x G`` grid: ``mean_offsets`` / ``offset_scales`` ``[13, 2]`` of the tree edges' child - parent displacements
+(with ``n_types = K > 1`` also the k-means ``type_offsets`` / ``type_scales`` ``[13, K, 2]``), and per image the
+true ``cells`` (invisible joints imputed along the tree), the ``torso`` with the documented fallback
+(:func:`~torch_bcfw.datasets.lsp.torso_with_fallback`) and the ``pck_torso`` without it.
 
 Batches are dicts: ``image`` float32 ``[B, 3, S, S]`` in [0, 1], ``joints`` float32 ``[B, 14, 2]`` (x, y)
 frame pixels (NaN where invisible), ``visible`` bool ``[B, 14]``, ``cells`` long ``[B, 14, 2]`` (y, x),
-``torso`` float64 ``[B]`` (grid units), ``pck_torso`` float32 ``[B]`` (frame pixels, NaN allowed), with
+``torso`` float64 ``[B]`` (grid units), ``pck_torso`` float32 ``[B]`` (frame pixels, NaN: left out of PCK), with
 mixture types ``types`` long ``[B, 13]``, and with cross-fitting (training images only) ``fold`` long ``[B]``.
-Images are stored as uint8 (``2000 x 3 x 128 x 128`` = 98 MB).
+Images are stored as uint8.
 """
 from __future__ import annotations
 
@@ -95,21 +85,14 @@ class LSPPoseDataModule(pl.LightningDataModule):
         batch_size: training batch (shuffled; the LightningModule augments it); eval_batch_size: test and
             ``bcfw_dataloader``.
         deformation_scale: the head's displacement scales are this many standard deviations of the training
-            displacements (:func:`~torch_bcfw.models.pose.offset_scales`).  Larger values shrink the
-            deformation features of far-off labelings (the loss-augmented oracle's answers at small ``w``
-            have displacements of up to ``G`` cells), which conditions the SSVM better: on LSP at ``G = 24``
-            a factor 4 gave a 4x smaller gap after the same number of BCFW passes than a factor 1.
+            displacements (:func:`~torch_bcfw.models.pose.offset_scales`); larger values condition the SSVM better.
         n_types: mixture types per tree edge (k-means of the training displacements; 1: one quadratic per edge).
         head_holdout: the last this many training images are held out of the CNN's training (``train_dataloader``)
-            and are the head's training set (``bcfw_dataloader``): the head then learns how much to trust the
-            heatmaps of images the CNN has not seen, as at test time (stacking).  0 (default): both use every
-            training image (the CNN's heatmaps of its own training images are sharper and more often right
-            than on new images, so the head learns to trust them too much).
-        cross_fit: ``K >= 2``: every training image gets a ``fold`` (``LongTensor``, image ``i`` of the split in
-            fold ``i % K``) for a cross-fitted model (:class:`~torch_bcfw.tasks.pose.PoseTreeCNN` with the same
-            ``cross_fit``): CNN ``k`` trains on the images outside fold ``k``, and the head on every training image
-            with its out-of-fold heatmaps.  Uses all training images for both, unlike ``head_holdout`` (the two
-            exclude each other).  1 (default): no folds.
+            and are the head's training set (``bcfw_dataloader``), so that the head sees heatmaps of images the CNN
+            has not seen, as at test time.  0 (default): both use every training image.
+        cross_fit: ``K >= 2``: every training image gets a ``fold`` (image ``i`` of the split in fold ``i % K``) for
+            a cross-fitted :class:`~torch_bcfw.tasks.pose.PoseTreeCNN` with the same ``cross_fit``; excludes
+            ``head_holdout``.  1 (default): no folds.
         cache_dir: where to keep the preprocessed tensors (``lsp_{split}_{S}_{limit}.pt``); ``None``: no cache.
         seed: seed of the shuffling, the augmentation and the k-means initialisation.
     """
@@ -127,23 +110,17 @@ class LSPPoseDataModule(pl.LightningDataModule):
         if not deformation_scale > 0:
             raise ValueError(f"deformation_scale must be > 0, got {deformation_scale}")
         self.deformation_scale = float(deformation_scale)
-        if int(n_types) < 1:
-            raise ValueError(f"n_types must be >= 1, got {n_types}")
-        self.n_types = int(n_types)
-        if int(head_holdout) < 0:
-            raise ValueError(f"head_holdout must be >= 0, got {head_holdout}")
-        self.head_holdout = int(head_holdout)
-        if int(cross_fit) < 1:
-            raise ValueError(f"cross_fit must be >= 1, got {cross_fit}")
-        if int(cross_fit) > 1 and self.head_holdout:
+        for name, v, least in (("n_types", n_types, 1), ("head_holdout", head_holdout, 0), ("cross_fit", cross_fit, 1)):
+            if int(v) < least:
+                raise ValueError(f"{name} must be >= {least}, got {v}")
+        if int(cross_fit) > 1 and int(head_holdout):
             raise ValueError("cross_fit and head_holdout exclude each other (both decide which images the head "
                              "learns from): give one of them")
-        self.cross_fit = int(cross_fit)
+        self.n_types, self.head_holdout, self.cross_fit = int(n_types), int(head_holdout), int(cross_fit)
         self.cache_dir, self.seed = cache_dir, int(seed)
         self.train = self.test = None
         self.mean_offsets = self.offset_scales = self.type_offsets = self.type_scales = None
 
-    # ------------------------------------------------------------------ loading
     def _raw(self, split: str, limit: int | None) -> dict:
         path = None
         if self.cache_dir is not None:
@@ -212,7 +189,6 @@ class LSPPoseDataModule(pl.LightningDataModule):
         idx = range(n - self.head_holdout, n) if head else range(n - self.head_holdout)
         return torch.utils.data.Subset(self.train, list(idx))
 
-    # ------------------------------------------------------------------ loaders
     def train_dataloader(self):
         """The CNN's training images (all but the ``head_holdout`` last ones), shuffled."""
         return torch.utils.data.DataLoader(self._split(head=False), batch_size=self.batch_size, shuffle=True,

@@ -1,45 +1,29 @@
 """A small CNN under a BCFW-solved chain head on the OCR words (the example of ``configs/ocr_cnn.yaml``).
 
-* :class:`OCRWordsDataModule` -- OCR-large / OCR-small words as packed batches
-  ``(images [N_tok, 1, 16, 8] float32, labels [N_tok], offsets [B + 1])``; implements
-  ``bcfw_dataloader()`` (all training words, fixed order) for :class:`~torch_bcfw.lightning.BCFWCallback`.
-* :class:`LetterCNN` -- plain torch convolutional backbone, 16x8 letter image -> ``feature_dim``
-  features (layer-normalised without affine parameters, so the hinge cannot be lowered by merely
-  scaling the features up).
-* :class:`OCRChainCNN` -- the LightningModule: backbone + :class:`~torch_bcfw.nn.StructuredHead` on a
-  :class:`~torch_bcfw.models.Chain`.  The first ``ce_epochs`` epochs train the backbone with per-letter
-  cross-entropy through an auxiliary linear classifier (the head's ``w`` is still being found); after
-  that with the :class:`~torch_bcfw.nn.StructuredHingeLoss` of the chain head (plus ``ce_weight`` times
-  the cross-entropy).  The head itself is never touched by the optimiser: the callback solves it.
-  Validation / test report ``letter_error`` (mean over words of the fraction of wrong letters: the
-  task loss of the SSVM, the figure the core ``fit`` reports) and ``char_error`` (over all letters).
+:class:`OCRWordsDataModule` gives packed batches ``(images [N_tok, 1, 16, 8] float32, labels [N_tok],
+offsets [B + 1])``; :class:`OCRChainCNN` trains :class:`LetterCNN` with cross-entropy, then with the chain head's
+structured hinge (the head itself is solved by :class:`~torch_bcfw.lightning.BCFWCallback`).  Validation / test
+report ``letter_error`` (mean over words of the fraction of wrong letters: the SSVM's task loss) and ``char_error``
+(over all letters).
 """
 from __future__ import annotations
 
 import lightning.pytorch as pl
 import torch
 from torch import nn
-from torch.nn import functional as F
 
 from ..datasets.ocr import N_LETTERS, load_ocr_split
 from ..models import Chain
 from ..nn import StructuredHead, StructuredHingeLoss
-from .eval_hooks import EvalHooks
+from .eval_hooks import EvalHooks, PackedLoaders, cosine_schedule, warmup_hinge_loss
 
 __all__ = ["LetterCNN", "OCRChainCNN", "OCRWordsDataModule", "pack_words"]
 
 
-class _Words(torch.utils.data.Dataset):
-    def __init__(self, data):
-        lengths = data.lengths.tolist()
-        self.xs = torch.split(data.x.to(torch.float32), lengths)
-        self.ys = torch.split(data.y, lengths)
-
-    def __len__(self):
-        return len(self.xs)
-
-    def __getitem__(self, i):
-        return self.xs[i], self.ys[i]
+def _words(data) -> list:
+    """``[(x [L, 128] float32, y [L])]`` per word of a :class:`~torch_bcfw.data.SequenceData`."""
+    lengths = data.lengths.tolist()
+    return list(zip(torch.split(data.x.to(torch.float32), lengths), torch.split(data.y, lengths)))
 
 
 def pack_words(items):
@@ -51,7 +35,7 @@ def pack_words(items):
     return torch.cat(xs).view(-1, 1, 16, 8), torch.cat(ys), offsets
 
 
-class OCRWordsDataModule(pl.LightningDataModule):
+class OCRWordsDataModule(PackedLoaders, pl.LightningDataModule):
     """OCR words (Taskar et al. 2003) for Lightning.
 
     Args:
@@ -66,6 +50,8 @@ class OCRWordsDataModule(pl.LightningDataModule):
             there is no separate validation split in the OCR protocol).
     """
 
+    collate = staticmethod(pack_words)
+
     def __init__(self, path: str | None = None, split: str = "large", fold: int = 0, batch_size: int = 32,
                  eval_batch_size: int = 512, limit: int | None = None, test_limit: int | None = None,
                  seed: int = 0, validate_on_test: bool = False, download: bool = False):
@@ -74,7 +60,7 @@ class OCRWordsDataModule(pl.LightningDataModule):
         self.batch_size, self.eval_batch_size = int(batch_size), int(eval_batch_size)
         self.limit, self.test_limit = limit, test_limit
         self.seed, self.validate_on_test, self.download = int(seed), bool(validate_on_test), bool(download)
-        self.train = self.test = None
+        self.train = self.val = self.test = None
 
     def setup(self, stage: str | None = None) -> None:
         if self.train is not None:
@@ -85,25 +71,7 @@ class OCRWordsDataModule(pl.LightningDataModule):
         if self.test_limit is not None:
             test = test[list(range(min(int(self.test_limit), len(test))))]
         self.train_data, self.test_data = train, test
-        self.train, self.test = _Words(train), _Words(test)
-
-    def train_dataloader(self):
-        g = torch.Generator().manual_seed(self.seed)
-        return torch.utils.data.DataLoader(self.train, batch_size=self.batch_size, shuffle=True, generator=g,
-                                           collate_fn=pack_words)
-
-    def _eval_loader(self, words):
-        return torch.utils.data.DataLoader(words, batch_size=self.eval_batch_size, shuffle=False, collate_fn=pack_words)
-
-    def val_dataloader(self):
-        return self._eval_loader(self.test) if self.validate_on_test else []
-
-    def test_dataloader(self):
-        return self._eval_loader(self.test)
-
-    def bcfw_dataloader(self):
-        """All training words in a fixed order (the callback's feature pass)."""
-        return self._eval_loader(self.train)
+        self.train, self.test = _words(train), _words(test)
 
 
 class LetterCNN(nn.Module):
@@ -152,35 +120,18 @@ class OCRChainCNN(EvalHooks, pl.LightningModule):
         self.hinge = StructuredHingeLoss(self.head)
         self._eval = []
 
-    # ------------------------------------------------------------ the feature protocol
     def bcfw_features(self, batch):
         images, labels, offsets = batch
         return self.backbone(images), labels, offsets
 
-    # ------------------------------------------------------------ training
     def training_step(self, batch, batch_idx):
         images, labels, offsets = batch
-        feats = self.backbone(images)
-        hinge_phase = self.current_epoch >= self.hparams.ce_epochs and bool(self.head.w.abs().sum() > 0)
-        loss = 0.0
-        if not hinge_phase or self.hparams.ce_weight > 0:
-            ce = F.cross_entropy(self.classifier(feats), labels)
-            self.log("train/ce", ce, on_step=False, on_epoch=True, batch_size=len(labels))
-            loss = ce if not hinge_phase else self.hparams.ce_weight * ce
-        if hinge_phase:
-            h = self.hinge(feats, labels, offsets)
-            self.log("train/hinge", h, on_step=False, on_epoch=True, batch_size=len(offsets) - 1)
-            loss = loss + self.hparams.hinge_weight * h
-        return loss
+        return warmup_hinge_loss(self, self.backbone(images), labels, offsets, len(labels))
 
     def configure_optimizers(self):
         params = list(self.backbone.parameters()) + list(self.classifier.parameters())
-        opt = torch.optim.Adam(params, lr=self.hparams.lr)
-        epochs = self.trainer.max_epochs if self.trainer is not None and self.trainer.max_epochs else 10
-        sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=max(1, epochs))
-        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "epoch"}}
+        return cosine_schedule(self, torch.optim.Adam(params, lr=self.hparams.lr))
 
-    # ------------------------------------------------------------ evaluation
     def _eval_step(self, batch):
         images, labels, offsets = batch
         pred = self.head(self.backbone(images), offsets)

@@ -1,23 +1,10 @@
 """A heatmap CNN under a BCFW-solved pictorial-structures head (the example of ``configs/pose_lsp.yaml``).
 
-* :class:`HeatmapCNN` -- plain torch: an ``S x S`` RGB image to 14 joint heatmaps on the ``S/4 x S/4`` grid
-  (a stride-4 stem, then dilated residual blocks for a receptive field covering the person).
-* :func:`log_maps` -- a CNN's output channels as normalised maps: 14 joint heatmaps (log-softmax over the cells)
-  and, for a head with image-dependent pairwise relations (Chen & Yuille 2014), ``2 E`` groups of ``K`` edge-type
-  maps (log-softmax over the types at every cell, seen from the child and from the parent end of each edge).
-* :class:`CrossFittedCNN` -- ``K`` such CNNs for cross-fitting: CNN ``k`` never sees fold ``k``, so every training
-  image gets out-of-fold heatmaps for the head; test images get the ensemble.
-* :class:`PoseHead` -- the :class:`~torch_bcfw.nn.StructuredHead` of a
-  :class:`~torch_bcfw.models.PoseTree`: weights ``w`` (buffer, written by BCFW) and the mean offsets
-  ``mu``; ``forward(unary)`` decodes with exact tree max-sum.
-* :class:`PoseTreeCNN` -- the LightningModule: the CNN is trained with a soft-target cross-entropy per
-  visible joint (Gaussian of ``sigma`` cells around the annotation) on augmented images; its log-softmax
-  heatmaps are the unary features of the head (``bcfw_features`` returns a :class:`~torch_bcfw.pose_data.PoseData`
-  per batch, heatmaps ``[B, 14, 1, G, G]``, for :class:`~torch_bcfw.lightning.BCFWCallback`).  Test reports
-  PCK@``alpha`` (torso-normalised, in frame pixels; :func:`~torch_bcfw.metrics.pck.compare_pck`) of (a) the
-  per-joint argmax of the heatmaps and (b) the tree head, and the SSVM task loss.
-
-Data: :class:`~torch_bcfw.tasks.lsp_data.LSPPoseDataModule`.
+:class:`PoseTreeCNN` trains :class:`HeatmapCNN` (or a :class:`CrossFittedCNN` of several) with a soft-target
+cross-entropy per visible joint; its log-softmax heatmaps are the unary features of a :class:`PoseHead` on a
+:class:`~torch_bcfw.models.PoseTree`, solved by :class:`~torch_bcfw.lightning.BCFWCallback`.  Test reports
+PCK@``alpha`` of the heatmaps' per-joint argmax and of the tree head (:func:`~torch_bcfw.metrics.pck.compare_pck`)
+and the SSVM task loss.  Data: :class:`~torch_bcfw.tasks.lsp_data.LSPPoseDataModule`.
 """
 from __future__ import annotations
 
@@ -35,13 +22,13 @@ from ..metrics.pck import compare_pck
 from ..models.pose import PoseTree
 from ..nn import StructuredHead
 from ..pose_data import PoseData, flat_to_positions
+from .eval_hooks import cosine_schedule
 from .lsp_data import augment_batch
 
 __all__ = ["CrossFittedCNN", "HeatmapCNN", "PoseHead", "PoseTreeCNN", "argmax_positions", "log_heatmaps", "log_maps",
            "soft_targets"]
 
 
-# ---------------------------------------------------------------------------- backbone
 class _Block(nn.Module):
     def __init__(self, width: int, dilation: int):
         super().__init__()
@@ -64,9 +51,8 @@ class HeatmapCNN(nn.Module):
         dilations: one residual block (two 3x3 convolutions) per entry, the first one dilated;
         grid_size: ``S/4``; when given, a learned per-joint prior map ``[J, G, G]`` is added to the logits
             (the people of LSP are centred, so joint positions have a strong prior).
-        channels_last: keep the convolution weights and activations in the channels-last memory format (on 2
-            CPU threads a training step of the width-32 network at 128 px, batch 16, runs 1.22-1.28x faster than in
-            the default format: median of 25 interleaved repetitions, two runs).
+        channels_last: keep the convolution weights and activations in the channels-last memory format (faster
+            on CPU).
     """
 
     def __init__(self, n_joints: int = 14, stem: int = 24, width: int = 48, dilations=(1, 2, 4, 8),
@@ -115,15 +101,13 @@ def _ensemble(maps: list[Tensor]) -> Tensor:
 
 
 class CrossFittedCNN(nn.Module):
-    """``K`` :class:`HeatmapCNN` s for cross-fitting (stacking): CNN ``k`` is trained without the images of fold ``k``,
-    so the heatmaps of every training image can come from a CNN that never saw it (out-of-fold), as at test time.
+    """``K`` :class:`HeatmapCNN` s for cross-fitting: CNN ``k`` (``nets[k]``) is trained without the images of fold
+    ``k``, so every training image gets heatmaps from a CNN that never saw it, as at test time.
 
     ``forward(images, folds)`` with ``folds`` ``LongTensor[B]`` (values in ``[0, K)``): log-probability heatmaps
-    ``[B, J, G, G]`` where image ``b`` is mapped by CNN ``folds[b]`` (out-of-fold); ``folds=None``: the ensemble,
-    ``log mean_k softmax(CNN_k(images))`` (test images, seen by no CNN).  ``nets[k]`` is CNN ``k`` (its logits
-    train it).  Arguments after ``n_folds`` are those of :class:`HeatmapCNN`; with ``type_maps = (E, K)`` every CNN
-    also predicts edge-type maps (:func:`log_maps`), :meth:`maps` returns both and the ensemble averages the type
-    probabilities too.
+    ``[B, J, G, G]``, image ``b`` mapped by CNN ``folds[b]``; ``folds=None``: the ensemble
+    ``log mean_k softmax(CNN_k(images))``.  Arguments after ``n_folds`` are those of :class:`HeatmapCNN`; with
+    ``type_maps = (E, K)`` every CNN also predicts edge-type maps (:func:`log_maps`), which :meth:`maps` returns too.
     """
 
     def __init__(self, n_folds: int, n_joints: int = 14, stem: int = 24, width: int = 48, dilations=(1, 2, 4, 8),
@@ -141,14 +125,10 @@ class CrossFittedCNN(nn.Module):
     def forward(self, images: Tensor, folds: Tensor | None = None) -> Tensor:
         return self.maps(images, folds)[0]
 
-    def log_maps(self, logits: Tensor) -> tuple[Tensor, Tensor | None]:
-        """One CNN's logits -> ``(logp, logq | None)`` (:func:`log_maps`)."""
-        return log_maps(logits, self.n_joints, *self.type_maps)
-
     def maps(self, images: Tensor, folds: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
         """``(logp [B, J, G, G], logq [B, E, K, 2, G, G] | None)``: out-of-fold (``folds``) or the ensemble."""
         if folds is None:
-            outs = [self.log_maps(net(images)) for net in self.nets]
+            outs = [log_maps(net(images), self.n_joints, *self.type_maps) for net in self.nets]
             logq = None if outs[0][1] is None else _ensemble([o[1] for o in outs])
             return _ensemble([o[0] for o in outs]), logq
         folds = torch.as_tensor(folds, device=images.device)
@@ -159,7 +139,7 @@ class CrossFittedCNN(nn.Module):
         for k in range(self.n_folds):
             sel = (folds == k).nonzero().squeeze(1)
             if len(sel):
-                parts = self.log_maps(self.nets[k](images[sel]))
+                parts = log_maps(self.nets[k](images[sel]), self.n_joints, *self.type_maps)
                 if out is None:
                     out = [None if p is None else p.new_empty((images.shape[0],) + p.shape[1:]) for p in parts]
                 for o, p in zip(out, parts):
@@ -190,7 +170,6 @@ def argmax_positions(heatmaps: Tensor) -> Tensor:
     return flat_to_positions(heatmaps.reshape(B, J, -1).argmax(-1), B, J, G)
 
 
-# ---------------------------------------------------------------------------- head
 class _PoseOps:
     def __init__(self, model: PoseTree):
         self.model = model
@@ -200,9 +179,9 @@ class _PoseOps:
 class PoseHead(StructuredHead):
     """:class:`~torch_bcfw.nn.StructuredHead` of a :class:`PoseTree` (``w`` a float64 buffer written by BCFW).
 
-    The offsets ``mu`` and the displacement scales ``scales`` (``[E, 2]``, or ``[E, K, 2]`` with mixture types; constants of the model)
-    are kept in buffers too, so a checkpoint restores them; :meth:`set_offsets` changes them.  ``forward(unary)`` takes ``[B, J, K, G, G]`` (or
-    ``[B, J, G, G]``) unary features and returns the MAP cells ``LongTensor[B, J, 2]`` (y, x).
+    The model's offsets ``mu`` and displacement scales ``scales`` (``[E, 2]``, or ``[E, K, 2]`` with mixture types)
+    are buffers too, so a checkpoint restores them; :meth:`set_offsets` changes them.  ``forward(unary)`` takes
+    ``[B, J, K, G, G]`` (or ``[B, J, G, G]``) unary features and returns the MAP cells ``LongTensor[B, J, 2]`` (y, x).
     """
 
     def __init__(self, model: PoseTree, dtype: torch.dtype = torch.float64):
@@ -218,7 +197,7 @@ class PoseHead(StructuredHead):
         self.register_buffer("scales", model.scales.clone())
 
     def set_offsets(self, mu: Tensor, scales: Tensor | None = None) -> None:
-        """Set the offsets and (optionally) the displacement scales, both shaped like the model's ``mu`` (``[E, 2]`` or ``[E, K, 2]``)."""
+        """Set the offsets and (optionally) the displacement scales, both shaped like the model's ``mu``."""
         mu = torch.as_tensor(mu, dtype=torch.float64).cpu()
         if mu.shape != self.model.mu.shape or not bool(torch.isfinite(mu).all()):
             raise ValueError(f"mu must be finite with shape {tuple(self.model.mu.shape)}, got {tuple(mu.shape)}")
@@ -252,7 +231,6 @@ class PoseHead(StructuredHead):
         return self.model.score(self.w.to(unary.device), data, self.model.pack_labels(positions))
 
 
-# ---------------------------------------------------------------------------- the LightningModule
 class PoseTreeCNN(pl.LightningModule):
     """Heatmap CNN + pictorial-structures head on LSP (see the module docstring).
 
@@ -266,12 +244,9 @@ class PoseTreeCNN(pl.LightningModule):
         min_quadratic: lower bound of the head's quadratic deformation weights.
         n_types: mixture types per tree edge of the head (the datamodule's ``n_types`` must match; 1: one
             quadratic deformation per edge).
-        cross_fit: ``K >= 2``: the backbone is a :class:`CrossFittedCNN` of ``K`` CNNs, CNN ``k`` trained on the
-            training images outside fold ``k`` (the datamodule's ``cross_fit`` must match; it gives every image
-            its ``fold``); the head is solved on out-of-fold heatmaps and test images get the ensemble's.  The
-            head then learns how far to trust heatmaps of images the CNN has not seen (the heatmaps of a CNN's
-            own training images are sharper and more often right, so a head solved on them trusts them too
-            much).  Costs ``K - 1`` times the training compute of one CNN.  1 (default): one CNN.
+        cross_fit: ``K >= 2``: the backbone is a :class:`CrossFittedCNN` of ``K`` CNNs (the datamodule's
+            ``cross_fit`` must match); the head is solved on out-of-fold heatmaps and test images get the
+            ensemble's.  1 (default): one CNN.
         type_features: image-dependent pairwise relations (Chen & Yuille 2014; needs ``n_types > 1``): the CNN
             also predicts, at every cell, the type of each tree edge seen from either end (:func:`log_maps`;
             trained with a cross-entropy against the true type at the joint's soft target, weight
@@ -337,7 +312,6 @@ class PoseTreeCNN(pl.LightningModule):
             return log_maps(self.backbone(images), 14, *self.type_maps)
         return self.backbone.maps(images, folds)
 
-    # ------------------------------------------------------------ training
     def _cnn_loss(self, logits: Tensor, joints: Tensor, visible: Tensor) -> Tensor:
         """Training loss of one CNN's ``logits``: the mean soft-target cross-entropy over the visible joints of the
         heatmaps, plus (with type features) ``type_weight`` times that of the true edge types at both ends."""
@@ -382,10 +356,8 @@ class PoseTreeCNN(pl.LightningModule):
         return batch["fold"]
 
     def configure_optimizers(self):
-        opt = torch.optim.AdamW(self.backbone.parameters(), lr=self.hparams.lr, weight_decay=self.hparams.weight_decay)
-        epochs = self.trainer.max_epochs if self.trainer is not None and self.trainer.max_epochs else 10
-        sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=max(1, epochs))
-        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "epoch"}}
+        return cosine_schedule(self, torch.optim.AdamW(self.backbone.parameters(), lr=self.hparams.lr,
+                                                       weight_decay=self.hparams.weight_decay))
 
     def bcfw_features(self, batch) -> PoseData:
         """The head's input for one batch: log-softmax heatmaps as ``K = 1`` unary features (float32; out-of-fold
@@ -396,7 +368,6 @@ class PoseTreeCNN(pl.LightningModule):
                         types=batch.get("types") if self.head.model.n_types > 1 else None,
                         type_unary=None if logq is None else logq.float())
 
-    # ------------------------------------------------------------ evaluation
     def test_step(self, batch, batch_idx):
         logp, logq = self.maps(batch["image"])
         tree = self.head(logp.unsqueeze(2), logq)
