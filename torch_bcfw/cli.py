@@ -15,6 +15,7 @@ the dual state), ``checkpoint.pt`` (what ``--resume`` continues), ``history.csv`
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -260,10 +261,8 @@ class _TerminateAsInterrupt:
         self.received = None
         self._old = {}
         for sig in (signal.SIGINT, signal.SIGTERM):
-            try:
+            with contextlib.suppress(ValueError):  # not the main thread: leave the handlers alone
                 self._old[sig] = signal.signal(sig, self._handler)
-            except ValueError:  # not the main thread: leave the handlers alone
-                pass
         return self
 
     def _handler(self, signum, frame):
@@ -537,6 +536,15 @@ def cmd_export(args) -> int:
     return 0
 
 
+def _run_args(parser: argparse.ArgumentParser, config_help: str | None = None, quiet: str | None = None) -> None:
+    """The ``--config``, ``--set`` and ``--output`` arguments of a command that runs a config (and ``--quiet``)."""
+    parser.add_argument("--config", required=config_help is None, help=config_help)
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config entry")
+    parser.add_argument("--output", help="output folder (default: the config's 'output')")
+    if quiet is not None:
+        parser.add_argument("--quiet", action="store_true", help=quiet)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from . import __version__
 
@@ -544,10 +552,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"torch-bcfw {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
     f = sub.add_parser("fit", help="train a model from a YAML config")
-    f.add_argument("--config", help="the YAML config (required unless --resume)")
-    f.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config entry")
-    f.add_argument("--output", help="output folder (default: the config's 'output')")
-    f.add_argument("--quiet", action="store_true", help="no progress bar")
+    _run_args(f, "the YAML config (required unless --resume)", "no progress bar")
     f.add_argument("--checkpoint-every", default="60s", metavar="INTERVAL",
                    help="save the run to OUTPUT/checkpoint.pt this often: '60s' (default), '5m', '10p' (passes) or 'off'")
     f.add_argument("--resume", metavar="DIR", help="continue the run saved in the output folder DIR (after Ctrl-C, "
@@ -566,18 +571,12 @@ def build_parser() -> argparse.ArgumentParser:
     x.set_defaults(func=cmd_export)
     c = sub.add_parser("compare", help="run several solvers x seeds on one problem; JSON of the histories and "
                                        "gap plots (median and min-max band over seeds)")
-    c.add_argument("--config", required=True)
-    c.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config entry")
-    c.add_argument("--output", help="output folder (default: the config's 'output')")
-    c.add_argument("--quiet", action="store_true", help="no per-run log lines")
+    _run_args(c, quiet="no per-run log lines")
     c.set_defaults(func=cmd_compare)
     pa = sub.add_parser("path", help="eps-approximate regularization path (Osokin et al. 2016) with model selection on "
                                      "a validation set; optional warm / cold grid searches; JSON and a PNG")
-    pa.add_argument("--config", required=True)
-    pa.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config entry")
-    pa.add_argument("--output", help="output folder (default: the config's 'output')")
+    _run_args(pa, quiet="no per-breakpoint log lines")
     pa.add_argument("--weights", action="store_true", help="also store every breakpoint's weights in path.json")
-    pa.add_argument("--quiet", action="store_true", help="no per-breakpoint log lines")
     pa.set_defaults(func=cmd_path)
     # the arguments of `train` are LightningCLI's: main() hands them over before argparse sees them
     sub.add_parser("train", add_help=False,
@@ -589,12 +588,9 @@ def build_parser() -> argparse.ArgumentParser:
 def cmd_train(argv) -> int:
     try:
         from .lightning.cli import train_main
-    except ImportError as exc:
-        print(f"torch-bcfw: error: {exc}", file=sys.stderr)
-        return 2
-    try:
+
         return train_main(list(argv))
-    except (ValueError, FileNotFoundError, TypeError) as exc:
+    except (ImportError, ValueError, FileNotFoundError, TypeError) as exc:
         print(f"torch-bcfw: error: {exc}", file=sys.stderr)
         return 2
 

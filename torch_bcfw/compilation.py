@@ -17,12 +17,9 @@ NOTICE = "torch-bcfw: compiling numba kernels (first run only: cached on disk af
 
 def print_notice(message: str = NOTICE) -> None:
     """Print ``message`` to stderr without breaking a running tqdm progress bar."""
-    try:
-        from tqdm import tqdm
+    from tqdm import tqdm
 
-        tqdm.write(message, file=sys.stderr)
-    except ImportError:  # pragma: no cover - tqdm is a dependency
-        print(message, file=sys.stderr, flush=True)
+    tqdm.write(message, file=sys.stderr)
 
 
 class CompileTimer:
@@ -64,10 +61,8 @@ class CompileTimer:
         return bool(self.functions)
 
     def __enter__(self) -> "CompileTimer":
-        try:
-            from numba.core import event as ev
-        except ImportError:  # pragma: no cover - numba is a dependency
-            return self
+        from numba.core import event as ev
+
         outer = self
 
         class _Listener(ev.Listener):
@@ -112,15 +107,12 @@ def precompile(model, data, lam: float, solver: str = "bcfw", *, test_data=None,
                 early_gap_check=None)
     with timer:
         try:
-            n = len(data)
-            sub = data[list(range(min(n, WARMUP_EXAMPLES)))]
+            sub = data[list(range(min(len(data), WARMUP_EXAMPLES)))]
             test_sub = None if test_data is None else test_data[list(range(min(len(test_data), WARMUP_EXAMPLES)))]
             if isinstance(opts.get("batch_size"), int):
                 opts["batch_size"] = min(opts["batch_size"], len(sub))
             res = fit(model, sub, lam, solver, test_data=test_sub, distributed=False, **opts)
-        except KeyboardInterrupt:
-            raise
-        except Exception:  # noqa: BLE001 - a warm-up only: the real fit reports the error
+        except Exception:  # noqa: BLE001 - a warm-up only (Ctrl-C passes): the real fit reports the error
             return timer
     if res.stopped_by == "interrupted":  # fit turns Ctrl-C into a result; here it must stop the command
         raise KeyboardInterrupt

@@ -110,6 +110,13 @@ def check_cat_parts(cls, parts: Sequence, key) -> None:
         raise ValueError(f"{cls.__name__}.cat: some parts are labelled and others are not")
 
 
+def _cat_field(parts: Sequence, name: str) -> Tensor | None:
+    """``torch.cat`` of the parts' ``name`` tensors, or ``None`` when the first part has none."""
+    if getattr(parts[0], name) is None:
+        return None
+    return torch.cat([getattr(p, name) for p in parts])
+
+
 #: largest dense padded feature tensor :meth:`SequenceData.padded` builds from sparse features
 _PADDED_SPARSE_LIMIT = 1 << 27
 
@@ -456,8 +463,7 @@ class MulticlassData:
     def cat(cls, parts: Sequence["MulticlassData"]) -> "MulticlassData":
         """The examples of ``parts`` one after another (same ``F`` and device; labelled all or none)."""
         check_cat_parts(cls, parts, lambda p: (p.x.shape[1], str(p.device)))
-        y = None if parts[0].y is None else torch.cat([p.y for p in parts])
-        return cls(torch.cat([p.x for p in parts]), y)
+        return cls(torch.cat([p.x for p in parts]), _cat_field(parts, "y"))
 
 
 @dataclass
@@ -618,8 +624,7 @@ class SequenceData:
         """The sequences of ``parts`` one after another (same ``F``, layout and device; labelled all or none)."""
         check_cat_parts(cls, parts, lambda p: (p.n_inputs, p.is_sparse, str(p.device)))
         x = SparseFeatures.cat([p.x for p in parts]) if parts[0].is_sparse else torch.cat([p.x for p in parts])
-        y = None if parts[0].y is None else torch.cat([p.y for p in parts])
-        return cls(x, y, _cat_offsets([p.offsets for p in parts]))
+        return cls(x, _cat_field(parts, "y"), _cat_offsets([p.offsets for p in parts]))
 
     def padded(self, pad_label: int = -1) -> tuple[Tensor, Tensor, Tensor | None]:
         """Return ``(x [B, T, F], lengths [B], y [B, T] or None)`` padded with zeros / ``pad_label``; ``x`` is

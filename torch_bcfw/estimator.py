@@ -27,6 +27,7 @@ Raw features become float64 tensors on the device of the given tensors.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import inspect
 
@@ -292,10 +293,8 @@ class SSVM:
         m = self.model
         model = repr(m)
         if type(m).__repr__ is object.__repr__ and callable(getattr(m, "config", None)):
-            try:  # Chain(n_features=128, n_labels=26) rather than <...Chain object at 0x...>
+            with contextlib.suppress(Exception):  # a repr never fails; Chain(n_features=128, ...), not <... at 0x...>
                 model = f"{type(m).__name__}({', '.join(f'{k}={v!r}' for k, v in m.config().items())})"
-            except Exception:  # noqa: BLE001 - a repr never fails
-                pass
         parts = [f"model={model}", f"lam={self.lam!r}"]
         if self.solver != "bcfw":
             parts.append(f"solver={self.solver!r}")

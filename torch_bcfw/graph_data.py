@@ -29,7 +29,7 @@ import torch
 from torch import Tensor
 
 from .checks import check_finite, check_index_tensor, check_input_tensor, check_not_meta, check_offsets
-from .data import _as_index, _cat_offsets, _offsets, _segment_rows
+from .data import _as_index, _cat_field, _cat_offsets, _offsets, _segment_rows
 
 __all__ = ["GraphData", "grid_graph_data", "grid_edges", "edge_features"]
 
@@ -142,11 +142,9 @@ class GraphData:
             raise ValueError("GraphData.cat: batches differ in feature sizes or device")
         if len({p.y is None for p in parts}) != 1 or len({p.node_weight is None for p in parts}) != 1:
             raise ValueError("GraphData.cat: labels / node weights must be given in all batches or in none")
-        first = parts[0]
-        out = cls(torch.cat([p.x for p in parts]), None if first.y is None else torch.cat([p.y for p in parts]),
-                  _cat_offsets([p.offsets for p in parts]), torch.cat([p.edges for p in parts]),
-                  torch.cat([p.edge_x for p in parts]), _cat_offsets([p.edge_offsets for p in parts]),
-                  None if first.node_weight is None else torch.cat([p.node_weight for p in parts]), _check=False)
+        out = cls(_cat_field(parts, "x"), _cat_field(parts, "y"), _cat_offsets([p.offsets for p in parts]),
+                  _cat_field(parts, "edges"), _cat_field(parts, "edge_x"),
+                  _cat_offsets([p.edge_offsets for p in parts]), _cat_field(parts, "node_weight"), _check=False)
         for name in ("cpu_graphs", "graph_keys"):
             if all(name in p._cache for p in parts):
                 out._cache[name] = [k for p in parts for k in p._cache[name]]

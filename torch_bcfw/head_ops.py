@@ -20,6 +20,13 @@ from .inference.viterbi import viterbi_packed
 __all__ = ["ChainHeadOps", "MulticlassHeadOps"]
 
 
+def _token_sequences(offsets: Tensor) -> tuple[int, Tensor, Tensor]:
+    """``(n, lengths [n], the sequence of every token [N_tok])`` of packed sequences with ``offsets``."""
+    n = offsets.numel() - 1
+    lengths = offsets[1:] - offsets[:-1]
+    return n, lengths, torch.repeat_interleave(torch.arange(n, device=offsets.device), lengths)
+
+
 class ChainHeadOps:
     """A :class:`~torch_bcfw.models.Chain` on packed token features ``x: [N_tok, F]`` with ``offsets: [n + 1]``."""
 
@@ -57,9 +64,7 @@ class ChainHeadOps:
     def scores(self, w: Tensor, x: Tensor, offsets: Tensor, y: Tensor) -> Tensor:
         """``<w, phi(x_i, y_i)>`` per sequence, differentiable in ``w`` and ``x``: ``[n]``."""
         U = self.unaries(w, x, offsets)
-        n = offsets.numel() - 1
-        lengths = offsets[1:] - offsets[:-1]
-        seq = torch.repeat_interleave(torch.arange(n, device=x.device), lengths)
+        n, _, seq = _token_sequences(offsets)
         out = U.new_zeros(n).index_add(0, seq, U.gather(1, y[:, None])[:, 0])
         keep = torch.ones(y.numel(), dtype=torch.bool, device=x.device)
         keep[offsets[1:] - 1] = False
@@ -69,9 +74,7 @@ class ChainHeadOps:
 
     def loss(self, y_pred: Tensor, y: Tensor, offsets: Tensor, dtype) -> Tensor:
         """Normalised Hamming loss per sequence ``[n]``."""
-        n = offsets.numel() - 1
-        lengths = offsets[1:] - offsets[:-1]
-        seq = torch.repeat_interleave(torch.arange(n, device=y.device), lengths)
+        n, lengths, seq = _token_sequences(offsets)
         wrong = torch.zeros(n, dtype=dtype, device=y.device).index_add(0, seq, (y_pred != y).to(dtype))
         return wrong / lengths.to(dtype)
 

@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 
 from .checks import check_finite, check_input_tensor, check_not_meta
-from .data import _as_index, check_cat_parts
+from .data import _as_index, _cat_field, check_cat_parts
 
 __all__ = ["PoseData", "flat_to_positions"]
 
@@ -122,18 +122,22 @@ class PoseData:
         return flat_to_positions(self.y.view(len(self), -1)[:, : self.n_joints], len(self), self.n_joints,
                                  self.grid_size)
 
+    @classmethod
+    def _of(cls, unary: Tensor, visible: Tensor, torso: Tensor, types: Tensor | None, type_unary: Tensor | None,
+            y: Tensor | None) -> "PoseData":
+        """A container of valid fields, unchecked; ``offsets`` derived."""
+        out = cls.__new__(cls)
+        out.unary, out.visible, out.torso = unary, visible, torso
+        out.types, out.type_unary, out.y = types, type_unary, y
+        out.offsets = torch.arange(len(out) + 1, device=out.device) * out.n_labels
+        return out
+
     def __getitem__(self, idx) -> "PoseData":
         """The examples ``idx`` (int, slice, list or ``LongTensor``; repeats allowed), in that order."""
         i = _as_index(idx, len(self)).to(self.device)
-        out = PoseData.__new__(PoseData)
-        out.unary = self.unary[i]
-        out.visible = self.visible[i]
-        out.torso = self.torso[i]
-        out.types = None if self.types is None else self.types[i]
-        out.type_unary = None if self.type_unary is None else self.type_unary[i]
-        out.offsets = torch.arange(i.numel() + 1, device=self.device) * self.n_labels
-        out.y = None if self.y is None else self.y.view(len(self), -1)[i].reshape(-1)
-        return out
+        pick = lambda t: None if t is None else t[i]  # noqa: E731
+        y = None if self.y is None else self.y.view(len(self), -1)[i].reshape(-1)
+        return PoseData._of(self.unary[i], self.visible[i], self.torso[i], pick(self.types), pick(self.type_unary), y)
 
     @classmethod
     def cat(cls, parts: Sequence["PoseData"]) -> "PoseData":
@@ -144,28 +148,16 @@ class PoseData:
             raise ValueError("PoseData.cat: the parts do not all have the same edge types (or none)")
         if len({None if p.type_unary is None else tuple(p.type_unary.shape[1:]) for p in parts}) != 1:
             raise ValueError("PoseData.cat: the parts do not all have type features of the same shape (or none)")
-        out = cls.__new__(cls)
-        out.unary = torch.cat([p.unary for p in parts])
-        out.type_unary = torch.cat([p.type_unary for p in parts]) if parts[0].type_unary is not None else None
-        out.visible = torch.cat([p.visible for p in parts])
-        out.torso = torch.cat([p.torso for p in parts])
-        out.types = torch.cat([p.types for p in parts]) if parts[0].types is not None else None
-        out.offsets = torch.arange(len(out.unary) + 1, device=out.unary.device) * parts[0].n_labels
-        out.y = torch.cat([p.y for p in parts]) if parts[0].y is not None else None
-        return out
+        fields = ("unary", "visible", "torso", "types", "type_unary", "y")
+        return cls._of(*(_cat_field(parts, name) for name in fields))
 
     def to(self, *args, **kwargs) -> "PoseData":
         """Move to a device and / or cast the unary (and type) features (``to(device)``, ``to(dtype)``,
         ``to(device, dtype)``)."""
         unary = self.unary.to(*args, **kwargs)
-        dev = unary.device
-        out = PoseData.__new__(PoseData)
-        out.unary = unary
-        out.type_unary = None if self.type_unary is None else self.type_unary.to(*args, **kwargs)
-        out.visible, out.torso, out.offsets = self.visible.to(dev), self.torso.to(dev), self.offsets.to(dev)
-        out.types = None if self.types is None else self.types.to(dev)
-        out.y = None if self.y is None else self.y.to(dev)
-        return out
+        move = lambda t: None if t is None else t.to(unary.device)  # noqa: E731
+        type_unary = None if self.type_unary is None else self.type_unary.to(*args, **kwargs)
+        return PoseData._of(unary, move(self.visible), move(self.torso), move(self.types), type_unary, move(self.y))
 
 
 def _check_unary(unary: Tensor) -> None:

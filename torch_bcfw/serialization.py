@@ -8,6 +8,7 @@
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import tempfile
@@ -46,9 +47,8 @@ def _fsync_dir(folder: Path) -> None:
     except OSError:  # not supported (e.g. some network file systems)
         return
     try:
-        os.fsync(fd)
-    except OSError:
-        pass
+        with contextlib.suppress(OSError):
+            os.fsync(fd)
     finally:
         os.close(fd)
 
@@ -56,12 +56,10 @@ def _fsync_dir(folder: Path) -> None:
 def _umask() -> int:
     """The process' umask, read from ``/proc`` where possible (setting it to read it would briefly affect other
     threads)."""
-    try:
+    with contextlib.suppress(OSError, ValueError, IndexError):
         for line in Path("/proc/self/status").read_text().splitlines():
             if line.startswith("Umask:"):
                 return int(line.split()[1], 8)
-    except (OSError, ValueError, IndexError):
-        pass
     mask = os.umask(0o022)
     os.umask(mask)
     return mask
@@ -105,10 +103,8 @@ def _atomic(path, write) -> None:
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
-        except FileNotFoundError:
-            pass
         raise
     _fsync_dir(path.parent)
 

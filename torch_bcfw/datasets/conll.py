@@ -75,16 +75,11 @@ def parse_conll(lines: Iterable[str], source: str = "<lines>") -> list[Sentence]
                 raise ValueError(f"{source}:{line_no}: expected 'word POS chunk-tag', got {line.rstrip()!r}")
             rows.append(fields)
         elif rows:
-            sentences.append(_sentence_from_rows(rows))
+            sentences.append(Sentence(*zip(*rows)))
             rows = []
     if rows:
-        sentences.append(_sentence_from_rows(rows))
+        sentences.append(Sentence(*zip(*rows)))
     return sentences
-
-
-def _sentence_from_rows(rows: list[list[str]]) -> Sentence:
-    words, pos, chunks = zip(*rows)
-    return Sentence(words, pos, chunks)
 
 
 def load_conll2000(path: str | os.PathLike[str], split: str = "train") -> list[Sentence]:
@@ -100,7 +95,8 @@ def load_conll2000(path: str | os.PathLike[str], split: str = "train") -> list[S
     root = Path(path)
     if root.is_file():
         return _load_from_zip(root, split)
-    candidates = _candidates(root, split)
+    candidates = [root / f"{split}.txt", root / "conll2000" / f"{split}.txt", root / _ZIP_NAME,
+                  root / "corpora" / _ZIP_NAME]
     for candidate in candidates:
         if candidate.is_file():
             if candidate.suffix == ".zip":
@@ -111,28 +107,20 @@ def load_conll2000(path: str | os.PathLike[str], split: str = "train") -> list[S
     raise FileNotFoundError(f"CoNLL-2000 {split!r} split not found. Looked at:\n{looked}\n{_HOW_TO_GET}")
 
 
-def _candidates(root: Path, split: str) -> list[Path]:
-    return [
-        root / f"{split}.txt",
-        root / "conll2000" / f"{split}.txt",
-        root / _ZIP_NAME,
-        root / "corpora" / _ZIP_NAME,
-    ]
+def _load_splits(path, limit: int | None = None, test_limit: int | None = None) -> tuple[list, list]:
+    """``(train, test)`` sentences of :func:`load_conll2000`, the first ``limit`` / ``test_limit`` of each if given."""
+    train, test = load_conll2000(path, split="train"), load_conll2000(path, split="test")
+    return train[: None if limit is None else int(limit)], test[: None if test_limit is None else int(test_limit)]
 
 
 def _load_from_zip(zip_path: Path, split: str) -> list[Sentence]:
     if not zipfile.is_zipfile(zip_path):
         raise ValueError(f"{zip_path} is not a zip file; pass the zip or a directory")
+    filename = f"{split}.txt"
     with zipfile.ZipFile(zip_path) as archive:
-        member = _find_member(archive, f"{split}.txt")
+        member = next((n for n in (f"conll2000/{filename}", filename) if n in archive.namelist()), None)
+        if member is None:
+            raise FileNotFoundError(f"{archive.filename} holds neither conll2000/{filename} nor {filename}. "
+                                    f"{_HOW_TO_GET}")
         with archive.open(member) as raw:
-            lines = io.TextIOWrapper(raw, encoding="utf-8")
-            return parse_conll(lines, source=f"{zip_path}:{member}")
-
-
-def _find_member(archive: zipfile.ZipFile, filename: str) -> str:
-    names = archive.namelist()
-    for name in (f"conll2000/{filename}", filename):
-        if name in names:
-            return name
-    raise FileNotFoundError(f"{archive.filename} holds neither conll2000/{filename} nor {filename}. {_HOW_TO_GET}")
+            return parse_conll(io.TextIOWrapper(raw, encoding="utf-8"), source=f"{zip_path}:{member}")

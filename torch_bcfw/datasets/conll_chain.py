@@ -27,10 +27,10 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from ..data import SequenceData, SparseFeatures
+from ..data import SequenceData, SparseFeatures, _offsets
 from ..features.chunking import PAD_ID, AttributeVocabulary, TaggedSentence, token_attributes
 from ..metrics.chunking import chunk_f1
-from .conll import CHUNK_TAGS, Sentence, load_conll2000
+from .conll import CHUNK_TAGS, Sentence, _load_splits
 
 __all__ = ["TAG_IDS", "UNSEEN_TAG", "BIAS_ATTRIBUTE", "ConllProblem", "tags_to_ids", "ids_to_tags", "chunk_vocabulary",
            "encode_sentences", "load_conll_problem", "predictions_to_tags", "chunk_f1_from_ids", "evaluate_chunking",
@@ -80,9 +80,7 @@ def encode_sentences(sentences: Sequence[Sentence], vocab: AttributeVocabulary) 
     # one packed id matrix (not a tensor per sentence): the same SequenceData as
     # SequenceData.from_attribute_ids([vocab.transform(s) ...], ...), with ~36 MB less resident memory on CoNLL-2000
     ids = vocab.transform_packed(sentences)
-    lengths = torch.tensor([len(s.words) for s in sentences], dtype=torch.long)
-    offsets = torch.zeros(len(sentences) + 1, dtype=torch.long)
-    offsets[1:] = torch.cumsum(lengths, 0)
+    offsets = _offsets(torch.tensor([len(s.words) for s in sentences], dtype=torch.long))
     x = SparseFeatures.from_attribute_ids(ids, len(vocab), pad_id=PAD_ID)
     del ids
     y = tags_to_ids([tag for s in sentences for tag in s.chunks])
@@ -101,11 +99,6 @@ def token_attribute_strings(sentence: TaggedSentence, vocab: AttributeVocabulary
     return [head + [a for a in attrs if known(a)] for attrs in token_attributes(sentence)]
 
 
-def _crfsuite_escape(attribute: str) -> str:
-    # CRFsuite's data format reads "name:value"; a literal ':' or '\\' in a name is escaped with '\\'
-    return attribute.replace("\\", "\\\\").replace(":", "\\:")
-
-
 def write_crfsuite_data(path: str | os.PathLike[str], sentences: Iterable[Sentence], vocab: AttributeVocabulary,
                         bias: bool = True) -> int:
     """Write ``sentences`` with the chain's attributes in CRFsuite's data format; returns the number of tokens.
@@ -119,7 +112,8 @@ def write_crfsuite_data(path: str | os.PathLike[str], sentences: Iterable[Senten
     with open(path, "w", encoding="utf-8") as f:
         for sentence in sentences:
             for tag, attrs in zip(sentence.chunks, token_attribute_strings(sentence, vocab, bias=bias)):
-                f.write("\t".join([tag] + [_crfsuite_escape(a) for a in attrs]) + "\n")
+                # CRFsuite reads "name:value": a literal ':' or '\\' in a name is escaped with '\\'
+                f.write("\t".join([tag] + [a.replace("\\", "\\\\").replace(":", "\\:") for a in attrs]) + "\n")
                 n_tokens += 1
             f.write("\n")
     return n_tokens
@@ -168,12 +162,7 @@ def load_conll_problem(
     from ..stage_bar import StageBar
 
     with StageBar(["read", "vocabulary", "features train", "features test"], progress) as bar:
-        train_s = load_conll2000(path, split="train")
-        test_s = load_conll2000(path, split="test")
-        if limit is not None:
-            train_s = train_s[: int(limit)]
-        if test_limit is not None:
-            test_s = test_s[: int(test_limit)]
+        train_s, test_s = _load_splits(path, limit, test_limit)
         bar.done("read")
         vocab = chunk_vocabulary(train_s, min_count=min_count, drop_bias=drop_bias)
         bar.done("vocabulary")

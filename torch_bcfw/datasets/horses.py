@@ -20,7 +20,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
 
 import numpy as np
 import torch
@@ -50,15 +49,6 @@ class HorseImage:
     name: str
     image: Tensor
     mask: Tensor
-
-
-def _import_pil() -> ModuleType:
-    """Import Pillow's Image module or raise an ImportError that says how to install it."""
-    try:
-        from PIL import Image
-    except ImportError as err:
-        raise ImportError("Loading the Weizmann horses needs Pillow: pip install torch_bcfw[graphcut]") from err
-    return Image
 
 
 def split_numbers(split: str) -> range:
@@ -102,7 +92,10 @@ def _check_root(root: Path, color: str) -> tuple[Path, Path]:
 def _load_one(image_path: Path, mask_path: Path, color: str, size: tuple[int, int] | None,
               max_side: int | None) -> HorseImage:
     """Read, threshold and resize one image/mask pair (see the module docstring)."""
-    Image = _import_pil()
+    try:
+        from PIL import Image
+    except ImportError as err:
+        raise ImportError("Loading the Weizmann horses needs Pillow: pip install torch_bcfw[graphcut]") from err
     for path in (image_path, mask_path):
         if not path.is_file():
             raise FileNotFoundError(f"Weizmann horses: file {path} not found. " + _DOWNLOAD_HINT)

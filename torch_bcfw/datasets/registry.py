@@ -53,13 +53,19 @@ def _check_keys(cfg: dict) -> None:
                          f"{sorted(DATASET_KEYS[name])}")
 
 
-def _ocr(cfg: dict):
+def _ocr(cfg: dict, val_fold: int | None = None):
+    """``(model, train, test)``, or with ``val_fold`` ``(model, train, validation, test)``
+    (:func:`~torch_bcfw.datasets.ocr.ocr_split_with_validation`)."""
     from ..models import Chain
-    from .ocr import N_LETTERS, load_ocr_split
+    from .ocr import N_LETTERS, load_ocr, ocr_split, ocr_split_with_validation
 
-    train, test = load_ocr_split(cfg.get("path"), split=cfg.get("split", "large"), fold=_int(cfg, "fold", 0),
-                                 cache_dir=cfg.get("cache_dir"), download=_flag(cfg, "download", False))
-    return Chain(train.x.shape[1], N_LETTERS), _limited(train, cfg), test
+    split, fold = cfg.get("split", "large"), _int(cfg, "fold", 0)
+    words = load_ocr(cfg.get("path"), cache_dir=cfg.get("cache_dir"), download=_flag(cfg, "download", False))
+    if val_fold is None:
+        parts = ocr_split(words, split, fold)
+    else:
+        parts = ocr_split_with_validation(words, split, fold, val_fold)
+    return Chain(parts[0].x.shape[1], N_LETTERS), _limited(parts[0], cfg), *parts[1:]
 
 
 def _conll(cfg: dict, progress: bool = False):
@@ -150,7 +156,7 @@ def load_problem_with_validation(cfg: dict):
     """
     cfg = dict(cfg)
     _check_keys(cfg)
-    _device(cfg)  # before the data is read
+    device = _device(cfg)  # before the data is read
     spec = cfg.pop("validation", None)
     if spec is None:
         model, train, test = load_problem(cfg)
@@ -163,14 +169,7 @@ def load_problem_with_validation(cfg: dict):
     if "fold" in spec:
         if cfg.get("name") != "ocr":
             raise ValueError("data.validation.fold is only defined for the ocr dataset; use fraction for others")
-        from ..models import Chain
-        from .ocr import N_LETTERS, load_ocr, ocr_split_with_validation
-
-        words = load_ocr(cfg.get("path"), cache_dir=cfg.get("cache_dir"), download=_flag(cfg, "download", False))
-        train, val, test = ocr_split_with_validation(words, cfg.get("split", "large"), _int(cfg, "fold", 0),
-                                                     _int(spec, "fold"))
-        model = Chain(train.x.shape[1], N_LETTERS)
-        train = _limited(train, cfg)
+        model, train, val, test = _ocr(cfg, _int(spec, "fold"))
     else:
         import torch
 
@@ -185,7 +184,6 @@ def load_problem_with_validation(cfg: dict):
             raise ValueError(f"validation fraction {frac} of n = {n} leaves an empty part")
         val, train = full[perm[:k].sort().values], full[perm[k:].sort().values]
         return model, train, val, test
-    device = _device(cfg)
     if device is not None:
         train, val, test = train.to(device), val.to(device), test.to(device)
     return model, train, val, test

@@ -60,6 +60,7 @@ def _conll_gold(data, config: dict):
     return predictions_to_tags(data.y, data.offsets)
 
 
+@register_task_metric("conll")
 def conll_metrics(model, data, result, config: dict) -> dict[str, float]:
     """conlleval chunk F1, precision and recall (%) of the plain decoding of ``data``."""
     scores = chunk_f1_from_ids(result.predict(data).cpu(), data.offsets.cpu(), _conll_gold(data, config))
@@ -67,21 +68,14 @@ def conll_metrics(model, data, result, config: dict) -> dict[str, float]:
             "test chunk recall (%)": 100 * scores["recall"]}
 
 
-register_task_metric("conll", conll_metrics)
-
-
+@register_task_metric("horses")
 def horses_metrics(model, data, result, config: dict) -> dict[str, float]:
     """:func:`segmentation_metrics` of the graph-cut decoding of the test images."""
     return segmentation_metrics(result.predict(data), data.y, data.offsets)
 
 
-register_task_metric("horses", horses_metrics)
-
-
+@register_task_metric("hansards")
 def hansards_metrics(model, data, result, config: dict) -> dict[str, float]:
     """AER, precision and recall (%) of the plain decoding of ``data``."""
     s = alignment_scores_from_labelings(data, result.predict(data))
     return {"test AER (%)": 100 * s.aer, "test precision (%)": 100 * s.precision, "test recall (%)": 100 * s.recall}
-
-
-register_task_metric("hansards", hansards_metrics)

@@ -277,17 +277,21 @@ class DualState:
         return self.ell - self.box_term() if self._box else self.ell
 
     # ------------------------------------------------------------ working set
-    def ensure_working_set(self) -> WorkingSet:
+    def ensure_working_set(self, cache_only: bool = False) -> WorkingSet:
         """The state's :class:`WorkingSet`, created at the ground truth if the state has none (only consistent at the
-        initial point ``alpha_i = e_{y_i}``: a state that has moved raises ``ValueError``)."""
+        initial point ``alpha_i = e_{y_i}``: a state that has moved raises ``ValueError``, or with ``cache_only`` gets
+        the ground-truth planes as a cache, every block ``incomplete``)."""
         if self.working_set is None:
-            if self.k != 0 or (self.d > 0 and float(self.v.abs().max()) != 0.0):
+            moved = self.k != 0 or (self.d > 0 and float(self.v.abs().max()) != 0.0)
+            if moved and not cache_only:
                 raise ValueError(
                     "this dual state has moved without a working set, so its dual variables alpha are not "
                     "listed; pairwise / away steps and caching must start from a fresh state (or one saved "
                     "with its working set)"
                 )
             self.working_set = WorkingSet.for_data(self.data)
+            if moved:  # the ground-truth planes are a valid cache; their alpha = 1 is not the state's
+                self.working_set.incomplete[:] = 1
         return self.working_set
 
     # ------------------------------------------------------------ moving along lambda (regularization path)
@@ -297,9 +301,7 @@ class DualState:
         restart; a working set (if any) lists exactly these corners."""
         self._move_all(y, 1.0)
         self.block_ell = self.model.loss(self.data, y).to(self.block_ell) / self.n_total
-        self.v = self._w_from_blocks()
-        self._sync_w()
-        self.ell = float(self.block_ell.sum())
+        self.refresh()
         self._restart_average()
         ws = self.working_set
         if ws is not None:

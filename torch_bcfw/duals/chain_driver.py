@@ -17,25 +17,9 @@ from .chain_kernels import (Corner, active_set_step, add_corner, corner_base, fw
 from .plan import DONE, MP_APPROX, MP_EXACT, NEED_GAP_PASS, Progress
 from .stepsize import AWAY_RULE, FW_RULE, PAIRWISE_RULE, away_choice, cache_hit
 from .sumtree import est_set, gap_draw
-from .working_set import (LAST, LOSS, SCORE, label_hash, ws_corners, ws_drop_inactive, ws_drop_stale, ws_evict_lru,
-                          ws_find, ws_fw_update, ws_insert)
+from .working_set import LAST, LOSS, SCORE, ws_corners, ws_drop_inactive, ws_drop_stale, ws_fw_update, ws_store
 
 __all__ = ["chain_plan_steps", "chain_plain_steps"]
-
-
-@njit(cache=True)
-def _store_answer(ws, i, yh, ell_s, score, max_size, evict, grow):
-    """Put the oracle answer ``yh`` of block ``i`` in ``ws`` unless it is there (``alpha = 0``, loss ``ell_s``, score
-    ``score``), evicting the longest-inactive planes down to ``evict - 1`` when ``evict > 0`` (MP-BCFW), else at most
-    ``max_size`` planes (:func:`~.working_set.ws_insert`).  Returns ``(position, pool)``."""
-    hkey = label_hash(yh)
-    j = ws_find(ws, i, hkey, yh)
-    if j < 0:
-        while evict > 0 and ws.size[i] >= evict:
-            ws_evict_lru(ws, i)
-        j, ws = ws_insert(ws, i, hkey, yh, ell_s, max_size, grow)
-        ws.fl[ws.start[i] + j, SCORE] = score
-    return j, ws
 
 
 @njit(cache=True)
@@ -146,8 +130,8 @@ def chain_plan_steps(plan, sampling, ws, running, ylab, lam, k0, t0, feats, w, m
                     yh[t] = ystar[t]
                 # MP-BCFW: a new plane evicts the longest inactive beyond max_planes, and may grow the active set
                 evict = plan.max_planes if mp != 0 else 0
-                j_s, ws = _store_answer(ws, i, yh[:L], ell_s, ell_s + score_star / n, plan.max_size, evict,
-                                        plan.rule != FW_RULE or mp != 0)
+                j_s, ws = ws_store(ws, i, yh[:L], ell_s, ell_s + score_star / n, plan.max_size, evict,
+                                   plan.rule != FW_RULE or mp != 0)
         if mp != 0:
             ws.fl[ws.start[i] + j_s, LAST] = plan.stamp
         # ---- step rule

@@ -24,6 +24,7 @@ class DenseDualState(DualState):
         self.w_blocks = torch.zeros(self.n, self.d, dtype=torch.float64, device=data.device)
         self.w_blocks_acc = torch.zeros_like(self.w_blocks)
         self._phi_true = None
+        self._last_phi = None
 
     def _true_features(self, i) -> Tensor:
         """``phi(x_i, y_i)`` of block(s) ``i`` (an index or ``LongTensor[tau]``), from a table built once."""
@@ -34,6 +35,7 @@ class DenseDualState(DualState):
     def block_direction(self, i: int, y: Tensor) -> tuple[Tensor, float]:
         blk = self.block_data(i)
         phi_y = self.model.joint_feature(blk, y)[0]
+        self._last_phi = (i, y, phi_y)  # for a subclass's _move_block (the same labeling's features)
         w_s = (self._true_features(i) - phi_y) / (self.lam * self.n_total)
         ell_s = float(self.model.loss(blk, y)[0]) / self.n_total
         return self.w_blocks[i] - w_s, ell_s

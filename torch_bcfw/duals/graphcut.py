@@ -265,7 +265,6 @@ class GraphCutDualState(DenseDualState):
         self.mu_acc = torch.zeros_like(self.mu)
         self.pw_acc = torch.zeros_like(self.pw)
         self.acc_w = torch.zeros(self.n, dtype=torch.float64, device=data.device)
-        self._stash = None
         #: wall time spent in the loss-augmented oracle of the fused step loop (features + graph + max-flow)
         self.oracle_seconds = 0.0
 
@@ -291,8 +290,8 @@ class GraphCutDualState(DenseDualState):
 
     def _pair_of(self, i: int, y: Tensor) -> Tensor:
         """Pairwise block of ``phi(x_i, y)`` (reuses the one :meth:`block_direction` just computed)."""
-        if self._stash is not None and self._stash[0] == i and self._stash[1] is y:
-            return self._stash[2]
+        if self._last_phi is not None and self._last_phi[0] == i and self._last_phi[1] is y:
+            return self._last_phi[2][self.F:]
         return self.model.joint_feature(self.block_data(i), y)[0, self.F:]
 
     # ------------------------------------------------------------ the compiled step loop
@@ -352,14 +351,6 @@ class GraphCutDualState(DenseDualState):
                           gaps=gaps[:done])
 
     # ------------------------------------------------------------ storage hooks
-    def block_direction(self, i: int, y: Tensor) -> tuple[Tensor, float]:
-        blk = self.block_data(i)
-        phi_y = self.model.joint_feature(blk, y)[0]
-        self._stash = (i, y, phi_y[self.F:])
-        w_s = (self._true_features(i) - phi_y) / (self.lam * self.n_total)
-        ell_s = float(self.model.loss(blk, y)[0]) / self.n_total
-        return self.w_blocks[i] - w_s, ell_s
-
     def _move_block(self, i: int, y: Tensor, gamma: float, v: Tensor) -> None:
         super()._move_block(i, y, gamma, v)
         seg = self._nodes(i)

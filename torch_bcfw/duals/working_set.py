@@ -16,6 +16,7 @@ order, so every loop breaks ties the same way.
 """
 from __future__ import annotations
 
+from functools import partialmethod
 from typing import NamedTuple
 
 import numpy as np
@@ -241,6 +242,21 @@ def ws_insert(ws, i, h, y, loss, max_size, allow_grow_active):
 
 
 @njit(cache=True)
+def ws_store(ws, i, y, loss, score, max_size, evict, grow):
+    """Put labeling ``y`` in block ``i`` unless it is there (``alpha = 0``, loss ``loss``, score ``score``), evicting
+    the longest-inactive planes down to ``evict - 1`` when ``evict > 0`` (MP-BCFW), else at most ``max_size`` planes
+    (:func:`ws_insert`).  Returns ``(position, pool)``."""
+    h = label_hash(y)
+    j = ws_find(ws, i, h, y)
+    if j < 0:
+        while evict > 0 and ws.size[i] >= evict:
+            ws_evict_lru(ws, i)
+        j, ws = ws_insert(ws, i, h, y, loss, max_size, grow)
+        ws.fl[ws.start[i] + j, SCORE] = score
+    return j, ws
+
+
+@njit(cache=True)
 def ws_fw_update(ws, i, j_s, gamma) -> None:
     """``alpha_i <- (1 - gamma) alpha_i + gamma e_s`` (a full step ``gamma = 1`` leaves exactly ``e_s``)."""
     s0 = ws.start[i]
@@ -380,16 +396,6 @@ class WorkingSet:
     def slots(self, i: int) -> slice:
         return slice(int(self.start[i]), int(self.start[i] + self.size[i]))
 
-    def alphas(self, i: int) -> np.ndarray:
-        """``alpha_i`` of the planes of block ``i`` (a view)."""
-        return self.fl[self.slots(i), ALPHA]
-
-    def losses(self, i: int) -> np.ndarray:
-        return self.fl[self.slots(i), LOSS]
-
-    def scores(self, i: int) -> np.ndarray:
-        return self.fl[self.slots(i), SCORE]
-
     def labeling(self, i: int, j: int) -> np.ndarray:
         L = int(self.lab_len[i])
         b = int(self.lab_start[i]) + j * L
@@ -427,11 +433,13 @@ class WorkingSet:
         """Column ``col`` (``ALPHA``, ``LOSS``, ``SCORE``, ``LAST``, ``ACC``) of the planes of block ``i`` (a view)."""
         return self.fl[self.slots(i), col]
 
-    # ------------------------------------------------------------------ MP-BCFW policy (Shah et al. 2015)
-    def last_active(self, i: int) -> np.ndarray:
-        """``last`` timestamps of the planes of block ``i`` (a view)."""
-        return self.fl[self.slots(i), LAST]
+    #: ``alpha_i``, ``L_i(y) / n``, scores and MP-BCFW's ``last`` timestamps of the planes of block ``i`` (views)
+    alphas = partialmethod(column, col=ALPHA)
+    losses = partialmethod(column, col=LOSS)
+    scores = partialmethod(column, col=SCORE)
+    last_active = partialmethod(column, col=LAST)
 
+    # ------------------------------------------------------------------ MP-BCFW policy (Shah et al. 2015)
     def touch(self, i: int, j: int, stamp: float) -> None:
         """Mark plane ``j`` of block ``i`` active at time ``stamp``."""
         self.fl[int(self.start[i]) + j, LAST] = stamp
@@ -440,17 +448,10 @@ class WorkingSet:
         """MP-BCFW insertion of an exact oracle answer ``y``: a labeling already stored is only marked active
         (no duplicates); a new one is added (``alpha = 0``) after evicting the longest-inactive plane when the
         block holds ``max_planes`` already (``max_planes > 0``).  Returns the plane's position."""
-        y = np.asarray(y, dtype=np.int32)
-        h = np.uint64(label_hash(y))
-        j = int(ws_find(self.arrays(), i, h, y))
-        if j < 0:
-            while max_planes > 0 and self.size[i] >= max_planes:
-                ws_evict_lru(self.arrays(), i)
-            j, pool = ws_insert(self.arrays(), i, h, y, float(loss), 0, True)
-            self.adopt(pool)
-            j = int(j)
-        self.touch(i, j, stamp)
-        return j
+        j, pool = ws_store(self.arrays(), i, np.asarray(y, dtype=np.int32), float(loss), 0.0, 0, int(max_planes), True)
+        self.adopt(pool)
+        self.touch(i, int(j), stamp)
+        return int(j)
 
     def drop_stale(self, i: int, cutoff: float) -> int:
         """Remove the planes of block ``i`` last active before ``cutoff`` (keeping at least one); see

@@ -17,6 +17,7 @@ products.  Every feature lies in ``[0, 1]`` (so one ``lam`` suits them all).
 from __future__ import annotations
 
 import math
+import os
 import unicodedata
 from typing import Sequence
 
@@ -46,14 +47,6 @@ def _is_punct(tok: str) -> bool:
 def _is_number(tok: str) -> bool:
     t = tok.replace(",", "").replace(".", "")
     return t.isdigit() if t else False
-
-
-def _common_prefix(a: str, b: str) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
 
 
 class AlignmentFeaturizer:
@@ -178,26 +171,22 @@ class AlignmentFeaturizer:
         p_fe, null_fe = fe.posteriors(e, f)  # [f, m]
         p_ef, null_ef = ef.posteriors(f, e)  # [m, f]
         m, n = len(e), len(f)
-        vit_fe = np.zeros((m, n))
-        best = p_fe.argmax(1)
-        ok = p_fe[np.arange(n), best] > null_fe
-        vit_fe[best[ok], np.arange(n)[ok]] = 1.0
-        vit_ef = np.zeros((m, n))
-        best = p_ef.argmax(1)
-        ok = p_ef[np.arange(m), best] > null_ef
-        vit_ef[np.arange(m)[ok], best[ok]] = 1.0
+        vit_fe, vit_ef = np.zeros((n, m)), np.zeros((m, n))  # vit_fe transposed below
+        for vit, p, null in ((vit_fe, p_fe, null_fe), (vit_ef, p_ef, null_ef)):
+            best = p.argmax(1)
+            ok = p[np.arange(len(p)), best] > null
+            vit[np.arange(len(p))[ok], best[ok]] = 1.0
         t_fe = fe.lookup(np.broadcast_to(e[:, None], (m, n)), np.broadcast_to(f[None, :], (m, n)))
         t_ef = ef.lookup(np.broadcast_to(f[None, :], (m, n)), np.broadcast_to(e[:, None], (m, n)))
-        return {"post_fe": p_fe.T, "post_ef": p_ef, "vit_fe": vit_fe, "vit_ef": vit_ef, "t_fe": t_fe, "t_ef": t_ef}
+        return {"post_fe": p_fe.T, "post_ef": p_ef, "vit_fe": vit_fe.T, "vit_ef": vit_ef, "t_fe": t_fe, "t_ef": t_ef}
 
     def pair_features(self, pair) -> Tensor:
         """``[m, f, F]`` float64 link features of one pair."""
         e_ids, f_ids = self._ids(pair)
         e, f = _lower(pair.english), _lower(pair.french)
         m, n = len(e), len(f)
-        cols = [np.ones((m, n))]
         D = self.dice(pair)
-        cols.append(D)
+        cols = [np.ones((m, n)), D]
         cols += [(D >= b).astype(np.float64) for b in _DICE_BINS]
         Dp = np.pad(D, 1)
         prev, nxt = Dp[:-2, :-2], Dp[2:, 2:]
@@ -217,7 +206,7 @@ class AlignmentFeaturizer:
         for j, a in enumerate(e):
             for k, b in enumerate(f):
                 same = a == b
-                lcp = _common_prefix(a, b)
+                lcp = len(os.path.commonprefix([a, b]))
                 orth[j, k] = (same, same and len(a) > 3, lcp >= 3, lcp >= 4, lcp >= 5, lcp / min(len(a), len(b)),
                               pe[j] and pf[k], pe[j] and pf[k] and same, pe[j] != pf[k], ne[j] and nf[k],
                               ne[j] and nf[k] and same, min(abs(math.log(len(a) / len(b))), 3.0) / 3.0)

@@ -142,9 +142,7 @@ class AttributeVocabulary:
 
         Column ``j`` is template ``j``; an attribute not in the vocabulary gives ``PAD_ID``.
         """
-        get = self._index.get
-        ids = [[get(a, PAD_ID) for a in attributes] for attributes in token_attributes(sentence)]
-        return torch.tensor(ids, dtype=torch.long).reshape(len(ids), NUM_TEMPLATES)
+        return self.transform_packed([sentence])
 
     def transform_packed(self, sentences: Sequence[TaggedSentence]) -> torch.Tensor:
         """``torch.cat([self.transform(s) for s in sentences])``: ``LongTensor (N_tok, NUM_TEMPLATES)``, built in one

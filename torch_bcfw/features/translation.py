@@ -137,10 +137,8 @@ class HMMModel:
         p0 = self.p0
         S = 2 * m
         A = np.zeros((S, S))
-        A[:m, :m] = (1 - p0) * J[1:]
-        A[m:, :m] = (1 - p0) * J[1:]
-        A[np.arange(m), m + np.arange(m)] = p0
-        A[m + np.arange(m), m + np.arange(m)] = p0
+        A[:, :m] = np.tile((1 - p0) * J[1:], (2, 1))  # from a real position or its NULL state
+        A[np.arange(S), m + np.arange(S) % m] = p0
         init = np.concatenate([(1 - p0) * J[0], p0 * J[0]])
         emit = np.concatenate([t_real, np.broadcast_to(t_null[:, None], (n, m))], 1)  # [n, 2m]
         alpha = np.zeros((n, S))
@@ -173,13 +171,11 @@ def train_hmm(src: Sequence[np.ndarray], tgt: Sequence[np.ndarray], init, iterat
     # per batch: padded key indices of the real emissions [B, N, M] and of the NULL emissions [B, N]
     prepared = []
     for idx in batches:
-        M = max(len(src[s]) for s in idx)
-        N = max(len(tgt[s]) for s in idx)
-        B = len(idx)
-        real = np.zeros((B, N, M), dtype=np.int64)
-        nul = np.zeros((B, N), dtype=np.int64)
         mlen = np.array([len(src[s]) for s in idx])
         nlen = np.array([len(tgt[s]) for s in idx])
+        B, N, M = len(idx), int(nlen.max()), int(mlen.max())
+        real = np.zeros((B, N, M), dtype=np.int64)
+        nul = np.zeros((B, N), dtype=np.int64)
         for b, s in enumerate(idx):
             e, f = src[s].astype(np.int64), tgt[s].astype(np.int64)
             real[b, : len(f), : len(e)] = f[:, None] + e[None, :] * n_tgt
@@ -203,11 +199,8 @@ def train_hmm(src: Sequence[np.ndarray], tgt: Sequence[np.ndarray], init, iterat
             J = J / J.sum(2, keepdim=True)
             S = 2 * M
             A = torch.zeros(B, S, S, dtype=torch.float64)
-            A[:, :M, :M] = (1 - p0) * J[:, 1:]
-            A[:, M:, :M] = (1 - p0) * J[:, 1:]
-            eye = torch.arange(M)
-            A[:, eye, M + eye] = p0
-            A[:, M + eye, M + eye] = p0
+            A[:, :, :M] = ((1 - p0) * J[:, 1:]).repeat(1, 2, 1)  # from a real position or its NULL state
+            A[:, torch.arange(S), M + torch.arange(S) % M] = p0
             state_ok = torch.cat([valid_j, valid_j], 1).to(torch.float64)  # [B, 2M]
             init_p = torch.cat([(1 - p0) * J[:, 0], p0 * J[:, 0]], 1) * state_ok
             emit = torch.cat([table[q_real], table[q_null][:, :, None].expand(B, N, M)], 2) * state_ok[:, None, :]

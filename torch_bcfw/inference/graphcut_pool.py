@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+import contextlib
 import multiprocessing
 import time
 import traceback
@@ -167,11 +168,9 @@ def _worker_main(conn) -> None:
 
 def _shutdown(workers: list) -> None:
     for proc, conn in workers:
-        try:
+        with contextlib.suppress(OSError, ValueError):
             conn.send(None)
             conn.close()
-        except (OSError, ValueError):
-            pass
     for proc, _ in workers:
         proc.join(timeout=5)
         if proc.is_alive():

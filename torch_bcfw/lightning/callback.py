@@ -61,11 +61,9 @@ def _to_primitive(obj):
 
 
 def _find(trainer, pl_module, name: str):
-    if callable(getattr(pl_module, name, None)):
-        return getattr(pl_module, name)
-    dm = getattr(trainer, "datamodule", None)
-    if dm is not None and callable(getattr(dm, name, None)):
-        return getattr(dm, name)
+    for owner in (pl_module, getattr(trainer, "datamodule", None)):
+        if callable(getattr(owner, name, None)):
+            return getattr(owner, name)
     return None
 
 
@@ -342,15 +340,12 @@ class BCFWCallback(Callback):
                 "on every call (no shuffling, no dropped batches)"
             ) from exc
 
+    # validation hooks run under torch.inference_mode: keep the solver's tensors ordinary ones
+    @torch.inference_mode(False)
     def solve(self, trainer, pl_module, passes: float, log: bool = True) -> CheckRecord:
         """One call: features, rebind, ``passes`` solver passes, exact check, write the head, log; returns the
         record of the final check (with the extra columns ``epoch``, ``stale``, ``call``, ``feature_time``,
         ``wall``)."""
-        # validation hooks run under torch.inference_mode: keep the solver's tensors ordinary ones
-        with torch.inference_mode(False):
-            return self._solve(trainer, pl_module, passes, log)
-
-    def _solve(self, trainer, pl_module, passes: float, log: bool) -> CheckRecord:
         t0 = time.perf_counter()
         head = self._head(pl_module)
         model = head.model
@@ -360,7 +355,7 @@ class BCFWCallback(Callback):
         opts = SolverOptions.from_kwargs(**{**self.options.to_dict(), "max_passes": passes})
         comm, mine, n_total = None, data, None
         if ctx is not None:  # DDP: one head over all ranks' examples (gathered above)
-            from ..distributed import ShardComm, shard, shard_sizes
+            from ..distributed import ShardComm, assert_replicated, collective, shard, shard_sizes
             from ..distributed.strategy import ReplicaComm, SplitOracleComm
 
             opts = self._distributed_options(ctx, model, data, opts)
@@ -402,16 +397,12 @@ class BCFWCallback(Callback):
         epoch = trainer.current_epoch if trainer is not None else None
         rec.update(epoch=epoch, stale=stale, call=self.calls, feature_time=t_feat, wall=time.perf_counter() - t0)
         if ctx is not None and opts.strategy != "shard":
-            from ..distributed import assert_replicated
-
             assert_replicated(w, ctx, name="BCFWCallback's replicated head")
         sd = alg.state_dict()
         dual_sd, alg_sd = _to_primitive(sd.pop("state")), _to_primitive(sd)
         shards = None
         if ctx is not None and opts.strategy == "shard":  # every rank keeps every rank's state, so that any rank's
             # checkpoint resumes all
-            from ..distributed import collective
-
             shards = [None] * ctx.world_size
             with collective("BCFWCallback shard states", ctx):
                 torch.distributed.all_gather_object(shards, (dual_sd, alg_sd))

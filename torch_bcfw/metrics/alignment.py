@@ -62,11 +62,8 @@ def alignment_scores(predicted: Sequence[Iterable], sure: Sequence[Iterable],
     if not (len(predicted) == len(sure) == len(possible)):
         raise ValueError(f"got {len(predicted)} predicted, {len(sure)} sure and {len(possible)} possible link sets; "
                          "one of each per sentence pair")
-    tot = [0, 0, 0, 0]
-    for a, s, p in zip(predicted, sure, possible):
-        for t, v in enumerate(alignment_counts(a, s, p)):
-            tot[t] += v
-    return _scores(*tot)
+    counts = [alignment_counts(a, s, p) for a, s, p in zip(predicted, sure, possible)]
+    return _scores(*[sum(c[t] for c in counts) for t in range(4)])
 
 
 def alignment_scores_from_labelings(data, y: Tensor) -> AlignmentScores:

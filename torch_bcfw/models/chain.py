@@ -41,13 +41,8 @@ class Chain(StructuredModel):
     compiled_steps = "all"
 
     def __init__(self, n_features: int, n_labels: int):
-        n_features, n_labels = check_int(n_features, "n_features"), check_int(n_labels, "n_labels")
-        if n_labels < 2:
-            raise ValueError(f"n_labels must be >= 2, got {n_labels}")
-        if n_features < 1:
-            raise ValueError(f"n_features must be >= 1, got {n_features}")
-        self.n_inputs = n_features
-        self.n_labels = n_labels
+        self.n_inputs = check_int(n_features, "n_features", minimum=1)
+        self.n_labels = check_int(n_labels, "n_labels", minimum=2)
         F, K = self.n_inputs, self.n_labels
         self.n_features = F * K + 3 * K + K * K
 
@@ -82,10 +77,7 @@ class Chain(StructuredModel):
 
     def loss_unaries(self, data: SequenceData, dtype=torch.float64) -> Tensor:
         """``[N_tok, K]``: ``1/L_i`` for every wrong label of a token of sequence ``i``, 0 for the true one."""
-        inv_len = (1.0 / data.lengths.to(dtype)).repeat_interleave(data.lengths)
-        aug = inv_len[:, None].expand(-1, self.n_labels).clone()
-        aug[torch.arange(data.n_tokens, device=data.device), data.y] = 0.0
-        return aug
+        return self.head_ops().loss_unaries(data.y, data.offsets, dtype)
 
     def oracle(self, w: Tensor, data: SequenceData, loss_augmented: bool = True) -> Tensor:
         U, trans = self.gibbs_parts(w, data, loss_augmented)

@@ -55,13 +55,11 @@ class GraphCut(StructuredModel):
 
     def __init__(self, n_node_features: int, n_edge_features: int = 2, loss: str = "hamming", pairwise: bool = True,
                  processes: int | None = None, pool_min_nodes: int = 20_000):
-        n_node_features = check_int(n_node_features, "n_node_features")
+        n_node_features = check_int(n_node_features, "n_node_features", minimum=1)
         n_edge_features = check_int(n_edge_features, "n_edge_features")
         pairwise = check_bool(pairwise, "pairwise")
         processes = None if processes is None else check_int(processes, "processes")
         pool_min_nodes = check_int(pool_min_nodes, "pool_min_nodes")
-        if n_node_features < 1:
-            raise ValueError(f"n_node_features must be >= 1, got {n_node_features}")
         if n_edge_features < 0 or (pairwise and n_edge_features < 1):
             raise ValueError(f"n_edge_features must be >= 1 with pairwise terms, got {n_edge_features}")
         if loss not in LOSSES:

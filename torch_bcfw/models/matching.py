@@ -23,8 +23,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..checks import check_finite, check_index_tensor, check_input_tensor, check_int, check_not_meta
-from ..data import _as_index, check_cat_parts
+from ..checks import check_index_tensor, check_int, check_not_meta
+from ..data import _as_index, _cat_field, _dense_features, _offsets, _segment_rows, check_cat_parts
 from .base import StructuredModel
 
 __all__ = ["Matching", "MatchingData", "max_weight_matching", "NORMALIZATIONS"]
@@ -68,13 +68,7 @@ class MatchingData:
                  possible: Tensor | None = None, check: bool = True):
         if check:
             check_not_meta(x, "MatchingData.x")
-            x = torch.as_tensor(x)
-            check_input_tensor(x, "MatchingData.x")
-            if not x.is_floating_point():
-                x = x.double()
-            if x.dim() != 2:
-                raise ValueError(f"MatchingData.x must be 2-D [N_links, F], got shape {tuple(x.shape)}")
-            check_finite(x, "MatchingData.x")
+            x = _dense_features(x, "MatchingData.x", "[N_links, F]")
             sizes = check_index_tensor(sizes, "MatchingData.sizes", device=x.device)
             if sizes.dim() != 2 or sizes.shape[1] != 2 or sizes.shape[0] == 0:
                 raise ValueError(f"MatchingData.sizes must be [n, 2] (English, French lengths) with n >= 1, "
@@ -84,23 +78,21 @@ class MatchingData:
                 raise ValueError(f"every sentence needs at least one word: pair {i} has sizes {sizes[i].tolist()}")
         self.x = x
         self.sizes = sizes
-        counts = sizes[:, 0] * sizes[:, 1]
-        self.offsets = torch.zeros(sizes.shape[0] + 1, dtype=torch.long, device=x.device)
-        self.offsets[1:] = torch.cumsum(counts, 0)
-        if check and int(self.offsets[-1]) != x.shape[0]:
-            raise ValueError(f"MatchingData.x has {x.shape[0]} rows but the sizes give sum m_i * f_i = "
-                             f"{int(self.offsets[-1])} candidate links")
+        self.offsets = _offsets(sizes[:, 0] * sizes[:, 1])
         if check:
+            if int(self.offsets[-1]) != x.shape[0]:
+                raise ValueError(f"MatchingData.x has {x.shape[0]} rows but the sizes give sum m_i * f_i = "
+                                 f"{int(self.offsets[-1])} candidate links")
             y = _link_labels(y, "MatchingData.y", x.shape[0], x.device, torch.long)
             sure = _link_labels(sure, "MatchingData.sure", x.shape[0], x.device, torch.bool)
             possible = _link_labels(possible, "MatchingData.possible", x.shape[0], x.device, torch.bool)
             if possible is not None and sure is not None:
                 possible = possible | sure
+            if y is not None:
+                self.check_labeling(y, "MatchingData.y")
         self.y = y
         self.sure = sure
         self.possible = possible
-        if check and y is not None:
-            self.check_labeling(y, "MatchingData.y")
 
     @classmethod
     def from_pairs(cls, xs: Sequence[Tensor], ys: Sequence[Tensor] | None = None,
@@ -169,9 +161,8 @@ class MatchingData:
         """Global ids of each link's English word (in ``[0, sum m_i)``) and French word (in ``[0, sum f_i)``)."""
         j, k = self.link_positions()
         pid = self.pair_ids()
-        e0 = torch.cumsum(self.sizes[:, 0], 0) - self.sizes[:, 0]
-        f0 = torch.cumsum(self.sizes[:, 1], 0) - self.sizes[:, 1]
-        return e0[pid] + j, f0[pid] + k
+        first = torch.cumsum(self.sizes, 0) - self.sizes  # [n, 2]: each pair's first English and French word
+        return first[pid, 0] + j, first[pid, 1] + k
 
     def check_labeling(self, y: Tensor, name: str = "labeling") -> None:
         """``ValueError`` unless ``y`` is 0/1 and a matching in every pair (each word in at most one link)."""
@@ -197,11 +188,7 @@ class MatchingData:
     def __getitem__(self, idx) -> "MatchingData":
         """The pairs ``idx`` (an int, a slice, a list or ``LongTensor``; repeats allowed), in that order."""
         idx = _as_index(idx, len(self))
-        off = self.offsets.cpu()
-        counts = off.diff()[idx]
-        starts = off[:-1][idx]
-        first = torch.cumsum(counts, 0) - counts
-        links = (torch.repeat_interleave(starts - first, counts) + torch.arange(int(counts.sum()))).to(self.device)
+        links = _segment_rows(self.offsets.cpu(), idx)[0].to(self.device)
         pick = lambda t: None if t is None else t[links]  # noqa: E731
         return MatchingData(self.x[links], self.sizes[idx.to(self.device)], pick(self.y), pick(self.sure),
                             pick(self.possible), check=False)
@@ -217,9 +204,7 @@ class MatchingData:
         """The pairs of ``parts`` one after another (same ``F`` and device; labels, sure and possible links in all
         or none)."""
         check_cat_parts(cls, parts, lambda p: (p.n_inputs, str(p.device), p.sure is None, p.possible is None))
-        join = lambda name: None if getattr(parts[0], name) is None else torch.cat([getattr(p, name) for p in parts])  # noqa: E731
-        return cls(torch.cat([p.x for p in parts]), torch.cat([p.sizes for p in parts]), join("y"), join("sure"),
-                   join("possible"), check=False)
+        return cls(*(_cat_field(parts, name) for name in ("x", "sizes", "y", "sure", "possible")), check=False)
 
     def with_features(self, x: Tensor) -> "MatchingData":
         """The same pairs and links with other link features ``x: [N_links, F']`` (validated)."""
@@ -262,9 +247,7 @@ class Matching(StructuredModel):
     expensive_oracle = True
 
     def __init__(self, n_features: int, miss_cost: float = 3.0, extra_cost: float = 1.0, normalize: str = "words"):
-        n_features = check_int(n_features, "n_features")
-        if n_features < 1:
-            raise ValueError(f"n_features must be >= 1, got {n_features}")
+        n_features = check_int(n_features, "n_features", minimum=1)
         for name, v in (("miss_cost", miss_cost), ("extra_cost", extra_cost)):
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not np.isfinite(v) or v < 0:
                 raise ValueError(f"{name} must be a finite number >= 0, got {v!r}")

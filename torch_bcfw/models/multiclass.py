@@ -32,13 +32,8 @@ class Multiclass(StructuredModel):
     compiled_steps = "plain"
 
     def __init__(self, n_features: int, n_classes: int, bias: bool = True):
-        n_features, n_classes = check_int(n_features, "n_features"), check_int(n_classes, "n_classes")
-        if n_classes < 2:
-            raise ValueError(f"n_classes must be >= 2, got {n_classes}")
-        if n_features < 1:
-            raise ValueError(f"n_features must be >= 1, got {n_features}")
-        self.n_inputs = n_features
-        self.n_classes = n_classes
+        self.n_inputs = check_int(n_features, "n_features", minimum=1)
+        self.n_classes = check_int(n_classes, "n_classes", minimum=2)
         self.bias = check_bool(bias, "bias")
         self.n_features = self.n_classes * (self.n_inputs + int(self.bias))
 

@@ -137,10 +137,7 @@ class BCFW(DualAlgorithm):
         n_here = len(data)
         seed = options.seed if not self.comm.sharded else np.random.SeedSequence([options.seed, self.comm.rank])
         self.estimates = GapEstimates(n_here, options.gap_power) if self.refined else None
-        if options.sampling == "gap":
-            self.sampler = GapSampler(n_here, seed, self.estimates)
-        else:
-            self.sampler = make_sampler(options.sampling, n_here, seed)
+        self.sampler = make_sampler(options.sampling, n_here, seed, self.estimates)
         if self.refined:
             self.use_ws = options.cache or self.rule != FW_RULE
             if self.use_ws:
@@ -278,9 +275,7 @@ class BCFW(DualAlgorithm):
         st = self.state
         g, H, y_star = st.block_gaps()
         self.exact_block_gaps = (g, H)
-        self.estimates.refresh(g.detach().cpu().numpy())
-        if isinstance(self.sampler, GapSampler):
-            self.sampler.end_first_visits()
+        self.set_exact_block_gaps(g.detach().cpu().numpy())
         w = st.w
         sq = squared_norm(w)
         if self.comm.sharded:  # sum_i H_i and l over every process' blocks
@@ -290,7 +285,6 @@ class BCFW(DualAlgorithm):
             hinge, ell = float(H.mean()), st.dual_ell()
         cert = with_dual(0.5 * self.lam * sq + hinge, ell, self.lam, sq, y_star)
         self.glob_gap = max(cert.gap, 0.0)
-        self._since_refresh = 0
         return cert
 
     def estimated_gap(self) -> float | None:

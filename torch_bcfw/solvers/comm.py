@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 from torch import Tensor
 
-from .certificate import Certificate, certify, task_loss
+from .certificate import certify, task_loss
 
 __all__ = ["LocalComm", "LOCAL", "share_of", "round_sizes", "pass_rounds"]
 
@@ -64,13 +64,10 @@ class LocalComm:
     def sum_scalar(self, value) -> float:
         return float(value)
 
-    def certify(self, model, data, w: Tensor, ell: float | None, lam: float) -> Certificate:
-        """Exact primal, dual and gap of ``(w, ell)`` over all examples (``ell`` the dual's full linear part)."""
-        return certify(model, data, w, ell, lam)
-
-    def task_loss(self, model, data, w: Tensor) -> float:
-        """Mean task loss of ``w``'s decoding over all examples."""
-        return task_loss(model, data, w)
+    #: ``certify(model, data, w, ell, lam)``, ``task_loss(model, data, w)``: over all examples (``ell`` the dual's
+    #: full linear part)
+    certify = staticmethod(certify)
+    task_loss = staticmethod(task_loss)
 
     def any(self, flag: bool) -> bool:
         """True when ``flag`` holds on some process (a stopping decision every process takes together)."""

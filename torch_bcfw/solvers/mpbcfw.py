@@ -20,7 +20,6 @@ from torch import Tensor
 
 from ..checks import saved_float, saved_int, saved_tensor
 from ..duals.plan import MP_APPROX, MP_EXACT, StepPlan
-from ..duals.working_set import WorkingSet
 from ..duals.stepsize import line_search_step
 from .certificate import squared_norm
 from .algorithm import DualAlgorithm
@@ -160,16 +159,7 @@ class MPBCFW(DualAlgorithm):
         self._iter_dual0 = 0.0  # dual value at the start of the outer iteration in progress
         self._iter_exact_cost = 0.0  # the rule's cost (seconds or work units) of its exact pass so far
         self.averages = TwoAverages(self.state.d, self.state.w.device) if (options.averaging and self.N > 0) else None
-        self.ws = self._working_set() if self.N > 0 else None
-
-    def _working_set(self) -> WorkingSet:
-        st = self.state
-        if st.working_set is None:
-            moved = st.k != 0 or (st.d > 0 and float(st.v.abs().max()) != 0.0)
-            st.working_set = WorkingSet.for_data(self.data)
-            if moved:  # the ground-truth planes are a valid cache; their alpha = 1 is not the state's
-                st.working_set.incomplete[:] = 1
-        return st.working_set
+        self.ws = self.state.ensure_working_set(cache_only=True) if self.N > 0 else None
 
     # ------------------------------------------------------------ helpers
     def dual_value(self) -> float:
@@ -302,7 +292,7 @@ class MPBCFW(DualAlgorithm):
                 if not -1e-12 <= avg.ell <= top * (1 + 1e-9) + 1e-12:
                     raise ValueError(f"MP-BCFW average ell = {avg.ell!r} lies outside [0, {top!r}] (no dual point has it)")
         if self.N > 0:
-            self.ws = self._working_set()
+            self.ws = self.state.ensure_working_set(cache_only=True)
 
 
 class RecordAccounting(Callback):

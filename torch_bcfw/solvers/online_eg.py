@@ -115,10 +115,9 @@ class OnlineEG(Algorithm):
 
     def load_state_dict(self, sd: dict) -> None:
         self.state.load_state_dict(sd["state"])
-        self.theta_node = saved_tensor(sd.get("theta_node"), "online-eg theta_node", tuple(self.theta_node.shape)).to(
-            self.theta_node.device)
-        self.theta_trans = saved_tensor(sd.get("theta_trans"), "online-eg theta_trans",
-                                        tuple(self.theta_trans.shape)).to(self.theta_trans.device)
+        for key in ("theta_node", "theta_trans"):
+            old = getattr(self, key)
+            setattr(self, key, saved_tensor(sd.get(key), f"online-eg {key}", tuple(old.shape)).to(old.device))
         self.eta = saved_tensor(sd.get("eta"), "online-eg eta", tuple(self.eta.shape), lo=0.0).numpy().copy()
         self.steps = saved_int(sd["steps"], "steps", 0)
         self.oracle_calls = saved_int(sd["oracle_calls"], "oracle_calls", 0)

@@ -207,8 +207,8 @@ class GapSampler(Sampler):
         self.smeta[0] = saved_int(sd.get("qpos"), "sampler qpos", 0, self.n)
 
 
-def make_sampler(name: str, n: int, seed: int) -> Sampler:
+def make_sampler(name: str, n: int, seed: int, estimates: GapEstimates | None = None) -> Sampler:
     samplers = {"uniform": UniformSampler, "perm": PermutationSampler, "gap": GapSampler}
     if name not in samplers:
         raise ValueError(f"unknown sampling {name!r}; choose from {sorted(samplers)}")
-    return samplers[name](n, seed)
+    return GapSampler(n, seed, estimates) if name == "gap" else samplers[name](n, seed)

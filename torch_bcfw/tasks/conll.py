@@ -21,7 +21,8 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from ..datasets.conll import CHUNK_TAGS, Sentence, load_conll2000
+from ..data import _offsets
+from ..datasets.conll import CHUNK_TAGS, Sentence, _load_splits
 from ..datasets.conll_chain import chunk_f1_from_ids, tags_to_ids
 from ..models import Chain
 from ..nn import StructuredHead, StructuredHingeLoss
@@ -116,9 +117,7 @@ class ChunkBatch(NamedTuple):
 def pack_sentences(items) -> ChunkBatch:
     """Collate ``[(words [T], pos [T], chars [T, C], labels [T], tags)]`` into a packed :class:`ChunkBatch`."""
     words, pos, chars, labels, tags = zip(*items)
-    lengths = torch.tensor([w.numel() for w in words], dtype=torch.long)
-    offsets = torch.zeros(len(words) + 1, dtype=torch.long)
-    offsets[1:] = torch.cumsum(lengths, 0)
+    offsets = _offsets(torch.tensor([w.numel() for w in words], dtype=torch.long))
     C = max(c.shape[1] for c in chars)
     ch = torch.zeros(int(offsets[-1]), C, dtype=torch.long)
     for c, a, b in zip(chars, offsets[:-1].tolist(), offsets[1:].tolist()):
@@ -178,12 +177,7 @@ class ConllChunkingDataModule(PackedLoaders, pl.LightningDataModule):
     def setup(self, stage: str | None = None) -> None:
         if self.train is not None:
             return
-        train_s = load_conll2000(self.path, split="train")
-        test_s = load_conll2000(self.path, split="test")
-        if self.limit is not None:
-            train_s = train_s[: int(self.limit)]
-        if self.test_limit is not None:
-            test_s = test_s[: int(self.test_limit)]
+        train_s, test_s = _load_splits(self.path, self.limit, self.test_limit)
         val_s = []
         if self.holdout:
             if self.holdout >= len(train_s):

@@ -170,12 +170,6 @@ def argmax_positions(heatmaps: Tensor) -> Tensor:
     return flat_to_positions(heatmaps.reshape(B, J, -1).argmax(-1), B, J, G)
 
 
-class _PoseOps:
-    def __init__(self, model: PoseTree):
-        self.model = model
-        self.n_inputs = model.n_unary * model.grid_size ** 2
-
-
 class PoseHead(StructuredHead):
     """:class:`~torch_bcfw.nn.StructuredHead` of a :class:`PoseTree` (``w`` a float64 buffer written by BCFW).
 
@@ -188,13 +182,16 @@ class PoseHead(StructuredHead):
         nn.Module.__init__(self)
         if not isinstance(model, PoseTree):
             raise TypeError(f"PoseHead needs a PoseTree, got {type(model).__name__}")
-        self.ops = _PoseOps(model)
         self.model = model
         self.trainable = False
         self.w_dtype = dtype
         self.register_buffer("w", torch.zeros(model.n_features, dtype=dtype))
         self.register_buffer("mu", model.mu.clone())
         self.register_buffer("scales", model.scales.clone())
+
+    @property
+    def n_inputs(self) -> int:
+        return self.model.n_unary * self.model.grid_size ** 2
 
     def set_offsets(self, mu: Tensor, scales: Tensor | None = None) -> None:
         """Set the offsets and (optionally) the displacement scales, both shaped like the model's ``mu``."""
