@@ -21,8 +21,9 @@ process-to-process spread.
 * horses (200 training images, graph cut, the compiled step loop of ``GraphCutDualState``): solver overhead per
   oracle time, median over 5 passes (``benchmarks/horses_oracle.py``'s ``solver_overhead``); with
   ``--same-process`` also the seconds per pass (``horses_pass``);
-* with ``--same-process``: mini-batch rounds on OCR-large (``batch_size`` 4, 16, 64; 4 passes), solver seconds per
-  pass (``rounds_tau*``; skip with ``--skip rounds``);
+* mini-batch rounds on OCR-large (``batch_size`` 4, 16, 64; 4 passes), solver seconds per pass (``rounds_tau*``;
+  skip with ``--skip rounds``), always in separate processes: with both packages in one process, the copy imported
+  second dispatched its rounds kernels ~8x slower (numba typing the arguments of every call), whichever it was;
 * bit-identity on OCR-large (10 passes, gap check every 5): final weights (``torch.equal``) and histories (every
   field but times) of presets ``uniform-fw`` (plain BCFW), ``gap-pairwise-cache`` and of ``solver='mp-bcfw'``.
 """
@@ -98,7 +99,19 @@ def child_identity(args) -> dict:
     return {}
 
 
-CHILDREN = {"ocr": child_ocr, "conll": child_conll, "horses": child_horses, "identity": child_identity}
+def child_rounds(args) -> dict:
+    from torch_bcfw import fit
+
+    model, data = _ocr()
+    out = {}
+    for tau in (4, 16, 64):
+        fit(model, data, 0.01, max_passes=1, gap_check=1, batch_size=tau)  # compile / load the kernels
+        r = fit(model, data, 0.01, max_passes=4, gap_check=4, batch_size=tau)
+        out[f"rounds_tau{tau}"] = r.counters["solver_time"] / r.passes
+    return out
+
+
+CHILDREN = {"rounds": child_rounds, "ocr": child_ocr, "conll": child_conll, "horses": child_horses, "identity": child_identity}
 
 
 def renamed_copy(old: str, dest: str) -> str:
@@ -156,20 +169,12 @@ def paired(args, skip: set) -> dict:
 
     measures = {}
     ocr_data = None
-    if "ocr" not in skip or "rounds" not in skip:
-        ocr_data = {s: sub(p, "datasets.ocr").load_ocr_split(str(DATA / "ocr"), "large", 0)[0] for s, p in pkgs.items()}
     if "ocr" not in skip:
+        ocr_data = {s: sub(p, "datasets.ocr").load_ocr_split(str(DATA / "ocr"), "large", 0)[0] for s, p in pkgs.items()}
         def ocr(pkg, data, passes=20):
             r = pkg.fit(sub(pkg, "models").Chain(128, 26), data, 0.01, max_passes=passes, gap_check=passes)
             return r.counters["solver_time"] / r.passes
         measures["ocr"] = (ocr, ocr_data, 2)
-    if "rounds" not in skip:
-        for tau in (4, 16, 64):
-            def rounds(pkg, data, passes=4, tau=tau):
-                r = pkg.fit(sub(pkg, "models").Chain(128, 26), data, 0.01, max_passes=passes, gap_check=passes,
-                            batch_size=tau)
-                return r.counters["solver_time"] / r.passes
-            measures[f"rounds_tau{tau}"] = (rounds, ocr_data, 1)
     if "conll" not in skip:
         def conll(pkg, prob, passes=args.conll_passes):
             r = pkg.fit(prob.model, prob.train, 1.0 / len(prob.train), max_passes=passes, gap_check=passes)
@@ -212,7 +217,7 @@ def main() -> None:
     ap.add_argument("--old", help="folder holding the previous torch_bcfw package")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--conll-passes", type=int, default=3)
-    ap.add_argument("--skip", default="", help="comma-separated: ocr, conll, horses, identity")
+    ap.add_argument("--skip", default="", help="comma-separated: ocr, conll, horses, rounds, identity")
     ap.add_argument("--child", choices=sorted(CHILDREN) + ["paired"])
     ap.add_argument("--out")
     ap.add_argument("--json", default="driver_speed.json", help="name of the JSON written to benchmarks/results")
@@ -253,7 +258,7 @@ def main() -> None:
             renamed_copy(trees["old"], tmp)
             env = dict(os.environ, PYTHONPATH=os.pathsep.join([trees["new"], str(ROOT / "benchmarks")]))
             cmd = [sys.executable, __file__, "--child", "paired", "--renamed", tmp, "--rounds", str(args.rounds),
-                   "--conll-passes", str(args.conll_passes), "--skip", ",".join(skip | {"identity"})]
+                   "--conll-passes", str(args.conll_passes), "--skip", ",".join(skip | {"identity", "rounds"})]
             if args.pin is not None:
                 cmd += ["--pin", str(args.pin)]
             p = subprocess.run(cmd, env=env, capture_output=True, text=True)
@@ -264,8 +269,6 @@ def main() -> None:
     kinds = (("ocr", "s_per_pass"), ("conll", "s_per_pass"), ("horses", "overhead"))
     if together is not None and "horses" not in skip:
         kinds += (("horses_pass", "s_per_pass"),)
-    if together is not None and "rounds" not in skip:
-        kinds += tuple((f"rounds_tau{tau}", "s_per_pass") for tau in (4, 16, 64))
     for kind, metric in kinds:
         if kind in skip:
             continue
@@ -286,6 +289,18 @@ def main() -> None:
         payload["measures"][kind] = {"metric": metric, "runs": runs, "median": med, "ratio": med["new"] / med["old"]}
         rows.append({"measure": f"{kind} {metric}", "old": med["old"], "new": med["new"],
                      "ratio": med["new"] / med["old"], "target": TARGETS.get(kind, "-")})
+    if "rounds" not in skip:  # separate processes, old and new alternating (see the module docstring)
+        runs = {"old": [], "new": []}
+        for _ in range(args.rounds):
+            for side in ("old", "new"):
+                runs[side].append(run_child("rounds", trees[side], args))
+        for tau in (4, 16, 64):
+            kind = f"rounds_tau{tau}"
+            med = {s: statistics.median(r[kind] for r in runs[s]) for s in runs}
+            payload["measures"][kind] = {"metric": "s_per_pass", "runs": {s: [r[kind] for r in runs[s]] for s in runs},
+                                         "median": med, "ratio": med["new"] / med["old"]}
+            rows.append({"measure": f"{kind} s_per_pass", "old": med["old"], "new": med["new"],
+                         "ratio": med["new"] / med["old"], "target": "-"})
     if "identity" not in skip:
         import torch
 
