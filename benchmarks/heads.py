@@ -426,9 +426,11 @@ def _write(name: str, payload: dict, runs: list[dict], task: str, results: str |
         _plot(runs, task, Path(results or RESULTS) / f"{name}.png")
 
 
-def combine(files: list[Path], task: str, name: str, results: str | None, argv) -> None:
+def combine(files: list[Path], task: str, name: str, results: str | None, argv, tuned: Path | None = None) -> None:
     """The table and plot of the runs stored in ``files`` (result files of this script for ``task``; curves written
-    before the metric was renamed keep it as ``test_error``)."""
+    before the metric was renamed keep it as ``test_error``); with ``tuned`` (a ``--tune-only`` result), only each
+    head's runs at its chosen learning rate."""
+    chosen = json.loads(Path(tuned).read_text())["chosen_lr"] if tuned else None
     runs, sources = [], []
     for f in files:
         rep = json.loads(Path(f).read_text())
@@ -437,13 +439,14 @@ def combine(files: list[Path], task: str, name: str, results: str | None, argv) 
         sources.append({"file": str(f), "command": rep.get("command")})
         for r in rep["runs"]:
             r = {**r, "curve": [{**c, "test_metric": c.get("test_metric", c.get("test_error"))} for c in r["curve"]]}
-            runs.append(r)
+            if chosen is None or chosen.get(r["head"]) == r["lr"]:
+                runs.append(r)
     heads = [h for h in HEADS if any(r["head"] == h for r in runs)]
     table, goal = _report(task, heads, runs)
     payload = {"command": "python benchmarks/heads.py " + " ".join(argv if argv is not None else sys.argv[1:]),
                "date": time.strftime("%Y-%m-%d"), "task": task, "metric": TASKS[task]["metric"],
                "higher_is_better": TASKS[task]["higher_is_better"], "sources": sources, "table": table, "goal": goal,
-               "runs": runs}
+               "tuned": str(tuned) if tuned else None, "chosen_lr": chosen, "runs": runs}
     _write(name, payload, runs, task, results)
 
 
@@ -479,6 +482,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--combine", nargs="+", type=Path, default=None, metavar="JSON",
                     help="no runs: the table and plot of the runs in these result files (e.g. seeds run apart)")
     ap.add_argument("--name", default=None, help="with --combine: the name of the JSON and PNG written")
+    ap.add_argument("--tuned", type=Path, default=None, metavar="JSON",
+                    help="with --combine: keep each head's runs at the learning rate this --tune-only result chose")
     ap.add_argument("--tune-only", action="store_true",
                     help="only the learning-rate grid on held-out training data: the table and the chosen rates")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -491,7 +496,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.worker:
         return worker(args)
     if args.combine:
-        return combine(args.combine, args.task, args.name or f"heads_{args.task}_combined", args.results, argv)
+        return combine(args.combine, args.task, args.name or f"heads_{args.task}_combined", args.results, argv,
+                       args.tuned)
     if args.quick:
         args.limit, args.epochs, args.seeds, args.lr = args.limit or 300, 3, "0", args.lr or 2e-3
     args.epochs = args.epochs or TASKS[args.task]["epochs"]
