@@ -450,19 +450,12 @@ def combine(files: list[Path], task: str, name: str, results: str | None, argv, 
     _write(name, payload, runs, task, results)
 
 
-def _write_tuning(task: str, tuning: list[dict], grid: list[float], args, argv) -> None:
+def _write_tuning(task: str, tuning: list[dict], chosen: dict, grid: list[float], args, argv) -> None:
     """``--tune-only``: the held-out metric of every (head, rate) and each head's chosen rate, as JSON."""
-    sign = -1.0 if TASKS[task]["higher_is_better"] else 1.0
-    chosen = {}
-    for row in tuning:
-        best = chosen.get(row["head"])
-        if best is None or sign * row["held_out_metric"] < sign * best["held_out_metric"]:
-            chosen[row["head"]] = row
     payload = {"command": "python benchmarks/heads.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-               "date": time.strftime("%Y-%m-%d"), "task": task, "metric": "held-out " + TASKS[task]["metric"].replace("test ", ""),
-               "epochs": args.epochs, "limit": args.limit, "lr_grid": grid, "tuning": tuning,
-               "chosen_lr": {h: r["lr"] for h, r in chosen.items()}}
-    print("chosen:", payload["chosen_lr"])
+               "date": time.strftime("%Y-%m-%d"), "task": task,
+               "metric": "held-out " + TASKS[task]["metric"].replace("test ", ""), "epochs": args.epochs, "limit": args.limit, "lr_grid": grid, "tuning": tuning, "chosen_lr": chosen}
+    print("chosen:", chosen)
     _write(args.name or f"heads_{task}_tuning", payload, [], task, args.results)
 
 
@@ -505,7 +498,7 @@ def main(argv: list[str] | None = None) -> None:
     heads = args.heads.split(",")
     seeds = [int(s) for s in args.seeds.split(",")]
     grid = [float(v) for v in args.lrs.split(",")]
-    tuning, runs = [], []
+    tuning, runs, chosen = [], [], {}
     with tempfile.TemporaryDirectory() as tmp:
         for head in heads:
             lr = args.lr
@@ -514,7 +507,7 @@ def main(argv: list[str] | None = None) -> None:
                 tuning += [{"head": head, "lr": t["lr"], "held_out_metric": _best(t["curve"], task)["test_metric"]}
                            for t in tried]
                 sign = -1.0 if TASKS[task]["higher_is_better"] else 1.0  # the best held-out metric wins
-                lr = min(tried, key=lambda t: sign * _best(t["curve"], task)["test_metric"])["lr"]
+                lr = chosen[head] = min(tried, key=lambda t: sign * _best(t["curve"], task)["test_metric"])["lr"]
             for seed in ([] if args.tune_only else seeds):
                 runs.append(_launch(head, lr, seed, args, Path(tmp)))
                 print(f"{head:8s} lr {lr:g} seed {seed}: best {TASKS[task]['metric']} "
@@ -522,7 +515,7 @@ def main(argv: list[str] | None = None) -> None:
     if tuning:
         print_table(tuning, ["head", "lr", "held_out_metric"])
     if args.tune_only:
-        return _write_tuning(task, tuning, grid, args, argv)
+        return _write_tuning(task, tuning, chosen, grid, args, argv)
     table, goal = _report(task, heads, runs)
     name = f"heads_{args.task}{'_quick' if args.quick else ''}"
     payload = {"command": "python benchmarks/heads.py " + " ".join(argv if argv is not None else sys.argv[1:]),
