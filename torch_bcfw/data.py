@@ -41,7 +41,7 @@ def _as_index(idx, n: int) -> Tensor:
     return torch.where(idx < 0, idx + n, idx)
 
 
-def _offsets(counts: Tensor, dtype: torch.dtype = torch.long) -> Tensor:
+def counts_to_offsets(counts: Tensor, dtype: torch.dtype = torch.long) -> Tensor:
     """``Tensor[len(counts) + 1]`` on ``counts``' device: 0, then the running sums of ``counts``."""
     out = torch.zeros(counts.numel() + 1, dtype=dtype, device=counts.device)
     out[1:] = torch.cumsum(counts, 0)
@@ -52,7 +52,7 @@ def _segment_rows(offsets: Tensor, idx: Tensor) -> tuple[Tensor, Tensor]:
     """The rows of the segments ``idx`` (repeats allowed, in that order) of a packed array with ``offsets``, and
     the offsets of the selection (on ``offsets``' device)."""
     lengths = offsets.diff()[idx]
-    new_off = _offsets(lengths)
+    new_off = counts_to_offsets(lengths)
     # row k of the selection: start of its segment + position inside the segment
     pos = torch.arange(int(new_off[-1]), device=offsets.device)
     return torch.repeat_interleave(offsets[:-1][idx] - new_off[:-1], lengths) + pos, new_off
@@ -197,7 +197,7 @@ class SparseFeatures:
         if x.dim() != 2:
             raise _sparse_err(f"from_dense needs a 2-D tensor, got shape {tuple(x.shape)}")
         nz = torch.nonzero(x)
-        indptr = _offsets(torch.bincount(nz[:, 0], minlength=x.shape[0]))
+        indptr = counts_to_offsets(torch.bincount(nz[:, 0], minlength=x.shape[0]))
         values = x[nz[:, 0], nz[:, 1]]
         return cls(indptr, nz[:, 1].contiguous(), values if values.is_floating_point() else values.double(),
                    x.shape[1], check=False)
@@ -226,7 +226,7 @@ class SparseFeatures:
                 f"attribute id {int(ids[r, c])} at row {r}, slot {c} is outside [0, {int(n_features) - 1}] "
                 f"(n_features = {int(n_features)}; pad_id {pad_id} marks an empty slot); {int(bad.sum())} bad id(s) in all"
             )
-        indptr = _offsets(keep.sum(1))
+        indptr = counts_to_offsets(keep.sum(1))
         if values is not None:
             values = torch.as_tensor(values, device=ids.device)
             if values.shape != ids.shape:
@@ -242,7 +242,7 @@ class SparseFeatures:
         if x.layout == torch.sparse_coo:
             x = x.coalesce()
             rows, cols = x.indices()
-            return cls(_offsets(torch.bincount(rows, minlength=x.shape[0])), cols, x.values(), x.shape[1])
+            return cls(counts_to_offsets(torch.bincount(rows, minlength=x.shape[0])), cols, x.values(), x.shape[1])
         if x.layout != torch.sparse_csr:
             x = x.to_sparse_csr()
         return cls(x.crow_indices(), x.col_indices(), x.values(), x.shape[1])
@@ -339,7 +339,7 @@ class SparseFeatures:
             narrow = max(self.n_rows, self.n_features, self.nnz) <= torch.iinfo(torch.int32).max
             id_dtype = torch.int32 if narrow else torch.long
             order = torch.sort(self.indices.to(id_dtype), stable=True).indices
-            indptr = _offsets(torch.bincount(self.indices, minlength=self.n_features), id_dtype)
+            indptr = counts_to_offsets(torch.bincount(self.indices, minlength=self.n_features), id_dtype)
             rows = torch.repeat_interleave(torch.arange(self.n_rows, dtype=id_dtype, device=self.device),
                                            self.indptr.diff(), output_size=self.nnz)[order]
             values = self.values if bool((self.values == 1).all()) else self.values[order]
@@ -411,7 +411,7 @@ def _sequence_offsets(rows: Sequence[Tensor], ys: Sequence[Tensor] | None,
     """``(offsets, packed labels or None)`` of sequences with ``rows[i].shape[0]`` tokens (``what``) and labels
     ``ys[i]``, on ``rows[0]``'s device."""
     dev = rows[0].device
-    offsets = _offsets(torch.tensor([r.shape[0] for r in rows], dtype=torch.long)).to(dev)
+    offsets = counts_to_offsets(torch.tensor([r.shape[0] for r in rows], dtype=torch.long)).to(dev)
     if ys is None:
         return offsets, None
     if len(ys) != len(rows):
@@ -544,7 +544,7 @@ class SequenceData:
             if y.shape != x.shape[:2]:
                 raise ValueError(f"padded labels must be [B, T] = {tuple(x.shape[:2])}, got {tuple(y.shape)}")
         mask = torch.arange(x.shape[1], device=x.device)[None, :] < lengths[:, None]
-        return cls(x[mask], None if y is None else y[mask], _offsets(lengths))
+        return cls(x[mask], None if y is None else y[mask], counts_to_offsets(lengths))
 
     def __len__(self) -> int:
         return self.offsets.numel() - 1

@@ -29,7 +29,7 @@ import torch
 from torch import Tensor
 
 from .checks import check_finite, check_index_tensor, check_input_tensor, check_not_meta, check_offsets
-from .data import _as_index, _cat_field, _cat_offsets, _offsets, _segment_rows
+from .data import _as_index, _cat_field, _cat_offsets, counts_to_offsets, _segment_rows
 
 __all__ = ["GraphData", "grid_graph_data", "grid_edges", "edge_features"]
 
@@ -125,8 +125,8 @@ class GraphData:
                 raise ValueError(f"graph {i}: node features must be [N_i, F], got shape {tuple(t.shape)}")
         edges = [torch.as_tensor(e).reshape(-1, 2) for e in edges]
         edge_xs = [torch.as_tensor(e) for e in edge_xs]
-        offsets = _offsets(torch.tensor([t.shape[0] for t in xs]))
-        edge_offsets = _offsets(torch.tensor([e.shape[0] for e in edges]))
+        offsets = counts_to_offsets(torch.tensor([t.shape[0] for t in xs]))
+        edge_offsets = counts_to_offsets(torch.tensor([e.shape[0] for e in edges]))
         dev = xs[0].device
         y = None if ys is None else torch.cat([torch.as_tensor(v).reshape(-1) for v in ys]).to(dev)
         a = None if node_weights is None else torch.cat([torch.as_tensor(v).reshape(-1) for v in node_weights]).to(dev)

@@ -22,7 +22,7 @@ import torch
 from torch import Tensor, nn
 
 from .checks import check_index_tensor, check_offsets
-from .data import _offsets
+from .data import counts_to_offsets
 from .models.base import StructuredModel
 
 __all__ = ["StructuredHead", "StructuredHingeLoss", "structured_hinge"]
@@ -64,7 +64,7 @@ def _pack(ops, x: Tensor, offsets, lengths, y: Tensor | None):
         if lengths.shape != (B,) or (B and (int(lengths.min()) < 1 or int(lengths.max()) > T)):
             raise ValueError(f"lengths must be [B] = [{B}] with values in [1, {T}]")
         mask = torch.arange(T, device=x.device)[None, :] < lengths[:, None]
-        offsets = _offsets(lengths)
+        offsets = counts_to_offsets(lengths)
         if y is not None:
             if y.shape != (B, T):
                 raise ValueError(f"padded labels must be [B, T] = {(B, T)}, got {tuple(y.shape)}")

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from ..data import SequenceData, SparseFeatures, _offsets
+from ..data import SequenceData, SparseFeatures, counts_to_offsets
 from ..features.chunking import PAD_ID, AttributeVocabulary, TaggedSentence, token_attributes
 from ..metrics.chunking import chunk_f1
 from .conll import CHUNK_TAGS, Sentence, _load_splits
@@ -80,7 +80,7 @@ def encode_sentences(sentences: Sequence[Sentence], vocab: AttributeVocabulary) 
     # one packed id matrix (not a tensor per sentence): the same SequenceData as
     # SequenceData.from_attribute_ids([vocab.transform(s) ...], ...), with ~36 MB less resident memory on CoNLL-2000
     ids = vocab.transform_packed(sentences)
-    offsets = _offsets(torch.tensor([len(s.words) for s in sentences], dtype=torch.long))
+    offsets = counts_to_offsets(torch.tensor([len(s.words) for s in sentences], dtype=torch.long))
     x = SparseFeatures.from_attribute_ids(ids, len(vocab), pad_id=PAD_ID)
     del ids
     y = tags_to_ids([tag for s in sentences for tag in s.chunks])

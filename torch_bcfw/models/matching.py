@@ -24,7 +24,7 @@ import torch
 from torch import Tensor
 
 from ..checks import check_index_tensor, check_int, check_not_meta
-from ..data import _as_index, _cat_field, _dense_features, _offsets, _segment_rows, check_cat_parts
+from ..data import _as_index, _cat_field, _dense_features, counts_to_offsets, _segment_rows, check_cat_parts
 from .base import StructuredModel
 
 __all__ = ["Matching", "MatchingData", "max_weight_matching", "NORMALIZATIONS"]
@@ -78,7 +78,7 @@ class MatchingData:
                 raise ValueError(f"every sentence needs at least one word: pair {i} has sizes {sizes[i].tolist()}")
         self.x = x
         self.sizes = sizes
-        self.offsets = _offsets(sizes[:, 0] * sizes[:, 1])
+        self.offsets = counts_to_offsets(sizes[:, 0] * sizes[:, 1])
         if check:
             if int(self.offsets[-1]) != x.shape[0]:
                 raise ValueError(f"MatchingData.x has {x.shape[0]} rows but the sizes give sum m_i * f_i = "

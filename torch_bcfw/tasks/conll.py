@@ -21,7 +21,7 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from ..data import _offsets
+from ..data import counts_to_offsets
 from ..datasets.conll import CHUNK_TAGS, Sentence, _load_splits
 from ..datasets.conll_chain import chunk_f1_from_ids, tags_to_ids
 from ..models import Chain
@@ -117,7 +117,7 @@ class ChunkBatch(NamedTuple):
 def pack_sentences(items) -> ChunkBatch:
     """Collate ``[(words [T], pos [T], chars [T, C], labels [T], tags)]`` into a packed :class:`ChunkBatch`."""
     words, pos, chars, labels, tags = zip(*items)
-    offsets = _offsets(torch.tensor([w.numel() for w in words], dtype=torch.long))
+    offsets = counts_to_offsets(torch.tensor([w.numel() for w in words], dtype=torch.long))
     C = max(c.shape[1] for c in chars)
     ch = torch.zeros(int(offsets[-1]), C, dtype=torch.long)
     for c, a, b in zip(chars, offsets[:-1].tolist(), offsets[1:].tolist()):

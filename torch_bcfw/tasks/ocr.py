@@ -12,7 +12,7 @@ import lightning.pytorch as pl
 import torch
 from torch import nn
 
-from ..data import _offsets
+from ..data import counts_to_offsets
 from ..datasets.ocr import N_LETTERS, load_ocr_split
 from ..models import Chain
 from ..nn import StructuredHead, StructuredHingeLoss
@@ -30,7 +30,7 @@ def _words(data) -> list:
 def pack_words(items):
     """Collate ``[(x [L, 128], y [L])]`` into ``(images [N, 1, 16, 8], labels [N], offsets [B + 1])``."""
     xs, ys = zip(*items)
-    offsets = _offsets(torch.tensor([x.shape[0] for x in xs], dtype=torch.long))
+    offsets = counts_to_offsets(torch.tensor([x.shape[0] for x in xs], dtype=torch.long))
     return torch.cat(xs).view(-1, 1, 16, 8), torch.cat(ys), offsets
 
 
