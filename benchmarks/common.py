@@ -12,7 +12,8 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = Path(os.environ.get("TORCH_BCFW_SHARED", ROOT.parent / "shared")) / "data"
-RESULTS = ROOT / "benchmarks" / "results"
+#: where the scripts write (``TORCH_BCFW_RESULTS`` overrides it: the heavy tests write to a temporary folder)
+RESULTS = Path(os.environ.get("TORCH_BCFW_RESULTS", ROOT / "benchmarks" / "results"))
 
 
 def timed(fn, repeat: int = 5, warmup: int = 1) -> dict:

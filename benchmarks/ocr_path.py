@@ -24,6 +24,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import DATA, RESULTS, print_table, write_json  # noqa: E402
+from paper_common import lambda_axes  # noqa: E402
 
 from torch_bcfw.datasets.ocr import N_LETTERS, load_ocr, ocr_split_with_validation  # noqa: E402
 from torch_bcfw.models import Chain  # noqa: E402
@@ -40,15 +41,7 @@ def plot(sweeps: dict, path: Path, title: str) -> None:
         axes[0].plot(lams, [p.time for p in sw.points], style, markersize=3, color=f"C{j}", label=name)
         axes[1].plot(lams, [p.passes for p in sw.points], style, markersize=3, color=f"C{j}", label=name)
         axes[2].plot(lams, [p.val_loss for p in sw.points], style, markersize=3, color=f"C{j}", label=f"{name} val")
-    for ax, yl in zip(axes, ("cumulative time (s)", "cumulative effective passes", "validation loss")):
-        ax.set_xscale("log")
-        ax.invert_xaxis()
-        ax.set_xlabel("lambda (solved from left to right)")
-        ax.set_ylabel(yl)
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=8)
-    axes[0].set_yscale("log")
-    axes[1].set_yscale("log")
+    lambda_axes(axes, ("cumulative time (s)", "cumulative effective passes", "validation loss"), (True, True, False))
     fig.suptitle(title)
     print(f"wrote {save_figure(fig, path)}")
 

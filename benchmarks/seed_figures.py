@@ -33,6 +33,35 @@ from torch_bcfw.solvers.record import plain_history  # noqa: E402
 
 FIGURES = ("ocr-0.01", "ocr-0.001", "ocr-1/n", "conll-1/n", "matching-0.001")
 
+#: the figures of the other seed papers: name -> (module in benchmarks/, function, keyword arguments); each function
+#: takes ``seeds``, ``passes``, ``budget``, ``tiny`` (and ``conll_limit``) and writes its JSON and PNG
+PAPER_FIGURES = {
+    "shah-digits": ("figures_shah2015", "run", {"problem": "digits"}),
+    "shah-ocr": ("figures_shah2015", "run", {"problem": "ocr-small"}),
+    "shah-horses": ("figures_shah2015", "run", {"problem": "horses"}),
+    "osokin-fig1": ("figures_osokin2016", "staleness", {}),
+    "osokin-fig2": ("figures_osokin2016", "cache_regimes", {}),
+    "osokin-variants-conll": ("figures_osokin2016", "variants", {"problem": "conll"}),
+    "osokin-variants-horses": ("figures_osokin2016", "variants", {"problem": "horses"}),
+    "osokin-variants-lsp-small": ("figures_osokin2016", "variants", {"problem": "lsp-small"}),
+    "osokin-variants-ocr-large": ("figures_osokin2016", "variants", {"problem": "ocr-large"}),
+    "osokin-path-horses": ("figures_osokin2016", "path_vs_grid", {"problem": "horses", "preset": "gap-fw"}),
+    "osokin-path-horses-cache": ("figures_osokin2016", "path_vs_grid",
+                                 {"problem": "horses", "preset": "gap-pairwise-cache"}),
+    "osokin-path-ocr-small": ("figures_osokin2016", "path_vs_grid", {"problem": "ocr-small", "preset": "gap-fw"}),
+    "osokin-fig7": ("figures_osokin2016", "kappa_effect", {}),
+}
+
+
+def run_paper_figure(name: str, seeds=None, passes=None, budget=None, tiny=False, conll_limit=None) -> dict:
+    """Run one figure of :data:`PAPER_FIGURES` (its JSON and PNG go to ``benchmarks/results/``)."""
+    import importlib
+
+    module, function, kwargs = PAPER_FIGURES[name]
+    fn = getattr(importlib.import_module(module), function)
+    extra = {"conll_limit": conll_limit} if kwargs.get("problem") == "conll" else {}
+    return fn(**kwargs, seeds=seeds, passes=passes, budget=budget, tiny=tiny, **extra)
+
 #: (label, solver, options, stochastic, chains only, curve): curve "last" (the iterate; averaging off, so its test
 #: error is the iterate's) or "avg" (the weighted average, certified at every check; its test error is that of the
 #: iterate with the lower certified primal, the average in these runs)
@@ -181,10 +210,14 @@ def plot(figure, runs, d_star, path, title, x="passes"):
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--figure", choices=FIGURES + ("all",), default="ocr-0.01")
+    ap.add_argument("--figure", choices=FIGURES + tuple(PAPER_FIGURES) + ("all",), default="ocr-0.01",
+                    help="all: the figures of Lacoste-Julien et al. (the other papers' figures run one at a time)")
     ap.add_argument("--split", choices=("large", "small"), default="large", help="OCR split (small: n = 626)")
-    ap.add_argument("--passes", type=float, default=100)
-    ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--passes", type=float, default=None, help="default: 100 (each other paper's figure: its own)")
+    ap.add_argument("--seeds", type=int, default=None, help="default: 3 (each other paper's figure: its own)")
+    ap.add_argument("--budget", type=float, default=None, help="seconds per run (the other papers' figures)")
+    ap.add_argument("--tiny", action="store_true",
+                    help="a few examples and passes: runs the figure's code in seconds (the heavy test); writes *_tiny.*")
     ap.add_argument("--gap-check", type=int, default=5)
     ap.add_argument("--conll-limit", type=int, default=None, help="first sentences of CoNLL train and test only")
     ap.add_argument("--reference-passes", type=float, default=1000, help="passes of the reference run (D*)")
@@ -197,13 +230,22 @@ def main(argv=None) -> None:
     unknown = sorted(set(methods or ()) - {m[0] for m in METHODS})
     if unknown:
         ap.error(f"unknown methods {unknown}; choose from {[m[0] for m in METHODS]}")
+    if args.figure in PAPER_FIGURES:
+        run_paper_figure(args.figure, args.seeds, args.passes, args.budget, args.tiny, args.conll_limit)
+        return
+    if args.tiny:
+        args.passes, args.seeds, args.reference_passes, args.gap_check, args.conll_limit = 2, 1, 5, 1, 30
+    args.passes = 100 if args.passes is None else args.passes
     figures = FIGURES if args.figure == "all" else (args.figure,)
-    seeds = list(range(1, args.seeds + 1))
+    seeds = list(range(1, (args.seeds or 3) + 1))
     for figure in figures:
         if args.replot:
             replot(figure, args.split)
             continue
         model, train, test, lam = problem(figure, args.split, args.conll_limit)
+        if args.tiny:
+            train, test = train[list(range(30))], test[list(range(30))]
+            lam = 1.0 / len(train) if figure.endswith("1/n") else lam
         print(f"{figure}: n = {len(train)}, lam = {lam:g}, {args.passes:g} passes, seeds {seeds}")
         t0 = time.perf_counter()
         # the reference: a long run of the BCFW variant with the fastest convergence here, for D* (as the paper's
@@ -218,7 +260,7 @@ def main(argv=None) -> None:
         marks = sorted({m for m in (gc, 2 * gc, 4 * gc, 10 * gc, 20 * gc, args.passes) if m <= args.passes})
         rows = [summary(label, run, d_star, marks) for label, run in runs.items()]
         print_table(rows, ["method"] + [f"subopt@{m:g}" for m in marks] + [f"test@{marks[-1]:g}", "seconds"])
-        stem = stem_of(figure, args.split)
+        stem = stem_of(figure, args.split) + ("_tiny" if args.tiny else "")
         write_json(stem + ".json", {
             "figure": figure, "n": len(train), "lam": lam, "passes": args.passes, "seeds": seeds,
             "split": args.split if figure.startswith("ocr") else None, "best_dual": d_star,

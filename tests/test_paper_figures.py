@@ -1,0 +1,111 @@
+"""Every figure of ``benchmarks/seed_figures.py`` (the four seed papers) runs on a tiny setting and writes a JSON and a
+PNG whose numbers obey what the figure certifies (heavy tier: one process, all figures, about a minute)."""
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = Path(os.environ.get("TORCH_BCFW_SHARED", ROOT.parent / "shared")) / "data"
+
+#: figure -> the JSON files it writes (stems under the results folder)
+EXPECTED = {
+    "ocr-0.01": ["seed_figures_ocr-0.01_large_tiny"],
+    "conll-1/n": ["seed_figures_conll-1_over_n_tiny"],
+    "shah-digits": ["shah2015_digits_tiny"],
+    "shah-ocr": ["shah2015_ocr-small_tiny"],
+    "shah-horses": ["shah2015_horses_tiny"],
+    "osokin-fig1": ["osokin2016_fig1_tiny"],
+    "osokin-fig2": ["osokin2016_fig2_tiny"],
+    "osokin-variants-conll": ["osokin2016_variants_conll_tiny"],
+    "osokin-variants-horses": ["osokin2016_variants_horses_tiny"],
+    "osokin-variants-lsp-small": ["osokin2016_variants_lsp-small_tiny"],
+    "osokin-path-horses": ["osokin2016_path_horses_gap-fw_tiny"],
+    "osokin-fig7": ["osokin2016_fig7_ocr-small_tiny"],
+}
+
+SCRIPT = """
+import sys
+sys.path.insert(0, {bench!r})
+import seed_figures
+for fig in {figures!r}:
+    seed_figures.main(["--figure", fig, "--tiny"])
+"""
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    for sub in ("ocr", "conll2000", "weizmann_horse", "lspet"):
+        if not (DATA / sub).exists():
+            pytest.skip(f"needs the dataset {sub} under {DATA}")
+    out = tmp_path_factory.mktemp("figures")
+    env = dict(os.environ, TORCH_BCFW_RESULTS=str(out), OMP_NUM_THREADS="1", MPLBACKEND="Agg")
+    code = SCRIPT.format(bench=str(ROOT / "benchmarks"), figures=list(EXPECTED))
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return out
+
+
+def _load(results, stem):
+    assert (results / f"{stem}.png").stat().st_size > 1000, f"{stem}.png missing or empty"
+    return json.loads((results / f"{stem}.json").read_text())
+
+
+@pytest.mark.heavy
+def test_every_figure_writes_json_and_png(results):
+    for stems in EXPECTED.values():
+        for stem in stems:
+            _load(results, stem)
+
+
+@pytest.mark.heavy
+def test_shah_bounds_bracket_every_curve(results):
+    """Weak duality across runs: no dual value above the best primal, so every suboptimality is >= 0."""
+    for problem in ("digits", "ocr-small", "horses"):
+        d = _load(results, f"shah2015_{problem}_tiny")
+        assert d["lam"] == pytest.approx(1.0 / d["n"])
+        assert d["best_dual"] <= d["best_primal"] + 1e-9
+        for runs in d["runs"].values():
+            assert len(runs) == len(d["seeds"]) == 2
+            for h in runs.values():
+                for r in h:
+                    assert r["primal"] - d["best_dual"] >= -1e-9 and d["best_primal"] - r["dual"] >= -1e-9
+
+
+@pytest.mark.heavy
+def test_osokin_gaps_are_certificates(results):
+    """Every recorded gap of the variants is >= 0 and at most the primal; the staleness figure's offline gaps too,
+    and the uniform sampler has no estimates while gap sampling's ratio is positive."""
+    for problem in ("conll", "horses", "lsp-small"):
+        d = _load(results, f"osokin2016_variants_{problem}_tiny")
+        assert len(d["runs"]) == 8
+        assert d["lam"] == pytest.approx(d["held_out_lam"] * d["lam_ratio"])
+        assert d["held_out_lam"] == min(d["lam_choice"], key=lambda r: r["val_loss"])["lam"]
+        for run in d["runs"].values():
+            for h in run["seeds"].values():
+                for r in h:
+                    assert -1e-9 <= r["gap"] <= r["primal"] + 1e-9
+    fig1 = _load(results, "osokin2016_fig1_tiny")
+    for label, per in fig1["runs"].items():
+        for h in per.values():
+            assert all(r["gap"] >= -1e-9 for r in h)
+            ratios = [r["estimate_ratio"] for r in h]
+            assert all(v is None for v in ratios) if label == "Uniform" else all(v is None or v > 0 for v in ratios)
+
+
+@pytest.mark.heavy
+def test_path_figures_certify_eps(results):
+    """The path's breakpoints and the grid points that finished are certified to eps."""
+    d = _load(results, "osokin2016_path_horses_gap-fw_tiny")
+    for name, sw in d["sweeps"].items():
+        for p in sw["points"]:
+            if p.get("stopped_by") in ("gap_tol", "converged", "init"):
+                assert p["gap"] <= d["eps"] * (1 + 1e-9) and math.isfinite(p["primal"])
+    k = _load(results, "osokin2016_fig7_ocr-small_tiny")
+    assert [r["kappa"] for r in k["rows"]] == [0.5, 0.9]
