@@ -45,7 +45,7 @@ VARIANT_SETTINGS = {
                   choose_passes=10),
     "horses": dict(lams=(1e-4, 1e-3, 1e-2, 1e-1), ratio=10.0, passes=40, seeds=5, gap_check=5, budget=120.0,
                    choose_passes=10),
-    "lsp-small": dict(lams=(0.01, 0.1, 1.0, 10.0), ratio=1.0, passes=100, seeds=5, gap_check=10, budget=120.0,
+    "lsp-small": dict(lams=(0.01, 0.1, 1.0, 10.0), ratio=1.0, passes=100, seeds=5, gap_check=5, budget=120.0,
                       choose_passes=30),
     "ocr-large": dict(lams=(0.001,), ratio=1.0, passes=200, seeds=5, gap_check=10, budget=300.0, choose_passes=0),
 }

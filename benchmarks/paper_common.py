@@ -19,6 +19,7 @@ figure's code is exercised in seconds.  Problems (``load(name, tiny)`` returns a
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 import numpy as np
 import torch
@@ -143,7 +144,9 @@ def lsp_small(tiny: bool = False) -> Problem:
                    "unaries, oracle about 2 s", tiny)
 
 
+@lru_cache(maxsize=None)
 def load(name: str, tiny: bool = False, conll_limit: int | None = None) -> Problem:
+    """The problem ``name`` (one object per process and arguments: figures run in one process share it)."""
     if name == "digits":
         return digits(tiny)
     if name in ("ocr-small", "ocr-large"):

@@ -75,6 +75,9 @@ METHODS = [
     ("cutting plane", "cutting-plane", {"averaging": False}, False, False, "last"),
     ("extragradient", "extragradient", {"averaging": False}, False, False, "last"),
     ("extragradient-avg", "extragradient", {"averaging": True}, False, False, "avg"),
+    # the paper's App. F, Fig. 2: the predefined step sizes 2n / (k + 2n) (BCFW) and 2 / (k + 2) (FW)
+    ("BCFW (fixed step)", "bcfw", {"averaging": False, "step": "fixed"}, True, False, "last"),
+    ("FW (fixed step)", "fw", {"averaging": False, "step": "fixed"}, False, False, "last"),
 ]
 #: solvers whose ``max_passes`` counts iterations that make 2 oracle calls per example (the extragradient's
 #: prediction and correction): they get half the passes, so every method ends at the same effective passes
@@ -188,7 +191,7 @@ def plot(figure, runs, d_star, path, title, x="passes"):
             ys = np.array(ys, dtype=float)
             if k == 1:
                 ys = np.clip(ys, 1e-12, None)
-            style = "--" if "wavg" in label else "-"
+            style = "--" if "wavg" in label else (":" if "fixed" in label else "-")
             keep = ~np.isnan(ys).all(0)
             grid_k, ys = np.asarray(grid)[keep], ys[:, keep]
             ax.plot(grid_k, np.nanmedian(ys, 0), style, color=f"C{j}", marker=".", label=label)
@@ -225,6 +228,7 @@ def main(argv=None) -> None:
     ap.add_argument("--methods", default=None,
                     help="comma-separated labels of the methods to run (default: all): " + ", ".join(m[0] for m in METHODS))
     ap.add_argument("--replot", action="store_true", help="redraw the figure's PNGs from its JSON")
+    ap.add_argument("--tag", default="", help="appended to the output names (a subset of methods run apart)")
     args = ap.parse_args(argv)
     methods = None if args.methods is None else [m.strip() for m in args.methods.split(",") if m.strip()]
     unknown = sorted(set(methods or ()) - {m[0] for m in METHODS})
@@ -240,7 +244,7 @@ def main(argv=None) -> None:
     seeds = list(range(1, (args.seeds or 3) + 1))
     for figure in figures:
         if args.replot:
-            replot(figure, args.split)
+            replot(stem_of(figure, args.split) + (f"_{args.tag}" if args.tag else ""))
             continue
         model, train, test, lam = problem(figure, args.split, args.conll_limit)
         if args.tiny:
@@ -260,7 +264,7 @@ def main(argv=None) -> None:
         marks = sorted({m for m in (gc, 2 * gc, 4 * gc, 10 * gc, 20 * gc, args.passes) if m <= args.passes})
         rows = [summary(label, run, d_star, marks) for label, run in runs.items()]
         print_table(rows, ["method"] + [f"subopt@{m:g}" for m in marks] + [f"test@{marks[-1]:g}", "seconds"])
-        stem = stem_of(figure, args.split) + ("_tiny" if args.tiny else "")
+        stem = stem_of(figure, args.split) + (f"_{args.tag}" if args.tag else "") + ("_tiny" if args.tiny else "")
         write_json(stem + ".json", {
             "figure": figure, "n": len(train), "lam": lam, "passes": args.passes, "seeds": seeds,
             "split": args.split if figure.startswith("ocr") else None, "best_dual": d_star,
@@ -282,12 +286,11 @@ def plots(figure, runs, d_star, stem, n, n_seeds) -> None:
          f"{figure} (n = {n}) against time: median and min-max over {n_seeds} seeds", x="solver_time")
 
 
-def replot(figure: str, split: str) -> None:
+def replot(stem: str) -> None:
     import json
 
-    stem = stem_of(figure, split)
     d = json.loads((RESULTS / (stem + ".json")).read_text())
-    plots(figure, d["runs"], d["best_dual"], stem, d["n"], len(d["seeds"]))
+    plots(d["figure"], d["runs"], d["best_dual"], stem, d["n"], len(d["seeds"]))
     print(f"redrew {stem}.png and {stem}_seconds.png")
 
 
