@@ -34,7 +34,8 @@ from torch_bcfw.solvers.record import plain_history  # noqa: E402
 FIGURES = ("ocr-0.01", "ocr-0.001", "ocr-1/n", "conll-1/n", "matching-0.001")
 
 #: the figures of the other seed papers: name -> (module in benchmarks/, function, keyword arguments); each function
-#: takes ``seeds``, ``passes``, ``budget``, ``tiny`` (and ``conll_limit``) and writes its JSON and PNG
+#: takes ``seeds``, ``passes``, ``budget``, ``tiny`` (and ``conll_limit``) and writes its JSON and PNG; the module's
+#: ``replot_<function>`` (where there is one) redraws them from the JSON (``--replot``)
 PAPER_FIGURES = {
     "shah-digits": ("figures_shah2015", "run", {"problem": "digits"}),
     "shah-ocr": ("figures_shah2015", "run", {"problem": "ocr-small"}),
@@ -53,12 +54,18 @@ PAPER_FIGURES = {
 }
 
 
-def run_paper_figure(name: str, seeds=None, passes=None, budget=None, tiny=False, conll_limit=None) -> dict:
+def run_paper_figure(name: str, seeds=None, passes=None, budget=None, tiny=False, conll_limit=None,
+                     replot=False) -> dict:
     """Run one figure of :data:`PAPER_FIGURES` (its JSON and PNG go to ``benchmarks/results/``)."""
     import importlib
 
     module, function, kwargs = PAPER_FIGURES[name]
-    fn = getattr(importlib.import_module(module), function)
+    mod = importlib.import_module(module)
+    if replot:
+        if not hasattr(mod, f"replot_{function}"):
+            raise SystemExit(f"{name} has no --replot")
+        return getattr(mod, f"replot_{function}")(**kwargs, tiny=tiny)
+    fn = getattr(mod, function)
     extra = {"conll_limit": conll_limit} if kwargs.get("problem") == "conll" else {}
     return fn(**kwargs, seeds=seeds, passes=passes, budget=budget, tiny=tiny, **extra)
 
@@ -235,7 +242,7 @@ def main(argv=None) -> None:
     if unknown:
         ap.error(f"unknown methods {unknown}; choose from {[m[0] for m in METHODS]}")
     if args.figure in PAPER_FIGURES:
-        run_paper_figure(args.figure, args.seeds, args.passes, args.budget, args.tiny, args.conll_limit)
+        run_paper_figure(args.figure, args.seeds, args.passes, args.budget, args.tiny, args.conll_limit, args.replot)
         return
     if args.tiny:
         args.passes, args.seeds, args.reference_passes, args.gap_check, args.conll_limit = 2, 1, 5, 1, 30
