@@ -66,7 +66,8 @@ def _secs(rec: dict) -> float:
     return rec["solver_time"] + (rec.get("gap_time") or 0.0)
 
 
-def variants(problem: str, seeds=None, passes=None, budget=None, tiny=False, conll_limit=None) -> dict:
+def variants(problem: str, seeds=None, passes=None, budget=None, tiny=False, conll_limit=None, lam=None) -> dict:
+    """The 8 variants on ``problem`` (:data:`VARIANT_SETTINGS`); ``lam`` given: that value, nothing chosen."""
     from torch_bcfw import fit
     from torch_bcfw.solvers.record import plain_history
 
@@ -78,7 +79,10 @@ def variants(problem: str, seeds=None, passes=None, budget=None, tiny=False, con
     t0 = time.perf_counter()
     prob = load(problem, tiny, conll_limit)
     print(f"osokin2016 variants on {problem}: n = {prob.n} ({time.perf_counter() - t0:.0f} s to load)", flush=True)
-    if len(s["lams"]) > 1:
+    fixed = lam is not None
+    if fixed:
+        good, choice, s["ratio"] = lam, [], 1.0
+    elif len(s["lams"]) > 1:
         good, choice = choose_lam(prob, s["lams"], s["choose_passes"], preset="gap-fw")
     else:
         good, choice = s["lams"][0], []
@@ -105,7 +109,7 @@ def variants(problem: str, seeds=None, passes=None, budget=None, tiny=False, con
     out["table"] = variants_table(out)
     print_table(out["table"], ["variant"] + [f"eff@{t:g}" for t in TARGETS] + [f"s@{t:g}" for t in TARGETS]
                 + ["final_rel_gap", "final_eff", "hit_rate"])
-    name = stem(f"osokin2016_variants_{problem}", tiny)
+    name = stem(f"osokin2016_variants_{problem}" + (f"_lam{lam:g}" if fixed else ""), tiny)
     write_json(name + ".json", out)
     variants_plot(out, RESULTS / (name + ".png"))
     return out

@@ -46,6 +46,7 @@ PAPER_FIGURES = {
     "osokin-variants-horses": ("figures_osokin2016", "variants", {"problem": "horses"}),
     "osokin-variants-lsp-small": ("figures_osokin2016", "variants", {"problem": "lsp-small"}),
     "osokin-variants-ocr-large": ("figures_osokin2016", "variants", {"problem": "ocr-large"}),
+    "osokin-variants-ocr-large-0.1": ("figures_osokin2016", "variants", {"problem": "ocr-large", "lam": 0.1}),
     "osokin-path-horses": ("figures_osokin2016", "path_vs_grid", {"problem": "horses", "preset": "gap-fw"}),
     "osokin-path-horses-cache": ("figures_osokin2016", "path_vs_grid",
                                  {"problem": "horses", "preset": "gap-pairwise-cache"}),
