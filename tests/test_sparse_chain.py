@@ -244,7 +244,7 @@ def test_fit_hands_the_chain_storage_to_its_result_and_copies_it_on_warm_start()
     state = ChainDualState(model, sparse, 0.05)
     sd = state.state_dict()  # a copy: the state goes on
     assert sd["storage"]["mu"].data_ptr() != state.mu.data_ptr()
-    state.hand_over_storage = True
+    state.move_storage_on_save = True
     mu = state.mu
     sd = state.state_dict()  # moved: the state cannot step any more
     assert sd["storage"]["mu"] is mu and state.mu is None

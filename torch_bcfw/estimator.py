@@ -35,7 +35,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .data import MulticlassData, SequenceData
+from .data.sequences import MulticlassData, SequenceData
 from .fit import FitResult, fit
 from .models.base import StructuredModel
 from .models.chain import Chain

@@ -8,7 +8,7 @@ from ..checks import saved_int
 from ..duals.plan import generic_plan_steps
 from ..duals.stepsize import FIXED, LINE_SEARCH
 from .certificate import Certificate
-from .comm import LOCAL
+from .local_comm import LOCAL
 
 __all__ = ["Algorithm", "DualAlgorithm", "normalise_bounds"]
 

@@ -117,7 +117,7 @@ def save_sharded(result, path, ctx) -> None:
     """Save this rank's ``result`` as its member of the set at ``result.counters["work"]``, commit the set once every
     member is written (rank 0 writes the manifest), then remove this rank's older members.  Every rank of ``ctx``
     calls it at the same point."""
-    from .distributed import DistributedError, all_gather_int64
+    from ..distributed import DistributedError, all_gather_int64
 
     work = int(result.counters.get("work", 0))
     mine = shard_path(path, ctx.rank, ctx.world_size, work)
@@ -172,7 +172,7 @@ def _read_manifest(path, world_size: int) -> int | None:
 def newest_sharded(paths, ctx) -> Path | None:
     """This rank's member of the newest complete set among the sharded saves at ``paths`` (``None``: none committed);
     rank 0 reads the manifests, and a member missing on any rank raises ``FileNotFoundError`` on every rank."""
-    from .distributed import all_gather_int64, broadcast_from_rank0
+    from ..distributed import all_gather_int64, broadcast_from_rank0
 
     choice = [-1, -1]
     error = ""
