@@ -1,4 +1,4 @@
-"""Nothing is coerced silently (issue 24, "Trust", defect 7): a float offset, a non-integer size, a string for a
+"""Nothing is coerced silently: a float offset, a non-integer size, a string for a
 bool option, a NaN tolerance, a preset that would override a given field, complex features, features that
 require grad, data on the meta device and ``lam=True`` all raise an error naming the parameter and the value,
 instead of being truncated, cast or ignored."""

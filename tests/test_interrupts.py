@@ -1,4 +1,4 @@
-"""Ctrl-C ends the whole job (issue 24, defect 5): a KeyboardInterrupt inside one solve of a multi-fit entry point
+"""Ctrl-C ends the whole job: a KeyboardInterrupt inside one solve of a multi-fit entry point
 (the Lightning callback, cross_validate, compare, the regularization path) is not swallowed by the solver loop
 and followed by more work; what finished is reported as finished and no aggregate uses the cut run.
 

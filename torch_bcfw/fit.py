@@ -1,4 +1,4 @@
-"""``torch_bcfw.fit``: train a structured model with BCFW, batch FW or SSG, and the result it returns."""
+"""``torch_bcfw.fit``: train a structured model with one of the solvers, and the result it returns."""
 from __future__ import annotations
 
 import csv
@@ -20,7 +20,7 @@ from .io.serialization import atomic_save, atomic_write_text, load_checked, to_p
 from .runtime.signals import deferred_signals
 from .solvers.callbacks import Callback
 from .solvers.certificate import squared_norm
-from .solvers.options import RETIRED_OPTIONS, SOLVERS, SolverOptions
+from .solvers.options import SOLVERS, SolverOptions
 from .solvers.record import CheckRecord, as_records, plain_history
 from .solvers.run import WEAK_DUALITY_TOL, RunOutput, SolverRun
 
@@ -270,8 +270,7 @@ class FitResult:
         if not isinstance(d["options"], dict):
             raise ValueError(f"{source}: options must be a dict")
         try:
-            options = SolverOptions.from_kwargs(**{k: v for k, v in d["options"].items()
-                                                    if k not in RETIRED_OPTIONS})
+            options = SolverOptions.from_kwargs(**d["options"])
         except (TypeError, ValueError) as exc:
             raise ValueError(f"{source}: bad solver options: {exc}") from None
         w = _checked_weights(d["w"], model.n_features, f"{source}: w")

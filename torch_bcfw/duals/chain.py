@@ -299,11 +299,11 @@ class ChainDualState(DualState):
         ws = self.working_set if plan.working_set is not None else None
         pool = ws.arrays() if ws is not None else _NO_POOL
         if plan.is_plain and ylab.shape[0] == 0:  # plain BCFW: its own kernel, without the refinements' code
-            progress = chain_plain_bcfw_steps(flags, sampling, self.lam, self.k, self.avg_t, *self._groups(totals), gaps,
-                                         blocks)
+            progress = chain_plain_bcfw_steps(flags, sampling, self.lam, self.k, self.avg_t, *self._groups(totals),
+                                              gaps, blocks)
         else:
-            progress, pool = chain_refined_plan_steps(flags, sampling, pool, running, ylab, self.lam, self.k, self.avg_t,
-                                              *self._groups(totals), gaps, blocks)
+            progress, pool = chain_refined_plan_steps(flags, sampling, pool, running, ylab, self.lam, self.k,
+                                                      self.avg_t, *self._groups(totals), gaps, blocks)
         if ws is not None:
             ws.adopt(pool)
         if flags.running_average:

@@ -27,7 +27,7 @@ from ..checks import saved_tensor
 
 __all__ = ["WorkingSet", "Pool", "block_labelings", "label_hash", "ALPHA", "LOSS", "SCORE", "LAST", "ACC"]
 
-#: columns of the float pool ``fl[P, NCOL]``
+#: columns of the float pool ``plane_values[P, NCOL]``
 ALPHA, LOSS, SCORE, LAST, ACC = 0, 1, 2, 3, 4
 NCOL = 5
 #: the pool's first free plane slot and first free label slot (one record, :attr:`Pool.free`)
@@ -487,9 +487,7 @@ class WorkingSet:
         if not torch.equal(lab_len, want):
             raise ValueError("working_set lab_len differs from the lengths of the blocks' labelings")
         P, Q = int(size.sum()), int((size * lab_len).sum())
-        fl = saved_tensor(sd["fl"], "working_set fl", (P, None))
-        if not 2 <= fl.shape[1] <= NCOL:
-            raise ValueError(f"working_set fl must have 2 to {NCOL} columns, got {fl.shape[1]}")
+        fl = saved_tensor(sd["fl"], "working_set fl", (P, NCOL))
         lab = saved_tensor(sd["lab"], "working_set lab", (Q,), "int", lo=0, hi=np.iinfo(np.int32).max)
         incomplete = saved_tensor(sd["incomplete"], "working_set incomplete", (n,), "int", lo=0, hi=1)
         ws = cls.__new__(cls)
@@ -501,7 +499,7 @@ class WorkingSet:
         for i in range(n):
             m, L = int(ws.size[i]), int(ws.lab_len[i])
             s, ls = int(ws.start[i]), int(ws.lab_start[i])
-            ws.plane_values[s:s + m, :fl.shape[1]] = fl[p:p + m]  # states saved with fewer columns: 0 in the others
+            ws.plane_values[s:s + m] = fl[p:p + m]
             ws.plane_labels[ls:ls + m * L] = lab[q:q + m * L]
             p += m
             q += m * L

@@ -20,8 +20,7 @@ import torch
 
 from .serialization import atomic_write_text, check_writable_file
 
-__all__ = ["Checkpoint", "parse_interval", "shard_path", "manifest_path", "save_sharded", "remove_sharded",
-           "newest_sharded"]
+__all__ = ["Checkpoint", "parse_interval", "shard_path", "manifest_path", "save_sharded", "newest_sharded"]
 
 _UNITS = {"s": 1.0, "sec": 1.0, "seconds": 1.0, "m": 60.0, "min": 60.0, "minutes": 60.0, "h": 3600.0,
           "hours": 3600.0}
@@ -133,15 +132,8 @@ def save_sharded(result, path, ctx) -> None:
     _remove_members(path, ctx.rank, ctx.world_size, keep=mine)
 
 
-def remove_sharded(path, ctx) -> None:
-    """Remove the set saved at ``path`` (each rank its members, rank 0 the manifest first), e.g. once a newer set at
-    another path is committed."""
-    if ctx.is_main:
-        manifest_path(path).unlink(missing_ok=True)
-    _remove_members(path, ctx.rank, ctx.world_size, keep=None)
-
-
-def _remove_members(path, rank: int, world_size: int, keep: Path | None) -> None:
+def _remove_members(path, rank: int, world_size: int, keep: Path) -> None:
+    """Remove this rank's older members of the set at ``path``, all but ``keep``."""
     p = Path(path)
     for old in p.parent.glob(f"{p.stem}.rank{rank}-of-{world_size}.w*{p.suffix}"):
         if old != keep:

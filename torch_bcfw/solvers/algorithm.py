@@ -1,4 +1,4 @@
-"""The interface between the solver loop and one algorithm (BCFW, FW, SSG)."""
+"""The interface between the solver loop and one algorithm (each solver of :data:`~torch_bcfw.solvers.run.ALGORITHMS`)."""
 from __future__ import annotations
 
 import torch
