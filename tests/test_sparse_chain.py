@@ -187,7 +187,7 @@ def test_csr_and_gram_construction():
 
 @pytest.mark.parametrize("binary", [False, True])
 def test_products_in_runs_of_bags_over_lean_transposed_entries_give_the_same_bits(monkeypatch, binary):
-    import torch_bcfw.data as data_module
+    import torch_bcfw.data.sequences as data_module
 
     _, sparse, dense = random_sparse_problem(n=30, F=25, K=3, max_len=8, per_token=6, seed=11, binary=binary)
     X = sparse.x
