@@ -108,7 +108,7 @@ def conll(tiny: bool = False, limit: int | None = None) -> Problem:
 def lsp_small(tiny: bool = False) -> Problem:
     from torch_bcfw.datasets.lsp import joints_to_grid, load_lsp_extended, reference_torso, torso_with_fallback
     from torch_bcfw.models.pose import PoseTree, impute_positions, mean_offsets, offset_scales
-    from torch_bcfw.pose_data import PoseData
+    from torch_bcfw.data import PoseData
 
     n_train, size, G = (6, 32, 8) if tiny else (100, 128, 32)
     samples = load_lsp_extended(DATA / "lspet", "train", size=size, limit=2 * n_train)
