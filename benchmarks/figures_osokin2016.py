@@ -50,6 +50,8 @@ VARIANT_SETTINGS = {
     "ocr-large": dict(lams=(0.001,), ratio=1.0, passes=200, seeds=5, gap_check=10, budget=300.0, choose_passes=0),
 }
 TARGETS = (0.1, 0.01, 0.001)
+VARIANT_COLUMNS = (["variant"] + [f"eff@{t:g}" for t in TARGETS] + [f"s@{t:g}" for t in TARGETS]
+                   + ["final_rel_gap", "final_eff", "hit_rate"])
 
 
 def _color(label: str) -> tuple[str, str, str]:
@@ -94,6 +96,10 @@ def variants(problem: str, seeds=None, passes=None, budget=None, tiny=False, con
     for _, preset in VARIANTS:  # compile outside the timed runs
         fit(prob.model, warm, lam, preset=preset, max_passes=2, gap_check=1, averaging=False, track_train_loss=False)
     runs = {label: {"preset": preset, "seeds": {}} for label, preset in VARIANTS}
+    out = {"figure": f"osokin-variants-{problem}", "problem": problem, "note": prob.note, "n": prob.n, "lam": lam,
+           "held_out_lam": good, "lam_ratio": s["ratio"], "lam_choice": choice, "passes": passes, "budget": budget,
+           "seeds": [], "options": common, "tiny": tiny, "runs": runs}
+    name = stem(f"osokin2016_variants_{problem}" + (f"_lam{lam:g}" if fixed else ""), tiny)
     for seed in seeds:  # round-robin over the variants: the machine's load affects all alike
         for label, preset in VARIANTS:
             r = fit(prob.model, prob.train, lam, preset=preset, seed=seed, max_passes=passes, time_budget=budget,
@@ -103,13 +109,28 @@ def variants(problem: str, seeds=None, passes=None, budget=None, tiny=False, con
             last = h[-1]
             print(f"  seed {seed} {label:20s}: gap {last['gap']:.3g} (rel {last['gap'] / last['primal']:.3g}) at "
                   f"{_eff(last, prob.n):.1f} eff. passes, {_secs(last):.1f} s", flush=True)
-    out = {"figure": f"osokin-variants-{problem}", "problem": problem, "note": prob.note, "n": prob.n, "lam": lam,
-           "held_out_lam": good, "lam_ratio": s["ratio"], "lam_choice": choice, "passes": passes, "budget": budget,
-           "seeds": seeds, "options": common, "tiny": tiny, "seconds": time.perf_counter() - t0, "runs": runs}
+        # every finished round of seeds is saved: a long run cut short keeps what it measured
+        out["seeds"].append(seed)
+        out["seconds"] = time.perf_counter() - t0
+        out["table"] = variants_table(out)
+        write_json(name + ".json", out)
+    print_table(out["table"], VARIANT_COLUMNS)
+    variants_plot(out, RESULTS / (name + ".png"))
+    return out
+
+
+def replot_variants(problem: str, tiny: bool = False, lam=None, **_) -> dict:
+    """Redraw a variants figure (and its table) from its JSON, e.g. one cut short after some seeds."""
+    import json
+
+    name = stem(f"osokin2016_variants_{problem}" + (f"_lam{lam:g}" if lam is not None else ""), tiny)
+    out = json.loads((RESULTS / (name + ".json")).read_text())
+    done = {str(s) for s in out["seeds"]}
+    for run in out["runs"].values():  # the seeds of a round that did not finish are left out
+        run["seeds"] = {k: v for k, v in run["seeds"].items() if k in done}
     out["table"] = variants_table(out)
-    print_table(out["table"], ["variant"] + [f"eff@{t:g}" for t in TARGETS] + [f"s@{t:g}" for t in TARGETS]
-                + ["final_rel_gap", "final_eff", "hit_rate"])
-    name = stem(f"osokin2016_variants_{problem}" + (f"_lam{lam:g}" if fixed else ""), tiny)
+    print_table(out["table"], VARIANT_COLUMNS)
+    out.pop("machine", None)
     write_json(name + ".json", out)
     variants_plot(out, RESULTS / (name + ".png"))
     return out
