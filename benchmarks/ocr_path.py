@@ -24,7 +24,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import DATA, RESULTS, print_table, write_json  # noqa: E402
-from paper_common import lambda_axes  # noqa: E402
+from seed_papers.problems import lambda_axes  # noqa: E402
 
 from torch_bcfw.datasets.ocr import N_LETTERS, load_ocr, ocr_split_with_validation  # noqa: E402
 from torch_bcfw.models import Chain  # noqa: E402

@@ -33,25 +33,25 @@ from torch_bcfw.solvers.record import plain_history  # noqa: E402
 
 FIGURES = ("ocr-0.01", "ocr-0.001", "ocr-1/n", "conll-1/n", "matching-0.001")
 
-#: the figures of the other seed papers: name -> (module in benchmarks/, function, keyword arguments); each function
+#: the figures of the other seed papers: name -> (module under benchmarks/, function, keyword arguments); each function
 #: takes ``seeds``, ``passes``, ``budget``, ``tiny`` (and ``conll_limit``) and writes its JSON and PNG; the module's
 #: ``replot_<function>`` (where there is one) redraws them from the JSON (``--replot``)
 PAPER_FIGURES = {
-    "shah-digits": ("figures_shah2015", "run", {"problem": "digits"}),
-    "shah-ocr": ("figures_shah2015", "run", {"problem": "ocr-small"}),
-    "shah-horses": ("figures_shah2015", "run", {"problem": "horses"}),
-    "osokin-fig1": ("figures_osokin2016", "staleness", {}),
-    "osokin-fig2": ("figures_osokin2016", "cache_regimes", {}),
-    "osokin-variants-conll": ("figures_osokin2016", "variants", {"problem": "conll"}),
-    "osokin-variants-horses": ("figures_osokin2016", "variants", {"problem": "horses"}),
-    "osokin-variants-lsp-small": ("figures_osokin2016", "variants", {"problem": "lsp-small"}),
-    "osokin-variants-ocr-large": ("figures_osokin2016", "variants", {"problem": "ocr-large"}),
-    "osokin-variants-ocr-large-0.1": ("figures_osokin2016", "variants", {"problem": "ocr-large", "lam": 0.1}),
-    "osokin-path-horses": ("figures_osokin2016", "path_vs_grid", {"problem": "horses", "preset": "gap-fw"}),
-    "osokin-path-horses-cache": ("figures_osokin2016", "path_vs_grid",
+    "shah-digits": ("seed_papers.shah2015", "run", {"problem": "digits"}),
+    "shah-ocr": ("seed_papers.shah2015", "run", {"problem": "ocr-small"}),
+    "shah-horses": ("seed_papers.shah2015", "run", {"problem": "horses"}),
+    "osokin-fig1": ("seed_papers.osokin2016", "staleness", {}),
+    "osokin-fig2": ("seed_papers.osokin2016", "cache_regimes", {}),
+    "osokin-variants-conll": ("seed_papers.osokin2016", "variants", {"problem": "conll"}),
+    "osokin-variants-horses": ("seed_papers.osokin2016", "variants", {"problem": "horses"}),
+    "osokin-variants-lsp-small": ("seed_papers.osokin2016", "variants", {"problem": "lsp-small"}),
+    "osokin-variants-ocr-large": ("seed_papers.osokin2016", "variants", {"problem": "ocr-large"}),
+    "osokin-variants-ocr-large-0.1": ("seed_papers.osokin2016", "variants", {"problem": "ocr-large", "lam": 0.1}),
+    "osokin-path-horses": ("seed_papers.osokin2016", "path_vs_grid", {"problem": "horses", "preset": "gap-fw"}),
+    "osokin-path-horses-cache": ("seed_papers.osokin2016", "path_vs_grid",
                                  {"problem": "horses", "preset": "gap-pairwise-cache"}),
-    "osokin-path-ocr-small": ("figures_osokin2016", "path_vs_grid", {"problem": "ocr-small", "preset": "gap-fw"}),
-    "osokin-fig7": ("figures_osokin2016", "kappa_effect", {}),
+    "osokin-path-ocr-small": ("seed_papers.osokin2016", "path_vs_grid", {"problem": "ocr-small", "preset": "gap-fw"}),
+    "osokin-fig7": ("seed_papers.osokin2016", "kappa_effect", {}),
 }
 
 

@@ -24,7 +24,7 @@ import time
 import numpy as np
 
 from common import RESULTS, print_table, write_json
-from paper_common import draw_band, load, stem
+from seed_papers.problems import draw_band, load, stem
 
 METHODS = (("BCFW", "bcfw", "last"), ("BCFW-avg", "bcfw", "avg"), ("MP-BCFW", "mp-bcfw", "last"),
            ("MP-BCFW-avg", "mp-bcfw", "avg"))

@@ -30,7 +30,7 @@ import time
 import numpy as np
 
 from common import RESULTS, print_table, write_json
-from paper_common import choose_lam, draw_band, lambda_axes, load, stem
+from seed_papers.problems import choose_lam, draw_band, lambda_axes, load, stem
 
 VARIANTS = [
     ("BCFW", "uniform-fw"), ("BCFW + gap", "gap-fw"), ("BCFW + cache", "uniform-fw-cache"),

@@ -1,5 +1,5 @@
 """Problems and plot helpers shared by the figures of Shah et al. 2015 and Osokin et al. 2016
-(``benchmarks/figures_shah2015.py``, ``benchmarks/figures_osokin2016.py``; entry point ``benchmarks/seed_figures.py``).
+(``shah2015``, ``osokin2016``; entry point ``benchmarks/seed_figures.py``).
 
 Every problem has a ``tiny`` form (a handful of examples, a coarse grid) that the heavy test runs, so that every
 figure's code is exercised in seconds.  Problems (``load(name, tiny)`` returns a :class:`Problem`):
