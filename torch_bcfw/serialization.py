@@ -18,6 +18,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .pickle_stream import NODES_FIXED, NODES_PER_BYTE, TENSOR_BYTES_PER_BYTE, check_torch_archive
+
 __all__ = ["atomic_save", "atomic_write_text", "load_checked", "to_plain", "UnsafeFileError"]
 
 
@@ -127,7 +129,8 @@ def load_checked(path, map_location="cpu", what: str = "file"):
         FileNotFoundError: no file at ``path``.
         UnsafeFileError: the file holds objects other than tensors and plain containers (nothing was run).
         ValueError: the file is not a torch save, or its objects would take far more memory than its bytes
-            (:func:`_check_archive`, :func:`_check_expansion`).
+            (:func:`_check_archive`; :func:`~torch_bcfw.pickle_stream.check_torch_archive` before anything is
+            built; :func:`_check_expansion`).
     """
     path = Path(path)
     if not path.is_file():
@@ -136,6 +139,7 @@ def load_checked(path, map_location="cpu", what: str = "file"):
         raise ValueError(f"{path} is not a readable {what}: not a zip archive written by torch.save")
     size = path.stat().st_size
     _check_archive(path, size, what)
+    check_torch_archive(path, size, unsafe=UnsafeFileError)
     try:
         obj = torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as exc:
@@ -152,8 +156,10 @@ def load_checked(path, map_location="cpu", what: str = "file"):
 
 
 #: the budget of a loaded file's objects: entries of containers (shared ones counted each time they are reached)
-#: per byte of the file plus a fixed allowance, nesting depth, and tensor bytes per byte of the file
-LOAD_NODES_PER_BYTE, LOAD_NODES_FIXED, LOAD_MAX_DEPTH, LOAD_TENSOR_BYTES_PER_BYTE = 0.5, 1_000_000, 64, 2
+#: per byte of the file plus a fixed allowance, nesting depth, and tensor bytes per byte of the file (the same
+#: budget the pickle stream is held to before loading, :mod:`torch_bcfw.pickle_stream`)
+LOAD_NODES_PER_BYTE, LOAD_NODES_FIXED, LOAD_MAX_DEPTH, LOAD_TENSOR_BYTES_PER_BYTE = (NODES_PER_BYTE, NODES_FIXED, 64,
+                                                                                    TENSOR_BYTES_PER_BYTE)
 
 
 def _check_archive(path: Path, size: int, what: str) -> None:
