@@ -35,10 +35,10 @@ STORAGE_ITEMSIZE = {
 _DTYPES = ("float64", "float32", "float16", "bfloat16", "int64", "int32", "int16", "int8", "uint8", "bool",
            "complex128", "complex64")
 
-#: the globals a file written by torch_bcfw names
+#: the globals a file written by torch_bcfw names (``_codecs.encode(text, "latin1")``: how protocol 2 pickles bytes)
 ALLOWED_GLOBALS = frozenset(
     {("torch._utils", "_rebuild_tensor_v2"), ("torch._utils", "_rebuild_sparse_tensor"),
-     ("collections", "OrderedDict"), ("torch", "Size")}
+     ("collections", "OrderedDict"), ("torch", "Size"), ("_codecs", "encode")}
     | {("torch", name) for name in STORAGE_ITEMSIZE}
     | {("torch", name) for name in _DTYPES}
 )
@@ -167,9 +167,12 @@ def check_torch_archive(path, size: int, unsafe=ValueError) -> None:
                         "(checked before loading with weights_only=True; nothing was run)")
                 stack.append(("global", module, gname))
             elif o == "REDUCE":
-                func, _args = pop(2)
+                func, args = pop(2)
                 if not (isinstance(func, tuple) and len(func) == 3 and func[0] == "global"):
                     raise _refuse(path, "its pickle stream calls something that is not a named function")
+                if func[1] == "_codecs" and not (isinstance(args, tuple) and len(args) == 2
+                                                 and isinstance(args[0], str) and args[1] == "latin1"):
+                    raise _refuse(path, "its pickle stream encodes something other than latin1 text")
                 stack.append(_Obj(func[2]))
             elif o == "BINPERSID":
                 (pid,) = pop(1)
