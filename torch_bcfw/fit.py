@@ -469,6 +469,8 @@ def fit(
     if init is not None:
         run.load_state_dict({"solver": init.solver, "lam": init.lam, "options": init.options,
                              "solver_state": init.solver_state, "counters": init.counters, "history": init.history})
+        if getattr(init, "_trust", None) is not None and hasattr(alg, "state"):  # made by fit in this process
+            alg.state.restore_trust(init._trust)
     counters = run.counters
 
     def result(out: RunOutput, snapshot: bool = False) -> FitResult:
@@ -483,11 +485,14 @@ def fit(
         if not snapshot and hasattr(run.state, "hand_over_storage"):
             run.state.hand_over_storage = True  # the state is dropped when fit returns: its storage moves to the result
         # state_dict() returns copies or handed-over storage: no deep copy
-        return FitResult(
+        res = FitResult(
             model=model, lam=lam, solver=solver, options=opts, w=w.clone(),
             w_avg=None if w_avg is None else w_avg.clone(), history=list(out.history) if snapshot else out.history,
             stopped_by="" if snapshot else out.stopped_by, solver_state=alg.state_dict(), counters=dict(counters),
         )
+        # what this process computed itself: a warm start from this object (not from a file) trusts it again
+        res._trust = alg.state.trust_marks() if hasattr(alg, "state") else None
+        return res
 
     def save(res: FitResult) -> None:
         with deferred_signals():  # a Ctrl-C / SIGTERM inside torch.save would break its zip writer
