@@ -276,13 +276,8 @@ class _TerminateAsInterrupt:
 
 
 def cmd_fit(args) -> int:
-    from .checkpoint import Checkpoint, parse_interval
-    from .compilation import precompile, print_notice
-    from .datasets.registry import load_problem
-    from .fit import FitResult, fit
-    from .plotting import plot_histories
-    from .serialization import atomic_write_text
-    from .solvers.record import plain_history
+    from .checkpoint import parse_interval
+    from .output_lock import claim_output
 
     interval = parse_interval(args.checkpoint_every)
     if args.resume:
@@ -303,8 +298,26 @@ def cmd_fit(args) -> int:
         out = Path(args.output or cfg.get("output") or "runs/fit")
     lam, solver, options = _fit_settings(cfg)
     check_output_folder(out)
-    for stale in (*out.glob(".checkpoint*.tmp"), *out.glob(".model*.tmp")):  # left by a killed save
-        stale.unlink(missing_ok=True)
+    first = int(os.environ.get("RANK", "0") or "0") == 0  # a torchrun launch: its rank 0 holds the folder
+    claim = claim_output(out, overwrite=args.overwrite, resume=bool(args.resume)) if first else contextlib.nullcontext()
+    with claim:
+        return _fit_into(args, cfg, out, interval, first, (lam, solver, options))
+
+
+def _fit_into(args, cfg: dict, out: Path, interval: dict, first: bool, settings: tuple) -> int:
+    """The rest of :func:`cmd_fit`, in the output folder ``out`` this process holds (rank 0 of a launch)."""
+    from .checkpoint import Checkpoint
+    from .compilation import precompile, print_notice
+    from .datasets.registry import load_problem
+    from .fit import FitResult, fit
+    from .plotting import plot_histories
+    from .serialization import atomic_write_text
+    from .solvers.record import plain_history
+
+    lam, solver, options = settings
+    if first:  # no live run writes here: temporary files are what a killed save left
+        for stale in (*out.glob(".checkpoint*.tmp"), *out.glob(".model*.tmp")):
+            stale.unlink(missing_ok=True)
     model, train, test = load_problem(cfg["data"], progress=not args.quiet)
     ctx = _torchrun_context(train.device)  # torchrun with several processes: the examples are sharded over them
     main = ctx is None or ctx.is_main
@@ -557,6 +570,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="save the run to OUTPUT/checkpoint.pt this often: '60s' (default), '5m', '10p' (passes) or 'off'")
     f.add_argument("--resume", metavar="DIR", help="continue the run saved in the output folder DIR (after Ctrl-C, "
                                                    "SIGTERM, kill or a finished max_passes raised with --set)")
+    f.add_argument("--overwrite", action="store_true",
+                   help="replace the finished run in the output folder (without it, a model.pt there is refused)")
     f.set_defaults(func=cmd_fit)
     e = sub.add_parser("evaluate", help="evaluate a saved model on a config's data")
     e.add_argument("--model", required=True, help="model.pt written by 'fit'")
