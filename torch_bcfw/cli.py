@@ -188,11 +188,31 @@ def _resume_source(folder: Path, ctx=None) -> Path:
             return mine
     if (folder / "checkpoint.pt").is_file():  # a single-process or replicated run's file (rank 0 wrote it)
         return folder / "checkpoint.pt"
-    raise _nothing_to_resume(folder)
+    raise _nothing_to_resume(folder, 1 if ctx is None else ctx.world_size)
 
 
-def _nothing_to_resume(folder: Path) -> FileNotFoundError:
-    return FileNotFoundError(f"--resume {folder}: nothing to resume there (looked for {folder / 'checkpoint.pt'}; "
+def _nothing_to_resume(folder: Path, world_size: int = 1) -> Exception:
+    """The error of a ``--resume`` that finds nothing this launch can continue: what the folder holds instead (a sharded
+    set and how to resume it), or that nothing was saved."""
+    from .checkpoint import manifest_path, read_manifest, sharded_sets
+
+    ckpt = folder / "checkpoint.pt"
+    committed = read_manifest(ckpt)
+    again = f"torchrun --nproc-per-node {{k}} -m torch_bcfw fit --resume {folder}"
+    if committed is not None and committed[0] != world_size:
+        k, work = committed
+        return ValueError(f"--resume {folder}: it holds a sharded set saved by {k} processes ({manifest_path(ckpt).name}, "
+                          f"after {work} block iterations); this launch has {world_size}: resume it with "
+                          + again.format(k=k))
+    sets = sharded_sets(ckpt)
+    if sets:
+        k, work = sets[0]
+        return ValueError(f"--resume {folder}: it holds the files of a sharded set of {k} processes (after {work} block "
+                          f"iterations) but no manifest commits it ({manifest_path(ckpt).name} is missing or names "
+                          f"another set): if every rank's file is there, write the manifest "
+                          f'{{"format": "torch_bcfw.shards/1", "world_size": {k}, "work": {work}}} and resume with '
+                          + again.format(k=k))
+    return FileNotFoundError(f"--resume {folder}: nothing to resume there (looked for {ckpt} and a sharded set; "
                              f"model.pt holds no dual state); the run was stopped before its first checkpoint: start "
                              "it again")
 
@@ -287,8 +307,9 @@ def cmd_fit(args) -> int:
         folder = Path(args.resume)
         if not (folder / "config.yaml").is_file():
             raise FileNotFoundError(f"--resume {folder}: no config.yaml there (is it the output folder of a fit?)")
-        if not any(folder.glob("checkpoint*.pt")):
-            raise _nothing_to_resume(folder)  # before the data is loaded
+        world = int(os.environ.get("WORLD_SIZE", "1") or "1")
+        if not (folder / "checkpoint.pt").is_file() and (world <= 1 or not any(folder.glob("checkpoint*.pt"))):
+            raise _nothing_to_resume(folder, world)  # before the data is loaded
         cfg = load_config(folder / "config.yaml", args.set)
         out = folder
     else:
@@ -347,15 +368,27 @@ def _fit_into(args, cfg: dict, out: Path, interval: dict, first: bool, settings:
         save_sharded(result, out / "checkpoint.pt", ctx)
     if not main:  # rank 0's files are the run's (the weights are the same on every rank)
         return 0
+    failed = []  # a full disk: each file that still fits is written, the model (the smallest) first
+
+    def write(what):
+        try:
+            what()
+        except OSError as exc:
+            failed.append(str(exc))
+
+    write(lambda: result.save(out / "model.pt", state=False))
     if ctx is None or result.options.strategy != "shard":
-        result.save(out / "checkpoint.pt")
-    result.save(out / "model.pt", state=False)
-    result.write_history_csv(out / "history.csv")
-    result.write_history_json(out / "history.json")
-    plot_histories({f"{result.solver} lam={result.lam:g}": plain_history(result.history)}, out / "gap.png",
-                   title=f"{cfg['data'].get('name', '')} {result.solver}", gap_tol=result.options.gap_tol,
-                   compile_time=compiled.seconds)
+        write(lambda: result.save(out / "checkpoint.pt"))
+    write(lambda: result.write_history_csv(out / "history.csv"))
+    write(lambda: result.write_history_json(out / "history.json"))
+    write(lambda: plot_histories({f"{result.solver} lam={result.lam:g}": plain_history(result.history)},
+                                 out / "gap.png", title=f"{cfg['data'].get('name', '')} {result.solver}",
+                                 gap_tol=result.options.gap_tol, compile_time=compiled.seconds))
     print(_fit_table(result, len(train), out, cfg["data"], test, compile_time=compiled.seconds))
+    if failed:
+        more = f" (and {len(failed) - 1} more file(s))" if len(failed) > 1 else ""
+        print(f"torch-bcfw: error: {failed[0]}{more}", file=sys.stderr)
+        return 2
     if result.stopped_by == "interrupted":
         how = signals.received or "SIGINT"
         state = result.counters.get("work", 0) / len(train)
@@ -496,6 +529,7 @@ def cmd_evaluate(args) -> int:
 
     model_path = Path(args.model)
     result = FitResult.load(model_path)
+    fitted_data = False  # whether the data evaluated on is the data the model was fitted on
     if args.config:
         cfg = load_config(args.config, args.set)
     elif (model_path.parent / "config.yaml").is_file():  # the output folder of `torch-bcfw fit`
@@ -504,6 +538,7 @@ def cmd_evaluate(args) -> int:
         fitted = load_config(saved).get("data")
         changed = sorted(k for k in {*(fitted or {}), *(cfg.get("data") or {})}
                          if (fitted or {}).get(k) != (cfg.get("data") or {}).get(k))
+        fitted_data = not changed
         if changed:  # e.g. data.split=small: the training and test parts would swap under the saved model
             raise ValueError(
                 f"--set changes the data the model was fitted on ({', '.join(f'data.{k}' for k in changed)}): its "
@@ -523,6 +558,10 @@ def cmd_evaluate(args) -> int:
     train_primal, _ = primal_value(result.model, train, result.weights, result.lam)
     saved = result.primal
     holds = saved is not None and abs(train_primal - saved) <= 1e-7 * (1.0 + abs(saved))
+    if saved is not None and not holds and (fitted_data or _same_examples(result, train)):
+        raise ValueError(f"{model_path}: its weights do not give its saved primal value on the data they were fitted on "
+                         f"(saved {saved:.6g}, here {train_primal:.6g}): the file's weights and certificate disagree "
+                         "(was it changed after the fit?)")
     if saved is not None and not holds:
         print(f"torch-bcfw evaluate: the saved certificate is for other training data (its primal value {saved:.6g}, "
               f"here {train_primal:.6g}): no gap is reported; evaluate with the data the model was fitted on",
@@ -536,6 +575,15 @@ def cmd_evaluate(args) -> int:
 
         atomic_write_text(args.json, json.dumps(report, indent=1))
     return 0
+
+
+def _same_examples(result, train) -> bool:
+    """Whether ``result``'s saved dual state (a full save) names ``train``'s examples and features."""
+    from .duals.fingerprint import features_fingerprint, labels_fingerprint
+
+    state = result.solver_state.get("state") if isinstance(result.solver_state, dict) else None
+    return (isinstance(state, dict) and state.get("labels") == labels_fingerprint(train)
+            and state.get("features") == features_fingerprint(train))
 
 
 def cmd_export(args) -> int:
@@ -610,15 +658,27 @@ def cmd_train(argv) -> int:
         return 2
 
 
+def _interrupted() -> int:
+    print("torch-bcfw: interrupted (Ctrl-C); the files already written are kept", file=sys.stderr)
+    return 130
+
+
 def main(argv=None) -> int:
+    from .launch import loaded
+
+    loaded()  # from here on Ctrl-C raises KeyboardInterrupt, handled below (or by the fit, which stops itself)
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "train":
         return cmd_train(argv[1:])
-    args = build_parser().parse_args(argv)
-    from .distributed.errors import DistributedError
-
+    try:
+        args = build_parser().parse_args(argv)
+        from .distributed.errors import DistributedError
+    except KeyboardInterrupt:
+        return _interrupted()
     try:
         return args.func(args)
+    except KeyboardInterrupt:  # outside a fit (which stops itself): data loading, warm-up compile, plots
+        return _interrupted()
     except (ValueError, FileNotFoundError, TypeError, OSError) as exc:
         print(f"torch-bcfw: error: {exc}", file=sys.stderr)
         return 2

@@ -287,6 +287,10 @@ class FitResult:
             isinstance(k, str) and _is_number(v) for k, v in counters.items()
         ):
             raise ValueError(f"{source}: counters must map names to numbers")
+        for k, v in counters.items():
+            if not (math.isfinite(v) and v >= 0) or (k == "work" and v != int(v)):
+                kind = "a whole number" if k == "work" else "a number"
+                raise ValueError(f"{source}: counters[{k!r}] = {v!r} must be {kind} >= 0 (finite)")
         return cls(model=model, lam=lam, solver=d["solver"], options=options, w=w, w_avg=w_avg, history=history,
                    stopped_by=d["stopped_by"], solver_state=d["solver_state"], counters=dict(counters))
 

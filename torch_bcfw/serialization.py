@@ -20,7 +20,7 @@ import torch
 
 from .pickle_stream import NODES_FIXED, NODES_PER_BYTE, TENSOR_BYTES_PER_BYTE, check_torch_archive
 
-__all__ = ["atomic_save", "atomic_write_text", "load_checked", "to_plain", "UnsafeFileError"]
+__all__ = ["atomic_save", "atomic_write_stream", "atomic_write_text", "load_checked", "to_plain", "UnsafeFileError"]
 
 
 class UnsafeFileError(ValueError):
@@ -104,6 +104,12 @@ def _atomic(path, write) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+    except (OSError, RuntimeError) as exc:  # a full disk, a file-size limit: torch's zip writer raises RuntimeError
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc).strip().splitlines()[0]
+        raise OSError(f"cannot write {path}: {reason} (is the disk full, or the file size limited?); the previous "
+                      "file, if any, is unchanged") from None
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
@@ -114,6 +120,11 @@ def _atomic(path, write) -> None:
 def atomic_save(obj, path) -> None:
     """``torch.save(obj, path)`` atomically (temporary file in the same folder, fsync, ``os.replace``)."""
     _atomic(path, lambda f: torch.save(obj, f))
+
+
+def atomic_write_stream(path, write) -> None:
+    """``write(f)`` into a binary file ``f`` that then replaces ``path`` atomically (e.g. a figure's ``savefig``)."""
+    _atomic(path, write)
 
 
 def atomic_write_text(path, text: str) -> None:
