@@ -107,15 +107,18 @@ class MulticlassDualState(DenseDualState):
         (lam n)``.  ``ValueError`` unless every ``w_i`` is that image of weights on the simplex and the saved ``l_i``
         is their expected loss ``sum_c alpha_i(c) L_i(c) / n``; a block of zero features must have ``w_i = 0`` (its
         ``l_i`` is then any value in its bounds, each the loss of some ``alpha_i``)."""
-        from ..models import Multiclass
-
-        if type(self.model).joint_feature is not Multiclass.joint_feature or not self.n:
-            raise ValueError(f"{type(self.model).__name__} changes the multiclass joint feature: its saved state "
-                             "cannot be checked against its dual variables")
+        if not self.n:
+            return
         K, scale = self.model.n_classes, self.lam * self.n_total
         W = self.w_blocks.view(self.n, K, -1)  # [n, K, F']
         zeros = torch.zeros_like(self.data.y)
         x = self.model.joint_feature(self.data, zeros).to(self.w_blocks).view(self.n, K, -1)[:, 0]  # [n, F']: x~_i
+        first = self.block_data(0)
+        for c in range(K):  # the layout this check relies on: phi(x, c) is x~ in class c's block, zero elsewhere
+            phi = self.model.joint_feature(first, torch.full_like(first.y, c)).to(x).view(K, -1)
+            if not (torch.equal(phi[c], x[0]) and int(torch.count_nonzero(phi)) == int(torch.count_nonzero(x[0]))):
+                raise ValueError(f"{type(self.model).__name__} changes the multiclass joint feature: its saved state "
+                                 "cannot be checked against its dual variables")
         sq = (x * x).sum(1)  # [n]
         live = sq > 0
         alpha = -scale * torch.einsum("nkf,nf->nk", W, x) / torch.where(live, sq, torch.ones_like(sq))[:, None]
