@@ -106,11 +106,11 @@ def _fit_args(out, passes=1, limit=20):
 @pytest.mark.parametrize("phase", ["load_problem", "precompile", "plot_histories"])
 def test_ctrl_c_in_each_phase_of_fit_exits_130_keeping_what_was_written(tmp_path, capsys, monkeypatch, phase):
     import torch_bcfw.cli as cli_module
-    import torch_bcfw.compilation
+    import torch_bcfw.runtime.compilation
     import torch_bcfw.datasets.registry
     import torch_bcfw.plotting
 
-    module = {"load_problem": torch_bcfw.datasets.registry, "precompile": torch_bcfw.compilation,
+    module = {"load_problem": torch_bcfw.datasets.registry, "precompile": torch_bcfw.runtime.compilation,
               "plot_histories": torch_bcfw.plotting}[phase]
 
     def interrupted(*args, **kwargs):

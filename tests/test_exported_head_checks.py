@@ -1,4 +1,4 @@
-"""The exported head's loader (head.py, a copy of torch_bcfw/standalone_head.py) checks its file: the kind, the
+"""The exported head's loader (head.py, a copy of torch_bcfw/io/standalone_head.py) checks its file: the kind, the
 tensor names, shapes, dtypes and finiteness, each failure one line naming the file and the entry."""
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import torch
 
 from conftest import random_chain_problem, random_multiclass_problem
 from torch_bcfw import fit
-from torch_bcfw.export import export_head
+from torch_bcfw.io.export import export_head
 
 
 def _exported(tmp_path, model, data):

@@ -20,7 +20,7 @@ import torch
 from conftest import random_chain_problem
 from torch_bcfw import FitResult, fit
 from torch_bcfw.datasets.ocr import load_ocr
-from torch_bcfw.serialization import UnsafeFileError
+from torch_bcfw.io.serialization import UnsafeFileError
 
 
 def _rewrite(src, dst, pkl=None, extra=()):

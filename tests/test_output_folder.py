@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from conftest import shared_data
-from torch_bcfw.output_lock import LOCK_NAME, OutputFolderBusy, claim_output
+from torch_bcfw.io.output_lock import LOCK_NAME, OutputFolderBusy, claim_output
 
 ROOT = Path(__file__).resolve().parents[1]
 

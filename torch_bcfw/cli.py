@@ -181,7 +181,7 @@ def _resume_source(folder: Path, ctx=None) -> Path:
     """The newest complete state of the run in ``folder``: its checkpoint, or in a sharded run this rank's member of
     the newest committed set."""
     if ctx is not None:  # a sharded run's committed set first
-        from .checkpoint import newest_sharded
+        from .io.checkpoint import newest_sharded
 
         mine = newest_sharded([folder / "checkpoint.pt"], ctx)
         if mine is not None:
@@ -194,7 +194,7 @@ def _resume_source(folder: Path, ctx=None) -> Path:
 def _nothing_to_resume(folder: Path, world_size: int = 1) -> Exception:
     """The error of a ``--resume`` that finds nothing this launch can continue: what the folder holds instead (a sharded
     set and how to resume it), or that nothing was saved."""
-    from .checkpoint import manifest_path, read_manifest, sharded_sets
+    from .io.checkpoint import manifest_path, read_manifest, sharded_sets
 
     ckpt = folder / "checkpoint.pt"
     committed = read_manifest(ckpt)
@@ -296,8 +296,8 @@ class _TerminateAsInterrupt:
 
 
 def cmd_fit(args) -> int:
-    from .checkpoint import parse_interval
-    from .output_lock import claim_output
+    from .io.checkpoint import parse_interval
+    from .io.output_lock import claim_output
 
     interval = parse_interval(args.checkpoint_every)
     if args.resume:
@@ -327,12 +327,12 @@ def cmd_fit(args) -> int:
 
 def _fit_into(args, cfg: dict, out: Path, interval: dict, first: bool, settings: tuple) -> int:
     """The rest of :func:`cmd_fit`, in the output folder ``out`` this process holds (rank 0 of a launch)."""
-    from .checkpoint import Checkpoint
-    from .compilation import precompile, print_notice
     from .datasets.registry import load_problem
     from .fit import FitResult, fit
+    from .io.checkpoint import Checkpoint
+    from .io.serialization import atomic_write_text
     from .plotting import plot_histories
-    from .serialization import atomic_write_text
+    from .runtime.compilation import precompile, print_notice
     from .solvers.record import plain_history
 
     lam, solver, options = settings
@@ -363,7 +363,7 @@ def _fit_into(args, cfg: dict, out: Path, interval: dict, first: bool, settings:
     with _TerminateAsInterrupt() as signals:
         result = fit(model, train, lam, solver, test_data=test, init=init, checkpoint=ckpt, **options)
     if ctx is not None and result.options.strategy == "shard":  # every rank's shard in one committed set
-        from .checkpoint import save_sharded
+        from .io.checkpoint import save_sharded
 
         save_sharded(result, out / "checkpoint.pt", ctx)
     if not main:  # rank 0's files are the run's (the weights are the same on every rank)
@@ -571,7 +571,7 @@ def cmd_evaluate(args) -> int:
               "lam": result.lam, "passes": result.passes}
     print(_table([(k, _fmt(v)) for k, v in report.items()]))
     if args.json:
-        from .serialization import atomic_write_text
+        from .io.serialization import atomic_write_text
 
         atomic_write_text(args.json, json.dumps(report, indent=1))
     return 0
@@ -587,7 +587,7 @@ def _same_examples(result, train) -> bool:
 
 
 def cmd_export(args) -> int:
-    from .export import export_head
+    from .io.export import export_head
     from .fit import FitResult
 
     result = FitResult.load(args.model)
@@ -664,7 +664,7 @@ def _interrupted() -> int:
 
 
 def main(argv=None) -> int:
-    from .launch import loaded
+    from .runtime.launch import loaded
 
     loaded()  # from here on Ctrl-C raises KeyboardInterrupt, handled below (or by the fit, which stops itself)
     argv = list(sys.argv[1:] if argv is None else argv)

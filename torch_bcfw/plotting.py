@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .serialization import atomic_write_stream
+from .io.serialization import atomic_write_stream
 
 __all__ = ["plot_histories", "histories_figure", "pyplot", "style_axes", "save_figure"]
 

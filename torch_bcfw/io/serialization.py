@@ -140,7 +140,7 @@ def load_checked(path, map_location="cpu", what: str = "file"):
         FileNotFoundError: no file at ``path``.
         UnsafeFileError: the file holds objects other than tensors and plain containers (nothing was run).
         ValueError: the file is not a torch save, or its objects would take far more memory than its bytes
-            (:func:`_check_archive`; :func:`~torch_bcfw.pickle_stream.check_torch_archive` before anything is
+            (:func:`_check_archive`; :func:`~torch_bcfw.io.pickle_stream.check_torch_archive` before anything is
             built; :func:`_check_expansion`).
     """
     path = Path(path)
@@ -168,7 +168,7 @@ def load_checked(path, map_location="cpu", what: str = "file"):
 
 #: the budget of a loaded file's objects: entries of containers (shared ones counted each time they are reached)
 #: per byte of the file plus a fixed allowance, nesting depth, and tensor bytes per byte of the file (the same
-#: budget the pickle stream is held to before loading, :mod:`torch_bcfw.pickle_stream`)
+#: budget the pickle stream is held to before loading, :mod:`torch_bcfw.io.pickle_stream`)
 LOAD_NODES_PER_BYTE, LOAD_NODES_FIXED, LOAD_MAX_DEPTH, LOAD_TENSOR_BYTES_PER_BYTE = (NODES_PER_BYTE, NODES_FIXED, 64,
                                                                                     TENSOR_BYTES_PER_BYTE)
 
