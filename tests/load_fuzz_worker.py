@@ -119,8 +119,10 @@ def lift(d: dict, kind: str, how: str, rng: random.Random) -> None:
     top = model.max_loss(data).to(torch.float64) / len(data)
     if how == "lift":
         chosen = torch.tensor([rng.random() < 0.5 for _ in range(len(data))])
-        chosen[rng.randrange(len(data))] = True
-        u = torch.tensor([rng.random() for _ in range(len(data))], dtype=torch.float64)
+        room = (top - st["block_ell"] > 1e-6).nonzero().reshape(-1).tolist()
+        if room:  # at least one block that can be lifted
+            chosen[rng.choice(room)] = True
+        u = torch.tensor([0.2 + 0.8 * rng.random() for _ in range(len(data))], dtype=torch.float64)
         st["block_ell"] = torch.where(chosen, st["block_ell"] + u * (top - st["block_ell"]), st["block_ell"])
         st["ell"] = float(st["block_ell"].sum())
     else:  # lbar = l - avg_ell_u / total: a smaller accumulator lifts the averaged dual

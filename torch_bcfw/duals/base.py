@@ -622,6 +622,7 @@ class DualState:
             )
         old_w = self.w.to(data.device)
         fresh = type(self).from_state_dict(self.model, data, self.lam, self.state_dict())
+        fresh.restore_trust(self.trust_marks())  # the same state in this process, not one read from a file
         self.__dict__.clear()
         self.__dict__.update(fresh.__dict__)
         return float((self.w - old_w).abs().max()) if self.d else 0.0
