@@ -119,7 +119,8 @@ _WORKER = textwrap.dedent("""
     kind, path, budget = sys.argv[1], sys.argv[2], int(sys.argv[3])
     vm = next(int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswith("VmSize:"))
     resource.setrlimit(resource.RLIMIT_AS, (vm + budget + 2**30, vm + budget + 2**30))
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    # the resident size now (not the peak so far): the growth below is then at least the load's own peak growth
+    before = next(int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswith("VmRSS:"))
     out = {"error": None, "type": None}
     try:
         if kind == "load":
