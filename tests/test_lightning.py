@@ -216,7 +216,7 @@ def test_several_callbacks_in_one_trainer(tmp_path):
 
 def test_bad_configuration_is_reported(tmp_path):
     _, raw = random_chain_problem(n=6, F=4, K=3, max_len=3, seed=5)
-    with pytest.raises(TypeError, match="unknown solver option"):
+    with pytest.raises(TypeError, match="unknown argument"):
         BCFWCallback(lam=0.1, max_pases=3)
     with pytest.raises(ValueError, match="passes_per_call"):
         BCFWCallback(lam=0.1, max_passes=3)
@@ -302,3 +302,60 @@ def test_train_command_runs_the_yaml_experiment(tmp_path, capsys):
         assert rc == 2 and "unknown solver option(s) ['max_pases']" in capsys.readouterr().err
     finally:
         os.chdir(cwd)
+
+
+def test_the_first_solve_announces_compiling_and_bad_arguments_fail_at_construction(tmp_path, caplog):
+    """The first solve announces numba compiling (rank 0; a fresh kernel compiled inside the solve stands for the
+    package's own on a machine without their disk cache); later solves say nothing.  A CUDA device without CUDA,
+    a typo in an argument (the callback's own or a solver option's) and a 2-tuple for a chain head fail in one line
+    that says what to do."""
+    import logging
+
+    import numba
+
+    _, raw = random_chain_problem(n=6, F=4, K=3, max_len=3, seed=8)
+
+    @numba.njit(cache=False)
+    def fresh(x):  # compiled at its first call, inside the first solve
+        return x + 1.0
+
+    class Compiling(Toy):
+        def bcfw_features(self, batch):
+            fresh(1.0)
+            return super().bcfw_features(batch)
+
+    cb = BCFWCallback(lam=0.1, passes_per_call=1)
+    with caplog.at_level(logging.INFO):
+        _trainer(tmp_path, [cb], epochs=2).fit(Compiling(raw))
+    notices = [r.getMessage() for r in caplog.records if "compiling numba kernels" in r.getMessage()]
+    assert notices == ["[ssvm] torch-bcfw: compiling numba kernels (first run only: cached on disk afterwards)..."]
+    assert cb.calls == 3
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="CUDA is not available on this machine") as info:
+            BCFWCallback(lam=0.1, device="cuda")
+        assert "\n" not in str(info.value)
+    with pytest.raises(ValueError, match="is not a torch device"):
+        BCFWCallback(lam=0.1, device="gpu0")
+    with pytest.raises(TypeError, match=r"did you mean 'passes_per_call'\?.*its arguments: \[.*'every_n_epochs'"):
+        BCFWCallback(lam=0.1, passes_per_cal=3)
+    with pytest.raises(TypeError, match=r"did you mean 'gap_tol'\?.*solver options: \[.*'averaging'"):
+        BCFWCallback(lam=0.1, gap_tl=0.1)
+
+    class Pairs(Toy):  # (x, y) for a chain: the token boundaries are lost
+        def bcfw_features(self, batch):
+            return self.backbone(batch[0]), batch[1]
+
+    with pytest.raises(TypeError, match=r"a chain head needs per-token features with the sequence boundaries: "
+                                        r"return \(x \[N_tok, F\], y \[N_tok\], offsets \[n \+ 1\]\)"):
+        _trainer(tmp_path, [BCFWCallback(lam=0.1)], epochs=1).fit(Pairs(raw))
+
+
+def test_train_command_on_a_machine_without_the_accelerator_says_so_in_one_line(capsys):
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    from torch_bcfw.cli import main
+
+    rc = main(["train", "--config", str(Path(__file__).resolve().parents[1] / "configs" / "ocr_cnn.yaml"),
+               "--trainer.accelerator=gpu"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and "cannot be built on this machine" in err[0] and "gpu" in err[0]

@@ -1,8 +1,11 @@
 """``BCFWCallback``: solve the structured head of a LightningModule with BCFW on the current features."""
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
+import difflib
+import inspect
 import math
 import signal
 import time
@@ -15,6 +18,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from ..checks import check_bool, check_index_tensor, check_lam
 from ..data import MulticlassData, SequenceData, StructuredData
 from ..duals.active_set import ActiveSetDualState
+from ..models.chain import Chain
 from ..nn import StructuredHead
 from ..signals import deferred_signals
 from ..solvers.options import SolverOptions
@@ -58,6 +62,29 @@ def _to_primitive(obj):
     if isinstance(obj, torch.Tensor):
         return obj.detach().cpu().clone()
     return obj
+
+
+def check_solver_device(device) -> None:
+    """``ValueError`` (one line) for a solver device this machine does not have (``"cuda"`` without CUDA) or a
+    string torch does not read as a device; ``None`` (the module's device) passes."""
+    if device is None:
+        return
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise ValueError(f"BCFWCallback: device={device!r} is not a torch device ({exc})") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"BCFWCallback: device={device!r} but CUDA is not available on this machine; use "
+                         "device='cpu' (the default: the compiled chain kernel) or None (the module's device)")
+
+
+def container_hint(model, data) -> str:
+    """What a head's model needs from ``bcfw_features`` when it got the wrong container (``""`` otherwise)."""
+    if isinstance(model, Chain) and isinstance(data, MulticlassData):
+        return ("; a chain head needs per-token features with the sequence boundaries: return (x [N_tok, F], "
+                "y [N_tok], offsets [n + 1]) (packed tokens, offsets of the sequences) or a SequenceData, not "
+                "(x, y), which is one example per row")
+    return ""
 
 
 def _find(trainer, pl_module, name: str):
@@ -186,7 +213,7 @@ class BCFWCallback(Callback):
         solver: ``"bcfw"`` (default), ``"fw"`` (batch Frank-Wolfe) or ``"mp-bcfw"`` (multi-plane BCFW; its
             working sets survive the rebind, its averages restart at every call).
         device: where the solver runs (``"cpu"``, default, uses the compiled chain kernel;
-            ``None``: the module's device).
+            ``None``: the module's device).  A CUDA device on a machine without CUDA raises ``ValueError`` here.
         log_prefix: prefix of the logged names; give every instance its own.
         name: distinguishes several instances in one Trainer (part of :attr:`state_key`; default:
             ``head_attr``).
@@ -223,7 +250,9 @@ class BCFWCallback(Callback):
             if bad in opts:
                 raise ValueError(f"BCFWCallback sets {bad!r} itself; use {use!r}")
         opts.setdefault("gap_check", max(1, math.ceil(passes_per_call)))
-        self.options = SolverOptions.from_kwargs(max_passes=passes_per_call, **opts)  # unknown options: TypeError
+        self._check_option_names(opts)
+        check_solver_device(device)
+        self.options = SolverOptions.from_kwargs(max_passes=passes_per_call, **opts)
         if initial_passes:
             SolverOptions.from_kwargs(**{**self.options.to_dict(), "max_passes": initial_passes})
         self.head_attr = str(head_attr)
@@ -237,6 +266,28 @@ class BCFWCallback(Callback):
         self.verbose = bool(verbose)
         self.save_dual_state = check_bool(save_dual_state, "save_dual_state")
         self._reset()
+
+    @classmethod
+    def _check_option_names(cls, opts: dict) -> None:
+        """``TypeError`` for a name that is neither an argument of the callback nor a solver option: lists both and
+        suggests the closest."""
+        fields = {f.name for f in dataclasses.fields(SolverOptions)} - {"extra", "max_passes", "progress"}
+        own = [n for n in inspect.signature(cls.__init__).parameters if n not in ("self", "options")]
+        unknown = sorted(set(opts) - fields)
+        if unknown:
+            close = difflib.get_close_matches(unknown[0], [*own, *fields], n=1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            raise TypeError(f"BCFWCallback got unknown argument(s) {unknown}; {hint}its arguments: {own}; solver "
+                            f"options: {sorted(fields)}")
+
+    def _compile_notice(self, trainer):
+        """Around the first solve: announce (rank 0) when numba starts compiling the kernels (20-60 s, once; cached
+        on disk afterwards), so that the first epoch does not look hung."""
+        if self.calls or (trainer is not None and not trainer.is_global_zero):
+            return contextlib.nullcontext()
+        from ..compilation import CompileTimer
+
+        return CompileTimer(announce=lambda notice: rank_zero_info(f"[{self.log_prefix}] {notice}"))
 
     def _reset(self) -> None:
         self.dual_sd = None  # dual state dict after the last call (CPU tensors)
@@ -318,7 +369,7 @@ class BCFWCallback(Callback):
             head.model.check_data(data)
         except (TypeError, ValueError) as exc:
             raise type(exc)(f"BCFWCallback: the data from bcfw_features does not fit head {self.head_attr!r} "
-                            f"({type(head.model).__name__}): {exc}") from exc
+                            f"({type(head.model).__name__}): {exc}{container_hint(head.model, data)}") from exc
         return data
 
     def _dual_state(self, model, data, n_total=None):
@@ -345,7 +396,11 @@ class BCFWCallback(Callback):
     def solve(self, trainer, pl_module, passes: float, log: bool = True) -> CheckRecord:
         """One call: features, rebind, ``passes`` solver passes, exact check, write the head, log; returns the
         record of the final check (with the extra columns ``epoch``, ``stale``, ``call``, ``feature_time``,
-        ``wall``)."""
+        ``wall``).  The first call announces the kernels' compilation (rank 0)."""
+        with self._compile_notice(trainer):
+            return self._solve(trainer, pl_module, passes, log)
+
+    def _solve(self, trainer, pl_module, passes: float, log: bool) -> CheckRecord:
         t0 = time.perf_counter()
         head = self._head(pl_module)
         model = head.model

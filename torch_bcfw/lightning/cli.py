@@ -15,6 +15,7 @@ from pathlib import Path
 
 import lightning.pytorch as pl
 import torch
+from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.cli import LightningCLI
 
 from .callback import BCFWCallback
@@ -69,6 +70,8 @@ def train_main(args=None) -> int:
             subclass_mode_data=True, run=False, args=args, seed_everything_default=0,
             save_config_kwargs={"overwrite": True},
         )
+    except MisconfigurationException as exc:  # e.g. --trainer.accelerator=gpu on a machine without one
+        raise ValueError(f"the trainer cannot be built on this machine: {exc}") from None
     finally:
         sys.argv = argv0
     threads = cli.config.get("threads")
