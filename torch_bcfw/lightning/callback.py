@@ -543,6 +543,16 @@ class BCFWCallback(Callback):
             changes["batch_size"] = self.round_size
         return dataclasses.replace(opts, **changes)
 
+    def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:
+        """Record the head's model (registered name and config) in the checkpoint, so that ``torch-bcfw export``
+        builds the head from the checkpoint alone (:func:`torch_bcfw.export.lightning_heads`)."""
+        from ..export import HEADS_KEY
+        from ..models.registry import model_name
+
+        model = self._head(pl_module).model
+        checkpoint.setdefault(HEADS_KEY, {})[self.head_attr] = {"model_class": model_name(model),
+                                                                "model_config": model.config()}
+
     def state_dict(self) -> dict:
         return {
             "version": 1,
