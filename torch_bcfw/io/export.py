@@ -1,7 +1,7 @@
 """``export_head``: a trained head as plain torch modules that load without torch_bcfw.
 
 Writes ``head.pt`` (named tensors; loads with ``weights_only=True``) and ``head.py`` (a copy of
-:mod:`torch_bcfw.standalone_head`, which needs only ``torch``)::
+:mod:`torch_bcfw.io.standalone_head`, which needs only ``torch``)::
 
     result = torch_bcfw.fit(Chain(128, 26), train, lam=0.01)
     export_head(result, "deploy/")
@@ -22,8 +22,8 @@ from pathlib import Path
 import torch
 
 from . import standalone_head
-from .models import Chain, Multiclass
-from .models.registry import model_from_config
+from ..models import Chain, Multiclass
+from ..models.registry import model_from_config
 from .serialization import atomic_save, load_checked
 
 __all__ = ["export_head", "head_tensors", "lightning_heads", "HEADS_KEY"]
