@@ -21,6 +21,7 @@ from .runtime.signals import deferred_signals
 from .solvers.callbacks import Callback
 from .solvers.certificate import squared_norm
 from .solvers.options import SOLVERS, SolverOptions
+from .solvers.placement import solver_placement
 from .solvers.record import CheckRecord, as_records, plain_history
 from .solvers.run import WEAK_DUALITY_TOL, RunOutput, SolverRun
 
@@ -431,6 +432,7 @@ def fit(
         if test_data.device != data.device:
             raise ValueError(f"training data is on {data.device} but test data is on {test_data.device}")
     comm, train, ctx, replica, calibration = None, data, None, None, None
+    placement: dict = {}  # the measured device choice of a fit whose data is on a GPU
     if _sharded(distributed):
         from .distributed import DistributedContext, ShardComm, check_same_dataset, shard, shard_sizes
         from .distributed.strategy import ReplicaComm, SplitOracleComm, choose_strategy, warn_if_slow
@@ -463,12 +465,17 @@ def fit(
     elif (solver == "bcfw" and data.device.type != "cpu" and isinstance(opts.batch_size, int) and init is None
           and bounds is None):
         warn_if_slow_rounds(model, data, lam, opts)
+    elif (solver == "bcfw" and data.device.type != "cpu" and opts.batch_size == "auto" and init is None
+          and bounds is None):
+        # solve where the block steps are measured fastest (the CPU kernel, as a rule): solvers/placement.py
+        train, test_data, placement = solver_placement(model, data, test_data, lam, opts)
     run = SolverRun(model, train, lam, solver, opts, bounds=bounds, comm=comm)
     alg, opts = run.algorithm, run.options  # preset="auto" is resolved by the algorithm
     if init is not None:
         run.load_state_dict({"solver": init.solver, "lam": init.lam, "options": init.options,
                              "solver_state": init.solver_state, "counters": init.counters, "history": init.history})
     counters = run.counters
+    counters.update(placement)
 
     def result(out: RunOutput, snapshot: bool = False) -> FitResult:
         # the weights go with the certificate of history[-1] (the warm start's when this run completed no check)
