@@ -359,3 +359,53 @@ def test_train_command_on_a_machine_without_the_accelerator_says_so_in_one_line(
                "--trainer.accelerator=gpu"])
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1 and "cannot be built on this machine" in err[0] and "gpu" in err[0]
+
+
+class Shuffled(Toy):
+    """Toy whose training loader shuffles its batches every epoch (as the docs' module does)."""
+
+    def __init__(self, raw, seeded: bool, **kw):
+        super().__init__(raw, **kw)
+        self.seeded = seeded
+
+    def train_dataloader(self):
+        from torch_bcfw.lightning import SeededShuffle
+
+        batches = _batches(self.raw, 2)
+        if self.seeded:
+            return torch.utils.data.DataLoader(batches, batch_size=None, sampler=SeededShuffle(len(batches), seed=4))
+        return torch.utils.data.DataLoader(batches, batch_size=None, shuffle=True)
+
+
+def _resumed_and_uninterrupted(tmp_path, seeded: bool):
+    _, raw = random_chain_problem(n=12, F=4, K=3, max_len=4, seed=9)
+    kw = dict(lam=0.05, passes_per_call=2, seed=5)
+    torch.manual_seed(0)
+    full = Shuffled(raw, seeded)
+    _trainer(tmp_path / "a", [BCFWCallback(**kw)], epochs=3).fit(full)
+    torch.manual_seed(0)
+    first = Shuffled(raw, seeded)
+    t1 = _trainer(tmp_path / "b", [BCFWCallback(**kw)], epochs=1)
+    t1.fit(first)
+    t1.save_checkpoint(tmp_path / "mid.ckpt")
+    torch.manual_seed(1)  # a new process: another global random state
+    second = Shuffled(raw, seeded, seed=123)
+    _trainer(tmp_path / "c", [BCFWCallback(**kw)], epochs=3).fit(second, ckpt_path=tmp_path / "mid.ckpt")
+    return full, second
+
+
+def test_a_shuffling_loader_resumes_exactly_with_a_seeded_shuffle(tmp_path):
+    """The docs' module shuffles its training batches; Lightning does not replay a plain shuffle after a resume (the
+    order comes from the global random state), so the head differs from the uninterrupted run's.  With
+    ``SeededShuffle`` (the order a function of the seed and the epoch) the resumed run's backbone and head equal the
+    uninterrupted run's bit for bit."""
+    full, second = _resumed_and_uninterrupted(tmp_path / "seeded", seeded=True)
+    assert torch.equal(second.backbone.weight, full.backbone.weight) and torch.equal(second.head.w, full.head.w)
+    full, second = _resumed_and_uninterrupted(tmp_path / "plain", seeded=False)
+    assert not torch.equal(second.backbone.weight, full.backbone.weight)  # what SeededShuffle is for
+    from torch_bcfw.lightning import SeededShuffle
+
+    s = SeededShuffle(10, seed=3)
+    first = list(s)
+    s.set_epoch(1)
+    assert sorted(first) == list(range(10)) and list(s) != first and list(SeededShuffle(10, seed=3)) == first
