@@ -299,7 +299,8 @@ def test_train_command_runs_the_yaml_experiment(tmp_path, capsys):
         assert "max_pases" in cfg
         bad.write_text(cfg)
         rc = main(["train", *common, "--config", str(bad), "--trainer.max_epochs=1"])
-        assert rc == 2 and "unknown solver option(s) ['max_pases']" in capsys.readouterr().err
+        err = capsys.readouterr().err
+        assert rc == 2 and "unknown argument(s) ['max_pases']; did you mean 'passes_per_call'?" in err
     finally:
         os.chdir(cwd)
 

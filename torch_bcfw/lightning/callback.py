@@ -247,7 +247,7 @@ class BCFWCallback(Callback):
         if dup:
             raise ValueError(f"solver option(s) {dup} given both in solver_options and as keywords")
         opts.update(options)
-        for bad, use in (("max_passes", "passes_per_call"), ("progress", "verbose")):
+        for bad, use in self._SET_BY_CALLBACK.items():
             if bad in opts:
                 raise ValueError(f"BCFWCallback sets {bad!r} itself; use {use!r}")
         opts.setdefault("gap_check", max(1, math.ceil(passes_per_call)))
@@ -268,6 +268,9 @@ class BCFWCallback(Callback):
         self.save_dual_state = check_bool(save_dual_state, "save_dual_state")
         self._reset()
 
+    #: solver options the callback sets itself, and the argument that sets each
+    _SET_BY_CALLBACK = {"max_passes": "passes_per_call", "progress": "verbose"}
+
     @classmethod
     def _check_option_names(cls, opts: dict) -> None:
         """``TypeError`` for a name that is neither an argument of the callback nor a solver option: lists both and
@@ -276,7 +279,8 @@ class BCFWCallback(Callback):
         own = [n for n in inspect.signature(cls.__init__).parameters if n not in ("self", "options")]
         unknown = sorted(set(opts) - fields)
         if unknown:
-            close = difflib.get_close_matches(unknown[0], [*own, *fields], n=1)
+            close = difflib.get_close_matches(unknown[0], [*own, *fields, *cls._SET_BY_CALLBACK], n=1)
+            close = [cls._SET_BY_CALLBACK.get(c, c) for c in close]
             hint = f"did you mean {close[0]!r}? " if close else ""
             raise TypeError(f"BCFWCallback got unknown argument(s) {unknown}; {hint}its arguments: {own}; solver "
                             f"options: {sorted(fields)}")
