@@ -134,8 +134,10 @@ def test_a_lightning_checkpoint_and_a_structured_head_export(tmp_path, capsys):
     expected = module.tagger(feats, offsets=raw.offsets).tolist()
     inputs = {"x": feats, "lengths": raw.lengths}
     assert _decode_elsewhere(tmp_path / "ckpt_head", inputs, tmp_path) == expected
-    export_head(module.tagger, tmp_path / "module_head")
-    assert _decode_elsewhere(tmp_path / "module_head", inputs, tmp_path) == expected
+    export_head(module.tagger, tmp_path / "module_head")  # the same file as the checkpoint's
+    from_ckpt, from_module = (torch.load(tmp_path / d / "head.pt", weights_only=True) for d in ("ckpt_head", "module_head"))
+    assert from_ckpt["kind"] == from_module["kind"] == "chain"
+    assert all(torch.equal(from_ckpt["tensors"][k], v) for k, v in from_module["tensors"].items())
     # a checkpoint without a BCFWCallback's record: one line that says so
     ckpt = torch.load(tmp_path / "last.ckpt", weights_only=True)
     del ckpt["torch_bcfw_heads"]
