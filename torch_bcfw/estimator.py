@@ -16,8 +16,12 @@ scikit-learn's ``get_params`` / ``set_params``, so ``clone``, ``GridSearchCV`` a
 
 * :class:`~torch_bcfw.Chain`: ``X`` a sequence of ``[L_i, F]`` arrays or tensors, ``Y`` a sequence of ``[L_i]``
   label arrays; ``predict`` returns a list of numpy arrays.
-* :class:`~torch_bcfw.Multiclass`: ``X`` an ``[n, F]`` array / tensor or a sequence of ``[F]`` vectors, ``Y``
-  ``n`` labels; ``predict`` returns a numpy array ``[n]``, :meth:`SSVM.decision_function` the ``[n, K]`` scores.
+* :class:`~torch_bcfw.Multiclass`: ``X`` an ``[n, F]`` array / tensor / pandas ``DataFrame`` or a sequence of
+  ``[F]`` vectors, ``Y`` ``n`` labels; ``predict`` returns a numpy array ``[n]``, :meth:`SSVM.decision_function`
+  the ``[n, K]`` scores.  ``SSVM(Multiclass())`` learns ``F`` and the classes at ``fit`` and is a scikit-learn
+  classifier (``check_estimator`` passes but for ``check_supervised_y_2d``: a column ``y`` is refused, not
+  ravelled); scipy sparse ``X`` raises "sparse input is not supported".
+* :class:`~torch_bcfw.Chain` with sparse tokens: ``X`` a sequence of scipy sparse ``[L_i, F]`` matrices.
 * Labels: integers in ``[0, K)`` (``classes_ = 0..K-1``) or other hashable values, whose ``K`` sorted distinct
   values are ``classes_`` (``classes_[k]`` is the model's label ``k``).
 * any model: ``X`` a data container holding the labels, with ``Y=None``; ``predict`` returns the model's packed
