@@ -359,7 +359,7 @@ def test_train_command_on_a_machine_without_the_accelerator_says_so_in_one_line(
     rc = main(["train", "--config", str(Path(__file__).resolve().parents[1] / "configs" / "ocr_cnn.yaml"),
                "--trainer.accelerator=gpu"])
     err = capsys.readouterr().err.strip().splitlines()
-    assert rc == 2 and len(err) == 1 and "cannot be built on this machine" in err[0] and "gpu" in err[0]
+    assert rc == 2 and len(err) == 1 and "CUDA is not available on this machine" in err[0] and "gpu" in err[0]
 
 
 class Shuffled(Toy):
