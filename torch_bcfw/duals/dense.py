@@ -7,7 +7,7 @@ from torch import Tensor
 from .base import DualState
 from .stepsize import lazy_weight
 
-__all__ = ["DenseDualState"]
+__all__ = ["DenseDualState", "dense_dual_state"]
 
 
 class DenseDualState(DualState):
@@ -102,3 +102,11 @@ class DenseDualState(DualState):
         """The saved ``w_i`` table and its accumulator, checked (``[n, d]``, finite)."""
         shape = ((self.n, self.d), None, None)
         self._load_tensors(sd, "dense", {"w_blocks": shape, "w_blocks_acc": shape})
+
+
+def dense_dual_state(model, data, lam: float, n_total: int | None = None) -> DenseDualState:
+    """The per-block dual state for BCFW-type solvers (dense ``w_i``, :class:`DenseDualState`); ``n_total``: the
+    problem's number of examples when ``data`` is one shard of it (see :class:`~torch_bcfw.duals.base.DualState`).
+    :meth:`StructuredModel.dual_state <torch_bcfw.models.base.StructuredModel.dual_state>` unless a model keeps its
+    own state."""
+    return DenseDualState(model, data, lam, n_total)

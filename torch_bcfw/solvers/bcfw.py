@@ -22,7 +22,7 @@ from .options import SolverOptions, parse_preset
 from .sampling import GapEstimates, GapSampler, make_sampler
 
 __all__ = ["seconds_per_block", "round_costs", "measured_round_size", "round_size_candidates", "chosen_round_size",
-           "BCFW", "resolve_auto_preset"]
+           "resolve_batch_size", "BCFW", "resolve_auto_preset"]
 
 
 def resolve_auto_preset(model, data, options, rounds: bool = False):
@@ -91,6 +91,23 @@ def chosen_round_size(cost: dict[int, float]) -> int:
     return min(t for t, c in cost.items() if c <= ROUND_SIZE_SLACK * best)
 
 
+def resolve_batch_size(options: SolverOptions, solver: str, model, data, lam: float, *, sharded: bool = False,
+                       planned: int | None = None) -> SolverOptions:
+    """``options`` with ``batch_size="auto"`` resolved (the one place it is): a given integer stays; else ``planned``
+    (the round size of a distributed strategy's calibration, or of the saved run being continued); else ``1`` for a
+    solver other than ``"bcfw"``, for data on the CPU and for a ``sharded`` run's blocks; else (data on a GPU)
+    :func:`measured_round_size`."""
+    if options.batch_size != "auto":
+        return options
+    if planned is not None:
+        size = planned
+    elif solver != "bcfw" or sharded or data.device.type == "cpu":
+        size = 1
+    else:
+        size = measured_round_size(model, data, lam, options)
+    return dataclasses.replace(options, batch_size=size)
+
+
 class BCFW(DualAlgorithm):
     """BCFW and its refinements; see the module docstring and :class:`~torch_bcfw.solvers.options.SolverOptions`.
 
@@ -104,10 +121,7 @@ class BCFW(DualAlgorithm):
     name = "bcfw"
 
     def __init__(self, model, data, lam, options, state=None, bounds=None, comm=None):
-        if options.batch_size == "auto":  # one-block steps on the CPU (and in the rounds of a sharded run's caller)
-            on_cpu = data.device.type == "cpu" or (comm is not None and comm.sharded)
-            options = dataclasses.replace(options, batch_size=1 if on_cpu else measured_round_size(model, data, lam,
-                                                                                                   options))
+        options = resolve_batch_size(options, self.name, model, data, lam, sharded=comm is not None and comm.sharded)
         if options.preset == "auto":
             options = resolve_auto_preset(model, data, options, rounds=options.batch_size > 1 or options.strategy ==
                                           "split-oracle" or (comm is not None and comm.sharded))

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from ..signals import deferred_signals
 from .algorithm import Algorithm, DualAlgorithm
-from .bcfw import BCFW
+from .bcfw import BCFW, resolve_batch_size
 from .callbacks import ProgressBar
 from .certificate import task_loss
 from .cutting_plane import CuttingPlane
@@ -216,8 +216,7 @@ def make_algorithm(solver: str, model, data, lam: float, options: SolverOptions,
     :class:`~torch_bcfw.distributed.strategy.ReplicaComm`."""
     if solver not in ALGORITHMS:
         raise ValueError(f"unknown solver {solver!r}; choose from {list(SOLVERS)}")
-    if solver != "bcfw" and options.batch_size == "auto":  # BCFW resolves its own (measured_round_size)
-        options = dataclasses.replace(options, batch_size=1)
+    options = resolve_batch_size(options, solver, model, data, lam, sharded=comm is not None and comm.sharded)
     if solver != "bcfw" and options.batch_size != 1:
         raise ValueError(f"batch_size = {options.batch_size}: mini-batch rounds (Wang et al. 2016) are a mode of "
                          f"solver='bcfw'; solver {solver!r} takes no batch_size")
