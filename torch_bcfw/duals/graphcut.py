@@ -4,7 +4,7 @@ For :class:`~torch_bcfw.models.graphcut.GraphCut` block ``i``'s dual variables `
 only through the node marginals ``mu_p = sum_y alpha_i(y) y_p`` (``Tensor[N_tot]``) and the expected pairwise block
 ``pw_i = sum_y alpha_i(y) phi_P(x_i, y)`` (``Tensor[n, E]``, feature-independent): ``w_i = (phi(x_i, y_i) - [U_i(mu)
 ; pw_i]) / (lam n)`` with ``U_i(mu) = sum_p a_p mu_p x_p / Z_i``.  :class:`GraphCutDualState` keeps the dense
-``[n, d]`` table of :class:`~torch_bcfw.duals.dense.DenseDualState` for the steps and moves ``(mu, pw)`` along with
+``[n, d]`` table of :class:`~torch_bcfw.duals.dense.DenseTable` for the steps and moves ``(mu, pw)`` along with
 it; its saved ``(mu, pw)`` re-derive ``w_i`` exactly under new node features, in ``O(N_tot)`` memory.
 """
 from __future__ import annotations
@@ -23,8 +23,8 @@ from torch import Tensor
 from ..checks import saved_tensor
 from ..inference.graphcut import NEGATIVE_TOLERANCE, build_graph, cut_graph
 from ..inference.graphcut_pool import GraphRecord, cut_inputs
-from .base import LOAD_TOL, DualState
-from .dense import DenseDualState
+from .base import LOAD_TOL
+from .dense import DenseTable
 from .fingerprint import features_fingerprint
 from .plan import PlanResult, StepPlan
 from .stepsize import fw_commit
@@ -234,7 +234,7 @@ def _step_loop(order, step_code, averaging, lam, graphs, w, blocks, avg, totals,
     return order.shape[0]
 
 
-class GraphCutDualState(DenseDualState):
+class GraphCutDualState(DenseTable):
     """Dense ``w_i`` plus node marginals ``mu`` and expected pairwise features ``pw`` (see the module docstring).
 
     Attributes:
@@ -362,12 +362,6 @@ class GraphCutDualState(DenseDualState):
             mu += gamma * r * self.mu[seg]
             pw += gamma * r * self.pw[i]
         self.mu[seg], self.pw[i] = mu, pw
-
-    # the moves keep more than w_blocks: the per-block default of DualState
-    subset_direction = DualState.subset_direction
-    _move_subset = DualState._move_subset
-    _avg_touch_subset = DualState._avg_touch_subset
-    _subset_block_gaps = DualState._subset_block_gaps
 
     def _move_all(self, y: Tensor, gamma: float) -> None:
         super()._move_all(y, gamma)
