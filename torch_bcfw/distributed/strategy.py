@@ -207,7 +207,8 @@ def split_pass_seconds(n: int, p: int, r: int, t_oracle: float, t_apply: float, 
 def choose_strategy(model, data, lam: float, options, ctx: DistributedContext) -> Calibration:
     """Measure and predict (see the module's docstring); every rank of ``ctx`` calls it and gets rank 0's answer."""
     # one scratch single-process run (one-block steps) for every timing
-    alg = make_algorithm("bcfw", model, data, lam, dataclasses.replace(options, batch_size=1, progress=False))
+    alg = make_algorithm("bcfw", model, data, lam, dataclasses.replace(options, batch_size=1, progress=False,
+                                                                        solver_options=None))
     t_step = seconds_per_block(alg, min(alg.n, CALIBRATION_STEPS))
     t_oracle, t_apply, t_round = _oracle_apply_seconds(alg)
     t_ar = _collective_seconds(all_reduce_sum, torch.zeros(model.n_features + 2, dtype=torch.float64), ctx)

@@ -19,7 +19,7 @@ from ..nn import StructuredHead
 from ..signals import deferred_signals
 from ..solvers.options import SolverOptions
 from ..solvers.record import CheckRecord, as_records, plain_history
-from ..solvers.run import DUAL_STATE_SOLVERS, SolverRun
+from ..solvers.run import DUAL_STATE_SOLVERS, SolverRun, options_for
 
 __all__ = ["BCFWCallback", "collect_features"]
 
@@ -211,9 +211,9 @@ class BCFWCallback(Callback):
             if bad in opts:
                 raise ValueError(f"BCFWCallback sets {bad!r} itself; use {use!r}")
         opts.setdefault("gap_check", max(1, math.ceil(passes_per_call)))
-        self.options = SolverOptions.from_kwargs(max_passes=passes_per_call, **opts)  # unknown options: TypeError
+        self.options = options_for(solver, max_passes=passes_per_call, **opts)  # unknown options: TypeError
         if initial_passes:
-            SolverOptions.from_kwargs(**{**self.options.to_dict(), "max_passes": initial_passes})
+            options_for(solver, **{**self.options.to_dict(), "max_passes": initial_passes})
         self.head_attr = str(head_attr)
         self.every_n_epochs = int(every_n_epochs)
         self.passes_per_call = float(passes_per_call)
@@ -335,7 +335,7 @@ class BCFWCallback(Callback):
         data = self.training_data(trainer, pl_module)
         t_feat = time.perf_counter() - t0
         ctx = _ddp_context(trainer)
-        opts = SolverOptions.from_kwargs(**{**self.options.to_dict(), "max_passes": passes})
+        opts = dataclasses.replace(self.options, max_passes=passes)
         plan = self._strategy(ctx, model, data, opts)
         mine = plan.data_here(data)
         if plan.sharded:  # each rank solves on its contiguous share, rounds all-reduced
