@@ -27,12 +27,12 @@ import torch.distributed as dist
 from torch import Tensor
 
 from ..solvers.certificate import Certificate, squared_norm, with_dual
-from ..solvers.comm import LocalComm
+from ..solvers.local_comm import LocalComm
 from ..solvers.bcfw import (chosen_round_size, resolve_batch_size, round_costs, round_size_candidates,
                             seconds_per_block)
 from ..solvers.run import make_algorithm
 from .collectives import all_gather_parts, all_reduce_sum, broadcast_from_rank0, collective
-from .comm import ShardComm
+from .shard_comm import ShardComm
 from .context import DistributedContext
 from .errors import DistributedError
 from .sharding import check_same_dataset, shard, shard_bounds, shard_sizes

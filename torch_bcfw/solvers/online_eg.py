@@ -20,7 +20,7 @@ import torch
 
 from ..checks import saved_int, saved_tensor
 from ..inference.forward_backward import chain_marginals_one
-from ..threads import single_thread
+from ..runtime.threads import single_thread
 from .algorithm import Algorithm
 from .options import OptionGroup, check_int, check_real
 from .sampling import make_sampler

@@ -17,8 +17,6 @@ PRESETS = tuple(
     f"{s}-{r}{c}" for c in ("", "-cache") for r in ("fw", "pairwise", "away") for s in ("uniform", "gap")
 ) + ("auto",)
 
-#: options of older saved files that no longer exist: read and dropped (``preset="auto"`` decided by a timing)
-RETIRED_OPTIONS = ("auto_oracle_threshold",)
 
 #: the combinations ``preset="auto"`` chooses among (:func:`torch_bcfw.solvers.bcfw.resolve_auto_preset`)
 AUTO_CHOICES = ("gap-pairwise-cache", "gap-pairwise", "gap-fw", "uniform-fw")
