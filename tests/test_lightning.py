@@ -339,7 +339,7 @@ def test_the_first_solve_announces_compiling_and_bad_arguments_fail_at_construct
         BCFWCallback(lam=0.1, device="gpu0")
     with pytest.raises(TypeError, match=r"did you mean 'passes_per_call'\?.*its arguments: \[.*'every_n_epochs'"):
         BCFWCallback(lam=0.1, passes_per_cal=3)
-    with pytest.raises(TypeError, match=r"did you mean 'gap_tol'\?.*solver options: \[.*'averaging'"):
+    with pytest.raises(TypeError, match=r"did you mean 'gap_tol'\?.*options of solver .bcfw.: \[.*'averaging"):
         BCFWCallback(lam=0.1, gap_tl=0.1)
 
     class Pairs(Toy):  # (x, y) for a chain: the token boundaries are lost

@@ -344,8 +344,8 @@ def test_the_device_choice_of_a_fit_on_a_gpu_is_measured():
     model, data = random_chain_problem(n=20, F=4, K=3, max_len=4, seed=2)
     opts = SolverOptions.from_kwargs(max_passes=1)
     assert 0 < block_seconds(model, data, 0.1, opts, 8) < 1
-    assert solver_placement(model, data, None, 0.1, opts) == (data, None, {})
+    assert solver_placement(model, data, None, 0.1, "bcfw", opts) == (data, None, {})
     forced = SolverOptions.from_kwargs(batch_size=4)
-    assert solver_placement(model, data, None, 0.1, forced)[2] == {}
+    assert solver_placement(model, data, None, 0.1, "bcfw", forced)[2] == {}
     r = fit(model, data, 0.1, max_passes=2)
     assert not any(k.startswith("placement_") for k in r.counters)

@@ -39,11 +39,14 @@ def faster_device(cpu_block_seconds: float, gpu_block_seconds: float) -> str:
     return "cuda" if gpu_block_seconds < cpu_block_seconds else "cpu"
 
 
-def solver_placement(model, data, test_data, lam: float, options: SolverOptions):
-    """``(data, test_data, counters)`` for a single-process BCFW fit whose data is on a GPU and whose round size is
-    ``"auto"``: the data moved to the CPU when the CPU kernel's block steps are measured faster (:func:`faster_device`),
-    and the figures of the choice (:data:`COUNTERS`).  Anything else is returned as it is, with no counters."""
-    if data.device.type == "cpu" or options.batch_size != "auto":
+def solver_placement(model, data, test_data, lam: float, solver: str, options: SolverOptions, *, group=None,
+                     init=None, bounds=None):
+    """``(data, test_data, counters)`` for a fresh single-process BCFW fit (no process ``group``, no ``init``, no
+    ``bounds``) whose data is on a GPU and whose round size is ``"auto"``: the data moved to the CPU when the CPU
+    kernel's block steps are measured faster (:func:`faster_device`), and the figures of the choice
+    (:data:`COUNTERS`).  Anything else is returned as it is, with no counters."""
+    if (solver != "bcfw" or group is not None or init is not None or bounds is not None or data.device.type == "cpu"
+            or options.batch_size != "auto"):
         return data, test_data, {}
     cpu_data = data.to("cpu")
     cpu_s = block_seconds(model, cpu_data, lam, options, CPU_BLOCKS)
