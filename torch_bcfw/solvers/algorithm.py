@@ -1,6 +1,8 @@
 """The interface between the solver loop and one algorithm (each solver of :data:`~torch_bcfw.solvers.run.ALGORITHMS`)."""
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 from torch import Tensor
 
@@ -28,8 +30,14 @@ class Algorithm:
     name = "base"
     has_dual = True
     whole_passes = False
+    #: the :class:`~torch_bcfw.solvers.options.OptionGroup` of this solver's own options, declared beside it
+    #: (``None``: it has none)
+    Options = None
 
     def __init__(self, model, data, lam: float, options, comm=None):
+        if self.Options is not None and options.solver_options is None:
+            options = dataclasses.replace(options, solver_options=self.own_options(options))
+        self.own_options(options)  # a solver refuses another solver's options
         self.model, self.data, self.lam, self.options = model, data, lam, options
         self.comm = LOCAL if comm is None else comm
         #: the problem's number of examples (all processes); ``data`` holds this process' ``len(data)`` of them
@@ -38,6 +46,21 @@ class Algorithm:
         self.cache_hits = 0
         self.check_requested = False
         self.converged = False
+
+    @classmethod
+    def own_options(cls, options):
+        """This solver's options in ``options`` (:attr:`Options`; its defaults when none are given); ``ValueError``
+        for the options of another solver."""
+        own = options.solver_options
+        if cls.Options is None:
+            if own is not None:
+                raise ValueError(f"solver {cls.name!r} has no options of its own, got {type(own).__name__}")
+            return None
+        if own is None:
+            return cls.Options()
+        if not isinstance(own, cls.Options):
+            raise ValueError(f"solver {cls.name!r} takes {cls.Options.__name__}, got {type(own).__name__}")
+        return own
 
     @property
     def work(self) -> int:
@@ -77,6 +100,10 @@ class Algorithm:
         """Exact primal, dual and gap of the last iterate (one oracle pass at fixed ``w``)."""
         w, ell = self.iterate()
         return self.certify_point(w, ell)
+
+    def averaged_dual_trusted(self) -> bool:
+        """Whether the averaged pair's dual value certifies (its primal value always does)."""
+        return True
 
     def certify_point(self, w: Tensor, ell: float | None) -> Certificate:
         """Exact primal, dual and gap of the pair ``(w, ell)`` over all examples (all processes)."""
@@ -142,6 +169,23 @@ class DualAlgorithm(Algorithm):
         if not self.comm.sharded:
             return st.w, st.dual_ell()
         return st.w, self.comm.sum_scalar(st.ell) - st.box_term()
+
+    def certificate(self) -> Certificate:
+        return self.trusted(super().certificate())
+
+    def trusted(self, cert: Certificate) -> Certificate:
+        """``cert`` with the dual value of the state's trusted part when a loaded state holds untrusted blocks
+        (:meth:`~torch_bcfw.duals.base.DualState.trusted_dual`)."""
+        st = self.state
+        if cert.dual is None or not st.has_untrusted_blocks():
+            return cert
+        sharded = self.comm.sharded
+        ell = self.comm.sum_scalar(st.ell) if sharded else st.ell
+        dual = st.trusted_dual(ell, reduce=self.comm.sum_pair if sharded else None)
+        return Certificate(cert.primal, dual, cert.primal - dual, cert.y_star)
+
+    def averaged_dual_trusted(self) -> bool:
+        return self.state.avg_trusted and not self.state.has_untrusted_blocks()
 
     def averaged(self):
         if not self.options.averaging:
