@@ -1,5 +1,6 @@
 """Every figure of ``benchmarks/seed_figures.py`` (the four seed papers) runs on a tiny setting and writes a JSON and a
-PNG whose numbers obey what the figure certifies (heavy tier: one process, all figures, about a minute)."""
+PNG whose numbers obey what the figure certifies (heavy tier).  One test: the figures run once, in one process (under
+pytest-xdist a module fixture would run in every worker), and the checks below read what they wrote."""
 from __future__ import annotations
 
 import json
@@ -39,17 +40,20 @@ for fig in {figures!r}:
 """
 
 
-@pytest.fixture(scope="module")
-def results(tmp_path_factory):
+@pytest.mark.heavy
+def test_every_figure_runs_tiny_and_certifies(tmp_path):
     for sub in ("ocr", "conll2000", "weizmann_horse", "lspet"):
         if not (DATA / sub).exists():
             pytest.skip(f"needs the dataset {sub} under {DATA}")
-    out = tmp_path_factory.mktemp("figures")
+    out = tmp_path
     env = dict(os.environ, TORCH_BCFW_RESULTS=str(out), OMP_NUM_THREADS="1", MPLBACKEND="Agg")
     code = SCRIPT.format(bench=str(ROOT / "benchmarks"), figures=list(EXPECTED))
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return out
+    every_figure_writes_json_and_png(out)
+    shah_bounds_bracket_every_curve(out)
+    osokin_gaps_are_certificates(out)
+    path_figures_certify_eps(out)
 
 
 def _load(results, stem):
@@ -57,15 +61,13 @@ def _load(results, stem):
     return json.loads((results / f"{stem}.json").read_text())
 
 
-@pytest.mark.heavy
-def test_every_figure_writes_json_and_png(results):
+def every_figure_writes_json_and_png(results) -> None:
     for stems in EXPECTED.values():
         for stem in stems:
             _load(results, stem)
 
 
-@pytest.mark.heavy
-def test_shah_bounds_bracket_every_curve(results):
+def shah_bounds_bracket_every_curve(results) -> None:
     """Weak duality across runs: no dual value above the best primal, so every suboptimality is >= 0."""
     for problem in ("digits", "ocr-small", "horses"):
         d = _load(results, f"shah2015_{problem}_tiny")
@@ -78,8 +80,7 @@ def test_shah_bounds_bracket_every_curve(results):
                     assert r["primal"] - d["best_dual"] >= -1e-9 and d["best_primal"] - r["dual"] >= -1e-9
 
 
-@pytest.mark.heavy
-def test_osokin_gaps_are_certificates(results):
+def osokin_gaps_are_certificates(results) -> None:
     """Every recorded gap of the variants is >= 0 and at most the primal; the staleness figure's offline gaps too,
     and the uniform sampler has no estimates while gap sampling's ratio is positive."""
     for problem in ("conll", "horses", "lsp-small"):
@@ -99,8 +100,7 @@ def test_osokin_gaps_are_certificates(results):
             assert all(v is None for v in ratios) if label == "Uniform" else all(v is None or v > 0 for v in ratios)
 
 
-@pytest.mark.heavy
-def test_path_figures_certify_eps(results):
+def path_figures_certify_eps(results) -> None:
     """The path's breakpoints and the grid points that finished are certified to eps."""
     d = _load(results, "osokin2016_path_horses_gap-fw_tiny")
     for name, sw in d["sweeps"].items():
