@@ -19,6 +19,7 @@ from .runtime.signals import deferred_signals
 from .solvers.callbacks import Callback
 from .solvers.certificate import squared_norm
 from .solvers.options import SolverOptions
+from .solvers.placement import solver_placement
 from .solvers.record import CheckRecord, as_records, plain_history
 from .solvers.run import SOLVERS, WEAK_DUALITY_TOL, RunOutput, SolverRun, options_for
 from .distributed.strategy import continued_strategy, resolve_strategy
@@ -448,6 +449,9 @@ def fit(
     opts = options_for(solver, **options)
     _check_inputs(model, data, test_data, init, checkpoint)
     group = _process_group(distributed)
+    # with the data on a GPU, solve where block steps are measured cheaper (solvers/placement.py)
+    data, test_data, placement = solver_placement(model, data, test_data, lam, solver, opts, group=group, init=init,
+                                                  bounds=bounds)
     saved = None if init is None else continued_strategy("shard" in init.solver_state, True, init.options.strategy)
     plan = resolve_strategy(model, data, lam, solver, opts, group, saved=saved,
                             saved_round_size=None if init is None else init.options.batch_size)
@@ -455,6 +459,7 @@ def fit(
     if init is not None:
         run.load_state_dict({"solver": init.solver, "lam": init.lam, "options": init.options,
                              "solver_state": init.solver_state, "counters": init.counters, "history": init.history})
+    run.counters.update(placement)
     snapshot = _Snapshots(run, model, lam, solver, init)
     saves = _Saves(checkpoint, plan, run, snapshot) if checkpoint is not None else None
     out = run.run(test_data=test_data, callbacks=callbacks, after_iteration=saves,
