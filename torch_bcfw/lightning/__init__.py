@@ -10,5 +10,6 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
     ) from exc
 
 from .callback import BCFWCallback, collect_features, make_dual_state
+from .lam_choice import LamChoice, lam_grid
 
-__all__ = ["BCFWCallback", "collect_features", "make_dual_state"]
+__all__ = ["BCFWCallback", "LamChoice", "collect_features", "lam_grid", "make_dual_state"]

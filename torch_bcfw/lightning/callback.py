@@ -176,8 +176,13 @@ class BCFWCallback(Callback):
     from the new features (the averaged iterate likewise), so the logged gap is the exact duality gap of the
     *current* problem (see ``docs/lightning.md``).
 
+    **Choosing ``lam`` on held-out data** (``lam_choice``, :class:`~torch_bcfw.lightning.lam_choice.LamChoice`): at
+    every call the candidate ``lam`` values are solved warm from their own previous states and the one with the
+    lowest task loss on held-out examples is continued and written; the record and the logs add ``lam`` and
+    ``val_loss``.  Under DDP the solves then replicate.
+
     Args:
-        lam: regularisation ``lam > 0`` of the SSVM on the head.
+        lam: regularisation ``lam > 0`` of the SSVM on the head (not with ``lam_choice``).
         head_attr: attribute of the LightningModule holding the :class:`~torch_bcfw.nn.StructuredHead`.
         every_n_epochs: solve after every ``k``-th training epoch.
         passes_per_call: effective passes of the solver per call.
@@ -197,14 +202,19 @@ class BCFWCallback(Callback):
         solver_options: :class:`~torch_bcfw.solvers.options.SolverOptions` fields (``step``,
             ``sampling``, ``averaging``, ``gap_check``, ``gap_tol``, ``time_budget``, ``seed`` ...);
             also accepted as keyword arguments.  ``max_passes`` is ``passes_per_call``.
+        lam_choice: a :class:`~torch_bcfw.lightning.lam_choice.LamChoice`: ``lam`` chosen on held-out data at every
+            call instead of a fixed ``lam``.
     """
 
-    def __init__(self, lam: float, head_attr: str = "head", every_n_epochs: int = 1, passes_per_call: float = 5.0,
+    def __init__(self, lam: float | None = None, head_attr: str = "head", every_n_epochs: int = 1, passes_per_call: float = 5.0,
                  initial_passes: float | None = None, solver: str = "bcfw", device: str | None = "cpu",
                  log_prefix: str = "ssvm", name: str | None = None, verbose: bool = False,
-                 save_dual_state: bool = True, solver_options: dict | None = None, **options):
+                 save_dual_state: bool = True, solver_options: dict | None = None, lam_choice=None, **options):
         super().__init__()
-        self.lam = check_lam(lam)
+        if (lam is None) == (lam_choice is None):
+            raise ValueError("BCFWCallback needs exactly one of lam (fixed) or lam_choice (chosen on held-out data)")
+        self.lam_choice = lam_choice
+        self.lam = check_lam(lam) if lam is not None else lam_choice.lams[0]
         if solver not in DUAL_STATE_SOLVERS:
             raise ValueError(f"unknown solver {solver!r} for BCFWCallback; choose from {sorted(DUAL_STATE_SOLVERS)}")
         if int(every_n_epochs) < 1:
@@ -350,6 +360,9 @@ class BCFWCallback(Callback):
         head = self._head(pl_module)
         model = head.model
         data = self.training_data(trainer, pl_module)
+        undo = None
+        if self.lam_choice is not None:  # held-out data chooses lam and the state to continue (lam_choice.py)
+            data, undo = self.lam_choice.choose(self, trainer, pl_module, data)
         t_feat = time.perf_counter() - t0
         ctx = _ddp_context(trainer)
         opts = SolverOptions.from_kwargs(**{**self.options.to_dict(), "max_passes": passes})
@@ -381,6 +394,8 @@ class BCFWCallback(Callback):
         out = run.run()
         if out.stopped_by == "interrupted":
             self.interrupted = True
+            if undo is not None:
+                undo()
             if self.verbose:
                 rank_zero_info(f"[{self.log_prefix}] solve interrupted (Ctrl-C): discarded; the head keeps the "
                                f"weights of the last finished call ({self.calls} finished)")
@@ -396,6 +411,8 @@ class BCFWCallback(Callback):
             w = alg.averaged()[0]
         epoch = trainer.current_epoch if trainer is not None else None
         rec.update(epoch=epoch, stale=stale, call=self.calls, feature_time=t_feat, wall=time.perf_counter() - t0)
+        if self.lam_choice is not None:
+            rec.update(self.lam_choice.figures(model, w))
         if ctx is not None and opts.strategy != "shard":
             assert_replicated(w, ctx, name="BCFWCallback's replicated head")
         sd = alg.state_dict()
@@ -431,6 +448,7 @@ class BCFWCallback(Callback):
                "passes": rec.passes, "stale": rec.stale}
         if rec.train_loss is not None:
             out["train_loss"] = rec.train_loss
+        out.update({k: rec.extra[k] for k in ("lam", "val_loss") if k in rec.extra})
         return out
 
     def _log(self, pl_module, rec: dict) -> None:
@@ -503,10 +521,17 @@ class BCFWCallback(Callback):
             "strategy": self.strategy,
             "round_size": self.round_size,
             "calibration": dict(self.calibration),
+            "lam_choice": self.lam_choice.state_dict() if self.lam_choice is not None else None,
         }
 
     def load_state_dict(self, state_dict: dict) -> None:
         cfg = state_dict.get("config", {})
+        if (self.lam_choice is None) != (state_dict.get("lam_choice") is None):
+            raise ValueError("BCFWCallback: the checkpoint was written " + ("with" if self.lam_choice is None else "without")
+                             + " lam_choice; resume with the callback that wrote it")
+        if self.lam_choice is not None:
+            self.lam_choice.load_state_dict(state_dict["lam_choice"])
+            self.lam = check_lam(cfg.get("lam"))  # the lam the last call chose
         if cfg.get("lam") != self.lam or cfg.get("solver") != self.solver:
             raise ValueError(
                 f"BCFWCallback: the checkpoint was written with lam = {cfg.get('lam')}, solver = {cfg.get('solver')!r} "
