@@ -33,8 +33,8 @@ def _problem():
 
 def test_the_choice_is_the_brute_force_grid_choice_and_is_certified(tmp_path):
     train, val = _problem()
-    choice = LamChoice(LAMS, passes=200)
-    cb = BCFWCallback(lam_choice=choice, passes_per_call=50, rel_gap_tol=1e-4, averaging=False)
+    choice = LamChoice(LAMS, passes=100)
+    cb = BCFWCallback(lam_choice=choice, passes_per_call=30, rel_gap_tol=1e-4, averaging=False)
     module = ValToy(train, val)
     _trainer(tmp_path, [cb], epochs=2).fit(module)
     # brute force on the features of the last call (no backbone update after it): every lam solved on its own,
