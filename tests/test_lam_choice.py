@@ -115,6 +115,8 @@ def test_bad_choices_are_reported():
         BCFWCallback()
     with pytest.raises(ValueError, match="exactly one"):
         LamChoice([0.1], lam_range=(0.1, 1.0))
+    with pytest.raises(ValueError, match="replicate"):
+        BCFWCallback(lam_choice=LamChoice([0.1]), strategy="shard")
     with pytest.raises(ValueError, match="holdout"):
         LamChoice([0.1], holdout=1.5)
     with pytest.raises(ValueError, match="lam_min must be <= lam_max"):

@@ -234,6 +234,9 @@ class BCFWCallback(Callback):
                 raise ValueError(f"BCFWCallback sets {bad!r} itself; use {use!r}")
         opts.setdefault("gap_check", max(1, math.ceil(passes_per_call)))
         self.options = SolverOptions.from_kwargs(max_passes=passes_per_call, **opts)  # unknown options: TypeError
+        if lam_choice is not None and self.options.strategy not in ("auto", "replicate"):
+            raise ValueError(f"BCFWCallback: with lam_choice the solves replicate under DDP; strategy "
+                             f"{self.options.strategy!r} is not available")
         if initial_passes:
             SolverOptions.from_kwargs(**{**self.options.to_dict(), "max_passes": initial_passes})
         self.head_attr = str(head_attr)
