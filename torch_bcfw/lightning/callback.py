@@ -37,7 +37,7 @@ def make_dual_state(model, data, lam: float, n_total: int | None = None):
     return state if state.rebindable else ActiveSetDualState(model, data, lam, n_total)
 
 
-def _ddp_context(trainer):
+def ddp_context(trainer):
     """The process group of a multi-process Lightning run (DDP), or ``None``."""
     if trainer is None or getattr(trainer, "world_size", 1) <= 1:
         return None
@@ -46,12 +46,12 @@ def _ddp_context(trainer):
     return current_context()
 
 
-def _to_primitive(obj):
+def checkpoint_safe(obj):
     """Checkpoint-safe copy: numpy arrays / scalars become lists / Python numbers (loads with weights_only=True)."""
     if isinstance(obj, dict):
-        return {k: _to_primitive(v) for k, v in obj.items()}
+        return {k: checkpoint_safe(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return type(obj)(_to_primitive(v) for v in obj)
+        return type(obj)(checkpoint_safe(v) for v in obj)
     if isinstance(obj, np.ndarray):
         return obj.tolist()
     if isinstance(obj, np.generic):
@@ -61,7 +61,8 @@ def _to_primitive(obj):
     return obj
 
 
-def _find(trainer, pl_module, name: str):
+def find_protocol_method(trainer, pl_module, name: str):
+    """The method ``name`` of the feature protocol on the LightningModule, else on its datamodule, else ``None``."""
     for owner in (pl_module, getattr(trainer, "datamodule", None)):
         if callable(getattr(owner, name, None)):
             return getattr(owner, name)
@@ -289,7 +290,7 @@ class BCFWCallback(Callback):
         if not callable(getattr(pl_module, "bcfw_features", None)):
             raise ValueError(f"BCFWCallback: {type(pl_module).__name__} must define bcfw_features(batch) "
                              "(the head's input for one batch)")
-        if _find(trainer, pl_module, "bcfw_dataloader") is None:
+        if find_protocol_method(trainer, pl_module, "bcfw_dataloader") is None:
             raise ValueError(f"BCFWCallback: neither {type(pl_module).__name__} nor its datamodule defines "
                              "bcfw_dataloader() (all training examples in a fixed order)")
         mine = [c for c in trainer.callbacks if isinstance(c, BCFWCallback)]
@@ -323,10 +324,10 @@ class BCFWCallback(Callback):
         """The current training data (float64 features on the solver's device) via the feature protocol; under DDP
         each rank computes the features of its share of the batches and every rank gets all of them
         (:func:`collect_features` with the process group)."""
-        loader = _find(trainer, pl_module, "bcfw_dataloader")
+        loader = find_protocol_method(trainer, pl_module, "bcfw_dataloader")
         device = self.device if self.device is not None else pl_module.device
         to_device = trainer.strategy.batch_to_device if trainer is not None else None
-        data = collect_features(pl_module, loader(), device=device, to_device=to_device, ctx=_ddp_context(trainer))
+        data = collect_features(pl_module, loader(), device=device, to_device=to_device, ctx=ddp_context(trainer))
         head = self._head(pl_module)
         try:
             head.model.check_data(data)
@@ -368,7 +369,7 @@ class BCFWCallback(Callback):
         if self.lam_choice is not None:  # held-out data chooses lam and the state to continue (lam_choice.py)
             data, undo = self.lam_choice.choose(self, trainer, pl_module, data)
         t_feat = time.perf_counter() - t0
-        ctx = _ddp_context(trainer)
+        ctx = ddp_context(trainer)
         opts = SolverOptions.from_kwargs(**{**self.options.to_dict(), "max_passes": passes})
         comm, mine, n_total = None, data, None
         if ctx is not None:  # DDP: one head over all ranks' examples (gathered above)
@@ -420,7 +421,7 @@ class BCFWCallback(Callback):
         if ctx is not None and opts.strategy != "shard":
             assert_replicated(w, ctx, name="BCFWCallback's replicated head")
         sd = alg.state_dict()
-        dual_sd, alg_sd = _to_primitive(sd.pop("state")), _to_primitive(sd)
+        dual_sd, alg_sd = checkpoint_safe(sd.pop("state")), checkpoint_safe(sd)
         shards = None
         if ctx is not None and opts.strategy == "shard":  # every rank keeps every rank's state, so that any rank's
             # checkpoint resumes all
@@ -518,7 +519,7 @@ class BCFWCallback(Callback):
             "dual_state": copy.deepcopy(self.dual_sd) if self.save_dual_state else None,
             "alg": copy.deepcopy(self.alg_sd) if self.save_dual_state else None,
             "counters": dict(self.counters),
-            "history": _to_primitive(plain_history(self.history)),
+            "history": checkpoint_safe(plain_history(self.history)),
             "calls": self.calls,
             "solved_epoch": self.solved_epoch,
             "shards": copy.deepcopy(self.shards) if self.save_dual_state else None,

@@ -107,7 +107,7 @@ class LamChoice:
         Sets ``callback.lam`` and the callback's dual state and solver progress to the chosen candidate's; returns
         ``(training data, undo)``: the examples the head is solved on, and a function restoring the callback and
         this object as they were (for a call that is then interrupted)."""
-        from .callback import collect_features, _ddp_context, _find
+        from .callback import collect_features, ddp_context, find_protocol_method
 
         saved = (callback.lam, callback.dual_sd, callback.alg_sd, dict(self.states), list(self.history),
                  self.val_data)
@@ -116,13 +116,13 @@ class LamChoice:
             callback.lam, callback.dual_sd, callback.alg_sd, self.states, self.history, self.val_data = saved
 
         if self.holdout is None:
-            loader = _find(trainer, pl_module, "bcfw_val_dataloader")
+            loader = find_protocol_method(trainer, pl_module, "bcfw_val_dataloader")
             if loader is None:
                 raise ValueError(f"LamChoice: neither {type(pl_module).__name__} nor its datamodule defines "
                                  "bcfw_val_dataloader() (held-out labelled examples); or give holdout=<fraction>")
             device = callback.device if callback.device is not None else pl_module.device
             to_device = trainer.strategy.batch_to_device if trainer is not None else None
-            val = collect_features(pl_module, loader(), device=device, to_device=to_device, ctx=_ddp_context(trainer))
+            val = collect_features(pl_module, loader(), device=device, to_device=to_device, ctx=ddp_context(trainer))
             callback._head(pl_module).model.check_data(val)
             train = data
         else:
@@ -157,7 +157,7 @@ class LamChoice:
     def _solve(self, callback, model, train, val, lam: float, opts):
         """``passes`` passes at ``lam`` from the candidate's state of the previous call (re-bound to ``train``):
         its :class:`Candidate` and its new ``(dual state dict, progress dict)``."""
-        from .callback import _to_primitive, make_dual_state
+        from .callback import checkpoint_safe, make_dual_state
 
         sd, progress = self.states.get(lam, (None, None))
         if sd is None or self._state_type is None:
@@ -173,10 +173,10 @@ class LamChoice:
             raise KeyboardInterrupt(f"LamChoice: the solve at lam = {lam:g} was interrupted")
         rec = run.history[-1]
         sd = run.algorithm.state_dict()
-        dual = _to_primitive(sd.pop("state"))
+        dual = checkpoint_safe(sd.pop("state"))
         cand = Candidate(lam=lam, gap=float(rec.gap), primal=float(rec.model_primal), val_loss=float(rec.test_loss),
                          passes=float(rec.passes))
-        return cand, (dual, _to_primitive(sd))
+        return cand, (dual, checkpoint_safe(sd))
 
     def figures(self, model, w) -> dict:
         """The chosen ``lam`` and the held-out task loss of the head's weights ``w`` (the record's extra columns)."""
