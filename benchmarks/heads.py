@@ -272,7 +272,7 @@ def worker(args) -> None:
 
     from torch_bcfw.tasks.conll import ConllChunkingDataModule
 
-    torch.set_num_threads(max(1, os.cpu_count() or 1))
+    torch.set_num_threads(args.threads)
     pl.seed_everything(args.seed, verbose=False)
     if args.task == "ocr":  # train on folds 2-9, hold fold 1 out, test on fold 0
         data = OCRWordsDataModule(path=str(DATA / "ocr"), split="large", fold=0, batch_size=32, eval_batch_size=512,
@@ -323,7 +323,8 @@ def worker(args) -> None:
     t0 = time.perf_counter()
     trainer.fit(module, datamodule=data)
     wall = time.perf_counter() - t0
-    out = {"task": args.task, "head": args.head, "lr": args.lr, "seed": args.seed, "curve": curve, "fit_s": wall,
+    out = {"task": args.task, "head": args.head, "lr": args.lr, "seed": args.seed, "threads": args.threads,
+           "load": os.getloadavg(), "curve": curve, "fit_s": wall,
            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
     if solve is not None:
         solve_s = sum(r.wall for r in solve.history)
@@ -338,7 +339,7 @@ def worker(args) -> None:
 # ---------------------------------------------------------------------------------------------------- driver
 def _run_name(task: str, head: str, lr: float, seed: int, args, hinge_lam: float | None) -> str:
     """The file name of one run: every setting that changes it."""
-    name = f"{task}-{head}-lr{lr:g}-s{seed}-e{args.epochs}" + (f"-n{args.limit}" if args.limit else "")
+    name = f"{task}-{head}-lr{lr:g}-s{seed}-e{args.epochs}-t{args.threads}" + (f"-n{args.limit}" if args.limit else "")
     if head == "hinge":
         name += f"-lam{hinge_lam if hinge_lam is not None else TASKS[task]['lam']:g}"
     if head in ("bcfw", "bcfw-lam"):
@@ -359,7 +360,7 @@ def _launch(head: str, lr: float, seed: int, args, runs_dir: Path, hinge_lam: fl
     cmd = [sys.executable, __file__, "--worker", "--task", args.task, "--head", head, "--lr", str(lr), "--seed",
            str(seed), "--out", str(part), "--tmp", str(runs_dir / "lightning"), "--epochs", str(args.epochs),
            "--bcfw-passes", str(args.bcfw_passes), "--bcfw-every", str(args.bcfw_every),
-           "--lam-grid", args.lam_grid, "--lam-passes", str(args.lam_passes)]
+           "--lam-grid", args.lam_grid, "--lam-passes", str(args.lam_passes), "--threads", str(args.threads)]
     if hinge_lam is not None:
         cmd += ["--hinge-lam", str(hinge_lam)]
     if args.limit:
@@ -538,6 +539,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--bcfw-every", type=int, default=1, help="BCFW head: solve every N epochs (the example's 1)")
     ap.add_argument("--lam-grid", default=None, help="bcfw-lam: the candidate lam values (default: the task's grid)")
     ap.add_argument("--lam-passes", type=float, default=2.0, help="bcfw-lam: BCFW passes per candidate per call")
+    ap.add_argument("--threads", type=int, default=max(1, os.cpu_count() or 1),
+                    help="torch threads of every run (default: the machine's cores)")
     ap.add_argument("--combine", nargs="+", type=Path, default=None, metavar="JSON",
                     help="no runs: the table and plot of the runs in these files (run files or result files)")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -589,6 +592,7 @@ def main(argv: list[str] | None = None) -> None:
                "metric": TASKS[task]["metric"], "higher_is_better": TASKS[task]["higher_is_better"],
                "lam": TASKS[task]["lam"], "lam_grid": args.lam_grid, "lam_passes": args.lam_passes,
                "epochs": args.epochs, "limit": args.limit, "seeds": seeds, "lrs": lrs, "hinge_lam": hinge_lam,
+               "threads": args.threads,
                "bcfw_passes": args.bcfw_passes, "bcfw_every": args.bcfw_every, "tuning": tuning, "table": table,
                "per_seed": per, "runs": runs}
     _write(name, payload, runs, task, args.results)
