@@ -358,7 +358,7 @@ def _launch(head: str, lr: float, seed: int, args, runs_dir: Path, hinge_lam: fl
     runs_dir.mkdir(parents=True, exist_ok=True)
     part = out.with_suffix(".part")
     cmd = [sys.executable, __file__, "--worker", "--task", args.task, "--head", head, "--lr", str(lr), "--seed",
-           str(seed), "--out", str(part), "--tmp", str(runs_dir / "lightning"), "--epochs", str(args.epochs),
+           str(seed), "--out", str(part), "--tmp", tempfile.gettempdir(), "--epochs", str(args.epochs),
            "--bcfw-passes", str(args.bcfw_passes), "--bcfw-every", str(args.bcfw_every),
            "--lam-grid", args.lam_grid, "--lam-passes", str(args.lam_passes), "--threads", str(args.threads)]
     if hinge_lam is not None:
