@@ -467,9 +467,14 @@ COLUMNS = ["head", "lr", "lam", "test_at_held_out_epoch", "held_out_min", "held_
            "test_at_last_epoch", "last_min", "last_max", "seconds", "callback_share", "final_gap"]
 
 
+def _label(run: dict) -> str:
+    """The head of a run, with hinge + Adam's ``lam`` (runs at several values are different heads)."""
+    return f"hinge lam {run['hinge_lam']:g}" if run["head"] == "hinge" and "hinge_lam" in run else run["head"]
+
+
 def _report(task: str, runs: list[dict]) -> tuple[list[dict], list[dict]]:
-    heads = [h for h in HEADS if any(r["head"] == h for r in runs)]
-    table = [_summary([r for r in runs if r["head"] == h], task) for h in heads]
+    labels = sorted({_label(r) for r in runs}, key=lambda lb: (HEADS.index(lb.split()[0]), lb))
+    table = [{**_summary([r for r in runs if _label(r) == lb], task), "head": lb} for lb in labels]
     print(f"metric: {TASKS[task]['metric']}; epochs chosen on held-out data, never on the test split")
     print_table(table, COLUMNS)
     seeds = per_seed(runs, task)
