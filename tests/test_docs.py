@@ -76,7 +76,8 @@ def _run_file(path: Path, kinds: set[str], monkeypatch) -> None:
     namespace = {"__name__": "__docs__"}
     for b in blocks:
         # pad with newlines so that a traceback names the file and the line of the Markdown source
-        code = compile("\n" * (b.line - 1) + b.source, str(path), "exec")
+        # dont_inherit: the page's code compiles as a user's file would, without this module's __future__ flags
+        code = compile("\n" * (b.line - 1) + b.source, str(path), "exec", dont_inherit=True)
         exec(code, namespace)  # noqa: S102 -- the documentation's own examples
     import matplotlib.pyplot as plt
 
@@ -130,8 +131,12 @@ def _option_table() -> dict[str, str]:
 
 def test_option_table_matches_solver_options() -> None:
     table = _option_table()
-    # ``extra`` is internal (not accepted by SolverOptions.from_kwargs / fit)
-    fields = {f.name: f for f in dataclasses.fields(torch_bcfw.SolverOptions) if f.name != "extra"}
+    # ``extra`` is internal; ``solver_options`` holds each solver's own options (declared beside it), given flat
+    from torch_bcfw.solvers.run import ALGORITHMS
+
+    fields = {f.name: f for f in dataclasses.fields(torch_bcfw.SolverOptions) if f.name not in ("extra", "solver_options")}
+    for group in {cls.Options for cls in ALGORITHMS.values() if cls.Options is not None}:
+        fields.update({f"{group.prefix}_{f.name}": f for f in dataclasses.fields(group)})
     assert sorted(set(fields) - set(table)) == [], "options missing from the table in docs/solvers.md"
     assert sorted(set(table) - set(fields)) == [], "options in docs/solvers.md that SolverOptions does not have"
     for name, cell in table.items():
@@ -251,3 +256,36 @@ def _check_rendered_in_a_browser(site: Path) -> None:
                             (site / page).as_uri()], capture_output=True, text=True, timeout=120)
         assert r.returncode == 0 and "<title>" in r.stdout, (page, r.stderr[-2000:])
         assert must in r.stdout and not _RAW_ROLE.search(r.stdout), page
+
+
+# ---------------------------------------------------------------------------- documented timings
+_TIMING = re.compile(r"\babout \d+(?:\.\d+)? (?:s|seconds|minutes)\b|\b\d+(?:\.\d+)? s for this fit\b"
+                     r"|\b\d+ to \d+ s on\b")
+_LOAD = re.compile(r"\b(?:idle|busy|load)\b")
+_MACHINE = re.compile(r"\b(?:cores?|CPUs?|vCPU|GPU|H100|H200)\b")
+
+
+def test_every_documented_timing_says_on_what_machine_and_load() -> None:
+    """A user page's 'about N s' / 'N minutes' says, in its paragraph, the machine (cores, GPU) and its load
+    (idle or busy): the same command takes several times as long on a shared machine. The results pages give
+    their machine and load in their own header."""
+    missing = []
+    for path in DOC_FILES:
+        if "results" in path.relative_to(DOCS if path != ROOT / "README.md" else ROOT).parts:
+            continue
+        for para in re.split(r"\n\s*\n", path.read_text(encoding="utf-8")):
+            for m in _TIMING.finditer(para):
+                if not (_LOAD.search(para) and _MACHINE.search(para)):
+                    missing.append(f"{_rel(path)}: {m.group(0)!r}")
+    assert missing == []
+
+
+def test_the_docs_extra_formats_signatures_and_the_readme_sizes_the_checkpoint() -> None:
+    """mkdocstrings formats signatures with Ruff or Black (else ``mkdocs build`` warns): the docs extra installs ruff;
+    the README says what ``checkpoint.pt`` holds and weighs next to ``model.pt``."""
+    import tomllib
+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]["optional-dependencies"]
+    assert any(dep.split(">")[0].split("=")[0].strip() in ("ruff", "black") for dep in extras["docs"])
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert re.search(r"`checkpoint\.pt` the full state[^.]*\(with the dual state: \d+ MB for OCR-large\)", readme)

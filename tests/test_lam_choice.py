@@ -9,7 +9,8 @@ from conftest import random_chain_problem
 from test_lightning import Toy, _batches, _features, _trainer
 
 from torch_bcfw import fit
-from torch_bcfw.lightning import BCFWCallback, LamChoice, lam_grid, make_dual_state
+from torch_bcfw.duals.rebind import rebindable_state
+from torch_bcfw.lightning import BCFWCallback, LamChoice, lam_grid
 from torch_bcfw.solvers.certificate import certify, task_loss
 
 LAMS = [10.0, 3.0, 1.0, 0.3]
@@ -56,7 +57,7 @@ def test_the_choice_is_the_brute_force_grid_choice_and_is_certified(tmp_path):
     rec = cb.last_record
     assert rec.lam == expected and rec.val_loss == pytest.approx(losses[expected], abs=1e-12)
     assert rec.val_loss == task_loss(model, xval, module.head.w)
-    state = type(make_dual_state(model, xtr, expected)).from_state_dict(model, xtr, expected, cb.dual_sd)
+    state = type(rebindable_state(model, xtr, expected)).from_state_dict(model, xtr, expected, cb.dual_sd)
     cert = certify(model, xtr, module.head.w, state.dual_ell(), expected)
     assert torch.allclose(state.w, module.head.w, atol=1e-12)
     assert rec.gap == pytest.approx(cert.gap, abs=1e-10) and rec.gap <= 1e-2 * rec.model_primal

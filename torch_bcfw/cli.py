@@ -149,7 +149,7 @@ _FIT_SECTIONS = ("data", "lam", "solver", "options", "output")
 def _fit_settings(cfg: dict) -> tuple[float, str, dict]:
     """``(lam, solver, options)`` of a fit config, every entry checked before any data is loaded."""
     from .checks import check_lam
-    from .solvers.options import SOLVERS, SolverOptions
+    from .solvers.run import options_for
 
     check_known(cfg, _FIT_SECTIONS, "config section")
     if "lam" not in cfg:
@@ -158,12 +158,10 @@ def _fit_settings(cfg: dict) -> tuple[float, str, dict]:
         raise ValueError("the config needs a 'data' section naming the dataset (e.g. data: {name: ocr, path: ...})")
     lam = check_lam(cfg["lam"])
     solver = cfg.get("solver", "bcfw")
-    if solver not in SOLVERS:
-        raise ValueError(f"unknown solver {solver!r}; choose from {list(SOLVERS)}")
     options = cfg.get("options") or {}
     if not isinstance(options, dict):
         raise ValueError(f"the 'options' section must be a mapping, got {options!r}")
-    SolverOptions.from_kwargs(**options)  # unknown or bad options fail here, before the data is loaded
+    options_for(solver, **options)  # an unknown solver, unknown or bad options fail here, before the data is loaded
     return lam, solver, dict(options)
 
 
@@ -526,9 +524,23 @@ def cmd_evaluate(args) -> int:
 
 
 def cmd_export(args) -> int:
-    from .io.export import export_head
+    from .io.export import export_head, lightning_heads
     from .fit import FitResult
 
+    if str(args.model).endswith(".ckpt"):  # a Lightning checkpoint: the head a BCFWCallback solved
+        heads = lightning_heads(args.model)
+        name = args.head or (next(iter(heads)) if len(heads) == 1 else None)
+        if name not in heads:
+            raise ValueError(f"{args.model} holds the heads {sorted(heads)}: choose one with --head"
+                             + (f" (not {args.head!r})" if args.head else ""))
+        from .nn import StructuredHead
+
+        head = StructuredHead(*heads[name][:1])
+        head.set_weights(heads[name][1])
+        path = export_head(head, args.output)
+        print(f"wrote {path} and {path.parent / 'head.py'} (head {name!r} of the Lightning checkpoint); load it with "
+              f"torch alone: from head import load_head; load_head({str(path)!r})")
+        return 0
     result = FitResult.load(args.model)
     path = export_head(result, args.output)
     print(f"wrote {path} and {path.parent / 'head.py'} (the {result.selected} iterate, certified gap "
@@ -566,7 +578,9 @@ def build_parser() -> argparse.ArgumentParser:
     e.set_defaults(func=cmd_evaluate)
     x = sub.add_parser("export", help="write a trained head as plain torch modules (head.pt + head.py) that load "
                                       "without torch_bcfw")
-    x.add_argument("--model", required=True, help="model.pt written by 'fit'")
+    x.add_argument("--model", required=True, help="model.pt written by 'fit', or a Lightning .ckpt written with a "
+                                                  "BCFWCallback")
+    x.add_argument("--head", help="which head of a Lightning checkpoint (its attribute name; default: the only one)")
     x.add_argument("--output", required=True, help="folder for head.pt and head.py")
     x.set_defaults(func=cmd_export)
     c = sub.add_parser("compare", help="run several solvers x seeds on one problem; JSON of the histories and "

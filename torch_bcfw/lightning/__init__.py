@@ -9,7 +9,8 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
         "torch_bcfw.lightning needs Lightning: pip install 'torch_bcfw[lightning]' (or pip install lightning)"
     ) from exc
 
-from .callback import BCFWCallback, collect_features, make_dual_state
+from .callback import BCFWCallback, collect_features
 from .lam_choice import LamChoice, lam_grid
+from .sampler import SeededShuffle
 
-__all__ = ["BCFWCallback", "LamChoice", "collect_features", "lam_grid", "make_dual_state"]
+__all__ = ["BCFWCallback", "LamChoice", "SeededShuffle", "collect_features", "lam_grid"]

@@ -27,11 +27,8 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
-import torch
-
 from ..checks import check_lam
-from ..duals.active_set import ActiveSetDualState
-from ..solvers.options import SolverOptions
+from ..duals.rebind import rebindable_state, rebound_state
 from ..solvers.run import SolverRun
 
 __all__ = ["LamChoice", "lam_grid"]
@@ -134,8 +131,8 @@ class LamChoice:
         model = callback._head(pl_module).model
         if callback.dual_sd is not None:  # the previous call's polished state of the lam it chose
             self.states[callback.lam] = (callback.dual_sd, callback.alg_sd)
-        opts = SolverOptions.from_kwargs(**{**callback.options.to_dict(), "max_passes": self.passes,
-                                            "gap_check": max(1, math.ceil(self.passes)), "strategy": "replicate"})
+        opts = dataclasses.replace(callback.options, max_passes=self.passes, gap_check=max(1, math.ceil(self.passes)),
+                                   strategy="replicate")
         cands, new_states = [], {}
         try:
             for lam in self.lams:
@@ -157,15 +154,14 @@ class LamChoice:
     def _solve(self, callback, model, train, val, lam: float, opts):
         """``passes`` passes at ``lam`` from the candidate's state of the previous call (re-bound to ``train``):
         its :class:`Candidate` and its new ``(dual state dict, progress dict)``."""
-        from .callback import checkpoint_safe, make_dual_state
+        from .callback import checkpoint_safe
 
         sd, progress = self.states.get(lam, (None, None))
         if sd is None or self._state_type is None:
-            state = make_dual_state(model, train, lam)
+            state = rebindable_state(model, train, lam)
             self._state_type = type(state)
         if sd is not None:
-            cls = self._state_type if sd["kind"] == self._state_type.__name__ else ActiveSetDualState
-            state = cls.from_state_dict(model, train, lam, sd)
+            state = rebound_state(model, train, lam, sd, (self._state_type,))
         run = SolverRun(model, train, lam, callback.solver, opts, state=state)
         run.load_progress(progress, {}, [])
         out = run.run(test_data=val)
