@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-__all__ = ["ChainHead", "MulticlassHead", "load_head", "FORMAT"]
+__all__ = ["ChainHead", "MulticlassHead", "load_head", "check_head", "HEAD_TENSORS", "FORMAT"]
 
 #: the ``format`` entry of a ``head.pt`` this file reads
 FORMAT = "torch_bcfw.head/1"
@@ -119,11 +119,53 @@ class MulticlassHead(nn.Module):
 
 def load_head(path, map_location="cpu") -> nn.Module:
     """The head saved in ``path`` (a ``head.pt`` written by ``torch_bcfw.io.export.export_head``), in eval mode.
-    The file is read with ``weights_only=True``: nothing in it runs code."""
+    The file is read with ``weights_only=True``: nothing in it runs code; its contents are checked by
+    :func:`check_head` (``ValueError`` naming the file and the entry)."""
     d = torch.load(path, map_location=map_location, weights_only=True)
+    kind, tensors = check_head(d, path)
+    return {"chain": ChainHead, "multiclass": MulticlassHead}[kind](**tensors).eval()
+
+
+#: the tensors of each kind of head: name -> shape in the letters ``K`` (labels) and ``F`` (features); ``?``: may be
+#: ``None`` (a multiclass head without biases)
+HEAD_TENSORS = {
+    "chain": {"emission": "FK", "bias": "K", "start": "K", "end": "K", "transitions": "KK"},
+    "multiclass": {"weights": "KF", "bias": "K?"},
+}
+
+
+def check_head(d, path="head file") -> tuple[str, dict]:
+    """``(kind, tensors)`` of a loaded head file ``d`` once its format, kind, tensor names, shapes (consistent sizes
+    ``K`` and ``F``), dtypes (one floating dtype) and values (finite) are those :data:`HEAD_TENSORS` lists, else
+    ``ValueError`` (one line naming ``path`` and what is wrong)."""
     if not isinstance(d, dict) or d.get("format") != FORMAT:
         raise ValueError(f"{path}: not a head file of format {FORMAT!r}")
-    kinds = {"chain": ChainHead, "multiclass": MulticlassHead}
-    if d.get("kind") not in kinds:
-        raise ValueError(f"{path}: unknown head kind {d.get('kind')!r}; expected one of {sorted(kinds)}")
-    return kinds[d["kind"]](**d["tensors"]).eval()
+    kind = d.get("kind")
+    if not isinstance(kind, str) or kind not in HEAD_TENSORS:
+        raise ValueError(f"{path}: unknown head kind {kind!r}; expected one of {sorted(HEAD_TENSORS)}")
+    spec, tensors = HEAD_TENSORS[kind], d.get("tensors")
+    if not isinstance(tensors, dict) or set(tensors) != set(spec):
+        got = sorted(tensors) if isinstance(tensors, dict) else type(tensors).__name__
+        raise ValueError(f"{path}: a {kind} head holds the tensors {sorted(spec)}, this file {got}")
+    sizes, dtype = {}, None
+    for name, dims in spec.items():
+        t = tensors[name]
+        if t is None and dims.endswith("?"):
+            continue
+        if not isinstance(t, Tensor) or t.layout != torch.strided:
+            raise ValueError(f"{path}: head tensor {name!r} is not a dense tensor ({type(t).__name__})")
+        if t.dtype not in (torch.float32, torch.float64) or (dtype is not None and t.dtype != dtype):
+            raise ValueError(f"{path}: head tensor {name!r} has dtype {t.dtype}; a head's tensors share one of "
+                             "float32 / float64")
+        dtype = t.dtype
+        want = dims.rstrip("?")
+        if t.dim() != len(want):
+            raise ValueError(f"{path}: head tensor {name!r} has shape {tuple(t.shape)}, expected {len(want)} "
+                             f"dimension(s) ({', '.join(want)})")
+        for letter, n in zip(want, t.shape):
+            if sizes.setdefault(letter, n) != n or n < 1:
+                raise ValueError(f"{path}: head tensor {name!r} has shape {tuple(t.shape)}, but the head's {letter} "
+                                 f"is {sizes[letter]}")
+        if not bool(torch.isfinite(t).all()):
+            raise ValueError(f"{path}: head tensor {name!r} holds NaN or infinite values")
+    return kind, tensors

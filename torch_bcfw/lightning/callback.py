@@ -304,6 +304,7 @@ class BCFWCallback(Callback):
 
     def _reset(self) -> None:
         self.dual_sd = None  # dual state dict after the last call (CPU tensors)
+        self.dual_trust = None  # what certifies in dual_sd when this process computed it (DualState.trust_marks)
         self.alg_sd = None  # sampler / iteration and oracle counters
         self.counters = {}
         self.history = []  # the CheckRecord of every call's final check (with extra "epoch", "stale", ...)
@@ -392,12 +393,15 @@ class BCFWCallback(Callback):
             if self.dual_sd is None:
                 return state
         try:
-            return rebound_state(model, data, self.lam, self.dual_sd, (self._state_type,))
+            state = rebound_state(model, data, self.lam, self.dual_sd, (self._state_type,))
         except ValueError as exc:
             raise ValueError(
                 f"BCFWCallback: {exc} (head {self.head_attr!r}); bcfw_dataloader must yield the same training examples "
                 "in the same order on every call (no shuffling, no dropped batches)"
             ) from exc
+        if self.dual_trust is not None:
+            state.restore_trust(self.dual_trust)
+        return state
 
     # validation hooks run under torch.inference_mode: keep the solver's tensors ordinary ones
     @torch.inference_mode(False)
@@ -469,6 +473,7 @@ class BCFWCallback(Callback):
         with deferred_signals((signal.SIGINT,)):  # the head and the callback's state change together
             head.set_weights(w)
             self.dual_sd, self.alg_sd = dual_sd, alg_sd
+            self.dual_trust = alg.state.trust_marks() if hasattr(alg, "state") else None  # computed here
             self.shards = shards
             self.counters, self.history = run.counters, history
             self.calls += 1
