@@ -68,8 +68,8 @@ class EfficientNetLite0(nn.Module):
 
     The images are normalised inside (``(x - 0.5) / 0.5``, the preprocessing of the TensorFlow Lite models).
     :meth:`classify` returns the 1000 ImageNet logits.  ``forward(x, start=b)`` takes the output of block ``b - 1``
-    instead of images (``b`` in ``1..16``) and returns the taps after it: with :meth:`blocks_until` this splits the
-    network into a frozen part whose output is cached once and a part that is trained.
+    instead of images (``b`` in ``1..16``) and returns the maps from there on: with :meth:`blocks_until` this splits
+    the network into a frozen part whose output is cached once and a part that is trained.
     """
 
     channels = (40, 112, 320)
@@ -90,12 +90,16 @@ class EfficientNetLite0(nn.Module):
         self._bn1 = _bn(1280)
         self._fc = nn.Linear(1280, 1000)
 
-    def blocks_until(self, images: Tensor, stop: int) -> Tensor:
-        """The output of block ``stop - 1`` (``stop`` in ``1..16``; the stem's output for ``stop = 0``)."""
+    def blocks_until(self, images: Tensor, stop: int) -> list[Tensor]:
+        """What the blocks ``>= stop`` need, computed by the blocks before: the maps tapped before block ``stop - 1``
+        and the output of block ``stop - 1`` (the stem's for ``stop = 0``), last.  ``stop`` in ``0..16``."""
         x = F.relu6(self._bn0(self._conv_stem((images - 0.5) / 0.5)))
-        for block in self._blocks[:stop]:
+        early = []
+        for i, block in enumerate(self._blocks[:stop]):
             x = block(x)
-        return x
+            if i in self.taps and i < stop - 1:
+                early.append(x)
+        return early + [x]
 
     def forward(self, x: Tensor, start: int = 0) -> list[Tensor]:
         if start == 0:
