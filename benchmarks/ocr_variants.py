@@ -18,7 +18,7 @@ leave the gap passes out.  Seconds = solver time + gap-check time.
 
 Overhead: each variant runs 20 passes at ``lam = 0.01`` to reach a typical state, then ``--repeat`` timed
 passes of ``n`` iterations (no gap checks); the variants are measured round-robin in one process so that the
-shared machine's load affects all alike.  Ratios are to plain BCFW (the chain's compiled step loop ``chain_plan_steps``).
+shared machine's load affects all alike.  Ratios are to plain BCFW (the chain's compiled step loop ``chain_refined_plan_steps``).
 """
 from __future__ import annotations
 

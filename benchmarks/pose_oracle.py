@@ -18,7 +18,7 @@ import torch
 
 from common import print_table, timed, write_json
 from torch_bcfw.models.pose import PoseTree
-from torch_bcfw.pose_data import PoseData
+from torch_bcfw.data import PoseData
 
 
 def _problem(G: int, B: int, device: str, gen: torch.Generator):

@@ -16,8 +16,8 @@ import yaml
 
 from conftest import random_chain_problem, shared_data
 from torch_bcfw import FitResult, fit
-from torch_bcfw.checkpoint import Checkpoint, parse_interval
-from torch_bcfw.serialization import atomic_save, atomic_write_text
+from torch_bcfw.io.checkpoint import Checkpoint, parse_interval
+from torch_bcfw.io.serialization import atomic_save, atomic_write_text
 from torch_bcfw.solvers.callbacks import Callback
 
 ROOT = Path(__file__).resolve().parents[1]

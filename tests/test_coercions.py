@@ -1,4 +1,4 @@
-"""Nothing is coerced silently (issue 24, "Trust", defect 7): a float offset, a non-integer size, a string for a
+"""Nothing is coerced silently: a float offset, a non-integer size, a string for a
 bool option, a NaN tolerance, a preset that would override a given field, complex features, features that
 require grad, data on the meta device and ``lam=True`` all raise an error naming the parameter and the value,
 instead of being truncated, cast or ignored."""
@@ -10,13 +10,11 @@ import torch
 
 from conftest import random_chain_problem, random_multiclass_problem
 from torch_bcfw import MulticlassData, SequenceData, fit
-from torch_bcfw.data import SparseFeatures
-from torch_bcfw.graph_data import GraphData
+from torch_bcfw.data import GraphData, PoseData, SparseFeatures
 from torch_bcfw.models import Chain, Multiclass
 from torch_bcfw.checks import check_lam
 from torch_bcfw.models.graphcut import GraphCut
 from torch_bcfw.models.pose import PoseTree
-from torch_bcfw.pose_data import PoseData
 from torch_bcfw.nn import StructuredHead, structured_hinge
 from torch_bcfw.solvers.options import AUTO_CHOICES, PRESETS, SolverOptions
 

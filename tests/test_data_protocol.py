@@ -5,10 +5,8 @@ import pytest
 import torch
 
 import torch_bcfw as tb
-from torch_bcfw.data import MulticlassData, SequenceData, SparseFeatures, StructuredData
-from torch_bcfw.graph_data import GraphData
-from torch_bcfw.models.matching import MatchingData
-from torch_bcfw.pose_data import PoseData
+from torch_bcfw.data import (GraphData, MatchingData, MulticlassData, PoseData, SequenceData, SparseFeatures,
+                             StructuredData)
 
 N = 6
 
@@ -131,4 +129,4 @@ def test_cat_refuses_mixed_containers() -> None:
 
 
 def test_top_level_exports() -> None:
-    assert tb.StructuredData is StructuredData and tb.PoseData is PoseData and tb.models.PoseData is PoseData
+    assert tb.StructuredData is StructuredData and tb.PoseData is PoseData and tb.data.PoseData is PoseData

@@ -13,7 +13,7 @@ import torch
 
 from conftest import random_chain_problem, random_multiclass_problem, shared_data
 from torch_bcfw import FitResult, fit
-from torch_bcfw.export import export_head
+from torch_bcfw.io.export import export_head
 from torch_bcfw.models import Chain, GraphCut
 
 _DECODE_WITHOUT_THE_LIBRARY = textwrap.dedent("""

@@ -14,7 +14,8 @@ from conftest import (brute_force_primal, enumerate_labelings, partial_matchings
 from torch_bcfw import FitResult, fit
 from torch_bcfw.inference.forward_backward import chain_marginals, shared_transition_marginals
 from torch_bcfw.inference.matching_projection import PAD_VALUE, capped_simplex_threshold, project_matching_polytope
-from torch_bcfw.models import Matching, MatchingData
+from torch_bcfw.data import MatchingData
+from torch_bcfw.models import Matching
 from torch_bcfw.solvers.extragradient import Extragradient, lipschitz_constant
 from torch_bcfw.solvers.options import SolverOptions
 

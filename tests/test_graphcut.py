@@ -10,7 +10,7 @@ import torch
 
 pytest.importorskip("maxflow", reason="PyMaxflow is the optional [graphcut] dependency")
 
-from torch_bcfw.graph_data import edge_features, grid_edges  # noqa: E402
+from torch_bcfw.data import edge_features, grid_edges
 from torch_bcfw.inference.graphcut import energy_score, graphcut_map, hamming_loss, hamming_unary_augment  # noqa: E402
 
 LOSSES = [None, "hamming", "balanced"]

@@ -10,8 +10,7 @@ import torch
 pytest.importorskip("maxflow", reason="PyMaxflow is the optional [graphcut] dependency")
 
 from torch_bcfw import fit  # noqa: E402
-from torch_bcfw.graph_data import GraphData, grid_graph_data  # noqa: E402
-from torch_bcfw.graph_data import grid_edges  # noqa: E402
+from torch_bcfw.data import GraphData, grid_edges, grid_graph_data
 from torch_bcfw.models import GraphCut  # noqa: E402
 
 LOSSES = ["hamming", "balanced"]
@@ -315,7 +314,7 @@ def test_pool_processes_never_exceed_the_cpus(monkeypatch):
     """A ``processes`` setting (from a model file, say) above the machine's CPUs starts only as many workers."""
     import torch_bcfw.models.graphcut as gc_module
 
-    monkeypatch.setattr(gc_module, "_available_cpus", lambda: 2)
+    monkeypatch.setattr(gc_module, "available_cpus", lambda: 2)
     model = GraphCut(3, 2, processes=10_000, pool_min_nodes=1)
     try:
         assert model._get_pool().processes == 2

@@ -9,7 +9,7 @@ pytest.importorskip("PIL", reason="Pillow is part of the optional [graphcut] dep
 pl = pytest.importorskip("lightning.pytorch")
 
 from conftest import shared_data  # noqa: E402
-from torch_bcfw.graph_data import GraphData  # noqa: E402
+from torch_bcfw.data import GraphData
 from torch_bcfw.lightning import BCFWCallback  # noqa: E402
 from torch_bcfw.metrics.segmentation import segmentation_counts  # noqa: E402
 from torch_bcfw.tasks.horses import HorseSegmenter, HorsesDataModule, SegmentationFCN  # noqa: E402

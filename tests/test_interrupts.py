@@ -1,4 +1,4 @@
-"""Ctrl-C ends the whole job (issue 24, defect 5): a KeyboardInterrupt inside one solve of a multi-fit entry point
+"""Ctrl-C ends the whole job: a KeyboardInterrupt inside one solve of a multi-fit entry point
 (the Lightning callback, cross_validate, compare, the regularization path) is not swallowed by the solver loop
 and followed by more work; what finished is reported as finished and no aggregate uses the cut run.
 
@@ -421,7 +421,7 @@ def test_callback_interrupt_in_the_initial_solve_leaves_the_head_untouched(tmp_p
 def test_sigint_during_the_callback_commit_is_delivered_after_it(monkeypatch):
     """The head and the callback's state are written with Ctrl-C held back: a SIGINT there is raised once the
     write is complete, never in the middle of it."""
-    from torch_bcfw.signals import deferred_signals
+    from torch_bcfw.runtime.signals import deferred_signals
 
     done = []
     with pytest.raises(KeyboardInterrupt):

@@ -1,5 +1,5 @@
 """numba's disk cache never runs stale kernels of this package: an edit of a module whose kernel another module's
-cached kernel compiles in takes effect in the next process (torch_bcfw/kernel_cache.py)."""
+cached kernel compiles in takes effect in the next process (torch_bcfw/runtime/kernel_cache.py)."""
 from __future__ import annotations
 
 import json
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import torch_bcfw
-from torch_bcfw.kernel_cache import PackageKernelLocator
+from torch_bcfw.runtime.kernel_cache import PackageKernelLocator
 
 PACKAGE = Path(torch_bcfw.__file__).resolve().parent
 

@@ -22,7 +22,8 @@ from torch_bcfw.features.alignment import (
     AlignmentFeaturizer, dice_competitive_linking, link_indicator_features, symmetrize,
 )
 from torch_bcfw.metrics.alignment import alignment_scores, alignment_scores_from_labelings
-from torch_bcfw.models import Matching, MatchingData, model_from_config, model_name
+from torch_bcfw.data import MatchingData
+from torch_bcfw.models import Matching, model_from_config, model_name
 from torch_bcfw.models.matching import max_weight_matching
 
 COSTS = [(3.0, 1.0), (1.0, 1.0), (0.5, 2.0), (0.0, 1.0), (2.0, 0.0)]

@@ -76,9 +76,10 @@ def test_working_set_lru_cap_staleness_and_duplicates():
     truth = [np.array([0, 1]), np.array([2])]
     ws2 = WorkingSet.from_state_dict(ws.state_dict(), truth)
     assert ws2.last_active(0).tolist() == [4.0]
-    old = ws.state_dict()  # a state saved before the `last` column still loads (last = 0)
-    old["fl"] = old["fl"][:, :3]
-    assert WorkingSet.from_state_dict(old, truth).last_active(0).tolist() == [0.0]
+    short = ws.state_dict()  # a pool with a column missing is refused, not padded
+    short["fl"] = short["fl"][:, :3]
+    with pytest.raises(ValueError, match="working_set fl"):
+        WorkingSet.from_state_dict(short, truth)
 
 
 @pytest.mark.parametrize("fused", [True, False])

@@ -8,7 +8,7 @@ from conftest import (
     requires_cuda,
 )
 
-from torch_bcfw.data import SequenceData
+from torch_bcfw.data import MulticlassData, SequenceData
 from torch_bcfw.models import Chain, Multiclass
 from torch_bcfw.nn import StructuredHead, StructuredHingeLoss, structured_hinge
 
@@ -164,7 +164,6 @@ def test_head_and_loss_on_cuda():
 # ---------------------------------------------------------------------------- dual states on new features
 import numpy as np
 
-from torch_bcfw.data import MulticlassData
 from torch_bcfw.duals import ActiveSetDualState, ChainDualState, DenseDualState
 from torch_bcfw.duals.stepsize import LINE_SEARCH
 

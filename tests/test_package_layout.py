@@ -35,18 +35,19 @@ def _imported_modules(path: Path, package: str) -> set[str]:
     return {m for m in out if m.startswith("torch_bcfw")}
 
 
-#: the floors of the package, lowest first (a top-level module or subpackage of ``torch_bcfw`` per name): a module
-#: imports, at module level or inside a function, only from its own floor or a lower one
+#: the floors of the package, lowest first (a top-level module or subpackage of ``torch_bcfw`` per name, or a module
+#: of a subpackage whose modules stand on different floors, as ``io.checkpoint``): a module imports, at module level
+#: or inside a function, only from its own floor or a lower one
 FLOORS = (
-    ("kernel_cache", "threads", "signals", "checks", "convert", "plotting", "serialization",
-     "stage_bar", "standalone_head"),  # foundations
-    ("data", "graph_data", "pose_data", "inference"),  # data containers and decoders
+    ("runtime.kernel_cache", "runtime.threads", "runtime.signals", "runtime.progress", "checks", "convert",
+     "plotting", "io.serialization", "io.standalone_head", "io", "runtime"),  # foundations; two namespaces
+    ("data", "inference"),  # data containers and decoders
     ("head_ops", "metrics"),  # decoding heads; task metrics from data the caller passes
     ("duals",),  # dual states and their step loops
     ("models",),  # joint features, losses, oracles
     ("solvers",),  # the BCFW family and the baselines
     ("distributed",),  # process groups
-    ("checkpoint", "fit", "compilation", "cross_validation", "estimator", "export"),  # the front doors
+    ("io.checkpoint", "fit", "runtime.compilation", "cross_validation", "estimator", "io.export"),  # the front doors
     ("nn", "features"),  # torch modules under a structured head; feature extraction
     ("datasets",),  # loaders of the real data and their task glue
     ("tasks", "lightning", "compare"),  # Lightning tasks and callback; solver comparisons
@@ -85,11 +86,28 @@ def _import_graph() -> dict[str, set[str]]:
 
 def _floor(module: str) -> int:
     parts = module.split(".")
-    unit = parts[1] if len(parts) > 1 else "__init__"
-    for k, floor in enumerate(FLOORS):
-        if unit in floor:
-            return k
+    for unit in (".".join(parts[1:3]), parts[1] if len(parts) > 1 else "__init__"):
+        for k, floor in enumerate(FLOORS):
+            if unit in floor:
+                return k
     raise AssertionError(f"{module} is on no floor of FLOORS: place it")
+
+
+def test_no_import_of_another_modules_private_name():
+    """``from x import _name`` (or ``import x._y``) across modules of the package: a helper shared between modules
+    is public, with a name that says what it is."""
+    private = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom):
+                names = [a.name for a in node.names] + (node.module or "").split(".")
+            elif isinstance(node, ast.Import):
+                names = [part for a in node.names for part in a.name.split(".")]
+            else:
+                continue
+            private += [f"{path.relative_to(PACKAGE)}:{node.lineno} {n}" for n in names
+                        if n.startswith("_") and not n.startswith("__")]
+    assert private == []
 
 
 def test_no_import_points_up_a_floor():

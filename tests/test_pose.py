@@ -9,7 +9,7 @@ import torch
 
 from torch_bcfw import fit
 from torch_bcfw.models.pose import PoseTree, impute_positions, mean_offsets, offset_scales
-from torch_bcfw.pose_data import PoseData
+from torch_bcfw.data import PoseData
 
 TINY = ((0, 1), (0, 2))  # a 3-joint star rooted at joint 0
 G = 3

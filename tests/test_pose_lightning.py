@@ -11,7 +11,7 @@ pl = pytest.importorskip("lightning.pytorch")
 from torch_bcfw.inference.tree import LSP_TREE_EDGES  # noqa: E402
 from torch_bcfw.lightning import BCFWCallback  # noqa: E402
 from torch_bcfw.models.pose import PoseTree  # noqa: E402
-from torch_bcfw.pose_data import PoseData  # noqa: E402
+from torch_bcfw.data import PoseData
 from torch_bcfw.tasks.lsp_data import FLIP_PERMUTATION, LSPPoseDataModule, augment_batch  # noqa: E402
 from torch_bcfw.tasks.pose import PoseHead, argmax_positions, log_heatmaps  # noqa: E402
 

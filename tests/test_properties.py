@@ -50,8 +50,7 @@ from hypothesis import strategies as st
 
 from conftest import brute_force_primal, enumerate_labelings
 from torch_bcfw import FitResult, fit
-from torch_bcfw.data import MulticlassData, SequenceData
-from torch_bcfw.graph_data import GraphData
+from torch_bcfw.data import GraphData, MulticlassData, SequenceData
 from torch_bcfw.models import Chain, GraphCut, Multiclass
 from torch_bcfw.solvers.callbacks import Callback
 

@@ -1,4 +1,4 @@
-"""Identical seeds give identical runs, and a warm start continues a run exactly (issue 24, "Trust", defect 8).
+"""Identical seeds give identical runs, and a warm start continues a run exactly.
 
 * MP-BCFW's automatic number of approximate passes reads a deterministic cost model by default
   (``mp_clock="work"``): two runs are equal bit for bit whatever the clock says; ``mp_clock="wall"`` still

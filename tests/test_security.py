@@ -13,7 +13,7 @@ import torch
 from conftest import random_chain_problem
 from torch_bcfw import Chain, FitResult, fit, register_model
 from torch_bcfw.datasets.ocr import load_ocr
-from torch_bcfw.serialization import UnsafeFileError
+from torch_bcfw.io.serialization import UnsafeFileError
 
 
 class _Payload:

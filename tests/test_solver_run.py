@@ -164,7 +164,7 @@ def test_history_json_is_the_format_of_plain_dicts(tmp_path):
     assert text == plain
 
 
-def test_saved_result_round_trip_and_old_dict_history(tmp_path):
+def test_saved_result_round_trip_and_a_history_with_absent_columns(tmp_path):
     model, data = _chain()
     r = fit(model, data, LAM, max_passes=2, gap_check=1)
     r.save(tmp_path / "r.pt")
@@ -173,7 +173,7 @@ def test_saved_result_round_trip_and_old_dict_history(tmp_path):
     back = FitResult.load(tmp_path / "r.pt")
     assert back.history == r.history and all(isinstance(h, CheckRecord) for h in back.history)
     assert back.gap == r.gap and back.primal == r.primal and back.selected == r.selected
-    # a file of an older version: plain dicts, some columns missing
+    # a history of plain dicts with some columns absent
     old = [{k: v for k, v in h.items() if k not in ("cache_hits", "gap_oracle_calls")} for h in raw["history"]]
     raw["history"] = old
     torch.save(raw, tmp_path / "old.pt")
@@ -190,19 +190,6 @@ def test_as_records_copies():
     again = as_records(recs)
     again[0].update(epoch=5)
     assert recs[0].epoch == 0 and again[0].passes == 1.0
-
-
-def test_records_of_the_older_column_names_load_under_the_new_ones():
-    """Files written when ``gap`` was the last iterate's gap and ``gap_best`` the certified one: ``gap_last`` and
-    ``gap`` now (one meaning of "gap": the certified one); a record writes back its new names."""
-    old = {"passes": 1.0, "primal": 2.0, "dual": 1.5, "gap": 0.5, "primal_avg": 1.8, "dual_avg": 1.4, "gap_avg": 0.4,
-           "selected": "averaged", "gap_best": 0.3, "epoch": 4}
-    rec = CheckRecord.from_dict(old)
-    assert (rec.gap_last, rec.gap, rec.gap_avg, rec.epoch) == (0.5, 0.3, 0.4, 4)
-    assert (rec.model_primal, rec.best_dual) == (1.8, 1.5)
-    back = rec.to_dict()
-    assert "gap_best" not in back and back["gap_last"] == 0.5 and back["gap"] == 0.3
-    assert CheckRecord.from_dict(back) == rec
 
 
 def test_the_progress_bar_and_the_log_show_the_certified_gap(capsys):

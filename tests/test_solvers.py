@@ -102,14 +102,14 @@ def test_compiled_kernel_equals_generic_steps():
 
 
 def test_the_plain_kernel_takes_the_full_kernels_steps_bit_for_bit(monkeypatch):
-    """Plain BCFW on a chain runs in ``chain_plain_steps`` (compiled on its own, fast to compile); the full plan kernel
-    ``chain_plan_steps`` takes the same steps on a plain plan, to the last bit."""
+    """Plain BCFW on a chain runs in ``chain_plain_bcfw_steps`` (compiled on its own, fast to compile); the full plan
+    kernel ``chain_refined_plan_steps`` takes the same steps on a plain plan, to the last bit."""
     from torch_bcfw.duals import chain_driver
 
     model, data = random_chain_problem(n=12, F=5, K=4, max_len=6, seed=11)
     order = np.random.default_rng(2).integers(0, len(data), 150)
     calls = []
-    for name in ("chain_plain_steps", "chain_plan_steps"):
+    for name in ("chain_plain_bcfw_steps", "chain_refined_plan_steps"):
         monkeypatch.setattr(f"torch_bcfw.duals.chain.{name}",
                             lambda *a, _f=getattr(chain_driver, name), _n=name: calls.append(_n) or _f(*a))
     plain = ChainDualState(model, data, 0.02)
@@ -117,7 +117,7 @@ def test_the_plain_kernel_takes_the_full_kernels_steps_bit_for_bit(monkeypatch):
     monkeypatch.setattr(StepPlan, "is_plain", property(lambda self: False))
     full = ChainDualState(model, data, 0.02)
     g2 = full.run_plan(StepPlan.plain(order, LINE_SEARCH, True)).gaps
-    assert calls == ["chain_plain_steps", "chain_plan_steps"]
+    assert calls == ["chain_plain_bcfw_steps", "chain_refined_plan_steps"]
     assert np.array_equal(g1, g2) and torch.equal(plain.w, full.w) and plain.ell == full.ell
     assert torch.equal(plain.averaged()[0], full.averaged()[0])
 

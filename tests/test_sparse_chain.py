@@ -187,7 +187,7 @@ def test_csr_and_gram_construction():
 
 @pytest.mark.parametrize("binary", [False, True])
 def test_products_in_runs_of_bags_over_lean_transposed_entries_give_the_same_bits(monkeypatch, binary):
-    import torch_bcfw.data as data_module
+    import torch_bcfw.data.sequences as data_module
 
     _, sparse, dense = random_sparse_problem(n=30, F=25, K=3, max_len=8, per_token=6, seed=11, binary=binary)
     X = sparse.x
@@ -244,7 +244,7 @@ def test_fit_hands_the_chain_storage_to_its_result_and_copies_it_on_warm_start()
     state = ChainDualState(model, sparse, 0.05)
     sd = state.state_dict()  # a copy: the state goes on
     assert sd["storage"]["mu"].data_ptr() != state.mu.data_ptr()
-    state.hand_over_storage = True
+    state.move_storage_on_save = True
     mu = state.mu
     sd = state.state_dict()  # moved: the state cannot step any more
     assert sd["storage"]["mu"] is mu and state.mu is None

@@ -11,9 +11,8 @@ import torch
 
 from conftest import brute_force_primal, random_chain_problem, random_multiclass_problem
 from torch_bcfw import fit
-from torch_bcfw.data import MulticlassData, SequenceData
+from torch_bcfw.data import GraphData, MulticlassData, SequenceData
 from torch_bcfw.duals import ActiveSetDualState
-from torch_bcfw.graph_data import GraphData
 from torch_bcfw.models import GraphCut, Multiclass
 
 LAM = 0.05

@@ -14,19 +14,17 @@ import os as _os
 # for milliseconds at every switch (a 10x slower gap pass on OCR); effective only when imported before torch.
 _os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from . import kernel_cache as _kernel_cache  # noqa: E402 - before any kernel is defined
+from .runtime import kernel_cache as _kernel_cache  # noqa: E402 - before any kernel is defined
 
 _kernel_cache.install()
 
 from .convert import lam_from_pystruct_C, lam_from_svmstruct_C, pystruct_C_from_lam, svmstruct_C_from_lam
-from .checkpoint import Checkpoint
+from .io.checkpoint import Checkpoint
 from .cross_validation import CrossValidationInterrupted, FoldFit, cross_validate
-from .data import MulticlassData, SequenceData, StructuredData
+from .data import GraphData, MatchingData, MulticlassData, PoseData, SequenceData, StructuredData
 from .fit import FitResult, fit
 from .estimator import SSVM
-from .graph_data import GraphData
-from .models import Chain, GraphCut, Matching, MatchingData, Multiclass, PoseTree, StructuredModel, register_model
-from .pose_data import PoseData
+from .models import Chain, GraphCut, Matching, Multiclass, PoseTree, StructuredModel, register_model
 from .solvers.options import SolverOptions
 from .solvers.record import CheckRecord
 

@@ -181,7 +181,7 @@ def _resume_source(folder: Path, ctx=None) -> Path:
     """The newest complete state of the run in ``folder``: its checkpoint, or in a sharded run this rank's member of
     the newest committed set."""
     if ctx is not None:  # a sharded run's committed set first
-        from .checkpoint import newest_sharded
+        from .io.checkpoint import newest_sharded
 
         mine = newest_sharded([folder / "checkpoint.pt"], ctx)
         if mine is not None:
@@ -276,12 +276,12 @@ class _TerminateAsInterrupt:
 
 
 def cmd_fit(args) -> int:
-    from .checkpoint import Checkpoint, parse_interval
-    from .compilation import precompile, print_notice
+    from .io.checkpoint import Checkpoint, parse_interval
+    from .runtime.compilation import precompile, print_notice
     from .datasets.registry import load_problem
     from .fit import FitResult, fit
     from .plotting import plot_histories
-    from .serialization import atomic_write_text
+    from .io.serialization import atomic_write_text
     from .solvers.record import plain_history
 
     interval = parse_interval(args.checkpoint_every)
@@ -329,7 +329,7 @@ def cmd_fit(args) -> int:
     with _TerminateAsInterrupt() as signals:
         result = fit(model, train, lam, solver, test_data=test, init=init, checkpoint=ckpt, **options)
     if ctx is not None and result.options.strategy == "shard":  # every rank's shard in one committed set
-        from .checkpoint import save_sharded
+        from .io.checkpoint import save_sharded
 
         save_sharded(result, out / "checkpoint.pt", ctx)
     if not main:  # rank 0's files are the run's (the weights are the same on every rank)
@@ -519,14 +519,14 @@ def cmd_evaluate(args) -> int:
               "lam": result.lam, "passes": result.passes}
     print(_table([(k, _fmt(v)) for k, v in report.items()]))
     if args.json:
-        from .serialization import atomic_write_text
+        from .io.serialization import atomic_write_text
 
         atomic_write_text(args.json, json.dumps(report, indent=1))
     return 0
 
 
 def cmd_export(args) -> int:
-    from .export import export_head
+    from .io.export import export_head
     from .fit import FitResult
 
     result = FitResult.load(args.model)

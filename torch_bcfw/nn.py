@@ -22,7 +22,7 @@ import torch
 from torch import Tensor, nn
 
 from .checks import check_index_tensor, check_offsets
-from .data import counts_to_offsets
+from .data.base import counts_to_offsets
 from .models.base import StructuredModel
 
 __all__ = ["StructuredHead", "StructuredHingeLoss", "structured_hinge"]

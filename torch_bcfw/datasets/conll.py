@@ -107,7 +107,7 @@ def load_conll2000(path: str | os.PathLike[str], split: str = "train") -> list[S
     raise FileNotFoundError(f"CoNLL-2000 {split!r} split not found. Looked at:\n{looked}\n{_HOW_TO_GET}")
 
 
-def _load_splits(path, limit: int | None = None, test_limit: int | None = None) -> tuple[list, list]:
+def load_conll2000_splits(path, limit: int | None = None, test_limit: int | None = None) -> tuple[list, list]:
     """``(train, test)`` sentences of :func:`load_conll2000`, the first ``limit`` / ``test_limit`` of each if given."""
     train, test = load_conll2000(path, split="train"), load_conll2000(path, split="test")
     return train[: None if limit is None else int(limit)], test[: None if test_limit is None else int(test_limit)]

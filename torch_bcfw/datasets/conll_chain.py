@@ -2,7 +2,7 @@
 
 Pipeline: sentences (:func:`~torch_bcfw.datasets.conll.load_conll2000`) -> attribute ids of the
 chunking templates (:class:`~torch_bcfw.features.chunking.AttributeVocabulary`) -> sparse token
-features (:class:`~torch_bcfw.data.SparseFeatures`, indicator values 1) -> :class:`~torch_bcfw.models.Chain`.
+features (:class:`~torch_bcfw.data.sequences.SparseFeatures`, indicator values 1) -> :class:`~torch_bcfw.models.Chain`.
 
 Feature set and dimension.  The vocabulary keeps the template attributes seen on at least
 ``min_count`` training tokens (74,659 at ``min_count=3``).  One of them is the constant
@@ -27,10 +27,11 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from ..data import SequenceData, SparseFeatures, counts_to_offsets
+from ..data.base import counts_to_offsets
+from ..data.sequences import SequenceData, SparseFeatures
 from ..features.chunking import PAD_ID, AttributeVocabulary, TaggedSentence, token_attributes
 from ..metrics.chunking import chunk_f1
-from .conll import CHUNK_TAGS, Sentence, _load_splits
+from .conll import CHUNK_TAGS, Sentence, load_conll2000_splits
 
 __all__ = ["TAG_IDS", "UNSEEN_TAG", "BIAS_ATTRIBUTE", "ConllProblem", "tags_to_ids", "ids_to_tags", "chunk_vocabulary",
            "encode_sentences", "load_conll_problem", "predictions_to_tags", "chunk_f1_from_ids", "evaluate_chunking",
@@ -156,13 +157,13 @@ def load_conll_problem(
     ``path`` is anything :func:`~torch_bcfw.datasets.conll.load_conll2000` accepts (the
     ``conll2000.zip`` or a folder holding it or the ``.txt`` files).  ``limit`` / ``test_limit``
     keep only the first sentences of each split (quick runs).  ``progress``: a "preparing features" bar on stderr
-    when the work takes over 2 s (:class:`~torch_bcfw.stage_bar.StageBar`).
+    when the work takes over 2 s (:class:`~torch_bcfw.runtime.progress.StageBar`).
     """
     from ..models import Chain
-    from ..stage_bar import StageBar
+    from ..runtime.progress import StageBar
 
     with StageBar(["read", "vocabulary", "features train", "features test"], progress) as bar:
-        train_s, test_s = _load_splits(path, limit, test_limit)
+        train_s, test_s = load_conll2000_splits(path, limit, test_limit)
         bar.done("read")
         vocab = chunk_vocabulary(train_s, min_count=min_count, drop_bias=drop_bias)
         bar.done("vocabulary")

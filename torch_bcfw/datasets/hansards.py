@@ -249,7 +249,7 @@ def load_hansards_problem(root, n_train: int = N_TRAIN, miss_cost: float = 3.0, 
     "preparing features" bar on stderr when the work takes over 2 s."""
     from ..features.alignment import AlignmentFeaturizer
     from ..models.matching import Matching
-    from ..stage_bar import StageBar
+    from ..runtime.progress import StageBar
 
     featurizer = AlignmentFeaturizer(ibm_iterations=ibm_iterations, diagonal_tension=diagonal_tension,
                                      hmm_iterations=hmm_iterations)
@@ -268,11 +268,11 @@ def load_hansards_problem(root, n_train: int = N_TRAIN, miss_cost: float = 3.0, 
 
 
 def alignment_data(pairs: Sequence, featurizer, labels: bool = True):
-    """A :class:`~torch_bcfw.models.matching.MatchingData` of ``pairs`` with the link features of a fitted
+    """A :class:`~torch_bcfw.data.matching.MatchingData` of ``pairs`` with the link features of a fitted
     :class:`~torch_bcfw.features.alignment.AlignmentFeaturizer`.  With ``labels`` (and gold links on every pair)
     ``y`` is :func:`matching_target` and ``sure`` / ``possible`` keep the full gold sets for AER.
     """
-    from ..models.matching import MatchingData
+    from ..data.matching import MatchingData
 
     xs = featurizer.transform(pairs)
     if not labels or any(p.sure is None for p in pairs):

@@ -153,13 +153,13 @@ def pixel_features(images: Tensor) -> Tensor:
 
 def horse_graph_data(root: str | Path, split: str = "train", size: tuple[int, int] = (48, 64),
                      contrast: bool = True):
-    """One split as a :class:`~torch_bcfw.graph_data.GraphData` on the 4-connected pixel grid.
+    """One split as a :class:`~torch_bcfw.data.graphs.GraphData` on the 4-connected pixel grid.
 
     Node features: :func:`pixel_features` (``F = 11`` for rgb); edge features ``[1, exp(-beta ||I_p - I_q||^2)]``
     (``contrast=False``: ``[1]``); labels: the masks.  All images share one working resolution ``size``
     ``(H, W)`` (default 48 x 64, the resolution of the horses benchmark and demo).
     """
-    from ..graph_data import grid_graph_data
+    from ..data.graphs import grid_graph_data
 
     horses = load_weizmann_horses(root, size=tuple(size), split=split)
     images = torch.stack([h.image for h in horses])

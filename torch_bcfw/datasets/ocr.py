@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..data import SequenceData
+from ..data.sequences import SequenceData
 
 __all__ = ["OCRWords", "load_ocr", "ocr_split", "load_ocr_split", "default_cache_dir", "N_LETTERS"]
 

@@ -2,7 +2,7 @@
 examples, the collectives, the exact certificate over all ranks and the communicators of sharded and replicated runs.
 """
 from .certificate import global_certify
-from .comm import ShardComm
+from .shard_comm import ShardComm
 from .collectives import (all_gather_int64, all_gather_parts, all_reduce_packed, all_reduce_sum, assert_replicated,
                           broadcast_from_rank0, collective, pack_sum_buffer, unpack_sum_buffer)
 from .context import DEFAULT_TIMEOUT_S, DistributedContext, current_context, init_from_env

@@ -27,7 +27,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from ..solvers.certificate import Certificate, squared_norm, with_dual
-from ..solvers.comm import LocalComm
+from ..solvers.local_comm import LocalComm
 from ..solvers.bcfw import seconds_per_block
 from ..solvers.run import make_algorithm
 from .collectives import all_gather_parts, all_reduce_sum, broadcast_from_rank0, collective

@@ -58,7 +58,7 @@ class ActiveSetDualState(DenseDualState):
         ws = self.active_set
         ws.column(i, ALPHA)[:] *= 1.0 - gamma
         j = self._plane(i, y, loss)
-        ws.fl[ws.start[i] + j, ALPHA] += gamma
+        ws.plane_values[ws.start[i] + j, ALPHA] += gamma
         self._prune(i, nonpositive=False)
 
     def _move_block(self, i: int, y: Tensor, gamma: float, v: Tensor) -> None:
@@ -74,9 +74,9 @@ class ActiveSetDualState(DenseDualState):
         for y, c in ((y_s, p), (y_a, q)):
             if c != 0.0:
                 j = self._plane(i, y)
-                ws.fl[ws.start[i] + j, ALPHA] += gamma * c
+                ws.plane_values[ws.start[i] + j, ALPHA] += gamma * c
         if drop:
-            ws.fl[ws.start[i] + ws.find(i, y_a.detach().cpu().numpy().reshape(-1)), ALPHA] = 0.0
+            ws.plane_values[ws.start[i] + ws.find(i, y_a.detach().cpu().numpy().reshape(-1)), ALPHA] = 0.0
         self._prune(i, nonpositive=True)
 
     # the moves keep more than w_blocks: the per-block default of DualState
@@ -105,7 +105,7 @@ class ActiveSetDualState(DenseDualState):
         for i, yi in enumerate(self._labelings(self.data.y)):
             ws.column(i, ALPHA)[:] *= rho
             j = ws.put(i, yi, 0.0)
-            ws.fl[ws.start[i] + j, ALPHA] += 1.0 - rho
+            ws.plane_values[ws.start[i] + j, ALPHA] += 1.0 - rho
             self._prune(i, nonpositive=True, keep_averaged=False)
 
     def _avg_reset_storage(self) -> None:
@@ -185,8 +185,8 @@ class ActiveSetDualState(DenseDualState):
             if ws.find(i, y.numpy()) >= 0:
                 raise ValueError(f"state storage labels: block {i} lists a labeling twice")
             j = ws.insert(i, y.numpy(), loss, 0, True)
-            ws.fl[ws.start[i] + j, ALPHA] = a
-            ws.fl[ws.start[i] + j, ACC] = acc
+            ws.plane_values[ws.start[i] + j, ALPHA] = a
+            ws.plane_values[ws.start[i] + j, ACC] = acc
         self.active_set = ws
         try:
             self._rebuild_blocks()

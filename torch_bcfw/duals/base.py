@@ -309,7 +309,7 @@ class DualState:
             for i, yi in enumerate(self._labelings(y)):
                 ws.alphas(i)[:] = 0.0
                 j = ws.put(i, yi, float(losses[i]))  # may move the block's region: index after it
-                ws.fl[ws.start[i] + j, ALPHA] = 1.0
+                ws.plane_values[ws.start[i] + j, ALPHA] = 1.0
                 ws.incomplete[i] = 0
 
     def rescale_lam(self, lam_new: float) -> float:
@@ -330,7 +330,7 @@ class DualState:
             for i, yi in enumerate(self._labelings(self.data.y)):
                 ws.alphas(i)[:] *= rho
                 j = ws.put(i, yi, 0.0)
-                ws.fl[ws.start[i] + j, ALPHA] += 1.0 - rho
+                ws.plane_values[ws.start[i] + j, ALPHA] += 1.0 - rho
         self.block_ell.mul_(rho)
         self.ell = float(self.block_ell.sum())
         self.lam = lam_new

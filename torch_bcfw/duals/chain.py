@@ -19,7 +19,7 @@ from torch import Tensor
 
 from ..inference.viterbi import viterbi_packed
 from .base import LOAD_TOL, DualState
-from .chain_driver import chain_plain_steps, chain_plan_steps
+from .chain_driver import chain_plain_bcfw_steps, chain_refined_plan_steps
 from .chain_kernels import TOTALS, ChainAverages, ChainFeatures, ChainMarginals, ChainWeights, decode_block
 from .chain_rounds import (RoundScratch, Touched, clear_touched, local_round, max_round_tokens, round_directions,
                            round_move, round_scratch)
@@ -42,18 +42,18 @@ class ChainDualState(DualState):
     """Marginal dual state of the chain: ``mu [N_tok, K]`` and ``T [n, K, K]`` (see the module docstring).
 
     The initial state is the ground truth (``mu`` one-hot, ``T`` the true transition counts): ``w_i = 0``.  On CPU
-    the steps run in :func:`~.chain_driver.chain_plan_steps`, elsewhere through the torch methods of
+    the steps run in :func:`~.chain_driver.chain_refined_plan_steps`, elsewhere through the torch methods of
     :class:`~torch_bcfw.duals.base.DualState`.
 
     Args:
         model: a :class:`~torch_bcfw.models.chain.Chain`.
-        data: its :class:`~torch_bcfw.data.SequenceData`.
+        data: its :class:`~torch_bcfw.data.sequences.SequenceData`.
         lam: the regularisation ``lam > 0``.
     """
 
     #: True: :meth:`state_dict` moves the storage (``mu``, ``T`` and their accumulators, on CPU) into the dict
     #: instead of copying it, and the state cannot step any more (for an owner dropping the state after saving it).
-    hand_over_storage = False
+    move_storage_on_save = False
 
     def __init__(self, model, data, lam: float, n_total: int | None = None):
         super().__init__(model, data, lam, n_total)
@@ -221,8 +221,8 @@ class ChainDualState(DualState):
     # ------------------------------------------------------------ compiled path
     def kernel_features(self) -> ChainFeatures:
         """The data as the compiled kernels take it (built once): CSR token features
-        (:meth:`~torch_bcfw.data.SequenceData.x_csr`, so dense and sparse storage give identical inputs) and the
-        per-sequence Gram matrices ``X_i X_i^T + 1`` (:func:`sequence_grams`).  Ids, values and Gram entries come in
+        (:meth:`~torch_bcfw.data.sequences.SequenceData.x_csr`, so dense and sparse storage give identical inputs) and
+        the per-sequence Gram matrices ``X_i X_i^T + 1`` (:func:`sequence_grams`).  Ids, values and Gram entries come in
         the narrowest types that hold them exactly (:func:`_narrow_ids`, :func:`_narrow_exact`): fewer cache misses,
         and widening them in the kernels is exact."""
         if self._features is None:
@@ -255,8 +255,8 @@ class ChainDualState(DualState):
         return plan.working_set is None if plan.rounds is not None else self.n_total == self.n
 
     def run_plan(self, plan: StepPlan) -> PlanResult:
-        """A one-block plan that :meth:`can_run_plan` in :func:`~.chain_driver.chain_plan_steps` (MP-BCFW's exact steps
-        with an overridden oracle: that oracle from Python, one block per call); other plans as every state."""
+        """A one-block plan that :meth:`can_run_plan` in :func:`~.chain_driver.chain_refined_plan_steps` (MP-BCFW's
+        exact steps with an overridden oracle: that oracle from Python, one block per call); other plans as every state."""
         if plan.rounds is not None or not self.can_run_plan(plan):
             return super().run_plan(plan)
         planes = plan.working_set.planes if plan.working_set is not None else None
@@ -281,7 +281,7 @@ class ChainDualState(DualState):
         return torch.from_numpy(y)
 
     def corner_steps(self, blocks: np.ndarray, ys: list, step_code: int, averaging: bool = True) -> np.ndarray:
-        """One call of :func:`~.chain_driver.chain_plan_steps` with the given answers when it runs here."""
+        """One call of :func:`~.chain_driver.chain_refined_plan_steps` with the given answers when it runs here."""
         plan = StepPlan.plain(np.asarray(blocks, dtype=np.int64), step_code, averaging)
         if not self.can_run_plan(plan):
             return super().corner_steps(blocks, ys, step_code, averaging)
@@ -289,8 +289,8 @@ class ChainDualState(DualState):
         return self._compiled_steps(plan, ylab).gaps
 
     def _compiled_steps(self, plan: StepPlan, ylab: np.ndarray) -> PlanResult:
-        """One call of :func:`~.chain_driver.chain_plan_steps` (``ylab``: given oracle answers of the plan's blocks),
-        writing back the counters, the working set's pool and MP-BCFW-avg's running average."""
+        """One call of :func:`~.chain_driver.chain_refined_plan_steps` (``ylab``: given oracle answers of the plan's
+        blocks), writing back the counters, the working set's pool and MP-BCFW-avg's running average."""
         m = int(plan.m)
         gaps = np.full(m, np.nan)
         blocks = np.full(m, -1, dtype=np.int64)
@@ -299,11 +299,11 @@ class ChainDualState(DualState):
         ws = self.working_set if plan.working_set is not None else None
         pool = ws.arrays() if ws is not None else _NO_POOL
         if plan.is_plain and ylab.shape[0] == 0:  # plain BCFW: its own kernel, without the refinements' code
-            progress = chain_plain_steps(flags, sampling, self.lam, self.k, self.avg_t, *self._groups(totals), gaps,
-                                         blocks)
+            progress = chain_plain_bcfw_steps(flags, sampling, self.lam, self.k, self.avg_t, *self._groups(totals),
+                                              gaps, blocks)
         else:
-            progress, pool = chain_plan_steps(flags, sampling, pool, running, ylab, self.lam, self.k, self.avg_t,
-                                              *self._groups(totals), gaps, blocks)
+            progress, pool = chain_refined_plan_steps(flags, sampling, pool, running, ylab, self.lam, self.k,
+                                                      self.avg_t, *self._groups(totals), gaps, blocks)
         if ws is not None:
             ws.adopt(pool)
         if flags.running_average:
@@ -367,7 +367,7 @@ class ChainDualState(DualState):
 
     def _storage_dict(self) -> dict:
         names = ("mu", "T", "mu_acc", "T_acc")
-        if not self.hand_over_storage:
+        if not self.move_storage_on_save:
             return {name: getattr(self, name).to("cpu", copy=True) for name in names}
         sd = {name: getattr(self, name).cpu() for name in names}
         for name in names:  # moved out: a later step fails instead of writing into the saved tensors

@@ -1,9 +1,9 @@
 """The chain's compiled step loop: every one-block :class:`~torch_bcfw.duals.plan.StepPlan` -- plain BCFW, gap
 sampling, pairwise / away steps, the cache, MP-BCFW's exact and approximate passes -- without returning to Python.
 
-:func:`chain_plan_steps` is the iteration of :func:`~torch_bcfw.duals.plan.generic_plan_steps` (tests compare them)
-built from :mod:`.chain_kernels`, :mod:`.sumtree`, :mod:`.working_set` and :mod:`.stepsize`.
-:func:`chain_plain_steps` is its plain branch compiled on its own (a first plain fit compiles without the working
+:func:`chain_refined_plan_steps` is the iteration of :func:`~torch_bcfw.duals.plan.generic_plan_steps` (tests compare
+them) built from :mod:`.chain_kernels`, :mod:`.sumtree`, :mod:`.working_set` and :mod:`.stepsize`.
+:func:`chain_plain_bcfw_steps` is its plain branch compiled on its own (a first plain fit compiles without the working
 set's code).  The marginals ``mu_i, T_i`` equal ``sum_y alpha_i(y) (onehot(y), counts(y))`` for the working set's
 weights (up to round-off).  Box constraints are not handled here (the state runs the generic loop).
 """
@@ -19,7 +19,7 @@ from .stepsize import AWAY_RULE, FW_RULE, PAIRWISE_RULE, away_choice, cache_hit
 from .sumtree import est_set, gap_draw
 from .working_set import LAST, LOSS, SCORE, ws_corners, ws_drop_inactive, ws_drop_stale, ws_fw_update, ws_store
 
-__all__ = ["chain_plan_steps", "chain_plain_steps"]
+__all__ = ["chain_refined_plan_steps", "chain_plain_bcfw_steps"]
 
 
 @njit(cache=True)
@@ -35,7 +35,7 @@ def _running_average(run, ell) -> None:
 
 
 @njit(cache=True)
-def chain_plan_steps(plan, sampling, ws, running, ylab, lam, k0, t0, feats, w, marg, avg, gaps, blocks):
+def chain_refined_plan_steps(plan, sampling, ws, running, ylab, lam, k0, t0, feats, w, marg, avg, gaps, blocks):
     """Run up to ``plan.m`` block iterations of a one-block plan on the chain's state.
 
     ``plan``, ``sampling``, ``running``: :func:`~.plan.compiled_plan`'s groups; ``ws``: the working set's
@@ -92,10 +92,12 @@ def chain_plan_steps(plan, sampling, ws, running, ylab, lam, k0, t0, feats, w, m
             s0 = ws.start[i]
             l0 = ws.lab_start[i]
             for q in range(ws.size[i]):
-                ws.fl[s0 + q, SCORE] = ws.fl[s0 + q, LOSS] + labels_score(U, trans, ws.lab, l0 + q * L, L) / n
+                plane_score = labels_score(U, trans, ws.plane_labels, l0 + q * L, L)
+                ws.plane_values[s0 + q, SCORE] = ws.plane_values[s0 + q, LOSS] + plane_score / n
             jmax, jmin, nact = ws_corners(ws, i)
             if plan.cache:
-                hit = cache_hit(ws.fl[s0 + jmax, SCORE] - h_i, sampling.est[i], plan.cache_F, plan.cache_threshold)
+                hit = cache_hit(ws.plane_values[s0 + jmax, SCORE] - h_i, sampling.est[i], plan.cache_F,
+                                plan.cache_threshold)
             hit = hit or mp == MP_APPROX  # MP-BCFW's approximate step: always the best plane
         j_s = -1
         if hit:
@@ -103,8 +105,8 @@ def chain_plan_steps(plan, sampling, ws, running, ylab, lam, k0, t0, feats, w, m
             j_s = jmax
             base = ws.lab_start[i] + j_s * L
             for t in range(L):
-                ystar[t] = ws.lab[base + t]
-            ell_s = ws.fl[ws.start[i] + j_s, LOSS]
+                ystar[t] = ws.plane_labels[base + t]
+            ell_s = ws.plane_values[ws.start[i] + j_s, LOSS]
             score_star = labels_score(U, trans, ystar, 0, L)
             for t in range(L):
                 D[t, ystar[t]] += 1.0
@@ -133,13 +135,13 @@ def chain_plan_steps(plan, sampling, ws, running, ylab, lam, k0, t0, feats, w, m
                 j_s, ws = ws_store(ws, i, yh[:L], ell_s, ell_s + score_star / n, plan.max_size, evict,
                                    plan.rule != FW_RULE or mp != 0)
         if mp != 0:
-            ws.fl[ws.start[i] + j_s, LAST] = plan.stamp
+            ws.plane_values[ws.start[i] + j_s, LAST] = plan.stamp
         # ---- step rule
         kind = plan.rule
         h_s = ell_s + score_star / n
         if plan.rule == AWAY_RULE:
             g_fw = (score_star - score_mu) / n - ell_i + ell_s
-            g_a = h_i - ws.fl[ws.start[i] + jmin, SCORE]
+            g_a = h_i - ws.plane_values[ws.start[i] + jmin, SCORE]
             kind = away_choice(g_fw, g_a, nact)
         if kind == FW_RULE:
             score_T, sq_T = transition_stats(T[i], trans, ystar[:L])
@@ -166,9 +168,9 @@ def chain_plan_steps(plan, sampling, ws, running, ylab, lam, k0, t0, feats, w, m
 
 
 @njit(cache=True)
-def chain_plain_steps(plan, sampling, lam, k0, t0, feats, w, marg, avg, gaps, blocks):
-    """Plain BCFW: the branch of :func:`chain_plan_steps` for a plan without refinements, the same operations in the
-    same order (the same bits).  Arguments as for :func:`chain_plan_steps`; returns the :class:`~.plan.Progress`."""
+def chain_plain_bcfw_steps(plan, sampling, lam, k0, t0, feats, w, marg, avg, gaps, blocks):
+    """Plain BCFW: the branch of :func:`chain_refined_plan_steps` for a plan without refinements, the same operations in
+    the same order (the same bits).  Arguments as for :func:`chain_refined_plan_steps`; returns the :class:`~.plan.Progress`."""
     offsets, y = feats.offsets, feats.y
     mu, T, block_ell = marg.mu, marg.T, marg.block_ell
     trans = w.trans

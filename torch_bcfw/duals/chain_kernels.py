@@ -489,10 +489,10 @@ def active_set_step(kind, i, s, L, j_s, j_a, h_i, h_s, ell_i, ell_s, clock, aver
     sa = ws.start[i] + j_a
     base = ws.lab_start[i] + j_a * L
     for t in range(L):
-        ya[t] = ws.lab[base + t]
-    alpha_a = ws.fl[sa, ALPHA]
-    ell_a = ws.fl[sa, LOSS]
-    h_a = ws.fl[sa, SCORE]
+        ya[t] = ws.plane_labels[base + t]
+    alpha_a = ws.plane_values[sa, ALPHA]
+    ell_a = ws.plane_values[sa, LOSS]
+    h_a = ws.plane_values[sa, SCORE]
     if kind == PAIRWISE_RULE:
         num = h_s - h_a
         sqT = _general_direction(s, L, 1.0, scr.ystar, -1.0, ya, 0.0, marg.mu, Ti, D, dT)

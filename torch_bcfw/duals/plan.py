@@ -20,7 +20,7 @@ from .sumtree import est_set, gap_draw, gap_draw_round
 from .working_set import block_labelings, ws_away_update, ws_corners, ws_fw_update, ws_pairwise_update
 
 __all__ = ["StepPlan", "GapDraws", "CacheTest", "MultiPlane", "WorkingSetUse", "Rounds", "PlanResult", "RoundStep",
-           "MP_EXACT", "MP_APPROX", "PlanFlags", "Sampling", "Running", "Progress", "DONE", "NEED_GAP_PASS",
+           "MP_EXACT", "MP_APPROX", "PlanFlags", "Sampling", "RunningAverage", "Progress", "DONE", "NEED_GAP_PASS",
            "compiled_plan", "generic_plan_steps", "run_rounds"]
 
 MP_EXACT = 1   #: multi-plane BCFW: exact steps, the oracle answers join the planes
@@ -242,11 +242,11 @@ class Sampling(NamedTuple):
     power: float
 
 
-#: MP-BCFW-avg's running average of ``l`` and its number of updates (one record, :attr:`Running.totals`)
+#: MP-BCFW-avg's running average of ``l`` and its number of updates (one record, :attr:`RunningAverage.totals`)
 RUNNING = np.dtype([("ell", np.float64), ("k", np.float64)])
 
 
-class Running(NamedTuple):
+class RunningAverage(NamedTuple):
     """MP-BCFW-avg's running average: ``avg_v`` of the weights ``v`` (the state's untruncated ``w``) and ``totals``
     (one :data:`RUNNING` record)."""
 
@@ -267,7 +267,7 @@ class Progress(NamedTuple):
     clock: int
 
 
-def compiled_plan(plan: StepPlan, v: np.ndarray) -> tuple[PlanFlags, Sampling, Running]:
+def compiled_plan(plan: StepPlan, v: np.ndarray) -> tuple[PlanFlags, Sampling, RunningAverage]:
     """The parts of the one-block ``plan`` as a compiled loop takes them (``v``: the state's untruncated weights,
     which MP-BCFW-avg's running average follows)."""
     wsu = plan.working_set if plan.working_set is not None else WorkingSetUse()
@@ -287,8 +287,8 @@ def compiled_plan(plan: StepPlan, v: np.ndarray) -> tuple[PlanFlags, Sampling, R
         np.zeros(0), np.zeros(2), 1, 1.0)
     sampling = Sampling(np.ascontiguousarray(order, dtype=np.int64), np.ascontiguousarray(uniforms, dtype=np.float64),
                         queue, qpos, e, tree, size, power)
-    running = (Running(v, run.v.numpy(), np.array([(run.ell, run.k)], dtype=RUNNING)) if run is not None
-               else Running(v, np.zeros(1), np.zeros(1, dtype=RUNNING)))
+    running = (RunningAverage(v, run.v.numpy(), np.array([(run.ell, run.k)], dtype=RUNNING)) if run is not None
+               else RunningAverage(v, np.zeros(1), np.zeros(1, dtype=RUNNING)))
     return flags, sampling, running
 
 

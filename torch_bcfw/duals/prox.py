@@ -34,7 +34,7 @@ class EntropicChainGeometry:
     Args:
         model: a :class:`~torch_bcfw.models.chain.Chain` (its expectation oracle: ``unary_scores``,
             ``loss_unaries``, ``features_from_marginals``, ``expected_loss``, ``unpack``).
-        data: its :class:`~torch_bcfw.data.SequenceData`.
+        data: its :class:`~torch_bcfw.data.sequences.SequenceData`.
         lam: the regularisation.
     """
 
@@ -99,7 +99,7 @@ class EuclideanMatchingGeometry:
 
     Args:
         model: a :class:`~torch_bcfw.models.matching.Matching` (``normalizers``, ``loss_link_costs``, ``miss_cost``).
-        data: its :class:`~torch_bcfw.models.matching.MatchingData`.
+        data: its :class:`~torch_bcfw.data.matching.MatchingData`.
         lam: the regularisation.
         tol, iters: certified distance to the exact projection and iteration cap of
             :func:`~torch_bcfw.inference.matching_projection.project_matching_polytope`.

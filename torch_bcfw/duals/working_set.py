@@ -27,7 +27,7 @@ from ..checks import saved_tensor
 
 __all__ = ["WorkingSet", "Pool", "block_labelings", "label_hash", "ALPHA", "LOSS", "SCORE", "LAST", "ACC"]
 
-#: columns of the float pool ``fl[P, NCOL]``
+#: columns of the float pool ``plane_values[P, NCOL]``
 ALPHA, LOSS, SCORE, LAST, ACC = 0, 1, 2, 3, 4
 NCOL = 5
 #: the pool's first free plane slot and first free label slot (one record, :attr:`Pool.free`)
@@ -41,9 +41,9 @@ class Pool(NamedTuple):
     """The arrays of a :class:`WorkingSet`, as the compiled helpers ``ws_*`` take them.
 
     Block ``i`` owns plane slots ``start[i] .. start[i] + cap[i]`` (``size[i]`` used) and label slots from
-    ``lab_start[i]`` (``lab_len[i]`` labels per plane); ``key[P]`` (uint64), ``fl[P, NCOL]`` (float64 columns
-    ``ALPHA, LOSS, SCORE, LAST, ACC``) and ``lab`` (int32) are the pool; ``incomplete[i]`` marks a block whose
-    listed planes no longer hold all of its mass.  A helper that reallocates the pool returns a new ``Pool``."""
+    ``lab_start[i]`` (``lab_len[i]`` labels per plane); ``key[P]`` (uint64), ``plane_values[P, NCOL]`` (float64
+    columns ``ALPHA, LOSS, SCORE, LAST, ACC``) and ``plane_labels`` (int32) are the pool; ``incomplete[i]`` marks a
+    block whose listed planes no longer hold all of its mass.  A helper that reallocates the pool returns a new ``Pool``."""
 
     start: np.ndarray
     cap: np.ndarray
@@ -52,8 +52,8 @@ class Pool(NamedTuple):
     lab_len: np.ndarray
     free: np.ndarray
     key: np.ndarray
-    fl: np.ndarray
-    lab: np.ndarray
+    plane_values: np.ndarray
+    plane_labels: np.ndarray
     incomplete: np.ndarray
 
 
@@ -80,7 +80,7 @@ def ws_find(ws, i, h, y) -> int:
             same = True
             base = l0 + j * L
             for t in range(L):
-                if ws.lab[base + t] != y[t]:
+                if ws.plane_labels[base + t] != y[t]:
                     same = False
                     break
             if same:
@@ -91,7 +91,7 @@ def ws_find(ws, i, h, y) -> int:
 @njit(cache=True)
 def ws_grow(ws, i):
     """Give block ``i`` a region of twice its capacity at the end of the pool; returns the (maybe new) :class:`Pool`."""
-    key, fl, lab = ws.key, ws.fl, ws.lab
+    key, fl, lab = ws.key, ws.plane_values, ws.plane_labels
     free = ws.free[0]
     L = ws.lab_len[i]
     newcap = 2 * ws.cap[i] if ws.cap[i] > 0 else 4
@@ -132,15 +132,15 @@ def ws_write(ws, i, j, h, y, loss, alpha):
     """Overwrite plane ``j`` of block ``i`` with labeling ``y``."""
     s = ws.start[i] + j
     ws.key[s] = h
-    ws.fl[s, ALPHA] = alpha
-    ws.fl[s, LOSS] = loss
-    ws.fl[s, SCORE] = 0.0
-    ws.fl[s, LAST] = 0.0
-    ws.fl[s, ACC] = 0.0
+    ws.plane_values[s, ALPHA] = alpha
+    ws.plane_values[s, LOSS] = loss
+    ws.plane_values[s, SCORE] = 0.0
+    ws.plane_values[s, LAST] = 0.0
+    ws.plane_values[s, ACC] = 0.0
     L = ws.lab_len[i]
     base = ws.lab_start[i] + j * L
     for t in range(L):
-        ws.lab[base + t] = y[t]
+        ws.plane_labels[base + t] = y[t]
 
 
 @njit(cache=True)
@@ -149,7 +149,7 @@ def ws_remove(ws, i, j) -> None:
     s0 = ws.start[i]
     L = ws.lab_len[i]
     l0 = ws.lab_start[i]
-    key, fl, lab = ws.key, ws.fl, ws.lab
+    key, fl, lab = ws.key, ws.plane_values, ws.plane_labels
     for q in range(j, ws.size[i] - 1):
         key[s0 + q] = key[s0 + q + 1]
         for c in range(fl.shape[1]):
@@ -164,7 +164,7 @@ def ws_drop_inactive(ws, i) -> None:
     """Remove every plane of block ``i`` with ``alpha == 0`` (keeping the order of the others)."""
     j = 0
     while j < ws.size[i]:
-        if ws.fl[ws.start[i] + j, ALPHA] == 0.0:
+        if ws.plane_values[ws.start[i] + j, ALPHA] == 0.0:
             ws_remove(ws, i, j)
         else:
             j += 1
@@ -180,9 +180,9 @@ def ws_evict_lru(ws, i) -> int:
     s0 = ws.start[i]
     best = 0
     for j in range(1, ws.size[i]):
-        if ws.fl[s0 + j, LAST] < ws.fl[s0 + best, LAST]:
+        if ws.plane_values[s0 + j, LAST] < ws.plane_values[s0 + best, LAST]:
             best = j
-    if ws.fl[s0 + best, ALPHA] > 0.0:
+    if ws.plane_values[s0 + best, ALPHA] > 0.0:
         ws.incomplete[i] = 1
     ws_remove(ws, i, best)
     return best
@@ -195,13 +195,13 @@ def ws_drop_stale(ws, i, cutoff) -> int:
     s0 = ws.start[i]
     keep = -1
     for j in range(ws.size[i]):
-        if keep < 0 or ws.fl[s0 + j, LAST] > ws.fl[s0 + keep, LAST]:
+        if keep < 0 or ws.plane_values[s0 + j, LAST] > ws.plane_values[s0 + keep, LAST]:
             keep = j
     removed = 0
     j = 0
     while j < ws.size[i]:
-        if j != keep and ws.fl[s0 + j, LAST] < cutoff:
-            if ws.fl[s0 + j, ALPHA] > 0.0:
+        if j != keep and ws.plane_values[s0 + j, LAST] < cutoff:
+            if ws.plane_values[s0 + j, ALPHA] > 0.0:
                 ws.incomplete[i] = 1
             ws_remove(ws, i, j)
             if keep > j:
@@ -220,7 +220,7 @@ def ws_insert(ws, i, h, y, loss, max_size, allow_grow_active):
     replaced and ``incomplete[i]`` set."""
     if max_size > 0 and ws.size[i] >= max_size:
         s0 = ws.start[i]
-        fl = ws.fl
+        fl = ws.plane_values
         best = -1
         for j in range(ws.size[i]):
             if fl[s0 + j, ALPHA] == 0.0 and (best < 0 or fl[s0 + j, SCORE] < fl[s0 + best, SCORE]):
@@ -252,7 +252,7 @@ def ws_store(ws, i, y, loss, score, max_size, evict, grow):
         while evict > 0 and ws.size[i] >= evict:
             ws_evict_lru(ws, i)
         j, ws = ws_insert(ws, i, h, y, loss, max_size, grow)
-        ws.fl[ws.start[i] + j, SCORE] = score
+        ws.plane_values[ws.start[i] + j, SCORE] = score
     return j, ws
 
 
@@ -260,7 +260,7 @@ def ws_store(ws, i, y, loss, score, max_size, evict, grow):
 def ws_fw_update(ws, i, j_s, gamma) -> None:
     """``alpha_i <- (1 - gamma) alpha_i + gamma e_s`` (a full step ``gamma = 1`` leaves exactly ``e_s``)."""
     s0 = ws.start[i]
-    fl = ws.fl
+    fl = ws.plane_values
     if gamma >= 1.0:
         for j in range(ws.size[i]):
             fl[s0 + j, ALPHA] = 0.0
@@ -277,17 +277,17 @@ def ws_pairwise_update(ws, i, j_s, j_a, gamma, drop) -> None:
     """``alpha_i <- alpha_i + gamma (e_s - e_a)``; a drop step sets ``alpha(a) = 0`` exactly."""
     s0 = ws.start[i]
     if drop:
-        ws.fl[s0 + j_a, ALPHA] = 0.0
+        ws.plane_values[s0 + j_a, ALPHA] = 0.0
     else:
-        ws.fl[s0 + j_a, ALPHA] -= gamma
-    ws.fl[s0 + j_s, ALPHA] += gamma
+        ws.plane_values[s0 + j_a, ALPHA] -= gamma
+    ws.plane_values[s0 + j_s, ALPHA] += gamma
 
 
 @njit(cache=True)
 def ws_away_update(ws, i, j_a, gamma, drop) -> None:
     """``alpha_i <- (1 + gamma) alpha_i - gamma e_a``; a drop step sets ``alpha(a) = 0`` exactly."""
     s0 = ws.start[i]
-    fl = ws.fl
+    fl = ws.plane_values
     grow = 1.0 + gamma
     for j in range(ws.size[i]):
         fl[s0 + j, ALPHA] *= grow
@@ -307,7 +307,7 @@ def ws_corners(ws, i):
     ``TIE_TOL * (1 + max |score|)`` of the extreme are tied (exact pairwise steps equalise scores), and the smallest
     key wins: the choice does not depend on the last bits or the storage order, so equivalent loops agree."""
     s0 = ws.start[i]
-    fl, key = ws.fl, ws.key
+    fl, key = ws.plane_values, ws.key
     hi = -np.inf
     lo = np.inf
     scale = 0.0
@@ -373,8 +373,8 @@ class WorkingSet:
         self.lab_start[1:] = np.cumsum((cap * lab_len)[:-1])
         P, Q = int(cap.sum()), int((cap * lab_len).sum())
         self.key = np.zeros(P, dtype=np.uint64)
-        self.fl = np.zeros((P, NCOL), dtype=np.float64)
-        self.lab = np.zeros(max(Q, 1), dtype=np.int32)
+        self.plane_values = np.zeros((P, NCOL), dtype=np.float64)
+        self.plane_labels = np.zeros(max(Q, 1), dtype=np.int32)
         self.free = np.array([(P, Q)], dtype=FREE)
 
     @classmethod
@@ -385,12 +385,12 @@ class WorkingSet:
     # ------------------------------------------------------------------ kernel arguments
     def arrays(self) -> Pool:
         """The :class:`Pool` of arrays the ``ws_*`` helpers take (views of this working set's)."""
-        return Pool(self.start, self.cap, self.size, self.lab_start, self.lab_len, self.free, self.key, self.fl,
-                    self.lab, self.incomplete)
+        return Pool(self.start, self.cap, self.size, self.lab_start, self.lab_len, self.free, self.key,
+                    self.plane_values, self.plane_labels, self.incomplete)
 
     def adopt(self, pool: Pool) -> None:
         """Adopt the pool a kernel returned (its arrays may have been reallocated)."""
-        self.key, self.fl, self.lab = pool.key, pool.fl, pool.lab
+        self.key, self.plane_values, self.plane_labels = pool.key, pool.plane_values, pool.plane_labels
 
     # ------------------------------------------------------------------ per-block views
     def slots(self, i: int) -> slice:
@@ -399,7 +399,7 @@ class WorkingSet:
     def labeling(self, i: int, j: int) -> np.ndarray:
         L = int(self.lab_len[i])
         b = int(self.lab_start[i]) + j * L
-        return self.lab[b:b + L]
+        return self.plane_labels[b:b + L]
 
     def labelings(self, i: int) -> list[np.ndarray]:
         return [self.labeling(i, j) for j in range(int(self.size[i]))]
@@ -431,7 +431,7 @@ class WorkingSet:
 
     def column(self, i: int, col: int) -> np.ndarray:
         """Column ``col`` (``ALPHA``, ``LOSS``, ``SCORE``, ``LAST``, ``ACC``) of the planes of block ``i`` (a view)."""
-        return self.fl[self.slots(i), col]
+        return self.plane_values[self.slots(i), col]
 
     #: ``alpha_i``, ``L_i(y) / n``, scores and MP-BCFW's ``last`` timestamps of the planes of block ``i`` (views)
     alphas = partialmethod(column, col=ALPHA)
@@ -442,7 +442,7 @@ class WorkingSet:
     # ------------------------------------------------------------------ MP-BCFW policy (Shah et al. 2015)
     def touch(self, i: int, j: int, stamp: float) -> None:
         """Mark plane ``j`` of block ``i`` active at time ``stamp``."""
-        self.fl[int(self.start[i]) + j, LAST] = stamp
+        self.plane_values[int(self.start[i]) + j, LAST] = stamp
 
     def add_plane(self, i: int, y, loss: float, stamp: float, max_planes: int) -> int:
         """MP-BCFW insertion of an exact oracle answer ``y``: a labeling already stored is only marked active
@@ -465,11 +465,11 @@ class WorkingSet:
     def state_dict(self) -> dict:
         """Compact copy: per block its planes in order (labels concatenated)."""
         idx = np.concatenate([np.arange(self.start[i], self.start[i] + self.size[i]) for i in range(self.n)])
-        labs = np.concatenate([self.lab[self.lab_start[i]:self.lab_start[i] + self.size[i] * self.lab_len[i]]
+        labs = np.concatenate([self.plane_labels[self.lab_start[i]:self.lab_start[i] + self.size[i] * self.lab_len[i]]
                                for i in range(self.n)])
         return {"size": torch.from_numpy(self.size.copy()), "lab_len": torch.from_numpy(self.lab_len.copy()),
                 "key": torch.from_numpy(self.key[idx].view(np.int64).copy()),
-                "fl": torch.from_numpy(self.fl[idx].copy()), "lab": torch.from_numpy(labs.astype(np.int32)),
+                "fl": torch.from_numpy(self.plane_values[idx].copy()), "lab": torch.from_numpy(labs.astype(np.int32)),
                 "incomplete": torch.from_numpy(self.incomplete.copy())}
 
     @classmethod
@@ -487,9 +487,7 @@ class WorkingSet:
         if not torch.equal(lab_len, want):
             raise ValueError("working_set lab_len differs from the lengths of the blocks' labelings")
         P, Q = int(size.sum()), int((size * lab_len).sum())
-        fl = saved_tensor(sd["fl"], "working_set fl", (P, None))
-        if not 2 <= fl.shape[1] <= NCOL:
-            raise ValueError(f"working_set fl must have 2 to {NCOL} columns, got {fl.shape[1]}")
+        fl = saved_tensor(sd["fl"], "working_set fl", (P, NCOL))
         lab = saved_tensor(sd["lab"], "working_set lab", (Q,), "int", lo=0, hi=np.iinfo(np.int32).max)
         incomplete = saved_tensor(sd["incomplete"], "working_set incomplete", (n,), "int", lo=0, hi=1)
         ws = cls.__new__(cls)
@@ -501,8 +499,8 @@ class WorkingSet:
         for i in range(n):
             m, L = int(ws.size[i]), int(ws.lab_len[i])
             s, ls = int(ws.start[i]), int(ws.lab_start[i])
-            ws.fl[s:s + m, :fl.shape[1]] = fl[p:p + m]  # states saved with fewer columns: 0 in the others
-            ws.lab[ls:ls + m * L] = lab[q:q + m * L]
+            ws.plane_values[s:s + m] = fl[p:p + m]
+            ws.plane_labels[ls:ls + m * L] = lab[q:q + m * L]
             p += m
             q += m * L
         _rehash(ws.arrays())
@@ -516,4 +514,4 @@ def _rehash(ws) -> None:
         L = ws.lab_len[i]
         for j in range(ws.size[i]):
             base = ws.lab_start[i] + j * L
-            ws.key[ws.start[i] + j] = label_hash(ws.lab[base:base + L])
+            ws.key[ws.start[i] + j] = label_hash(ws.plane_labels[base:base + L])

@@ -130,7 +130,7 @@ def energy_score(unary: Tensor, edges: Tensor, pairwise: Tensor, labels: Tensor)
     return float(unary_part - (pairwise.to(unary.device, torch.float64) * cut).sum())
 
 
-def _available_cpus() -> int:
+def available_cpus() -> int:
     """Number of CPUs this process may run on (affinity-aware where the OS supports it)."""
     if hasattr(os, "sched_getaffinity"):
         return len(os.sched_getaffinity(0))

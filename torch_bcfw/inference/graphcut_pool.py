@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 from numba import njit
 
-from .graphcut import _available_cpus, build_graph, cut_graph
+from .graphcut import available_cpus, build_graph, cut_graph
 
 __all__ = ["ResidentGraphCutPool", "GraphRecord", "solve_records"]
 
@@ -192,7 +192,7 @@ class ResidentGraphCutPool:
 
     def __init__(self, processes: int | None = None, start_method: str = "forkserver",
                  max_resident: int = 100_000):
-        self.processes = _available_cpus() if processes is None else int(processes)
+        self.processes = available_cpus() if processes is None else int(processes)
         if self.processes < 1:
             raise ValueError(f"processes must be >= 1, got {processes}")
         self.start_method = start_method

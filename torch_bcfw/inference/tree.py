@@ -75,7 +75,7 @@ def deformation_features(child_pos: Tensor, parent_pos: Tensor, mu: Tensor | Seq
     return torch.stack((dx, dx * dx, dy, dy * dy), dim=-1)
 
 
-def _tree_order(edges: Edges, num_nodes: int) -> tuple[int, list[int]]:
+def tree_order(edges: Edges, num_nodes: int) -> tuple[int, list[int]]:
     """Validate that ``edges`` (parent, child) form a tree over ``num_nodes`` nodes; return the root and the
     indices of ``edges`` in top-down order (every edge after the edge that reaches its parent)."""
     if len(edges) != num_nodes - 1:
@@ -119,12 +119,12 @@ def _edge_parameters(w: Tensor, mu: Tensor, batch: int, num_edges: int) -> tuple
     return w.expand(batch, num_edges, 4), mu.expand(batch, num_edges, 2)
 
 
-def _check_unary(unary: Tensor) -> None:
+def check_pose_unary(unary: Tensor) -> None:
     if unary.dim() != 4 or not unary.is_floating_point():
         raise ValueError(f"unary must be a float tensor [B, J, G_y, G_x], got {unary.dtype} {tuple(unary.shape)}")
 
 
-def _check_convex(w: Tensor) -> None:
+def check_convex_deformation(w: Tensor) -> None:
     """Raise ``ValueError`` if a quadratic weight ``w[..., e, 1]`` or ``w[..., e, 3]`` is negative."""
     bad = (w[..., [1, 3]] < 0).any(dim=-1).reshape(-1, w.shape[-2]).any(dim=0)
     if bad.any():
@@ -132,7 +132,7 @@ def _check_convex(w: Tensor) -> None:
                          f"transform; negative on edges {bad.nonzero().flatten().tolist()}")
 
 
-def _message_coefficients(w: Tensor, mu: Tensor) -> Tensor:
+def message_coefficients(w: Tensor, mu: Tensor) -> Tensor:
     """Packed distance-transform coefficients [E, B, 6] of the child-to-parent messages: the transform penalises
     ``d = q - p - mu'`` (``q`` parent, ``p`` child), the features use ``-d`` with ``mu' = -mu``, so ``(a, b, mu') =
     (w1, -w0, -mu_x)`` and ``(w3, -w2, -mu_y)`` (column order ``PACKED_2D``)."""
@@ -157,12 +157,12 @@ def tree_max_sum(unary: Tensor, w: Tensor, mu: Tensor, edges: Edges = LSP_TREE_E
 
     Raises ``ValueError`` on bad shapes, an invalid tree or a negative quadratic weight.
     """
-    _check_unary(unary)
+    check_pose_unary(unary)
     batch, num_nodes, _, gx = unary.shape
-    root, order = _tree_order(edges, num_nodes)
+    root, order = tree_order(edges, num_nodes)
     w, mu = _edge_parameters(w, mu, batch, len(edges))
-    _check_convex(w)
-    coeffs = _message_coefficients(w, mu)
+    check_convex_deformation(w)
+    coeffs = message_coefficients(w, mu)
     belief = list(unary.unbind(dim=1))
     argmax: dict[int, Tensor] = {}  # edge -> flat child position [B, P] for every flat parent position
     for e in reversed(order):  # leaves first: a child's belief is complete before it is sent
@@ -184,7 +184,7 @@ def tree_score(unary: Tensor, positions: Tensor, w: Tensor, mu: Tensor, edges: E
     """Score ``[B]`` of configurations ``positions`` (long [B, J, 2], (y, x); any edge list, tree or not):
     ``sum_j unary[j, l_j] - sum_e <w_e, deformation_features(l_child, l_parent, mu_e)>``, other arguments as in
     :func:`tree_max_sum`."""
-    _check_unary(unary)
+    check_pose_unary(unary)
     batch, num_nodes, _, gx = unary.shape
     if positions.shape != (batch, num_nodes, 2):
         raise ValueError(f"positions must have shape [{batch}, {num_nodes}, 2], got {tuple(positions.shape)}")
@@ -200,7 +200,7 @@ def brute_force_max_sum(unary: Tensor, w: Tensor, mu: Tensor, edges: Edges,
                         max_configurations: int = 2_000_000) -> TreeMaxSum:
     """Reference MAP by enumerating all ``P**J`` configurations (any edge list, no convexity requirement); arguments
     and result as :func:`tree_max_sum`; ``ValueError`` if ``P**J`` exceeds ``max_configurations``."""
-    _check_unary(unary)
+    check_pose_unary(unary)
     batch, num_nodes, gy, gx = unary.shape
     count = (gy * gx) ** num_nodes
     if count > max_configurations:

@@ -23,7 +23,7 @@ import torch
 from torch import Tensor
 
 from .distance_transform import Method, distance_transform_2d_packed
-from .tree import (LSP_TREE_EDGES, Edges, _check_convex, _check_unary, _message_coefficients, _tree_order,
+from .tree import (LSP_TREE_EDGES, Edges, check_convex_deformation, check_pose_unary, message_coefficients, tree_order,
                    deformation_features, edge_ends)
 
 __all__ = ["MixtureTreeMaxSum", "mixture_tree_max_sum", "mixture_tree_score", "select_types", "type_end_scores"]
@@ -100,14 +100,14 @@ def mixture_tree_max_sum(unary: Tensor, w: Tensor, b: Tensor, mu: Tensor, edges:
 
     Raises ``ValueError`` on bad shapes, non-finite parameters, an invalid tree or a negative quadratic weight.
     """
-    _check_unary(unary)
+    check_pose_unary(unary)
     batch, num_nodes, _, gx = unary.shape
-    root, order = _tree_order(edges, num_nodes)
+    root, order = tree_order(edges, num_nodes)
     E = len(edges)
     w, b, mu, K = _mixture_parameters(w, b, mu, batch, E)
-    _check_convex(w.reshape(batch, E * K, 4))
+    check_convex_deformation(w.reshape(batch, E * K, 4))
     tu = _check_type_unary(type_unary, unary, E, K)
-    coeffs = _message_coefficients(w.reshape(batch, E * K, 4), mu.reshape(batch, E * K, 2))  # [E*K, B, 6]
+    coeffs = message_coefficients(w.reshape(batch, E * K, 4), mu.reshape(batch, E * K, 2))  # [E*K, B, 6]
     bias = b.to(unary.device, unary.dtype)
     belief = list(unary.unbind(dim=1))
     best_child: dict[int, Tensor] = {}  # edge -> flat child position [B, P] per flat parent position
@@ -148,7 +148,7 @@ def mixture_tree_score(unary: Tensor, positions: Tensor, types: Tensor, w: Tenso
                        edges: Edges = LSP_TREE_EDGES, type_unary: Tensor | None = None) -> Tensor:
     """Score [B] of given positions (long [B, J, 2], (y, x)) and edge types (long [B, E]); arguments as
     :func:`mixture_tree_max_sum` (any edge list)."""
-    _check_unary(unary)
+    check_pose_unary(unary)
     batch, num_nodes, _, gx = unary.shape
     E = len(edges)
     if positions.shape != (batch, num_nodes, 2):

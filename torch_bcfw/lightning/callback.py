@@ -13,10 +13,11 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info
 
 from ..checks import check_bool, check_index_tensor, check_lam
-from ..data import MulticlassData, SequenceData, StructuredData
+from ..data.base import StructuredData
+from ..data.sequences import MulticlassData, SequenceData
 from ..duals.active_set import ActiveSetDualState
 from ..nn import StructuredHead
-from ..signals import deferred_signals
+from ..runtime.signals import deferred_signals
 from ..solvers.options import SolverOptions
 from ..solvers.record import CheckRecord, as_records, plain_history
 from ..solvers.run import DUAL_STATE_SOLVERS, SolverRun
@@ -68,9 +69,9 @@ def _find(trainer, pl_module, name: str):
 
 
 def as_structured_data(out) -> StructuredData:
-    """The output of ``bcfw_features(batch)`` as a data container: a :class:`~torch_bcfw.data.StructuredData`
-    container as it is, ``(x, y)`` (one row per example) as a :class:`~torch_bcfw.data.MulticlassData`,
-    ``(x, y, offsets)`` (packed sequences) as a :class:`~torch_bcfw.data.SequenceData`.  Raises ``TypeError``
+    """The output of ``bcfw_features(batch)`` as a data container: a :class:`~torch_bcfw.data.base.StructuredData`
+    container as it is, ``(x, y)`` (one row per example) as a :class:`~torch_bcfw.data.sequences.MulticlassData`,
+    ``(x, y, offsets)`` (packed sequences) as a :class:`~torch_bcfw.data.sequences.SequenceData`.  Raises ``TypeError``
     for anything else and ``ValueError`` for a container without labels."""
     if isinstance(out, (tuple, list)) and len(out) in (2, 3):
         if out[1] is None:
@@ -158,7 +159,7 @@ class BCFWCallback(Callback):
     * ``bcfw_dataloader()`` -- an iterable over *all* training examples in a fixed order (no shuffling,
       no dropped batches), the same examples on every call;
     * ``bcfw_features(batch)`` (on the LightningModule) -- the head's input for one batch, with labels: any
-      data container of the head's model (:class:`~torch_bcfw.data.StructuredData`), or ``(x, y)`` /
+      data container of the head's model (:class:`~torch_bcfw.data.base.StructuredData`), or ``(x, y)`` /
       ``(x, y, offsets)`` (one row per example / packed tokens).  Batches are moved to the module's device first;
       the callback joins them with the container's ``cat`` and solves on float64 features.
 

@@ -67,7 +67,7 @@ def alignment_scores(predicted: Sequence[Iterable], sure: Sequence[Iterable],
 
 
 def alignment_scores_from_labelings(data, y: Tensor) -> AlignmentScores:
-    """Corpus scores of a 0/1 labeling ``y [N_links]`` of a :class:`~torch_bcfw.models.matching.MatchingData`
+    """Corpus scores of a 0/1 labeling ``y [N_links]`` of a :class:`~torch_bcfw.data.matching.MatchingData`
     against its ``sure`` and ``possible`` links (``ValueError`` when the data has none)."""
     if data.sure is None or data.possible is None:
         raise ValueError("the data holds no gold sure / possible links (MatchingData.sure / .possible are None)")

@@ -2,9 +2,9 @@
 from .base import StructuredModel
 from .chain import Chain
 from .graphcut import GraphCut
-from .matching import Matching, MatchingData
+from .matching import Matching
 from .multiclass import Multiclass
-from .pose import PoseData, PoseTree
+from .pose import PoseTree
 from .registry import model_from_config, model_name, register_model, registered_models
 from .table import TableModel, app_c_toy
 
@@ -12,5 +12,5 @@ for _cls in (Chain, Multiclass, GraphCut, PoseTree, TableModel, Matching):
     register_model(_cls)
 del _cls
 
-__all__ = ["StructuredModel", "Chain", "Multiclass", "TableModel", "app_c_toy", "Matching", "MatchingData", "GraphCut",
-           "PoseData", "PoseTree", "register_model", "registered_models", "model_name", "model_from_config"]
+__all__ = ["StructuredModel", "Chain", "Multiclass", "TableModel", "app_c_toy", "Matching", "GraphCut",
+           "PoseTree", "register_model", "registered_models", "model_name", "model_from_config"]

@@ -6,8 +6,8 @@ Joint features of a sequence ``x_1..x_L`` (``x_t in R^F``) with labels ``y_1..y_
 ``trans[a, b]`` for ``a`` followed by ``b``); ``d = F K + 3 K + K^2``.  Loss: Hamming distance normalised by the
 sequence length (``L_i in [0, 1]``); loss-augmented decoding adds ``1/L`` to every wrong label's unary score.
 
-Token features may be dense or sparse (:class:`~torch_bcfw.data.SparseFeatures`); the model never branches on the
-layout (:meth:`SequenceData.x_matmul`, :meth:`SequenceData.xt_matmul`, :meth:`SequenceData.x_csr`).  The dual state
+Token features may be dense or sparse (:class:`~torch_bcfw.data.sequences.SparseFeatures`); the model never branches on
+the layout (:meth:`SequenceData.x_matmul`, :meth:`SequenceData.xt_matmul`, :meth:`SequenceData.x_csr`).  The dual state
 (:class:`~torch_bcfw.duals.chain.ChainDualState`) stores token and transition marginals instead of a dense ``w_i``.
 """
 from __future__ import annotations
@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from ..checks import check_int
-from ..data import SequenceData
+from ..data.sequences import SequenceData
 from ..head_ops import ChainHeadOps
 from ..duals.chain import ChainDualState
 from ..inference.forward_backward import chain_marginals

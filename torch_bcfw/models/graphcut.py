@@ -1,6 +1,6 @@
 """Binary segmentation of graphs with an attractive (contrast-sensitive) Potts term, decoded by min-cut.
 
-Data: a :class:`~torch_bcfw.graph_data.GraphData` (per graph: node features ``x_p``, edges with non-negative
+Data: a :class:`~torch_bcfw.data.graphs.GraphData` (per graph: node features ``x_p``, edges with non-negative
 features ``f_pq``, labels ``y_p in {0, 1}``, optional node masses ``a_p``).  The joint feature map (``d = F + E``;
 ``d = F`` with ``pairwise=False``) is normalised by the node mass ``Z_i = sum_p a_p``::
 
@@ -22,8 +22,8 @@ from torch import Tensor
 
 from ..checks import check_bool, check_int
 from ..duals.graphcut import GraphCutDualState
-from ..graph_data import GraphData
-from ..inference.graphcut import NEGATIVE_TOLERANCE, _available_cpus
+from ..data.graphs import GraphData
+from ..inference.graphcut import NEGATIVE_TOLERANCE, available_cpus
 from ..inference.graphcut_pool import GraphRecord, ResidentGraphCutPool, decode_record, solve_records
 from .base import StructuredModel
 
@@ -259,7 +259,7 @@ class GraphCut(StructuredModel):
 
     def _processes(self) -> int:
         """The pool's processes: ``processes``, never more than the CPUs this process may run on."""
-        cpus = _available_cpus()
+        cpus = available_cpus()
         return cpus if self.processes is None else min(self.processes, cpus)
 
     def _use_pool(self, data: GraphData) -> bool:

@@ -10,7 +10,7 @@ import torch
 from torch import Tensor
 
 from ..checks import check_bool, check_int
-from ..data import MulticlassData
+from ..data.sequences import MulticlassData
 from ..head_ops import MulticlassHeadOps
 from .base import StructuredModel
 

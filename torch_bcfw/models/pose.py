@@ -29,10 +29,10 @@ from torch import Tensor
 
 from ..checks import check_bool, check_int
 from ..inference.distance_transform import Method
-from ..inference.tree import (LSP_TREE_EDGES, Edges, _tree_order, deformation_features, edge_ends, pose_loss,
+from ..inference.tree import (LSP_TREE_EDGES, Edges, tree_order, deformation_features, edge_ends, pose_loss,
                               pose_loss_unaries, tree_max_sum)
 from ..inference.tree_mixture import mixture_tree_max_sum, type_end_scores
-from ..pose_data import PoseData, flat_to_positions
+from ..data.poses import PoseData, flat_to_positions
 from .base import StructuredModel
 
 __all__ = ["PoseTree", "impute_positions", "mean_offsets", "nearest_types", "offset_scales", "offset_types"]
@@ -145,7 +145,7 @@ def impute_positions(positions: Tensor, visible: Tensor, grid_size: int, mu: Ten
     in ``[0, G)``.
     """
     n, J, _ = positions.shape
-    root, _ = _tree_order(edges, J)
+    root, _ = tree_order(edges, J)
     mu = torch.as_tensor(mu, dtype=torch.float64).cpu()
     G = int(grid_size)
     pos = torch.as_tensor(positions, dtype=torch.float64).cpu().clone()
@@ -208,7 +208,7 @@ class PoseTree(StructuredModel):
         self.edges = tuple((check_int(p, "edges (a parent joint)"), check_int(c, "edges (a child joint)"))
                            for p, c in edges)
         self.n_joints, self.grid_size, self.n_unary = n_joints, grid_size, n_unary
-        _tree_order(self.edges, self.n_joints)  # raises on a bad tree
+        tree_order(self.edges, self.n_joints)  # raises on a bad tree
         E = len(self.edges)
         mu = torch.zeros(E, 2, dtype=torch.float64) if mu is None else torch.as_tensor(mu, dtype=torch.float64)
         if mu.dim() not in (2, 3) or mu.shape[0] != E or mu.shape[-1] != 2 or (mu.dim() == 3 and mu.shape[1] < 1) \

@@ -1,6 +1,6 @@
 """A structured model given by explicit tables (tiny enumerable problems) and the toy problem of Osokin et al.
-2016, App. C (:func:`app_c_toy`).  Data is a :class:`~torch_bcfw.data.MulticlassData` whose ``x[:, 0]`` holds the
-example's row in the tables and whose ``y`` holds the ground truth (:meth:`TableModel.data`).
+2016, App. C (:func:`app_c_toy`).  Data is a :class:`~torch_bcfw.data.sequences.MulticlassData` whose ``x[:, 0]`` holds
+the example's row in the tables and whose ``y`` holds the ground truth (:meth:`TableModel.data`).
 """
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import math
 import torch
 from torch import Tensor
 
-from ..data import MulticlassData
+from ..data.sequences import MulticlassData
 from .base import StructuredModel
 
 __all__ = ["TableModel", "app_c_toy"]

@@ -1,1 +1,3 @@
-"""Solvers of the SSVM dual: the BCFW family, batch Frank-Wolfe and stochastic subgradient."""
+"""The solvers of the SSVM: the BCFW family (BCFW, MP-BCFW), batch Frank-Wolfe, stochastic subgradient, the 1-slack
+cutting plane, online exponentiated gradient and dual extragradient (one table:
+:data:`~torch_bcfw.solvers.run.ALGORITHMS`)."""

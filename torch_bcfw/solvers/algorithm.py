@@ -1,4 +1,4 @@
-"""The interface between the solver loop and one algorithm (BCFW, FW, SSG)."""
+"""The interface between the solver loop and one algorithm (each solver of :data:`~torch_bcfw.solvers.run.ALGORITHMS`)."""
 from __future__ import annotations
 
 import torch
@@ -8,7 +8,7 @@ from ..checks import saved_int
 from ..duals.plan import generic_plan_steps
 from ..duals.stepsize import FIXED, LINE_SEARCH
 from .certificate import Certificate
-from .comm import LOCAL
+from .local_comm import LOCAL
 
 __all__ = ["Algorithm", "DualAlgorithm", "normalise_bounds"]
 

@@ -17,7 +17,7 @@ from ..duals.plan import CacheTest, StepPlan, WorkingSetUse
 from ..duals.stepsize import FW_RULE, STEP_RULES
 from .algorithm import DualAlgorithm
 from .certificate import Certificate, squared_norm, with_dual
-from .comm import pass_rounds
+from .local_comm import pass_rounds
 from .options import SolverOptions, parse_preset
 from .sampling import GapEstimates, GapSampler, make_sampler
 
@@ -204,8 +204,8 @@ class BCFW(DualAlgorithm):
 
     def _advance_rounds(self, m: int) -> None:
         """At least ``m`` block iterations (all processes) in whole rounds of about ``batch_size`` distinct blocks, one
-        joint step each.  A pass is always cut into the same rounds (:func:`~torch_bcfw.solvers.comm.pass_rounds`),
-        so a run split at a pass boundary continues exactly."""
+        joint step each.  A pass is always cut into the same rounds
+        (:func:`~torch_bcfw.solvers.local_comm.pass_rounds`), so a run split at a pass boundary continues exactly."""
         local, total = pass_rounds(self.n, self.batch_size, self.comm)
         ends = np.cumsum(total)
         pos = self.steps % self.n
@@ -240,8 +240,8 @@ class BCFW(DualAlgorithm):
 
     def _advance_split_oracle(self, m: int) -> None:
         """At least ``m`` block iterations in whole rounds of ``batch_size`` blocks (cut at its multiples).  Each round
-        is decoded at the current ``w`` (:meth:`~torch_bcfw.solvers.comm.LocalComm.start_corners`) before the previous
-        round takes its one-block FW steps in order (:meth:`~torch_bcfw.duals.base.DualState.corner_steps`): an
+        is decoded at the current ``w`` (:meth:`~torch_bcfw.solvers.local_comm.LocalComm.start_corners`) before the
+        previous round takes its one-block FW steps in order (:meth:`~torch_bcfw.duals.base.DualState.corner_steps`): an
         older corner is still a corner, so every step keeps the dual feasible and never decreases it."""
         done, pending = 0, None
         while done < m:

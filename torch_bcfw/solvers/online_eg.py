@@ -17,7 +17,7 @@ import torch
 
 from ..checks import saved_int, saved_tensor
 from ..inference.forward_backward import chain_marginals_one
-from ..threads import single_thread
+from ..runtime.threads import single_thread
 from .algorithm import Algorithm
 from .sampling import make_sampler
 

@@ -22,9 +22,6 @@ PRESETS = tuple(
 #: values of ``SolverOptions.mp_clock``
 MP_CLOCKS = ("auto", "work", "wall")
 
-#: options of older saved files that no longer exist: read and dropped (``preset="auto"`` decided by a timing)
-RETIRED_OPTIONS = ("auto_oracle_threshold",)
-
 #: the combinations ``preset="auto"`` chooses among (:func:`torch_bcfw.solvers.bcfw.resolve_auto_preset`)
 AUTO_CHOICES = ("gap-pairwise-cache", "gap-pairwise", "gap-fw", "uniform-fw")
 

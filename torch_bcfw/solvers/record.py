@@ -69,12 +69,8 @@ class CheckRecord:
 
     @classmethod
     def from_dict(cls, d: Mapping) -> "CheckRecord":
-        """The record of a saved dict (``to_dict``'s output, or a dict of an older version with fewer columns, or
-        of the version whose ``gap`` was the last iterate's and ``gap_best`` the certified one)."""
-        if "gap_last" not in d and ("gap" in d or "gap_best" in d):  # the older names
-            d = {k: v for k, v in d.items() if k not in ("gap", "gap_best")} | (
-                {"gap_last": d["gap"]} if "gap" in d else {}) | (
-                {"gap": d["gap_best"]} if "gap_best" in d else {})
+        """The record of a plain dict (``to_dict``'s output; the columns it lacks stay absent, the names it adds are
+        ``extra`` columns)."""
         known = {k: d[k] for k in RECORD_FIELDS if k in d}
         extra = {k: v for k, v in d.items() if k not in RECORD_FIELDS}
         return cls(**known, extra=extra, absent=frozenset(k for k in RECORD_FIELDS if k not in d))

@@ -4,8 +4,8 @@
 
 Stopping rules of :func:`run_solver`: ``max_passes``, a certified gap ``<= gap_tol`` (or ``gap / primal <=
 rel_gap_tol``), ``time_budget`` (wall-clock seconds), Ctrl-C or SIGTERM (taking effect between chunks of steps,
-:mod:`torch_bcfw.signals`), or ``converged`` (every exact block gap is zero).  The loop always ends with an exact
-certificate of the model it returns.  The check runs every ``gap_check`` passes and when the algorithm asks for it.
+:mod:`torch_bcfw.runtime.signals`), or ``converged`` (every exact block gap is zero).  The loop always ends with an
+exact certificate of the model it returns.  The check runs every ``gap_check`` passes and when the algorithm asks for it.
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import math
 import time
 from dataclasses import dataclass, field
 
-from ..signals import deferred_signals
+from ..runtime.signals import deferred_signals
 from .algorithm import Algorithm, DualAlgorithm
 from .bcfw import BCFW
 from .callbacks import ProgressBar

@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 from ..checks import saved_int, saved_tensor
-from ..threads import single_thread
+from ..runtime.threads import single_thread
 from .algorithm import Algorithm
 from .sampling import make_sampler
 

@@ -21,8 +21,8 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from ..data import counts_to_offsets
-from ..datasets.conll import CHUNK_TAGS, Sentence, _load_splits
+from ..data.base import counts_to_offsets
+from ..datasets.conll import CHUNK_TAGS, Sentence, load_conll2000_splits
 from ..datasets.conll_chain import chunk_f1_from_ids, tags_to_ids
 from ..models import Chain
 from ..nn import StructuredHead, StructuredHingeLoss
@@ -177,7 +177,7 @@ class ConllChunkingDataModule(PackedLoaders, pl.LightningDataModule):
     def setup(self, stage: str | None = None) -> None:
         if self.train is not None:
             return
-        train_s, test_s = _load_splits(self.path, self.limit, self.test_limit)
+        train_s, test_s = load_conll2000_splits(self.path, self.limit, self.test_limit)
         val_s = []
         if self.holdout:
             if self.holdout >= len(train_s):

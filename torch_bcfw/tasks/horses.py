@@ -14,7 +14,7 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from ..datasets.horses import load_weizmann_horses
-from ..graph_data import GraphData, grid_graph_data
+from ..data.graphs import GraphData, grid_graph_data
 from ..metrics.segmentation import segmentation_counts, segmentation_summary
 from ..models.graphcut import GraphCut
 from ..nn import StructuredHead
@@ -107,7 +107,7 @@ class GraphCutHead(StructuredHead):
     """:class:`~torch_bcfw.nn.StructuredHead` on a :class:`~torch_bcfw.models.GraphCut` model.
 
     ``w`` is a float64 buffer written by BCFW (:class:`~torch_bcfw.lightning.BCFWCallback`); ``forward(data)`` decodes a
-    :class:`~torch_bcfw.graph_data.GraphData` by min-cut and returns the packed labels ``LongTensor[N_tot]``.
+    :class:`~torch_bcfw.data.graphs.GraphData` by min-cut and returns the packed labels ``LongTensor[N_tot]``.
     """
 
     def __init__(self, model: GraphCut, dtype: torch.dtype = torch.float64):

@@ -23,7 +23,7 @@ import torch
 from ..datasets.lsp import joints_to_grid, load_lsp_extended, reference_torso, torso_size, torso_with_fallback
 from ..inference.tree import LSP_TREE_EDGES
 from ..models.pose import impute_positions, mean_offsets, nearest_types, offset_scales, offset_types
-from ..serialization import atomic_save, load_checked
+from ..io.serialization import atomic_save, load_checked
 
 __all__ = ["FLIP_PERMUTATION", "LSPPoseDataModule", "PoseTensors", "augment_batch"]
 

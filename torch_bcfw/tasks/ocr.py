@@ -12,7 +12,7 @@ import lightning.pytorch as pl
 import torch
 from torch import nn
 
-from ..data import counts_to_offsets
+from ..data.base import counts_to_offsets
 from ..datasets.ocr import N_LETTERS, load_ocr_split
 from ..models import Chain
 from ..nn import StructuredHead, StructuredHingeLoss
@@ -22,7 +22,7 @@ __all__ = ["LetterCNN", "OCRChainCNN", "OCRWordsDataModule", "pack_words"]
 
 
 def _words(data) -> list:
-    """``[(x [L, 128] float32, y [L])]`` per word of a :class:`~torch_bcfw.data.SequenceData`."""
+    """``[(x [L, 128] float32, y [L])]`` per word of a :class:`~torch_bcfw.data.sequences.SequenceData`."""
     lengths = data.lengths.tolist()
     return list(zip(torch.split(data.x.to(torch.float32), lengths), torch.split(data.y, lengths)))
 

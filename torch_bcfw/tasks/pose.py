@@ -21,7 +21,7 @@ from ..inference.tree_mixture import select_types
 from ..metrics.pck import compare_pck
 from ..models.pose import PoseTree
 from ..nn import StructuredHead
-from ..pose_data import PoseData, flat_to_positions
+from ..data.poses import PoseData, flat_to_positions
 from .eval_hooks import cosine_schedule
 from .lsp_data import augment_batch
 

@@ -20,8 +20,7 @@ import torch
 
 from .serialization import atomic_write_text, check_writable_file
 
-__all__ = ["Checkpoint", "parse_interval", "shard_path", "manifest_path", "save_sharded", "remove_sharded",
-           "newest_sharded"]
+__all__ = ["Checkpoint", "parse_interval", "shard_path", "manifest_path", "save_sharded", "newest_sharded"]
 
 _UNITS = {"s": 1.0, "sec": 1.0, "seconds": 1.0, "m": 60.0, "min": 60.0, "minutes": 60.0, "h": 3600.0,
           "hours": 3600.0}
@@ -117,7 +116,7 @@ def save_sharded(result, path, ctx) -> None:
     """Save this rank's ``result`` as its member of the set at ``result.counters["work"]``, commit the set once every
     member is written (rank 0 writes the manifest), then remove this rank's older members.  Every rank of ``ctx``
     calls it at the same point."""
-    from .distributed import DistributedError, all_gather_int64
+    from ..distributed import DistributedError, all_gather_int64
 
     work = int(result.counters.get("work", 0))
     mine = shard_path(path, ctx.rank, ctx.world_size, work)
@@ -133,15 +132,8 @@ def save_sharded(result, path, ctx) -> None:
     _remove_members(path, ctx.rank, ctx.world_size, keep=mine)
 
 
-def remove_sharded(path, ctx) -> None:
-    """Remove the set saved at ``path`` (each rank its members, rank 0 the manifest first), e.g. once a newer set at
-    another path is committed."""
-    if ctx.is_main:
-        manifest_path(path).unlink(missing_ok=True)
-    _remove_members(path, ctx.rank, ctx.world_size, keep=None)
-
-
-def _remove_members(path, rank: int, world_size: int, keep: Path | None) -> None:
+def _remove_members(path, rank: int, world_size: int, keep: Path) -> None:
+    """Remove this rank's older members of the set at ``path``, all but ``keep``."""
     p = Path(path)
     for old in p.parent.glob(f"{p.stem}.rank{rank}-of-{world_size}.w*{p.suffix}"):
         if old != keep:
@@ -172,7 +164,7 @@ def _read_manifest(path, world_size: int) -> int | None:
 def newest_sharded(paths, ctx) -> Path | None:
     """This rank's member of the newest complete set among the sharded saves at ``paths`` (``None``: none committed);
     rank 0 reads the manifests, and a member missing on any rank raises ``FileNotFoundError`` on every rank."""
-    from .distributed import all_gather_int64, broadcast_from_rank0
+    from ..distributed import all_gather_int64, broadcast_from_rank0
 
     choice = [-1, -1]
     error = ""

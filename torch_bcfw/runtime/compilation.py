@@ -99,7 +99,7 @@ def precompile(model, data, lam: float, solver: str = "bcfw", *, test_data=None,
     called with :data:`NOTICE` when the first compilation starts.  Best effort: an error in the warm-up is
     ignored (the real fit reports it); Ctrl-C raises ``KeyboardInterrupt``.
     """
-    from .fit import fit
+    from ..fit import fit
 
     timer = CompileTimer(announce=announce)
     opts = dict(options)

@@ -12,8 +12,8 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from .checks import check_finite, check_input_tensor, check_not_meta
-from .data import _as_index, _cat_field, check_cat_parts
+from ..checks import check_finite, check_input_tensor, check_not_meta
+from .base import as_index, cat_field, check_cat_parts
 
 __all__ = ["PoseData", "flat_to_positions"]
 
@@ -134,7 +134,7 @@ class PoseData:
 
     def __getitem__(self, idx) -> "PoseData":
         """The examples ``idx`` (int, slice, list or ``LongTensor``; repeats allowed), in that order."""
-        i = _as_index(idx, len(self)).to(self.device)
+        i = as_index(idx, len(self)).to(self.device)
         pick = lambda t: None if t is None else t[i]  # noqa: E731
         y = None if self.y is None else self.y.view(len(self), -1)[i].reshape(-1)
         return PoseData._of(self.unary[i], self.visible[i], self.torso[i], pick(self.types), pick(self.type_unary), y)
@@ -149,7 +149,7 @@ class PoseData:
         if len({None if p.type_unary is None else tuple(p.type_unary.shape[1:]) for p in parts}) != 1:
             raise ValueError("PoseData.cat: the parts do not all have type features of the same shape (or none)")
         fields = ("unary", "visible", "torso", "types", "type_unary", "y")
-        return cls._of(*(_cat_field(parts, name) for name in fields))
+        return cls._of(*(cat_field(parts, name) for name in fields))
 
     def to(self, *args, **kwargs) -> "PoseData":
         """Move to a device and / or cast the unary (and type) features (``to(device)``, ``to(dtype)``,

@@ -1,7 +1,7 @@
 """``export_head``: a trained head as plain torch modules that load without torch_bcfw.
 
 Writes ``head.pt`` (named tensors; loads with ``weights_only=True``) and ``head.py`` (a copy of
-:mod:`torch_bcfw.standalone_head`, which needs only ``torch``)::
+:mod:`torch_bcfw.io.standalone_head`, which needs only ``torch``)::
 
     result = torch_bcfw.fit(Chain(128, 26), train, lam=0.01)
     export_head(result, "deploy/")
@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from . import standalone_head
-from .models import Chain, Multiclass
+from ..models import Chain, Multiclass
 from .serialization import atomic_save
 
 __all__ = ["export_head", "head_tensors"]

@@ -1,5 +1,5 @@
-""":class:`ShardComm`: the communicator (:class:`torch_bcfw.solvers.comm.LocalComm`'s interface) of a BCFW run whose
-blocks are sharded over the ranks, ``w`` replicated.  A mini-batch round costs ONE all-reduce
+""":class:`ShardComm`: the communicator (:class:`torch_bcfw.solvers.local_comm.LocalComm`'s interface) of a BCFW run
+whose blocks are sharded over the ranks, ``w`` replicated.  A mini-batch round costs ONE all-reduce
 (:meth:`ShardComm.sum_round`), after which every rank takes the same step from the same sums, bit for bit.
 """
 from __future__ import annotations

@@ -15,7 +15,7 @@ from numba.core import caching
 __all__ = ["install", "kernel_sources_digest", "PACKAGE"]
 
 #: the package's directory: the functions defined below it are cached with the package's digest
-PACKAGE = Path(__file__).resolve().parent
+PACKAGE = Path(__file__).resolve().parent.parent
 
 _digest: str | None = None
 

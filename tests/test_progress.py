@@ -7,8 +7,8 @@ import time
 import pytest
 
 from conftest import shared_data
-from torch_bcfw import stage_bar
-from torch_bcfw.stage_bar import StageBar
+from torch_bcfw.runtime import progress
+from torch_bcfw.runtime.progress import StageBar
 
 
 def test_a_quick_load_prints_nothing_and_a_slow_one_shows_the_running_stage(capsys, monkeypatch):
@@ -16,7 +16,7 @@ def test_a_quick_load_prints_nothing_and_a_slow_one_shows_the_running_stage(caps
         bar.done("read")
         bar.done("features")
     assert capsys.readouterr().err == ""
-    monkeypatch.setattr(stage_bar, "SHOW_AFTER_S", 0.05)
+    monkeypatch.setattr(progress, "SHOW_AFTER_S", 0.05)
     with StageBar(["read", "features"]) as bar:
         time.sleep(0.1)
         bar.done("read")
@@ -38,7 +38,7 @@ def test_stages_must_finish_in_order():
 def test_the_conll_loader_reports_every_stage(capsys, monkeypatch):
     from torch_bcfw.datasets.registry import load_problem
 
-    monkeypatch.setattr(stage_bar, "SHOW_AFTER_S", 0.0)
+    monkeypatch.setattr(progress, "SHOW_AFTER_S", 0.0)
     load_problem({"name": "conll", "path": str(shared_data("conll2000")), "limit": 30, "test_limit": 10},
                  progress=True)
     err = capsys.readouterr().err

@@ -28,8 +28,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .checks import check_finite, check_index_tensor, check_input_tensor, check_not_meta, check_offsets
-from .data import _as_index, _cat_field, _cat_offsets, counts_to_offsets, _segment_rows
+from ..checks import check_finite, check_index_tensor, check_input_tensor, check_not_meta, check_offsets
+from .base import as_index, cat_field, cat_offsets, counts_to_offsets, segment_rows
 
 __all__ = ["GraphData", "grid_graph_data", "grid_edges", "edge_features"]
 
@@ -142,9 +142,9 @@ class GraphData:
             raise ValueError("GraphData.cat: batches differ in feature sizes or device")
         if len({p.y is None for p in parts}) != 1 or len({p.node_weight is None for p in parts}) != 1:
             raise ValueError("GraphData.cat: labels / node weights must be given in all batches or in none")
-        out = cls(_cat_field(parts, "x"), _cat_field(parts, "y"), _cat_offsets([p.offsets for p in parts]),
-                  _cat_field(parts, "edges"), _cat_field(parts, "edge_x"),
-                  _cat_offsets([p.edge_offsets for p in parts]), _cat_field(parts, "node_weight"), _check=False)
+        out = cls(cat_field(parts, "x"), cat_field(parts, "y"), cat_offsets([p.offsets for p in parts]),
+                  cat_field(parts, "edges"), cat_field(parts, "edge_x"),
+                  cat_offsets([p.edge_offsets for p in parts]), cat_field(parts, "node_weight"), _check=False)
         for name in ("cpu_graphs", "graph_keys"):
             if all(name in p._cache for p in parts):
                 out._cache[name] = [k for p in parts for k in p._cache[name]]
@@ -266,9 +266,9 @@ class GraphData:
 
     def __getitem__(self, idx) -> "GraphData":
         """The graphs ``idx`` (an int, a slice, a list or a ``LongTensor``; repeats allowed) as a new ``GraphData``."""
-        idx = _as_index(idx, len(self))
-        node_idx, new_off = _segment_rows(self.offsets.cpu(), idx)
-        edge_idx, new_eoff = _segment_rows(self.edge_offsets.cpu(), idx)
+        idx = as_index(idx, len(self))
+        node_idx, new_off = segment_rows(self.offsets.cpu(), idx)
+        edge_idx, new_eoff = segment_rows(self.edge_offsets.cpu(), idx)
         dev = self.device
         node_idx, edge_idx = node_idx.to(dev), edge_idx.to(dev)
         out = GraphData(

@@ -1,12 +1,8 @@
-"""Data containers for structured prediction, and the protocol they all follow.
+"""Feature rows and sequences: :class:`MulticlassData` (one feature vector and one label per example) and
+:class:`SequenceData` (variable-length sequences), with :class:`SparseFeatures` for sparse token features.
 
-Every container (:class:`MulticlassData`, :class:`SequenceData`, :class:`~torch_bcfw.graph_data.GraphData`,
-:class:`~torch_bcfw.pose_data.PoseData`, :class:`~torch_bcfw.models.matching.MatchingData`) implements
-:class:`StructuredData`, so code that only moves, splits and joins data serves every model.
-
-* :class:`MulticlassData` -- one feature vector and one label per example.
-* :class:`SequenceData` -- variable-length sequences stored *packed*: ``x: [N_tok, F]``, ``y: LongTensor[N_tok]``
-  and ``offsets: LongTensor[n + 1]``.  Token features are dense or a :class:`SparseFeatures` CSR matrix (e.g. the
+* :class:`SequenceData` stores sequences *packed*: ``x: [N_tok, F]``, ``y: LongTensor[N_tok]`` and
+  ``offsets: LongTensor[n + 1]``.  Token features are dense or a :class:`SparseFeatures` CSR matrix (e.g. the
   ~75k indicator attributes of CoNLL-2000); models use :meth:`SequenceData.x_matmul`,
   :meth:`SequenceData.xt_matmul` and :meth:`SequenceData.x_csr` and never branch on the layout.
 
@@ -15,106 +11,15 @@ Containers check their inputs eagerly (shapes, finiteness, non-empty, ids in ran
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol, Sequence, runtime_checkable
+from typing import Sequence
 
 import torch
 from torch import Tensor
 
-from .checks import check_finite, check_index_tensor, check_input_tensor, check_int, check_not_meta, check_offsets
+from ..checks import check_finite, check_index_tensor, check_input_tensor, check_int, check_not_meta, check_offsets
+from .base import as_index, cat_field, cat_offsets, check_cat_parts, counts_to_offsets, dense_features, segment_rows
 
-__all__ = ["MulticlassData", "SequenceData", "SparseFeatures", "StructuredData", "check_cat_parts"]
-
-
-def _as_index(idx, n: int) -> Tensor:
-    """Example indices ``idx`` (an int, a slice, a list / array / ``LongTensor`` of ints; negative ones count
-    from the end) as a CPU ``LongTensor`` of indices in ``[0, n)``."""
-    if isinstance(idx, slice):
-        return torch.arange(n)[idx]
-    if isinstance(idx, Tensor) and idx.dtype == torch.bool:
-        raise TypeError("example indices must hold integers, got a bool tensor (select with mask.nonzero()[:, 0])")
-    try:
-        idx = check_index_tensor(idx, "example indices").reshape(-1).cpu()
-    except ValueError as exc:  # a float index is a type error, as for Python lists
-        raise TypeError(str(exc)) from None
-    if idx.numel() and (int(idx.min()) < -n or int(idx.max()) >= n):
-        raise IndexError(f"example index out of range for {n} examples")
-    return torch.where(idx < 0, idx + n, idx)
-
-
-def counts_to_offsets(counts: Tensor, dtype: torch.dtype = torch.long) -> Tensor:
-    """``Tensor[len(counts) + 1]`` on ``counts``' device: 0, then the running sums of ``counts``."""
-    out = torch.zeros(counts.numel() + 1, dtype=dtype, device=counts.device)
-    out[1:] = torch.cumsum(counts, 0)
-    return out
-
-
-def _segment_rows(offsets: Tensor, idx: Tensor) -> tuple[Tensor, Tensor]:
-    """The rows of the segments ``idx`` (repeats allowed, in that order) of a packed array with ``offsets``, and
-    the offsets of the selection (on ``offsets``' device)."""
-    lengths = offsets.diff()[idx]
-    new_off = counts_to_offsets(lengths)
-    # row k of the selection: start of its segment + position inside the segment
-    pos = torch.arange(int(new_off[-1]), device=offsets.device)
-    return torch.repeat_interleave(offsets[:-1][idx] - new_off[:-1], lengths) + pos, new_off
-
-
-def _cat_offsets(offsets: Sequence[Tensor]) -> Tensor:
-    """The offsets of packed arrays (with ``offsets``) laid one after another."""
-    out, base = [offsets[0][:1]], 0
-    for off in offsets:
-        out.append(off[1:] + base)
-        base += int(off[-1])
-    return torch.cat(out)
-
-
-@runtime_checkable
-class StructuredData(Protocol):
-    """What every data container implements (``isinstance`` checks the methods): ``n`` examples (the blocks of the
-    SSVM dual) with their labels packed in ``y`` (``None`` for prediction-only data).
-
-    * ``len(data)``: ``n``; ``data.device``: the device of its tensors;
-    * ``data[idx]``: the examples ``idx`` (int, slice, list or ``LongTensor``; repeats allowed), in that order;
-    * ``data.to(device)`` / ``to(dtype)`` / ``to(device, dtype)``: moved, and / or the floating-point *features*
-      cast (labels, offsets and masks keep their dtypes);
-    * ``type(data).cat(parts)``: the examples of non-empty ``parts`` (same feature sizes, one device, labelled all
-      or none) one after another.
-    """
-
-    y: Tensor | None
-
-    @property
-    def device(self) -> torch.device: ...
-
-    def __len__(self) -> int: ...
-
-    def __getitem__(self, idx) -> "StructuredData": ...
-
-    def to(self, *args, **kwargs) -> "StructuredData": ...
-
-    @classmethod
-    def cat(cls, parts: Sequence["StructuredData"]) -> "StructuredData": ...
-
-
-def check_cat_parts(cls, parts: Sequence, key) -> None:
-    """The checks of every container's ``cat``: ``parts`` non-empty, all ``cls`` (else ``TypeError``), agreeing on
-    ``key(part)`` (feature sizes, device, ...) and labelled all or none."""
-    if len(parts) == 0:
-        raise ValueError(f"{cls.__name__}.cat needs at least one part")
-    bad = [type(p).__name__ for p in parts if not isinstance(p, cls)]
-    if bad:
-        raise TypeError(f"{cls.__name__}.cat takes {cls.__name__} parts only, got {sorted(set(bad))}")
-    keys = {key(p) for p in parts}
-    if len(keys) != 1:
-        raise ValueError(f"{cls.__name__}.cat: the parts differ in feature sizes or device: {sorted(map(str, keys))}")
-    if len({p.y is None for p in parts}) != 1:
-        raise ValueError(f"{cls.__name__}.cat: some parts are labelled and others are not")
-
-
-def _cat_field(parts: Sequence, name: str) -> Tensor | None:
-    """``torch.cat`` of the parts' ``name`` tensors, or ``None`` when the first part has none."""
-    if getattr(parts[0], name) is None:
-        return None
-    return torch.cat([getattr(p, name) for p in parts])
+__all__ = ["MulticlassData", "SequenceData", "SparseFeatures"]
 
 
 #: largest dense padded feature tensor :meth:`SequenceData.padded` builds from sparse features
@@ -277,7 +182,7 @@ class SparseFeatures:
     def __getitem__(self, rows) -> "SparseFeatures":
         """The rows ``rows`` (a ``LongTensor`` or list of row indices, repeats allowed), in that order."""
         rows = torch.as_tensor(rows, dtype=torch.long, device=self.device).reshape(-1)
-        pos, indptr = _segment_rows(self.indptr, rows)
+        pos, indptr = segment_rows(self.indptr, rows)
         return SparseFeatures(indptr, self.indices[pos], self.values[pos], self.n_features, check=False)
 
     def to(self, *args, **kwargs) -> "SparseFeatures":
@@ -293,7 +198,7 @@ class SparseFeatures:
         """The rows of ``parts`` (same ``n_features`` and device) one after another."""
         if len(parts) == 0 or len({(p.n_features, str(p.device)) for p in parts}) != 1:
             raise ValueError("SparseFeatures.cat needs at least one matrix, all with the same n_features and device")
-        return cls(_cat_offsets([p.indptr for p in parts]), torch.cat([p.indices for p in parts]),
+        return cls(cat_offsets([p.indptr for p in parts]), torch.cat([p.indices for p in parts]),
                    torch.cat([p.values for p in parts]), parts[0].n_features, check=False)
 
     def to_dense(self) -> Tensor:
@@ -378,19 +283,7 @@ def _as_token_features(x) -> Tensor | SparseFeatures:
     if isinstance(x, Tensor) and x.layout != torch.strided:
         check_input_tensor(x, "SequenceData.x")
         return SparseFeatures.from_torch(x)
-    return _dense_features(x, "SequenceData.x", "[N_tok, F]")
-
-
-def _dense_features(x, name: str, shape: str) -> Tensor:
-    """``x`` as a checked 2-D floating tensor (integers become float64); ``shape`` names its dimensions."""
-    x = torch.as_tensor(x)
-    check_input_tensor(x, name)
-    if not x.is_floating_point():
-        x = x.double()
-    if x.dim() != 2:
-        raise ValueError(f"{name} must be 2-D {shape}, got shape {tuple(x.shape)}")
-    check_finite(x, name)
-    return x
+    return dense_features(x, "SequenceData.x", "[N_tok, F]")
 
 
 def _checked_labels(y, x: Tensor, name: str, per: str) -> Tensor:
@@ -437,7 +330,7 @@ class MulticlassData:
 
     def __post_init__(self) -> None:
         check_not_meta(self.x, "MulticlassData.x")
-        self.x = _dense_features(self.x, "MulticlassData.x", "[n, F]")
+        self.x = dense_features(self.x, "MulticlassData.x", "[n, F]")
         if self.x.shape[0] == 0:
             raise ValueError("MulticlassData is empty (n = 0 examples)")
         if self.y is not None:
@@ -451,7 +344,7 @@ class MulticlassData:
         return self.x.device
 
     def __getitem__(self, idx) -> "MulticlassData":
-        idx = _as_index(idx, len(self)).to(self.x.device)
+        idx = as_index(idx, len(self)).to(self.x.device)
         return MulticlassData(self.x[idx], None if self.y is None else self.y[idx])
 
     def to(self, *args, **kwargs) -> "MulticlassData":
@@ -463,7 +356,7 @@ class MulticlassData:
     def cat(cls, parts: Sequence["MulticlassData"]) -> "MulticlassData":
         """The examples of ``parts`` one after another (same ``F`` and device; labelled all or none)."""
         check_cat_parts(cls, parts, lambda p: (p.x.shape[1], str(p.device)))
-        return cls(torch.cat([p.x for p in parts]), _cat_field(parts, "y"))
+        return cls(torch.cat([p.x for p in parts]), cat_field(parts, "y"))
 
 
 @dataclass
@@ -610,7 +503,7 @@ class SequenceData:
         return torch.repeat_interleave(torch.arange(len(self), device=self.device), self.lengths)
 
     def __getitem__(self, idx) -> "SequenceData":
-        tok, offsets = _segment_rows(self.offsets.cpu(), _as_index(idx, len(self)))
+        tok, offsets = segment_rows(self.offsets.cpu(), as_index(idx, len(self)))
         tok = tok.to(self.device)
         return SequenceData(self.x[tok], None if self.y is None else self.y[tok], offsets.to(self.device))
 
@@ -624,7 +517,7 @@ class SequenceData:
         """The sequences of ``parts`` one after another (same ``F``, layout and device; labelled all or none)."""
         check_cat_parts(cls, parts, lambda p: (p.n_inputs, p.is_sparse, str(p.device)))
         x = SparseFeatures.cat([p.x for p in parts]) if parts[0].is_sparse else torch.cat([p.x for p in parts])
-        return cls(x, _cat_field(parts, "y"), _cat_offsets([p.offsets for p in parts]))
+        return cls(x, cat_field(parts, "y"), cat_offsets([p.offsets for p in parts]))
 
     def padded(self, pad_label: int = -1) -> tuple[Tensor, Tensor, Tensor | None]:
         """Return ``(x [B, T, F], lengths [B], y [B, T] or None)`` padded with zeros / ``pad_label``; ``x`` is

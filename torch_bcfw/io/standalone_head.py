@@ -1,6 +1,6 @@
 """A structured SVM head trained by torch_bcfw, as plain torch modules: this file needs only ``torch``.
 
-:func:`torch_bcfw.export.export_head` copies this file beside the exported weights (``head.pt``), so that a
+:func:`torch_bcfw.io.export.export_head` copies this file beside the exported weights (``head.pt``), so that a
 deployment loads the head without torch_bcfw installed::
 
     from head import load_head              # this file, copied as head.py
@@ -83,7 +83,7 @@ class MulticlassHead(nn.Module):
 
 
 def load_head(path, map_location="cpu") -> nn.Module:
-    """The head saved in ``path`` (a ``head.pt`` written by ``torch_bcfw.export.export_head``), in eval mode.
+    """The head saved in ``path`` (a ``head.pt`` written by ``torch_bcfw.io.export.export_head``), in eval mode.
     The file is read with ``weights_only=True``: nothing in it runs code."""
     d = torch.load(path, map_location=map_location, weights_only=True)
     if not isinstance(d, dict) or d.get("format") != FORMAT:
