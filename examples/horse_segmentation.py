@@ -26,7 +26,7 @@ from torch.nn import functional as F
 
 from torch_bcfw.backbones import efficientnet_lite0
 from torch_bcfw.metrics.segmentation import segmentation_counts, segmentation_summary
-from torch_bcfw.serialization import atomic_write_text
+from torch_bcfw.io.serialization import atomic_write_text
 from torch_bcfw.tasks.horses_pretrained import HorsesOptions, run_horses
 
 

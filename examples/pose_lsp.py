@@ -28,7 +28,7 @@ import torch
 
 from torch_bcfw.backbones import efficientnet_lite0
 from torch_bcfw.datasets.lsp import frame_to_original, lsp_split_ids
-from torch_bcfw.serialization import atomic_write_text
+from torch_bcfw.io.serialization import atomic_write_text
 from torch_bcfw.tasks.pose_pretrained import PoseOptions, run_pose
 
 

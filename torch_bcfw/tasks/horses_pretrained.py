@@ -30,7 +30,7 @@ from torch.nn import functional as F
 from ..cross_validation import cross_validate
 from ..datasets.horses import load_weizmann_horses
 from ..fit import fit
-from ..graph_data import GraphData, grid_graph_data
+from ..data.graphs import GraphData, grid_graph_data
 from ..metrics.segmentation import iou_difference, segmentation_counts, segmentation_summary
 from ..models.graphcut import GraphCut
 from .pretrained import PretrainedTrunk, cache_features

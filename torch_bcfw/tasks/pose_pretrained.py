@@ -30,7 +30,7 @@ from ..fit import fit
 from ..inference.tree import LSP_JOINTS
 from ..metrics.pck import compare_pck, pck
 from ..models.pose import PoseTree
-from ..pose_data import PoseData
+from ..data.poses import PoseData
 from .lsp_data import FLIP_PERMUTATION, LSPPoseDataModule
 from .pose import argmax_positions, log_heatmaps, soft_targets
 from .pretrained import PretrainedTrunk, cache_features
