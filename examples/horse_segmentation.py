@@ -81,7 +81,7 @@ def main() -> None:
                          processes=args.processes)
     out = Path(args.output)
     t0 = time.perf_counter()
-    report = run_horses(args.data, opts, efficientnet_lite0())
+    report = run_horses(args.data, opts, efficientnet_lite0(), cache_dir=str(out / "cache"))
     masks, names = report.pop("masks"), report.pop("names")
     report["native_resolution_last_seed"] = write_masks(masks, names, Path(args.data), out / "masks")
     report.update(device=args.device, threads=args.threads, backbone="efficientnet-lite0 (ImageNet)")

@@ -33,7 +33,7 @@ from ..fit import fit
 from ..data.graphs import GraphData, grid_graph_data
 from ..metrics.segmentation import iou_difference, segmentation_counts, segmentation_summary
 from ..models.graphcut import GraphCut
-from .pretrained import PretrainedTrunk, cache_features
+from .pretrained import PretrainedTrunk, stored_features
 
 __all__ = ["HorsesOptions", "HorseTrunk", "run_horses"]
 
@@ -166,8 +166,8 @@ def solve_head(model: GraphCut, data: GraphData, masks: Tensor, opts: HorsesOpti
     return fit(model, data, lam, **_solver(opts)), lam, scores
 
 
-def run_horses(root: str, opts: HorsesOptions, backbone: nn.Module, log=print) -> dict:
-    """The whole pipeline (module docstring).  Returns a report dict; ``"masks"`` holds the last seed's test
+def run_horses(root: str, opts: HorsesOptions, backbone: nn.Module, cache_dir: str | None = None, log=print) -> dict:
+    """The whole pipeline (module docstring); ``cache_dir`` keeps the cached features for reruns.  Returns a report dict; ``"masks"`` holds the last seed's test
     predictions ``{"cnn", "graphcut"}`` (long ``[100, H, W]`` at ``size``) and ``"names"`` the test image names."""
     t0 = time.perf_counter()
     size, insize = tuple(opts.size), tuple(opts.input_size)
@@ -183,9 +183,10 @@ def run_horses(root: str, opts: HorsesOptions, backbone: nn.Module, log=print) -
                        "input": (torch.stack([h.image for h in big]) * 255).round().to(torch.uint8)}
     timings = {"load": time.perf_counter() - t0}
     t = time.perf_counter()
-    feats = {name: cache_features(backbone, s["input"], opts.train_from, device=opts.device)
-             for name, s in split.items()}
-    flipped = cache_features(backbone, split["train"]["input"], opts.train_from, device=opts.device, flip=True)
+    feats = {name: stored_features(cache_dir, f"horses_{name}", backbone, s["input"], opts.train_from,
+                                   device=opts.device) for name, s in split.items()}
+    flipped = stored_features(cache_dir, "horses_train", backbone, split["train"]["input"], opts.train_from,
+                              device=opts.device, flip=True)
     timings["cache_features"] = time.perf_counter() - t
     log(f"cached features of {sum(len(s['mask']) for s in split.values())} images in {timings['cache_features']:.0f} s")
 

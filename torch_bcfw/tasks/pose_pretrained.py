@@ -33,7 +33,7 @@ from ..models.pose import PoseTree
 from ..data.poses import PoseData
 from .lsp_data import FLIP_PERMUTATION, LSPPoseDataModule
 from .pose import argmax_positions, log_heatmaps, soft_targets
-from .pretrained import PretrainedTrunk, cache_features
+from .pretrained import PretrainedTrunk, stored_features
 
 __all__ = ["PoseOptions", "flip_back", "pose_report_extras", "run_pose"]
 
@@ -204,7 +204,8 @@ def pose_report_extras(tree: Tensor, argmax: Tensor, fields: dict, alpha: float 
 
 
 def run_pose(root: str, opts: PoseOptions, backbone: nn.Module, cache_dir: str | None = None, log=print) -> dict:
-    """The whole pipeline (module docstring).  ``backbone``: an :class:`~torch_bcfw.backbones.EfficientNetLite0`
+    """The whole pipeline (module docstring); ``cache_dir`` keeps the preprocessed frames and the cached features
+    for reruns.  ``backbone``: an :class:`~torch_bcfw.backbones.EfficientNetLite0`
     (split at ``opts.train_from``) or any module returning feature maps (with ``train_from=None``).
 
     Returns a report dict (PCK of argmax and tree with the paired bootstrap interval of their difference, the
@@ -225,7 +226,8 @@ def run_pose(root: str, opts: PoseOptions, backbone: nn.Module, cache_dir: str |
 
     t = time.perf_counter()
     torch.manual_seed(opts.seed)
-    feats = {(split, flip): cache_features(backbone, f["image"], opts.train_from, device=opts.device, flip=flip)
+    feats = {(split, flip): stored_features(cache_dir, f"lsp_{split}", backbone, f["image"], opts.train_from,
+                                            device=opts.device, flip=flip)
              for split, f in (("train", train), ("test", test)) for flip in (False, True)}
     timings["cache_features"] = time.perf_counter() - t
     log(f"cached features of {n} + {len(data.test)} frames (and their mirrors) in {timings['cache_features']:.0f} s")

@@ -9,11 +9,16 @@ split at ``train_from``; none for any other module, or for the frozen "linear pr
 """
 from __future__ import annotations
 
+import hashlib
+from pathlib import Path
+
 import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-__all__ = ["FeatureDecoder", "PretrainedTrunk", "cache_features", "feature_channels"]
+from ..io.serialization import atomic_save, load_checked
+
+__all__ = ["FeatureDecoder", "PretrainedTrunk", "cache_features", "feature_channels", "stored_features"]
 
 
 def _as_maps(out) -> list[Tensor]:
@@ -49,6 +54,26 @@ def cache_features(backbone: nn.Module, images: Tensor, train_from: int | None =
             x = x.flip(-1)
         out.append([m.to("cpu", torch.float16) for m in _frozen_part(backbone, x, train_from)])
     return [torch.cat(parts) for parts in zip(*out)]
+
+
+def stored_features(folder: str | Path | None, name: str, backbone: nn.Module, images: Tensor,
+                    train_from: int | None = None, device: str | torch.device = "cpu", flip: bool = False) -> list[Tensor]:
+    """:func:`cache_features`, kept in ``folder`` (``None``: not kept) under a name that holds ``name``, the
+    backbone's class and a fingerprint of its weights and of ``images``, the split and ``flip``: a rerun reads the
+    file (``weights_only``) instead of running the backbone again."""
+    if folder is None:
+        return cache_features(backbone, images, train_from, device=device, flip=flip)
+    h = hashlib.sha1()
+    for p in backbone.parameters():
+        h.update(p.detach().flatten()[:256].cpu().to(torch.float32).numpy().tobytes())
+    h.update(images[:, :, ::7, ::7].contiguous().cpu().numpy().tobytes())
+    h.update(repr((tuple(images.shape), train_from, flip)).encode())
+    path = Path(folder) / f"features_{name}_{type(backbone).__name__}_{h.hexdigest()[:16]}.pt"
+    if path.is_file():
+        return list(load_checked(path, what="cached features"))
+    feats = cache_features(backbone, images, train_from, device=device, flip=flip)
+    atomic_save(feats, path)
+    return feats
 
 
 def feature_channels(backbone: nn.Module, image_size: tuple[int, int] = (64, 64)) -> list[int]:
