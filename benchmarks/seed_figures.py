@@ -28,7 +28,7 @@ sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parent))
 from common import DATA, RESULTS, print_table, write_json  # noqa: E402
 
 from torch_bcfw import fit  # noqa: E402
-from torch_bcfw.solvers.options import SOLVERS  # noqa: E402
+from torch_bcfw.solvers.run import SOLVERS  # noqa: E402
 from torch_bcfw.solvers.record import plain_history  # noqa: E402
 
 FIGURES = ("ocr-0.01", "ocr-0.001", "ocr-1/n", "conll-1/n", "matching-0.001")

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import torch_bcfw as tb
+from torch_bcfw.duals.base import DualState
 from conftest import brute_force_primal, random_chain_problem, random_multiclass_problem
 from test_docs import code_blocks
 
@@ -32,8 +33,7 @@ def _page_namespace() -> dict:
 def test_the_pages_state_implements_exactly_the_listed_methods():
     cls = _page_namespace()["ListedDualState"]
     own = {name for name in vars(cls) if callable(vars(cls)[name]) and name != "__init__"}
-    listed = {"block_w", "block_direction", "_move_block", "_avg_accumulate", "_avg_w", "_avg_reset_storage",
-              "_storage_dict", "_load_storage"}
+    listed = set(DualState.__abstractmethods__)  # the required hooks
     assert own == listed  # the page's table and its example agree
     text = PAGE.read_text(encoding="utf-8")
     assert all(f"`{name}" in text for name in listed)
@@ -61,6 +61,20 @@ def test_the_pages_state_certifies_the_enumerated_optimum(preset):
     # the same optimum as the library's dense state (each within its certified gap)
     ref = tb.fit(base, data, lam, max_passes=2000, gap_check=10, gap_tol=1e-3, track_train_loss=False)
     assert abs(r.primal - ref.primal) <= r.gap + ref.gap + 1e-12
+
+
+def test_the_pages_state_keeps_its_weights_on_the_regularization_path():
+    """``rescale_lam`` (the path's step, Osokin et al. 2016, Prop. 1) keeps ``w`` of the page's state: its
+    ``_rescale_storage`` moves ``alpha`` with ``lam``."""
+    ns = _page_namespace()
+    base, data = random_multiclass_problem(n=7, F=3, K=3, seed=4)
+    model = ns["ListedMulticlass"](base.n_inputs, base.n_classes)
+    r = tb.fit(model, data, 0.2, max_passes=20, gap_check=20, track_train_loss=False)
+    state = ns["ListedDualState"].from_state_dict(model, data, 0.2, r.solver_state["state"])
+    w = state.w.clone()
+    rho = state.rescale_lam(0.05)
+    assert rho == pytest.approx(0.25)
+    assert torch.allclose(torch.einsum("ik,ikd->d", state.alpha, state.psi) / 0.05, w, atol=1e-12)
 
 
 def _step_table() -> list[tuple[str, list[str]]]:
@@ -132,7 +146,7 @@ def test_a_plain_chain_fit_runs_the_functions_of_the_step_table(monkeypatch):
     assert [h for h in python_hops if h not in entered] == []
     compiled = [(f, q) for f, q in hops if (f, q) not in python_hops]
     assert [q for _, q in compiled] == ["chain_plain_bcfw_steps", "loss_augmented_decode", "fw_move", "move_block",
-                                         "viterbi_numba", "step_size"]
+                                         "viterbi_numba", "fw_commit", "step_size"]
 
 
 def _module_attribute(file: str, qualname: str):

@@ -17,6 +17,8 @@ from torch_bcfw.models.graphcut import GraphCut
 from torch_bcfw.models.pose import PoseTree
 from torch_bcfw.nn import StructuredHead, structured_hinge
 from torch_bcfw.solvers.options import AUTO_CHOICES, PRESETS, SolverOptions
+from torch_bcfw.solvers.mpbcfw import MPOptions
+from torch_bcfw.solvers.run import ALGORITHMS, options_for
 
 NAN, INF = math.nan, math.inf
 
@@ -155,18 +157,22 @@ def test_numpy_integers_and_bools_are_accepted():
     (dict(mp_clock="fast"), "mp_clock must be one of"),
 ])
 def test_bad_solver_options_raise(kw, fragment):
+    # a solver's own options are checked by its option group (beside the solver)
+    group = next((cls.Options for cls in ALGORITHMS.values() if cls.Options and set(kw) <= set(cls.Options.flat_names())),
+                 None)
     with pytest.raises(ValueError, match=fragment):
-        SolverOptions(**kw)
+        group.from_flat(kw) if group is not None else SolverOptions(**kw)
     with pytest.raises(ValueError, match=fragment):
-        SolverOptions.from_kwargs(**kw)
+        SolverOptions.from_kwargs(group, **kw)
 
 
 def test_good_solver_options_are_kept():
-    o = SolverOptions(gap_check=np.int64(3), averaging=np.bool_(False), seed=np.int32(5), cache_size=np.int64(7),
-                      max_passes=np.float64(2.5), gap_tol=0, time_budget=3, mp_approx_ratio=INF, cache_nu=INF)
-    assert (o.gap_check, o.averaging, o.seed, o.cache_size) == (3, False, 5, 7)
+    o = options_for("bcfw", gap_check=np.int64(3), averaging=np.bool_(False), seed=np.int32(5), cache_size=np.int64(7),
+                    max_passes=np.float64(2.5), gap_tol=0, time_budget=3, cache_nu=INF)
+    mp = MPOptions(approx_ratio=INF)
+    assert (o.gap_check, o.averaging, o.seed, o.solver_options.size) == (3, False, 5, 7)
     assert type(o.gap_check) is int and type(o.averaging) is bool and type(o.seed) is int
-    assert o.max_passes == 2.5 and o.mp_approx_ratio == INF and o.mp_clock == "auto"
+    assert o.max_passes == 2.5 and mp.approx_ratio == INF and mp.clock == "auto"
 
 
 # ---------------------------------------------------------------------- presets never override given fields
@@ -207,7 +213,7 @@ def test_preset_auto_is_pinned_by_given_fields_and_reloads():
     assert r.options.variant_name() == "gap-pairwise-cache" and "auto" not in r.options.extra
     cheap = fit(model, data, 0.1, preset="auto", max_passes=1)
     assert cheap.options.variant_name() == "uniform-fw" and cheap.options.extra["auto"]["chosen"] == "uniform-fw"
-    assert SolverOptions(**cheap.options.to_dict()).variant_name() == "uniform-fw"  # resolved: stays resolved
+    assert options_for("bcfw", **cheap.options.to_dict()).variant_name() == "uniform-fw"  # resolved: stays resolved
     fixed = SolverOptions(preset="auto", step="fixed")  # FW steps without the cache, gap or uniform sampling
     assert fixed.auto_pending and fixed.auto_fits() == ["gap-fw", "uniform-fw"]
     assert SolverOptions(preset="auto", cache=True).variant_name() == "gap-pairwise-cache" == AUTO_CHOICES[0]

@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_paper_configs_parse_and_name_known_solvers():
-    from torch_bcfw.solvers.options import SOLVERS
+    from torch_bcfw.solvers.run import SOLVERS
 
     for name in ("ocr", "conll", "matching"):
         cfg = yaml.safe_load((ROOT / "configs" / f"bcfw_paper_{name}.yaml").read_text())

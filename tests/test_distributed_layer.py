@@ -309,7 +309,7 @@ def test_a_forced_round_size_measured_much_slower_gets_a_warning():
     import warnings as _warnings
 
     from conftest import random_multiclass_problem
-    from torch_bcfw.fit import warn_if_slow_rounds
+    from torch_bcfw.distributed.strategy import warn_if_slow_rounds
     from torch_bcfw.models import Multiclass
     from torch_bcfw.solvers.options import SolverOptions
 

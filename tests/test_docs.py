@@ -76,7 +76,8 @@ def _run_file(path: Path, kinds: set[str], monkeypatch) -> None:
     namespace = {"__name__": "__docs__"}
     for b in blocks:
         # pad with newlines so that a traceback names the file and the line of the Markdown source
-        code = compile("\n" * (b.line - 1) + b.source, str(path), "exec")
+        # dont_inherit: the page's code compiles as a user's file would, without this module's __future__ flags
+        code = compile("\n" * (b.line - 1) + b.source, str(path), "exec", dont_inherit=True)
         exec(code, namespace)  # noqa: S102 -- the documentation's own examples
     import matplotlib.pyplot as plt
 
@@ -130,8 +131,12 @@ def _option_table() -> dict[str, str]:
 
 def test_option_table_matches_solver_options() -> None:
     table = _option_table()
-    # ``extra`` is internal (not accepted by SolverOptions.from_kwargs / fit)
-    fields = {f.name: f for f in dataclasses.fields(torch_bcfw.SolverOptions) if f.name != "extra"}
+    # ``extra`` is internal; ``solver_options`` holds each solver's own options (declared beside it), given flat
+    from torch_bcfw.solvers.run import ALGORITHMS
+
+    fields = {f.name: f for f in dataclasses.fields(torch_bcfw.SolverOptions) if f.name not in ("extra", "solver_options")}
+    for group in {cls.Options for cls in ALGORITHMS.values() if cls.Options is not None}:
+        fields.update({f"{group.prefix}_{f.name}": f for f in dataclasses.fields(group)})
     assert sorted(set(fields) - set(table)) == [], "options missing from the table in docs/solvers.md"
     assert sorted(set(table) - set(fields)) == [], "options in docs/solvers.md that SolverOptions does not have"
     for name, cell in table.items():

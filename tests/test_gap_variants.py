@@ -19,6 +19,7 @@ from torch_bcfw.duals.working_set import WorkingSet, label_hash
 from torch_bcfw.models.table import app_c_toy
 from torch_bcfw.solvers.bcfw import BCFW
 from torch_bcfw.solvers.options import PRESETS, SolverOptions, parse_preset
+from torch_bcfw.solvers.run import options_for
 from torch_bcfw.solvers.sampling import GapEstimates, GapSampler
 
 EIGHT = [f"{s}-{r}{c}" for s in ("uniform", "gap") for r in ("fw", "pairwise") for c in ("", "-cache")]
@@ -34,7 +35,7 @@ def _chain():
 
 def _alg(model, data, lam, preset, fused=True, **kw):
     kw.setdefault("averaging", False)
-    alg = BCFW(model, data, lam, SolverOptions(preset=preset, **kw))
+    alg = BCFW(model, data, lam, options_for("bcfw", preset=preset, **kw))
     alg.fused = fused
     return alg
 
@@ -67,8 +68,9 @@ def test_presets_and_options():
     assert (o.sampling, o.step_rule, o.cache, o.refined) == ("gap", "away", False, True)
     d = SolverOptions(preset="gap-pairwise-cache").to_dict()
     assert SolverOptions(**d).variant_name() == "gap-pairwise-cache"
-    defaults = SolverOptions()
-    assert (defaults.gap_check, defaults.cache_F, defaults.cache_nu, defaults.cache_size, defaults.gap_power) == (
+    defaults = options_for("bcfw")
+    cache = defaults.solver_options
+    assert (defaults.gap_check, cache.F, cache.nu, cache.size, defaults.gap_power) == (
         10, 0.25, 0.01, 100, 1.0)
     assert not defaults.refined  # plain BCFW stays the default
     with pytest.raises(ValueError, match="unknown preset"):

@@ -13,7 +13,7 @@ from torch_bcfw.duals.working_set import WorkingSet
 from torch_bcfw.models import Multiclass
 from torch_bcfw.solvers.run import run_solver
 from torch_bcfw.solvers.mpbcfw import MPBCFW, stop_approximate_passes
-from torch_bcfw.solvers.options import SolverOptions
+from torch_bcfw.solvers.run import options_for
 
 INF = math.inf
 
@@ -30,7 +30,7 @@ def _problem(kind):
 
 
 def _alg(model, data, lam=0.05, fused=True, clock=None, **kw):
-    alg = MPBCFW(model, data, lam, SolverOptions(**kw), clock=clock)
+    alg = MPBCFW(model, data, lam, options_for("mp-bcfw", **kw), clock=clock)
     alg.fused = fused
     return alg
 
@@ -228,7 +228,7 @@ def _clocked(exact_cost, approx_cost, lam=0.01, **kw):
         st = holder["alg"].state
         return exact_cost * model.calls + approx_cost * (st.k - model.calls)
 
-    alg = MPBCFW(model, data, lam, SolverOptions(sampling="perm", **kw), clock=clock)
+    alg = MPBCFW(model, data, lam, options_for("mp-bcfw", sampling="perm", **kw), clock=clock)
     holder["alg"] = alg
     return alg
 
@@ -261,7 +261,7 @@ def test_guard_stops_when_nothing_is_gained():
     from torch_bcfw.models.table import app_c_toy
 
     model, data, lam = app_c_toy(6, 3)
-    alg = MPBCFW(model, data, lam, SolverOptions(mp_approx_ratio=INF, mp_max_approx_passes=50))
+    alg = MPBCFW(model, data, lam, options_for("mp-bcfw", mp_approx_ratio=INF, mp_max_approx_passes=50))
     for _ in range(60):
         alg.advance(alg.n)
         if alg.certificate().gap <= 1e-13:

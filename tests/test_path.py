@@ -239,3 +239,20 @@ def test_bad_inputs():
 
     with pytest.raises(ValueError, match="L_i"):
         regularization_path(OwnLoss(3, 4), data)
+
+
+def test_a_state_that_stores_alpha_must_rescale_it_for_the_path():
+    """``_rescale_storage`` is required: a state missing it cannot be built, and a state storing the dual variables
+    (rebindable) cannot inherit the dense table's ``w_i``-only rescale (it would keep stale ``alpha`` on the path)."""
+    from torch_bcfw.duals.base import DualState
+    from torch_bcfw.duals.dense import DenseTable
+
+    with pytest.raises(TypeError, match="inherits _rescale_storage from DenseTable"):
+        type("AlphaBesideTable", (DenseTable,), {"rebindable": True})
+    hooks = {name: (lambda self, *a: None) for name in ("block_direction", "_move_block", "block_w",
+                                                       "_avg_accumulate", "_avg_w", "_avg_reset_storage",
+                                                       "_storage_dict", "_load_storage")}
+    no_rescale = type("NoRescale", (DualState,), hooks)
+    model, data = random_multiclass_problem(seed=0)
+    with pytest.raises(TypeError, match="_rescale_storage"):
+        no_rescale(model, data, 0.1)

@@ -14,9 +14,9 @@ from conftest import random_chain_problem, random_multiclass_problem
 from torch_bcfw import CheckRecord, FitResult, fit
 from torch_bcfw.solvers import run as run_mod
 from torch_bcfw.solvers.bcfw import BCFW
-from torch_bcfw.solvers.options import SOLVERS, SolverOptions
+from torch_bcfw.solvers.options import SolverOptions
 from torch_bcfw.solvers.record import RECORD_FIELDS, as_records, plain_history
-from torch_bcfw.solvers.run import ALGORITHMS, DUAL_STATE_SOLVERS, SolverRun
+from torch_bcfw.solvers.run import ALGORITHMS, DUAL_STATE_SOLVERS, SOLVERS, SolverRun
 
 LAM = 0.1
 
@@ -202,3 +202,28 @@ def test_the_progress_bar_and_the_log_show_the_certified_gap(capsys):
     err = capsys.readouterr().err
     assert f"gap={_fmt(r.gap)} primal={_fmt(r.primal)}" in err
     assert f"gap {_fmt(r.gap)}  primal {_fmt(r.primal)}" in lines[-2] and "gap(last)" in lines[-2]
+
+
+def test_a_new_solver_is_its_module_and_one_table_entry(monkeypatch):
+    """docs/anatomy.md's tiny solver, given one entry in ``ALGORITHMS``: ``fit`` runs it with its own option (flat,
+    ``cs_step``), certifies its primal value independently, and every other solver refuses that option."""
+    from pathlib import Path
+
+    from conftest import brute_force_primal
+    from test_docs import code_blocks
+
+    page = Path(__file__).resolve().parents[1] / "docs" / "anatomy.md"
+    lines = page.read_text(encoding="utf-8").splitlines()
+    start = lines.index("<!-- anatomy: tiny solver -->") + 2
+    block = next(b for b in code_blocks(page) if b.line == start + 1)
+    ns = {"__name__": "__anatomy__"}
+    exec(compile(block.source, str(page), "exec", dont_inherit=True), ns)  # noqa: S102 -- the page's own code
+    monkeypatch.setitem(ALGORITHMS, "constant-step", ns["ConstantStepSubgradient"])
+    model, data = random_multiclass_problem(n=6, F=3, K=3, seed=2)
+    r = fit(model, data, LAM, "constant-step", cs_step=0.05, max_passes=20, gap_check=10)
+    assert r.options.solver_options == ns["ConstantStepOptions"](step=0.05) and r.gap is None
+    assert r.primal == pytest.approx(brute_force_primal(model, data, r.w, LAM), abs=1e-12)
+    with pytest.raises(TypeError, match="belong to solver 'constant-step', not 'bcfw'"):
+        fit(model, data, LAM, "bcfw", cs_step=0.05)
+    with pytest.raises(ValueError, match="cs_step must be a finite number > 0"):
+        fit(model, data, LAM, "constant-step", cs_step=-1.0)

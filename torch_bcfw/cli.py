@@ -149,7 +149,7 @@ _FIT_SECTIONS = ("data", "lam", "solver", "options", "output")
 def _fit_settings(cfg: dict) -> tuple[float, str, dict]:
     """``(lam, solver, options)`` of a fit config, every entry checked before any data is loaded."""
     from .checks import check_lam
-    from .solvers.options import SOLVERS, SolverOptions
+    from .solvers.run import options_for
 
     check_known(cfg, _FIT_SECTIONS, "config section")
     if "lam" not in cfg:
@@ -158,12 +158,10 @@ def _fit_settings(cfg: dict) -> tuple[float, str, dict]:
         raise ValueError("the config needs a 'data' section naming the dataset (e.g. data: {name: ocr, path: ...})")
     lam = check_lam(cfg["lam"])
     solver = cfg.get("solver", "bcfw")
-    if solver not in SOLVERS:
-        raise ValueError(f"unknown solver {solver!r}; choose from {list(SOLVERS)}")
     options = cfg.get("options") or {}
     if not isinstance(options, dict):
         raise ValueError(f"the 'options' section must be a mapping, got {options!r}")
-    SolverOptions.from_kwargs(**options)  # unknown or bad options fail here, before the data is loaded
+    options_for(solver, **options)  # an unknown solver, unknown or bad options fail here, before the data is loaded
     return lam, solver, dict(options)
 
 

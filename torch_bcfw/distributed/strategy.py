@@ -28,13 +28,17 @@ from torch import Tensor
 
 from ..solvers.certificate import Certificate, squared_norm, with_dual
 from ..solvers.local_comm import LocalComm
-from ..solvers.bcfw import seconds_per_block
+from ..solvers.bcfw import (chosen_round_size, resolve_batch_size, round_costs, round_size_candidates,
+                            seconds_per_block)
 from ..solvers.run import make_algorithm
 from .collectives import all_gather_parts, all_reduce_sum, broadcast_from_rank0, collective
+from .shard_comm import ShardComm
 from .context import DistributedContext
-from .sharding import shard_bounds, shard_sizes
+from .errors import DistributedError
+from .sharding import check_same_dataset, shard, shard_bounds, shard_sizes
 
-__all__ = ["Calibration", "choose_strategy", "shard_pass_seconds", "split_pass_seconds", "pass_seconds", "warn_if_slow", "ReplicaComm",
+__all__ = ["RunStrategy", "resolve_strategy", "continued_strategy", "warn_if_slow_rounds", "Calibration",
+           "choose_strategy", "shard_pass_seconds", "split_pass_seconds", "pass_seconds", "warn_if_slow", "ReplicaComm",
            "SplitOracleComm", "SHARD_MARGIN", "MAX_SHARD_ROUND", "SLOW_SETTING_RATIO"]
 
 #: sharding must be predicted this many times faster per pass than replicating to be chosen
@@ -203,7 +207,8 @@ def split_pass_seconds(n: int, p: int, r: int, t_oracle: float, t_apply: float, 
 def choose_strategy(model, data, lam: float, options, ctx: DistributedContext) -> Calibration:
     """Measure and predict (see the module's docstring); every rank of ``ctx`` calls it and gets rank 0's answer."""
     # one scratch single-process run (one-block steps) for every timing
-    alg = make_algorithm("bcfw", model, data, lam, dataclasses.replace(options, batch_size=1, progress=False))
+    alg = make_algorithm("bcfw", model, data, lam, dataclasses.replace(options, batch_size=1, progress=False,
+                                                                        solver_options=None))
     t_step = seconds_per_block(alg, min(alg.n, CALIBRATION_STEPS))
     t_oracle, t_apply, t_round = _oracle_apply_seconds(alg)
     t_ar = _collective_seconds(all_reduce_sum, torch.zeros(model.n_features + 2, dtype=torch.float64), ctx)
@@ -256,3 +261,132 @@ def warn_if_slow(calibration: Calibration, strategy: str, batch_size, n: int, ct
                   "split-oracle": f"strategy='split-oracle' with batch_size={calibration.split_batch_size}"}[chosen]
         warnings.warn(f"strategy={strategy!r} with batch_size={batch_size!r} is predicted {cost / best:.0f}x slower per "
                       f"pass than {better} ({cost:.3g} s against {best:.3g} s, measured on this group)", stacklevel=3)
+
+
+def warn_if_slow_rounds(model, data, lam: float, opts) -> float:
+    """Time a forced ``batch_size`` (one process, data on a GPU) against the round sizes ``batch_size="auto"`` would
+    choose from and warn when it is predicted :data:`SLOW_SETTING_RATIO` times slower per pass.  Returns the ratio."""
+    forced = int(opts.batch_size)
+    candidates = round_size_candidates(len(data))
+    costs = round_costs(model, data, lam, opts, sorted({forced, *candidates}))
+    auto = chosen_round_size({t: costs[t] for t in candidates})
+    ratio = costs[forced] / costs[auto]
+    if ratio > SLOW_SETTING_RATIO:
+        warnings.warn(f"batch_size={forced} is predicted {ratio:.0f}x slower per pass than batch_size={auto} "
+                      f"({costs[forced] * len(data):.3g} s against {costs[auto] * len(data):.3g} s, measured on "
+                      f"{data.device}); batch_size='auto' chooses the round size by this measurement", stacklevel=4)
+    return ratio
+
+
+def continued_strategy(sharded_state: bool, full_state: bool, previous: str | None) -> str | None:
+    """The strategy that continues a saved run: a sharded state continues sharded, a full dual state (a replicated,
+    split-oracle or single-process run's) replicated or split-oracle as it was saved; without a saved state the
+    ``previous`` decision (``None``: none yet)."""
+    if sharded_state:
+        return "shard"
+    if full_state:
+        return "split-oracle" if previous == "split-oracle" else "replicate"
+    return previous
+
+
+@dataclasses.dataclass
+class RunStrategy:
+    """How one run uses the process group (what :func:`resolve_strategy` decided).
+
+    Attributes:
+        strategy: ``"replicate"``, ``"shard"`` or ``"split-oracle"`` (without a group: the given option).
+        options: the run's options, ``strategy`` and ``batch_size`` resolved (the round size as a number).
+        group: the process group (``None``: one process).
+        comm: the communicator the algorithm takes (``None``: one process).
+        calibration: the :class:`Calibration` behind the choice, when this run calibrated.
+    """
+
+    strategy: str
+    options: object
+    group: DistributedContext | None = None
+    comm: object = None
+    calibration: Calibration | None = None
+
+    @property
+    def sharded(self) -> bool:
+        return self.strategy == "shard" and self.group is not None
+
+    @property
+    def round_size(self) -> int:
+        return self.options.batch_size
+
+    def data_here(self, data):
+        """This process's examples: its shard of ``data`` in a sharded run, else all of them."""
+        return shard(data, self.group, check=False).data if self.sharded else data
+
+    def record(self, rounds: bool = True) -> dict:
+        """The counters the run adds: the calibration's figures (``calibration_*``) and (``rounds``) a sharded run's
+        all-reduce time and count so far."""
+        out = {}
+        if self.calibration is not None:
+            out.update({f"calibration_{k}": v for k, v in self.calibration._asdict().items()
+                        if k not in ("strategy", "shard_batch_size", "split_batch_size")})
+        if rounds and self.sharded:
+            out.update(allreduce_seconds=self.comm.round_seconds, allreduce_rounds=self.comm.rounds)
+        return out
+
+    def describe(self) -> str:
+        """One line: the chosen strategy and the calibration's predictions."""
+        c = self.calibration
+        line = f"strategy {self.strategy} over {self.group.world_size if self.group else 1} processes"
+        if c is None:
+            return line
+        return (f"{line}: predicted {c.replicate_pass_seconds:.3g} s per pass replicated, {c.shard_pass_seconds:.3g} s "
+                f"sharded in rounds of {c.shard_batch_size}, {c.split_pass_seconds:.3g} s with the oracle split in "
+                f"rounds of {c.split_batch_size} (oracle {c.oracle_seconds:.3g} s, all-gather {c.gather_seconds:.3g} "
+                f"s; block step {c.step_seconds:.3g} s, all-reduce {c.allreduce_seconds:.3g} s)")
+
+
+def resolve_strategy(model, data, lam: float, solver: str, options, group: DistributedContext | None, *,
+                     saved: str | None = None, saved_round_size: int | None = None,
+                     check_data: bool = True) -> RunStrategy:
+    """The strategy, round size and communicator of a run of ``solver`` on the full ``data`` (the one place these
+    rules live; :func:`torch_bcfw.fit` and the Lightning callback call it).
+
+    ``group``: the process group of several ranks (``None``: one process).  ``saved`` / ``saved_round_size``: the
+    strategy (:func:`continued_strategy`) and round size of the run being continued.  A fresh run with
+    ``strategy="auto"``, ``"shard"`` or ``"split-oracle"`` calibrates (:func:`choose_strategy`; only BCFW shards or
+    splits its oracle calls) and warns when a forced setting is predicted slow; ``check_data``: check first that every
+    rank holds the same examples."""
+    planned = saved_round_size
+    if group is None:
+        if (saved is None and solver == "bcfw" and data.device.type != "cpu"
+                and isinstance(options.batch_size, int)):
+            warn_if_slow_rounds(model, data, lam, options)
+        return RunStrategy(options.strategy, resolve_batch_size(options, solver, model, data, lam, planned=planned))
+    given, cal = options.strategy, None
+    if check_data:
+        check_same_dataset(data, group)
+    if saved is not None:
+        if given not in ("auto", saved):
+            kind = {"shard": "sharded", "split-oracle": "split-oracle"}.get(saved, "replicated or single-process")
+            raise ValueError(f"the run to continue is a {kind} run: it continues with strategy={saved!r}, not "
+                             f"{given!r}")
+        strategy = saved
+    elif given == "split-oracle" and solver != "bcfw":
+        raise ValueError(f"strategy='split-oracle' runs BCFW rounds; solver={solver!r} replicates or shards")
+    elif given == "replicate" or (given == "auto" and solver != "bcfw"):
+        strategy = "replicate"  # only BCFW shards or splits its oracle calls
+    else:
+        cal = choose_strategy(model, data, lam, options, group)
+        strategy = cal.strategy if given == "auto" else given
+        planned = cal.shard_batch_size if strategy == "shard" else cal.split_batch_size
+        warn_if_slow(cal, strategy, options.batch_size, len(data), group)
+    if strategy == "replicate":
+        planned = saved_round_size
+    elif options.batch_size == "auto" and planned is None:
+        raise ValueError(f"the saved state of this {strategy} run does not record its round size: give batch_size")
+    opts = resolve_batch_size(dataclasses.replace(options, strategy=strategy), solver, model, data, lam,
+                              sharded=strategy == "shard", planned=planned)
+    if strategy == "shard":
+        comm = ShardComm(group, shard_sizes(len(data), group.world_size))
+    else:  # every rank the same single-process solve; stopping decisions agreed; rank 0 shows and saves
+        comm = SplitOracleComm(group) if strategy == "split-oracle" else ReplicaComm(group)
+        if not group.is_main:
+            opts = dataclasses.replace(opts, progress=False)
+    return RunStrategy(strategy, opts, group, comm, cal)

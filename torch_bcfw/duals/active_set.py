@@ -6,14 +6,14 @@ import torch
 from torch import Tensor
 
 from ..checks import saved_tensor
-from .base import LOAD_TOL, DualState
-from .dense import DenseDualState
+from .base import LOAD_TOL
+from .dense import DenseTable
 from .working_set import ACC, ALPHA, WorkingSet
 
 __all__ = ["ActiveSetDualState"]
 
 
-class ActiveSetDualState(DenseDualState):
+class ActiveSetDualState(DenseTable):
     """Dense ``w_i`` plus the dual variables themselves: per block, the labelings with non-zero weight (the active
     set) and their weights.  Works for any model; can be re-bound to new features.
 
@@ -78,12 +78,6 @@ class ActiveSetDualState(DenseDualState):
         if drop:
             ws.plane_values[ws.start[i] + ws.find(i, y_a.detach().cpu().numpy().reshape(-1)), ALPHA] = 0.0
         self._prune(i, nonpositive=True)
-
-    # the moves keep more than w_blocks: the per-block default of DualState
-    subset_direction = DualState.subset_direction
-    _move_subset = DualState._move_subset
-    _avg_touch_subset = DualState._avg_touch_subset
-    _subset_block_gaps = DualState._subset_block_gaps
 
     def _move_all(self, y: Tensor, gamma: float) -> None:
         super()._move_all(y, gamma)

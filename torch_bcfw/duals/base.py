@@ -24,6 +24,8 @@ follow every move.
 """
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
+
 import numpy as np
 import torch
 from torch import Tensor
@@ -41,8 +43,9 @@ __all__ = ["DualState", "LOAD_TOL"]
 LOAD_TOL = 1e-8
 
 
-class DualState:
-    """Shared bookkeeping of a primal-dual BCFW state (see the module docstring).
+class DualState(ABC):
+    """Shared bookkeeping of a primal-dual BCFW state (see the module docstring).  A subclass implements the abstract
+    storage hooks (``docs/anatomy.md``); a :attr:`rebindable` one keeps its own :meth:`_rescale_storage`.
 
     Attributes:
         n: number of blocks the state holds (``len(data)``).
@@ -64,6 +67,14 @@ class DualState:
     #: the state can be moved to new features (:meth:`rebind`); its ``_load_storage`` must derive any feature-space
     #: cache at ``self.data``'s features.
     rebindable = True
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        owner = next(c for c in cls.__mro__ if "_rescale_storage" in vars(c))
+        if cls.rebindable and not owner.rebindable:
+            raise TypeError(f"{cls.__name__} stores the dual variables (rebindable) but inherits _rescale_storage "
+                            f"from {owner.__name__}, which stores w_i only: implement it (the regularization path's "
+                            "alpha_i <- rho alpha_i + (1 - rho) e_{y_i})")
 
     def __init__(self, model, data, lam: float, n_total: int | None = None):
         model.check_data(data)
@@ -89,17 +100,17 @@ class DualState:
         self.rebound = False
 
     # ------------------------------------------------------------ storage hooks
+    @abstractmethod
     def block_direction(self, i: int, y: Tensor) -> tuple[Tensor, float]:
         """``(v, l_s)``: ``v = w_i - w_s`` (``Tensor[d]``) and ``l_s = L_i(y)/n`` for labeling ``y`` of block ``i``."""
-        raise NotImplementedError
 
+    @abstractmethod
     def _move_block(self, i: int, y: Tensor, gamma: float, v: Tensor) -> None:
         """``alpha_i <- (1 - gamma) alpha_i + gamma e_y`` in the storage (``v``: :meth:`block_direction`'s)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def block_w(self, i: int) -> Tensor:
         """``w_i`` as a dense ``Tensor[d]``."""
-        raise NotImplementedError
 
     def _labelings(self, y) -> list[np.ndarray]:
         """Each block's labeling in ``y`` (laid out like ``data.y``; :func:`~.working_set.block_labelings`)."""
@@ -116,13 +127,13 @@ class DualState:
         """``sum_i w_i`` recomputed from the stored blocks (``Tensor[d]``).  Default: the sum of :meth:`block_w`."""
         return sum((self.block_w(i) for i in range(self.n)), torch.zeros_like(self.v))
 
+    @abstractmethod
     def _avg_accumulate(self, i: int | None, S) -> None:
         """Add ``S`` times block ``i``'s state to its average accumulator (``i=None``: all blocks, ``S: Tensor[n]``)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def _avg_w(self, S: Tensor, total: float) -> Tensor:
         """``sum_i (acc_i + S_i state_i) / total`` mapped to weights: the averaged ``w`` (``Tensor[d]``)."""
-        raise NotImplementedError
 
     def _avg_touch(self, i: int) -> None:
         """Block ``i`` is about to change at clock ``avg_t``: bring its accumulator up to date."""
@@ -201,8 +212,10 @@ class DualState:
     def _move_block_general(self, i: int, y_s: Tensor, y_a: Tensor, coeffs: tuple, gamma: float, d: Tensor,
                             drop: bool) -> None:
         """``alpha_i <- alpha_i + gamma (p e_s + q e_a + r alpha_i)``, ``(p, q, r) = coeffs``, ``d`` the feature-space
-        direction; ``drop``: ``alpha_i(y_a)`` must become exactly 0."""
-        raise NotImplementedError
+        direction; ``drop``: ``alpha_i(y_a)`` must become exactly 0.  Optional: only pairwise and away steps move so
+        (``step_rule="pairwise"`` / ``"away"``)."""
+        raise NotImplementedError(f"{type(self).__name__} takes FW steps only: it has no _move_block_general for "
+                                  "pairwise and away steps (step_rule='pairwise' / 'away')")
 
     # ------------------------------------------------------------ explicit corners (generic step loop)
     def block_value(self, i: int) -> float:
@@ -342,8 +355,11 @@ class DualState:
         g(lam) + (1 - rho) Delta`` (Osokin et al. 2016, Prop. 1; box multipliers included)."""
         return self.ell - self.lam * float(self.v @ self.w)
 
+    @abstractmethod
     def _rescale_storage(self, rho: float) -> None:
-        """Storage hook of :meth:`rescale_lam`: ``alpha_i <- rho alpha_i + (1 - rho) e_{y_i}`` (nothing for ``w_i``)."""
+        """Storage hook of :meth:`rescale_lam`: ``alpha_i <- rho alpha_i + (1 - rho) e_{y_i}`` at ``lam <- rho lam``
+        (which leaves every ``w_i`` unchanged).  Required: a storage of ``alpha`` that skipped it would give wrong
+        weights on the regularization path."""
 
     def _restart_average(self) -> None:
         """Forget the weighted average (its accumulators restart at the current iterate)."""
@@ -352,9 +368,9 @@ class DualState:
         self.avg_ell_u = 0.0
         self._avg_reset_storage()
 
+    @abstractmethod
     def _avg_reset_storage(self) -> None:
         """Zero the storage's average accumulators."""
-        raise NotImplementedError
 
     # ------------------------------------------------------------ running plans
     def run_plan(self, plan: StepPlan) -> PlanResult:
@@ -585,11 +601,13 @@ class DualState:
         return cache[i]
 
     # ------------------------------------------------------------ checkpointing
+    @abstractmethod
     def _storage_dict(self) -> dict:
-        raise NotImplementedError
+        """The storage for checkpoints: a dict of CPU tensors (copies)."""
 
+    @abstractmethod
     def _load_storage(self, sd: dict) -> None:
-        raise NotImplementedError
+        """Set the storage from :meth:`_storage_dict`'s output, checked (``ValueError`` naming a bad entry)."""
 
     def _load_tensors(self, sd: dict, kind: str, specs: dict) -> None:
         """Set each attribute ``name`` of ``specs`` (``name: (shape, lo, hi)``) from ``sd[name]``, checked by

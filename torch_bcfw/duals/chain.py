@@ -20,11 +20,11 @@ from torch import Tensor
 from ..inference.viterbi import viterbi_packed
 from .base import LOAD_TOL, DualState
 from .chain_driver import chain_plain_bcfw_steps, chain_refined_plan_steps
-from .chain_kernels import TOTALS, ChainAverages, ChainFeatures, ChainMarginals, ChainWeights, decode_block
+from .chain_kernels import ChainAverages, ChainFeatures, ChainMarginals, ChainWeights, decode_block
 from .chain_rounds import (RoundScratch, Touched, clear_touched, local_round, max_round_tokens, round_directions,
                            round_move, round_scratch)
 from .plan import MP_EXACT, NEED_GAP_PASS, PlanResult, RoundStep, StepPlan, compiled_plan
-from .stepsize import lazy_weight, minibatch_step_size
+from .stepsize import TOTALS, lazy_weight, minibatch_step_size
 from .working_set import FREE, Pool
 
 __all__ = ["ChainDualState", "sequence_grams"]
@@ -241,7 +241,7 @@ class ChainDualState(DualState):
 
     def _groups(self, totals: np.ndarray) -> tuple:
         """The named groups every chain kernel takes (:mod:`.chain_kernels`): the features, ``w`` (views of ``v``), the
-        marginals with ``totals`` (a :data:`~.chain_kernels.TOTALS` record of ``l, avg_l_u``) and the averages."""
+        marginals with ``totals`` (a :data:`~.stepsize.TOTALS` record of ``l, avg_l_u``) and the averages."""
         marg = ChainMarginals(self.mu.numpy(), self.T.numpy(), self.block_ell.numpy(), totals)
         return (self.kernel_features(), self._kernel_weights(self.v), marg,
                 ChainAverages(self.mu_acc.numpy(), self.T_acc.numpy(), self.avg_last.numpy()))

@@ -28,15 +28,12 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from ..inference.viterbi import viterbi_numba
-from .stepsize import PAIRWISE_RULE, average_weight, clipped_step, lazy_weight, move_bound, step_size
+from .stepsize import PAIRWISE_RULE, clipped_step, commit_ell, fw_commit, move_bound, touch_average
 from .working_set import ALPHA, LOSS, SCORE, ws_away_update, ws_pairwise_update
 
-__all__ = ["ChainFeatures", "ChainWeights", "ChainMarginals", "ChainAverages", "StepScratch", "Corner", "TOTALS",
+__all__ = ["ChainFeatures", "ChainWeights", "ChainMarginals", "ChainAverages", "StepScratch", "Corner",
            "step_scratch", "fw_move", "move_block", "active_set_step", "block_corner", "corner_base", "add_corner",
            "decode_block"]
-
-#: the dual's linear part ``l = sum_i l_i`` and the accumulator ``avg_l_u`` of its weighted average (one record)
-TOTALS = np.dtype([("ell", np.float64), ("avg_ell_u", np.float64)])
 
 
 class ChainFeatures(NamedTuple):
@@ -65,7 +62,7 @@ class ChainWeights(NamedTuple):
 
 class ChainMarginals(NamedTuple):
     """The dual variables: ``mu[N_tok, K]``, ``T[n, K, K]``, ``block_ell[n]`` (``l_i``) and ``totals`` (one
-    :data:`TOTALS` record: ``l`` and ``avg_l_u``)."""
+    :data:`~.stepsize.TOTALS` record: ``l`` and ``avg_l_u``)."""
 
     mu: np.ndarray
     T: np.ndarray
@@ -338,34 +335,28 @@ def _transition_update(Ti, trans, Ta, ystar, a, gamma, S):
 @njit(cache=True, fastmath=True, _nrt=False)
 def fw_move(i, s, L, step_code, averaging, lam, k, clock, corner, ystar, D, feats, w, marg, avg):
     """The FW step of block ``i`` towards ``ystar`` from the direction's unary part ``D[:L] = e_{y*} - mu_i`` and its
-    :class:`Corner`: block gap, step size and the moves (:func:`move_block`).  Returns ``(gap, gamma)``."""
+    :class:`Corner`: block gap, the step and its commit (:func:`~.stepsize.fw_commit`), the moves (:func:`move_block`).
+    Returns ``(gap, gamma)``."""
     n = feats.offsets.shape[0] - 1
     lam_n = lam * n
     sq = direction_sqnorm(i, L, D, feats.gram, feats.gram_off) + corner.sq_T
     num = (corner.score - corner.score_mu) / n - corner.ell_i + corner.ell_s
     den = sq / (lam_n * n)
-    gamma = step_size(step_code, num, den, k, n)
+    gamma, S = fw_commit(step_code, num, den, k, n, corner.ell_s, averaging, clock, avg.last, marg.block_ell, i,
+                         marg.totals)
     if gamma != 0.0:
-        move_block(i, s, L, gamma, -gamma / lam_n, corner.ell_s, clock, averaging, D, ystar[:L], feats, w, marg, avg,
-                   w.trans)
+        move_block(i, s, L, gamma, -gamma / lam_n, S, D, ystar[:L], feats, w, marg, avg, w.trans)
     return num, gamma
 
 
 @njit(cache=True, fastmath=True, inline="always")
-def move_block(i, s, L, gamma, a, ell_s, clock, averaging, D, ystar, feats, w, marg, avg, trans):
-    """Block ``i`` (tokens ``s .. s+L-1``) moves by ``gamma`` towards ``ystar``: ``l_i``, the lazy average, ``w += a
-    phi_i(delta)`` with ``a = -gamma / (lam n)`` (``a = 0`` and ``trans`` a scratch when ``w`` moves elsewhere),
-    ``T_i`` and ``mu_i``."""
+def move_block(i, s, L, gamma, a, S, D, ystar, feats, w, marg, avg, trans):
+    """Block ``i`` (tokens ``s .. s+L-1``) moves by ``gamma`` towards ``ystar`` once its step is committed
+    (:func:`~.stepsize.commit_fw_move`, ``S`` the weight of its old value in the lazy average): ``w += a phi_i(delta)``
+    with ``a = -gamma / (lam n)`` (``a = 0`` and ``trans`` a scratch when ``w`` moves elsewhere), ``T_i`` and
+    ``mu_i``, accumulating ``S`` times their old values."""
     mu, mu_acc = marg.mu, avg.mu_acc
-    tot = marg.totals[0]
     K = mu.shape[1]
-    ell_i = marg.block_ell[i]
-    new_ell_i = (1.0 - gamma) * ell_i + gamma * ell_s
-    S = 0.0
-    if averaging:
-        S = lazy_weight(clock, avg.last[i])
-        avg.last[i] = clock
-    tot.avg_ell_u += average_weight(clock) * (new_ell_i - ell_i)
     if a != 0.0:
         add_direction(a, s, L, feats.indptr, feats.indices, feats.values, D, w.We, w.bias, w.start, w.end)
     _transition_update(marg.T[i], trans, avg.T_acc, ystar, a, gamma, S)
@@ -375,8 +366,6 @@ def move_block(i, s, L, gamma, a, ell_s, clock, averaging, D, ystar, feats, w, m
                 mu_acc[s + t, c] += S * mu[s + t, c]
         for c in range(K):
             mu[s + t, c] += gamma * D[t, c]
-    tot.ell += new_ell_i - ell_i
-    marg.block_ell[i] = new_ell_i
 
 
 @njit(cache=True, inline="always")
@@ -463,8 +452,7 @@ def _general_move(gamma, lam_n, s, L, feats, D, dT, w, mu, Ti):
 
 @njit(cache=True, fastmath=True, _nrt=False)
 def _avg_accumulate(i, s, L, clock, marg, avg):
-    S = lazy_weight(clock, avg.last[i])
-    avg.last[i] = clock
+    S = touch_average(True, clock, avg.last, i)
     if S != 0.0:
         mu, mu_acc, T_acc = marg.mu, avg.mu_acc, avg.T_acc
         K = mu.shape[1]
@@ -506,12 +494,8 @@ def active_set_step(kind, i, s, L, j_s, j_a, h_i, h_s, ell_i, ell_s, clock, aver
     if gamma != 0.0:
         if averaging:
             _avg_accumulate(i, s, L, clock, marg, avg)
-        tot = marg.totals[0]
-        new_ell_i = ell_i + gamma * dl
-        tot.avg_ell_u += average_weight(clock) * (new_ell_i - ell_i)
+        commit_ell(marg.totals, marg.block_ell, i, ell_i, ell_i + gamma * dl, clock)
         _general_move(gamma, lam_n, s, L, feats, D, dT, w, marg.mu, Ti)
-        tot.ell += new_ell_i - ell_i
-        marg.block_ell[i] = new_ell_i
         if kind == PAIRWISE_RULE:
             ws_pairwise_update(ws, i, j_s, j_a, gamma, drop)
         else:

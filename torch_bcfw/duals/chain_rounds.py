@@ -19,7 +19,7 @@ import numpy as np
 from numba import njit
 
 from .chain_kernels import block_corner, move_block, step_scratch, transition_stats
-from .stepsize import minibatch_step_size
+from .stepsize import commit_fw_move, minibatch_step_size
 
 __all__ = ["Touched", "RoundScratch", "round_scratch", "round_directions", "touched_sqnorm", "apply_touched",
            "clear_touched", "round_move", "local_round"]
@@ -186,9 +186,9 @@ def round_move(blocks, gamma, n_total, clock, averaging, feats, w, marg, avg, sc
         for t in range(L):
             if scr.Y[p0 + t] != y[s + t]:
                 mistakes += 1
-        ell_s = mistakes * (1.0 / L) / n_total
-        move_block(i, s, L, gamma, 0.0, ell_s, clock, averaging, scr.D[p0:p0 + L], scr.Y[p0:p0 + L], feats, w, marg,
-                   avg, scr.spare)
+        S = commit_fw_move(gamma, mistakes * (1.0 / L) / n_total, averaging, clock, avg.last, marg.block_ell, i,
+                           marg.totals)
+        move_block(i, s, L, gamma, 0.0, S, scr.D[p0:p0 + L], scr.Y[p0:p0 + L], feats, w, marg, avg, scr.spare)
 
 
 @njit(cache=True)

@@ -1,4 +1,5 @@
-"""The generic dual state: one dense ``w_i`` per example."""
+"""The generic dual state: one dense ``w_i`` per example (:class:`DenseTable`, the base of the states that keep more
+beside it; :class:`DenseDualState`, the table alone)."""
 from __future__ import annotations
 
 import torch
@@ -7,11 +8,13 @@ from torch import Tensor
 from .base import DualState
 from .stepsize import lazy_weight
 
-__all__ = ["DenseDualState"]
+__all__ = ["DenseTable", "DenseDualState", "dense_dual_state"]
 
 
-class DenseDualState(DualState):
-    """Stores ``w_i`` as a dense ``Tensor[n, d]`` (float64).  Works for any model and device.
+class DenseTable(DualState):
+    """Stores ``w_i`` as a dense ``Tensor[n, d]`` (float64; ``w_blocks``, its average accumulator ``w_blocks_acc``).
+    Works for any model and device.  A state that keeps the dual variables beside the table (active sets, marginals)
+    extends its moves and hooks; its mini-batch moves are the per-block defaults of :class:`DualState`.
 
     Not :attr:`~DualState.rebindable`: the table holds ``A(x) alpha_[i]`` for the features it was
     built with, and ``alpha`` is not kept (see :class:`~torch_bcfw.duals.active_set.ActiveSetDualState`).
@@ -55,27 +58,8 @@ class DenseDualState(DualState):
         )
         self.w_blocks.mul_(1.0 - gamma).add_(w_s, alpha=gamma)
 
-    def subset_direction(self, idx: Tensor, sub, y: Tensor):
-        """Batched: ``parts = W_i - W_s`` (``Tensor[tau, d]``, the per-block directions)."""
-        W_s = (self._true_features(idx) - self.model.joint_feature(sub, y)) / (self.lam * self.n_total)
-        Vb = self.w_blocks[idx] - W_s
-        ell_s = self.model.loss(sub, y).to(torch.float64) / self.n_total
-        return Vb.sum(0), ell_s, Vb
-
-    def _move_subset(self, idx: Tensor, y: Tensor, gamma: float, parts) -> None:
-        self.w_blocks[idx] -= gamma * parts
-
     def subset_values(self, idx: Tensor, sub) -> Tensor:
         return self.block_ell[idx] - self.lam * (self.w_blocks[idx] @ self.w)
-
-    def _subset_block_gaps(self, idx: Tensor, sub, parts) -> Tensor:
-        return self.lam * (parts @ self.w)
-
-    def _avg_touch_subset(self, idx: Tensor) -> None:
-        ic = idx.cpu()
-        S = lazy_weight.py_func(self.avg_t, self.avg_last[ic].to(torch.float64)).to(self.w.device)
-        self.w_blocks_acc[idx] += S[:, None] * self.w_blocks[idx]
-        self.avg_last[ic] = self.avg_t
 
     def block_w(self, i: int) -> Tensor:
         return self.w_blocks[i].clone()
@@ -92,6 +76,10 @@ class DenseDualState(DualState):
     def _avg_w(self, S: Tensor, total: float) -> Tensor:
         return (self.w_blocks_acc.sum(0) + S @ self.w_blocks) / total
 
+    def _rescale_storage(self, rho: float) -> None:
+        """Nothing: ``w_i = A alpha_[i] / (lam n)`` is unchanged by ``alpha_i <- rho alpha_i + (1 - rho) e_{y_i}`` at
+        ``lam <- rho lam`` (``psi_i(y_i) = 0``); a state that keeps ``alpha`` beside the table rescales it."""
+
     def _avg_reset_storage(self) -> None:
         self.w_blocks_acc.zero_()
 
@@ -102,3 +90,34 @@ class DenseDualState(DualState):
         """The saved ``w_i`` table and its accumulator, checked (``[n, d]``, finite)."""
         shape = ((self.n, self.d), None, None)
         self._load_tensors(sd, "dense", {"w_blocks": shape, "w_blocks_acc": shape})
+
+
+class DenseDualState(DenseTable):
+    """The :class:`DenseTable` alone: a mini-batch round moves its rows together."""
+
+    def subset_direction(self, idx: Tensor, sub, y: Tensor):
+        """Batched: ``parts = W_i - W_s`` (``Tensor[tau, d]``, the per-block directions)."""
+        W_s = (self._true_features(idx) - self.model.joint_feature(sub, y)) / (self.lam * self.n_total)
+        Vb = self.w_blocks[idx] - W_s
+        ell_s = self.model.loss(sub, y).to(torch.float64) / self.n_total
+        return Vb.sum(0), ell_s, Vb
+
+    def _move_subset(self, idx: Tensor, y: Tensor, gamma: float, parts) -> None:
+        self.w_blocks[idx] -= gamma * parts
+
+    def _subset_block_gaps(self, idx: Tensor, sub, parts) -> Tensor:
+        return self.lam * (parts @ self.w)
+
+    def _avg_touch_subset(self, idx: Tensor) -> None:
+        ic = idx.cpu()
+        S = lazy_weight.py_func(self.avg_t, self.avg_last[ic].to(torch.float64)).to(self.w.device)
+        self.w_blocks_acc[idx] += S[:, None] * self.w_blocks[idx]
+        self.avg_last[ic] = self.avg_t
+
+
+def dense_dual_state(model, data, lam: float, n_total: int | None = None) -> DenseDualState:
+    """The per-block dual state for BCFW-type solvers (dense ``w_i``, :class:`DenseDualState`); ``n_total``: the
+    problem's number of examples when ``data`` is one shard of it (see :class:`~torch_bcfw.duals.base.DualState`).
+    :meth:`StructuredModel.dual_state <torch_bcfw.models.base.StructuredModel.dual_state>` unless a model keeps its
+    own state."""
+    return DenseDualState(model, data, lam, n_total)

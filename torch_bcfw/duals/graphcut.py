@@ -4,7 +4,7 @@ For :class:`~torch_bcfw.models.graphcut.GraphCut` block ``i``'s dual variables `
 only through the node marginals ``mu_p = sum_y alpha_i(y) y_p`` (``Tensor[N_tot]``) and the expected pairwise block
 ``pw_i = sum_y alpha_i(y) phi_P(x_i, y)`` (``Tensor[n, E]``, feature-independent): ``w_i = (phi(x_i, y_i) - [U_i(mu)
 ; pw_i]) / (lam n)`` with ``U_i(mu) = sum_p a_p mu_p x_p / Z_i``.  :class:`GraphCutDualState` keeps the dense
-``[n, d]`` table of :class:`~torch_bcfw.duals.dense.DenseDualState` for the steps and moves ``(mu, pw)`` along with
+``[n, d]`` table of :class:`~torch_bcfw.duals.dense.DenseTable` for the steps and moves ``(mu, pw)`` along with
 it; its saved ``(mu, pw)`` re-derive ``w_i`` exactly under new node features, in ``O(N_tot)`` memory.
 """
 from __future__ import annotations
@@ -23,11 +23,11 @@ from torch import Tensor
 from ..checks import saved_tensor
 from ..inference.graphcut import NEGATIVE_TOLERANCE, build_graph, cut_graph
 from ..inference.graphcut_pool import GraphRecord, cut_inputs
-from .base import LOAD_TOL, DualState
-from .dense import DenseDualState
+from .base import LOAD_TOL
+from .dense import DenseTable
 from .fingerprint import features_fingerprint
 from .plan import PlanResult, StepPlan
-from .stepsize import average_weight, lazy_weight, step_size
+from .stepsize import fw_commit
 
 __all__ = ["GraphCutDualState"]
 
@@ -113,11 +113,12 @@ LOOP_TOTALS = np.dtype([("ell", np.float64), ("avg_ell_u", np.float64), ("oracle
 
 
 @njit(cache=True)
-def _fused_block_step(seg, rec, i, a, phi_true, w, blocks, avg, lam, step_code, k, clock, averaging):
+def _fused_block_step(seg, rec, i, a, phi_true, w, blocks, avg, lam, step_code, totals, averaging):
     """One BCFW block step towards the labelling ``seg`` (bool[N_i]) of block ``i`` (graph record ``rec``, nodes ``a ..
     a + N_i``, true features ``phi_true``): ``phi(x_i, seg)``, ``L_i(seg) / n``, the direction ``d = w_i - w_s``, the
-    gap ``num = lam <d, w> - l_i + l_s``, the step, the lazy average and the in-place moves of ``w_i``, ``mu``,
-    ``pw``, ``l_i``, ``v`` and ``w = clip(v)``.  Returns ``(num, gamma, l_i old, l_i new)``."""
+    gap ``num = lam <d, w> - l_i + l_s``, the step and its commit (:func:`~.stepsize.fw_commit`: the lazy average,
+    ``l_i``, ``l`` and ``avg_l_u`` in ``totals[0]``, whose ``k`` and ``clock`` it reads) and the in-place moves of
+    ``w_i``, ``mu``, ``pw``, ``v`` and ``w = clip(v)``.  Returns ``(num, gamma)``."""
     x, ns, e0, e1, edge_x, truth, omega = rec.x, rec.node_scale, rec.e0, rec.e1, rec.edge_x, rec.truth, rec.omega
     V, W = w.V, w.W
     WB, mu, pw = blocks.WB, blocks.mu, blocks.pw
@@ -162,19 +163,16 @@ def _fused_block_step(seg, rec, i, a, phi_true, w, blocks, avg, lam, step_code, 
         dd += d[q] * d[q]
     ell_i = blocks.block_ell[i]
     num = lam * dw - ell_i + ell_s
-    gamma = step_size(step_code, num, lam * dd, k, n)
-    new_ell = ell_i
+    tot = totals[0]
+    gamma, S = fw_commit(step_code, num, lam * dd, tot.k, n, ell_s, averaging, tot.clock, avg.last, blocks.block_ell, i,
+                         totals)
     if gamma != 0.0:
-        S = 0.0
-        if averaging:
-            S = lazy_weight(clock, avg.last[i])
-            if S != 0.0:
-                for q in range(D):
-                    avg.WBa[i, q] += S * WB[i, q]
-                for e in range(E):
-                    avg.pw_acc[i, e] += S * pw[i, e]
-                avg.acc_w[i] += S
-            avg.last[i] = clock
+        if S != 0.0:
+            for q in range(D):
+                avg.WBa[i, q] += S * WB[i, q]
+            for e in range(E):
+                avg.pw_acc[i, e] += S * pw[i, e]
+            avg.acc_w[i] += S
         for q in range(D):
             WB[i, q] -= gamma * d[q]
         if S != 0.0:  # one pass over the block's marginals: accumulate the old value, then move it
@@ -187,8 +185,6 @@ def _fused_block_step(seg, rec, i, a, phi_true, w, blocks, avg, lam, step_code, 
                 mu[a + p] = (1.0 - gamma) * mu[a + p] + gamma * (1.0 if seg[p] else 0.0)
         for e in range(E):
             pw[i, e] = (1.0 - gamma) * pw[i, e] + gamma * phi[F + e]
-        new_ell = (1.0 - gamma) * ell_i + gamma * ell_s
-        blocks.block_ell[i] = new_ell
         for q in range(D):
             V[q] -= gamma * d[q]
         if w.box:
@@ -199,7 +195,7 @@ def _fused_block_step(seg, rec, i, a, phi_true, w, blocks, avg, lam, step_code, 
                 if v > w.hi[q]:
                     v = w.hi[q]
                 W[q] = v
-    return num, gamma, ell_i, new_ell
+    return num, gamma
 
 
 @njit(cache=True)
@@ -231,18 +227,14 @@ def _step_loop(order, step_code, averaging, lam, graphs, w, blocks, avg, totals,
             with objmode(seg="boolean[::1]"):
                 seg = _cut(gain, edges, c)
         tot.oracle_seconds += _now(ts) - t0
-        num, gamma, ell_i, new_ell = _fused_block_step(seg, rec, i, graphs.seg_off[i], graphs.phi_true[i], w, blocks,
-                                                       avg, lam, step_code, tot.k, tot.clock, averaging)
-        gaps[j] = num
-        if gamma != 0.0:
-            tot.ell += new_ell - ell_i
-            tot.avg_ell_u += average_weight(tot.clock) * (new_ell - ell_i)
+        gaps[j] = _fused_block_step(seg, rec, i, graphs.seg_off[i], graphs.phi_true[i], w, blocks, avg, lam, step_code,
+                                    totals, averaging)[0]
         tot.k += 1
         tot.clock += 1
     return order.shape[0]
 
 
-class GraphCutDualState(DenseDualState):
+class GraphCutDualState(DenseTable):
     """Dense ``w_i`` plus node marginals ``mu`` and expected pairwise features ``pw`` (see the module docstring).
 
     Attributes:
@@ -370,12 +362,6 @@ class GraphCutDualState(DenseDualState):
             mu += gamma * r * self.mu[seg]
             pw += gamma * r * self.pw[i]
         self.mu[seg], self.pw[i] = mu, pw
-
-    # the moves keep more than w_blocks: the per-block default of DualState
-    subset_direction = DualState.subset_direction
-    _move_subset = DualState._move_subset
-    _avg_touch_subset = DualState._avg_touch_subset
-    _subset_block_gaps = DualState._subset_block_gaps
 
     def _move_all(self, y: Tensor, gamma: float) -> None:
         super()._move_all(y, gamma)

@@ -12,20 +12,21 @@ from numba import njit
 
 from .dense import DenseDualState
 from .plan import PlanResult, StepPlan
-from .stepsize import average_weight, lazy_weight, step_size
+from .stepsize import TOTALS, fw_commit
 
 __all__ = ["MulticlassDualState", "multiclass_plain_steps"]
 
 
 @njit(cache=True)
 def multiclass_plain_steps(order, x, y, bias, w_blocks, w_blocks_acc, w, block_ell, avg_last, lam, n_total, step_code,
-                           averaging, k, avg_t, ell, avg_ell_u, gaps):
+                           averaging, k, avg_t, totals, gaps):
     """Plain BCFW steps on the blocks ``order`` (``int64[m]``) of a multiclass problem, in place.
 
     ``x: float64[n, F]`` the inputs, ``y: int64[n]`` the labels, ``bias``: a constant feature appended;
     ``w_blocks`` / ``w_blocks_acc: float64[n, d]`` the ``w_i`` table and its accumulator, ``w: float64[d]``,
-    ``block_ell: float64[n]``, ``avg_last: int64[n]``.  Returns ``(k, avg_t, ell, avg_ell_u)`` updated; ``gaps[j]``
-    receives the block gap of step ``j``."""
+    ``block_ell: float64[n]``, ``avg_last: int64[n]``, ``totals``: ``l`` and ``avg_l_u`` (a
+    :data:`~.stepsize.TOTALS` record).  Returns ``(k, avg_t)`` updated; ``gaps[j]`` receives the block gap of step
+    ``j``."""
     n_feat = x.shape[1]
     fp = n_feat + (1 if bias else 0)
     n_classes = w.shape[0] // fp
@@ -68,24 +69,18 @@ def multiclass_plain_steps(order, x, y, bias, w_blocks, w_blocks_acc, w, block_e
         num = lam * vw - ell_i + ell_s
         den = lam * vv
         gaps[j] = num
-        gamma = step_size(step_code, num, den, k, n_total)
+        gamma, s_acc = fw_commit(step_code, num, den, k, n_total, ell_s, averaging, avg_t, avg_last, block_ell, i,
+                                 totals)
         if gamma != 0.0:
-            if averaging:
-                s_acc = lazy_weight(avg_t, avg_last[i])
-                if s_acc != 0.0:
-                    for t in range(d):
-                        w_blocks_acc[i, t] += s_acc * w_blocks[i, t]
-                avg_last[i] = avg_t
+            if s_acc != 0.0:
+                for t in range(d):
+                    w_blocks_acc[i, t] += s_acc * w_blocks[i, t]
             for t in range(d):
                 w_blocks[i, t] -= gamma * direction[t]
                 w[t] -= gamma * direction[t]
-            new_ell_i = (1.0 - gamma) * ell_i + gamma * ell_s
-            block_ell[i] = new_ell_i
-            ell += new_ell_i - ell_i
-            avg_ell_u += average_weight(avg_t) * (new_ell_i - ell_i)
         k += 1
         avg_t += 1
-    return k, avg_t, ell, avg_ell_u
+    return k, avg_t
 
 
 class MulticlassDualState(DenseDualState):
@@ -109,10 +104,11 @@ class MulticlassDualState(DenseDualState):
             self._y64 = np.ascontiguousarray(self.data.y.detach().to(torch.int64).numpy())
         order = np.ascontiguousarray(plan.order, dtype=np.int64)
         gaps = np.empty(len(order))
-        self.k, self.avg_t, self.ell, self.avg_ell_u = multiclass_plain_steps(
+        totals = np.array([(self.ell, self.avg_ell_u)], dtype=TOTALS)
+        self.k, self.avg_t = multiclass_plain_steps(
             order, self._x64, self._y64, bool(self.model.bias), self.w_blocks.numpy(), self.w_blocks_acc.numpy(),
             self.v.numpy(), self.block_ell.numpy(), self.avg_last.numpy(), float(self.lam), int(self.n_total),
-            int(plan.step_code), bool(plan.averaging), int(self.k), int(self.avg_t), float(self.ell),
-            float(self.avg_ell_u), gaps)
+            int(plan.step_code), bool(plan.averaging), int(self.k), int(self.avg_t), totals, gaps)
+        self.ell, self.avg_ell_u = float(totals[0]["ell"]), float(totals[0]["avg_ell_u"])
         return PlanResult(steps=len(order), oracle_calls=len(order), cache_hits=0, need_gap_pass=False,
                           blocks=order.copy(), gaps=gaps)

@@ -82,6 +82,61 @@ def average_weight(k: int) -> float:
     return 0.5 * k * (k + 1.0)
 
 
+# ---------------------------------------------------------------------- the commit of a block step (compiled loops)
+#: the dual's linear part ``l = sum_i l_i`` and the accumulator ``avg_l_u`` of its weighted average: the record the
+#: compiled loops keep them in (a loop may keep more fields in its own record)
+TOTALS = np.dtype([("ell", np.float64), ("avg_ell_u", np.float64)])
+
+
+@njit(cache=True, inline="always")
+def touch_average(averaging: bool, clock: int, last, i: int) -> float:
+    """Block ``i`` is about to change at ``clock``: the weight ``S`` (:data:`lazy_weight`) with which its current value
+    enters the lazy average (0 without ``averaging``), and its clock ``last[i]`` (``int64[n]``) set to ``clock``.
+    The compiled twin of :meth:`DualState._avg_touch <torch_bcfw.duals.base.DualState._avg_touch>`."""
+    S = 0.0
+    if averaging:
+        S = lazy_weight(clock, last[i])
+        last[i] = clock
+    return S
+
+
+@njit(cache=True, inline="always")
+def commit_ell(totals, block_ell, i: int, ell_i: float, new_ell_i: float, clock: int) -> None:
+    """Block ``i``'s ``l_i`` (``block_ell: float64[n]``) goes from ``ell_i`` to ``new_ell_i``; ``l`` and the average's
+    accumulator ``avg_l_u`` (``totals[0]``, a :data:`TOTALS` record) follow.  The compiled twin of
+    :meth:`DualState._commit_block <torch_bcfw.duals.base.DualState._commit_block>`'s ``l`` part."""
+    tot = totals[0]
+    block_ell[i] = new_ell_i
+    tot.ell += new_ell_i - ell_i
+    tot.avg_ell_u += average_weight(clock) * (new_ell_i - ell_i)
+
+
+@njit(cache=True, inline="always")
+def commit_fw_move(gamma: float, ell_s: float, averaging: bool, clock: int, last, block_ell, i: int, totals) -> float:
+    """Block ``i`` moves by ``gamma`` towards a corner of loss ``l_s = ell_s``: the lazy average touched
+    (:func:`touch_average`) and ``l_i <- (1 - gamma) l_i + gamma l_s`` committed (:func:`commit_ell`).  Returns ``S``,
+    the weight of the block's old value in its average accumulator: the caller moves its storage (accumulating ``S``
+    times the old value first)."""
+    S = touch_average(averaging, clock, last, i)
+    ell_i = block_ell[i]
+    commit_ell(totals, block_ell, i, ell_i, (1.0 - gamma) * ell_i + gamma * ell_s, clock)
+    return S
+
+
+@njit(cache=True, inline="always")
+def fw_commit(step_code: int, num: float, den: float, k: int, n: int, ell_s: float, averaging: bool, clock: int,
+              last, block_ell, i: int, totals):
+    """The commit of a compiled FW block step, shared by every compiled loop: the step (:func:`step_size` of the gap
+    ``num`` and ``den = lam ||w_i - w_s||^2``) and, when it moves, :func:`commit_fw_move`.  Returns ``(gamma, S)``;
+    the caller moves its storage by ``gamma``.  The specification is the torch loop,
+    :meth:`DualState.block_step <torch_bcfw.duals.base.DualState.block_step>`."""
+    gamma = step_size(step_code, num, den, k, n)
+    S = 0.0
+    if gamma != 0.0:
+        S = commit_fw_move(gamma, ell_s, averaging, clock, last, block_ell, i, totals)
+    return gamma, S
+
+
 # ---------------------------------------------------------------------- step rules (Osokin et al. 2016)
 #: step-rule codes of the BCFW family: Frank-Wolfe (Alg. 1), pairwise (Alg. 3), away (Alg. 4)
 FW_RULE = 0

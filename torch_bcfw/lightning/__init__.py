@@ -9,6 +9,6 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
         "torch_bcfw.lightning needs Lightning: pip install 'torch_bcfw[lightning]' (or pip install lightning)"
     ) from exc
 
-from .callback import BCFWCallback, collect_features, make_dual_state
+from .callback import BCFWCallback, collect_features
 
-__all__ = ["BCFWCallback", "collect_features", "make_dual_state"]
+__all__ = ["BCFWCallback", "collect_features"]

@@ -15,26 +15,14 @@ from lightning.pytorch.utilities import rank_zero_info
 from ..checks import check_bool, check_index_tensor, check_lam
 from ..data.base import StructuredData
 from ..data.sequences import MulticlassData, SequenceData
-from ..duals.active_set import ActiveSetDualState
+from ..duals.rebind import rebindable_state, rebound_state
 from ..nn import StructuredHead
 from ..runtime.signals import deferred_signals
 from ..solvers.options import SolverOptions
 from ..solvers.record import CheckRecord, as_records, plain_history
-from ..solvers.run import DUAL_STATE_SOLVERS, SolverRun
+from ..solvers.run import DUAL_STATE_SOLVERS, SolverRun, options_for
 
-__all__ = ["BCFWCallback", "collect_features", "make_dual_state"]
-
-
-def make_dual_state(model, data, lam: float, n_total: int | None = None):
-    """The model's own dual state when it can be re-bound to new features, else an :class:`ActiveSetDualState`
-    (also for a model with the default dense state).  ``n_total``: the problem's number of examples when ``data``
-    is one rank's shard of it."""
-    from ..models.base import StructuredModel
-
-    if type(model).dual_state is StructuredModel.dual_state:
-        return ActiveSetDualState(model, data, lam, n_total)
-    state = model.dual_state(data, lam) if n_total is None else model.dual_state(data, lam, n_total=n_total)
-    return state if state.rebindable else ActiveSetDualState(model, data, lam, n_total)
+__all__ = ["BCFWCallback", "collect_features"]
 
 
 def _ddp_context(trainer):
@@ -224,9 +212,9 @@ class BCFWCallback(Callback):
             if bad in opts:
                 raise ValueError(f"BCFWCallback sets {bad!r} itself; use {use!r}")
         opts.setdefault("gap_check", max(1, math.ceil(passes_per_call)))
-        self.options = SolverOptions.from_kwargs(max_passes=passes_per_call, **opts)  # unknown options: TypeError
+        self.options = options_for(solver, max_passes=passes_per_call, **opts)  # unknown options: TypeError
         if initial_passes:
-            SolverOptions.from_kwargs(**{**self.options.to_dict(), "max_passes": initial_passes})
+            options_for(solver, **{**self.options.to_dict(), "max_passes": initial_passes})
         self.head_attr = str(head_attr)
         self.every_n_epochs = int(every_n_epochs)
         self.passes_per_call = float(passes_per_call)
@@ -249,7 +237,7 @@ class BCFWCallback(Callback):
         self.last_record = None
         self.last_data = None
         self.interrupted = False  # a solve was cut by Ctrl-C (and discarded)
-        self._state_type = None  # the class of the dual state (make_dual_state's choice for the head's model)
+        self._state_type = None  # the class of the dual state (rebindable_state's choice for the head's model)
         self.shards = None  # under DDP, sharded: (dual state, solver state) of every rank, in rank order
         self.strategy = None  # under DDP: "replicate", "split-oracle" or "shard", decided by the first solve
         self.round_size = None  # a sharded or split-oracle run's round size (the calibration's, batch_size="auto")
@@ -324,21 +312,16 @@ class BCFWCallback(Callback):
 
     def _dual_state(self, model, data, n_total=None):
         if self.dual_sd is None or self._state_type is None:
-            state = make_dual_state(model, data, self.lam, n_total)
+            state = rebindable_state(model, data, self.lam, n_total)
             self._state_type = type(state)
             if self.dual_sd is None:
                 return state
-        kind = self.dual_sd["kind"]
-        cls = next((c for c in (self._state_type, ActiveSetDualState) if c.__name__ == kind), None)
-        if cls is None:
-            raise ValueError(f"BCFWCallback: the saved dual state is a {kind}, but head {self.head_attr!r} "
-                             f"({type(model).__name__}) keeps a {self._state_type.__name__}")
         try:
-            return cls.from_state_dict(model, data, self.lam, self.dual_sd)
+            return rebound_state(model, data, self.lam, self.dual_sd, (self._state_type,))
         except ValueError as exc:
             raise ValueError(
-                f"BCFWCallback: {exc}; bcfw_dataloader must yield the same training examples in the same order "
-                "on every call (no shuffling, no dropped batches)"
+                f"BCFWCallback: {exc} (head {self.head_attr!r}); bcfw_dataloader must yield the same training examples "
+                "in the same order on every call (no shuffling, no dropped batches)"
             ) from exc
 
     # validation hooks run under torch.inference_mode: keep the solver's tensors ordinary ones
@@ -353,30 +336,17 @@ class BCFWCallback(Callback):
         data = self.training_data(trainer, pl_module)
         t_feat = time.perf_counter() - t0
         ctx = _ddp_context(trainer)
-        opts = SolverOptions.from_kwargs(**{**self.options.to_dict(), "max_passes": passes})
-        comm, mine, n_total = None, data, None
-        if ctx is not None:  # DDP: one head over all ranks' examples (gathered above)
-            from ..distributed import ShardComm, assert_replicated, collective, shard, shard_sizes
-            from ..distributed.strategy import ReplicaComm, SplitOracleComm
-
-            opts = self._distributed_options(ctx, model, data, opts)
-            if opts.strategy == "shard":  # each rank solves on its contiguous share, rounds all-reduced
-                mine, n_total = shard(data, ctx, check=False).data, len(data)
-                comm = ShardComm(ctx, shard_sizes(len(data), ctx.world_size))
-                if self.shards is not None:
-                    self.dual_sd, self.alg_sd = self.shards[ctx.rank]
-            elif opts.strategy == "split-oracle":  # a replicated solve, each round's oracle calls split over the ranks
-                comm = SplitOracleComm(ctx)
-            else:  # every rank runs the single-process solve on all examples
-                comm = ReplicaComm(ctx)
-        elif self.shards is not None:
-            raise ValueError(f"BCFWCallback: the checkpoint holds the dual states of a sharded run of {len(self.shards)} "
-                             f"processes: resume it under DDP with {len(self.shards)} processes")
-        state = self._dual_state(model, mine, n_total)
+        opts = dataclasses.replace(self.options, max_passes=passes)
+        plan = self._strategy(ctx, model, data, opts)
+        mine = plan.data_here(data)
+        if plan.sharded:  # each rank solves on its contiguous share, rounds all-reduced
+            if self.shards is not None:
+                self.dual_sd, self.alg_sd = self.shards[ctx.rank]
+        state = self._dual_state(model, mine, len(data) if plan.sharded else None)
         stale = 0.0
         if self.dual_sd is not None:
             stale = float((state.w - self.dual_sd["w"].to(state.w.device)).abs().max()) if state.d else 0.0
-        run = SolverRun(model, mine, self.lam, self.solver, opts, state=state, comm=comm)
+        run = SolverRun(model, mine, self.lam, self.solver, plan.options, state=state, comm=plan.comm)
         # the run works on copies of the counters and history: an interrupted call leaves no trace
         run.load_progress(self.alg_sd, {**self.counters, **self.calibration}, self.history)
         out = run.run()
@@ -397,13 +367,16 @@ class BCFWCallback(Callback):
             w = alg.averaged()[0]
         epoch = trainer.current_epoch if trainer is not None else None
         rec.update(epoch=epoch, stale=stale, call=self.calls, feature_time=t_feat, wall=time.perf_counter() - t0)
-        if ctx is not None and opts.strategy != "shard":
+        if ctx is not None and not plan.sharded:
+            from ..distributed import assert_replicated
+
             assert_replicated(w, ctx, name="BCFWCallback's replicated head")
         sd = alg.state_dict()
         dual_sd, alg_sd = _to_primitive(sd.pop("state")), _to_primitive(sd)
         shards = None
-        if ctx is not None and opts.strategy == "shard":  # every rank keeps every rank's state, so that any rank's
-            # checkpoint resumes all
+        if plan.sharded:  # every rank keeps every rank's state, so that any rank's checkpoint resumes all
+            from ..distributed import collective
+
             shards = [None] * ctx.world_size
             with collective("BCFWCallback shard states", ctx):
                 torch.distributed.all_gather_object(shards, (dual_sd, alg_sd))
@@ -439,55 +412,27 @@ class BCFWCallback(Callback):
             pl_module.log(f"{self.log_prefix}/{k}", torch.tensor(float(v), dtype=torch.float64),
                           on_step=False, on_epoch=True, prog_bar=(k == "gap"), add_dataloader_idx=False)
 
-    def _distributed_options(self, ctx, model, data, opts: SolverOptions) -> SolverOptions:
-        """Under DDP: ``opts`` with the strategy (and a sharded run's round size) of this callback's solves.
+    def _strategy(self, ctx, model, data, opts: SolverOptions):
+        """This solve's :class:`~torch_bcfw.distributed.strategy.RunStrategy`: the first solve under DDP decides
+        (:func:`~torch_bcfw.distributed.strategy.resolve_strategy`, logged once), later ones and a resumed checkpoint
+        continue the decision (:func:`~torch_bcfw.distributed.strategy.continued_strategy`)."""
+        from ..distributed.strategy import continued_strategy, resolve_strategy
 
-        The first solve decides: a checkpoint's sharded states continue sharded (with the world size that wrote
-        them), a full dual state (a replicated or single-process run) continues replicated; otherwise
-        ``strategy="auto"`` runs :func:`~torch_bcfw.distributed.strategy.choose_strategy` on the gathered data
-        (logged once, and kept in the counters as ``calibration_*``).  Later solves keep the decision."""
-        from ..distributed.strategy import choose_strategy, warn_if_slow
-
-        given = opts.strategy
-        if self.shards is not None:
-            saved = "shard"
-            if len(self.shards) != ctx.world_size:
-                raise ValueError(f"BCFWCallback: the checkpoint holds the dual states of {len(self.shards)} ranks, "
-                                 f"this run has {ctx.world_size}: resume with the world size that wrote it")
-        elif self.dual_sd is not None:  # a full dual state: replicated, or split-oracle rounds (any world size)
-            saved = "split-oracle" if self.strategy == "split-oracle" else "replicate"
-        else:
-            saved = self.strategy
-        if saved is not None:
-            if given not in ("auto", saved):
-                kind = {"shard": "sharded", "split-oracle": "split-oracle"}.get(saved, "replicated or single-process")
-                raise ValueError(f"BCFWCallback: the dual state to continue is that of a {kind} run: it continues "
-                                 f"with strategy={saved!r}, not {given!r}")
-            self.strategy = saved
-        elif given == "auto" and self.solver != "bcfw":
-            self.strategy = "replicate"  # only BCFW shards or splits its oracle calls
-        elif given != "replicate":
-            cal = choose_strategy(model, data, self.lam, opts, ctx)
-            self.strategy = cal.strategy if given == "auto" else given
-            self.round_size = cal.shard_batch_size if self.strategy == "shard" else cal.split_batch_size
-            self.calibration = {f"calibration_{k}": v for k, v in cal._asdict().items()
-                                if k not in ("strategy", "shard_batch_size", "split_batch_size")}
-            warn_if_slow(cal, self.strategy, opts.batch_size, len(data), ctx)
-            rank_zero_info(f"[{self.log_prefix}] strategy {self.strategy} over {ctx.world_size} processes (given "
-                           f"{given!r}): predicted {cal.replicate_pass_seconds:.3g} s per pass replicated, "
-                           f"{cal.shard_pass_seconds:.3g} s sharded in rounds of {cal.shard_batch_size}, "
-                           f"{cal.split_pass_seconds:.3g} s with the oracle split in rounds of {cal.split_batch_size} "
-                           f"(oracle {cal.oracle_seconds:.3g} s, all-gather {cal.gather_seconds:.3g} s; block step "
-                           f"{cal.step_seconds:.3g} s, all-reduce {cal.allreduce_seconds:.3g} s)")
-        else:
-            self.strategy = given
-        changes = {"strategy": self.strategy}
-        if self.strategy in ("shard", "split-oracle") and opts.batch_size == "auto":
-            if self.round_size is None:
-                raise ValueError(f"BCFWCallback: the checkpoint of this {self.strategy} run does not record its round size; "
-                                 "give batch_size")
-            changes["batch_size"] = self.round_size
-        return dataclasses.replace(opts, **changes)
+        if self.shards is not None and (ctx is None or len(self.shards) != ctx.world_size):
+            raise ValueError(f"BCFWCallback: the checkpoint holds the dual states of a sharded run of "
+                             f"{len(self.shards)} processes: resume it under DDP with {len(self.shards)} processes")
+        saved = continued_strategy(self.shards is not None, self.dual_sd is not None, self.strategy)
+        try:
+            plan = resolve_strategy(model, data, self.lam, self.solver, opts, ctx, saved=saved,
+                                    saved_round_size=self.round_size, check_data=False)
+        except ValueError as exc:
+            raise ValueError(f"BCFWCallback: {exc}") from exc
+        if ctx is not None:
+            self.strategy, self.round_size = plan.strategy, plan.round_size
+        if plan.calibration is not None:
+            self.calibration = plan.record(rounds=False)
+            rank_zero_info(f"[{self.log_prefix}] {plan.describe()} (given {opts.strategy!r})")
+        return plan
 
     def state_dict(self) -> dict:
         return {

@@ -16,6 +16,8 @@ from abc import ABC, abstractmethod
 import torch
 from torch import Tensor
 
+from ..duals.dense import dense_dual_state
+
 __all__ = ["StructuredModel"]
 
 
@@ -111,12 +113,11 @@ class StructuredModel(ABC):
         """The :mod:`torch_bcfw.head_ops` object a :class:`torch_bcfw.nn.StructuredHead` needs, or ``None``."""
         return None
 
-    def dual_state(self, data, lam: float, n_total: int | None = None):
-        """The per-block dual state for BCFW-type solvers (dense ``w_i`` by default); ``n_total``: the problem's
-        number of examples when ``data`` is one shard of it (see :class:`~torch_bcfw.duals.base.DualState`)."""
-        from ..duals.dense import DenseDualState
-
-        return DenseDualState(self, data, lam, n_total)
+    #: ``dual_state(data, lam, n_total=None)``: the per-block dual state for BCFW-type solvers (dense ``w_i`` by
+    #: default, :func:`~torch_bcfw.duals.dense.dense_dual_state`); ``n_total``: the problem's number of examples when
+    #: ``data`` is one shard of it (see :class:`~torch_bcfw.duals.base.DualState`).  A model with its own state
+    #: overrides it.
+    dual_state = dense_dual_state
 
     def builtin_oracle(self) -> bool:
         """True when :meth:`oracle` is the model's own decoder (not overridden), so a fused step loop of its dual

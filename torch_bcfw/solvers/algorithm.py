@@ -1,6 +1,8 @@
 """The interface between the solver loop and one algorithm (each solver of :data:`~torch_bcfw.solvers.run.ALGORITHMS`)."""
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 from torch import Tensor
 
@@ -28,8 +30,14 @@ class Algorithm:
     name = "base"
     has_dual = True
     whole_passes = False
+    #: the :class:`~torch_bcfw.solvers.options.OptionGroup` of this solver's own options, declared beside it
+    #: (``None``: it has none)
+    Options = None
 
     def __init__(self, model, data, lam: float, options, comm=None):
+        if self.Options is not None and options.solver_options is None:
+            options = dataclasses.replace(options, solver_options=self.own_options(options))
+        self.own_options(options)  # a solver refuses another solver's options
         self.model, self.data, self.lam, self.options = model, data, lam, options
         self.comm = LOCAL if comm is None else comm
         #: the problem's number of examples (all processes); ``data`` holds this process' ``len(data)`` of them
@@ -38,6 +46,21 @@ class Algorithm:
         self.cache_hits = 0
         self.check_requested = False
         self.converged = False
+
+    @classmethod
+    def own_options(cls, options):
+        """This solver's options in ``options`` (:attr:`Options`; its defaults when none are given); ``ValueError``
+        for the options of another solver."""
+        own = options.solver_options
+        if cls.Options is None:
+            if own is not None:
+                raise ValueError(f"solver {cls.name!r} has no options of its own, got {type(own).__name__}")
+            return None
+        if own is None:
+            return cls.Options()
+        if not isinstance(own, cls.Options):
+            raise ValueError(f"solver {cls.name!r} takes {cls.Options.__name__}, got {type(own).__name__}")
+        return own
 
     @property
     def work(self) -> int:

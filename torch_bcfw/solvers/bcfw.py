@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 import torch
@@ -18,11 +20,11 @@ from ..duals.stepsize import FW_RULE, STEP_RULES
 from .algorithm import DualAlgorithm
 from .certificate import Certificate, squared_norm, with_dual
 from .local_comm import pass_rounds
-from .options import SolverOptions, parse_preset
+from .options import OptionGroup, SolverOptions, check_int, check_real, parse_preset
 from .sampling import GapEstimates, GapSampler, make_sampler
 
 __all__ = ["seconds_per_block", "round_costs", "measured_round_size", "round_size_candidates", "chosen_round_size",
-           "BCFW", "resolve_auto_preset"]
+           "resolve_batch_size", "BCFW", "CacheOptions", "resolve_auto_preset"]
 
 
 def resolve_auto_preset(model, data, options, rounds: bool = False):
@@ -91,6 +93,47 @@ def chosen_round_size(cost: dict[int, float]) -> int:
     return min(t for t, c in cost.items() if c <= ROUND_SIZE_SLACK * best)
 
 
+def resolve_batch_size(options: SolverOptions, solver: str, model, data, lam: float, *, sharded: bool = False,
+                       planned: int | None = None) -> SolverOptions:
+    """``options`` with ``batch_size="auto"`` resolved (the one place it is): a given integer stays; else ``planned``
+    (the round size of a distributed strategy's calibration, or of the saved run being continued); else ``1`` for a
+    solver other than ``"bcfw"``, for data on the CPU and for a ``sharded`` run's blocks; else (data on a GPU)
+    :func:`measured_round_size`."""
+    if options.batch_size != "auto":
+        return options
+    if planned is not None:
+        size = planned
+    elif solver != "bcfw" or sharded or data.device.type == "cpu":
+        size = 1
+    else:
+        size = measured_round_size(model, data, lam, options)
+    return dataclasses.replace(options, batch_size=size)
+
+
+@dataclass
+class CacheOptions(OptionGroup):
+    """The options of BCFW's cache (``cache=True``, Osokin et al. 2016, Alg. 5), given as ``cache_size``, ``cache_F``
+    and ``cache_nu``: keep a working set of past oracle answers per block and use its best labeling instead of the
+    oracle when ``g_hat_i >= max(F g_i, nu / n g_global)``.
+
+    Attributes:
+        size: maximum labelings per block, an integer >= 1 (default 100); the inactive one with the lowest score is
+            evicted, active ones never.
+        F: local factor ``F`` of the cache-hit test, > 0 (default 0.25; ``inf`` allowed).
+        nu: global factor ``nu`` of the cache-hit test, > 0 (default 0.01); ``inf`` disables hits.
+    """
+
+    prefix: ClassVar[str] = "cache"
+    size: int = 100
+    F: float = 0.25
+    nu: float = 0.01
+
+    def __post_init__(self) -> None:
+        self.size = check_int("cache_size", self.size, 1)
+        self.F = float(check_real("cache_F", self.F, positive=True, finite=False))
+        self.nu = float(check_real("cache_nu", self.nu, positive=True, finite=False))
+
+
 class BCFW(DualAlgorithm):
     """BCFW and its refinements; see the module docstring and :class:`~torch_bcfw.solvers.options.SolverOptions`.
 
@@ -102,12 +145,10 @@ class BCFW(DualAlgorithm):
     """
 
     name = "bcfw"
+    Options = CacheOptions
 
     def __init__(self, model, data, lam, options, state=None, bounds=None, comm=None):
-        if options.batch_size == "auto":  # one-block steps on the CPU (and in the rounds of a sharded run's caller)
-            on_cpu = data.device.type == "cpu" or (comm is not None and comm.sharded)
-            options = dataclasses.replace(options, batch_size=1 if on_cpu else measured_round_size(model, data, lam,
-                                                                                                   options))
+        options = resolve_batch_size(options, self.name, model, data, lam, sharded=comm is not None and comm.sharded)
         if options.preset == "auto":
             options = resolve_auto_preset(model, data, options, rounds=options.batch_size > 1 or options.strategy ==
                                           "split-oracle" or (comm is not None and comm.sharded))
@@ -156,14 +197,14 @@ class BCFW(DualAlgorithm):
 
     def _refine(self, plan: StepPlan) -> StepPlan:
         """Add the refinements to ``plan``: the gap estimates, the working set and the cache test."""
-        o = self.options
+        o, c = self.options, self.options.solver_options
         plan.estimates = self.estimates
         if self.use_ws:
             cache = None
             if o.cache:
                 g = self.glob_gap
-                cache = CacheTest(o.cache_F, np.inf if (o.cache_nu == np.inf or g == np.inf) else o.cache_nu / self.n * g)
-            plan.working_set = WorkingSetUse(keep_inactive=o.cache, max_size=o.cache_size if o.cache else 0, cache=cache)
+                cache = CacheTest(c.F, np.inf if (c.nu == np.inf or g == np.inf) else c.nu / self.n * g)
+            plan.working_set = WorkingSetUse(keep_inactive=o.cache, max_size=c.size if o.cache else 0, cache=cache)
         return plan
 
     def _plan(self, m: int) -> StepPlan:

@@ -15,14 +15,18 @@ No box constraints (models with ``weight_bounds`` need ``solver="bcfw"`` or ``"f
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import ClassVar
+
 import numpy as np
 import torch
 
 from ..checks import saved_int, saved_tensor
 from ..duals.fingerprint import features_fingerprint, labels_fingerprint
 from .algorithm import Algorithm
+from .options import OptionGroup, check_int, check_real
 
-__all__ = ["CuttingPlane", "solve_simplex_qp"]
+__all__ = ["CuttingPlane", "CuttingPlaneOptions", "solve_simplex_qp"]
 
 
 def solve_simplex_qp(K, b, lam: float, beta, tol: float, max_iters: int):
@@ -48,11 +52,31 @@ def solve_simplex_qp(K, b, lam: float, beta, tol: float, max_iters: int):
     return beta, it, gap
 
 
+@dataclass
+class CuttingPlaneOptions(OptionGroup):
+    """The options of ``solver="cutting-plane"`` (SVM-struct's inner solve), given as ``cp_inner_tol``, ...
+
+    Attributes:
+        inner_tol: the restricted dual is solved to an inner gap ``<= inner_tol * max(1, |dual|)`` (default 1e-10);
+            the certified gap is exact whatever this is.
+        inner_iters: most pairwise FW steps per inner solve (default 10000).
+    """
+
+    prefix: ClassVar[str] = "cp"
+    inner_tol: float = 1e-10
+    inner_iters: int = 10000
+
+    def __post_init__(self) -> None:
+        self.inner_tol = float(check_real("cp_inner_tol", self.inner_tol, positive=True, finite=True))
+        self.inner_iters = check_int("cp_inner_iters", self.inner_iters, 1)
+
+
 class CuttingPlane(Algorithm):
     """``solver="cutting-plane"``: one full oracle pass adds one plane; the dual over the planes is re-solved.
     No averaging: the iterate is the fully corrective solution."""
 
     name = "cutting-plane"
+    Options = CuttingPlaneOptions
     whole_passes = True
 
     def __init__(self, model, data, lam, options, state=None, bounds=None):
@@ -91,8 +115,9 @@ class CuttingPlane(Algorithm):
         K, b = self.K.cpu().numpy(), self.b.cpu().numpy()
         beta = self.beta.cpu().numpy()
         dual = float(beta @ b) - 0.5 * self.lam * float(beta @ (K @ beta))
-        tol = self.options.cp_inner_tol * max(1.0, abs(dual))
-        beta, its, _ = solve_simplex_qp(K, b, self.lam, beta, tol, self.options.cp_inner_iters)
+        cp = self.options.solver_options
+        tol = cp.inner_tol * max(1.0, abs(dual))
+        beta, its, _ = solve_simplex_qp(K, b, self.lam, beta, tol, cp.inner_iters)
         self.beta = torch.from_numpy(beta).to(self.a.device)
         self.inner_iterations += its
         self.w = self.beta @ self.a

@@ -26,14 +26,17 @@ as ``2 n`` oracle calls (two projections per example).  Needs a model with a
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
 from ..checks import saved_float, saved_int, saved_tensor
 from ..duals.fingerprint import features_fingerprint, labels_fingerprint
 from .algorithm import Algorithm
+from .options import OptionGroup, check_int, check_real
 
-__all__ = ["Extragradient", "lipschitz_constant"]
+__all__ = ["Extragradient", "ExtragradientOptions", "lipschitz_constant"]
 
 
 def lipschitz_constant(lam: float, sigma: float, gamma: float = 1.0, rho: float = 1.0) -> float:
@@ -43,8 +46,31 @@ def lipschitz_constant(lam: float, sigma: float, gamma: float = 1.0, rho: float 
     return 0.5 * (a + math.sqrt(a * a + 4.0 * sigma * sigma / (gamma * rho)))
 
 
-def _geometry(model, data, lam, options):
-    geo = model.prox_geometry(data, lam, options.xg_proj_tol, options.xg_proj_iters)
+@dataclass
+class ExtragradientOptions(OptionGroup):
+    """The options of ``solver="extragradient"`` (Taskar et al. 2006), given as ``xg_step_scale``, ...
+
+    Attributes:
+        step_scale: the step is ``step_scale / L``, ``L`` the Lipschitz constant of the saddle-point operator
+            (default 1; above 1 convergence is not guaranteed, the certificate stays exact).
+        proj_tol: on matchings: certified distance of every projection onto the matching polytope from the exact one
+            (default 1e-9; the point is feasible whatever this is).
+        proj_iters: on matchings: most Newton steps per projection (default 50).
+    """
+
+    prefix: ClassVar[str] = "xg"
+    step_scale: float = 1.0
+    proj_tol: float = 1e-9
+    proj_iters: int = 50
+
+    def __post_init__(self) -> None:
+        self.step_scale = float(check_real("xg_step_scale", self.step_scale, positive=True, finite=True))
+        self.proj_tol = float(check_real("xg_proj_tol", self.proj_tol, positive=True, finite=True))
+        self.proj_iters = check_int("xg_proj_iters", self.proj_iters, 1)
+
+
+def _geometry(model, data, lam, xg: ExtragradientOptions):
+    geo = model.prox_geometry(data, lam, xg.proj_tol, xg.proj_iters)
     if geo is None:
         raise ValueError(
             f"extragradient needs prox steps on the labelings' polytope: an expectation (marginal) oracle for entropic "
@@ -64,17 +90,19 @@ class Extragradient(Algorithm):
 
     name = "extragradient"
     whole_passes = True
+    Options = ExtragradientOptions
 
     def __init__(self, model, data, lam, options, state=None, bounds=None):
         super().__init__(model, data, lam, options)
         self.refuse_bcfw_extras(bounds)
         model.check_data(data)
-        self.geo = _geometry(model, data, lam, options)
+        xg = self.options.solver_options
+        self.geo = _geometry(model, data, lam, xg)
         self.geometry = self.geo.kind
         self.sigma = self.geo.sigma()
         self.gamma = self.rho = 1.0  # weights of the w and z parts of the distance-generating function
         self.lipschitz = lipschitz_constant(lam, self.sigma, self.gamma, self.rho)
-        self.eta = options.xg_step_scale / self.lipschitz
+        self.eta = xg.step_scale / self.lipschitz
         d, dev = model.n_features, data.device
         zeros = lambda: torch.zeros(d, dtype=torch.float64, device=dev)  # noqa: E731
         self.t = 0

@@ -5,7 +5,7 @@ LRU eviction at the cap ``N``, eviction after ``T`` inactive iterations).  One o
 BCFW steps) and up to ``M`` approximate passes (each block once in a random order, stepping towards its best stored
 plane at the current ``w``).  After approximate pass ``B`` the passes stop when ``r dF_B t_A < dF_A t_B`` (Sec. 3.4;
 ``A`` everything since the start of the iteration before ``B``, ``dF`` the dual gain, ``t`` the cost of
-``options.mp_clock``) or when ``dF_B <= min_gain |F|``.  MP-BCFW-avg (Sec. 3.5) keeps one average after the exact and
+:attr:`MPOptions.clock`) or when ``dF_B <= min_gain |F|``.  MP-BCFW-avg (Sec. 3.5) keeps one average after the exact and
 one after the approximate steps and returns their mixture maximising the dual.  With ``N = 0`` this is plain BCFW,
 bit for bit.  ``max_passes`` and ``gap_check`` count exact passes.
 """
@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 import torch
@@ -24,16 +26,57 @@ from ..duals.stepsize import line_search_step
 from .certificate import squared_norm
 from .algorithm import DualAlgorithm
 from .callbacks import Callback
+from .options import OptionGroup, check_int, check_real
 from .sampling import make_sampler
 
-__all__ = ["MPBCFW", "RecordAccounting", "stop_approximate_passes", "TwoAverages", "PLANES_PER_ORACLE_CALL"]
+__all__ = ["MPBCFW", "MPOptions", "MP_CLOCKS", "RecordAccounting", "stop_approximate_passes", "TwoAverages", "PLANES_PER_ORACLE_CALL"]
 
 #: seed salt of the generator of the approximate passes' orders (kept apart from the exact pass's sampler)
 _APPROX_SALT = 0x6D70
 
+#: values of :attr:`MPOptions.clock`
+MP_CLOCKS = ("auto", "work", "wall")
+
 #: ``mp_clock="work"``: scoring this many planes costs as much as one exact oracle call (a fixed constant, so that
 #: the automatic rule is deterministic)
 PLANES_PER_ORACLE_CALL = 10.0
+
+
+@dataclass
+class MPOptions(OptionGroup):
+    """The options of ``solver="mp-bcfw"`` (Shah et al. 2015; the paper's values), given as ``mp_max_planes``, ...
+
+    Attributes:
+        max_planes: cap ``N`` on the planes kept per block, the longest-inactive evicted.  Default 1000; ``0``: no
+            working set, exactly BCFW.
+        inactive_iters: ``T``: planes inactive during the last ``T`` outer iterations are dropped during the
+            approximate passes.  Default 10; ``0``: never.
+        max_approx_passes: ``M``: most approximate passes per outer iteration (default 1000); ``0``: exact passes
+            only.
+        approx_ratio: ``r`` of the automatic rule: stop the approximate passes when ``r x`` the dual gain per unit of
+            cost of the last pass falls below that of the whole iteration so far.  Default 1 (the paper); ``0``: one
+            approximate pass per iteration; ``inf``: always ``M``.
+        min_gain: also stop when an approximate pass gains ``<= min_gain x |dual|`` (default 1e-12).
+        clock: the cost the automatic rule measures: ``"work"`` (deterministic: an exact block step costs 1, an
+            approximate one over ``p`` planes ``p /`` :data:`PLANES_PER_ORACLE_CALL`), ``"wall"`` (seconds, the
+            paper's rule) or ``"auto"`` (default: ``"work"``).
+    """
+
+    prefix: ClassVar[str] = "mp"
+    max_planes: int = 1000
+    inactive_iters: int = 10
+    max_approx_passes: int = 1000
+    approx_ratio: float = 1.0
+    min_gain: float = 1e-12
+    clock: str = "auto"
+
+    def __post_init__(self) -> None:
+        for name in ("max_planes", "inactive_iters", "max_approx_passes"):
+            setattr(self, name, check_int(f"mp_{name}", getattr(self, name), 0))
+        for name in ("approx_ratio", "min_gain"):
+            setattr(self, name, float(check_real(f"mp_{name}", getattr(self, name), positive=False, finite=False)))
+        if self.clock not in MP_CLOCKS:
+            raise ValueError(f"mp_clock must be one of {MP_CLOCKS}, got {self.clock!r}")
 
 
 def stop_approximate_passes(gain_a: float, time_a: float, gain_b: float, time_b: float, ratio: float,
@@ -134,6 +177,7 @@ class MPBCFW(DualAlgorithm):
     """
 
     name = "mp-bcfw"
+    Options = MPOptions
 
     def __init__(self, model, data, lam, options, state=None, bounds=None, clock=None):
         if options.preset is not None or options.refined:
@@ -141,14 +185,15 @@ class MPBCFW(DualAlgorithm):
                 "mp-bcfw takes FW steps with uniform or perm sampling: gap sampling, pairwise / away steps, the "
                 "cache and presets are refinements of solver='bcfw' (Osokin et al. 2016)"
             )
-        if options.mp_max_planes > 0 and options.step != "line_search":
+        mp = self.own_options(options)
+        if mp.max_planes > 0 and options.step != "line_search":
             raise ValueError("mp-bcfw with a working set (mp_max_planes > 0) needs step='line_search'")
         super().__init__(model, data, lam, options, state, bounds)
         self.clock = clock if clock is not None else time.perf_counter
-        self.rule_clock = "clock" if clock is not None else "wall" if options.mp_clock == "wall" else "work"
-        self.N = options.mp_max_planes
-        self.M = options.mp_max_approx_passes if self.N > 0 else 0
-        self.T = options.mp_inactive_iters
+        self.rule_clock = "clock" if clock is not None else "wall" if mp.clock == "wall" else "work"
+        self.N = mp.max_planes
+        self.M = mp.max_approx_passes if self.N > 0 else 0
+        self.T = mp.inactive_iters
         self.sampler = make_sampler(options.sampling, self.n, options.seed)
         self.approx_rng = np.random.Generator(np.random.PCG64([options.seed, _APPROX_SALT]))
         self.iteration = 0
@@ -199,7 +244,7 @@ class MPBCFW(DualAlgorithm):
         self.last_approx_passes = 0
         if self.M == 0:
             return
-        o = self.options
+        o = self.options.solver_options
         k = self.iteration
         cutoff = float(k - self.T) if self.T > 0 else -math.inf
         dual = self.dual_value()
@@ -220,7 +265,7 @@ class MPBCFW(DualAlgorithm):
             self.approx_steps += self.n
             self.approx_passes += 1
             self.last_approx_passes = p
-            stop = stop_approximate_passes(gain_a, time_a, gain_b, time_b, o.mp_approx_ratio, o.mp_min_gain, new_dual)
+            stop = stop_approximate_passes(gain_a, time_a, gain_b, time_b, o.approx_ratio, o.min_gain, new_dual)
             gain_a, time_a, dual = gain_a + gain_b, time_a + time_b, new_dual
             if stop:
                 break

@@ -12,6 +12,9 @@ counts block updates; the history's ``passes`` counts oracle calls.  Needs a cha
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import ClassVar
+
 import numpy as np
 import torch
 
@@ -19,15 +22,41 @@ from ..checks import saved_int, saved_tensor
 from ..inference.forward_backward import chain_marginals_one
 from ..runtime.threads import single_thread
 from .algorithm import Algorithm
+from .options import OptionGroup, check_int, check_real
 from .sampling import make_sampler
 
-__all__ = ["OnlineEG"]
+__all__ = ["OnlineEG", "OnlineEGOptions"]
+
+
+@dataclass
+class OnlineEGOptions(OptionGroup):
+    """The options of ``solver="online-eg"`` (Collins et al. 2008), given as ``eg_step0``, ...
+
+    Attributes:
+        step0: initial step size of every example (default 0.5).
+        max_halvings_first: most step halvings per line search in the first pass (default 2).
+        max_halvings: most halvings afterwards (default 5).
+        step_growth: factor on an example's step after each line search (default 1.05).
+    """
+
+    prefix: ClassVar[str] = "eg"
+    step0: float = 0.5
+    max_halvings_first: int = 2
+    max_halvings: int = 5
+    step_growth: float = 1.05
+
+    def __post_init__(self) -> None:
+        self.step0 = float(check_real("eg_step0", self.step0, positive=True, finite=True))
+        self.max_halvings_first = check_int("eg_max_halvings_first", self.max_halvings_first, 0)
+        self.max_halvings = check_int("eg_max_halvings", self.max_halvings, 0)
+        self.step_growth = float(check_real("eg_step_growth", self.step_growth, positive=True, finite=True))
 
 
 class OnlineEG(Algorithm):
     """``solver="online-eg"`` (see the module docstring)."""
 
     name = "online-eg"
+    Options = OnlineEGOptions
 
     def __init__(self, model, data, lam, options, state=None, bounds=None):
         super().__init__(model, data, lam, options)
@@ -39,7 +68,7 @@ class OnlineEG(Algorithm):
         K, dev = model.n_labels, data.device
         self.theta_node = torch.zeros(data.n_tokens, K, dtype=torch.float64)  # CPU: the per-block steps
         self.theta_trans = torch.zeros(self.n, K, K, dtype=torch.float64)
-        self.eta = np.full(self.n, options.eg_step0)
+        self.eta = np.full(self.n, self.options.solver_options.step0)
         self.steps = 0
         self.sampler = make_sampler(options.sampling, self.n, options.seed)
         self._offsets = data.offsets.cpu()
@@ -76,7 +105,8 @@ class OnlineEG(Algorithm):
         th_node, th_trans = self.theta_node[s:e].numpy(), self.theta_trans[i].numpy()
         w0, ell0 = st.w, float(st.block_ell[i])
         sq0 = float(w0 @ w0)
-        halvings = self.options.eg_max_halvings_first if self.steps < self.n else self.options.eg_max_halvings
+        eg = self.options.solver_options
+        halvings = eg.max_halvings_first if self.steps < self.n else eg.max_halvings
         eta = float(self.eta[i])
         for trial in range(halvings + 1):
             node, tr = th_node + eta * U, th_trans + eta * trans
@@ -94,7 +124,7 @@ class OnlineEG(Algorithm):
                 break
             if trial < halvings:
                 eta *= 0.5
-        self.eta[i] = eta * self.options.eg_step_growth
+        self.eta[i] = eta * self.options.solver_options.step_growth
         self.steps += 1
 
     def advance(self, m: int) -> None:

@@ -1,26 +1,22 @@
-"""Solver options: one dataclass, with the defaults of the papers' reference code."""
+"""Solver options: the options every solver shares (:class:`SolverOptions`, the defaults of the papers' reference
+code), and the base of the option groups one solver reads (:class:`OptionGroup`, declared beside that solver)."""
 from __future__ import annotations
 
 import dataclasses
 import math
 import numbers
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import numpy as np
 
-__all__ = ["SolverOptions", "SOLVERS", "parse_preset", "PRESETS", "AUTO_CHOICES",
-           "MP_CLOCKS"]
-
-#: solver names accepted by :func:`torch_bcfw.fit`
-SOLVERS = ("bcfw", "fw", "ssg", "mp-bcfw", "cutting-plane", "online-eg", "extragradient")
+__all__ = ["SolverOptions", "OptionGroup", "parse_preset", "PRESETS", "AUTO_CHOICES", "check_int", "check_real"]
 
 #: the 8 combinations compared by Osokin et al. 2016 (Sec. 5.1) plus the away-step variants
 PRESETS = tuple(
     f"{s}-{r}{c}" for c in ("", "-cache") for r in ("fw", "pairwise", "away") for s in ("uniform", "gap")
 ) + ("auto",)
 
-#: values of ``SolverOptions.mp_clock``
-MP_CLOCKS = ("auto", "work", "wall")
 
 #: the combinations ``preset="auto"`` chooses among (:func:`torch_bcfw.solvers.bcfw.resolve_auto_preset`)
 AUTO_CHOICES = ("gap-pairwise-cache", "gap-pairwise", "gap-fw", "uniform-fw")
@@ -70,7 +66,7 @@ def _is_real(v) -> bool:
     return isinstance(v, numbers.Real) and not _is_bool(v)
 
 
-def _check_int(name: str, v, minimum: int) -> int:
+def check_int(name: str, v, minimum: int) -> int:
     """An integer option (``int`` or numpy integer; not a bool, not a float even if integral) ``>= minimum``."""
     if _is_real(v) and not _is_int(v) and math.isfinite(v) and v == int(v):  # 1e3 in a config is a float
         raise ValueError(f"{name} must be an integer >= {minimum}, got the float {v!r}: write it as {int(v)}")
@@ -79,7 +75,7 @@ def _check_int(name: str, v, minimum: int) -> int:
     return int(v)
 
 
-def _check_real(name: str, v, *, positive: bool, finite: bool, optional: bool = False):
+def check_real(name: str, v, *, positive: bool, finite: bool, optional: bool = False):
     """A real option (``int``, ``float`` or numpy number; not a bool, never NaN), ``> 0`` (``positive``) or ``>= 0``,
     finite unless ``finite=False`` (then ``+inf`` is allowed); ``None`` passes when ``optional``."""
     if v is None and optional:
@@ -95,23 +91,43 @@ def _check_real(name: str, v, *, positive: bool, finite: bool, optional: bool = 
 STRATEGIES = ("auto", "replicate", "shard", "split-oracle")
 
 #: integer options and their minimum
-_INT_OPTIONS = {"gap_check": 1, "seed": 0, "cache_size": 1, "mp_max_planes": 0, "mp_inactive_iters": 0,
-                "mp_max_approx_passes": 0, "cp_inner_iters": 1, "eg_max_halvings_first": 0, "eg_max_halvings": 0,
-                "xg_proj_iters": 1}
+_INT_OPTIONS = {"gap_check": 1, "seed": 0}
 #: real options: ``(> 0 rather than >= 0, finite, None allowed)``; all but ``_NUMBER_OPTIONS`` are made floats
 _REAL_OPTIONS = {
     "max_passes": (True, True, False), "gap_tol": (False, True, True), "rel_gap_tol": (False, True, True),
-    "time_budget": (True, True, True), "cache_F": (True, False, False), "cache_nu": (True, False, False),
-    "gap_power": (True, True, False), "early_gap_check": (True, True, True), "mp_approx_ratio": (False, False, False),
-    "mp_min_gain": (False, False, False), "cp_inner_tol": (True, True, False), "eg_step0": (True, True, False),
-    "eg_step_growth": (True, True, False), "xg_step_scale": (True, True, False), "xg_proj_tol": (True, True, False),
+    "time_budget": (True, True, True), "gap_power": (True, True, False), "early_gap_check": (True, True, True),
 }
 _NUMBER_OPTIONS = ("max_passes", "gap_tol", "rel_gap_tol", "time_budget")
 
 
+class OptionGroup:
+    """The options one solver reads, declared as a dataclass subclass beside that solver (its ``Options``) with the
+    papers' defaults.  Users give them flat, ``f"{prefix}_{field}"`` (``mp_max_planes``), to ``fit``, the callback and
+    configs; :attr:`SolverOptions.solver_options` holds them.  A subclass checks its fields in ``__post_init__``
+    (:func:`check_int`, :func:`check_real`)."""
+
+    #: the prefix of the flat names, e.g. ``"mp"``
+    prefix: ClassVar[str] = ""
+
+    @classmethod
+    def flat_names(cls) -> list[str]:
+        """The flat names of the fields, e.g. ``["mp_max_planes", ...]``."""
+        return [f"{cls.prefix}_{f.name}" for f in dataclasses.fields(cls)]
+
+    @classmethod
+    def from_flat(cls, flat: dict) -> "OptionGroup":
+        """The group from flat names (a subset of :meth:`flat_names`; the others keep their defaults)."""
+        return cls(**{k[len(cls.prefix) + 1:]: v for k, v in flat.items()})
+
+    def flat(self) -> dict:
+        """The fields under their flat names."""
+        return {f"{self.prefix}_{k}": v for k, v in dataclasses.asdict(self).items()}
+
+
 @dataclass
 class SolverOptions:
-    """Options shared by every solver (the defaults of the authors' BCFWstruct and gapBCFW code).
+    """Options shared by every solver (the defaults of the authors' BCFWstruct and gapBCFW code), and the options of
+    the solver run (:attr:`solver_options`).
 
     Without a preset, BCFW is plain BCFW (Lacoste-Julien et al. 2013).  The refinements of Osokin et al. 2016
     (BCFW only: ``sampling="gap"``, ``step_rule="pairwise"`` / ``"away"``, ``cache=True``) combine freely;
@@ -148,10 +164,6 @@ class SolverOptions:
             when ``g_hat_i >= max(cache_F g_i, cache_nu / n g_global)`` (Alg. 5).  ``g_global`` starts at the
             exact gap of ``alpha_i = e_{y_i}`` (``mean_i max_y L_i(y)``; ``+inf`` from a moved state) and is
             replaced by every exact gap pass.  Default False (``None``: not given).
-        cache_size: maximum labelings per block, an integer >= 1 (default 100); the inactive one with the lowest
-            score is evicted, active ones never.
-        cache_F: local factor ``F`` of the cache-hit test, > 0 (default 0.25; ``inf`` allowed).
-        cache_nu: global factor ``nu`` of the cache-hit test, > 0 (default 0.01); ``inf`` disables hits.
         gap_power: exponent ``p`` of gap sampling, ``i ~ g_i^p``, finite > 0 (default 1).
         early_gap_check: with ``gap_tol`` and block-gap estimates, run the exact gap pass as soon as the estimates
             sum to ``<= early_gap_check * gap_tol`` (the gapBCFW code uses 0.8).  ``None`` (default): only the
@@ -167,32 +179,6 @@ class SolverOptions:
         track_train_loss: record the task loss of the model on the training set at every gap check. Default True.
         seed: random seed of the sampler, an integer >= 0. Default 1.
         progress: show a progress bar (pass, gap, primal, elapsed). Default False.
-        mp_max_planes: ``solver="mp-bcfw"`` (Shah et al. 2015): cap ``N`` on the planes kept per block, the
-            longest-inactive evicted.  Default 1000; ``0``: no working set, exactly BCFW.
-        mp_inactive_iters: ``T``: planes inactive during the last ``T`` outer iterations are dropped during the
-            approximate passes.  Default 10; ``0``: never.
-        mp_max_approx_passes: ``M``: most approximate passes per outer iteration (default 1000); ``0``: exact
-            passes only.
-        mp_approx_ratio: ``r`` of the automatic rule: stop the approximate passes when ``r x`` the dual gain per
-            unit of cost of the last pass falls below that of the whole iteration so far.  Default 1 (the paper);
-            ``0``: one approximate pass per iteration; ``inf``: always ``M``.
-        mp_min_gain: also stop when an approximate pass gains ``<= mp_min_gain x |dual|`` (default 1e-12).
-        mp_clock: the cost the automatic rule measures: ``"work"`` (deterministic: an exact block step costs 1, an
-            approximate one over ``p`` planes ``p /`` :data:`~torch_bcfw.solvers.mpbcfw.PLANES_PER_ORACLE_CALL`),
-            ``"wall"`` (seconds, the paper's rule) or ``"auto"`` (default: ``"work"``).
-        cp_inner_tol: ``solver="cutting-plane"``: the restricted dual is solved to an inner gap
-            ``<= cp_inner_tol * max(1, |dual|)`` (default 1e-10); the certified gap is exact whatever this is.
-        cp_inner_iters: ``solver="cutting-plane"``: most pairwise FW steps per inner solve (default 10000).
-        eg_step0: ``solver="online-eg"``: initial step size of every example (default 0.5).
-        eg_max_halvings_first: ``solver="online-eg"``: most step halvings per line search in the first pass
-            (default 2).
-        eg_max_halvings: ``solver="online-eg"``: most halvings afterwards (default 5).
-        eg_step_growth: ``solver="online-eg"``: factor on an example's step after each line search (default 1.05).
-        xg_step_scale: ``solver="extragradient"``: the step is ``xg_step_scale / L``, ``L`` the Lipschitz constant
-            of the saddle-point operator (default 1; above 1 convergence is not guaranteed).
-        xg_proj_tol: ``solver="extragradient"`` on matchings: certified distance of every projection onto the
-            matching polytope from the exact one (default 1e-9; the point is feasible whatever this is).
-        xg_proj_iters: ``solver="extragradient"`` on matchings: most Newton steps per projection (default 50).
         batch_size: ``solver="bcfw"``: ``tau``, the blocks of one mini-batch round (Wang et al. 2016), an integer
             ``>= 1`` (1: BCFW), or ``"auto"`` (default): 1 on the CPU, on a GPU
             :func:`~torch_bcfw.solvers.bcfw.measured_round_size`, under a distributed strategy the calibration's; the
@@ -205,6 +191,9 @@ class SolverOptions:
             all-reduce each), ``"split-oracle"`` (a replicated state whose rounds' oracle calls are split over the
             ranks; the trajectory does not depend on their number) or ``"auto"`` (default: a short calibration
             picks one, :func:`torch_bcfw.distributed.strategy.choose_strategy`).
+        solver_options: the :class:`OptionGroup` of the solver run (its ``Options``: the cache's options for
+            ``"bcfw"``, ``mp_*`` for ``"mp-bcfw"``, ...; ``None``: its defaults), given flat to
+            :meth:`from_kwargs`.
     """
 
     max_passes: float = 100
@@ -221,29 +210,12 @@ class SolverOptions:
     progress: bool = False
     step_rule: str | None = None
     cache: bool | None = None
-    cache_size: int = 100
-    cache_F: float = 0.25
-    cache_nu: float = 0.01
     gap_power: float = 1.0
     early_gap_check: float | None = None
     preset: str | None = None
-    mp_max_planes: int = 1000
-    mp_inactive_iters: int = 10
-    mp_max_approx_passes: int = 1000
-    mp_approx_ratio: float = 1.0
-    mp_min_gain: float = 1e-12
-    mp_clock: str = "auto"
-    cp_inner_tol: float = 1e-10
-    cp_inner_iters: int = 10000
-    eg_step0: float = 0.5
-    eg_max_halvings_first: int = 2
-    eg_max_halvings: int = 5
-    eg_step_growth: float = 1.05
-    xg_step_scale: float = 1.0
-    xg_proj_tol: float = 1e-9
-    xg_proj_iters: int = 50
     batch_size: int | str = "auto"
     strategy: str = "auto"
+    solver_options: OptionGroup | None = None
     extra: dict = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
@@ -281,14 +253,14 @@ class SolverOptions:
         if (self.step_rule not in ("fw", None) or self.cache) and self.step != "line_search":
             raise ValueError("pairwise / away steps and caching need step='line_search'")
         for name, lo in _INT_OPTIONS.items():
-            setattr(self, name, _check_int(name, getattr(self, name), lo))
+            setattr(self, name, check_int(name, getattr(self, name), lo))
         for name, (positive, finite, optional) in _REAL_OPTIONS.items():
-            v = _check_real(name, getattr(self, name), positive=positive, finite=finite, optional=optional)
+            v = check_real(name, getattr(self, name), positive=positive, finite=finite, optional=optional)
             setattr(self, name, v if v is None or name in _NUMBER_OPTIONS else float(v))
-        if self.mp_clock not in MP_CLOCKS:
-            raise ValueError(f"mp_clock must be one of {MP_CLOCKS}, got {self.mp_clock!r}")
         if self.batch_size != "auto":
-            self.batch_size = _check_int("batch_size", self.batch_size, 1)
+            self.batch_size = check_int("batch_size", self.batch_size, 1)
+        if self.solver_options is not None and not isinstance(self.solver_options, OptionGroup):
+            raise ValueError(f"solver_options must be a solver's OptionGroup, got {self.solver_options!r}")
         if self.strategy not in STRATEGIES:
             raise ValueError(f"strategy must be one of {STRATEGIES}, got {self.strategy!r}")
         if not isinstance(self.extra, dict):
@@ -325,13 +297,17 @@ class SolverOptions:
         return self.preset == "auto" and any(getattr(self, k) is None for k in _COMBINATION_DEFAULTS)
 
     @classmethod
-    def from_kwargs(cls, **kwargs) -> "SolverOptions":
-        """Build from keyword arguments; unknown names raise ``TypeError`` listing the valid ones."""
-        names = {f.name for f in dataclasses.fields(cls)} - {"extra"}
-        unknown = sorted(set(kwargs) - names)
+    def from_kwargs(cls, group: type[OptionGroup] | None = None, **kwargs) -> "SolverOptions":
+        """Build from keyword arguments: the shared options, and the flat names of ``group`` (the solver's
+        ``Options``, :func:`~torch_bcfw.solvers.run.solver_options`); unknown names raise ``TypeError`` listing the
+        valid ones."""
+        names = {f.name for f in dataclasses.fields(cls)} - {"extra", "solver_options"}
+        own = set(group.flat_names()) if group is not None else set()
+        unknown = sorted(set(kwargs) - names - own)
         if unknown:
-            raise TypeError(f"unknown solver option(s) {unknown}; valid options: {sorted(names)}")
-        return cls(**kwargs)
+            raise TypeError(f"unknown solver option(s) {unknown}; valid options: {sorted(names | own)}")
+        flat = {k: kwargs.pop(k) for k in own & set(kwargs)}
+        return cls(**kwargs, solver_options=group.from_flat(flat) if group is not None else None)
 
     @property
     def refined(self) -> bool:
@@ -345,6 +321,8 @@ class SolverOptions:
         return f"{self.sampling}-{self.step_rule}" + ("-cache" if self.cache else "")
 
     def to_dict(self) -> dict:
-        d = dataclasses.asdict(self)
-        d.pop("extra")
+        """The options under the names :meth:`from_kwargs` takes (the solver's options flat)."""
+        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in ("extra", "solver_options")}
+        if self.solver_options is not None:
+            d.update(self.solver_options.flat())
         return d

@@ -31,7 +31,7 @@ from torch import Tensor
 
 from .bcfw import BCFW
 from .certificate import Certificate, certify, task_loss
-from .run import run_solver
+from .run import run_solver, options_for
 from .options import SolverOptions
 
 __all__ = [
@@ -216,7 +216,7 @@ def path_options(target: float, **options) -> SolverOptions:
     options.setdefault("early_gap_check", 0.8)
     options.setdefault("max_passes", 1000)
     options.setdefault("track_train_loss", False)
-    return SolverOptions.from_kwargs(gap_tol=float(target), averaging=False, check_averaged=False, **options)
+    return options_for("bcfw", gap_tol=float(target), averaging=False, check_averaged=False, **options)
 
 
 def _check_inputs(model, data, eps: float, kappa: float | None = None) -> None:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from ..runtime.signals import deferred_signals
 from .algorithm import Algorithm, DualAlgorithm
-from .bcfw import BCFW
+from .bcfw import BCFW, resolve_batch_size
 from .callbacks import ProgressBar
 from .certificate import task_loss
 from .cutting_plane import CuttingPlane
@@ -24,11 +24,12 @@ from .extragradient import Extragradient
 from .fw import FrankWolfe
 from .mpbcfw import MPBCFW, RecordAccounting
 from .online_eg import OnlineEG
-from .options import SOLVERS, SolverOptions
+from .options import SolverOptions
 from .record import CheckRecord, as_records, plain_history
 from .ssg import SSG
 
-__all__ = ["SolverRun", "ALGORITHMS", "DUAL_STATE_SOLVERS", "make_algorithm", "run_solver", "RunOutput"]
+__all__ = ["SolverRun", "ALGORITHMS", "SOLVERS", "DUAL_STATE_SOLVERS", "options_for", "make_algorithm",
+           "run_solver", "RunOutput"]
 
 
 @dataclass
@@ -194,18 +195,37 @@ def run_solver(alg, options, test_data=None, callbacks=(), counters: dict | None
     return out
 
 
-#: solver name -> algorithm class (the names of :data:`~torch_bcfw.solvers.options.SOLVERS`, in that order)
+#: the library's solver table: solver name -> algorithm class (with its own options, ``Options``, beside it).  A new
+#: solver is its module and one entry here.
 ALGORITHMS: dict[str, type[Algorithm]] = {
     "bcfw": BCFW, "fw": FrankWolfe, "ssg": SSG, "mp-bcfw": MPBCFW, "cutting-plane": CuttingPlane,
     "online-eg": OnlineEG, "extragradient": Extragradient,
 }
-assert tuple(ALGORITHMS) == SOLVERS, "ALGORITHMS and SOLVERS must name the same solvers"
+
+#: the solver names :func:`torch_bcfw.fit` accepts, in the table's order
+SOLVERS = tuple(ALGORITHMS)
 
 #: the solvers that work on a model's dual state, which the caller may give them (e.g. one re-bound to new features)
 DUAL_STATE_SOLVERS = tuple(name for name, cls in ALGORITHMS.items() if issubclass(cls, DualAlgorithm))
 
 #: the options a resumed run must share with the run it continues (they shape the saved state)
 _STATE_OPTIONS = ("sampling", "step_rule", "cache")
+
+
+def options_for(solver: str, **kwargs) -> SolverOptions:
+    """The options of a run of ``solver`` from keyword arguments (``fit``'s, a config's ``options``): the shared
+    options of :class:`~torch_bcfw.solvers.options.SolverOptions` and, flat, the solver's own (its ``Options``, e.g.
+    ``mp_max_planes`` for ``"mp-bcfw"``).  ``ValueError`` for an unknown solver, ``TypeError`` for an unknown option or
+    another solver's."""
+    if solver not in ALGORITHMS:
+        raise ValueError(f"unknown solver {solver!r}; choose from {list(SOLVERS)}")
+    group = ALGORITHMS[solver].Options
+    owners = {name: other for other, cls in ALGORITHMS.items() if cls.Options not in (None, group)
+              for name in cls.Options.flat_names()}
+    foreign = sorted(set(kwargs) & set(owners))
+    if foreign:
+        raise TypeError(f"option(s) {foreign} belong to solver {owners[foreign[0]]!r}, not {solver!r}")
+    return SolverOptions.from_kwargs(group, **kwargs)
 
 
 def make_algorithm(solver: str, model, data, lam: float, options: SolverOptions, *, state=None,
@@ -216,8 +236,7 @@ def make_algorithm(solver: str, model, data, lam: float, options: SolverOptions,
     :class:`~torch_bcfw.distributed.strategy.ReplicaComm`."""
     if solver not in ALGORITHMS:
         raise ValueError(f"unknown solver {solver!r}; choose from {list(SOLVERS)}")
-    if solver != "bcfw" and options.batch_size == "auto":  # BCFW resolves its own (measured_round_size)
-        options = dataclasses.replace(options, batch_size=1)
+    options = resolve_batch_size(options, solver, model, data, lam, sharded=comm is not None and comm.sharded)
     if solver != "bcfw" and options.batch_size != 1:
         raise ValueError(f"batch_size = {options.batch_size}: mini-batch rounds (Wang et al. 2016) are a mode of "
                          f"solver='bcfw'; solver {solver!r} takes no batch_size")
