@@ -256,3 +256,36 @@ def _check_rendered_in_a_browser(site: Path) -> None:
                             (site / page).as_uri()], capture_output=True, text=True, timeout=120)
         assert r.returncode == 0 and "<title>" in r.stdout, (page, r.stderr[-2000:])
         assert must in r.stdout and not _RAW_ROLE.search(r.stdout), page
+
+
+# ---------------------------------------------------------------------------- documented timings
+_TIMING = re.compile(r"\babout \d+(?:\.\d+)? (?:s|seconds|minutes)\b|\b\d+(?:\.\d+)? s for this fit\b"
+                     r"|\b\d+ to \d+ s on\b")
+_LOAD = re.compile(r"\b(?:idle|busy|load)\b")
+_MACHINE = re.compile(r"\b(?:cores?|CPUs?|vCPU|GPU|H100|H200)\b")
+
+
+def test_every_documented_timing_says_on_what_machine_and_load() -> None:
+    """A user page's 'about N s' / 'N minutes' says, in its paragraph, the machine (cores, GPU) and its load
+    (idle or busy): the same command takes several times as long on a shared machine. The results pages give
+    their machine and load in their own header."""
+    missing = []
+    for path in DOC_FILES:
+        if "results" in path.relative_to(DOCS if path != ROOT / "README.md" else ROOT).parts:
+            continue
+        for para in re.split(r"\n\s*\n", path.read_text(encoding="utf-8")):
+            for m in _TIMING.finditer(para):
+                if not (_LOAD.search(para) and _MACHINE.search(para)):
+                    missing.append(f"{_rel(path)}: {m.group(0)!r}")
+    assert missing == []
+
+
+def test_the_docs_extra_formats_signatures_and_the_readme_sizes_the_checkpoint() -> None:
+    """mkdocstrings formats signatures with Ruff or Black (else ``mkdocs build`` warns): the docs extra installs ruff;
+    the README says what ``checkpoint.pt`` holds and weighs next to ``model.pt``."""
+    import tomllib
+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]["optional-dependencies"]
+    assert any(dep.split(">")[0].split("=")[0].strip() in ("ruff", "black") for dep in extras["docs"])
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert re.search(r"`checkpoint\.pt` the full state[^.]*\(with the dual state: \d+ MB for OCR-large\)", readme)

@@ -86,3 +86,62 @@ def test_the_model_file_holds_no_state_and_the_checkpoint_continues_exactly(tmp_
     assert torch.equal(a.w, b.w) and torch.equal(a.w_avg, b.w_avg) and a.gap == b.gap
     assert main(["export", "--model", str(part / "model.pt"), "--output", str(tmp_path / "deploy")]) == 0
     assert (tmp_path / "deploy" / "head.pt").is_file() and (tmp_path / "deploy" / "head.py").is_file()
+
+
+def test_a_lightning_checkpoint_and_a_structured_head_export(tmp_path, capsys):
+    """``torch-bcfw export`` reads a Lightning ``.ckpt`` written with a BCFWCallback (weights_only=True: the head's
+    model from the callback's record, its weights from the state_dict); a StructuredHead exports directly; both
+    decode like the module's head without torch_bcfw."""
+    pytest.importorskip("lightning")
+    import lightning.pytorch as pl
+
+    from torch_bcfw.cli import main
+    from torch_bcfw.lightning import BCFWCallback
+    from torch_bcfw.nn import StructuredHead
+
+    _, raw = random_chain_problem(n=10, F=4, K=3, max_len=4, seed=2)
+
+    class Tagger(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.backbone = torch.nn.Linear(4, 3).double()
+            self.tagger = StructuredHead(Chain(3, 3))
+
+        def train_dataloader(self):
+            return torch.utils.data.DataLoader([(raw.x, raw.y, raw.offsets)], batch_size=None)
+
+        bcfw_dataloader = train_dataloader
+
+        def bcfw_features(self, batch):
+            return self.backbone(batch[0]), batch[1], batch[2]
+
+        def training_step(self, batch, _):
+            return (self.backbone(batch[0]) ** 2).mean()
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.01)
+
+    module = Tagger()
+    trainer = pl.Trainer(max_epochs=1, callbacks=[BCFWCallback(lam=0.1, head_attr="tagger", passes_per_call=3)],
+                         logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False, default_root_dir=tmp_path)
+    trainer.fit(module)
+    trainer.save_checkpoint(tmp_path / "last.ckpt")
+    assert main(["export", "--model", str(tmp_path / "last.ckpt"), "--output", str(tmp_path / "ckpt_head")]) == 0
+    assert "head 'tagger' of the Lightning checkpoint" in capsys.readouterr().out
+    with torch.no_grad():
+        feats = module.backbone(raw.x)
+    expected = module.tagger(feats, offsets=raw.offsets).tolist()
+    inputs = {"x": feats, "lengths": raw.lengths}
+    assert _decode_elsewhere(tmp_path / "ckpt_head", inputs, tmp_path) == expected
+    export_head(module.tagger, tmp_path / "module_head")  # the same file as the checkpoint's
+    from_ckpt, from_module = (torch.load(tmp_path / d / "head.pt", weights_only=True) for d in ("ckpt_head", "module_head"))
+    assert from_ckpt["kind"] == from_module["kind"] == "chain"
+    assert all(torch.equal(from_ckpt["tensors"][k], v) for k, v in from_module["tensors"].items())
+    # a checkpoint without a BCFWCallback's record: one line that says so
+    ckpt = torch.load(tmp_path / "last.ckpt", weights_only=True)
+    del ckpt["torch_bcfw_heads"]
+    torch.save(ckpt, tmp_path / "plain.ckpt")
+    assert main(["export", "--model", str(tmp_path / "plain.ckpt"), "--output", str(tmp_path / "x")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "records no torch_bcfw head" in err[0]

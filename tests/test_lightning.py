@@ -216,7 +216,7 @@ def test_several_callbacks_in_one_trainer(tmp_path):
 
 def test_bad_configuration_is_reported(tmp_path):
     _, raw = random_chain_problem(n=6, F=4, K=3, max_len=3, seed=5)
-    with pytest.raises(TypeError, match="unknown solver option"):
+    with pytest.raises(TypeError, match="unknown argument"):
         BCFWCallback(lam=0.1, max_pases=3)
     with pytest.raises(ValueError, match="passes_per_call"):
         BCFWCallback(lam=0.1, max_passes=3)
@@ -299,6 +299,114 @@ def test_train_command_runs_the_yaml_experiment(tmp_path, capsys):
         assert "max_pases" in cfg
         bad.write_text(cfg)
         rc = main(["train", *common, "--config", str(bad), "--trainer.max_epochs=1"])
-        assert rc == 2 and "unknown solver option(s) ['max_pases']" in capsys.readouterr().err
+        err = capsys.readouterr().err
+        assert rc == 2 and "unknown argument(s) ['max_pases']; did you mean 'passes_per_call'?" in err
     finally:
         os.chdir(cwd)
+
+
+def test_the_first_solve_announces_compiling_and_bad_arguments_fail_at_construction(tmp_path, caplog):
+    """The first solve announces numba compiling (rank 0; a fresh kernel compiled inside the solve stands for the
+    package's own on a machine without their disk cache); later solves say nothing.  A CUDA device without CUDA,
+    a typo in an argument (the callback's own or a solver option's) and a 2-tuple for a chain head fail in one line
+    that says what to do."""
+    import logging
+
+    import numba
+
+    _, raw = random_chain_problem(n=6, F=4, K=3, max_len=3, seed=8)
+
+    @numba.njit(cache=False)
+    def fresh(x):  # compiled at its first call, inside the first solve
+        return x + 1.0
+
+    class Compiling(Toy):
+        def bcfw_features(self, batch):
+            fresh(1.0)
+            return super().bcfw_features(batch)
+
+    cb = BCFWCallback(lam=0.1, passes_per_call=1)
+    with caplog.at_level(logging.INFO):
+        _trainer(tmp_path, [cb], epochs=2).fit(Compiling(raw))
+    notices = [r.getMessage() for r in caplog.records if "compiling numba kernels" in r.getMessage()]
+    assert notices == ["[ssvm] torch-bcfw: compiling numba kernels (first run only: cached on disk afterwards)..."]
+    assert cb.calls == 3
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="CUDA is not available on this machine") as info:
+            BCFWCallback(lam=0.1, device="cuda")
+        assert "\n" not in str(info.value)
+    with pytest.raises(ValueError, match="is not a torch device"):
+        BCFWCallback(lam=0.1, device="gpu0")
+    with pytest.raises(TypeError, match=r"did you mean 'passes_per_call'\?.*its arguments: \[.*'every_n_epochs'"):
+        BCFWCallback(lam=0.1, passes_per_cal=3)
+    with pytest.raises(TypeError, match=r"did you mean 'gap_tol'\?.*options of solver .bcfw.: \[.*'averaging"):
+        BCFWCallback(lam=0.1, gap_tl=0.1)
+
+    class Pairs(Toy):  # (x, y) for a chain: the token boundaries are lost
+        def bcfw_features(self, batch):
+            return self.backbone(batch[0]), batch[1]
+
+    with pytest.raises(TypeError, match=r"a chain head needs per-token features with the sequence boundaries: "
+                                        r"return \(x \[N_tok, F\], y \[N_tok\], offsets \[n \+ 1\]\)"):
+        _trainer(tmp_path, [BCFWCallback(lam=0.1)], epochs=1).fit(Pairs(raw))
+
+
+def test_train_command_on_a_machine_without_the_accelerator_says_so_in_one_line(capsys):
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    from torch_bcfw.cli import main
+
+    rc = main(["train", "--config", str(Path(__file__).resolve().parents[1] / "configs" / "ocr_cnn.yaml"),
+               "--trainer.accelerator=gpu"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and "CUDA is not available on this machine" in err[0] and "gpu" in err[0]
+
+
+class Shuffled(Toy):
+    """Toy whose training loader shuffles its batches every epoch (as the docs' module does)."""
+
+    def __init__(self, raw, seeded: bool, **kw):
+        super().__init__(raw, **kw)
+        self.seeded = seeded
+
+    def train_dataloader(self):
+        from torch_bcfw.lightning import SeededShuffle
+
+        batches = _batches(self.raw, 2)
+        if self.seeded:
+            return torch.utils.data.DataLoader(batches, batch_size=None, sampler=SeededShuffle(len(batches), seed=4))
+        return torch.utils.data.DataLoader(batches, batch_size=None, shuffle=True)
+
+
+def _resumed_and_uninterrupted(tmp_path, seeded: bool):
+    _, raw = random_chain_problem(n=12, F=4, K=3, max_len=4, seed=9)
+    kw = dict(lam=0.05, passes_per_call=2, seed=5)
+    torch.manual_seed(0)
+    full = Shuffled(raw, seeded)
+    _trainer(tmp_path / "a", [BCFWCallback(**kw)], epochs=3).fit(full)
+    torch.manual_seed(0)
+    first = Shuffled(raw, seeded)
+    t1 = _trainer(tmp_path / "b", [BCFWCallback(**kw)], epochs=1)
+    t1.fit(first)
+    t1.save_checkpoint(tmp_path / "mid.ckpt")
+    torch.manual_seed(1)  # a new process: another global random state
+    second = Shuffled(raw, seeded, seed=123)
+    _trainer(tmp_path / "c", [BCFWCallback(**kw)], epochs=3).fit(second, ckpt_path=tmp_path / "mid.ckpt")
+    return full, second
+
+
+def test_a_shuffling_loader_resumes_exactly_with_a_seeded_shuffle(tmp_path):
+    """The docs' module shuffles its training batches; Lightning does not replay a plain shuffle after a resume (the
+    order comes from the global random state), so the head differs from the uninterrupted run's.  With
+    ``SeededShuffle`` (the order a function of the seed and the epoch) the resumed run's backbone and head equal the
+    uninterrupted run's bit for bit."""
+    full, second = _resumed_and_uninterrupted(tmp_path / "seeded", seeded=True)
+    assert torch.equal(second.backbone.weight, full.backbone.weight) and torch.equal(second.head.w, full.head.w)
+    full, second = _resumed_and_uninterrupted(tmp_path / "plain", seeded=False)
+    assert not torch.equal(second.backbone.weight, full.backbone.weight)  # what SeededShuffle is for
+    from torch_bcfw.lightning import SeededShuffle
+
+    s = SeededShuffle(10, seed=3)
+    first = list(s)
+    s.set_epoch(1)
+    assert sorted(first) == list(range(10)) and list(s) != first and list(SeededShuffle(10, seed=3)) == first

@@ -2,7 +2,10 @@
 scaling and sign flips of every array and number of the saved solver state of every state kind (chain, chain with the
 working set and gap estimates, mini-batch, MP-BCFW planes, dense, active set, graph cut).  Each mutated file is
 loaded and resumed in a separate process (tests/load_fuzz_worker.py): the outcome must be a clear error or a run
-whose certificate holds against enumeration.  ``TORCH_BCFW_HYPOTHESIS_PROFILE=thorough python -m pytest -m heavy tests/test_load_fuzz.py`` runs 600 mutations."""
+whose certificate holds against enumeration.  "Lift within bounds" mutations raise the saved losses ``l_i`` or the
+averaged ``l`` of every state kind towards their documented bounds: the certified gap must stay at least the true
+suboptimality.  ``TORCH_BCFW_HYPOTHESIS_PROFILE=thorough python -m pytest -m heavy tests/test_load_fuzz.py`` runs 600
+mutations and 512 lifts."""
 from __future__ import annotations
 
 import json
@@ -90,6 +93,20 @@ def _mutated_files(tmp_path: Path, count: int, seed: int = 0) -> list[Path]:
     return files
 
 
+def _lifted_files(tmp_path: Path, count: int, seed: int = 0) -> list[Path]:
+    rng = random.Random(seed)
+    bases = {kind: worker.saved_run(kind) for kind in worker.KINDS}
+    files = []
+    for j in range(count):
+        kind = list(worker.KINDS)[j % len(worker.KINDS)]
+        how = rng.choice(("lift", "lift-avg"))
+        d = _copy(bases[kind])
+        worker.lift(d, kind, how, rng)
+        torch.save(d, tmp_path / f"{kind}__{j:04d}_{how}.pt")
+        files.append(tmp_path / f"{kind}__{j:04d}_{how}.pt")
+    return files
+
+
 def _copy(obj):
     if isinstance(obj, dict):
         return {k: _copy(v) for k, v in obj.items()}
@@ -122,3 +139,13 @@ def test_mutated_states_give_a_clear_error_or_a_true_certificate(tmp_path, seed)
     bad = {f: r for f, r in results.items() if not (r == "ok" or r.startswith("error: "))}
     assert bad == {}
     assert sum(r.startswith("error: ") for r in results.values()) >= len(results) // 2  # most mutations are caught
+
+
+def test_states_lifted_within_their_bounds_never_lie(tmp_path):
+    """Every state kind, its losses or its averaged loss lifted within their bounds: refused, or resumed with a
+    certified gap at least the true suboptimality (0 lies; 512 cases in the thorough profile)."""
+    files = _lifted_files(tmp_path, 512 if THOROUGH else 32, seed=7)
+    results = _run_worker(tmp_path, files)
+    bad = {f: r for f, r in results.items() if not (r == "ok" or r.startswith("error: "))}
+    assert bad == {}
+    assert len(results) >= (512 if THOROUGH else 32)

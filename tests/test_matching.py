@@ -206,7 +206,8 @@ def test_matching_on_cuda_equals_cpu():
     y = model.oracle(w, data)
     assert torch.allclose(model.joint_feature(gpu, y.cuda()).cpu(), model.joint_feature(data, y))
     r = fit(model, gpu, 0.1, max_passes=5, gap_check=5, progress=False)
-    assert r.weights.device.type == "cuda" and r.gap >= 0
+    # fit solves where its block steps are measured cheaper, and says where
+    assert r.weights.device.type == ("cpu" if r.counters["placement_moved_to_cpu"] else "cuda") and r.gap >= 0
 
 
 def test_matching_data_errors():

@@ -82,6 +82,26 @@ def test_gradient_reaches_a_backbone_and_head_parameters():
     assert [n for n, _ in frozen.named_parameters()] == [] and "w" in dict(frozen.named_buffers())
 
 
+def test_a_buffer_head_at_zero_warns_once_that_the_backbone_gets_no_gradient():
+    import warnings
+
+    model, data = _problem("chain", seed=5)
+    torch.manual_seed(0)
+    backbone = torch.nn.Linear(3, 3).double()
+    head = StructuredHead(model)  # w = 0, a buffer: nothing but BCFW / set_weights moves it
+    loss_fn = StructuredHingeLoss(head)
+    with pytest.warns(UserWarning, match="zero gradient; solve the head first"):
+        loss = loss_fn(backbone(data.x), data.y, offsets=data.offsets)
+    loss.backward()
+    assert float(backbone.weight.grad.abs().sum()) == 0  # what the warning says
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once per loss, not every step
+        loss_fn(backbone(data.x), data.y, offsets=data.offsets)
+        head.set_weights(_random_w(model, 6))  # a started head, or a trainable one, says nothing
+        StructuredHingeLoss(head)(backbone(data.x), data.y, offsets=data.offsets)
+        StructuredHingeLoss(StructuredHead(model, trainable=True))(backbone(data.x), data.y, offsets=data.offsets)
+
+
 @pytest.mark.parametrize("kind", ["chain", "multiclass"])
 def test_head_decodes_like_the_model(kind):
     model, data = _problem(kind, seed=7)

@@ -325,4 +325,5 @@ def test_oracle_and_fit_on_cuda_match_cpu() -> None:
     torch.testing.assert_close(model.score(w, data, cuda.cpu()) + model.loss(data, cuda.cpu()),
                                model.score(w, data, cpu) + model.loss(data, cpu), rtol=0, atol=1e-9)
     res = fit(model, data.to("cuda"), 0.1, max_passes=5, gap_check=5, seed=0)
-    assert res.gap >= 0 and bool((res.weights[model.quadratic_index().cuda()] >= 0).all())
+    # (fit solves where its block steps are measured cheaper: the weights are on that device)
+    assert res.gap >= 0 and bool((res.weights.cpu()[model.quadratic_index()] >= 0).all())

@@ -100,19 +100,23 @@ def test_marginals_off_the_simplex_or_a_wrong_loss_are_refused(tmp_path, how):
 
 
 def test_a_dual_value_above_a_primal_value_gives_no_certificate(tmp_path):
-    """A dense state stores ``w_i``, not ``alpha``: its ``l_i`` cannot be recomputed, only bounded.  Inflated within
-    those bounds so that the dual exceeds the primal, the run refuses to certify instead of printing a negative
-    gap."""
-    model, data = random_multiclass_problem(n=8, seed=3)
-    r = fit(model, data, 0.1, max_passes=50, gap_check=5, progress=False)
-    d = r.to_dict()
-    st = d["solver_state"]["state"]
-    top = (model.max_loss(data).to(torch.float64) / len(data))
-    st["block_ell"] = st["block_ell"] + 0.5 * (top - st["block_ell"])
-    st["ell"] = float(st["block_ell"].sum())
-    torch.save(d, tmp_path / "r.pt")
-    with pytest.raises(ValueError, match="exceeds the primal value"):
-        fit(model, data, 0.1, init=FitResult.load(tmp_path / "r.pt"), max_passes=1, gap_check=1)
+    """The generic dense state stores ``w_i``, not ``alpha``: its ``l_i`` cannot be recomputed, only bounded.  Inflated
+    within those bounds so that the dual exceeds the primal, the run refuses to certify instead of printing a negative
+    gap.  A multiclass state's ``w_i`` determine its ``l_i``: the same file is refused on load."""
+    from load_fuzz_worker import DenseMulticlass
+
+    base, data = random_multiclass_problem(n=8, seed=3)
+    for model, message in ((DenseMulticlass(base.n_inputs, base.n_classes), "exceeds the primal value"),
+                           (base, "not the expected loss .* its w_i determines")):
+        r = fit(model, data, 0.1, max_passes=50, gap_check=5, progress=False)
+        d = r.to_dict()
+        st = d["solver_state"]["state"]
+        top = (model.max_loss(data).to(torch.float64) / len(data))
+        st["block_ell"] = st["block_ell"] + 0.5 * (top - st["block_ell"])
+        st["ell"] = float(st["block_ell"].sum())
+        torch.save(d, tmp_path / "r.pt")
+        with pytest.raises(ValueError, match=message):
+            fit(model, data, 0.1, init=FitResult.load(tmp_path / "r.pt"), max_passes=1, gap_check=1)
 
 
 @pytest.mark.parametrize("damage, message", [
@@ -139,7 +143,7 @@ def test_weights_that_are_not_plain_dense_tensors_are_refused(tmp_path, make):
     d = r.to_dict()
     d["w"] = make(d["w"])
     torch.save(d, tmp_path / "r.pt")
-    with pytest.raises(ValueError, match="plain dense tensor"):
+    with pytest.raises(ValueError, match="plain dense tensor|_get_layout, which no saved run holds"):
         FitResult.load(tmp_path / "r.pt")
 
 

@@ -330,3 +330,22 @@ def test_batch_methods_refuse_a_fractional_number_of_passes(solver):
     first = fit(model, data, 0.1, solver, max_passes=2, gap_check=1)
     second = fit(model, data, 0.1, solver, max_passes=3, gap_check=1, init=first)
     assert second.counters["work"] == 5 * len(data)
+
+
+def test_the_device_choice_of_a_fit_on_a_gpu_is_measured():
+    """``fit`` with its data on a GPU solves where one-block BCFW steps are measured fastest
+    (:mod:`torch_bcfw.solvers.placement`): the rule takes the cheaper device (the CPU on a tie), the timing runs on
+    any device, and data already on the CPU (or a forced round size) is left alone with nothing recorded."""
+    from torch_bcfw.solvers.options import SolverOptions
+    from torch_bcfw.solvers.placement import block_seconds, faster_device, solver_placement
+
+    assert faster_device(1e-5, 5.8e-3) == "cpu" and faster_device(1e-3, 1e-4) == "cuda"
+    assert faster_device(1e-4, 1e-4) == "cpu"
+    model, data = random_chain_problem(n=20, F=4, K=3, max_len=4, seed=2)
+    opts = SolverOptions.from_kwargs(max_passes=1)
+    assert 0 < block_seconds(model, data, 0.1, opts, 8) < 1
+    assert solver_placement(model, data, None, 0.1, "bcfw", opts) == (data, None, {})
+    forced = SolverOptions.from_kwargs(batch_size=4)
+    assert solver_placement(model, data, None, 0.1, "bcfw", forced)[2] == {}
+    r = fit(model, data, 0.1, max_passes=2)
+    assert not any(k.startswith("placement_") for k in r.counters)

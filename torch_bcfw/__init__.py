@@ -14,6 +14,10 @@ import os as _os
 # for milliseconds at every switch (a 10x slower gap pass on OCR); effective only when imported before torch.
 _os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
+from .runtime import launch as _launch  # noqa: E402 - Ctrl-C while the torch-bcfw command loads: exit 130
+
+_launch.exit_on_interrupt_while_loading()
+
 from .runtime import kernel_cache as _kernel_cache  # noqa: E402 - before any kernel is defined
 
 _kernel_cache.install()

@@ -186,11 +186,31 @@ def _resume_source(folder: Path, ctx=None) -> Path:
             return mine
     if (folder / "checkpoint.pt").is_file():  # a single-process or replicated run's file (rank 0 wrote it)
         return folder / "checkpoint.pt"
-    raise _nothing_to_resume(folder)
+    raise _nothing_to_resume(folder, 1 if ctx is None else ctx.world_size)
 
 
-def _nothing_to_resume(folder: Path) -> FileNotFoundError:
-    return FileNotFoundError(f"--resume {folder}: nothing to resume there (looked for {folder / 'checkpoint.pt'}; "
+def _nothing_to_resume(folder: Path, world_size: int = 1) -> Exception:
+    """The error of a ``--resume`` that finds nothing this launch can continue: what the folder holds instead (a sharded
+    set and how to resume it), or that nothing was saved."""
+    from .io.checkpoint import manifest_path, read_manifest, sharded_sets
+
+    ckpt = folder / "checkpoint.pt"
+    committed = read_manifest(ckpt)
+    again = f"torchrun --nproc-per-node {{k}} -m torch_bcfw fit --resume {folder}"
+    if committed is not None and committed[0] != world_size:
+        k, work = committed
+        return ValueError(f"--resume {folder}: it holds a sharded set saved by {k} processes ({manifest_path(ckpt).name}, "
+                          f"after {work} block iterations); this launch has {world_size}: resume it with "
+                          + again.format(k=k))
+    sets = sharded_sets(ckpt)
+    if sets:
+        k, work = sets[0]
+        return ValueError(f"--resume {folder}: it holds the files of a sharded set of {k} processes (after {work} block "
+                          f"iterations) but no manifest commits it ({manifest_path(ckpt).name} is missing or names "
+                          f"another set): if every rank's file is there, write the manifest "
+                          f'{{"format": "torch_bcfw.shards/1", "world_size": {k}, "work": {work}}} and resume with '
+                          + again.format(k=k))
+    return FileNotFoundError(f"--resume {folder}: nothing to resume there (looked for {ckpt} and a sharded set; "
                              f"model.pt holds no dual state); the run was stopped before its first checkpoint: start "
                              "it again")
 
@@ -274,13 +294,8 @@ class _TerminateAsInterrupt:
 
 
 def cmd_fit(args) -> int:
-    from .io.checkpoint import Checkpoint, parse_interval
-    from .runtime.compilation import precompile, print_notice
-    from .datasets.registry import load_problem
-    from .fit import FitResult, fit
-    from .plotting import plot_histories
-    from .io.serialization import atomic_write_text
-    from .solvers.record import plain_history
+    from .io.checkpoint import parse_interval
+    from .io.output_lock import claim_output
 
     interval = parse_interval(args.checkpoint_every)
     if args.resume:
@@ -290,8 +305,9 @@ def cmd_fit(args) -> int:
         folder = Path(args.resume)
         if not (folder / "config.yaml").is_file():
             raise FileNotFoundError(f"--resume {folder}: no config.yaml there (is it the output folder of a fit?)")
-        if not any(folder.glob("checkpoint*.pt")):
-            raise _nothing_to_resume(folder)  # before the data is loaded
+        world = int(os.environ.get("WORLD_SIZE", "1") or "1")
+        if not (folder / "checkpoint.pt").is_file() and (world <= 1 or not any(folder.glob("checkpoint*.pt"))):
+            raise _nothing_to_resume(folder, world)  # before the data is loaded
         cfg = load_config(folder / "config.yaml", args.set)
         out = folder
     else:
@@ -301,8 +317,26 @@ def cmd_fit(args) -> int:
         out = Path(args.output or cfg.get("output") or "runs/fit")
     lam, solver, options = _fit_settings(cfg)
     check_output_folder(out)
-    for stale in (*out.glob(".checkpoint*.tmp"), *out.glob(".model*.tmp")):  # left by a killed save
-        stale.unlink(missing_ok=True)
+    first = int(os.environ.get("RANK", "0") or "0") == 0  # a torchrun launch: its rank 0 holds the folder
+    claim = claim_output(out, overwrite=args.overwrite, resume=bool(args.resume)) if first else contextlib.nullcontext()
+    with claim:
+        return _fit_into(args, cfg, out, interval, first, (lam, solver, options))
+
+
+def _fit_into(args, cfg: dict, out: Path, interval: dict, first: bool, settings: tuple) -> int:
+    """The rest of :func:`cmd_fit`, in the output folder ``out`` this process holds (rank 0 of a launch)."""
+    from .datasets.registry import load_problem
+    from .fit import FitResult, fit
+    from .io.checkpoint import Checkpoint
+    from .io.serialization import atomic_write_text
+    from .plotting import plot_histories
+    from .runtime.compilation import precompile, print_notice
+    from .solvers.record import plain_history
+
+    lam, solver, options = settings
+    if first:  # no live run writes here: temporary files are what a killed save left
+        for stale in (*out.glob(".checkpoint*.tmp"), *out.glob(".model*.tmp")):
+            stale.unlink(missing_ok=True)
     model, train, test = load_problem(cfg["data"], progress=not args.quiet)
     ctx = _torchrun_context(train.device)  # torchrun with several processes: the examples are sharded over them
     main = ctx is None or ctx.is_main
@@ -332,15 +366,27 @@ def cmd_fit(args) -> int:
         save_sharded(result, out / "checkpoint.pt", ctx)
     if not main:  # rank 0's files are the run's (the weights are the same on every rank)
         return 0
+    failed = []  # a full disk: each file that still fits is written, the model (the smallest) first
+
+    def write(what):
+        try:
+            what()
+        except OSError as exc:
+            failed.append(str(exc))
+
+    write(lambda: result.save(out / "model.pt", state=False))
     if ctx is None or result.options.strategy != "shard":
-        result.save(out / "checkpoint.pt")
-    result.save(out / "model.pt", state=False)
-    result.write_history_csv(out / "history.csv")
-    result.write_history_json(out / "history.json")
-    plot_histories({f"{result.solver} lam={result.lam:g}": plain_history(result.history)}, out / "gap.png",
-                   title=f"{cfg['data'].get('name', '')} {result.solver}", gap_tol=result.options.gap_tol,
-                   compile_time=compiled.seconds)
+        write(lambda: result.save(out / "checkpoint.pt"))
+    write(lambda: result.write_history_csv(out / "history.csv"))
+    write(lambda: result.write_history_json(out / "history.json"))
+    write(lambda: plot_histories({f"{result.solver} lam={result.lam:g}": plain_history(result.history)},
+                                 out / "gap.png", title=f"{cfg['data'].get('name', '')} {result.solver}",
+                                 gap_tol=result.options.gap_tol, compile_time=compiled.seconds))
     print(_fit_table(result, len(train), out, cfg["data"], test, compile_time=compiled.seconds))
+    if failed:
+        more = f" (and {len(failed) - 1} more file(s))" if len(failed) > 1 else ""
+        print(f"torch-bcfw: error: {failed[0]}{more}", file=sys.stderr)
+        return 2
     if result.stopped_by == "interrupted":
         how = signals.received or "SIGINT"
         state = result.counters.get("work", 0) / len(train)
@@ -481,6 +527,7 @@ def cmd_evaluate(args) -> int:
 
     model_path = Path(args.model)
     result = FitResult.load(model_path)
+    fitted_data = False  # whether the data evaluated on is the data the model was fitted on
     if args.config:
         cfg = load_config(args.config, args.set)
     elif (model_path.parent / "config.yaml").is_file():  # the output folder of `torch-bcfw fit`
@@ -489,6 +536,7 @@ def cmd_evaluate(args) -> int:
         fitted = load_config(saved).get("data")
         changed = sorted(k for k in {*(fitted or {}), *(cfg.get("data") or {})}
                          if (fitted or {}).get(k) != (cfg.get("data") or {}).get(k))
+        fitted_data = not changed
         if changed:  # e.g. data.split=small: the training and test parts would swap under the saved model
             raise ValueError(
                 f"--set changes the data the model was fitted on ({', '.join(f'data.{k}' for k in changed)}): its "
@@ -508,6 +556,10 @@ def cmd_evaluate(args) -> int:
     train_primal, _ = primal_value(result.model, train, result.weights, result.lam)
     saved = result.primal
     holds = saved is not None and abs(train_primal - saved) <= 1e-7 * (1.0 + abs(saved))
+    if saved is not None and not holds and (fitted_data or _same_examples(result, train)):
+        raise ValueError(f"{model_path}: its weights do not give its saved primal value on the data they were fitted on "
+                         f"(saved {saved:.6g}, here {train_primal:.6g}): the file's weights and certificate disagree "
+                         "(was it changed after the fit?)")
     if saved is not None and not holds:
         print(f"torch-bcfw evaluate: the saved certificate is for other training data (its primal value {saved:.6g}, "
               f"here {train_primal:.6g}): no gap is reported; evaluate with the data the model was fitted on",
@@ -523,10 +575,33 @@ def cmd_evaluate(args) -> int:
     return 0
 
 
+def _same_examples(result, train) -> bool:
+    """Whether ``result``'s saved dual state (a full save) names ``train``'s examples and features."""
+    from .duals.fingerprint import features_fingerprint, labels_fingerprint
+
+    state = result.solver_state.get("state") if isinstance(result.solver_state, dict) else None
+    return (isinstance(state, dict) and state.get("labels") == labels_fingerprint(train)
+            and state.get("features") == features_fingerprint(train))
+
+
 def cmd_export(args) -> int:
-    from .io.export import export_head
+    from .io.export import export_head, lightning_heads
     from .fit import FitResult
 
+    if str(args.model).endswith(".ckpt"):  # a Lightning checkpoint: the head a BCFWCallback solved
+        heads = lightning_heads(args.model)
+        name = args.head or (next(iter(heads)) if len(heads) == 1 else None)
+        if name not in heads:
+            raise ValueError(f"{args.model} holds the heads {sorted(heads)}: choose one with --head"
+                             + (f" (not {args.head!r})" if args.head else ""))
+        from .nn import StructuredHead
+
+        head = StructuredHead(*heads[name][:1])
+        head.set_weights(heads[name][1])
+        path = export_head(head, args.output)
+        print(f"wrote {path} and {path.parent / 'head.py'} (head {name!r} of the Lightning checkpoint); load it with "
+              f"torch alone: from head import load_head; load_head({str(path)!r})")
+        return 0
     result = FitResult.load(args.model)
     path = export_head(result, args.output)
     print(f"wrote {path} and {path.parent / 'head.py'} (the {result.selected} iterate, certified gap "
@@ -555,6 +630,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="save the run to OUTPUT/checkpoint.pt this often: '60s' (default), '5m', '10p' (passes) or 'off'")
     f.add_argument("--resume", metavar="DIR", help="continue the run saved in the output folder DIR (after Ctrl-C, "
                                                    "SIGTERM, kill or a finished max_passes raised with --set)")
+    f.add_argument("--overwrite", action="store_true",
+                   help="replace the finished run in the output folder (without it, a model.pt there is refused)")
     f.set_defaults(func=cmd_fit)
     e = sub.add_parser("evaluate", help="evaluate a saved model on a config's data")
     e.add_argument("--model", required=True, help="model.pt written by 'fit'")
@@ -564,7 +641,9 @@ def build_parser() -> argparse.ArgumentParser:
     e.set_defaults(func=cmd_evaluate)
     x = sub.add_parser("export", help="write a trained head as plain torch modules (head.pt + head.py) that load "
                                       "without torch_bcfw")
-    x.add_argument("--model", required=True, help="model.pt written by 'fit'")
+    x.add_argument("--model", required=True, help="model.pt written by 'fit', or a Lightning .ckpt written with a "
+                                                  "BCFWCallback")
+    x.add_argument("--head", help="which head of a Lightning checkpoint (its attribute name; default: the only one)")
     x.add_argument("--output", required=True, help="folder for head.pt and head.py")
     x.set_defaults(func=cmd_export)
     c = sub.add_parser("compare", help="run several solvers x seeds on one problem; JSON of the histories and "
@@ -593,15 +672,27 @@ def cmd_train(argv) -> int:
         return 2
 
 
+def _interrupted() -> int:
+    print("torch-bcfw: interrupted (Ctrl-C); the files already written are kept", file=sys.stderr)
+    return 130
+
+
 def main(argv=None) -> int:
+    from .runtime.launch import loaded
+
+    loaded()  # from here on Ctrl-C raises KeyboardInterrupt, handled below (or by the fit, which stops itself)
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "train":
         return cmd_train(argv[1:])
-    args = build_parser().parse_args(argv)
-    from .distributed.errors import DistributedError
-
+    try:
+        args = build_parser().parse_args(argv)
+        from .distributed.errors import DistributedError
+    except KeyboardInterrupt:
+        return _interrupted()
     try:
         return args.func(args)
+    except KeyboardInterrupt:  # outside a fit (which stops itself): data loading, warm-up compile, plots
+        return _interrupted()
     except (ValueError, FileNotFoundError, TypeError, OSError) as exc:
         print(f"torch-bcfw: error: {exc}", file=sys.stderr)
         return 2

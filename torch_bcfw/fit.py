@@ -19,6 +19,7 @@ from .runtime.signals import deferred_signals
 from .solvers.callbacks import Callback
 from .solvers.certificate import squared_norm
 from .solvers.options import SolverOptions
+from .solvers.placement import solver_placement
 from .solvers.record import CheckRecord, as_records, plain_history
 from .solvers.run import SOLVERS, WEAK_DUALITY_TOL, RunOutput, SolverRun, options_for
 from .distributed.strategy import continued_strategy, resolve_strategy
@@ -284,6 +285,10 @@ class FitResult:
             isinstance(k, str) and _is_number(v) for k, v in counters.items()
         ):
             raise ValueError(f"{source}: counters must map names to numbers")
+        for k, v in counters.items():
+            if not (math.isfinite(v) and v >= 0) or (k == "work" and v != int(v)):
+                kind = "a whole number" if k == "work" else "a number"
+                raise ValueError(f"{source}: counters[{k!r}] = {v!r} must be {kind} >= 0 (finite)")
         return cls(model=model, lam=lam, solver=d["solver"], options=options, w=w, w_avg=w_avg, history=history,
                    stopped_by=d["stopped_by"], solver_state=d["solver_state"], counters=dict(counters))
 
@@ -369,11 +374,14 @@ class _Snapshots:
         if final and hasattr(self.run.state, "move_storage_on_save"):
             self.run.state.move_storage_on_save = True  # the state is dropped when fit returns: its storage goes over
         # state_dict() returns copies or handed-over storage: no deep copy
-        return FitResult(
+        res = FitResult(
             model=self.model, lam=self.lam, solver=self.solver, options=self.run.options, w=w.clone(),
             w_avg=None if w_avg is None else w_avg.clone(), history=out.history if final else list(out.history),
             stopped_by=out.stopped_by if final else "", solver_state=alg.state_dict(), counters=dict(self.run.counters),
         )
+        # what this process computed itself: a warm start from this object (not from a file) trusts it again
+        res._trust = alg.state.trust_marks() if hasattr(alg, "state") else None
+        return res
 
 
 class _Saves:
@@ -448,6 +456,9 @@ def fit(
     opts = options_for(solver, **options)
     _check_inputs(model, data, test_data, init, checkpoint)
     group = _process_group(distributed)
+    # with the data on a GPU, solve where block steps are measured cheaper (solvers/placement.py)
+    data, test_data, placement = solver_placement(model, data, test_data, lam, solver, opts, group=group, init=init,
+                                                  bounds=bounds)
     saved = None if init is None else continued_strategy("shard" in init.solver_state, True, init.options.strategy)
     plan = resolve_strategy(model, data, lam, solver, opts, group, saved=saved,
                             saved_round_size=None if init is None else init.options.batch_size)
@@ -455,6 +466,9 @@ def fit(
     if init is not None:
         run.load_state_dict({"solver": init.solver, "lam": init.lam, "options": init.options,
                              "solver_state": init.solver_state, "counters": init.counters, "history": init.history})
+        if getattr(init, "_trust", None) is not None and hasattr(run.algorithm, "state"):  # made by fit here
+            run.algorithm.state.restore_trust(init._trust)
+    run.counters.update(placement)
     snapshot = _Snapshots(run, model, lam, solver, init)
     saves = _Saves(checkpoint, plan, run, snapshot) if checkpoint is not None else None
     out = run.run(test_data=test_data, callbacks=callbacks, after_iteration=saves,

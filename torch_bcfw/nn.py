@@ -18,6 +18,8 @@ Multiclass: ``x: [B, F]``, labels ``[B]``.
 """
 from __future__ import annotations
 
+import warnings
+
 import torch
 from torch import Tensor, nn
 
@@ -213,6 +215,11 @@ class StructuredHingeLoss(nn.Module):
 
     ``loss(x, y, offsets=None, lengths=None)`` in the layouts of the module docstring; the gradient flows into
     ``x`` and, for a trainable head, into ``w``.
+
+    At ``w = 0`` the hinge's gradient in the features is zero (every score is 0): a head whose ``w`` is a buffer
+    (``trainable=False``) must be solved first (:class:`~torch_bcfw.lightning.BCFWCallback` with
+    ``initial_passes > 0``, its default) or given a start with :meth:`StructuredHead.set_weights`; the first
+    training call of such a head at ``w = 0`` warns once (``UserWarning``).
     """
 
     def __init__(self, head: StructuredHead, lam: float = 0.0, reduction: str = "mean"):
@@ -225,9 +232,21 @@ class StructuredHingeLoss(nn.Module):
         self.head = [head]  # a list: do not register the head as a submodule of the loss
         self.lam = float(lam)
         self.reduction = reduction
+        self._checked_start = False
+
+    def _warn_if_zero_start(self, head: StructuredHead) -> None:
+        """Once, at the first training call: warn when a buffer head is still at ``w = 0`` (the backbone would get
+        zero gradient)."""
+        self._checked_start = True
+        if not head.trainable and not bool(head.w.detach().any()):
+            warnings.warn("StructuredHingeLoss: the head's weights are zero, so the structured hinge gives the "
+                          "backbone zero gradient; solve the head first (BCFWCallback with initial_passes > 0) or "
+                          "start it with head.set_weights(...) (e.g. small random weights)", UserWarning, stacklevel=3)
 
     def forward(self, x: Tensor, y: Tensor, offsets: Tensor | None = None, lengths: Tensor | None = None) -> Tensor:
         head = self.head[0]
+        if not self._checked_start and x.requires_grad:
+            self._warn_if_zero_start(head)
         H = structured_hinge(head.model, head.w, x, y, offsets, lengths, reduction=self.reduction)
         if self.lam:
             w = head.w.to(x.device, x.dtype)

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from .io.serialization import atomic_write_stream
+
 __all__ = ["plot_histories", "histories_figure", "pyplot", "style_axes", "save_figure"]
 
 
@@ -32,12 +34,14 @@ def style_axes(axes, xlabels, ylabel: str = "duality gap", log: str = "y", legen
 
 
 def save_figure(fig, path) -> Path:
-    """Lay out ``fig``, write it to ``path`` (PNG, parent folders created) and close it; returns the path."""
+    """Lay out ``fig``, write it to ``path`` (PNG, atomically, parent folders created) and close it; returns the
+    path."""
     fig.tight_layout()
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    pyplot().close(fig)
+    try:  # atomically: a Ctrl-C or a full disk leaves the previous figure
+        atomic_write_stream(path, lambda f: fig.savefig(f, dpi=110, format="png"))
+    finally:
+        pyplot().close(fig)
     return path
 
 

@@ -145,10 +145,36 @@ def _read_pickle(path: Path) -> OCRWords:
     missing = {"data", "labels", "folds"} - set(d)
     if missing:
         raise ValueError(f"{path}: not an OCR letters pickle (missing keys {sorted(missing)})")
+    _check_references(d, path)
     images = [np.asarray(x, dtype=np.uint8).reshape(-1, 128) for x in d["data"]]
     labels = [np.asarray(y, dtype=np.int64).reshape(-1) for y in d["labels"]]
     words = list(d.get("word", ["".join(chr(97 + c) for c in y) for y in labels]))
     return OCRWords(images, labels, _integers(d["folds"], f"{path}: folds"), words)
+
+
+def _check_references(d: dict, path: Path) -> None:
+    """Refuse a pickle whose entries would take far more memory once converted than the file's bytes: memo
+    references share one array in the file, but every entry of ``data`` (``uint8``), ``labels`` (``int64``),
+    ``folds`` and ``word`` is converted on its own, so each reference counts its bytes again (budget: twice the
+    file plus 1 MiB)."""
+    budget = 2 * path.stat().st_size + 2**20
+    total = 0
+    for key, itemsize in (("data", 1), ("labels", 8), ("folds", 8), ("word", 1)):
+        entries = d.get(key, ())
+        if isinstance(entries, np.ndarray):
+            total += entries.size * itemsize
+            continue
+        if not isinstance(entries, (list, tuple)):
+            raise ValueError(f"{path}: not an OCR letters pickle ({key!r} is a {type(entries).__name__}, expected a "
+                             "list of arrays)")
+        for x in entries:
+            if not isinstance(x, (np.ndarray, str, int, float, np.generic)):
+                raise ValueError(f"{path}: not an OCR letters pickle (an entry of {key!r} is a {type(x).__name__}, "
+                                 "expected an array)")
+            total += (x.size if isinstance(x, np.ndarray) else len(x) if isinstance(x, str) else 1) * itemsize
+            if total > budget:
+                raise ValueError(f"{path}: refused: its entries name more than {budget} bytes of arrays (shared "
+                                 "references counted each time), more than a file of its size holds")
 
 
 def _integers(values, where: str) -> np.ndarray:

@@ -24,6 +24,9 @@ class ActiveSetDualState(DenseTable):
     :meth:`_rebuild_blocks` (``w_i = sum_y alpha_i(y) psi_i(y) / (lam n)``).
     """
 
+    #: the stored dual variables determine every ``l_i`` (:meth:`_check_dual_variables`)
+    determines_duals = True
+
     rebindable = True
 
     def __init__(self, model, data, lam: float, n_total: int | None = None):

@@ -67,6 +67,9 @@ class DualState(ABC):
     #: the state can be moved to new features (:meth:`rebind`); its ``_load_storage`` must derive any feature-space
     #: cache at ``self.data``'s features.
     rebindable = True
+    #: True when the stored blocks determine each ``l_i`` (checked on load by :meth:`_check_dual_variables`); a
+    #: storage that does not must track what a loaded state contributes (:meth:`untrusted_part`)
+    determines_duals = True
 
     def __init_subclass__(cls, **kwargs) -> None:
         super().__init_subclass__(**kwargs)
@@ -98,6 +101,9 @@ class DualState(ABC):
         self.avg_ell_u = 0.0
         #: True after :meth:`load_state_dict` re-derived ``w`` under features other than the saved ones
         self.rebound = False
+        #: False from a load until the average restarts: the saved accumulators do not determine the averaged ``l``,
+        #: so the averaged pair's dual value certifies nothing (its primal value still holds)
+        self.avg_trusted = True
 
     # ------------------------------------------------------------ storage hooks
     @abstractmethod
@@ -363,6 +369,7 @@ class DualState(ABC):
 
     def _restart_average(self) -> None:
         """Forget the weighted average (its accumulators restart at the current iterate)."""
+        self.avg_trusted = True
         self.avg_t = 0
         self.avg_last.zero_()
         self.avg_ell_u = 0.0
@@ -371,6 +378,48 @@ class DualState(ABC):
     @abstractmethod
     def _avg_reset_storage(self) -> None:
         """Zero the storage's average accumulators."""
+
+    # ------------------------------------------------------------ what a loaded state certifies
+    def has_untrusted_blocks(self) -> bool:
+        """True while part of the dual variables came from a file that does not determine them (see
+        :meth:`untrusted_part`; never for a storage that :attr:`determines_duals`)."""
+        return False
+
+    def untrusted_part(self) -> tuple[Tensor, float] | None:
+        """``(u, l_u)``: the part of ``(v, l)`` loaded from a file that does not determine it, or ``None``.  ``(v - u,
+        l - l_u)`` is then the image and linear part of a feasible dual point (the untrusted part at the ground
+        truth)."""
+        return None
+
+    def trust_marks(self) -> tuple[bool, bool]:
+        """``(blocks, average)``: whether this state's dual variables and averaged dual value certify, for a warm start
+        from an in-memory result of this process (:meth:`restore_trust`)."""
+        return not self.has_untrusted_blocks(), self.avg_trusted
+
+    def restore_trust(self, marks: tuple[bool, bool]) -> None:
+        """After :meth:`load_state_dict` of a state this process computed (not read from a file): what
+        :meth:`trust_marks` said of it holds again."""
+        blocks, average = marks
+        if blocks:
+            self._clear_untrusted()
+        self.avg_trusted = bool(average)
+
+    def _clear_untrusted(self) -> None:
+        """Storage hook of :meth:`restore_trust`: forget the loaded part (nothing by default)."""
+
+    def trusted_dual(self, ell: float, reduce=None) -> float | None:
+        """The dual value of the feasible point without the untrusted part (``None``: the state's own dual value
+        holds).  ``ell``: ``l`` of all processes; ``reduce``: for a state holding one shard, the callable summing
+        ``(vector, scalar)`` over the processes."""
+        part = self.untrusted_part()
+        if part is None:
+            return None
+        u, lu = part
+        if reduce is not None:
+            u, lu = reduce(u, lu)
+        v = self.v - u
+        w = torch.clamp(v, self.lower, self.upper) if self._box else v
+        return float(ell) - float(lu) - self.box_term(v) - 0.5 * self.lam * float((w * w).sum())
 
     # ------------------------------------------------------------ running plans
     def run_plan(self, plan: StepPlan) -> PlanResult:
@@ -589,6 +638,7 @@ class DualState(ABC):
             )
         old_w = self.w.to(data.device)
         fresh = type(self).from_state_dict(self.model, data, self.lam, self.state_dict())
+        fresh.restore_trust(self.trust_marks())  # the same state in this process, not one read from a file
         self.__dict__.clear()
         self.__dict__.update(fresh.__dict__)
         return float((self.w - old_w).abs().max()) if self.d else 0.0
@@ -715,6 +765,9 @@ class DualState(ABC):
         if ws is not None:
             self._check_working_set(ws)
         self._check_dual_variables()
+        self.avg_trusted = False
+        if not self.determines_duals:
+            self._mark_untrusted()
         self.rebound = not same_features
         if self.rebound:  # w = A(x_new) alpha from the stored dual variables (l = b^T alpha is unchanged)
             self.refresh()
@@ -742,6 +795,11 @@ class DualState(ABC):
             if a.size and (float(a.min()) < -LOAD_TOL or total > 1 + LOAD_TOL or (
                     not ws.incomplete[i] and abs(total - 1.0) > LOAD_TOL)):
                 raise ValueError(f"state working_set: the weights of block {i} are off the simplex (sum {total})")
+
+    def _mark_untrusted(self) -> None:
+        """Storage hook of :meth:`load_state_dict` for a storage that does not :attr:`determine its dual variables
+        <determines_duals>`: start tracking the loaded part (:meth:`untrusted_part`)."""
+        raise NotImplementedError
 
     def _check_dual_variables(self) -> None:
         """Storage hook of :meth:`load_state_dict`: ``ValueError`` unless the loaded blocks are feasible dual variables

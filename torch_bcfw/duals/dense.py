@@ -18,9 +18,16 @@ class DenseTable(DualState):
 
     Not :attr:`~DualState.rebindable`: the table holds ``A(x) alpha_[i]`` for the features it was
     built with, and ``alpha`` is not kept (see :class:`~torch_bcfw.duals.active_set.ActiveSetDualState`).
+
+    Nor does the table determine ``l_i``: a loaded state's blocks are *untrusted* (:meth:`untrusted_part`).  Each block
+    keeps the fraction ``rho_i`` of its dual variables that came from the file (1 after the load; a step of size
+    ``gamma`` multiplies it by ``1 - gamma``; a pairwise or away step makes the whole block untrusted again) with the
+    loaded ``(w_i^0, l_i^0)``; the certificate counts that fraction at the ground truth (``w = 0``, ``l = 0``), a
+    feasible dual point whatever the file held.
     """
 
     rebindable = False
+    determines_duals = False
 
     def __init__(self, model, data, lam: float, n_total: int | None = None):
         super().__init__(model, data, lam, n_total)
@@ -28,6 +35,8 @@ class DenseTable(DualState):
         self.w_blocks_acc = torch.zeros_like(self.w_blocks)
         self._phi_true = None
         self._last_phi = None
+        #: after a load: ``(rho [n], w0 [n, d], l0 [n], whole [n] bool)`` (see the class docstring), else ``None``
+        self._untrusted = None
 
     def _true_features(self, i) -> Tensor:
         """``phi(x_i, y_i)`` of block(s) ``i`` (an index or ``LongTensor[tau]``), from a table built once."""
@@ -44,10 +53,57 @@ class DenseTable(DualState):
         return self.w_blocks[i] - w_s, ell_s
 
     def _move_block(self, i: int, y: Tensor, gamma: float, v: Tensor) -> None:
+        self._shrink_untrusted(i, gamma)
         self.w_blocks[i] -= gamma * v
 
     def _move_block_general(self, i, y_s, y_a, coeffs, gamma, d, drop) -> None:
+        if self._untrusted is not None:  # the loaded part of alpha_i may lose mass: the whole block is untrusted
+            self._untrusted[3][i] = True
         self.w_blocks[i] += gamma * d
+
+    # ------------------------------------------------------------ untrusted blocks of a loaded state
+    def _mark_untrusted(self) -> None:
+        """Every block's dual variables came from a file that does not determine them (called after a load)."""
+        self._untrusted = (torch.ones(self.n, dtype=torch.float64, device=self.w.device), self.w_blocks.clone(),
+                           self.block_ell.clone(), torch.zeros(self.n, dtype=torch.bool, device=self.w.device))
+
+    def _shrink_untrusted(self, idx, gamma: float) -> None:
+        """Blocks ``idx`` (an index, ``LongTensor`` or ``slice``) are about to move ``alpha_i <- (1 - gamma) alpha_i +
+        gamma e_y``: a block wholly untrusted is captured as loaded (its current ``w_i``, ``l_i``), then the loaded
+        fraction shrinks."""
+        if self._untrusted is None:
+            return
+        rho, w0, l0, whole = self._untrusted
+        rows = torch.arange(self.n, device=rho.device)[idx].reshape(-1)
+        cap = rows[whole[rows]]
+        if len(cap):
+            rho[cap], w0[cap], l0[cap], whole[cap] = 1.0, self.w_blocks[cap], self.block_ell[cap], False
+        rho[rows] *= 1.0 - gamma
+
+    def has_untrusted_blocks(self) -> bool:
+        return self._untrusted is not None
+
+    def _clear_untrusted(self) -> None:
+        self._untrusted = None
+
+    def untrusted_part(self) -> tuple[Tensor, float] | None:
+        """``(u, l_u)``: the part of ``(v, l)`` that came from a file and is not determined by it (``u = sum_i rho_i
+        w_i^0``, ``Tensor[d]``), or ``None`` when every block is trusted.  ``(v - u, l - l_u)`` is the feature-space
+        image and linear part of a feasible dual point."""
+        if self._untrusted is None:
+            return None
+        rho, w0, l0, whole = self._untrusted
+        r = torch.where(whole, torch.ones_like(rho), rho)
+        W = torch.where(whole[:, None], self.w_blocks, w0)
+        L = torch.where(whole, self.block_ell, l0)
+        return r @ W, float(r @ L)
+
+    def _rescale_storage(self, rho: float) -> None:
+        """``w_i = A alpha_[i] / (lam n)`` is unchanged by ``alpha_i <- rho alpha_i + (1 - rho) e_{y_i}`` at ``lam <- rho
+        lam`` (``psi_i(y_i) = 0``), ``l_i`` scales by ``rho``: so does the loaded part of an untrusted block.  A state
+        that keeps ``alpha`` beside the table rescales it."""
+        if self._untrusted is not None:
+            self._untrusted[2].mul_(rho)
 
     def _block_dots(self) -> Tensor:
         return self.lam * (self.w_blocks @ self.w)
@@ -56,6 +112,7 @@ class DenseTable(DualState):
         w_s = (self.model.joint_feature(self.data, self.data.y) - self.model.joint_feature(self.data, y)) / (
             self.lam * self.n_total
         )
+        self._shrink_untrusted(slice(None), gamma)
         self.w_blocks.mul_(1.0 - gamma).add_(w_s, alpha=gamma)
 
     def subset_values(self, idx: Tensor, sub) -> Tensor:
@@ -75,10 +132,6 @@ class DenseTable(DualState):
 
     def _avg_w(self, S: Tensor, total: float) -> Tensor:
         return (self.w_blocks_acc.sum(0) + S @ self.w_blocks) / total
-
-    def _rescale_storage(self, rho: float) -> None:
-        """Nothing: ``w_i = A alpha_[i] / (lam n)`` is unchanged by ``alpha_i <- rho alpha_i + (1 - rho) e_{y_i}`` at
-        ``lam <- rho lam`` (``psi_i(y_i) = 0``); a state that keeps ``alpha`` beside the table rescales it."""
 
     def _avg_reset_storage(self) -> None:
         self.w_blocks_acc.zero_()
@@ -103,6 +156,7 @@ class DenseDualState(DenseTable):
         return Vb.sum(0), ell_s, Vb
 
     def _move_subset(self, idx: Tensor, y: Tensor, gamma: float, parts) -> None:
+        self._shrink_untrusted(idx, gamma)
         self.w_blocks[idx] -= gamma * parts
 
     def _subset_block_gaps(self, idx: Tensor, sub, parts) -> Tensor:

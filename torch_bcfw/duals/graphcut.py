@@ -246,6 +246,9 @@ class GraphCutDualState(DenseTable):
     under the same features (a fingerprint), the ``w_i`` table itself, so resuming on the same data is bit-exact.
     """
 
+    #: the stored dual variables determine every ``l_i`` (:meth:`_check_dual_variables`)
+    determines_duals = True
+
     rebindable = True
 
     def __init__(self, model, data, lam: float, n_total: int | None = None):

@@ -10,6 +10,7 @@ import numpy as np
 import torch
 from numba import njit
 
+from .base import LOAD_TOL
 from .dense import DenseDualState
 from .plan import PlanResult, StepPlan
 from .stepsize import TOTALS, fw_commit
@@ -91,6 +92,49 @@ class MulticlassDualState(DenseDualState):
     def __init__(self, model, data, lam: float, n_total: int | None = None):
         super().__init__(model, data, lam, n_total)
         self._x64 = self._y64 = None
+
+    #: ``w_i`` determines the block's simplex weights (:meth:`_check_dual_variables`)
+    determines_duals = True
+
+    def _check_dual_variables(self) -> None:
+        """``w_i`` determines block ``i``'s dual variables when its features ``x~_i = [x_i, 1]`` are non-zero:
+        ``w_i[c] = -alpha_i(c) x~_i / (lam n)`` for ``c != y_i`` and ``w_i[y_i] = sum_{c != y_i} alpha_i(c) x~_i /
+        (lam n)``.  ``ValueError`` unless every ``w_i`` is that image of weights on the simplex and the saved ``l_i``
+        is their expected loss ``sum_c alpha_i(c) L_i(c) / n``; a block of zero features must have ``w_i = 0`` (its
+        ``l_i`` is then any value in its bounds, each the loss of some ``alpha_i``)."""
+        if not self.n:
+            return
+        K, scale = self.model.n_classes, self.lam * self.n_total
+        W = self.w_blocks.view(self.n, K, -1)  # [n, K, F']
+        zeros = torch.zeros_like(self.data.y)
+        x = self.model.joint_feature(self.data, zeros).to(self.w_blocks).view(self.n, K, -1)[:, 0]  # [n, F']: x~_i
+        first = self.block_data(0)
+        for c in range(K):  # the layout this check relies on: phi(x, c) is x~ in class c's block, zero elsewhere
+            phi = self.model.joint_feature(first, torch.full_like(first.y, c)).to(x).view(K, -1)
+            if not (torch.equal(phi[c], x[0]) and int(torch.count_nonzero(phi)) == int(torch.count_nonzero(x[0]))):
+                raise ValueError(f"{type(self.model).__name__} changes the multiclass joint feature: its saved state "
+                                 "cannot be checked against its dual variables")
+        sq = (x * x).sum(1)  # [n]
+        live = sq > 0
+        alpha = -scale * torch.einsum("nkf,nf->nk", W, x) / torch.where(live, sq, torch.ones_like(sq))[:, None]
+        rows = torch.arange(self.n, device=W.device)
+        y = self.data.y.to(W.device)
+        alpha[rows, y] = 0.0
+        alpha[rows, y] = 1.0 - alpha.sum(1)
+        alpha[~live] = 0.0
+        alpha[~live, y[~live]] = 1.0
+        image = -alpha[:, :, None] * x[:, None, :] / scale
+        image[rows, y] += x / scale
+        size = 1.0 + float(W.abs().max()) if W.numel() else 1.0
+        if float((image - W).abs().max()) > LOAD_TOL * size or bool((alpha < -LOAD_TOL).any()):
+            raise ValueError("state storage w_blocks: a block's w_i is not the image of dual variables on its simplex")
+        losses = torch.stack([self.model.loss(self.data, torch.full_like(y, c)) for c in range(K)], 1).to(alpha)
+        ell = (alpha * losses).sum(1) / self.n_total
+        lifted = live & ((self.block_ell - ell).abs() > LOAD_TOL * (1.0 / self.n_total + ell.abs()))
+        if bool(lifted.any()):
+            i = int(lifted.nonzero()[0])
+            raise ValueError(f"state block_ell: block {i}'s l_i = {float(self.block_ell[i])!r} is not the expected "
+                             f"loss {float(ell[i])!r} of the dual variables its w_i determines")
 
     def can_run_plan(self, plan: StepPlan) -> bool:
         return (plan.is_plain and self.w.device.type == "cpu" and not self.has_bounds

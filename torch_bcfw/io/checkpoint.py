@@ -20,7 +20,8 @@ import torch
 
 from .serialization import atomic_write_text, check_writable_file
 
-__all__ = ["Checkpoint", "parse_interval", "shard_path", "manifest_path", "save_sharded", "newest_sharded"]
+__all__ = ["Checkpoint", "parse_interval", "shard_path", "manifest_path", "save_sharded", "newest_sharded",
+           "read_manifest", "sharded_sets"]
 
 _UNITS = {"s": 1.0, "sec": 1.0, "seconds": 1.0, "m": 60.0, "min": 60.0, "minutes": 60.0, "h": 3600.0,
           "hours": 3600.0}
@@ -143,22 +144,57 @@ def _remove_members(path, rank: int, world_size: int, keep: Path) -> None:
 def _read_manifest(path, world_size: int) -> int | None:
     """The block iterations of the set the manifest at ``path`` names (``None``: no manifest, or one of another
     world size).  A manifest that is not one raises ``ValueError``."""
+    found = read_manifest(path)
+    if found is None:
+        return None
+    ws, work = found
+    if ws != world_size:
+        raise ValueError(f"{manifest_path(path)}: the set was saved by {ws} processes, this run has {world_size}: "
+                         f"resume it with torchrun --nproc-per-node {ws}")
+    return work
+
+
+#: the largest world size and block-iteration count a manifest may name (what an int64 collective carries)
+_MANIFEST_MAX = 2**63 - 1
+
+
+def read_manifest(path) -> tuple[int, int] | None:
+    """``(world_size, work)`` of the set the manifest of the sharded saves at ``path`` commits (``None``: no manifest).
+    A manifest that is not one (unreadable, nested, numbers beyond 64 bits) raises ``ValueError`` in one line."""
     m = manifest_path(path)
     if not m.is_file():
         return None
     try:
+        if m.stat().st_size > 4096:  # a manifest is one short line
+            raise ValueError(f"{m.stat().st_size} bytes")
         d = json.loads(m.read_text())
-    except (OSError, ValueError) as exc:
-        raise ValueError(f"{m} is not a readable manifest of a sharded save: {exc}") from None
+    except (OSError, ValueError, RecursionError) as exc:
+        detail = "nested too deeply" if isinstance(exc, RecursionError) else str(exc).splitlines()[0][:200]
+        raise ValueError(f"{m} is not a readable manifest of a sharded save: {detail}") from None
     if not isinstance(d, dict) or d.get("format") != MANIFEST_FORMAT:
         raise ValueError(f"{m} is not a manifest of a sharded save (format {MANIFEST_FORMAT!r})")
     ws, work = d.get("world_size"), d.get("work")
-    if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in (ws, work)) or ws < 1:
-        raise ValueError(f"{m}: world_size and work must be integers >= 0, got {ws!r} and {work!r}")
-    if ws != world_size:
-        raise ValueError(f"{m}: the set was saved by {ws} processes, this run has {world_size}: resume with the world "
-                         "size of the run that saved it")
-    return work
+    if not all(isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= _MANIFEST_MAX for v in (ws, work)) \
+            or ws < 1:
+        raise ValueError(f"{m}: world_size and work must be integers in [0, 2^63), got {_short(ws)} and {_short(work)}")
+    return ws, work
+
+
+def _short(v) -> str:
+    text = repr(v) if not isinstance(v, int) or v.bit_length() < 200 else f"an integer of {v.bit_length()} bits"
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def sharded_sets(path) -> list[tuple[int, int]]:
+    """``(world_size, work)`` of every set of members saved at ``path`` (``run.rank<r>-of-<k>.w<work>.pt``), newest
+    first: what a folder holds when its manifest is missing."""
+    p = Path(path)
+    found = set()
+    for f in p.parent.glob(f"{p.stem}.rank*-of-*.w*{p.suffix}"):
+        m = re.fullmatch(rf"{re.escape(p.stem)}\.rank(\d+)-of-(\d+)\.w(\d+){re.escape(p.suffix)}", f.name)
+        if m:
+            found.add((int(m.group(2)), int(m.group(3))))
+    return sorted(found, key=lambda t: -t[1])
 
 
 def newest_sharded(paths, ctx) -> Path | None:

@@ -7,6 +7,10 @@ Writes ``head.pt`` (named tensors; loads with ``weights_only=True``) and ``head.
     export_head(result, "deploy/")
     # elsewhere, with torch only:  from head import load_head; labels = load_head("deploy/head.pt")(x, lengths)
 
+A :class:`~torch_bcfw.nn.StructuredHead` exports the same way (``export_head(module.head, "deploy/")``), and so does
+the head of a Lightning checkpoint written with a :class:`~torch_bcfw.lightning.BCFWCallback`
+(:func:`lightning_heads`; ``torch-bcfw export --model last.ckpt --output deploy/``).
+
 Chains with dense token features and multiclass models export; other models (graph cuts, pose trees, matchings)
 need their own decoders and raise ``ValueError``.
 """
@@ -19,9 +23,14 @@ import torch
 
 from . import standalone_head
 from ..models import Chain, Multiclass
-from .serialization import atomic_save
+from ..models.registry import model_from_config
+from .serialization import atomic_save, load_checked
 
-__all__ = ["export_head", "head_tensors"]
+__all__ = ["export_head", "head_tensors", "lightning_heads", "HEADS_KEY"]
+
+#: the entry of a Lightning checkpoint where :class:`~torch_bcfw.lightning.BCFWCallback` records the model of each
+#: head it solves: ``{head_attr: {"model_class": registered name, "model_config": config}}``
+HEADS_KEY = "torch_bcfw_heads"
 
 
 def head_tensors(model, w: torch.Tensor) -> tuple[str, dict]:
@@ -41,11 +50,14 @@ def head_tensors(model, w: torch.Tensor) -> tuple[str, dict]:
 
 
 def export_head(result, folder, weights: torch.Tensor | None = None) -> Path:
-    """Write ``head.pt`` and ``head.py`` for ``result`` (a :class:`~torch_bcfw.FitResult`, or anything with ``model``
-    and ``weights``, e.g. a :class:`~torch_bcfw.nn.StructuredHead` via ``weights=head.w``) into ``folder``; returns
-    the path of ``head.pt``.  ``weights``: the weights to export (default ``result.weights``, the certified model)."""
+    """Write ``head.pt`` and ``head.py`` for ``result`` (a :class:`~torch_bcfw.FitResult`, a
+    :class:`~torch_bcfw.nn.StructuredHead`, or anything with ``model`` and ``weights``) into ``folder``; returns
+    the path of ``head.pt``.  ``weights``: the weights to export (default ``result.weights``, the certified model;
+    a head's ``w``)."""
     model = result.model
-    w = result.weights if weights is None else weights
+    if weights is None:
+        weights = result.weights if hasattr(result, "weights") else result.w
+    w = weights
     if w.shape != (model.n_features,):
         raise ValueError(f"weights must have shape ({model.n_features},), got {tuple(w.shape)}")
     kind, tensors = head_tensors(model, w)
@@ -54,3 +66,28 @@ def export_head(result, folder, weights: torch.Tensor | None = None) -> Path:
     atomic_save({"format": standalone_head.FORMAT, "kind": kind, "tensors": tensors}, out / "head.pt")
     shutil.copyfile(standalone_head.__file__, out / "head.py")
     return out / "head.pt"
+
+
+def lightning_heads(path) -> dict:
+    """The heads of a Lightning checkpoint written with a :class:`~torch_bcfw.lightning.BCFWCallback`:
+    ``{head_attr: (model, w)}`` from the models the callback recorded (:data:`HEADS_KEY`) and the weights
+    ``{head_attr}.w`` of the module's ``state_dict``.  Read with ``weights_only=True``; ``ValueError`` (one line)
+    for a checkpoint without them."""
+    ckpt = load_checked(path, what="Lightning checkpoint")
+    if not isinstance(ckpt, dict) or not isinstance(ckpt.get("state_dict"), dict):
+        raise ValueError(f"{path}: not a Lightning checkpoint (no state_dict)")
+    heads = ckpt.get(HEADS_KEY)
+    if not isinstance(heads, dict) or not heads:
+        raise ValueError(f"{path}: the checkpoint records no torch_bcfw head (write it with a BCFWCallback in the "
+                         "Trainer's callbacks); export a StructuredHead from Python with export_head(module.head, ...)")
+    out = {}
+    for attr, spec in heads.items():
+        if not isinstance(spec, dict):
+            raise ValueError(f"{path}: the record of head {attr!r} is not a dict")
+        model = model_from_config(spec.get("model_class"), spec.get("model_config"))
+        w = ckpt["state_dict"].get(f"{attr}.w")
+        if not isinstance(w, torch.Tensor) or w.shape != (model.n_features,):
+            raise ValueError(f"{path}: the state_dict has no weights {attr}.w of shape [{model.n_features}] for the "
+                             f"head's {type(model).__name__}")
+        out[attr] = (model, w)
+    return out

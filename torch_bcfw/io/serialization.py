@@ -18,7 +18,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-__all__ = ["atomic_save", "atomic_write_text", "load_checked", "to_plain", "UnsafeFileError"]
+from .pickle_stream import NODES_FIXED, NODES_PER_BYTE, TENSOR_BYTES_PER_BYTE, check_torch_archive
+
+__all__ = ["atomic_save", "atomic_write_stream", "atomic_write_text", "load_checked", "to_plain", "UnsafeFileError"]
 
 
 class UnsafeFileError(ValueError):
@@ -102,6 +104,12 @@ def _atomic(path, write) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+    except (OSError, RuntimeError) as exc:  # a full disk, a file-size limit: torch's zip writer raises RuntimeError
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc).strip().splitlines()[0]
+        raise OSError(f"cannot write {path}: {reason} (is the disk full, or the file size limited?); the previous "
+                      "file, if any, is unchanged") from None
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
@@ -112,6 +120,11 @@ def _atomic(path, write) -> None:
 def atomic_save(obj, path) -> None:
     """``torch.save(obj, path)`` atomically (temporary file in the same folder, fsync, ``os.replace``)."""
     _atomic(path, lambda f: torch.save(obj, f))
+
+
+def atomic_write_stream(path, write) -> None:
+    """``write(f)`` into a binary file ``f`` that then replaces ``path`` atomically (e.g. a figure's ``savefig``)."""
+    _atomic(path, write)
 
 
 def atomic_write_text(path, text: str) -> None:
@@ -127,7 +140,8 @@ def load_checked(path, map_location="cpu", what: str = "file"):
         FileNotFoundError: no file at ``path``.
         UnsafeFileError: the file holds objects other than tensors and plain containers (nothing was run).
         ValueError: the file is not a torch save, or its objects would take far more memory than its bytes
-            (:func:`_check_archive`, :func:`_check_expansion`).
+            (:func:`_check_archive`; :func:`~torch_bcfw.io.pickle_stream.check_torch_archive` before anything is
+            built; :func:`_check_expansion`).
     """
     path = Path(path)
     if not path.is_file():
@@ -136,6 +150,7 @@ def load_checked(path, map_location="cpu", what: str = "file"):
         raise ValueError(f"{path} is not a readable {what}: not a zip archive written by torch.save")
     size = path.stat().st_size
     _check_archive(path, size, what)
+    check_torch_archive(path, size, unsafe=UnsafeFileError)
     try:
         obj = torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as exc:
@@ -152,8 +167,10 @@ def load_checked(path, map_location="cpu", what: str = "file"):
 
 
 #: the budget of a loaded file's objects: entries of containers (shared ones counted each time they are reached)
-#: per byte of the file plus a fixed allowance, nesting depth, and tensor bytes per byte of the file
-LOAD_NODES_PER_BYTE, LOAD_NODES_FIXED, LOAD_MAX_DEPTH, LOAD_TENSOR_BYTES_PER_BYTE = 0.5, 1_000_000, 64, 2
+#: per byte of the file plus a fixed allowance, nesting depth, and tensor bytes per byte of the file (the same
+#: budget the pickle stream is held to before loading, :mod:`torch_bcfw.io.pickle_stream`)
+LOAD_NODES_PER_BYTE, LOAD_NODES_FIXED, LOAD_MAX_DEPTH, LOAD_TENSOR_BYTES_PER_BYTE = (NODES_PER_BYTE, NODES_FIXED, 64,
+                                                                                    TENSOR_BYTES_PER_BYTE)
 
 
 def _check_archive(path: Path, size: int, what: str) -> None:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-__all__ = ["ChainHead", "MulticlassHead", "load_head", "FORMAT"]
+__all__ = ["ChainHead", "MulticlassHead", "load_head", "check_head", "HEAD_TENSORS", "FORMAT"]
 
 #: the ``format`` entry of a ``head.pt`` this file reads
 FORMAT = "torch_bcfw.head/1"
@@ -46,23 +46,58 @@ class ChainHead(nn.Module):
         lengths = torch.as_tensor(lengths, dtype=torch.long, device=x.device)
         if lengths.dim() != 1 or bool((lengths < 1).any()) or int(lengths.sum()) != x.shape[0]:
             raise ValueError(f"lengths must be positive and sum to the {x.shape[0]} tokens of x")
-        u = self.unary_scores(x, lengths)
-        out = torch.empty(x.shape[0], dtype=torch.long, device=x.device)
-        first = 0
-        for n in lengths.tolist():  # Viterbi per word
-            score = u[first]
-            back = []
-            for t in range(1, n):
-                cand = score[:, None] + self.transitions  # [previous label, label]
-                score, arg = cand.max(0)
-                score = score + u[first + t]
-                back.append(arg)
-            label = int(score.argmax())
-            out[first + n - 1] = label
-            for t in range(n - 2, -1, -1):
-                label = int(back[t][label])
-                out[first + t] = label
-            first += n
+        return self.viterbi(self.unary_scores(x, lengths), lengths)
+
+    def viterbi(self, u: Tensor, lengths: Tensor) -> Tensor:
+        """The best label sequence of every word from its unary scores ``u [N_tok, K]`` (packed) and the
+        transitions, all words at once.  The words are taken longest first, so that step ``t`` works on the
+        ``n_t`` words longer than ``t`` (a prefix), and the tokens are laid out step-major and label-major once
+        (``[K, N_tok]``, step ``t`` in columns ``at_t : at_t + n_t``).  The forward pass turns these columns into
+        the best prefix scores ending in each label (a max over the previous label in ``K`` vectorised steps);
+        the backward pass takes each word's argmax over its previous label for the label chosen after it.
+        Returns ``LongTensor[N_tok]``, packed like ``u``."""
+        B, T, K = lengths.shape[0], int(lengths.max()), u.shape[1]
+        order = torch.argsort(lengths, descending=True, stable=True)
+        sorted_len = lengths[order]
+        active = (sorted_len[None, :] > torch.arange(T, device=u.device)[:, None]).sum(1).tolist()  # n_t per step
+        starts = torch.cumsum(lengths, 0)[order] - sorted_len  # first token of each (sorted) word
+        tokens = torch.cat([starts[:n] + t for t, n in enumerate(active)])  # step-major token order
+        scores_all = u.index_select(0, tokens).T.contiguous()  # [K, N_tok]
+        scores, at = [], 0  # scores[t]: [K, n_t], best prefix scores ending in each label (after the forward pass)
+        for n in active:
+            scores.append(scores_all[:, at:at + n])
+            at += n
+        trans = self.transitions  # [previous label, label]
+        work = u.new_empty(2, K * active[0])
+
+        def buffer(i: int, n: int) -> Tensor:
+            return work[i, :K * n].view(K, n)
+
+        from_label = trans[:, :, None].unbind(0)  # K views [K, 1]: the scores of the moves from label p
+        for t in range(1, T):
+            n = active[t]
+            prev, best, cand = scores[t - 1][:, :n].unbind(0), buffer(0, n), buffer(1, n)
+            torch.add(from_label[0], prev[0], out=best)
+            for p in range(1, K):  # best[k] = max_p prev[p] + trans[p, k]
+                torch.maximum(best, torch.add(from_label[p], prev[p], out=cand), out=best)
+            scores[t].add_(best)
+        last = buffer(0, B)  # each word's scores at its last token
+        for t in range(T):
+            done = slice(active[t + 1] if t + 1 < T else 0, active[t])  # the words of length t + 1
+            last[:, done] = scores[t][:, done]
+        cur = last.max(0).indices  # [B] (sorted order): each word's last label
+        labels = torch.empty_like(tokens)  # step-major, like tokens
+        at = tokens.shape[0]
+        for t in range(T - 1, -1, -1):
+            n = active[t]
+            if t + 1 < T:  # the words longer than t + 1 step back from their label at t + 1
+                m = active[t + 1]
+                into = torch.index_select(trans, 1, cur[:m], out=buffer(1, m))  # [previous label, m]
+                cur[:m] = into.add_(scores[t][:, :m]).max(0).indices  # the first maximum, as argmax
+            at -= n
+            labels[at:at + n] = cur[:n]
+        out = torch.empty_like(tokens)
+        out[tokens] = labels
         return out
 
 
@@ -84,11 +119,53 @@ class MulticlassHead(nn.Module):
 
 def load_head(path, map_location="cpu") -> nn.Module:
     """The head saved in ``path`` (a ``head.pt`` written by ``torch_bcfw.io.export.export_head``), in eval mode.
-    The file is read with ``weights_only=True``: nothing in it runs code."""
+    The file is read with ``weights_only=True``: nothing in it runs code; its contents are checked by
+    :func:`check_head` (``ValueError`` naming the file and the entry)."""
     d = torch.load(path, map_location=map_location, weights_only=True)
+    kind, tensors = check_head(d, path)
+    return {"chain": ChainHead, "multiclass": MulticlassHead}[kind](**tensors).eval()
+
+
+#: the tensors of each kind of head: name -> shape in the letters ``K`` (labels) and ``F`` (features); ``?``: may be
+#: ``None`` (a multiclass head without biases)
+HEAD_TENSORS = {
+    "chain": {"emission": "FK", "bias": "K", "start": "K", "end": "K", "transitions": "KK"},
+    "multiclass": {"weights": "KF", "bias": "K?"},
+}
+
+
+def check_head(d, path="head file") -> tuple[str, dict]:
+    """``(kind, tensors)`` of a loaded head file ``d`` once its format, kind, tensor names, shapes (consistent sizes
+    ``K`` and ``F``), dtypes (one floating dtype) and values (finite) are those :data:`HEAD_TENSORS` lists, else
+    ``ValueError`` (one line naming ``path`` and what is wrong)."""
     if not isinstance(d, dict) or d.get("format") != FORMAT:
         raise ValueError(f"{path}: not a head file of format {FORMAT!r}")
-    kinds = {"chain": ChainHead, "multiclass": MulticlassHead}
-    if d.get("kind") not in kinds:
-        raise ValueError(f"{path}: unknown head kind {d.get('kind')!r}; expected one of {sorted(kinds)}")
-    return kinds[d["kind"]](**d["tensors"]).eval()
+    kind = d.get("kind")
+    if not isinstance(kind, str) or kind not in HEAD_TENSORS:
+        raise ValueError(f"{path}: unknown head kind {kind!r}; expected one of {sorted(HEAD_TENSORS)}")
+    spec, tensors = HEAD_TENSORS[kind], d.get("tensors")
+    if not isinstance(tensors, dict) or set(tensors) != set(spec):
+        got = sorted(tensors) if isinstance(tensors, dict) else type(tensors).__name__
+        raise ValueError(f"{path}: a {kind} head holds the tensors {sorted(spec)}, this file {got}")
+    sizes, dtype = {}, None
+    for name, dims in spec.items():
+        t = tensors[name]
+        if t is None and dims.endswith("?"):
+            continue
+        if not isinstance(t, Tensor) or t.layout != torch.strided:
+            raise ValueError(f"{path}: head tensor {name!r} is not a dense tensor ({type(t).__name__})")
+        if t.dtype not in (torch.float32, torch.float64) or (dtype is not None and t.dtype != dtype):
+            raise ValueError(f"{path}: head tensor {name!r} has dtype {t.dtype}; a head's tensors share one of "
+                             "float32 / float64")
+        dtype = t.dtype
+        want = dims.rstrip("?")
+        if t.dim() != len(want):
+            raise ValueError(f"{path}: head tensor {name!r} has shape {tuple(t.shape)}, expected {len(want)} "
+                             f"dimension(s) ({', '.join(want)})")
+        for letter, n in zip(want, t.shape):
+            if sizes.setdefault(letter, n) != n or n < 1:
+                raise ValueError(f"{path}: head tensor {name!r} has shape {tuple(t.shape)}, but the head's {letter} "
+                                 f"is {sizes[letter]}")
+        if not bool(torch.isfinite(t).all()):
+            raise ValueError(f"{path}: head tensor {name!r} holds NaN or infinite values")
+    return kind, tensors

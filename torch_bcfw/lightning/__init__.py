@@ -10,5 +10,6 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
     ) from exc
 
 from .callback import BCFWCallback, collect_features
+from .sampler import SeededShuffle
 
-__all__ = ["BCFWCallback", "collect_features"]
+__all__ = ["BCFWCallback", "SeededShuffle", "collect_features"]

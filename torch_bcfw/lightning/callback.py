@@ -1,8 +1,11 @@
 """``BCFWCallback``: solve the structured head of a LightningModule with BCFW on the current features."""
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
+import difflib
+import inspect
 import math
 import signal
 import time
@@ -16,6 +19,7 @@ from ..checks import check_bool, check_index_tensor, check_lam
 from ..data.base import StructuredData
 from ..data.sequences import MulticlassData, SequenceData
 from ..duals.rebind import rebindable_state, rebound_state
+from ..models.chain import Chain
 from ..nn import StructuredHead
 from ..runtime.signals import deferred_signals
 from ..solvers.options import SolverOptions
@@ -47,6 +51,29 @@ def _to_primitive(obj):
     if isinstance(obj, torch.Tensor):
         return obj.detach().cpu().clone()
     return obj
+
+
+def check_solver_device(device) -> None:
+    """``ValueError`` (one line) for a solver device this machine does not have (``"cuda"`` without CUDA) or a
+    string torch does not read as a device; ``None`` (the module's device) passes."""
+    if device is None:
+        return
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise ValueError(f"BCFWCallback: device={device!r} is not a torch device ({exc})") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"BCFWCallback: device={device!r} but CUDA is not available on this machine; use "
+                         "device='cpu' (the default: the compiled chain kernel) or None (the module's device)")
+
+
+def container_hint(model, data) -> str:
+    """What a head's model needs from ``bcfw_features`` when it got the wrong container (``""`` otherwise)."""
+    if isinstance(model, Chain) and isinstance(data, MulticlassData):
+        return ("; a chain head needs per-token features with the sequence boundaries: return (x [N_tok, F], "
+                "y [N_tok], offsets [n + 1]) (packed tokens, offsets of the sequences) or a SequenceData, not "
+                "(x, y), which is one example per row")
+    return ""
 
 
 def _find(trainer, pl_module, name: str):
@@ -175,7 +202,7 @@ class BCFWCallback(Callback):
         solver: ``"bcfw"`` (default), ``"fw"`` (batch Frank-Wolfe) or ``"mp-bcfw"`` (multi-plane BCFW; its
             working sets survive the rebind, its averages restart at every call).
         device: where the solver runs (``"cpu"``, default, uses the compiled chain kernel;
-            ``None``: the module's device).
+            ``None``: the module's device).  A CUDA device on a machine without CUDA raises ``ValueError`` here.
         log_prefix: prefix of the logged names; give every instance its own.
         name: distinguishes several instances in one Trainer (part of :attr:`state_key`; default:
             ``head_attr``).
@@ -208,11 +235,13 @@ class BCFWCallback(Callback):
         if dup:
             raise ValueError(f"solver option(s) {dup} given both in solver_options and as keywords")
         opts.update(options)
-        for bad, use in (("max_passes", "passes_per_call"), ("progress", "verbose")):
+        for bad, use in self._SET_BY_CALLBACK.items():
             if bad in opts:
                 raise ValueError(f"BCFWCallback sets {bad!r} itself; use {use!r}")
         opts.setdefault("gap_check", max(1, math.ceil(passes_per_call)))
-        self.options = options_for(solver, max_passes=passes_per_call, **opts)  # unknown options: TypeError
+        self._check_option_names(solver, opts)
+        check_solver_device(device)
+        self.options = options_for(solver, max_passes=passes_per_call, **opts)  # another solver's option: TypeError
         if initial_passes:
             options_for(solver, **{**self.options.to_dict(), "max_passes": initial_passes})
         self.head_attr = str(head_attr)
@@ -227,8 +256,41 @@ class BCFWCallback(Callback):
         self.save_dual_state = check_bool(save_dual_state, "save_dual_state")
         self._reset()
 
+    #: solver options the callback sets itself, and the argument that sets each
+    _SET_BY_CALLBACK = {"max_passes": "passes_per_call", "progress": "verbose"}
+
+    @classmethod
+    def _check_option_names(cls, solver: str, opts: dict) -> None:
+        """``TypeError`` for a name that is neither an argument of the callback nor an option of any solver: lists the
+        callback's arguments and ``solver``'s options, and suggests the closest (another solver's option is
+        :func:`~torch_bcfw.solvers.run.options_for`'s to report)."""
+        from ..solvers.run import ALGORITHMS
+
+        shared = {f.name for f in dataclasses.fields(SolverOptions)} - {"extra", "solver_options", *cls._SET_BY_CALLBACK}
+        own_group = ALGORITHMS[solver].Options
+        mine = shared | set(own_group.flat_names() if own_group is not None else ())
+        known = mine | {n for c in ALGORITHMS.values() if c.Options is not None for n in c.Options.flat_names()}
+        own = [n for n in inspect.signature(cls.__init__).parameters if n not in ("self", "options")]
+        unknown = sorted(set(opts) - known)
+        if unknown:
+            close = difflib.get_close_matches(unknown[0], [*own, *mine, *cls._SET_BY_CALLBACK], n=1)
+            close = [cls._SET_BY_CALLBACK.get(c, c) for c in close]
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            raise TypeError(f"BCFWCallback got unknown argument(s) {unknown}; {hint}its arguments: {own}; options of "
+                            f"solver {solver!r}: {sorted(mine)}")
+
+    def _compile_notice(self, trainer):
+        """Around the first solve: announce (rank 0) when numba starts compiling the kernels (20-60 s, once; cached
+        on disk afterwards), so that the first epoch does not look hung."""
+        if self.calls or (trainer is not None and not trainer.is_global_zero):
+            return contextlib.nullcontext()
+        from ..runtime.compilation import CompileTimer
+
+        return CompileTimer(announce=lambda notice: rank_zero_info(f"[{self.log_prefix}] {notice}"))
+
     def _reset(self) -> None:
         self.dual_sd = None  # dual state dict after the last call (CPU tensors)
+        self.dual_trust = None  # what certifies in dual_sd when this process computed it (DualState.trust_marks)
         self.alg_sd = None  # sampler / iteration and oracle counters
         self.counters = {}
         self.history = []  # the CheckRecord of every call's final check (with extra "epoch", "stale", ...)
@@ -307,7 +369,7 @@ class BCFWCallback(Callback):
             head.model.check_data(data)
         except (TypeError, ValueError) as exc:
             raise type(exc)(f"BCFWCallback: the data from bcfw_features does not fit head {self.head_attr!r} "
-                            f"({type(head.model).__name__}): {exc}") from exc
+                            f"({type(head.model).__name__}): {exc}{container_hint(head.model, data)}") from exc
         return data
 
     def _dual_state(self, model, data, n_total=None):
@@ -317,19 +379,26 @@ class BCFWCallback(Callback):
             if self.dual_sd is None:
                 return state
         try:
-            return rebound_state(model, data, self.lam, self.dual_sd, (self._state_type,))
+            state = rebound_state(model, data, self.lam, self.dual_sd, (self._state_type,))
         except ValueError as exc:
             raise ValueError(
                 f"BCFWCallback: {exc} (head {self.head_attr!r}); bcfw_dataloader must yield the same training examples "
                 "in the same order on every call (no shuffling, no dropped batches)"
             ) from exc
+        if self.dual_trust is not None:
+            state.restore_trust(self.dual_trust)
+        return state
 
     # validation hooks run under torch.inference_mode: keep the solver's tensors ordinary ones
     @torch.inference_mode(False)
     def solve(self, trainer, pl_module, passes: float, log: bool = True) -> CheckRecord:
         """One call: features, rebind, ``passes`` solver passes, exact check, write the head, log; returns the
         record of the final check (with the extra columns ``epoch``, ``stale``, ``call``, ``feature_time``,
-        ``wall``)."""
+        ``wall``).  The first call announces the kernels' compilation (rank 0)."""
+        with self._compile_notice(trainer):
+            return self._solve(trainer, pl_module, passes, log)
+
+    def _solve(self, trainer, pl_module, passes: float, log: bool) -> CheckRecord:
         t0 = time.perf_counter()
         head = self._head(pl_module)
         model = head.model
@@ -383,6 +452,7 @@ class BCFWCallback(Callback):
         with deferred_signals((signal.SIGINT,)):  # the head and the callback's state change together
             head.set_weights(w)
             self.dual_sd, self.alg_sd = dual_sd, alg_sd
+            self.dual_trust = alg.state.trust_marks() if hasattr(alg, "state") else None  # computed here
             self.shards = shards
             self.counters, self.history = run.counters, history
             self.calls += 1
@@ -433,6 +503,16 @@ class BCFWCallback(Callback):
             self.calibration = plan.record(rounds=False)
             rank_zero_info(f"[{self.log_prefix}] {plan.describe()} (given {opts.strategy!r})")
         return plan
+
+    def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:
+        """Record the head's model (registered name and config) in the checkpoint, so that ``torch-bcfw export``
+        builds the head from the checkpoint alone (:func:`torch_bcfw.io.export.lightning_heads`)."""
+        from ..io.export import HEADS_KEY
+        from ..models.registry import model_name
+
+        model = self._head(pl_module).model
+        checkpoint.setdefault(HEADS_KEY, {})[self.head_attr] = {"model_class": model_name(model),
+                                                                "model_config": model.config()}
 
     def state_dict(self) -> dict:
         return {

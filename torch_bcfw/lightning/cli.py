@@ -15,6 +15,7 @@ from pathlib import Path
 
 import lightning.pytorch as pl
 import torch
+from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.cli import LightningCLI
 
 from .callback import BCFWCallback
@@ -23,6 +24,14 @@ __all__ = ["TrainCLI", "set_threads", "summarize", "train_main"]
 
 
 class TrainCLI(LightningCLI):
+    def parse_arguments(self, parser, args) -> None:
+        super().parse_arguments(parser, args)
+        # before the seed is set and the trainer built: a GPU request on a machine without one, in one line
+        accelerator = self.config.get("trainer", {}).get("accelerator")
+        if isinstance(accelerator, str) and accelerator in ("gpu", "cuda") and not torch.cuda.is_available():
+            raise ValueError(f"--trainer.accelerator={accelerator} but CUDA is not available on this machine; use "
+                             "--trainer.accelerator=cpu (or auto)")
+
     def add_arguments_to_parser(self, parser) -> None:
         parser.add_argument("--test", type=bool, default=True, help="run trainer.test after fitting")
         parser.add_argument("--report", type=str | None, default=None, help="write the final figures to this JSON file")
@@ -69,6 +78,8 @@ def train_main(args=None) -> int:
             subclass_mode_data=True, run=False, args=args, seed_everything_default=0,
             save_config_kwargs={"overwrite": True},
         )
+    except MisconfigurationException as exc:  # e.g. --trainer.accelerator=gpu on a machine without one
+        raise ValueError(f"the trainer cannot be built on this machine: {exc}") from None
     finally:
         sys.argv = argv0
     threads = cli.config.get("threads")

@@ -21,21 +21,41 @@ class Multiclass(StructuredModel):
     """Crammer-Singer multiclass model.
 
     Args:
-        n_features: input dimension ``F``.
-        n_classes: number of classes ``K`` (>= 2).
+        n_features: input dimension ``F``; ``None``: learned from the data (see :meth:`sized`).
+        n_classes: number of classes ``K`` (>= 2); ``None``: learned from the data.
         bias: append a constant feature so every class has a bias weight.
 
-    ``d = K * (F + bias)``.
+    ``d = K * (F + bias)``.  ``Multiclass()`` without sizes is a model to be sized:
+    :class:`~torch_bcfw.SSVM` sizes it at ``fit`` from ``X`` and the distinct labels (scikit-learn's convention);
+    :func:`~torch_bcfw.fit` and the heads need a sized model.
     """
 
     #: the dual state runs plain BCFW steps in one compiled loop (the argmax inline), the refinements interpreted
     compiled_steps = "plain"
 
-    def __init__(self, n_features: int, n_classes: int, bias: bool = True):
-        self.n_inputs = check_int(n_features, "n_features", minimum=1)
-        self.n_classes = check_int(n_classes, "n_classes", minimum=2)
+    def __init__(self, n_features: int | None = None, n_classes: int | None = None, bias: bool = True):
+        self.n_inputs = None if n_features is None else check_int(n_features, "n_features", minimum=1)
+        self.n_classes = None if n_classes is None else check_int(n_classes, "n_classes", minimum=2)
         self.bias = check_bool(bias, "bias")
-        self.n_features = self.n_classes * (self.n_inputs + int(self.bias))
+        self.n_features = None if not self.is_sized else self.n_classes * (self.n_inputs + int(self.bias))
+
+    @property
+    def is_sized(self) -> bool:
+        """Whether both sizes ``F`` and ``K`` are known (``d`` is defined)."""
+        return self.n_inputs is not None and self.n_classes is not None
+
+    def sized(self, n_features: int, n_classes: int) -> "Multiclass":
+        """This model with the sizes of the data: ``self`` when it has them, else a new :class:`Multiclass` with
+        ``F = n_features``, ``K = n_classes`` (a size given at construction must match)."""
+        for name, mine, given in (("n_features", self.n_inputs, n_features), ("n_classes", self.n_classes, n_classes)):
+            if mine is not None and mine != given:
+                raise ValueError(f"the data has {name} = {given} but the model was built with {name} = {mine}")
+        return self if self.is_sized else type(self)(n_features, n_classes, self.bias)
+
+    def _check_sized(self) -> None:
+        if not self.is_sized:
+            raise ValueError(f"Multiclass(n_features={self.n_inputs}, n_classes={self.n_classes}) has no sizes yet: "
+                             "give n_features and n_classes, or fit it through SSVM, which learns them from the data")
 
     def config(self) -> dict:
         return {"n_features": self.n_inputs, "n_classes": self.n_classes, "bias": self.bias}
@@ -51,9 +71,11 @@ class Multiclass(StructuredModel):
         return MulticlassDualState(self, data, lam, n_total)
 
     def head_ops(self) -> MulticlassHeadOps:
+        self._check_sized()
         return MulticlassHeadOps(self)
 
     def check_data(self, data, require_labels: bool = True) -> None:
+        self._check_sized()
         if not isinstance(data, MulticlassData):
             raise TypeError(f"Multiclass expects MulticlassData, got {type(data).__name__}")
         if data.x.shape[1] != self.n_inputs:

@@ -101,6 +101,10 @@ class Algorithm:
         w, ell = self.iterate()
         return self.certify_point(w, ell)
 
+    def averaged_dual_trusted(self) -> bool:
+        """Whether the averaged pair's dual value certifies (its primal value always does)."""
+        return True
+
     def certify_point(self, w: Tensor, ell: float | None) -> Certificate:
         """Exact primal, dual and gap of the pair ``(w, ell)`` over all examples (all processes)."""
         return self.comm.certify(self.model, self.data, w, ell, self.lam)
@@ -165,6 +169,23 @@ class DualAlgorithm(Algorithm):
         if not self.comm.sharded:
             return st.w, st.dual_ell()
         return st.w, self.comm.sum_scalar(st.ell) - st.box_term()
+
+    def certificate(self) -> Certificate:
+        return self.trusted(super().certificate())
+
+    def trusted(self, cert: Certificate) -> Certificate:
+        """``cert`` with the dual value of the state's trusted part when a loaded state holds untrusted blocks
+        (:meth:`~torch_bcfw.duals.base.DualState.trusted_dual`)."""
+        st = self.state
+        if cert.dual is None or not st.has_untrusted_blocks():
+            return cert
+        sharded = self.comm.sharded
+        ell = self.comm.sum_scalar(st.ell) if sharded else st.ell
+        dual = st.trusted_dual(ell, reduce=self.comm.sum_pair if sharded else None)
+        return Certificate(cert.primal, dual, cert.primal - dual, cert.y_star)
+
+    def averaged_dual_trusted(self) -> bool:
+        return self.state.avg_trusted and not self.state.has_untrusted_blocks()
 
     def averaged(self):
         if not self.options.averaging:

@@ -326,7 +326,7 @@ class BCFW(DualAlgorithm):
             hinge, ell = float(H.mean()), st.dual_ell()
         cert = with_dual(0.5 * self.lam * sq + hinge, ell, self.lam, sq, y_star)
         self.glob_gap = max(cert.gap, 0.0)
-        return cert
+        return self.trusted(cert)
 
     def estimated_gap(self) -> float | None:
         if self.estimates is None:

@@ -72,6 +72,8 @@ def _check(alg, options, test_data, counters: dict, out: RunOutput) -> CheckReco
     if duals and max(duals) > min(p for p, _ in primals) + WEAK_DUALITY_TOL * (1.0 + abs(best_primal)):
         raise ValueError(f"the dual value {max(duals)!r} exceeds the primal value {best_primal!r}: the solver's state is "
                          "not a feasible dual point (a corrupted or crafted saved state?), so no certificate is given")
+    if rec.dual_avg is not None and not alg.averaged_dual_trusted():  # loaded accumulators: only its primal counts
+        duals = [d for d in (rec.dual,) if d is not None]
     rec.gap = best_primal - max(duals) if duals else None
     w_model = avg[0] if rec.selected == "averaged" else w
     rec.train_loss = alg.task_loss(w_model) if options.track_train_loss else None
