@@ -1,17 +1,19 @@
 """A BCFW-solved head against the heads a Lightning user would pick instead, on the same backbone.
 
     python benchmarks/heads.py --task ocr|conll [--seeds 0,1,2] [--epochs N] [--quick]
+    python benchmarks/heads.py --task ocr --head-lrs softmax=4e-3,crf=4e-3,hinge=2e-3,bcfw=1e-3,bcfw-lam=1e-3 \
+        --hinge-lams 0.001,0.01,0.1 --runs-dir benchmarks/results/heads_runs --threads 1
 
 Two tasks, each with the backbone of its example and the same initialisation (seed), data order, optimiser with a
 cosine schedule and epoch budget under each head:
 
-* ``ocr`` -- OCR-large (train folds 1-9, test fold 0), the letter CNN (``torch_bcfw.tasks.ocr.LetterCNN``), Adam, 12
-  epochs; the metric is the test letter error (the task loss: mean over words of the fraction of wrong letters).
-  Tuning holds fold 1 out of the training folds.
+* ``ocr`` -- OCR-large (train folds 2-9, fold 1 held out, test fold 0), the letter CNN
+  (``torch_bcfw.tasks.ocr.LetterCNN``), Adam, 12 epochs; the metric is the letter error (the task loss: mean over
+  words of the fraction of wrong letters).
 * ``conll`` -- CoNLL-2000 chunking (8936 training, 2012 test sentences), the BiLSTM token encoder of
   ``examples/conll_embeddings_lightning.py`` (``torch_bcfw.tasks.conll.TokenEncoder``: word, POS and character
-  embeddings), AdamW, 10 epochs; the metric is the conlleval chunk F1 (%) on the test sentences.  Tuning holds the last
-  1000 training sentences out.
+  embeddings), AdamW, 10 epochs; the metric is the conlleval chunk F1 (%).  The last 1000 training sentences are held
+  out.
 
 The heads:
 
@@ -23,16 +25,21 @@ The heads:
 * ``bcfw`` -- the example's module (``OCRChainCNN`` / ``ConllChainTagger``) with ``BCFWCallback(lam,
   passes_per_call=10)`` (``lam`` 0.01 on OCR, 0.1 on CoNLL, the examples'): two epochs of cross-entropy warm-up,
   then the structured hinge reaches the backbone while BCFW solves the head after every epoch (``--bcfw-passes`` /
-  ``--bcfw-every`` change the schedule).
+  ``--bcfw-every`` change the schedule);
+* ``bcfw-lam`` -- the same with ``lam`` chosen on the held-out data at every solve
+  (``BCFWCallback(lam_choice=LamChoice(--lam-grid, passes=--lam-passes))``).
 
-Each run is a process of its own (its peak memory is its own). After every epoch the test metric is measured,
-outside the clock; the clock counts training and, for the BCFW head, the callback's solves.  The learning rate of
-each head is chosen from ``--lrs`` on held-out training data (never the test split) unless ``--lr`` fixes it.
+Each run is a process of its own (its peak memory is its own). After every epoch the held-out and the test metric
+are measured, outside the clock; the clock counts training and, for the BCFW heads, the callback's solves.  **Nothing
+is chosen on the test split**: each run reports the test metric at the epoch its held-out metric chose and at the
+last epoch; each head's learning rate is chosen from ``--lrs`` by the held-out metric (seed 0) unless ``--lr`` or
+``--head-lrs`` fixes it, and hinge + Adam's ``lam`` from ``--hinge-lams`` likewise.  ``--runs-dir`` keeps every
+run's JSON and reuses it (a benchmark cut short continues; ``--combine`` tabulates run files).
 ``--quick``: the first 300 training and 300 test words or sentences, 3 epochs, one seed, no tuning (under 3 minutes
 per task; ``tests/test_heads_script.py``).
 
 Writes ``benchmarks/results/heads_<task>.json`` and ``heads_<task>.png`` (test metric against wall-clock seconds, one
-curve per head) and prints the table.
+curve per head, the held-out-chosen epoch starred) and prints the table.
 """
 from __future__ import annotations
 
@@ -51,10 +58,12 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import DATA, RESULTS, print_table, write_json  # noqa: E402
 
-HEADS = ("softmax", "crf", "hinge", "bcfw")
+HEADS = ("softmax", "crf", "hinge", "bcfw", "bcfw-lam")
 #: per task: the head's SSVM regularisation (the example's), the epoch budget, the metric's name and direction
-TASKS = {"ocr": {"lam": 0.01, "epochs": 12, "metric": "test letter error", "higher_is_better": False},
-         "conll": {"lam": 0.1, "epochs": 10, "metric": "test chunk F1 (%)", "higher_is_better": True}}
+TASKS = {"ocr": {"lam": 0.01, "lam_grid": "0.08,0.04,0.02,0.01,0.005", "epochs": 12, "metric": "test letter error",
+                 "higher_is_better": False},
+         "conll": {"lam": 0.1, "lam_grid": "0.8,0.4,0.2,0.1,0.05", "epochs": 10, "metric": "test chunk F1 (%)",
+                   "higher_is_better": True}}
 #: BCFW passes per call of the callback (the examples')
 PASSES = 10
 
@@ -110,12 +119,13 @@ def crf_nll_and_decode(emission, transitions, offsets, labels=None):
     return (None if nll is None else nll / len(lengths)), pred
 
 
-def _module(task: str, head: str, lr: float):
-    """The LightningModule of ``head`` on ``task``."""
-    return _ocr_module(head, lr) if task == "ocr" else _conll_module(head, lr)
+def _module(task: str, head: str, lr: float, hinge_lam: float | None = None):
+    """The LightningModule of ``head`` on ``task`` (``hinge_lam``: the hinge head's ``lam``, default the task's)."""
+    hinge_lam = TASKS[task]["lam"] if hinge_lam is None else hinge_lam
+    return _ocr_module(head, lr, hinge_lam) if task == "ocr" else _conll_module(head, lr, hinge_lam)
 
 
-def _ocr_module(head: str, lr: float):
+def _ocr_module(head: str, lr: float, hinge_lam: float):
     """The LightningModule of ``head`` on OCR (the BCFW head: the example's ``OCRChainCNN``)."""
     import lightning.pytorch as pl
     import torch
@@ -125,7 +135,7 @@ def _ocr_module(head: str, lr: float):
     from torch_bcfw.nn import StructuredHead, StructuredHingeLoss
     from torch_bcfw.tasks.ocr import N_LETTERS, LetterCNN, OCRChainCNN
 
-    if head == "bcfw":
+    if head in ("bcfw", "bcfw-lam"):
         return OCRChainCNN(feature_dim=64, channels=(32, 64), dropout=0.1, lr=lr, ce_epochs=2, ce_weight=0.0,
                            hinge_weight=1.0)
 
@@ -138,7 +148,7 @@ def _ocr_module(head: str, lr: float):
                 self.transitions = torch.nn.Parameter(torch.zeros(N_LETTERS, N_LETTERS))
             else:
                 self.head = StructuredHead(Chain(64, N_LETTERS), trainable=True)
-                self.hinge = StructuredHingeLoss(self.head, lam=TASKS["ocr"]["lam"])
+                self.hinge = StructuredHingeLoss(self.head, lam=hinge_lam)
 
         def training_step(self, batch, _):
             images, labels, offsets = batch
@@ -165,7 +175,7 @@ def _ocr_module(head: str, lr: float):
     return Peer()
 
 
-def _conll_module(head: str, lr: float):
+def _conll_module(head: str, lr: float, hinge_lam: float):
     """The LightningModule of ``head`` on CoNLL: the example's ``ConllChainTagger`` (its encoder built from the
     datamodule's vocabulary in ``configure_model``), whose heads the peers replace."""
     import torch
@@ -175,7 +185,7 @@ def _conll_module(head: str, lr: float):
     from torch_bcfw.nn import StructuredHead, StructuredHingeLoss
     from torch_bcfw.tasks.conll import ConllChainTagger
 
-    if head == "bcfw":
+    if head in ("bcfw", "bcfw-lam"):
         return ConllChainTagger(encoder="bilstm", lr=lr, ce_epochs=2, ce_weight=0.0, hinge_weight=1.0)
 
     class Peer(ConllChainTagger):
@@ -186,7 +196,7 @@ def _conll_module(head: str, lr: float):
                 self.transitions = torch.nn.Parameter(torch.zeros(K, K))
             if head == "hinge":
                 self.head = StructuredHead(Chain(dim, K), trainable=True)
-                self.hinge = StructuredHingeLoss(self.head, lam=TASKS["conll"]["lam"])
+                self.hinge = StructuredHingeLoss(self.head, lam=hinge_lam)
 
         def training_step(self, batch, _):
             feats = self.features(batch)
@@ -264,33 +274,30 @@ def worker(args) -> None:
     import torch
 
     from torch_bcfw.datasets.ocr import load_ocr
-    from torch_bcfw.lightning import BCFWCallback
+    from torch_bcfw.lightning import BCFWCallback, LamChoice
     from torch_bcfw.tasks.ocr import OCRWordsDataModule, _words
 
     from torch_bcfw.tasks.conll import ConllChunkingDataModule
 
-    torch.set_num_threads(max(1, os.cpu_count() or 1))
+    torch.set_num_threads(args.threads)
     pl.seed_everything(args.seed, verbose=False)
-    if args.task == "ocr":
+    if args.task == "ocr":  # train on folds 2-9, hold fold 1 out, test on fold 0
         data = OCRWordsDataModule(path=str(DATA / "ocr"), split="large", fold=0, batch_size=32, eval_batch_size=512,
                                   limit=args.limit, test_limit=args.limit, seed=args.seed)
         data.setup()
-        if args.tune:  # held-out training data: train on folds 2-9, evaluate on fold 1 (the test fold 0 never seen)
-            words = load_ocr(str(DATA / "ocr"))
-            data.train_data, data.test_data = (words.subset(_first(mask, args.limit))
-                                               for mask in ((words.folds != 0) & (words.folds != 1), words.folds == 1))
-            data.train, data.test = _words(data.train_data), _words(data.test_data)
+        words = load_ocr(str(DATA / "ocr"))
+        data.train_data, val_data = (words.subset(_first(mask, args.limit))
+                                     for mask in ((words.folds != 0) & (words.folds != 1), words.folds == 1))
+        data.train, data.val = _words(data.train_data), _words(val_data)
         metric = _letter_error
-    else:  # tuning: the last 1000 training sentences (a tenth of them with --limit) held out, the test split unseen
-        holdout = (max(1, args.limit // 10) if args.limit else 1000) if args.tune else 0
+    else:  # the last 1000 training sentences (a tenth of them with --limit) held out
+        holdout = max(1, args.limit // 10) if args.limit else 1000
         data = ConllChunkingDataModule(path=str(DATA / "conll2000"), batch_size=32, eval_batch_size=256,
                                        limit=args.limit, test_limit=args.limit, holdout=holdout, seed=args.seed)
         data.setup()
-        if args.tune:
-            data.test = data.val
         metric = _chunk_f1
-    module = _module(args.task, args.head, args.lr)
-    test_loader = data.test_dataloader()
+    module = _module(args.task, args.head, args.lr, args.hinge_lam)
+    test_loader, val_loader = data.test_dataloader(), data.val_dataloader()
     curve = []
     clock = {"spent": 0.0, "t0": None}
 
@@ -300,13 +307,18 @@ def worker(args) -> None:
 
         def on_train_epoch_end(self, trainer, pl_module):
             clock["spent"] += time.perf_counter() - clock["t0"]
-            curve.append({"epoch": trainer.current_epoch + 1, "seconds": clock["spent"],
-                          "test_metric": metric(pl_module, test_loader)})
+            point = {"epoch": trainer.current_epoch + 1, "seconds": clock["spent"],
+                     "val_metric": metric(pl_module, val_loader), "test_metric": metric(pl_module, test_loader)}
+            if solve is not None:
+                point.update(lam=solve.lam, gap=solve.last_record.gap)
+            curve.append(point)
 
     callbacks = []
     solve = None
-    if args.head == "bcfw":
-        solve = BCFWCallback(lam=TASKS[args.task]["lam"], passes_per_call=args.bcfw_passes, initial_passes=args.bcfw_passes,
+    if args.head in ("bcfw", "bcfw-lam"):
+        lam = {"lam": TASKS[args.task]["lam"]} if args.head == "bcfw" else {
+            "lam_choice": LamChoice([float(v) for v in args.lam_grid.split(",")], passes=args.lam_passes)}
+        solve = BCFWCallback(**lam, passes_per_call=args.bcfw_passes, initial_passes=args.bcfw_passes,
                              every_n_epochs=args.bcfw_every,
                              solver_options={"step": "line_search", "sampling": "uniform", "averaging": True,
                                              "seed": 1})
@@ -318,49 +330,92 @@ def worker(args) -> None:
     t0 = time.perf_counter()
     trainer.fit(module, datamodule=data)
     wall = time.perf_counter() - t0
-    out = {"task": args.task, "head": args.head, "lr": args.lr, "seed": args.seed, "tune": args.tune, "curve": curve, "fit_s": wall,
+    out = {"task": args.task, "head": args.head, "lr": args.lr, "seed": args.seed, "threads": args.threads,
+           "load": os.getloadavg(), "curve": curve, "fit_s": wall,
            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
     if solve is not None:
         solve_s = sum(r.wall for r in solve.history)
         out.update(callback_s=solve_s, callback_share=solve_s / max(wall, 1e-9), final_gap=solve.last_record.gap)
+        if solve.lam_choice is not None:
+            out.update(lam_grid=solve.lam_choice.lams, lam_choices=solve.lam_choice.history)
+    if args.head == "hinge":
+        out["hinge_lam"] = module.hinge.lam
     Path(args.out).write_text(json.dumps(out))
 
 
 # ---------------------------------------------------------------------------------------------------- driver
-def _launch(head: str, lr: float, seed: int, args, tmp: Path, tune: bool = False) -> dict:
-    out = tmp / f"{head}-{lr:g}-{seed}-{int(tune)}.json"
+def _run_name(task: str, head: str, lr: float, seed: int, args, hinge_lam: float | None) -> str:
+    """The file name of one run: every setting that changes it."""
+    name = f"{task}-{head}-lr{lr:g}-s{seed}-e{args.epochs}-t{args.threads}" + (f"-n{args.limit}" if args.limit else "")
+    if head == "hinge":
+        name += f"-lam{hinge_lam if hinge_lam is not None else TASKS[task]['lam']:g}"
+    if head in ("bcfw", "bcfw-lam"):
+        name += f"-p{args.bcfw_passes:g}-every{args.bcfw_every}"
+    if head == "bcfw-lam":
+        name += f"-grid{args.lam_grid}-lp{args.lam_passes:g}"
+    return name + ".json"
+
+
+def _launch(head: str, lr: float, seed: int, args, runs_dir: Path, hinge_lam: float | None = None) -> dict:
+    """One run in a process of its own; its JSON is kept in ``runs_dir`` and reused when already there (a benchmark
+    cut short continues where it stopped)."""
+    out = runs_dir / _run_name(args.task, head, lr, seed, args, hinge_lam)
+    if out.exists():
+        return json.loads(out.read_text())
+    runs_dir.mkdir(parents=True, exist_ok=True)
+    part = out.with_suffix(".part")
     cmd = [sys.executable, __file__, "--worker", "--task", args.task, "--head", head, "--lr", str(lr), "--seed",
-           str(seed), "--out",
-           str(out), "--tmp", str(tmp / "runs"), "--epochs", str(args.epochs),
-           "--bcfw-passes", str(args.bcfw_passes), "--bcfw-every", str(args.bcfw_every)]
+           str(seed), "--out", str(part), "--tmp", tempfile.gettempdir(), "--epochs", str(args.epochs),
+           "--bcfw-passes", str(args.bcfw_passes), "--bcfw-every", str(args.bcfw_every),
+           "--lam-grid", args.lam_grid, "--lam-passes", str(args.lam_passes), "--threads", str(args.threads)]
+    if hinge_lam is not None:
+        cmd += ["--hinge-lam", str(hinge_lam)]
     if args.limit:
         cmd += ["--limit", str(args.limit)]
-    if tune:
-        cmd.append("--tune")
     done = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PYTHONWARNINGS": "ignore"})
     if done.returncode != 0:
         raise SystemExit(f"{head} (lr {lr}, seed {seed}) failed:\n{done.stderr[-3000:]}")
+    part.replace(out)
     return json.loads(out.read_text())
 
 
-def _best(curve: list[dict], task: str) -> dict:
-    """The epoch of ``curve`` with the best test metric (the first of equals)."""
+def held_out_epoch(curve: list[dict], task: str) -> dict:
+    """The epoch of ``curve`` with the best held-out metric (the first of equals); never the test metric."""
     sign = -1.0 if TASKS[task]["higher_is_better"] else 1.0
-    return min(curve, key=lambda c: sign * c["test_metric"])
+    return min(curve, key=lambda c: sign * c["val_metric"])
+
+
+def _held_out_score(run: dict, task: str) -> float:
+    """The held-out metric at the held-out-chosen epoch, lower is better (tuning)."""
+    sign = -1.0 if TASKS[task]["higher_is_better"] else 1.0
+    return sign * held_out_epoch(run["curve"], task)["val_metric"]
+
+
+def _stats(vals: list[float]) -> dict:
+    return {"mean": float(np.mean(vals)), "min": float(min(vals)), "max": float(max(vals))}
 
 
 def _summary(runs: list[dict], task: str) -> dict:
-    """Per head: the best test metric (mean over seeds, with the min-max), the seconds and epoch it was reached."""
-    best = [_best(r["curve"], task) for r in runs]
-    vals = [b["test_metric"] for b in best]
-    out = {"head": runs[0]["head"], "lr": runs[0]["lr"], "test_metric": float(np.mean(vals)),
-           "metric_min": min(vals), "metric_max": max(vals),
-           "seconds_to_best": float(np.mean([b["seconds"] for b in best])),
-           "epoch_of_best": float(np.mean([b["epoch"] for b in best])),
+    """Per head (mean over seeds, with min-max): the test metric at the epoch the held-out metric chose and at the
+    last epoch, the seconds to them, the epoch chosen."""
+    chosen = [held_out_epoch(r["curve"], task) for r in runs]
+    last = [r["curve"][-1] for r in runs]
+    held, fin = _stats([c["test_metric"] for c in chosen]), _stats([c["test_metric"] for c in last])
+    out = {"head": runs[0]["head"], "lr": runs[0]["lr"], "seeds": [r["seed"] for r in runs],
+           "test_at_held_out_epoch": held["mean"], "held_out_min": held["min"], "held_out_max": held["max"],
+           "held_out_epoch": float(np.mean([c["epoch"] for c in chosen])),
+           "seconds_to_held_out_epoch": float(np.mean([c["seconds"] for c in chosen])),
+           "test_at_last_epoch": fin["mean"], "last_min": fin["min"], "last_max": fin["max"],
+           "seconds": float(np.mean([c["seconds"] for c in last])),
+           "val_at_held_out_epoch": float(np.mean([c["val_metric"] for c in chosen])),
            "peak_rss_mb": float(np.mean([r["peak_rss_mb"] for r in runs]))}
+    if "hinge_lam" in runs[0]:
+        out["lam"] = runs[0]["hinge_lam"]
     if "callback_share" in runs[0]:
         out.update(callback_share=float(np.mean([r["callback_share"] for r in runs])),
                    final_gap=float(np.mean([r["final_gap"] for r in runs])))
+    if "lam" in runs[0]["curve"][-1]:
+        out["lam"] = sorted({c["lam"] for r in runs for c in r["curve"]})
     return out
 
 
@@ -371,12 +426,15 @@ def _plot(runs: list[dict], task: str, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6.5, 4.2))
-    for j, head in enumerate(HEADS):
+    heads = [h for h in HEADS if any(r["head"] == h for r in runs)]
+    for j, head in enumerate(heads):
         mine = [r for r in runs if r["head"] == head]
         for k, r in enumerate(mine):
             ax.plot([c["seconds"] for c in r["curve"]], [c["test_metric"] for c in r["curve"]], "-o", ms=3,
                     color=f"C{j}", alpha=0.8, label=head if k == 0 else None)
-    ax.set_xlabel("wall-clock seconds (training, and the head's solves)")
+            c = held_out_epoch(r["curve"], task)
+            ax.plot([c["seconds"]], [c["test_metric"]], "*", ms=10, color=f"C{j}")
+    ax.set_xlabel("wall-clock seconds (training, and the head's solves); *: the epoch held-out data chose")
     ax.set_ylabel(TASKS[task]["metric"])
     if not TASKS[task]["higher_is_better"]:
         ax.set_yscale("log")
@@ -388,32 +446,42 @@ def _plot(runs: list[dict], task: str, path: Path) -> None:
     print(f"wrote {path}")
 
 
-def goal_check(runs: list[dict], task: str) -> list[dict]:
-    """The issue's goal per peer head, seed by seed: the seconds the BCFW head took to reach a metric at least as good
-    as the peer's best on the same seed (``None``: never within the budget), against the seconds the peer took to
-    reach its best."""
-    better = (lambda a, b: a >= b) if TASKS[task]["higher_is_better"] else (lambda a, b: a <= b)
-    bcfw = {r["seed"]: r for r in runs if r["head"] == "bcfw"}
+def per_seed(runs: list[dict], task: str, mine: str = "bcfw-lam") -> list[dict]:
+    """Seed by seed, ``mine`` against every other head: the test metric of both at the held-out-chosen epoch and at
+    the last epoch, and the seconds of both fits."""
+    ref = {r["seed"]: r for r in runs if r["head"] == mine}
     rows = []
-    for peer in HEADS[:-1]:
-        for r in (r for r in runs if r["head"] == peer and r["seed"] in bcfw):
-            best = _best(r["curve"], task)
-            hit = next((c for c in bcfw[r["seed"]]["curve"] if better(c["test_metric"], best["test_metric"])), None)
-            rows.append({"peer": peer, "seed": r["seed"], "peer_best": best["test_metric"],
-                         "peer_seconds": best["seconds"], "bcfw_seconds": None if hit is None else hit["seconds"],
-                         "met": hit is not None and hit["seconds"] <= best["seconds"]})
+    for r in runs:
+        if r["head"] == mine or r["seed"] not in ref:
+            continue
+        m = ref[r["seed"]]
+        rows.append({"peer": r["head"], "seed": r["seed"],
+                     "peer_held_out": held_out_epoch(r["curve"], task)["test_metric"],
+                     "mine_held_out": held_out_epoch(m["curve"], task)["test_metric"],
+                     "peer_last": r["curve"][-1]["test_metric"], "mine_last": m["curve"][-1]["test_metric"],
+                     "peer_seconds": r["curve"][-1]["seconds"], "mine_seconds": m["curve"][-1]["seconds"]})
     return rows
 
 
-def _report(task: str, heads: list[str], runs: list[dict]) -> tuple[list[dict], list[dict]]:
-    table = [_summary([r for r in runs if r["head"] == h], task) for h in heads]
-    print(f"metric: {TASKS[task]['metric']}")
-    print_table(table, ["head", "lr", "test_metric", "metric_min", "metric_max", "seconds_to_best", "epoch_of_best",
-                        "peak_rss_mb", "callback_share", "final_gap"])
-    goal = goal_check(runs, task)
-    if goal:
-        print_table(goal, ["peer", "seed", "peer_best", "peer_seconds", "bcfw_seconds", "met"])
-    return table, goal
+COLUMNS = ["head", "lr", "lam", "test_at_held_out_epoch", "held_out_min", "held_out_max", "held_out_epoch",
+           "test_at_last_epoch", "last_min", "last_max", "seconds", "callback_share", "final_gap"]
+
+
+def _label(run: dict) -> str:
+    """The head of a run, with hinge + Adam's ``lam`` (runs at several values are different heads)."""
+    return f"hinge lam {run['hinge_lam']:g}" if run["head"] == "hinge" and "hinge_lam" in run else run["head"]
+
+
+def _report(task: str, runs: list[dict]) -> tuple[list[dict], list[dict]]:
+    labels = sorted({_label(r) for r in runs}, key=lambda lb: (HEADS.index(lb.split()[0]), lb))
+    table = [{**_summary([r for r in runs if _label(r) == lb], task), "head": lb} for lb in labels]
+    print(f"metric: {TASKS[task]['metric']}; epochs chosen on held-out data, never on the test split")
+    print_table(table, COLUMNS)
+    seeds = per_seed(runs, task)
+    if seeds:
+        print_table(seeds, ["peer", "seed", "peer_held_out", "mine_held_out", "peer_last", "mine_last",
+                            "peer_seconds", "mine_seconds"])
+    return table, seeds
 
 
 def _write(name: str, payload: dict, runs: list[dict], task: str, results: str | None) -> None:
@@ -426,37 +494,39 @@ def _write(name: str, payload: dict, runs: list[dict], task: str, results: str |
         _plot(runs, task, Path(results or RESULTS) / f"{name}.png")
 
 
-def combine(files: list[Path], task: str, name: str, results: str | None, argv, tuned: Path | None = None) -> None:
-    """The table and plot of the runs stored in ``files`` (result files of this script for ``task``; curves written
-    before the metric was renamed keep it as ``test_error``); with ``tuned`` (a ``--tune-only`` result), only each
-    head's runs at its chosen learning rate."""
-    chosen = json.loads(Path(tuned).read_text())["chosen_lr"] if tuned else None
-    runs, sources = [], []
+def _load_runs(files: list[Path], task: str) -> list[dict]:
+    """The runs in ``files``: run files (one ``curve`` each) or result files (``runs``); only runs with a held-out
+    curve (``val_metric``)."""
+    runs = []
     for f in files:
         rep = json.loads(Path(f).read_text())
-        if rep.get("task", "ocr") != task:
-            raise SystemExit(f"{f} holds runs of task {rep.get('task', 'ocr')!r}, not {task!r}")
-        sources.append({"file": str(f), "command": rep.get("command")})
-        for r in rep["runs"]:
-            r = {**r, "curve": [{**c, "test_metric": c.get("test_metric", c.get("test_error"))} for c in r["curve"]]}
-            if chosen is None or chosen.get(r["head"]) == r["lr"]:
-                runs.append(r)
-    heads = [h for h in HEADS if any(r["head"] == h for r in runs)]
-    table, goal = _report(task, heads, runs)
+        for r in (rep["runs"] if "runs" in rep else [rep]):
+            if r.get("task", "ocr") != task:
+                raise SystemExit(f"{f} holds runs of task {r.get('task', 'ocr')!r}, not {task!r}")
+            if "val_metric" not in r["curve"][0]:
+                raise SystemExit(f"{f}: a run without a held-out curve (val_metric): its epochs cannot be chosen")
+            runs.append(r)
+    return runs
+
+
+def combine(files: list[Path], task: str, name: str, results: str | None, argv) -> None:
+    """The table and plot of the runs stored in ``files`` (run files in a runs folder, or result files of this
+    script for ``task``)."""
+    runs = _load_runs(files, task)
+    table, seeds = _report(task, runs)
     payload = {"command": "python benchmarks/heads.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-               "date": time.strftime("%Y-%m-%d"), "task": task, "metric": TASKS[task]["metric"],
-               "higher_is_better": TASKS[task]["higher_is_better"], "sources": sources, "table": table, "goal": goal,
-               "tuned": str(tuned) if tuned else None, "chosen_lr": chosen, "runs": runs}
+               "date": time.strftime("%Y-%m-%d"), "load": os.getloadavg(), "task": task,
+               "metric": TASKS[task]["metric"], "higher_is_better": TASKS[task]["higher_is_better"],
+               "sources": [str(f) for f in files], "table": table, "per_seed": seeds, "runs": runs}
     _write(name, payload, runs, task, results)
 
 
-def _write_tuning(task: str, tuning: list[dict], chosen: dict, grid: list[float], args, argv) -> None:
-    """``--tune-only``: the held-out metric of every (head, rate) and each head's chosen rate, as JSON."""
-    payload = {"command": "python benchmarks/heads.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-               "date": time.strftime("%Y-%m-%d"), "task": task,
-               "metric": "held-out " + TASKS[task]["metric"].replace("test ", ""), "epochs": args.epochs, "limit": args.limit, "lr_grid": grid, "tuning": tuning, "chosen_lr": chosen}
-    print("chosen:", chosen)
-    _write(args.name or f"heads_{task}_tuning", payload, [], task, args.results)
+def _tune(candidates: list, launch, task: str, key: str, tuning: list) -> object:
+    """The candidate whose seed-0 run has the best held-out metric at its held-out-chosen epoch."""
+    tried = [(v, launch(v)) for v in candidates]
+    tuning += [{key: v, "held_out_metric": held_out_epoch(r["curve"], task)["val_metric"],
+                "held_out_epoch": held_out_epoch(r["curve"], task)["epoch"], "head": r["head"]} for v, r in tried]
+    return min(tried, key=lambda t: _held_out_score(t[1], task))[0]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -466,64 +536,77 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--epochs", type=int, default=None, help="epoch budget (default: 12 on OCR, 10 on CoNLL)")
     ap.add_argument("--lrs", default="1e-3,2e-3,4e-3", help="learning rates tried on held-out training data")
     ap.add_argument("--lr", type=float, default=None, help="use this learning rate for every head (no tuning)")
+    ap.add_argument("--head-lrs", default=None,
+                    help="each head's learning rate, e.g. softmax=4e-3,crf=4e-3,hinge=2e-3,bcfw=1e-3,bcfw-lam=1e-3")
+    ap.add_argument("--hinge-lams", default=None,
+                    help="hinge + Adam's lam chosen from these on held-out data (seed 0); default: the task's lam")
     ap.add_argument("--limit", type=int, default=None, help="only the first N training and test words / sentences")
     ap.add_argument("--heads", default=",".join(HEADS))
     ap.add_argument("--quick", action="store_true", help="300 words, 3 epochs, one seed, lr 2e-3: under 3 minutes")
     ap.add_argument("--results", default=None, help="folder for the JSON and PNG (default benchmarks/results)")
+    ap.add_argument("--runs-dir", type=Path, default=None,
+                    help="folder keeping every run's JSON (reused when there; default: a temporary one)")
+    ap.add_argument("--name", default=None, help="the name of the JSON and PNG written")
     ap.add_argument("--bcfw-passes", type=float, default=PASSES, help="BCFW head: passes per call (the example's 10)")
     ap.add_argument("--bcfw-every", type=int, default=1, help="BCFW head: solve every N epochs (the example's 1)")
+    ap.add_argument("--lam-grid", default=None, help="bcfw-lam: the candidate lam values (default: the task's grid)")
+    ap.add_argument("--lam-passes", type=float, default=2.0, help="bcfw-lam: BCFW passes per candidate per call")
+    ap.add_argument("--threads", type=int, default=max(1, os.cpu_count() or 1),
+                    help="torch threads of every run (default: the machine's cores)")
     ap.add_argument("--combine", nargs="+", type=Path, default=None, metavar="JSON",
-                    help="no runs: the table and plot of the runs in these result files (e.g. seeds run apart)")
-    ap.add_argument("--name", default=None, help="with --combine: the name of the JSON and PNG written")
-    ap.add_argument("--tuned", type=Path, default=None, metavar="JSON",
-                    help="with --combine: keep each head's runs at the learning rate this --tune-only result chose")
-    ap.add_argument("--tune-only", action="store_true",
-                    help="only the learning-rate grid on held-out training data: the table and the chosen rates")
+                    help="no runs: the table and plot of the runs in these files (run files or result files)")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--head", help=argparse.SUPPRESS)
     ap.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
-    ap.add_argument("--tune", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--hinge-lam", type=float, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
     ap.add_argument("--tmp", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    args.lam_grid = args.lam_grid or TASKS[args.task]["lam_grid"]
     if args.worker:
         return worker(args)
     if args.combine:
-        return combine(args.combine, args.task, args.name or f"heads_{args.task}_combined", args.results, argv,
-                       args.tuned)
+        return combine(args.combine, args.task, args.name or f"heads_{args.task}_combined", args.results, argv)
     if args.quick:
         args.limit, args.epochs, args.seeds, args.lr = args.limit or 300, 3, "0", args.lr or 2e-3
     args.epochs = args.epochs or TASKS[args.task]["epochs"]
     task = args.task
     heads = args.heads.split(",")
+    unknown = sorted(set(heads) - set(HEADS))
+    if unknown:
+        raise SystemExit(f"unknown heads {unknown}; choose from {list(HEADS)}")
     seeds = [int(s) for s in args.seeds.split(",")]
     grid = [float(v) for v in args.lrs.split(",")]
-    tuning, runs, chosen = [], [], {}
+    fixed = {k: float(v) for k, v in (kv.split("=") for kv in args.head_lrs.split(","))} if args.head_lrs else {}
+    tuning, runs, lrs = [], [], {}
     with tempfile.TemporaryDirectory() as tmp:
-        for head in heads:
-            lr = args.lr
-            if lr is None:  # the grid on held-out training data, seed 0; the lowest best error wins
-                tried = [_launch(head, v, 0, args, Path(tmp), tune=True) for v in grid]
-                tuning += [{"head": head, "lr": t["lr"], "held_out_metric": _best(t["curve"], task)["test_metric"]}
-                           for t in tried]
-                sign = -1.0 if TASKS[task]["higher_is_better"] else 1.0  # the best held-out metric wins
-                lr = chosen[head] = min(tried, key=lambda t: sign * _best(t["curve"], task)["test_metric"])["lr"]
-            for seed in ([] if args.tune_only else seeds):
-                runs.append(_launch(head, lr, seed, args, Path(tmp)))
-                print(f"{head:8s} lr {lr:g} seed {seed}: best {TASKS[task]['metric']} "
-                      f"{_best(runs[-1]['curve'], task)['test_metric']:.4f} ({runs[-1]['fit_s']:.0f} s)", flush=True)
+        runs_dir = args.runs_dir or Path(tmp)
+        for head in heads:  # each head's rate: given, or chosen on held-out data (seed 0)
+            lrs[head] = args.lr or fixed.get(head) or _tune(
+                grid, lambda v, h=head: _launch(h, v, 0, args, runs_dir), task, "lr", tuning)
+        hinge_lam = None
+        if "hinge" in heads and args.hinge_lams:
+            hinge_lam = _tune([float(v) for v in args.hinge_lams.split(",")],
+                              lambda v: _launch("hinge", lrs["hinge"], 0, args, runs_dir, v), task, "hinge_lam", tuning)
+        for seed in seeds:
+            for head in heads:
+                runs.append(_launch(head, lrs[head], seed, args, runs_dir, hinge_lam if head == "hinge" else None))
+                c = held_out_epoch(runs[-1]["curve"], task)
+                print(f"{head:8s} lr {lrs[head]:g} seed {seed}: {TASKS[task]['metric']} {c['test_metric']:.4f} at the "
+                      f"held-out epoch {c['epoch']}, {runs[-1]['curve'][-1]['test_metric']:.4f} at the last "
+                      f"({runs[-1]['curve'][-1]['seconds']:.0f} s; load {os.getloadavg()[0]:.2f})", flush=True)
     if tuning:
-        print_table(tuning, ["head", "lr", "held_out_metric"])
-    if args.tune_only:
-        return _write_tuning(task, tuning, chosen, grid, args, argv)
-    table, goal = _report(task, heads, runs)
-    name = f"heads_{args.task}{'_quick' if args.quick else ''}"
+        print_table(tuning, ["head", "lr", "hinge_lam", "held_out_metric", "held_out_epoch"])
+    table, per = _report(task, runs)
+    name = args.name or f"heads_{args.task}{'_quick' if args.quick else ''}"
     payload = {"command": "python benchmarks/heads.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-               "date": time.strftime("%Y-%m-%d"), "task": task, "metric": TASKS[task]["metric"],
-               "higher_is_better": TASKS[task]["higher_is_better"], "lam": TASKS[task]["lam"], "epochs": args.epochs, "limit": args.limit, "seeds": seeds,
-               "bcfw_passes": args.bcfw_passes, "bcfw_every": args.bcfw_every,
-               "lr_grid": grid if args.lr is None else [args.lr], "tuning": tuning, "table": table, "goal": goal,
-               "runs": runs}
+               "date": time.strftime("%Y-%m-%d"), "load": os.getloadavg(), "task": task,
+               "metric": TASKS[task]["metric"], "higher_is_better": TASKS[task]["higher_is_better"],
+               "lam": TASKS[task]["lam"], "lam_grid": args.lam_grid, "lam_passes": args.lam_passes,
+               "epochs": args.epochs, "limit": args.limit, "seeds": seeds, "lrs": lrs, "hinge_lam": hinge_lam,
+               "threads": args.threads,
+               "bcfw_passes": args.bcfw_passes, "bcfw_every": args.bcfw_every, "tuning": tuning, "table": table,
+               "per_seed": per, "runs": runs}
     _write(name, payload, runs, task, args.results)
 
 

@@ -49,9 +49,17 @@ def test_quick_run_writes_the_table_json_and_plot(task, tmp_path):
     rep = json.loads((tmp_path / f"heads_{task}_quick.json").read_text())
     assert rep["task"] == task and [r["head"] for r in rep["table"]] == list(heads.HEADS)
     for row in rep["table"]:  # a letter error in (0, 1), a chunk F1 in (0, 100] %
-        assert 0.0 < row["test_metric"] < (1.0 if task == "ocr" else 100.0 + 1e-9)
-        assert row["seconds_to_best"] > 0 and row["peak_rss_mb"] > 0
-    bcfw = rep["table"][-1]
-    assert 0.0 < bcfw["callback_share"] < 1.0 and bcfw["final_gap"] >= 0
+        for key in ("test_at_held_out_epoch", "test_at_last_epoch"):
+            assert 0.0 < row[key] < (1.0 if task == "ocr" else 100.0 + 1e-9)
+        assert row["seconds"] > 0 and row["peak_rss_mb"] > 0
+    for bcfw in rep["table"][-2:]:
+        assert 0.0 < bcfw["callback_share"] < 1.0 and bcfw["final_gap"] >= 0
     assert all(len(r["curve"]) == 3 for r in rep["runs"])  # one point per epoch
+    for r in rep["runs"]:  # the epoch reported is the one the held-out metric chose
+        chosen = heads.held_out_epoch(r["curve"], task)
+        better = max if task == "conll" else min
+        assert chosen["val_metric"] == better(c["val_metric"] for c in r["curve"])
+    lam_run = next(r for r in rep["runs"] if r["head"] == "bcfw-lam")
+    assert len(lam_run["lam_choices"]) == 4  # the initial solve and one per epoch, each lam from the grid
+    assert all(c["lam"] in lam_run["lam_grid"] for c in lam_run["lam_choices"])
     assert (tmp_path / f"heads_{task}_quick.png").read_bytes()[:4] == b"\x89PNG"

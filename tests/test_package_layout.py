@@ -48,7 +48,7 @@ FLOORS = (
     ("solvers",),  # the BCFW family and the baselines
     ("distributed",),  # process groups
     ("io.checkpoint", "fit", "runtime.compilation", "cross_validation", "estimator", "io.export"),  # the front doors
-    ("nn", "features"),  # torch modules under a structured head; feature extraction
+    ("nn", "features", "backbones"),  # torch modules under a structured head; feature extraction; pretrained backbones
     ("datasets",),  # loaders of the real data and their task glue
     ("tasks", "lightning", "compare"),  # Lightning tasks and callback; solver comparisons
     ("cli", "__main__", "__init__"),  # the command line and the package's own namespace

@@ -1,9 +1,6 @@
 """Lightning wiring of the pose example: head, BCFW callback on PoseData, augmentation, LSP datamodule."""
 from __future__ import annotations
 
-import importlib.util
-import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -333,44 +330,3 @@ def test_cross_fitted_pose_model_never_trains_a_cnn_on_its_own_fold(tmp_path) ->
     with pytest.raises(ValueError, match="at least"):
         LSPPoseDataModule(str(LSP_ROOT), size=32, grid_size=8, limit=2, test_limit=2, cache_dir=str(tmp_path),
                           cross_fit=3).setup("fit")
-
-
-def test_pose_example_reuses_a_saved_backbone_for_the_head_alone(tmp_path, monkeypatch) -> None:
-    """``--save-backbone`` then ``--backbone``: no CNN training, and the head solved on the loaded CNN is the one the
-    training run solved (same features, same seeded solver), so the file really carries the trained CNN."""
-    _lsp(tmp_path / "check")  # fails with a clear message when the data is missing
-    path = Path(__file__).resolve().parents[1] / "examples" / "pose_lsp.py"
-    spec = importlib.util.spec_from_file_location("pose_lsp_example", path)
-    example = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(example)
-    common = ["--data", str(LSP_ROOT), "--size", "32", "--limit", "24", "--test-limit", "12", "--types", "2",
-              "--type-features", "--cross-fit", "2", "--passes", "2", "--threads", "1", "--deformation-scale", "16"]
-
-    def run(*args, output: str) -> dict:
-        out = tmp_path / output
-        monkeypatch.setattr(sys, "argv", ["pose_lsp.py", *common, *[str(a) for a in args], "--output", str(out)])
-        example.main()
-        return json.loads((out / "report.json").read_text())
-
-    cnn = tmp_path / "cnn.pt"
-    trained = run("--epochs", "1", "--every", "1", "--save-backbone", cnn, output="trained")
-    reused = run("--backbone", cnn, "--cross-validate-head", output="reused")
-    assert cnn.is_file() and reused["epochs"] == 0 and reused["backbone"] == str(cnn)
-    assert reused["ssvm"]["calls"] == 1 and reused["ssvm"]["passes"] == trained["ssvm"]["passes"] == 2
-    with pytest.raises(SystemExit):  # nothing to train and no CNN to load
-        run("--epochs", "0", output="nothing")
-    with pytest.raises(SystemExit):  # no out-of-fold heatmaps without cross-fitting
-        run("--backbone", cnn, "--cross-validate-head", "--cross-fit", "1", output="no_folds")
-    cv = reused["cross_validation"]  # each training image decoded by the head solved on the other fold
-    assert cv["folds"] == 2 and cv["images"] == 24
-    assert [f["train_images"] for f in cv["per_fold"]] == [12, 12]
-    assert all(f["gap"] >= -1e-9 for f in cv["per_fold"])
-    d = cv["pck@0.2/tree_minus_argmax"]
-    assert d["diff"] == pytest.approx(cv["pck@0.2/tree"] - cv["pck@0.2/argmax"], abs=1e-6)
-    assert d["ci95"][0] <= d["diff"] <= d["ci95"][1]
-    assert "cross_validation" not in trained
-    torch.testing.assert_close(torch.tensor(reused["head_weights"]), torch.tensor(trained["head_weights"]),
-                               rtol=0, atol=1e-9)
-    assert reused["pck@0.2/argmax"] == trained["pck@0.2/argmax"]
-    assert reused["pck@0.2/tree"] == trained["pck@0.2/tree"]
-    assert abs(reused["ssvm"]["gap"] - trained["ssvm"]["gap"]) < 1e-9

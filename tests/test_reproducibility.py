@@ -64,7 +64,7 @@ def test_mp_bcfw_identical_seeds_give_identical_runs():
             _with_clock(_noisy(0), lambda: _mp_run(model, data)),
             _with_clock(_noisy(1), lambda: _mp_run(model, data, mp_clock="work"))]
     ref = runs[0]
-    assert ref.options.mp_clock == "auto" and ref.history[-1].approx_passes > 3  # the rule is at work
+    assert ref.options.solver_options.clock == "auto" and ref.history[-1].approx_passes > 3  # the rule is at work
     for r in runs[1:]:
         assert torch.equal(r.w, ref.w) and torch.equal(r.w_avg, ref.w_avg)
         assert _records(r.history) == _records(ref.history)
@@ -82,7 +82,7 @@ def test_mp_bcfw_wall_clock_rule_still_reads_the_clock():
     for r in (a, b, c):  # and every run is still a valid MP-BCFW run
         duals = [h.dual for h in r.history]
         assert all(h.gap_last >= -1e-12 for h in r.history) and duals == sorted(duals)  # line search: dual ascent
-        assert r.options.mp_clock == "wall"
+        assert r.options.solver_options.clock == "wall"
 
 
 class _SlowOracle(Multiclass):

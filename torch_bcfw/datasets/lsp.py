@@ -24,7 +24,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-__all__ = ["NUM_JOINTS", "LSPSample", "grid_to_joints", "joints_to_grid", "load_lsp_extended", "lsp_split_ids",
+__all__ = ["NUM_JOINTS", "LSPSample", "frame_to_original", "grid_to_joints", "joints_to_grid", "letterbox_geometry",
+           "load_lsp_extended", "lsp_split_ids",
            "reference_torso", "torso_size", "torso_with_fallback"]
 
 NUM_JOINTS = 14
@@ -85,13 +86,33 @@ def _letterbox(path: Path, size: int) -> tuple[Tensor, np.ndarray, np.ndarray, n
     with Image.open(path) as img:
         rgb = img.convert("RGB")
     width, height = rgb.size
+    (new_w, new_h), scale, offset = letterbox_geometry(width, height, size)
+    canvas = Image.new("RGB", (size, size))
+    canvas.paste(rgb.resize((new_w, new_h), Image.Resampling.BILINEAR), tuple(int(o) for o in offset))
+    image = torch.from_numpy(np.asarray(canvas, dtype=np.float32) / 255.0).permute(2, 0, 1).contiguous()
+    return image, np.array([width, height]), scale, offset
+
+
+def letterbox_geometry(width: int, height: int, size: int) -> tuple[tuple[int, int], np.ndarray, np.ndarray]:
+    """Where a ``width x height`` image lands in the ``size x size`` frame: ``((new_w, new_h), scale (sx, sy),
+    offset (ox, oy))`` -- frame = original * scale + offset (continuous coordinates)."""
     factor = size / max(width, height)
     new_w, new_h = max(1, round(width * factor)), max(1, round(height * factor))
-    canvas = Image.new("RGB", (size, size))
-    offset = ((size - new_w) // 2, (size - new_h) // 2)
-    canvas.paste(rgb.resize((new_w, new_h), Image.Resampling.BILINEAR), offset)
-    image = torch.from_numpy(np.asarray(canvas, dtype=np.float32) / 255.0).permute(2, 0, 1).contiguous()
-    return image, np.array([width, height]), np.array([new_w / width, new_h / height]), np.array(offset)
+    return (new_w, new_h), np.array([new_w / width, new_h / height]), np.array([(size - new_w) // 2,
+                                                                              (size - new_h) // 2])
+
+
+def frame_to_original(joints: Tensor, root: str | Path, ids, size: int) -> Tensor:
+    """Frame coordinates ``[N, 14, 2]`` (x, y) of the ``size x size`` frames of LSPET images ``ids`` (1-based) back
+    to the original images' pixels (MATLAB convention, as in ``joints.mat``: the inverse of the loader's map)."""
+    from PIL import Image
+
+    out = torch.empty(joints.shape, dtype=torch.float64)
+    for k, path in enumerate(_image_paths(Path(root).expanduser(), ids)):
+        with Image.open(path) as img:
+            _, scale, offset = letterbox_geometry(*img.size, size)
+        out[k] = (joints[k].double() - torch.from_numpy(offset).double()) / torch.from_numpy(scale) + 0.5
+    return out
 
 
 def _sample(path: Path, raw: np.ndarray, size: int) -> LSPSample:

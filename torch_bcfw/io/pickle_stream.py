@@ -180,6 +180,9 @@ def check_torch_archive(path, size: int, unsafe=ValueError) -> None:
                 if bytes_left < 0:
                     raise _refuse(path, f"its tensors hold more than {TENSOR_BYTES_PER_BYTE}x the file's {size} bytes")
                 stack.append(_Obj("storage"))
+            elif o == "BUILD":  # the attributes of what is below: a module's state_dict carries ``_metadata``
+                pop(1)
+                count(1)
             elif o == "POP":
                 pop(1)
             elif o == "POP_MARK":

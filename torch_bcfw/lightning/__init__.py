@@ -10,6 +10,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
     ) from exc
 
 from .callback import BCFWCallback, collect_features
+from .lam_choice import LamChoice, lam_grid
 from .sampler import SeededShuffle
 
-__all__ = ["BCFWCallback", "SeededShuffle", "collect_features"]
+__all__ = ["BCFWCallback", "LamChoice", "SeededShuffle", "collect_features", "lam_grid"]

@@ -29,7 +29,7 @@ from ..solvers.run import DUAL_STATE_SOLVERS, SolverRun, options_for
 __all__ = ["BCFWCallback", "collect_features"]
 
 
-def _ddp_context(trainer):
+def ddp_context(trainer):
     """The process group of a multi-process Lightning run (DDP), or ``None``."""
     if trainer is None or getattr(trainer, "world_size", 1) <= 1:
         return None
@@ -38,12 +38,12 @@ def _ddp_context(trainer):
     return current_context()
 
 
-def _to_primitive(obj):
+def checkpoint_safe(obj):
     """Checkpoint-safe copy: numpy arrays / scalars become lists / Python numbers (loads with weights_only=True)."""
     if isinstance(obj, dict):
-        return {k: _to_primitive(v) for k, v in obj.items()}
+        return {k: checkpoint_safe(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return type(obj)(_to_primitive(v) for v in obj)
+        return type(obj)(checkpoint_safe(v) for v in obj)
     if isinstance(obj, np.ndarray):
         return obj.tolist()
     if isinstance(obj, np.generic):
@@ -76,7 +76,8 @@ def container_hint(model, data) -> str:
     return ""
 
 
-def _find(trainer, pl_module, name: str):
+def find_protocol_method(trainer, pl_module, name: str):
+    """The method ``name`` of the feature protocol on the LightningModule, else on its datamodule, else ``None``."""
     for owner in (pl_module, getattr(trainer, "datamodule", None)):
         if callable(getattr(owner, name, None)):
             return getattr(owner, name)
@@ -192,8 +193,13 @@ class BCFWCallback(Callback):
     from the new features (the averaged iterate likewise), so the logged gap is the exact duality gap of the
     *current* problem (see ``docs/lightning.md``).
 
+    **Choosing ``lam`` on held-out data** (``lam_choice``, :class:`~torch_bcfw.lightning.lam_choice.LamChoice`): at
+    every call the candidate ``lam`` values are solved warm from their own previous states and the one with the
+    lowest task loss on held-out examples is continued and written; the record and the logs add ``lam`` and
+    ``val_loss``.  Under DDP the solves then replicate.
+
     Args:
-        lam: regularisation ``lam > 0`` of the SSVM on the head.
+        lam: regularisation ``lam > 0`` of the SSVM on the head (not with ``lam_choice``).
         head_attr: attribute of the LightningModule holding the :class:`~torch_bcfw.nn.StructuredHead`.
         every_n_epochs: solve after every ``k``-th training epoch.
         passes_per_call: effective passes of the solver per call.
@@ -213,14 +219,19 @@ class BCFWCallback(Callback):
         solver_options: :class:`~torch_bcfw.solvers.options.SolverOptions` fields (``step``,
             ``sampling``, ``averaging``, ``gap_check``, ``gap_tol``, ``time_budget``, ``seed`` ...);
             also accepted as keyword arguments.  ``max_passes`` is ``passes_per_call``.
+        lam_choice: a :class:`~torch_bcfw.lightning.lam_choice.LamChoice`: ``lam`` chosen on held-out data at every
+            call instead of a fixed ``lam``.
     """
 
-    def __init__(self, lam: float, head_attr: str = "head", every_n_epochs: int = 1, passes_per_call: float = 5.0,
+    def __init__(self, lam: float | None = None, head_attr: str = "head", every_n_epochs: int = 1, passes_per_call: float = 5.0,
                  initial_passes: float | None = None, solver: str = "bcfw", device: str | None = "cpu",
                  log_prefix: str = "ssvm", name: str | None = None, verbose: bool = False,
-                 save_dual_state: bool = True, solver_options: dict | None = None, **options):
+                 save_dual_state: bool = True, solver_options: dict | None = None, lam_choice=None, **options):
         super().__init__()
-        self.lam = check_lam(lam)
+        if (lam is None) == (lam_choice is None):
+            raise ValueError("BCFWCallback needs exactly one of lam (fixed) or lam_choice (chosen on held-out data)")
+        self.lam_choice = lam_choice
+        self.lam = check_lam(lam) if lam is not None else lam_choice.lams[0]
         if solver not in DUAL_STATE_SOLVERS:
             raise ValueError(f"unknown solver {solver!r} for BCFWCallback; choose from {sorted(DUAL_STATE_SOLVERS)}")
         if int(every_n_epochs) < 1:
@@ -242,6 +253,9 @@ class BCFWCallback(Callback):
         self._check_option_names(solver, opts)
         check_solver_device(device)
         self.options = options_for(solver, max_passes=passes_per_call, **opts)  # another solver's option: TypeError
+        if lam_choice is not None and getattr(self.options, "strategy", "auto") not in ("auto", "replicate"):
+            raise ValueError(f"BCFWCallback: with lam_choice the solves replicate under DDP; strategy "
+                             f"{self.options.strategy!r} is not available")
         if initial_passes:
             options_for(solver, **{**self.options.to_dict(), "max_passes": initial_passes})
         self.head_attr = str(head_attr)
@@ -326,7 +340,7 @@ class BCFWCallback(Callback):
         if not callable(getattr(pl_module, "bcfw_features", None)):
             raise ValueError(f"BCFWCallback: {type(pl_module).__name__} must define bcfw_features(batch) "
                              "(the head's input for one batch)")
-        if _find(trainer, pl_module, "bcfw_dataloader") is None:
+        if find_protocol_method(trainer, pl_module, "bcfw_dataloader") is None:
             raise ValueError(f"BCFWCallback: neither {type(pl_module).__name__} nor its datamodule defines "
                              "bcfw_dataloader() (all training examples in a fixed order)")
         mine = [c for c in trainer.callbacks if isinstance(c, BCFWCallback)]
@@ -360,10 +374,10 @@ class BCFWCallback(Callback):
         """The current training data (float64 features on the solver's device) via the feature protocol; under DDP
         each rank computes the features of its share of the batches and every rank gets all of them
         (:func:`collect_features` with the process group)."""
-        loader = _find(trainer, pl_module, "bcfw_dataloader")
+        loader = find_protocol_method(trainer, pl_module, "bcfw_dataloader")
         device = self.device if self.device is not None else pl_module.device
         to_device = trainer.strategy.batch_to_device if trainer is not None else None
-        data = collect_features(pl_module, loader(), device=device, to_device=to_device, ctx=_ddp_context(trainer))
+        data = collect_features(pl_module, loader(), device=device, to_device=to_device, ctx=ddp_context(trainer))
         head = self._head(pl_module)
         try:
             head.model.check_data(data)
@@ -403,8 +417,11 @@ class BCFWCallback(Callback):
         head = self._head(pl_module)
         model = head.model
         data = self.training_data(trainer, pl_module)
+        undo = None
+        if self.lam_choice is not None:  # held-out data chooses lam and the state to continue (lam_choice.py)
+            data, undo = self.lam_choice.choose(self, trainer, pl_module, data)
         t_feat = time.perf_counter() - t0
-        ctx = _ddp_context(trainer)
+        ctx = ddp_context(trainer)
         opts = dataclasses.replace(self.options, max_passes=passes)
         plan = self._strategy(ctx, model, data, opts)
         mine = plan.data_here(data)
@@ -421,6 +438,8 @@ class BCFWCallback(Callback):
         out = run.run()
         if out.stopped_by == "interrupted":
             self.interrupted = True
+            if undo is not None:
+                undo()
             if self.verbose:
                 rank_zero_info(f"[{self.log_prefix}] solve interrupted (Ctrl-C): discarded; the head keeps the "
                                f"weights of the last finished call ({self.calls} finished)")
@@ -436,12 +455,14 @@ class BCFWCallback(Callback):
             w = alg.averaged()[0]
         epoch = trainer.current_epoch if trainer is not None else None
         rec.update(epoch=epoch, stale=stale, call=self.calls, feature_time=t_feat, wall=time.perf_counter() - t0)
+        if self.lam_choice is not None:
+            rec.update(self.lam_choice.figures(model, w))
         if ctx is not None and not plan.sharded:
             from ..distributed import assert_replicated
 
             assert_replicated(w, ctx, name="BCFWCallback's replicated head")
         sd = alg.state_dict()
-        dual_sd, alg_sd = _to_primitive(sd.pop("state")), _to_primitive(sd)
+        dual_sd, alg_sd = checkpoint_safe(sd.pop("state")), checkpoint_safe(sd)
         shards = None
         if plan.sharded:  # every rank keeps every rank's state, so that any rank's checkpoint resumes all
             from ..distributed import collective
@@ -475,6 +496,7 @@ class BCFWCallback(Callback):
                "passes": rec.passes, "stale": rec.stale}
         if rec.train_loss is not None:
             out["train_loss"] = rec.train_loss
+        out.update({k: rec.extra[k] for k in ("lam", "val_loss") if k in rec.extra})
         return out
 
     def _log(self, pl_module, rec: dict) -> None:
@@ -522,17 +544,24 @@ class BCFWCallback(Callback):
             "dual_state": copy.deepcopy(self.dual_sd) if self.save_dual_state else None,
             "alg": copy.deepcopy(self.alg_sd) if self.save_dual_state else None,
             "counters": dict(self.counters),
-            "history": _to_primitive(plain_history(self.history)),
+            "history": checkpoint_safe(plain_history(self.history)),
             "calls": self.calls,
             "solved_epoch": self.solved_epoch,
             "shards": copy.deepcopy(self.shards) if self.save_dual_state else None,
             "strategy": self.strategy,
             "round_size": self.round_size,
             "calibration": dict(self.calibration),
+            "lam_choice": self.lam_choice.state_dict() if self.lam_choice is not None else None,
         }
 
     def load_state_dict(self, state_dict: dict) -> None:
         cfg = state_dict.get("config", {})
+        if (self.lam_choice is None) != (state_dict.get("lam_choice") is None):
+            raise ValueError("BCFWCallback: the checkpoint was written " + ("with" if self.lam_choice is None else "without")
+                             + " lam_choice; resume with the callback that wrote it")
+        if self.lam_choice is not None:
+            self.lam_choice.load_state_dict(state_dict["lam_choice"])
+            self.lam = check_lam(cfg.get("lam"))  # the lam the last call chose
         if cfg.get("lam") != self.lam or cfg.get("solver") != self.solver:
             raise ValueError(
                 f"BCFWCallback: the checkpoint was written with lam = {cfg.get('lam')}, solver = {cfg.get('solver')!r} "

@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-__all__ = ["segmentation_counts", "segmentation_metrics", "segmentation_summary"]
+__all__ = ["iou_difference", "segmentation_counts", "segmentation_metrics", "segmentation_summary"]
 
 
 def segmentation_counts(pred: Tensor, truth: Tensor) -> Tensor:
@@ -42,3 +42,26 @@ def segmentation_metrics(pred, truth, offsets) -> dict[str, float]:
     return {"test IoU (%)": 100 * (float(tp.sum()) / total_union if total_union else 1.0),
             "test mean IoU per image (%)": 100 * float(per_image.mean()),
             "test pixel accuracy (%)": 100 * float((p == t).double().mean())}
+
+
+def iou_difference(counts: Tensor, baseline: Tensor, n_boot: int = 2000, level: float = 0.95, seed: int = 0) -> dict:
+    """Foreground IoU (over all pixels) of ``counts`` minus that of ``baseline`` (``[B, 4]`` of
+    :func:`segmentation_counts` on the same images), with a paired image-bootstrap percentile interval:
+    ``{"diff", "low", "high", "level", "n_boot"}``."""
+    if counts.shape != baseline.shape or counts.dim() != 2 or counts.shape[1] != 4 or len(counts) == 0:
+        raise ValueError(f"counts and baseline must both be [B, 4] with B >= 1, got {tuple(counts.shape)} and "
+                         f"{tuple(baseline.shape)}")
+    if not 0 < level < 1 or int(n_boot) < 1:
+        raise ValueError(f"need 0 < level < 1 and n_boot >= 1, got {level} and {n_boot}")
+
+    def iou(c: Tensor) -> Tensor:  # [..., B, 4] -> [...]
+        c = c.double().sum(-2)
+        return c[..., 0] / (c[..., 0] + c[..., 1] + c[..., 2]).clamp_min(1)
+
+    gen = torch.Generator().manual_seed(int(seed))
+    draws = torch.randint(0, len(counts), (int(n_boot), len(counts)), generator=gen)
+    boot = iou(counts[draws]) - iou(baseline[draws])
+    tail = (1 - level) / 2
+    low, high = torch.quantile(boot, torch.tensor([tail, 1 - tail], dtype=boot.dtype)).tolist()
+    return {"diff": float(iou(counts) - iou(baseline)), "low": low, "high": high, "level": float(level),
+            "n_boot": int(n_boot)}

@@ -52,6 +52,14 @@ class PackedLoaders:
         """All training examples in a fixed order (the callback's feature pass)."""
         return self._eval_loader(self.train)
 
+    def bcfw_val_dataloader(self):
+        """The held-out examples (``val``) in a fixed order: the held-out data on which
+        :class:`~torch_bcfw.lightning.lam_choice.LamChoice` chooses the head's ``lam``."""
+        if self.val is None:
+            raise ValueError(f"{type(self).__name__} has no validation split for bcfw_val_dataloader (give it one, or "
+                             "LamChoice(holdout=<fraction>))")
+        return self._eval_loader(self.val)
+
 
 def cosine_schedule(module, opt: torch.optim.Optimizer) -> dict:
     """``configure_optimizers``' answer: ``opt`` with its learning rate cosine-annealed over the trainer's

@@ -1,6 +1,6 @@
 """Figure/ground segmentation of the Weizmann horses: a small FCN under BCFW-solved graph-cut heads.
 
-The example of ``examples/horse_segmentation.py`` and ``configs/horses.yaml``: :class:`HorseSegmenter` trains
+The experiment of ``configs/horses.yaml``: :class:`HorseSegmenter` trains
 :class:`SegmentationFCN` with per-pixel binary cross-entropy (the "CNN alone" baseline) and two
 :class:`GraphCutHead` s on its features, unary-only and with a contrast-sensitive Potts term, are solved by
 :class:`~torch_bcfw.lightning.BCFWCallback` s.  Validation and test log ``{stage}/{cnn,unary,potts}_{acc,iou,miou}``

