@@ -32,12 +32,12 @@ def test_the_lightning_configs_parse(config, tmp_path, monkeypatch) -> None:
 
 
 def test_lightning_holds_the_integration_only() -> None:
-    """``torch_bcfw.lightning`` is the callback, the sampler that makes a resume replay the batches, and the command
-    line; the tasks' classes live in ``torch_bcfw.tasks`` only (config class paths name them there)."""
+    """``torch_bcfw.lightning`` is the callback, its held-out choice of ``lam``, the sampler that makes a resume replay
+    the batches, and the command line; the tasks' classes live in ``torch_bcfw.tasks`` only (config class paths name them there)."""
     import torch_bcfw
 
     modules = sorted(p.stem for p in (Path(torch_bcfw.__file__).parent / "lightning").glob("*.py"))
-    assert modules == ["__init__", "callback", "cli", "sampler"]
+    assert modules == ["__init__", "callback", "cli", "lam_choice", "sampler"]
 
 
 def test_nn_uses_the_model_contract_only() -> None:

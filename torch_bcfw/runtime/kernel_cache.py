@@ -2,12 +2,15 @@
 
 numba stamps a cached function (``cache=True``) with its own source file only, so a kernel that calls kernels of
 other modules would run stale code after an edit of those.  :func:`install` puts a locator in front of numba's own
-for this package's functions: same cache location, with a digest of every package module that imports numba added
-to the stamp.
+for this package's functions: numba's cache folder with a subfolder named by a digest of every package module that
+imports numba, the digest also added to the stamp.  A changed package (an upgrade, an edit) therefore never reads an
+index written by another version: numba unpickles an index before it compares stamps, and an index that names a
+renamed type would fail to load instead of counting as a miss.
 """
 from __future__ import annotations
 
 import hashlib
+import os
 from pathlib import Path
 
 from numba.core import caching
@@ -43,9 +46,10 @@ class PackageKernelLocator(caching._CacheLocator):
 
     def ensure_cache_path(self):
         self._inner.ensure_cache_path()
+        caching._CacheLocator.ensure_cache_path(self)
 
     def get_cache_path(self):
-        return self._inner.get_cache_path()
+        return os.path.join(self._inner.get_cache_path(), "kernels-" + kernel_sources_digest()[:16])
 
     def get_source_stamp(self):
         return self._inner.get_source_stamp(), kernel_sources_digest()
@@ -63,7 +67,12 @@ class PackageKernelLocator(caching._CacheLocator):
             if base is not cls:
                 inner = base.from_function(py_func, py_file)
                 if inner is not None:
-                    return cls(inner)
+                    self = cls(inner)
+                    try:
+                        self.ensure_cache_path()
+                    except OSError:  # as numba's own locators: no writable cache folder, no cache
+                        return None
+                    return self
         return None
 
 
