@@ -119,8 +119,11 @@ _WORKER = textwrap.dedent("""
     kind, path, budget = sys.argv[1], sys.argv[2], int(sys.argv[3])
     vm = next(int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswith("VmSize:"))
     resource.setrlimit(resource.RLIMIT_AS, (vm + budget + 2**30, vm + budget + 2**30))
-    # the resident size now (not the peak so far): the growth below is then at least the load's own peak growth
+    # the resident size now, and the peak reset to it (the imports' transient peak is not the load's): the growth
+    # below is the load's own peak growth
     before = next(int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswith("VmRSS:"))
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
     out = {"error": None, "type": None}
     try:
         if kind == "load":
@@ -131,7 +134,7 @@ _WORKER = textwrap.dedent("""
             load_ocr(path)
     except BaseException as exc:
         out["type"], out["error"] = type(exc).__name__, str(exc)
-    out["growth"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before
+    out["growth"] = next(int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswith("VmHWM:")) - before
     print(json.dumps(out))
 """)
 
