@@ -20,6 +20,10 @@ __all__ = ["ChainHead", "MulticlassHead", "load_head", "check_head", "HEAD_TENSO
 #: the ``format`` entry of a ``head.pt`` this file reads
 FORMAT = "torch_bcfw.head/1"
 
+#: the largest move table ``[K, K, n]`` (elements) the Viterbi forward pass builds at once; past it, a max over the
+#: previous label in ``K`` steps (measured: the table is faster up to about a million entries on a 2-core x86 VM)
+BROADCAST_COLUMNS = 1 << 20
+
 
 class ChainHead(nn.Module):
     """Linear-chain head: emission ``We [F, K]``, label bias, start and end scores ``[K]``, transitions
@@ -28,7 +32,9 @@ class ChainHead(nn.Module):
 
     def __init__(self, emission: Tensor, bias: Tensor, start: Tensor, end: Tensor, transitions: Tensor):
         super().__init__()
-        self.register_buffer("emission", emission)
+        # column-major [F, K] (a contiguous [K, F] transposed): ``x @ emission`` takes BLAS's faster path for this
+        # layout (measured 1.5x on OCR's [4617, 128] x [128, 26])
+        self.register_buffer("emission", emission.T.contiguous().T)
         self.register_buffer("bias", bias)
         self.register_buffer("start", start)
         self.register_buffer("end", end)
@@ -36,7 +42,7 @@ class ChainHead(nn.Module):
 
     def unary_scores(self, x: Tensor, lengths: Tensor) -> Tensor:
         """``[N_tok, K]``: emission and bias of every token, the start / end scores on the first / last token."""
-        u = x.to(self.emission.dtype) @ self.emission + self.bias
+        u = torch.addmm(self.bias, x.to(self.emission.dtype), self.emission)
         ends = torch.cumsum(lengths, 0)
         u[ends - lengths] += self.start
         u[ends - 1] += self.end
@@ -53,7 +59,8 @@ class ChainHead(nn.Module):
         transitions, all words at once.  The words are taken longest first, so that step ``t`` works on the
         ``n_t`` words longer than ``t`` (a prefix), and the tokens are laid out step-major and label-major once
         (``[K, N_tok]``, step ``t`` in columns ``at_t : at_t + n_t``).  The forward pass turns these columns into
-        the best prefix scores ending in each label (a max over the previous label in ``K`` vectorised steps);
+        the best prefix scores ending in each label (a max over the previous label: one ``[K, K, n_t]`` table of moves
+        while it has at most :data:`BROADCAST_COLUMNS` entries, ``K`` vectorised steps past it);
         the backward pass takes each word's argmax over its previous label for the label chosen after it.
         Returns ``LongTensor[N_tok]``, packed like ``u``."""
         B, T, K = lengths.shape[0], int(lengths.max()), u.shape[1]
@@ -69,6 +76,7 @@ class ChainHead(nn.Module):
             at += n
         trans = self.transitions  # [previous label, label]
         work = u.new_empty(2, K * active[0])
+        wide = u.new_empty(K * K * min(active[0], BROADCAST_COLUMNS // (K * K) + 1))
 
         def buffer(i: int, n: int) -> Tensor:
             return work[i, :K * n].view(K, n)
@@ -76,9 +84,13 @@ class ChainHead(nn.Module):
         from_label = trans[:, :, None].unbind(0)  # K views [K, 1]: the scores of the moves from label p
         for t in range(1, T):
             n = active[t]
+            if K * K * n <= BROADCAST_COLUMNS:  # one [K, K, n] table of moves and its max (fits a cache)
+                moves = torch.add(scores[t - 1][:, None, :n], trans[:, :, None], out=wide[:K * K * n].view(K, K, n))
+                scores[t].add_(torch.amax(moves, 0, out=buffer(0, n)))
+                continue
             prev, best, cand = scores[t - 1][:, :n].unbind(0), buffer(0, n), buffer(1, n)
             torch.add(from_label[0], prev[0], out=best)
-            for p in range(1, K):  # best[k] = max_p prev[p] + trans[p, k]
+            for p in range(1, K):  # best[k] = max_p prev[p] + trans[p, k]: K vectorised steps over many words
                 torch.maximum(best, torch.add(from_label[p], prev[p], out=cand), out=best)
             scores[t].add_(best)
         last = buffer(0, B)  # each word's scores at its last token
