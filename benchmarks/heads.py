@@ -27,7 +27,7 @@ The heads:
   then the structured hinge reaches the backbone while BCFW solves the head after every epoch (``--bcfw-passes`` /
   ``--bcfw-every`` change the schedule);
 * ``bcfw-lam`` -- the same with ``lam`` chosen on the held-out data at every solve
-  (``BCFWCallback(lam_choice=LamChoice(--lam-grid, passes=--lam-passes))``).
+  (``BCFWCallback(lam_choice=LamChoice(--lam-grid, passes=--lam-passes, window=--lam-window))``).
 
 Each run is a process of its own (its peak memory is its own). After every epoch the held-out and the test metric
 are measured, outside the clock; the clock counts training and, for the BCFW heads, the callback's solves.  **Nothing
@@ -317,7 +317,8 @@ def worker(args) -> None:
     solve = None
     if args.head in ("bcfw", "bcfw-lam"):
         lam = {"lam": TASKS[args.task]["lam"]} if args.head == "bcfw" else {
-            "lam_choice": LamChoice([float(v) for v in args.lam_grid.split(",")], passes=args.lam_passes)}
+            "lam_choice": LamChoice([float(v) for v in args.lam_grid.split(",")], passes=args.lam_passes,
+                                    window=args.lam_window)}
         solve = BCFWCallback(**lam, passes_per_call=args.bcfw_passes, initial_passes=args.bcfw_passes,
                              every_n_epochs=args.bcfw_every,
                              solver_options={"step": "line_search", "sampling": "uniform", "averaging": True,
@@ -352,7 +353,8 @@ def _run_name(task: str, head: str, lr: float, seed: int, args, hinge_lam: float
     if head in ("bcfw", "bcfw-lam"):
         name += f"-p{args.bcfw_passes:g}-every{args.bcfw_every}"
     if head == "bcfw-lam":
-        name += f"-grid{args.lam_grid}-lp{args.lam_passes:g}"
+        name += f"-grid{args.lam_grid}-lp{'head' if args.lam_passes is None else format(args.lam_passes, 'g')}"
+        name += f"-w{args.lam_window}" if args.lam_window is not None else ""
     return name + ".json"
 
 
@@ -367,7 +369,11 @@ def _launch(head: str, lr: float, seed: int, args, runs_dir: Path, hinge_lam: fl
     cmd = [sys.executable, __file__, "--worker", "--task", args.task, "--head", head, "--lr", str(lr), "--seed",
            str(seed), "--out", str(part), "--tmp", tempfile.gettempdir(), "--epochs", str(args.epochs),
            "--bcfw-passes", str(args.bcfw_passes), "--bcfw-every", str(args.bcfw_every),
-           "--lam-grid", args.lam_grid, "--lam-passes", str(args.lam_passes), "--threads", str(args.threads)]
+           "--lam-grid", args.lam_grid, "--threads", str(args.threads)]
+    if args.lam_passes is not None:
+        cmd += ["--lam-passes", str(args.lam_passes)]
+    if args.lam_window is not None:
+        cmd += ["--lam-window", str(args.lam_window)]
     if hinge_lam is not None:
         cmd += ["--hinge-lam", str(hinge_lam)]
     if args.limit:
@@ -550,7 +556,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--bcfw-passes", type=float, default=PASSES, help="BCFW head: passes per call (the example's 10)")
     ap.add_argument("--bcfw-every", type=int, default=1, help="BCFW head: solve every N epochs (the example's 1)")
     ap.add_argument("--lam-grid", default=None, help="bcfw-lam: the candidate lam values (default: the task's grid)")
-    ap.add_argument("--lam-passes", type=float, default=2.0, help="bcfw-lam: BCFW passes per candidate per call")
+    ap.add_argument("--lam-passes", type=float, default=None,
+                    help="bcfw-lam: BCFW passes per candidate per call (default: --bcfw-passes, as far as the head)")
+    ap.add_argument("--lam-window", type=int, default=None,
+                    help="bcfw-lam: solve the current choice and this many neighbours on each side (default: all)")
     ap.add_argument("--threads", type=int, default=max(1, os.cpu_count() or 1),
                     help="torch threads of every run (default: the machine's cores)")
     ap.add_argument("--combine", nargs="+", type=Path, default=None, metavar="JSON",
@@ -603,6 +612,7 @@ def main(argv: list[str] | None = None) -> None:
                "date": time.strftime("%Y-%m-%d"), "load": os.getloadavg(), "task": task,
                "metric": TASKS[task]["metric"], "higher_is_better": TASKS[task]["higher_is_better"],
                "lam": TASKS[task]["lam"], "lam_grid": args.lam_grid, "lam_passes": args.lam_passes,
+               "lam_window": args.lam_window,
                "epochs": args.epochs, "limit": args.limit, "seeds": seeds, "lrs": lrs, "hinge_lam": hinge_lam,
                "threads": args.threads,
                "bcfw_passes": args.bcfw_passes, "bcfw_every": args.bcfw_every, "tuning": tuning, "table": table,

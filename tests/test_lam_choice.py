@@ -129,3 +129,26 @@ def test_missing_validation_loader_is_reported(tmp_path):
     cb = BCFWCallback(lam_choice=LamChoice(LAMS, passes=1), passes_per_call=1)
     with pytest.raises(ValueError, match="bcfw_val_dataloader"):
         _trainer(tmp_path, [cb], epochs=1).fit(Toy(train))
+
+
+def test_a_window_solves_the_current_choice_and_its_neighbours_only(tmp_path):
+    lams = [30.0, 10.0, 3.0, 1.0, 0.3, 0.1]
+    choice = LamChoice(lams, window=1)
+    assert choice.candidates(None) == lams  # the first call: every candidate
+    assert choice.candidates(30.0) == [30.0, 10.0] and choice.candidates(1.0) == [3.0, 1.0, 0.3]
+    assert choice.candidates(0.1) == [0.3, 0.1]
+    train, val = _problem()
+    cb = BCFWCallback(lam_choice=choice, passes_per_call=3, seed=2)
+    _trainer(tmp_path, [cb], epochs=3).fit(ValToy(train, val))
+    hist = choice.history
+    assert [c["lam"] for c in hist[0]["candidates"]] == lams
+    # passes=None: each candidate is solved as far as the head (the callback's passes_per_call), fresh at first
+    assert [c["passes"] for c in hist[0]["candidates"]] == [3.0] * len(lams)
+    for before, now in zip(hist, hist[1:]):
+        solved = [c["lam"] for c in now["candidates"]]
+        assert solved == choice.candidates(before["lam"])  # the window around the previous choice
+        assert now["lam"] in solved and abs(lams.index(now["lam"]) - lams.index(before["lam"])) <= 1
+    with pytest.raises(ValueError, match="window"):
+        LamChoice(lams, window=0)
+    with pytest.raises(ValueError, match="passes"):
+        LamChoice(lams, passes=0)

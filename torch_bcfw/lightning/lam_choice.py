@@ -6,10 +6,12 @@ At every call of the callback, on the current features:
 1. the held-out features: those of ``bcfw_val_dataloader()`` (the feature protocol, on the LightningModule or its
    datamodule: labelled examples the head is not solved on), or the last ``holdout`` fraction of the
    ``bcfw_dataloader()`` examples (the head is then solved on the others);
-2. every candidate ``lam`` of :attr:`LamChoice.lams` runs ``passes`` BCFW passes from its own dual state of the
-   previous call, re-bound to the new features (a warm-started grid: each candidate follows the backbone like the
-   callback's one ``lam`` does), ends with an exact gap check and is scored by the mean task loss of its
-   certified weights on the held-out examples;
+2. every candidate ``lam`` of :attr:`LamChoice.lams` (or, with ``window=k``, the current choice and the ``k``
+   candidates on each side of it in the grid; all of them at the first call) runs ``passes`` BCFW passes (default:
+   the callback's ``passes_per_call``, as far as the head) from its own dual state of the last call that solved
+   it, re-bound to the new features (a warm-started grid: each candidate follows the backbone like the callback's
+   one ``lam`` does), ends with an exact gap check and is scored by the mean task loss of its certified weights on
+   the held-out examples;
 3. the candidate with the lowest held-out loss wins (ties: the larger ``lam``); the callback continues its own
    solve (``passes_per_call`` passes) at that ``lam`` from that candidate's state, so the head it writes carries
    the certified gap at the chosen ``lam``.  The record of the call (:attr:`BCFWCallback.history`) and the logs
@@ -65,8 +67,13 @@ class LamChoice:
     Args:
         lams: the candidate values (any order; solved largest first).  Or ``lam_range=(lam_min, lam_max)`` and
             ``num``: ``num`` values evenly spaced in ``log lam`` (:func:`lam_grid`).
-        passes: BCFW passes per candidate per call (default 2; the chosen one then gets the callback's
-            ``passes_per_call`` more).
+        passes: BCFW passes per candidate per call (``None``, default: the callback's ``passes_per_call``, so
+            that the candidates are compared solved as far as the head; the chosen one then gets
+            ``passes_per_call`` more).  Fewer passes compare under-solved candidates: the held-out loss then
+            measures optimisation error as much as regularisation.
+        window: ``None`` (default): every candidate at every call; ``k``: the current choice and the ``k``
+            neighbouring candidates on each side (all of them at the first call), so that a call costs
+            ``2 k + 1`` candidate solves and the choice moves at most ``k`` grid steps per call.
         holdout: ``None`` (default): the held-out examples come from ``bcfw_val_dataloader()``; a fraction in
             ``(0, 1)``: the last ``ceil(holdout n)`` examples of ``bcfw_dataloader()`` are held out and the head is
             solved on the rest (the backbone still trains on them: a separate validation loader is the honest
@@ -74,7 +81,7 @@ class LamChoice:
     """
 
     def __init__(self, lams=None, *, lam_range: tuple[float, float] | None = None, num: int = 5,
-                 passes: float = 2.0, holdout: float | None = None):
+                 passes: float | None = None, window: int | None = None, holdout: float | None = None):
         if (lams is None) == (lam_range is None):
             raise ValueError("LamChoice needs exactly one of lams (the candidate values) or lam_range=(lam_min, lam_max)")
         if lam_range is not None:
@@ -84,18 +91,29 @@ class LamChoice:
         lams = sorted({check_lam(v) for v in lams}, reverse=True)
         if not lams:
             raise ValueError("LamChoice needs at least one candidate lam")
-        if not (isinstance(passes, (int, float)) and passes > 0 and math.isfinite(passes)):
-            raise ValueError(f"passes must be a positive number, got {passes!r}")
+        if passes is not None and not (isinstance(passes, (int, float)) and not isinstance(passes, bool)
+                                       and passes > 0 and math.isfinite(passes)):
+            raise ValueError(f"passes must be None (the callback's passes_per_call) or a positive number, got {passes!r}")
+        if window is not None and not (isinstance(window, int) and not isinstance(window, bool) and window >= 1):
+            raise ValueError(f"window must be None (every candidate) or an int >= 1, got {window!r}")
         if holdout is not None and not (isinstance(holdout, float) and 0.0 < holdout < 1.0):
             raise ValueError(f"holdout must be None (use bcfw_val_dataloader) or a fraction in (0, 1), got {holdout!r}")
-        self.lams, self.passes, self.holdout = lams, float(passes), holdout
+        self.lams, self.holdout, self.window = lams, holdout, window
+        self.passes = None if passes is None else float(passes)
         self.states: dict = {}  # lam -> (dual state dict, solver progress dict) of the candidate's last solve
         self.history: list = []  # per call: {"epoch", "lam", "val_loss", "candidates": [Candidate dicts]}
         self.val_data = None  # the held-out data of the last call
         self._state_type = None  # the class of the head model's dual state
 
     def config(self) -> dict:
-        return {"lams": list(self.lams), "passes": self.passes, "holdout": self.holdout}
+        return {"lams": list(self.lams), "passes": self.passes, "window": self.window, "holdout": self.holdout}
+
+    def candidates(self, current: float | None) -> list[float]:
+        """The candidates solved at a call whose current choice is ``current`` (``None``: no choice yet)."""
+        if self.window is None or current is None or current not in self.lams:
+            return list(self.lams)
+        i = self.lams.index(current)
+        return self.lams[max(0, i - self.window): i + self.window + 1]
 
     # ------------------------------------------------------------------ the callback's hook
     def choose(self, callback, trainer, pl_module, data):
@@ -131,11 +149,12 @@ class LamChoice:
         model = callback._head(pl_module).model
         if callback.dual_sd is not None:  # the previous call's polished state of the lam it chose
             self.states[callback.lam] = (callback.dual_sd, callback.alg_sd)
-        opts = dataclasses.replace(callback.options, max_passes=self.passes, gap_check=max(1, math.ceil(self.passes)),
+        passes = callback.options.max_passes if self.passes is None else self.passes
+        opts = dataclasses.replace(callback.options, max_passes=passes, gap_check=max(1, math.ceil(passes)),
                                    strategy="replicate")
         cands, new_states = [], {}
         try:
-            for lam in self.lams:
+            for lam in self.candidates(callback.lam if self.history else None):
                 cand, new_states[lam] = self._solve(callback, model, train, val, lam, opts)
                 cands.append(cand)
         except KeyboardInterrupt:
