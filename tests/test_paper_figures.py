@@ -98,6 +98,10 @@ def osokin_gaps_are_certificates(results) -> None:
             assert all(r["gap"] >= -1e-9 for r in h)
             ratios = [r["estimate_ratio"] for r in h]
             assert all(v is None for v in ratios) if label == "Uniform" else all(v is None or v > 0 for v in ratios)
+            # Fig. 1c: Theorem 2's factor chi(g)^3 / chi(C) lies in [n^-1/2, n^3/2] (chi is in [1, sqrt(n)])
+            n = fig1["n"]
+            assert all(r["chi_factor"] is None or n ** -0.5 - 1e-9 <= r["chi_factor"] <= n ** 1.5 + 1e-9 for r in h)
+            assert any(r["chi_factor"] is not None for r in h)
 
 
 def path_figures_certify_eps(results) -> None:
@@ -109,3 +113,23 @@ def path_figures_certify_eps(results) -> None:
                 assert p["gap"] <= d["eps"] * (1 + 1e-9) and math.isfinite(p["primal"])
     k = _load(results, "osokin2016_fig7_ocr-small_tiny")
     assert [r["kappa"] for r in k["rows"]] == [0.5, 0.9]
+
+
+def test_chi_has_the_closed_forms_of_theorem_2():
+    """Osokin et al.'s ``chi``: 1 for uniform gaps, ``sqrt(n)`` for a single nonzero one, scale-free; Theorem 2's
+    factor ``chi(g)^3 / chi(C)`` is then ``n sqrt(n)`` in the paper's best case (one gap, uniform curvatures)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from seed_papers.osokin2016 import chi
+
+    n = 50
+    assert chi([2.0] * n) == pytest.approx(1.0)
+    one = [0.0] * n
+    one[7] = 3.0
+    assert chi(one) == pytest.approx(math.sqrt(n))
+    x = [float(i % 5 + 1) for i in range(n)]
+    assert chi(x) == pytest.approx(chi([10 * v for v in x]))
+    p = [v / sum(x) for v in x]
+    var = sum(q * q for q in p) / n - 1 / n ** 2
+    assert chi(x) == pytest.approx(math.sqrt(1 + n * n * var))
+    assert chi(one) ** 3 / chi([1.0] * n) == pytest.approx(n * math.sqrt(n))
+    assert math.isnan(chi([0.0] * n))

@@ -4,8 +4,11 @@
 * ``osokin-fig1`` -- gap sampling's exploitation / staleness trade-off on OCR-small: the duality gap against
   effective passes for uniform sampling and gap sampling with an exact gap pass (refreshing the block-gap
   estimates) every 1, 5, 10, 100 passes or never ("Gap Inf"), and (Fig. 1b) the ratio of the estimates' sum to the
-  true gap.  The true gap is measured offline after every pass (an extra oracle pass that neither refreshes the
-  estimates nor counts as effective passes);
+  true gap, and (Fig. 1c) Theorem 2's improvement factor of exact gap sampling over uniform sampling,
+  ``chi(g)^3 / chi(C)`` (:func:`chi`), at the exact block gaps ``g`` of the run and the block curvatures estimated as
+  the paper did, ``C_i = 4 R_i^2 / (lam n^2)`` with ``R_i`` the largest ``||psi_i(y)||`` over the labelings the
+  offline passes returned so far.  The true gap is measured offline after every pass (an extra oracle pass that
+  neither refreshes the estimates nor counts as effective passes);
 * ``osokin-fig2`` -- the cache regimes: BCFW + gap sampling + cache on OCR-small over a grid of the cache-hit test's
   ``F`` (local) and ``nu`` (global), against gap sampling without a cache; gap against oracle passes and the
   cache-hit rate;
@@ -184,9 +187,22 @@ STALENESS = (("Uniform", "uniform-fw", None), ("Gap 1", "gap-fw", 1), ("Gap 5", 
              ("Gap 100", "gap-fw", 100), ("Gap Inf", "gap-fw", math.inf))
 
 
+def chi(x) -> float:
+    """Osokin et al.'s non-uniformity measure of a non-negative vector ``x [n]`` (Theorem 2):
+    ``sqrt(1 + n^2 Var[p])`` with ``p = x / ||x||_1`` and ``Var[p] = ||p||_2^2 / n - 1 / n^2``; 1 for a uniform
+    ``x``, ``sqrt(n)`` for one nonzero entry (``nan`` for ``x = 0``)."""
+    x = np.asarray(x, dtype=np.float64)
+    total = x.sum()
+    if not total > 0:
+        return math.nan
+    p, n = x / total, len(x)
+    return math.sqrt(max(1.0 + n * n * (float(p @ p) / n - 1.0 / (n * n)), 0.0))
+
+
 def staleness(problem: str = "ocr-small", lam: float = 0.01, seeds=None, passes=None, tiny=False, **_) -> dict:
-    """Fig. 1 (a, b): each method driven pass by pass; after each pass the exact block gaps at the current ``w``
-    (an offline pass: not fed to the solver, not counted) give the true gap and the estimates' ratio to it."""
+    """Fig. 1 (a, b, c): each method driven pass by pass; after each pass the exact block gaps at the current ``w``
+    (an offline pass: not fed to the solver, not counted) give the true gap, the estimates' ratio to it and
+    Theorem 2's factor ``chi(g)^3 / chi(C)``."""
     import torch
 
     from torch_bcfw.solvers.bcfw import BCFW
@@ -203,6 +219,8 @@ def staleness(problem: str = "ocr-small", lam: float = 0.01, seeds=None, passes=
         for seed in seeds:
             alg = BCFW(prob.model, prob.train, lam, SolverOptions(preset=preset, averaging=False, seed=seed))
             refreshes, recs = 0, []
+            truth_phi = prob.model.joint_feature(prob.train, prob.train.y)  # [n, d]
+            radius = torch.zeros(n, dtype=torch.float64)  # R_i: the largest ||psi_i(y)|| seen so far
             for p in range(1, passes + 1):
                 alg.advance(n)
                 due = every is not None and (alg.check_requested or (math.isfinite(every) and p % every == 0))
@@ -212,12 +230,16 @@ def staleness(problem: str = "ocr-small", lam: float = 0.01, seeds=None, passes=
                     alg.check_requested = False
                     refreshes += 1
                 with torch.no_grad():
-                    g = alg.state.block_gaps()[0]
+                    g, _, y_star = alg.state.block_gaps()
+                    psi = truth_phi - prob.model.joint_feature(prob.train, y_star)
+                    radius = torch.maximum(radius, psi.norm(dim=1))
                 true_gap = float(g.sum())
+                # Fig. 1c: C_i = 4 R_i^2 / (lam n^2); chi is scale-free, so chi(C) = chi(R^2)
+                factor = chi(g.clamp(min=0).numpy()) ** 3 / chi((radius ** 2).numpy())
                 est = alg.estimated_gap()
                 recs.append({"pass": p, "effective_passes": (alg.oracle_calls + refreshes * n) / n, "gap": true_gap,
                              "estimate_ratio": None if est is None or not math.isfinite(est) else est / true_gap,
-                             "refreshes": refreshes})
+                             "refreshes": refreshes, "chi_factor": None if math.isnan(factor) else factor})
             runs[label][str(seed)] = recs
         last = [h[-1] for h in runs[label].values()]
         print(f"  {label:8s}: gap {np.median([r['gap'] for r in last]):.3g} after "
@@ -228,9 +250,13 @@ def staleness(problem: str = "ocr-small", lam: float = 0.01, seeds=None, passes=
     out["table"] = [{"method": label, **{f"gap@{m}": float(np.median([next((r["gap"] for r in h if
                                                                                 r["effective_passes"] >= m), h[-1]["gap"])
                                                                           for h in per.values()])) for m in marks},
-                     "estimate_ratio_last": _median_or_none([h[-1]["estimate_ratio"] for h in per.values()])}
+                     "estimate_ratio_last": _median_or_none([h[-1]["estimate_ratio"] for h in per.values()]),
+                     "chi_factor_last": _median_or_none([h[-1].get("chi_factor") for h in per.values()]),
+                     "chi_factor_max": _median_or_none([max((r.get("chi_factor") or 0.0) for r in h)
+                                                        for h in per.values()])}
                     for label, per in runs.items()]
-    print_table(out["table"], ["method"] + [f"gap@{m}" for m in marks] + ["estimate_ratio_last"])
+    print_table(out["table"], ["method"] + [f"gap@{m}" for m in marks]
+                + ["estimate_ratio_last", "chi_factor_last", "chi_factor_max"])
     name = stem("osokin2016_fig1", tiny)
     write_json(name + ".json", out)
     _plot_staleness(out, RESULTS / (name + ".png"))
@@ -245,9 +271,13 @@ def _median_or_none(vals):
 def _plot_staleness(out, path) -> None:
     from torch_bcfw.plotting import pyplot, save_figure
 
-    fig, axes = pyplot().subplots(1, 2, figsize=(12, 4.4))
+    fig, axes = pyplot().subplots(1, 3, figsize=(17, 4.4))
     for j, (label, per) in enumerate(out["runs"].items()):
         hs = list(per.values())
+        if label in ("Uniform", "Gap 10") and all("chi_factor" in r for h in hs for r in h):
+            draw_band(axes[2], [(np.array([r["pass"] for r in h]),
+                                 np.array([np.nan if r["chi_factor"] is None else r["chi_factor"] for r in h]))
+                                for h in hs], label, f"C{j}")
         draw_band(axes[0], [(np.array([r["effective_passes"] for r in h]), np.array([r["gap"] for r in h]))
                             for h in hs], label, f"C{j}")
         if label != "Uniform":
@@ -258,6 +288,8 @@ def _plot_staleness(out, path) -> None:
     axes[0].set_ylabel("duality gap (measured offline)")
     axes[1].set_xlabel("passes")
     axes[1].set_ylabel("sum of gap estimates / true gap")
+    axes[2].set_xlabel("passes")
+    axes[2].set_ylabel("chi(g)^3 / chi(C): Theorem 2's factor")
     for ax in axes:
         ax.set_yscale("log")
         ax.grid(True, which="both", alpha=0.3)
