@@ -14,8 +14,10 @@ train the tree head (:class:`torch_bcfw.models.PoseTree`, solved by BCFW to a ce
 tree, their difference with a 95% paired image-bootstrap interval, PCK per joint and left/right swaps
 (:mod:`torch_bcfw.tasks.pose_pretrained`).
 
-Writes ``report.json`` and ``predictions.json`` (1-based LSPET image numbers and the 14 (x, y) joints of the
-tree and of the argmax per image, in original-image pixels) to ``--output``.
+Writes ``report.json``, ``predictions.json`` (1-based LSPET image numbers and the 14 (x, y) joints of the
+tree and of the argmax per image, in original-image pixels) and ``heatmaps.pt`` (the held-out and test heatmaps
+the tree head was trained on and decodes, float16, with their LSPET image numbers: a tree head can be studied on
+them without retraining the network; ``torch.load(..., weights_only=True)``) to ``--output``.
 """
 from __future__ import annotations
 
@@ -28,7 +30,7 @@ import torch
 
 from torch_bcfw.backbones import efficientnet_lite0
 from torch_bcfw.datasets.lsp import frame_to_original, lsp_split_ids
-from torch_bcfw.io.serialization import atomic_write_text
+from torch_bcfw.io.serialization import atomic_save, atomic_write_text
 from torch_bcfw.tasks.pose_pretrained import PoseOptions, run_pose
 
 
@@ -64,7 +66,7 @@ def main() -> None:
     out = Path(args.output)
     t0 = time.perf_counter()
     report = run_pose(args.data, opts, efficientnet_lite0(), cache_dir=str(out / "cache"))
-    pred = report.pop("predictions")
+    pred, heat = report.pop("predictions"), report.pop("heatmaps")
     ids = lsp_split_ids("test")[: len(pred["tree"])]
     predictions = {"images": list(ids), **{k: frame_to_original(v, args.data, ids, args.size).round(decimals=2).tolist()
                                           for k, v in pred.items()}}
@@ -73,6 +75,9 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / "report.json", json.dumps(report, indent=1))
     atomic_write_text(out / "predictions.json", json.dumps(predictions))
+    train_ids = lsp_split_ids("train")[: report["train_images"] + report["held_out_images"]]
+    atomic_save({**heat, "held_out_images": list(train_ids[report["train_images"]:]), "test_images": list(ids)},
+                out / "heatmaps.pt")
     diff = report["pck@0.2/tree_minus_argmax"]
     print(f"\nLSP Extended test ({report['test_images_with_torso']} images with a torso): PCK@0.2 "
           f"argmax {report['pck@0.2/argmax']:.4f}, tree {report['pck@0.2/tree']:.4f} (difference "

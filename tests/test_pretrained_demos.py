@@ -52,6 +52,11 @@ def test_pose_example_end_to_end(tmp_path, monkeypatch):
     pred = json.loads((out / "predictions.json").read_text())
     assert pred["images"] == list(range(1501, 1507))
     assert np.asarray(pred["tree"]).shape == np.asarray(pred["argmax"]).shape == (6, 14, 2)
+    heat = torch.load(out / "heatmaps.pt", weights_only=True)
+    assert heat["held_out_images"] == [9, 10, 11, 12] and heat["test_images"] == list(range(1501, 1507))
+    assert heat["held_out"].shape == (4, 14, 8, 8) and heat["test"].shape == (6, 14, 8, 8)
+    # log-softmax heatmaps over the grid; their argmax is the argmax prediction (frame pixels -> grid cells)
+    assert torch.allclose(heat["test"].float().exp().sum(dim=(-2, -1)), torch.ones(6, 14), atol=2e-2)
 
 
 def test_horses_example_end_to_end(tmp_path, monkeypatch):

@@ -209,7 +209,9 @@ def run_pose(root: str, opts: PoseOptions, backbone: nn.Module, cache_dir: str |
     (split at ``opts.train_from``) or any module returning feature maps (with ``train_from=None``).
 
     Returns a report dict (PCK of argmax and tree with the paired bootstrap interval of their difference, the
-    certified gap, timings) with ``"predictions"``: frame-pixel joints ``{"tree", "argmax"}`` ``[N, 14, 2]``.
+    certified gap, timings) with ``"predictions"``: frame-pixel joints ``{"tree", "argmax"}`` ``[N, 14, 2]``, and
+    ``"heatmaps"``: the log-softmax heatmaps the tree head was trained on and decodes, ``{"held_out": [holdout, 14,
+    G, G], "test": [N, 14, G, G]}`` (float16), for studying the head without retraining the network.
     """
     t0 = time.perf_counter()
     S, G = opts.size, opts.size // 4
@@ -269,4 +271,5 @@ def run_pose(root: str, opts: PoseOptions, backbone: nn.Module, cache_dir: str |
         "options": {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(opts).items()},
         "wall_s": timings,
         "predictions": {"tree": tree, "argmax": argmax},
+        "heatmaps": {"held_out": heat_val.to(torch.float16), "test": heat_test.to(torch.float16)},
     }
