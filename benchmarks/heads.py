@@ -316,7 +316,7 @@ def worker(args) -> None:
     callbacks = []
     solve = None
     if args.head in ("bcfw", "bcfw-lam"):
-        lam = {"lam": TASKS[args.task]["lam"]} if args.head == "bcfw" else {
+        lam = {"lam": args.bcfw_lam or TASKS[args.task]["lam"]} if args.head == "bcfw" else {
             "lam_choice": LamChoice([float(v) for v in args.lam_grid.split(",")], passes=args.lam_passes,
                                     window=args.lam_window)}
         solve = BCFWCallback(**lam, passes_per_call=args.bcfw_passes, initial_passes=args.bcfw_passes,
@@ -352,6 +352,8 @@ def _run_name(task: str, head: str, lr: float, seed: int, args, hinge_lam: float
         name += f"-lam{hinge_lam if hinge_lam is not None else TASKS[task]['lam']:g}"
     if head in ("bcfw", "bcfw-lam"):
         name += f"-p{args.bcfw_passes:g}-every{args.bcfw_every}"
+    if head == "bcfw" and args.bcfw_lam:
+        name += f"-lam{args.bcfw_lam:g}"
     if head == "bcfw-lam":
         name += f"-grid{args.lam_grid}-lp{'head' if args.lam_passes is None else format(args.lam_passes, 'g')}"
         name += f"-w{args.lam_window}" if args.lam_window is not None else ""
@@ -370,6 +372,8 @@ def _launch(head: str, lr: float, seed: int, args, runs_dir: Path, hinge_lam: fl
            str(seed), "--out", str(part), "--tmp", tempfile.gettempdir(), "--epochs", str(args.epochs),
            "--bcfw-passes", str(args.bcfw_passes), "--bcfw-every", str(args.bcfw_every),
            "--lam-grid", args.lam_grid, "--threads", str(args.threads)]
+    if args.bcfw_lam:
+        cmd += ["--bcfw-lam", str(args.bcfw_lam)]
     if args.lam_passes is not None:
         cmd += ["--lam-passes", str(args.lam_passes)]
     if args.lam_window is not None:
@@ -555,6 +559,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--name", default=None, help="the name of the JSON and PNG written")
     ap.add_argument("--bcfw-passes", type=float, default=PASSES, help="BCFW head: passes per call (the example's 10)")
     ap.add_argument("--bcfw-every", type=int, default=1, help="BCFW head: solve every N epochs (the example's 1)")
+    ap.add_argument("--bcfw-lam", type=float, default=None, help="BCFW head: its fixed lam (default: the example's)")
     ap.add_argument("--lam-grid", default=None, help="bcfw-lam: the candidate lam values (default: the task's grid)")
     ap.add_argument("--lam-passes", type=float, default=None,
                     help="bcfw-lam: BCFW passes per candidate per call (default: --bcfw-passes, as far as the head)")
@@ -611,7 +616,7 @@ def main(argv: list[str] | None = None) -> None:
     payload = {"command": "python benchmarks/heads.py " + " ".join(argv if argv is not None else sys.argv[1:]),
                "date": time.strftime("%Y-%m-%d"), "load": os.getloadavg(), "task": task,
                "metric": TASKS[task]["metric"], "higher_is_better": TASKS[task]["higher_is_better"],
-               "lam": TASKS[task]["lam"], "lam_grid": args.lam_grid, "lam_passes": args.lam_passes,
+               "lam": args.bcfw_lam or TASKS[task]["lam"], "lam_grid": args.lam_grid, "lam_passes": args.lam_passes,
                "lam_window": args.lam_window,
                "epochs": args.epochs, "limit": args.limit, "seeds": seeds, "lrs": lrs, "hinge_lam": hinge_lam,
                "threads": args.threads,
