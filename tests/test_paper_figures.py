@@ -30,6 +30,7 @@ EXPECTED = {
     "osokin-variants-lsp-small": ["osokin2016_variants_lsp-small_tiny"],
     "osokin-path-horses": ["osokin2016_path_horses_gap-fw_tiny"],
     "osokin-fig7": ["osokin2016_fig7_ocr-small_tiny"],
+    "osokin-fig7b": ["osokin2016_fig7b_ocr-small_tiny"],
 }
 
 SCRIPT = """
@@ -113,6 +114,17 @@ def path_figures_certify_eps(results) -> None:
                 assert p["gap"] <= d["eps"] * (1 + 1e-9) and math.isfinite(p["primal"])
     k = _load(results, "osokin2016_fig7_ocr-small_tiny")
     assert [r["kappa"] for r in k["rows"]] == [0.5, 0.9]
+    # the heuristic path: lam decreases, the work accumulates, every offline gap is a gap (>= 0); its estimates
+    # met kappa eps at every breakpoint after the start (that is its stopping rule), the true gaps are only measured
+    h = _load(results, "osokin2016_fig7b_ocr-small_tiny")
+    for label, run in h["runs"].items():
+        pts = run["points"]
+        assert all(a["lam"] > b["lam"] for a, b in zip(pts, pts[1:]))
+        assert all(a["passes"] <= b["passes"] and a["time"] <= b["time"] for a, b in zip(pts, pts[1:]))
+        assert all(p["true_gap"] >= -1e-9 for p in pts)
+        if label.startswith("heuristic"):
+            assert len(pts) > 1 and all(p["estimated_gap"] <= run["kappa"] * h["eps"] * (1 + 1e-9) or
+                                        p["passes"] - q["passes"] >= 999 for q, p in zip(pts, pts[1:]))
 
 
 def test_chi_has_the_closed_forms_of_theorem_2():

@@ -60,8 +60,12 @@ def test_rescaling_keeps_w_and_the_dual_feasible_and_moves_the_gap_linearly(kind
         state.run_steps(np.random.default_rng(1).integers(0, len(data), 40), LINE_SEARCH)
     before = certify(model, data, state.w, state.dual_ell(), lam)
     delta = state.path_delta()
+    g_before, deltas = state.block_gaps()[0], state.block_deltas()
+    assert float(deltas.sum()) == pytest.approx(delta, abs=1e-12)
     w_old, ell_old = state.w.clone(), state.ell
     rho = state.rescale_lam(0.07)
+    # per block (Prop. 1): g_i(rho lam) = g_i(lam) + (1 - rho) delta_i
+    assert torch.allclose(state.block_gaps()[0], g_before + (1 - rho) * deltas, atol=1e-12)
     assert rho == pytest.approx(0.35)
     assert torch.equal(state.w, w_old)  # w unchanged, bit for bit
     assert state.ell == pytest.approx(rho * ell_old, rel=1e-13)

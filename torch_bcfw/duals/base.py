@@ -260,6 +260,12 @@ class DualState(ABC):
         dots = self._block_dots()
         return H / self.n_total - (self.block_ell - dots), H, y_star
 
+    def block_deltas(self) -> Tensor:
+        """``delta_i = l_i - lam <v_i, w>`` for every block (``Tensor[n]`` float64): block ``i``'s share of the gap's
+        growth under :meth:`rescale_lam` (``g_i(rho lam) = g_i(lam) + (1 - rho) delta_i``; they sum to
+        :meth:`path_delta` without box constraints)."""
+        return self.block_ell - self._block_dots()
+
     def _block_dots(self) -> Tensor:
         """``lam <v_i, w>`` for every block (``Tensor[n]``)."""
         return torch.stack([self.lam * (self.block_w(i) @ self.w) for i in range(self.n)])

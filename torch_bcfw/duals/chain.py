@@ -133,8 +133,17 @@ class ChainDualState(DualState):
         y_star, _ = viterbi_packed(U + model.loss_unaries(data, U.dtype), data.offsets, trans)
         s_true = model._score_from_unary(U, trans, data, data.y)
         H = model.loss(data, y_star) + model._score_from_unary(U, trans, data, y_star) - s_true
-        dots = (s_true - _marginal_scores(U, trans, data, self.mu, self.T)) / self.n_total  # lam <w_i, w>
-        return H / self.n_total - (self.block_ell - dots), H, y_star
+        return H / self.n_total - (self.block_ell - self._dots_from(U, trans, s_true)), H, y_star
+
+    def _block_dots(self) -> Tensor:
+        U = self.model.unary_scores(self.w, self.data)
+        trans = self.model.unpack(self.w)[4]
+        return self._dots_from(U, trans, self.model._score_from_unary(U, trans, self.data, self.data.y))
+
+    def _dots_from(self, U: Tensor, trans: Tensor, s_true: Tensor) -> Tensor:
+        """``lam <w_i, w>`` of every block from the unary scores ``U`` and transitions of ``w`` and the true
+        labelings' scores ``s_true`` (``Tensor[n]``)."""
+        return (s_true - _marginal_scores(U, trans, self.data, self.mu, self.T)) / self.n_total
 
     def _move_all(self, y: Tensor, gamma: float) -> None:
         self.mu.mul_(1.0 - gamma).add_(self.model.one_hot(y), alpha=gamma)

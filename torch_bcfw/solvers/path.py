@@ -36,7 +36,7 @@ from .options import SolverOptions
 
 __all__ = [
     "regularization_path", "grid_search", "RegularizationPath", "LambdaSweep", "SweepPoint", "default_grid",
-    "path_options",
+    "path_options", "path_start", "PathStart",
 ]
 
 
@@ -280,6 +280,43 @@ def _predicted_block_gaps(alg, rho: float):
     return (rho * g + (1.0 - rho) * H / alg.n).clamp_min(0.0).detach().cpu().numpy()
 
 
+@dataclass
+class PathStart:
+    """The start of a path (Alg. 6): ``lam = lam_inf``, the dual state there (``alpha_i = e_{y~_i}``, ``y~_i`` the
+    max-loss labelings) and the BCFW :attr:`algorithm` bound to it, the exact :attr:`certificate` of that point
+    (its gap is ``<= kappa eps`` without box constraints) and the work it took (``3 n`` oracle calls, seconds)."""
+
+    lam: float
+    state: object
+    algorithm: BCFW
+    certificate: Certificate
+    oracle_calls: int
+    seconds: float
+
+
+def path_start(model, data, eps: float, kappa: float, options: SolverOptions, bounds=None) -> PathStart:
+    """Alg. 6 of Osokin et al. 2016: ``lam_inf`` and its dual point, certified (one exact gap pass); ``options``
+    (e.g. :func:`path_options`) configure the returned algorithm.  Shared by :func:`regularization_path` and
+    variants of it (the benchmarks' heuristic path)."""
+    _check_inputs(model, data, eps, kappa)
+    n = len(data)
+    t0 = time.perf_counter()
+    w0 = torch.zeros(model.n_features, dtype=torch.float64, device=data.device)
+    y_tilde = model.oracle(w0, data, loss_augmented=True)
+    psi_t = (model.joint_feature_sum(data, data.y) - model.joint_feature_sum(data, y_tilde)).to(torch.float64) / n
+    y_hat = model.decode(psi_t, data)
+    theta = model.score(psi_t, data, y_hat) - model.score(psi_t, data, data.y)
+    lam_inf = (float(psi_t @ psi_t) + float(theta.clamp_min(0.0).mean())) / (kappa * eps)
+    if not lam_inf > 0:
+        raise ValueError("every labeling has zero loss: the problem is trivial (lam_inf = 0)")
+    state = model.dual_state(data, lam_inf)
+    alg = BCFW(model, data, lam_inf, options, state=state, bounds=bounds)  # sets bounds, working set
+    state.set_corners(y_tilde)
+    cert = alg.certificate()
+    return PathStart(lam=lam_inf, state=state, algorithm=alg, certificate=cert, oracle_calls=3 * n,
+                     seconds=time.perf_counter() - t0)
+
+
 def regularization_path(
     model, data, *, eps: float = 0.1, kappa: float = 0.9, lam_min: float = 1e-5, val_data=None,
     track_train_loss: bool = True, time_budget: float | None = None, max_breakpoints: int | None = None,
@@ -312,22 +349,10 @@ def regularization_path(
     budget_end = None if time_budget is None else time.perf_counter() + float(time_budget)
 
     # ---- Alg. 6: the start lam_inf, alpha_i = e_{y~_i}
-    t0 = time.perf_counter()
-    w0 = torch.zeros(model.n_features, dtype=torch.float64, device=data.device)
-    y_tilde = model.oracle(w0, data, loss_augmented=True)
-    psi_t = (model.joint_feature_sum(data, data.y) - model.joint_feature_sum(data, y_tilde)).to(torch.float64) / n
-    y_hat = model.decode(psi_t, data)
-    theta = model.score(psi_t, data, y_hat) - model.score(psi_t, data, data.y)
-    clock.oracle += 2 * n
-    lam_inf = (float(psi_t @ psi_t) + float(theta.clamp_min(0.0).mean())) / (kappa * eps)
-    if not lam_inf > 0:
-        raise ValueError("every labeling has zero loss: the problem is trivial (lam_inf = 0)")
-    state = model.dual_state(data, lam_inf)
-    init_alg = BCFW(model, data, lam_inf, opts, state=state, bounds=bounds)  # sets bounds, working set
-    state.set_corners(y_tilde)
-    cert = init_alg.certificate()
-    clock.oracle += n
-    clock.seconds += time.perf_counter() - t0
+    start = path_start(model, data, eps, kappa, opts, bounds)
+    clock.oracle += start.oracle_calls
+    clock.seconds += start.seconds
+    state, init_alg, cert, lam_inf = start.state, start.algorithm, start.certificate, start.lam
     path = RegularizationPath(kind="path", eps=float(eps), n=n, options=opts.to_dict(), kappa=float(kappa))
     alg = init_alg
     rec = cert
