@@ -1,6 +1,6 @@
 """Human pose on LSP Extended: a pretrained backbone's heatmaps under a BCFW-solved pictorial-structures head.
 
-    python examples/pose_lsp.py                          # EfficientNet-Lite0, stride-32 stage fine-tuned
+    python examples/pose_lsp.py                          # EfficientNet-Lite0, stride-16 and -32 stages fine-tuned
     python examples/pose_lsp.py --probe                  # the structured probe: backbone frozen
     python examples/pose_lsp.py --device cuda            # the same on a GPU
     python examples/pose_lsp.py --limit 40 --test-limit 20 --size 64 --epochs 1 --holdout 12   # a quick look
