@@ -54,15 +54,15 @@ def test_an_exported_chain_head_decodes_like_the_library_without_it(tmp_path):
         r.predict(data).tolist()
 
 
-@pytest.mark.parametrize("table_entries", [0, 10 ** 9], ids=["K-steps", "move-table"])
-def test_both_forward_passes_of_the_exported_viterbi_decode_like_the_library(monkeypatch, table_entries):
+@pytest.mark.parametrize("table_entries", [0, 7 * 7 * 3, 10 ** 9], ids=["one-word-chunks", "three-word-chunks", "one-table"])
+def test_the_exported_viterbi_decodes_like_the_library_in_any_chunking(monkeypatch, table_entries):
     from torch_bcfw.io import standalone_head
 
     model, data = random_chain_problem(n=40, F=6, K=7, max_len=9, seed=5, min_len=1)
     r = fit(model, data, 0.01, max_passes=4)
     emission, bias, start, end, trans = model.unpack(r.weights)
     head = standalone_head.ChainHead(emission, bias, start, end, trans)
-    monkeypatch.setattr(standalone_head, "BROADCAST_COLUMNS", table_entries)
+    monkeypatch.setattr(standalone_head, "MOVE_TABLE_ENTRIES", table_entries)
     assert torch.equal(head(data.x, data.lengths), r.predict(data))
 
 

@@ -20,9 +20,9 @@ __all__ = ["ChainHead", "MulticlassHead", "load_head", "check_head", "HEAD_TENSO
 #: the ``format`` entry of a ``head.pt`` this file reads
 FORMAT = "torch_bcfw.head/1"
 
-#: the largest move table ``[K, K, n]`` (elements) the Viterbi forward pass builds at once; past it, a max over the
-#: previous label in ``K`` steps (measured: the table is faster up to about a million entries on a 2-core x86 VM)
-BROADCAST_COLUMNS = 1 << 20
+#: entries of the ``[K, K, words]`` table of moves the Viterbi forward pass builds at once (about 6 MB of float64;
+#: measured on a 2-core x86 VM: faster than a max over the previous label in ``K`` steps at every word count)
+MOVE_TABLE_ENTRIES = 3 << 18
 
 
 class ChainHead(nn.Module):
@@ -59,16 +59,18 @@ class ChainHead(nn.Module):
         transitions, all words at once.  The words are taken longest first, so that step ``t`` works on the
         ``n_t`` words longer than ``t`` (a prefix), and the tokens are laid out step-major and label-major once
         (``[K, N_tok]``, step ``t`` in columns ``at_t : at_t + n_t``).  The forward pass turns these columns into
-        the best prefix scores ending in each label (a max over the previous label: one ``[K, K, n_t]`` table of moves
-        while it has at most :data:`BROADCAST_COLUMNS` entries, ``K`` vectorised steps past it);
+        the best prefix scores ending in each label (a max over the previous label of a ``[K, K, words]`` table of
+        moves, built for at most :data:`MOVE_TABLE_ENTRIES` entries at once);
         the backward pass takes each word's argmax over its previous label for the label chosen after it.
         Returns ``LongTensor[N_tok]``, packed like ``u``."""
         B, T, K = lengths.shape[0], int(lengths.max()), u.shape[1]
         order = torch.argsort(lengths, descending=True, stable=True)
         sorted_len = lengths[order]
-        active = (sorted_len[None, :] > torch.arange(T, device=u.device)[:, None]).sum(1).tolist()  # n_t per step
+        steps = torch.arange(T, device=u.device)[:, None]
+        inside = sorted_len[None, :] > steps  # [T, B]: word b (sorted) has a token at step t
+        active = inside.sum(1).tolist()  # n_t per step
         starts = torch.cumsum(lengths, 0)[order] - sorted_len  # first token of each (sorted) word
-        tokens = torch.cat([starts[:n] + t for t, n in enumerate(active)])  # step-major token order
+        tokens = (starts[None, :] + steps)[inside]  # step-major token order (row-major over [T, B])
         scores_all = u.index_select(0, tokens).T.contiguous()  # [K, N_tok]
         scores, at = [], 0  # scores[t]: [K, n_t], best prefix scores ending in each label (after the forward pass)
         for n in active:
@@ -76,22 +78,20 @@ class ChainHead(nn.Module):
             at += n
         trans = self.transitions  # [previous label, label]
         work = u.new_empty(2, K * active[0])
-        wide = u.new_empty(K * K * min(active[0], BROADCAST_COLUMNS // (K * K) + 1))
+        chunk = max(1, MOVE_TABLE_ENTRIES // (K * K))  # words per [K, K, chunk] table of moves
+        table = u.new_empty(K * K * min(chunk, active[0]))
 
         def buffer(i: int, n: int) -> Tensor:
             return work[i, :K * n].view(K, n)
 
-        from_label = trans[:, :, None].unbind(0)  # K views [K, 1]: the scores of the moves from label p
-        for t in range(1, T):
+        for t in range(1, T):  # best[k] = max_p prev[p] + trans[p, k], a table of moves per chunk of words
             n = active[t]
-            if K * K * n <= BROADCAST_COLUMNS:  # one [K, K, n] table of moves and its max (fits a cache)
-                moves = torch.add(scores[t - 1][:, None, :n], trans[:, :, None], out=wide[:K * K * n].view(K, K, n))
-                scores[t].add_(torch.amax(moves, 0, out=buffer(0, n)))
-                continue
-            prev, best, cand = scores[t - 1][:, :n].unbind(0), buffer(0, n), buffer(1, n)
-            torch.add(from_label[0], prev[0], out=best)
-            for p in range(1, K):  # best[k] = max_p prev[p] + trans[p, k]: K vectorised steps over many words
-                torch.maximum(best, torch.add(from_label[p], prev[p], out=cand), out=best)
+            best = buffer(0, n)
+            for s in range(0, n, chunk):
+                e = min(n, s + chunk)
+                moves = torch.add(scores[t - 1][:, None, s:e], trans[:, :, None],
+                                  out=table[:K * K * (e - s)].view(K, K, e - s))
+                torch.amax(moves, 0, out=best[:, s:e])
             scores[t].add_(best)
         last = buffer(0, B)  # each word's scores at its last token
         for t in range(T):
