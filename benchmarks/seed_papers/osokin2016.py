@@ -216,12 +216,12 @@ def staleness(problem: str = "ocr-small", lam: float = 0.01, seeds=None, passes=
     n = prob.n
     t0 = time.perf_counter()
     runs = {}
+    truth_phi = prob.model.joint_feature(prob.train, prob.train.y)  # [n, d]: phi(x_i, y_i), the same for every run
     for label, preset, every in STALENESS:
         runs[label] = {}
         for seed in seeds:
             alg = BCFW(prob.model, prob.train, lam, SolverOptions(preset=preset, averaging=False, seed=seed))
             refreshes, recs = 0, []
-            truth_phi = prob.model.joint_feature(prob.train, prob.train.y)  # [n, d]
             radius = torch.zeros(n, dtype=torch.float64)  # R_i: the largest ||psi_i(y)|| seen so far
             for p in range(1, passes + 1):
                 alg.advance(n)
@@ -440,7 +440,7 @@ def heuristic_path(model, data, eps: float = 0.1, kappa: float = 0.7, lam_min: f
     import torch
 
     from torch_bcfw.solvers.bcfw import BCFW
-    from torch_bcfw.solvers.path import path_options, path_start
+    from torch_bcfw.solvers.path import breakpoint_ratio, path_options, path_start
 
     n = len(data)
     opts = path_options(kappa * eps, preset=preset, seed=seed)
@@ -454,11 +454,10 @@ def heuristic_path(model, data, eps: float = 0.1, kappa: float = 0.7, lam_min: f
     chunk = max(1, n // 10)
     while not stopped:
         deltas = state.block_deltas().clamp_min(0.0).cpu()
-        tau = eps - float(est.sum())
-        if float(deltas.sum()) <= tau:
+        rho = breakpoint_ratio(float(est.sum()), float(deltas.sum()), eps)
+        if rho is None:
             stopped = "complete"
             break
-        rho = 1.0 - tau / float(deltas.sum())
         if lam <= lam_min:
             stopped = "lam_min"
         elif seconds >= budget:

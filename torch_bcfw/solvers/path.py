@@ -36,7 +36,7 @@ from .options import SolverOptions
 
 __all__ = [
     "regularization_path", "grid_search", "RegularizationPath", "LambdaSweep", "SweepPoint", "default_grid",
-    "path_options", "path_start", "PathStart",
+    "path_options", "path_start", "PathStart", "breakpoint_ratio",
 ]
 
 
@@ -280,6 +280,17 @@ def _predicted_block_gaps(alg, rho: float):
     return (rho * g + (1.0 - rho) * H / alg.n).clamp_min(0.0).detach().cpu().numpy()
 
 
+def breakpoint_ratio(gap: float, delta: float, eps: float) -> float | None:
+    """Eq. (13) of Osokin et al. 2016 (with Alg. 7's test the right way round): the ratio ``rho = lam_next / lam``
+    at which a point of gap ``gap`` and gap growth ``delta`` (:meth:`~torch_bcfw.duals.base.DualState.path_delta`)
+    reaches ``eps``, ``1 - (eps - gap) / delta``; ``None`` when ``delta <= eps - gap``: the point is
+    ``eps``-approximate for every smaller ``lam`` and the path is complete."""
+    tau = eps - gap
+    if delta <= tau:
+        return None
+    return 1.0 - tau / delta
+
+
 @dataclass
 class PathStart:
     """The start of a path (Alg. 6): ``lam = lam_inf``, the dual state there (``alpha_i = e_{y~_i}``, ``y~_i`` the
@@ -375,15 +386,14 @@ def regularization_path(
                 path.stopped_by = last.stopped_by
                 break
             delta = state.path_delta()
-            tau = eps - last.gap
             if progress:
                 print(f"[path] lam {lam:.4g}  gap {last.gap:.3g}  passes {clock.passes:.1f}  time {clock.seconds:.1f}s  "
                       f"breakpoints {len(path.points)}", flush=True)
-            if delta <= tau:
+            rho = breakpoint_ratio(last.gap, delta, eps)
+            if rho is None:
                 path.lower_limit = 0.0
                 path.stopped_by = "complete"
                 break
-            rho = 1.0 - tau / delta
             lam_next = rho * lam
             if lam <= lam_min:
                 path.stopped_by = "lam_min"
