@@ -341,3 +341,60 @@ def test_full_conll_dimension_is_the_papers():
     prob = load_conll_problem(shared_data("conll2000"), min_count=3)
     assert len(prob.vocab) == 74_658 and prob.model.n_features == 1_643_026
     assert (len(prob.train), prob.train.n_tokens, len(prob.test), prob.test.n_tokens) == (8936, 211_727, 2012, 47_377)
+
+
+# ------------------------------------------------------------------ the compiled subgradient steps
+
+
+@pytest.mark.parametrize("sparse_storage", [True, False])
+@pytest.mark.parametrize("averaging", [True, False])
+def test_compiled_subgradient_steps_follow_the_generic_recurrence(sparse_storage, averaging):
+    """The chain's compiled SSG steps (unrolled sums, non-zeros only) give the generic dense recurrence's ``w`` and
+    ``w_avg`` after every chunk, and continue identically from a loaded state.  Every token has real-valued
+    features: a token without any ties labelings exactly (bias, start and transition weights are multiples of
+    ``1 / (lam k)``) and rounding, different in the two, breaks the tie."""
+    from torch_bcfw.duals.chain_subgradient import ChainSubgradientSteps
+    from torch_bcfw.duals.subgradient import SubgradientSteps
+
+    g = torch.Generator().manual_seed(3)
+    lengths = torch.randint(1, 7, (12,), generator=g)
+    F, K = 5, 4
+    ids = [torch.arange(F).repeat(int(L), 1) for L in lengths]
+    vals = [torch.randn(int(L), F, generator=g, dtype=torch.float64) for L in lengths]
+    ys = [torch.randint(0, K, (int(L),), generator=g) for L in lengths]
+    model, sparse = Chain(F, K), SequenceData.from_attribute_ids(ids, F, ys, values=vals)
+    data = sparse if sparse_storage else sparse.to_dense()
+    lam = 0.03
+    order = np.random.default_rng(5).integers(0, len(data), size=90)
+    generic, compiled = SubgradientSteps(model, data, lam, averaging), ChainSubgradientSteps(model, data, lam, averaging)
+    for chunk in np.array_split(order[:60], 4):
+        generic.advance(chunk)
+        compiled.advance(chunk)
+        assert compiled.k == generic.k
+        assert torch.allclose(compiled.weights(), generic.weights(), rtol=0, atol=1e-12)
+        assert torch.allclose(compiled.averaged(), generic.averaged(), rtol=0, atol=1e-12)
+    assert float(generic.weights().abs().max()) > 0.1  # the steps moved w
+    resumed = ChainSubgradientSteps(model, data, lam, averaging)
+    resumed.load(generic.weights(), generic.averaged(), generic.k)
+    generic.advance(order[60:])
+    resumed.advance(order[60:])
+    assert torch.allclose(resumed.weights(), generic.weights(), rtol=0, atol=1e-10)
+    assert torch.allclose(resumed.averaged(), generic.averaged(), rtol=0, atol=1e-10)
+
+
+def test_chain_ssg_runs_compiled_on_cpu_and_generic_for_an_overridden_oracle():
+    from torch_bcfw.duals.chain_subgradient import ChainSubgradientSteps
+    from torch_bcfw.duals.subgradient import SubgradientSteps
+
+    model, sparse, _ = random_sparse_problem(n=6, seed=1)
+
+    class Flipped(Chain):
+        def oracle(self, w, data, loss_augmented=True):  # the compiled Viterbi must not stand in for this one
+            return super().oracle(-w, data, loss_augmented)
+
+    assert type(model.subgradient_steps(sparse, 0.1, True)) is ChainSubgradientSteps
+    other = Flipped(model.n_inputs, model.n_labels)
+    assert type(other.subgradient_steps(sparse, 0.1, True)) is SubgradientSteps
+    a = fit(other, sparse, 0.1, "ssg", max_passes=3, gap_check=3, seed=2)
+    b = fit(model, sparse, 0.1, "ssg", max_passes=3, gap_check=3, seed=2)
+    assert not torch.allclose(a.w, b.w)  # the overridden oracle was called

@@ -27,7 +27,7 @@ from .plan import MP_EXACT, NEED_GAP_PASS, PlanResult, RoundStep, StepPlan, comp
 from .stepsize import TOTALS, lazy_weight, minibatch_step_size
 from .working_set import FREE, Pool
 
-__all__ = ["ChainDualState", "sequence_grams"]
+__all__ = ["ChainDualState", "chain_kernel_features", "sequence_grams"]
 
 
 def _marginal_scores(U: Tensor, trans: Tensor, data, M: Tensor, T: Tensor) -> Tensor:
@@ -229,19 +229,9 @@ class ChainDualState(DualState):
 
     # ------------------------------------------------------------ compiled path
     def kernel_features(self) -> ChainFeatures:
-        """The data as the compiled kernels take it (built once): CSR token features
-        (:meth:`~torch_bcfw.data.sequences.SequenceData.x_csr`, so dense and sparse storage give identical inputs) and
-        the per-sequence Gram matrices ``X_i X_i^T + 1`` (:func:`sequence_grams`).  Ids, values and Gram entries come in
-        the narrowest types that hold them exactly (:func:`_narrow_ids`, :func:`_narrow_exact`): fewer cache misses,
-        and widening them in the kernels is exact."""
+        """The data as the compiled kernels take it (:func:`chain_kernel_features`, built once)."""
         if self._features is None:
-            indptr, indices, values = (t.cpu().contiguous() for t in self.data.x_csr())
-            values = values.to(torch.float64)
-            off = self.data.offsets.cpu()
-            gram, gram_off = sequence_grams(indptr, indices, values, off, self.data.n_inputs)
-            self._features = ChainFeatures(indptr.numpy(), _narrow_ids(indices, self.data.n_inputs),
-                                           _narrow_exact(values), self.data.y.cpu().numpy(), off.numpy(),
-                                           _narrow_exact(gram), gram_off.numpy())
+            self._features = chain_kernel_features(self.data)
         return self._features
 
     def _kernel_weights(self, v: Tensor) -> ChainWeights:
@@ -435,6 +425,20 @@ class _RoundContext(NamedTuple):
 #: the working set of a plan that keeps none (the compiled loop reads nothing from it)
 _NO_POOL = Pool(*(np.zeros(1, dtype=np.int64) for _ in range(5)), np.zeros(1, dtype=FREE), np.zeros(1, dtype=np.uint64),
                 np.zeros((1, 5)), np.zeros(1, dtype=np.int32), np.zeros(1, dtype=np.uint8))
+
+
+def chain_kernel_features(data) -> ChainFeatures:
+    """``data`` (:class:`~torch_bcfw.data.sequences.SequenceData`) as the compiled kernels take it: CSR token features
+    (:meth:`~torch_bcfw.data.sequences.SequenceData.x_csr`, so dense and sparse storage give identical inputs) and the
+    per-sequence Gram matrices ``X_i X_i^T + 1`` (:func:`sequence_grams`).  Ids, values and Gram entries come in the
+    narrowest types that hold them exactly (:func:`_narrow_ids`, :func:`_narrow_exact`): fewer cache misses, and
+    widening them in the kernels is exact."""
+    indptr, indices, values = (t.cpu().contiguous() for t in data.x_csr())
+    values = values.to(torch.float64)
+    off = data.offsets.cpu()
+    gram, gram_off = sequence_grams(indptr, indices, values, off, data.n_inputs)
+    return ChainFeatures(indptr.numpy(), _narrow_ids(indices, data.n_inputs), _narrow_exact(values),
+                         data.y.cpu().numpy(), off.numpy(), _narrow_exact(gram), gram_off.numpy())
 
 
 def _narrow_ids(ids: Tensor, n: int) -> np.ndarray:

@@ -33,7 +33,7 @@ from .working_set import ALPHA, LOSS, SCORE, ws_away_update, ws_pairwise_update
 
 __all__ = ["ChainFeatures", "ChainWeights", "ChainMarginals", "ChainAverages", "StepScratch", "Corner",
            "step_scratch", "fw_move", "move_block", "active_set_step", "block_corner", "corner_base", "add_corner",
-           "decode_block"]
+           "decode_block", "unary_scores", "loss_augmented_decode", "add_direction"]
 
 
 class ChainFeatures(NamedTuple):
@@ -186,12 +186,12 @@ def decode_block(i, feats, w, ystar):
     s = feats.offsets[i]
     L = feats.offsets[i + 1] - s
     scr = step_scratch(feats.offsets, w.We.shape[1])
-    _unary_scores(s, L, feats.indptr, feats.indices, feats.values, w.We, w.bias, w.start, w.end, scr.U)
+    unary_scores(s, L, feats.indptr, feats.indices, feats.values, w.We, w.bias, w.start, w.end, scr.U)
     loss_augmented_decode(scr.U, scr.Ua, L, s, feats.y, 1.0 / L, w.trans, ystar, scr.delta)
 
 
 @njit(cache=True, fastmath=True, _nrt=False)
-def _unary_scores(s, L, indptr, indices, values, We, bias, start, end, U):
+def unary_scores(s, L, indptr, indices, values, We, bias, start, end, U):
     """``U[t] = x_{s+t}^T We + bias`` (plus the start / end biases at ``t = 0`` / ``L-1``) from the CSR features;
     four non-zeros per sweep over the labels (a quarter of the loads and stores of ``U[t]``)."""
     K = We.shape[1]
@@ -373,7 +373,7 @@ def corner_base(s, L, feats, w, mu, U, D):
     """Before the corner is known: the unary scores ``U`` of the block whose ``L`` tokens start at ``s``, and ``D[:L]
     = -mu_i`` (:func:`add_corner` adds the one-hot).  Returns the unary score of ``mu_i``."""
     K = w.We.shape[1]
-    _unary_scores(s, L, feats.indptr, feats.indices, feats.values, w.We, w.bias, w.start, w.end, U)
+    unary_scores(s, L, feats.indptr, feats.indices, feats.values, w.We, w.bias, w.start, w.end, U)
     score_mu = 0.0
     for t in range(L):
         for c in range(K):

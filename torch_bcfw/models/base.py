@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 
 from ..duals.dense import dense_dual_state
+from ..duals.subgradient import SubgradientSteps
 
 __all__ = ["StructuredModel"]
 
@@ -118,6 +119,11 @@ class StructuredModel(ABC):
     #: ``data`` is one shard of it (see :class:`~torch_bcfw.duals.base.DualState`).  A model with its own state
     #: overrides it.
     dual_state = dense_dual_state
+
+    def subgradient_steps(self, data, lam: float, averaging: bool):
+        """The state ``solver="ssg"`` steps on: :class:`~torch_bcfw.duals.subgradient.SubgradientSteps` (through
+        :meth:`oracle` and :meth:`joint_feature`, any device) by default; a model with compiled steps overrides it."""
+        return SubgradientSteps(self, data, lam, averaging)
 
     def builtin_oracle(self) -> bool:
         """True when :meth:`oracle` is the model's own decoder (not overridden), so a fused step loop of its dual

@@ -19,6 +19,7 @@ from ..checks import check_int
 from ..data.sequences import SequenceData
 from ..head_ops import ChainHeadOps
 from ..duals.chain import ChainDualState
+from ..duals.chain_subgradient import ChainSubgradientSteps
 from ..inference.forward_backward import chain_marginals
 from ..inference.viterbi import viterbi_packed
 from .base import StructuredModel
@@ -204,6 +205,14 @@ class Chain(StructuredModel):
     def dual_state(self, data: SequenceData, lam: float, n_total: int | None = None) -> ChainDualState:
         """The marginal state :class:`~torch_bcfw.duals.chain.ChainDualState`."""
         return ChainDualState(self, data, lam, n_total)
+
+    def subgradient_steps(self, data: SequenceData, lam: float, averaging: bool):
+        """On CPU with the chain's own oracle the compiled steps
+        (:class:`~torch_bcfw.duals.chain_subgradient.ChainSubgradientSteps`, ``O(nnz(x_i) K)`` per step), else the
+        generic ones."""
+        if data.device.type == "cpu" and self.builtin_oracle():
+            return ChainSubgradientSteps(self, data, lam, averaging)
+        return super().subgradient_steps(data, lam, averaging)
 
     def builtin_oracle(self) -> bool:
         """True unless a subclass overrides :meth:`oracle` (the compiled steps then call it from Python)."""

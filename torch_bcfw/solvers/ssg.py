@@ -5,10 +5,7 @@
 """
 from __future__ import annotations
 
-import torch
-
 from ..checks import saved_int, saved_tensor
-from ..runtime.threads import single_thread
 from .algorithm import Algorithm
 from .sampling import make_sampler
 
@@ -25,46 +22,32 @@ class SSG(Algorithm):
             raise ValueError("gap sampling, pairwise / away steps and caching need a dual: use solver='bcfw'")
         self.refuse_bcfw_extras(bounds, refinements=False)
         model.check_data(data)
-        d, dev = model.n_features, data.device
-        self.w = torch.zeros(d, dtype=torch.float64, device=dev)
-        self.w_avg = torch.zeros(d, dtype=torch.float64, device=dev)
-        self.k = 0
+        #: the steps (:meth:`~torch_bcfw.models.base.StructuredModel.subgradient_steps`: compiled for chains on CPU)
+        self.steps = model.subgradient_steps(data, lam, options.averaging)
         self.sampler = make_sampler(options.sampling, self.n, options.seed)
-        self._blocks = {}
 
-    def _block(self, i: int):
-        if i not in self._blocks:
-            self._blocks[i] = self.data[[i]]
-        return self._blocks[i]
+    @property
+    def k(self) -> int:
+        """Steps done."""
+        return self.steps.k
 
     def advance(self, m: int) -> None:
-        with single_thread(self.data.device):
-            for i in self.sampler.draw(m):
-                blk = self._block(int(i))
-                y = self.model.oracle(self.w, blk, loss_augmented=True)
-                psi = (self.model.joint_feature(blk, blk.y) - self.model.joint_feature(blk, y))[0]
-                step = 1.0 / (self.k + 1)
-                self.w.mul_(1.0 - step).add_(psi, alpha=step / self.lam)
-                if self.options.averaging:
-                    rho = 2.0 / (self.k + 2)
-                    self.w_avg.mul_(1.0 - rho).add_(self.w, alpha=rho)
-                self.k += 1
+        self.steps.advance(self.sampler.draw(m))
         self.oracle_calls += m
 
     def iterate(self):
-        return self.w, None
+        return self.steps.weights(), None
 
     def averaged(self):
-        return (self.w_avg, None) if self.options.averaging else None
+        return (self.steps.averaged(), None) if self.options.averaging else None
 
     def state_dict(self) -> dict:
-        return {"w": self.w.cpu().clone(), "w_avg": self.w_avg.cpu().clone(), "k": self.k,
+        return {"w": self.steps.weights().cpu().clone(), "w_avg": self.steps.averaged().cpu().clone(), "k": self.k,
                 "sampler": self.sampler.state_dict(), "oracle_calls": self.oracle_calls}
 
     def load_state_dict(self, sd: dict) -> None:
-        dev, d = self.w.device, self.w.shape[0]
-        self.w = saved_tensor(sd["w"], "ssg w", (d,)).to(dev, self.w.dtype)
-        self.w_avg = saved_tensor(sd["w_avg"], "ssg w_avg", (d,)).to(dev, self.w_avg.dtype)
-        self.k = saved_int(sd["k"], "ssg k", 0)
+        d = self.model.n_features
+        self.steps.load(saved_tensor(sd["w"], "ssg w", (d,)), saved_tensor(sd["w_avg"], "ssg w_avg", (d,)),
+                        saved_int(sd["k"], "ssg k", 0))
         self.sampler.load_state_dict(sd["sampler"])
         self.oracle_calls = saved_int(sd["oracle_calls"], "oracle_calls", 0)
