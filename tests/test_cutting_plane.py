@@ -75,3 +75,25 @@ def test_inner_qp_matches_a_brute_force_grid():
     grid = np.linspace(0, 1, 401)
     best = max(f(np.array([p, q, 1 - p - q])) for p in grid for q in grid if p + q <= 1 + 1e-12)
     assert f(beta) >= best - 1e-12
+
+
+def test_planes_of_a_sparse_chain_never_build_the_n_by_d_table():
+    """The plane ``sum_i psi_i(y*) / (lam n)`` comes from ``joint_feature_sum``: on a sparse chain whose ``[n, d]``
+    table ``joint_feature`` refuses (CoNLL: 8936 x 1.6M), the cutting plane still runs and certifies, and its planes
+    equal the summed per-example joint features of a small slice."""
+    from torch_bcfw.data import SequenceData
+    from torch_bcfw.models import Chain
+
+    g = torch.Generator().manual_seed(0)
+    n, F, K = 240, 45_000, 25  # n * d = 270M > 2**28
+    lengths = torch.randint(1, 4, (n,), generator=g).tolist()
+    ids = [torch.stack([torch.randperm(F, generator=g)[:3].sort().values for _ in range(L)]) for L in lengths]
+    data = SequenceData.from_attribute_ids(ids, F, [torch.randint(0, K, (a.shape[0],), generator=g) for a in ids])
+    model = Chain(F, K)
+    with pytest.raises(ValueError, match="dense"):
+        model.joint_feature(data, data.y)
+    r = fit(model, data, 0.1, "cutting-plane", max_passes=3, gap_check=1, track_train_loss=False)
+    assert r.passes == 3 and r.gap is not None and r.gap >= -1e-12
+    part = data[list(range(20))]
+    y = model.oracle(torch.zeros(model.n_features, dtype=torch.float64), part)
+    assert torch.allclose(model.joint_feature_sum(part, y), model.joint_feature(part, y).sum(0))

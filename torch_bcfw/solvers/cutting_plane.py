@@ -97,8 +97,8 @@ class CuttingPlane(Algorithm):
     def _add_plane(self) -> None:
         y = self.model.oracle(self.w, self.data, loss_augmented=True)
         if self._phi_true is None:
-            self._phi_true = self.model.joint_feature(self.data, self.data.y).sum(0)
-        a = (self._phi_true - self.model.joint_feature(self.data, y).sum(0)) / (self.lam * self.n)
+            self._phi_true = self.model.joint_feature_sum(self.data, self.data.y)
+        a = (self._phi_true - self.model.joint_feature_sum(self.data, y)) / (self.lam * self.n)
         b = float(self.model.loss(self.data, y).sum()) / self.n
         k = self.a @ a
         self.a = torch.cat([self.a, a[None]])
