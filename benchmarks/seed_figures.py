@@ -52,7 +52,9 @@ PAPER_FIGURES = {
                                  {"problem": "horses", "preset": "gap-pairwise-cache"}),
     "osokin-path-ocr-small": ("seed_papers.osokin2016", "path_vs_grid", {"problem": "ocr-small", "preset": "gap-fw"}),
     "osokin-fig7": ("seed_papers.osokin2016", "kappa_effect", {}),
+    "osokin-fig7-horses": ("seed_papers.osokin2016", "kappa_effect", {"problem": "horses"}),
     "osokin-fig7b": ("seed_papers.osokin2016", "heuristic_vs_certified", {}),
+    "osokin-fig7b-horses": ("seed_papers.osokin2016", "heuristic_vs_certified", {"problem": "horses"}),
 }
 
 

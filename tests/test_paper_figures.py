@@ -35,6 +35,8 @@ EXPECTED = {
     "osokin-path-ocr-small": ["osokin2016_path_ocr-small_gap-fw_tiny"],
     "osokin-fig7": ["osokin2016_fig7_ocr-small_tiny"],
     "osokin-fig7b": ["osokin2016_fig7b_ocr-small_tiny"],
+    "osokin-fig7-horses": ["osokin2016_fig7_horses_tiny"],
+    "osokin-fig7b-horses": ["osokin2016_fig7b_horses_tiny"],
 }
 
 SCRIPT = """
@@ -120,11 +122,15 @@ def path_figures_certify_eps(results) -> None:
             for p in sw["points"]:
                 if p.get("stopped_by") in ("gap_tol", "converged", "init"):
                     assert p["gap"] <= d["eps"] * (1 + 1e-9) and math.isfinite(p["primal"])
-    k = _load(results, "osokin2016_fig7_ocr-small_tiny")
-    assert [r["kappa"] for r in k["rows"]] == [0.5, 0.9]
-    # the heuristic path: lam decreases, the work accumulates, every offline gap is a gap (>= 0); its estimates
-    # met kappa eps at every breakpoint after the start (that is its stopping rule), the true gaps are only measured
-    h = _load(results, "osokin2016_fig7b_ocr-small_tiny")
+    for problem in ("ocr-small", "horses"):
+        k = _load(results, f"osokin2016_fig7_{problem}_tiny")
+        assert [r["kappa"] for r in k["rows"]] == [0.5, 0.9]
+        heuristic_paths_are_monotone(_load(results, f"osokin2016_fig7b_{problem}_tiny"))
+
+
+def heuristic_paths_are_monotone(h) -> None:
+    """The heuristic path: lam decreases, the work accumulates, every offline gap is a gap (>= 0); its estimates
+    met kappa eps at every breakpoint after the start (that is its stopping rule), the true gaps are only measured."""
     for label, run in h["runs"].items():
         pts = run["points"]
         assert all(a["lam"] > b["lam"] for a, b in zip(pts, pts[1:]))
