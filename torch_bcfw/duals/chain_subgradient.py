@@ -14,8 +14,8 @@ from numba import njit
 from torch import Tensor
 
 from .chain import chain_kernel_features
-from .chain_kernels import ChainFeatures, ChainWeights, StepScratch, add_direction, loss_augmented_decode, step_scratch
-from .chain_kernels import unary_scores
+from .chain_kernels import (ChainFeatures, ChainWeights, StepScratch, add_direction, loss_augmented_decode,
+                            step_scratch, unary_scores)
 from .subgradient import unrolled_sums, weights_from_sums
 
 __all__ = ["ChainSubgradientSteps", "chain_subgradient_steps"]
