@@ -16,7 +16,7 @@ from torch import Tensor
 from .chain import chain_kernel_features
 from .chain_kernels import (ChainFeatures, ChainWeights, StepScratch, add_direction, loss_augmented_decode,
                             step_scratch, unary_scores)
-from .subgradient import unrolled_sums, weights_from_sums
+from .subgradient import unrolled_sums
 
 __all__ = ["ChainSubgradientSteps", "chain_subgradient_steps"]
 
@@ -95,13 +95,16 @@ class ChainSubgradientSteps:
 
     def weights(self) -> Tensor:
         """``w = v / (lam k)``: a new ``Tensor[d]``."""
-        return weights_from_sums(self.v, self.u, self.k, self.lam)[0]
+        if self.k == 0:
+            return torch.zeros_like(self.v)
+        return self.v / (self.lam * self.k)
 
     def averaged(self) -> Tensor:
         """``w_avg = 2 (k v - u) / (lam k (k+1))``: a new ``Tensor[d]`` (zeros without averaging)."""
-        if not self.averaging:
+        if not self.averaging or self.k == 0:
             return torch.zeros_like(self.v)
-        return weights_from_sums(self.v, self.u, self.k, self.lam)[1]
+        k = self.k
+        return (k * self.v - self.u) * (2.0 / (self.lam * k * (k + 1)))
 
     def load(self, w: Tensor, w_avg: Tensor, k: int) -> None:
         """Continue from ``w``, ``w_avg`` (``Tensor[d]``) after ``k`` steps."""

@@ -19,7 +19,7 @@ from torch import Tensor
 
 from ..runtime.threads import single_thread
 
-__all__ = ["SubgradientSteps", "unrolled_sums", "weights_from_sums"]
+__all__ = ["SubgradientSteps", "unrolled_sums"]
 
 
 class SubgradientSteps:
@@ -76,13 +76,9 @@ class SubgradientSteps:
 
 
 def unrolled_sums(w: Tensor, w_avg: Tensor, k: int, lam: float) -> tuple[Tensor, Tensor]:
-    """``(v, u)`` with ``w = v / (lam k)`` and ``w_avg = 2 (k v - u) / (lam k (k+1))`` (zeros at ``k = 0``)."""
+    """``(v, u)`` with ``w = v / (lam k)`` and ``w_avg = 2 (k v - u) / (lam k (k+1))`` (zeros at ``k = 0``): the
+    unrolled sums of a state after ``k`` steps (:meth:`~.chain_subgradient.ChainSubgradientSteps.weights` and
+    :meth:`~.chain_subgradient.ChainSubgradientSteps.averaged` invert it)."""
     v = (lam * k) * w
     return v, k * v - (lam * k * (k + 1) / 2.0) * w_avg
 
-
-def weights_from_sums(v: Tensor, u: Tensor, k: int, lam: float) -> tuple[Tensor, Tensor]:
-    """``(w, w_avg)`` from the unrolled sums ``v``, ``u`` after ``k`` steps (:func:`unrolled_sums` inverted)."""
-    if k == 0:
-        return torch.zeros_like(v), torch.zeros_like(v)
-    return v / (lam * k), (k * v - u) * (2.0 / (lam * k * (k + 1)))
