@@ -90,12 +90,15 @@ def child_identity(args) -> dict:
     from torch_bcfw import fit
 
     model, data = _ocr()
-    out = {}
+    from safetensors.torch import save_file
+
+    weights, histories = {}, {}
     for name, kw in IDENTITY_RUNS.items():
         r = fit(model, data, 0.01, max_passes=10, gap_check=5, **kw)
-        hist = [{k: v for k, v in h.to_dict().items() if not any(t in k for t in TIME_KEYS)} for h in r.history]
-        out[name] = {"weights": r.weights.clone(), "history": hist}
-    torch.save(out, args.out)
+        histories[name] = [{k: v for k, v in h.to_dict().items() if not any(t in k for t in TIME_KEYS)}
+                           for h in r.history]
+        weights[name] = r.weights.clone()
+    save_file(weights, args.out, metadata={"history": json.dumps(histories)})
     return {}
 
 
@@ -139,7 +142,7 @@ def _horses_overhead(pkg, data, passes: int = 5) -> tuple[float, float]:
     BCFW = importlib.import_module(pkg.__name__ + ".solvers.bcfw").BCFW
     SolverOptions = importlib.import_module(pkg.__name__ + ".solvers.options").SolverOptions
     model = GraphCut(data.n_inputs, 2, loss="balanced", processes=1)
-    alg = BCFW(model, data, 1e-2, SolverOptions.from_kwargs(max_passes=passes + 1, seed=0))
+    alg = BCFW(model, data, 1e-2, SolverOptions(max_passes=passes + 1, seed=0, batch_size=1))
     n = len(data)
     alg.advance(n)
     fractions, seconds = [], []
@@ -303,13 +306,17 @@ def main() -> None:
                          "ratio": med["new"] / med["old"], "target": "-"})
     if "identity" not in skip:
         import torch
+        from safetensors import safe_open
 
         with tempfile.TemporaryDirectory() as tmp:
             got = {}
             for side in ("old", "new"):
-                path = os.path.join(tmp, f"{side}.pt")
+                path = os.path.join(tmp, f"{side}.safetensors")
                 run_child("identity", trees[side], args, ("--out", path))
-                got[side] = torch.load(path)
+                with safe_open(path, framework="pt") as f:
+                    histories = json.loads(f.metadata()["history"])
+                    got[side] = {name: {"weights": f.get_tensor(name), "history": histories[name]}
+                                 for name in IDENTITY_RUNS}
         ident = {}
         for name in IDENTITY_RUNS:
             a, b = got["old"][name], got["new"][name]

@@ -3,7 +3,7 @@
     python benchmarks/export_decode.py [--repeat 40] [--threads 1]
 
 A Chain(128, 26) head is trained on 300 OCR training words (2 BCFW passes: the decoder's speed does not depend on
-the weights), exported with :func:`torch_bcfw.io.export.export_head`, loaded from its ``head.py`` and timed on the
+the weights), exported with :func:`torch_bcfw.export.export_head`, loaded from its ``head.py`` and timed on the
 OCR test splits (large: fold 0, 626 words; small: folds 1-9, 6251 words), interleaved with ``FitResult.predict``
 on the same words (the minimum of ``--repeat`` runs each).  The labels are asserted equal.  Writes
 ``benchmarks/results/export_decode.json``.
@@ -21,7 +21,7 @@ import torch
 from common import DATA, print_table, write_json
 from torch_bcfw import fit
 from torch_bcfw.datasets.ocr import load_ocr_split
-from torch_bcfw.io.export import export_head
+from torch_bcfw.export import export_head
 from torch_bcfw.models import Chain
 
 
@@ -29,7 +29,7 @@ def _load_exported(folder: Path):
     spec = importlib.util.spec_from_file_location("exported_head", folder / "head.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return module.load_head(folder / "head.pt")
+    return module.load_head(folder / "head.safetensors")
 
 
 def measure(split: str, repeat: int) -> dict:

@@ -13,7 +13,7 @@ Sections:
     loss-augmented decode of every word) on both; seconds per effective pass and the certified gap reached;
   * ``profile`` (not by default): torch's profiler over 200 plain steps and 10 rounds of 1024 blocks;
   * ``strategy``: two processes (``torchrun``, gloo) with the data on the device (one GPU: both ranks share it) run
-    the calibration of ``strategy="auto"`` (:func:`~torch_bcfw.distributed.strategy.choose_strategy`) on OCR-large:
+    the calibration of ``strategy="auto"`` (:func:`~torch_bcfw.planning.choose_strategy`) on OCR-large:
     its measured figures, predictions and choice, and the round size ``batch_size="auto"`` measures there;
   * ``map``: Viterbi decoding of every OCR-large word (the library's ``viterbi_packed``) against torch-struct's
     ``LinearChainCRF.max`` (one call per word length), the scores compared, on the device.
@@ -38,7 +38,7 @@ from torch_bcfw import fit
 from torch_bcfw.datasets.ocr import load_ocr_split
 from torch_bcfw.inference.viterbi import viterbi_packed
 from torch_bcfw.models import Chain
-from torch_bcfw.solvers.certificate import certify
+from torch_bcfw.certificate import certify
 
 CUDA_TEST_FILES = ["test_cuda.py", "test_nn.py", "test_lightning.py", "test_marginals.py", "test_matching.py",
                    "test_pose.py", "test_tree_inference.py"]
@@ -208,9 +208,8 @@ def strategy_child(args) -> None:
     import dataclasses
 
     from torch_bcfw.distributed import init_from_env
-    from torch_bcfw.distributed.strategy import choose_strategy
-    from torch_bcfw.solvers.bcfw import measured_round_size
-    from torch_bcfw.solvers.options import SolverOptions
+    from torch_bcfw.planning import choose_strategy, measured_round_size
+    from torch_bcfw.solvers.run import options_for
 
     torch.set_num_threads(1)
     device = torch.device(args.device)
@@ -218,13 +217,13 @@ def strategy_child(args) -> None:
     train, _ = load_ocr_split(str(DATA / "ocr"), "large", 0)
     if args.quick:
         train = train[list(range(600))]
-    data, model, opts = train.to(device), Chain(128, 26), SolverOptions(progress=False)
+    data, model, opts = train.to(device), Chain(128, 26), options_for("bcfw", progress=False)
     t0 = time.perf_counter()
     cal = choose_strategy(model, data, LAM, opts, ctx)
     seconds = time.perf_counter() - t0
     if ctx.rank == 0:
         out = {"device": str(device), "processes": ctx.world_size, "n": len(data), "calibration_s": seconds,
-               **cal._asdict()}
+               **dataclasses.asdict(cal)}
         if device.type != "cpu":
             out["round_size_auto"] = measured_round_size(model, data, LAM, dataclasses.replace(opts, batch_size=1))
         Path(args.out).write_text(json.dumps(out))

@@ -87,7 +87,7 @@ def solver_overhead(data, lam: float, passes: int) -> dict:
     """BCFW time outside the oracle per oracle time, per pass over ``passes`` passes after one warm-up pass (which
     builds the per-block caches: reported separately); the median over the passes and the pooled ratio."""
     model = GraphCut(data.n_inputs, 2, loss="balanced", processes=1)
-    alg = BCFW(model, data, lam, SolverOptions.from_kwargs(max_passes=passes + 1, seed=0))
+    alg = BCFW(model, data, lam, SolverOptions(max_passes=passes + 1, seed=0, batch_size=1))
     n = len(data)
     t0 = time.perf_counter()
     alg.advance(n)

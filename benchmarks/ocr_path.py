@@ -29,7 +29,7 @@ from seed_papers.problems import lambda_axes  # noqa: E402
 from torch_bcfw.datasets.ocr import N_LETTERS, load_ocr, ocr_split_with_validation  # noqa: E402
 from torch_bcfw.models import Chain  # noqa: E402
 from torch_bcfw.plotting import pyplot, save_figure  # noqa: E402
-from torch_bcfw.solvers.certificate import task_loss  # noqa: E402
+from torch_bcfw.certificate import task_loss  # noqa: E402
 from torch_bcfw.solvers.path import default_grid, grid_search, regularization_path  # noqa: E402
 
 

@@ -30,7 +30,7 @@ from torch_bcfw.duals.plan import StepPlan, generic_plan_steps
 from torch_bcfw.duals.stepsize import LINE_SEARCH
 from torch_bcfw.inference.viterbi import _viterbi_same_length, viterbi_packed_torch
 from torch_bcfw.models import Chain
-from torch_bcfw.solvers.certificate import certify
+from torch_bcfw.certificate import certify
 
 
 def main() -> None:

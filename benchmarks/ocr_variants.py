@@ -38,7 +38,7 @@ from torch_bcfw.compare import effective_passes, first_reaching, plot_comparison
 from torch_bcfw.datasets.ocr import load_ocr_split
 from torch_bcfw.models import Chain
 from torch_bcfw.solvers.bcfw import BCFW
-from torch_bcfw.solvers.options import SolverOptions
+from torch_bcfw.solvers.run import options_for
 from torch_bcfw.solvers.record import plain_history
 
 VARIANTS = [
@@ -116,7 +116,7 @@ def overheads(model, train, repeat, results):
     n = len(train)
     algs = {}
     for label, preset in VARIANTS:
-        alg = BCFW(model, train, 0.01, SolverOptions(preset=preset, averaging=False))
+        alg = BCFW(model, train, 0.01, options_for("bcfw", preset=preset, averaging=False, batch_size=1))
         for _ in range(20):
             alg.advance(n)
             if alg.check_requested or alg.steps % (10 * n) == 0:

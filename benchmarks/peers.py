@@ -188,7 +188,7 @@ def lib_fit(spec: dict) -> dict:
     """One ``fit()`` call as a user runs it, timed, with the second at which each gap check ends; test F1."""
     stages = Stages()
     from torch_bcfw import fit
-    from torch_bcfw.runtime.compilation import CompileTimer
+    from torch_bcfw.compilation import CompileTimer
     from torch_bcfw.datasets.conll_chain import chunk_f1_from_ids, evaluate_chunking, predictions_to_tags
     from torch_bcfw.solvers.callbacks import Callback
 

@@ -57,6 +57,7 @@ def load(name: str):
 
 def run(model, data, name: str, preset: str, budget: float) -> dict:
     from torch_bcfw import fit
+    from torch_bcfw.solvers.bcfw_options import variant_name
 
     lam, target, check = SETTINGS[name]
     fit(model, data[list(range(min(len(data), 64)))], lam, preset=preset, max_passes=1, gap_check=1)  # compile
@@ -66,7 +67,7 @@ def run(model, data, name: str, preset: str, budget: float) -> dict:
     wall = time.perf_counter() - t0
     last = res.history[-1]
     reached = res.stopped_by == "rel_gap_tol"
-    return {"problem": name, "preset": preset, "chosen": res.options.variant_name(), "reached": reached,
+    return {"problem": name, "preset": preset, "chosen": variant_name(res.options), "reached": reached,
             "seconds": last.solver_time + last.gap_time if reached else None, "wall_s": wall,
             "passes": last.steps / len(data), "oracle_passes": last.passes, "rel_gap": res.gap / res.primal,
             "stopped_by": res.stopped_by}

@@ -56,7 +56,7 @@ def random_multiclass_problem(n=8, F=3, K=4, seed=0):
 def enumerate_labelings(model, data, i):
     """All labelings of example ``i`` as a list of label tensors (brute force)."""
     if isinstance(model, Multiclass):
-        return [torch.tensor([c]) for c in range(model.n_classes)]
+        return [torch.tensor([c]) for c in range(model.n_labels)]
     if isinstance(model, GraphCut):
         nodes = int(data.offsets[i + 1] - data.offsets[i])
         return [torch.tensor(c) for c in itertools.product(range(2), repeat=nodes)]

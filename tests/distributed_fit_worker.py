@@ -27,7 +27,7 @@ import torch.distributed as dist  # noqa: E402
 
 from conftest import random_chain_problem, random_multiclass_problem  # noqa: E402
 from torch_bcfw import FitResult, fit  # noqa: E402
-from torch_bcfw.io.checkpoint import Checkpoint, manifest_path, shard_path
+from torch_bcfw.checkpoint import Checkpoint, manifest_path, shard_path
 from torch_bcfw.distributed import DistributedError, init_from_env  # noqa: E402
 from torch_bcfw.solvers.callbacks import Callback  # noqa: E402
 

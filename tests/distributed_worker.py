@@ -27,7 +27,7 @@ from conftest import random_chain_problem, random_multiclass_problem  # noqa: E4
 from torch_bcfw.distributed import (  # noqa: E402
     DistributedError, all_reduce_packed, all_reduce_sum, assert_replicated, broadcast_from_rank0, current_context,
     gather_shards, global_certify, init_from_env, shard)
-from torch_bcfw.solvers.certificate import certify  # noqa: E402
+from torch_bcfw.certificate import certify  # noqa: E402
 
 LAM = 0.1
 

@@ -3,7 +3,7 @@
 
     python tests/load_fuzz_worker.py RESULTS.json FILE...
 
-For every file (a mutated ``FitResult`` of one of :data:`KINDS`, named ``<kind>__<anything>.pt``): load it, resume
+For every file (a mutated ``FitResult`` of one of :data:`KINDS`, named ``<kind>__<anything>.safetensors``): load it, resume
 the run for two passes and check its certificate against enumeration: the primal value is the enumerated one and the
 dual value the certificate uses is at most the optimum (a tight solve's primal value), so that the certified gap is at
 least the true suboptimality.  Writes ``{file: outcome}`` to RESULTS.json,
@@ -57,7 +57,7 @@ def _multiclass():
 
 def _dense():
     base, data = random_multiclass_problem(n=6, F=3, K=3, seed=2)
-    return DenseMulticlass(base.n_inputs, base.n_classes), data
+    return DenseMulticlass(base.n_inputs, base.n_labels), data
 
 
 def _graph():
@@ -68,7 +68,7 @@ def _graph():
 
 def _active_set():
     base, data = random_multiclass_problem(n=6, F=3, K=3, seed=2)
-    return ActiveSetMulticlass(base.n_inputs, base.n_classes), data
+    return ActiveSetMulticlass(base.n_inputs, base.n_labels), data
 
 
 #: state kind -> (problem, options of its run)

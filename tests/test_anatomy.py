@@ -44,7 +44,7 @@ def test_the_pages_state_certifies_the_enumerated_optimum(preset):
     ns = _page_namespace()
     model_cls = ns["ListedMulticlass"]
     base, data = random_multiclass_problem(n=7, F=3, K=3, seed=4)
-    model = model_cls(base.n_inputs, base.n_classes)
+    model = model_cls(base.n_inputs, base.n_labels)
     lam = 0.2
     r = tb.fit(model, data, lam, preset=preset, max_passes=2000, gap_check=10, gap_tol=1e-3, track_train_loss=False)
     # the primal by enumerating every labeling, the dual from the listed alpha directly
@@ -68,7 +68,7 @@ def test_the_pages_state_keeps_its_weights_on_the_regularization_path():
     ``_rescale_storage`` moves ``alpha`` with ``lam``."""
     ns = _page_namespace()
     base, data = random_multiclass_problem(n=7, F=3, K=3, seed=4)
-    model = ns["ListedMulticlass"](base.n_inputs, base.n_classes)
+    model = ns["ListedMulticlass"](base.n_inputs, base.n_labels)
     r = tb.fit(model, data, 0.2, max_passes=20, gap_check=20, track_train_loss=False)
     state = ns["ListedDualState"].from_state_dict(model, data, 0.2, r.solver_state["state"])
     w = state.w.clone()

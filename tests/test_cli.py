@@ -22,18 +22,18 @@ def test_fit_and_evaluate(tmp_path):
             "--set", "options.max_passes=4", "--set", "options.gap_check=2", "--output", str(out), "--quiet")
     assert p.returncode == 0, p.stderr
     assert "duality gap (certified)" in p.stdout and "test error" in p.stdout
-    for name in ("model.pt", "history.csv", "history.json", "gap.png"):
+    for name in ("model.safetensors", "history.csv", "history.json", "gap.png"):
         assert (out / name).is_file(), name
     hist = json.loads((out / "history.json").read_text())["history"]
     assert [h["passes"] for h in hist] == [2.0, 4.0]
     assert (out / "gap.png").read_bytes()[:4] == b"\x89PNG"
-    p = run("evaluate", "--model", str(out / "model.pt"), "--config", "configs/ocr.yaml",
+    p = run("evaluate", "--model", str(out / "model.safetensors"), "--config", "configs/ocr.yaml",
             "--set", f"data.path={data}", "--set", "data.limit=300", "--json", str(tmp_path / "eval.json"))
     assert p.returncode == 0, p.stderr
     ev = json.loads((tmp_path / "eval.json").read_text())
     assert 0 < ev["test_error"] < 0.9 and ev["certified_gap_as_saved"] == hist[-1]["gap"] > 0
     # other training data (all of OCR-large, not the 300 words fitted): the saved certificate is not shown
-    p = run("evaluate", "--model", str(out / "model.pt"), "--config", "configs/ocr.yaml",
+    p = run("evaluate", "--model", str(out / "model.safetensors"), "--config", "configs/ocr.yaml",
             "--set", f"data.path={data}", "--json", str(tmp_path / "eval2.json"))
     assert p.returncode == 0, p.stderr
     assert json.loads((tmp_path / "eval2.json").read_text())["certified_gap_as_saved"] is None

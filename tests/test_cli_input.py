@@ -71,11 +71,16 @@ def test_malformed_set_value(tmp_path):
     _one_line_error(proc, "--set options.max_passes=[1", "malformed YAML")
 
 
+def test_a_set_option_typo_is_answered_with_the_closest_name(tmp_path):
+    proc = _cli("fit", "--config", str(_config(tmp_path)), "--set", "options.cache_sise=5")
+    _one_line_error(proc, "unknown solver option(s) ['cache_sise']; did you mean 'cache_size'?")
+
+
 @pytest.mark.parametrize("section,value,fragment", [
     ("data", {"name": "ocr", "path": str(DATA_ROOT / "ocr"), "spilt": "small"}, "unknown data key(s) ['spilt']"),
     ("data", {"name": "ocr", "path": str(DATA_ROOT / "ocr"), "fold": 0.5}, "data.fold must be an integer"),
     ("data", {"name": "ocr", "path": "x", "download": "no"}, "data.download must be true or false"),
-    ("options", {"max_pases": 3}, "unknown solver option(s) ['max_pases']"),
+    ("options", {"max_pases": 3}, "unknown solver option(s) ['max_pases']; did you mean 'max_passes'?"),
     ("solver", "bcfv", "unknown solver 'bcfv'"),
     ("lam", -1, "lam must be a finite number > 0"),
     ("extra", 1, "unknown config section(s) ['extra']"),
@@ -83,16 +88,16 @@ def test_malformed_set_value(tmp_path):
 def test_bad_config_entries_fail_before_the_data_is_loaded(tmp_path, section, value, fragment):
     proc = _cli("fit", "--config", str(_config(tmp_path, **{section: value})))
     _one_line_error(proc, fragment)
-    assert not (tmp_path / "out" / "model.pt").exists()
+    assert not (tmp_path / "out" / "model.safetensors").exists()
 
 
 def test_evaluate_without_config_explains_what_it_needs(tmp_path):
     fitted = _cli("fit", "--config", str(_config(tmp_path)), "--quiet")
     assert fitted.returncode == 0, fitted.stderr
     moved = tmp_path / "elsewhere.pt"
-    moved.write_bytes((tmp_path / "out" / "model.pt").read_bytes())
+    moved.write_bytes((tmp_path / "out" / "model.safetensors").read_bytes())
     _one_line_error(_cli("evaluate", "--model", str(moved)), "evaluate needs the data", "--config")
-    beside = _cli("evaluate", "--model", str(tmp_path / "out" / "model.pt"))  # config.yaml beside the model
+    beside = _cli("evaluate", "--model", str(tmp_path / "out" / "model.safetensors"))  # config.yaml beside the model
     assert beside.returncode == 0 and "test_error" in beside.stdout, beside.stderr
 
 
@@ -185,9 +190,9 @@ def test_evaluate_refuses_to_change_the_fitted_data_with_set(tmp_path):
     out = tmp_path / "out"
     with contextlib.redirect_stdout(io.StringIO()):
         assert main(["fit", "--config", str(_config(tmp_path)), "--quiet"]) == 0
-    _one_line_error(_cli("evaluate", "--model", str(out / "model.pt"), "--set", "data.split=large"),
+    _one_line_error(_cli("evaluate", "--model", str(out / "model.safetensors"), "--set", "data.split=large"),
                     "--set changes the data the model was fitted on (data.split)", "pass --config FILE")
-    p = _cli("evaluate", "--model", str(out / "model.pt"), "--set", "lam=0.5")
+    p = _cli("evaluate", "--model", str(out / "model.safetensors"), "--set", "lam=0.5")
     assert p.returncode == 0 and "train_error" in p.stdout, p.stderr
 
 

@@ -16,7 +16,8 @@ from torch_bcfw.checks import check_lam
 from torch_bcfw.models.graphcut import GraphCut
 from torch_bcfw.models.pose import PoseTree
 from torch_bcfw.nn import StructuredHead, structured_hinge
-from torch_bcfw.solvers.options import AUTO_CHOICES, PRESETS, SolverOptions
+from torch_bcfw.solvers.bcfw_options import AUTO_CHOICES, PRESETS, auto_fits, auto_pending, variant_name
+from torch_bcfw.solvers.options import SolverOptions
 from torch_bcfw.solvers.mpbcfw import MPOptions
 from torch_bcfw.solvers.run import ALGORITHMS, options_for
 
@@ -91,7 +92,7 @@ def test_integer_indices_and_offsets_still_work():
     (lambda: Chain(True, 3), "n_features must be an integer, got True"),
     (lambda: Chain("4", 3), "n_features must be an integer, got '4'"),
     (lambda: Multiclass(3.0, 2), "n_features must be an integer, got 3.0"),
-    (lambda: Multiclass(3, 2.5), "n_classes must be an integer, got 2.5"),
+    (lambda: Multiclass(3, 2.5), "n_labels must be an integer, got 2.5"),
     (lambda: Multiclass(3, 2, bias="no"), "bias must be a bool"),
     (lambda: Multiclass(3, 2, bias=0), "bias must be a bool"),
     (lambda: GraphCut(2.5), "n_node_features must be an integer, got 2.5"),
@@ -163,14 +164,14 @@ def test_bad_solver_options_raise(kw, fragment):
     with pytest.raises(ValueError, match=fragment):
         group.from_flat(kw) if group is not None else SolverOptions(**kw)
     with pytest.raises(ValueError, match=fragment):
-        SolverOptions.from_kwargs(group, **kw)
+        options_for(next((name for name, cls in ALGORITHMS.items() if cls.Options is group), "bcfw"), **kw)
 
 
 def test_good_solver_options_are_kept():
     o = options_for("bcfw", gap_check=np.int64(3), averaging=np.bool_(False), seed=np.int32(5), cache_size=np.int64(7),
                     max_passes=np.float64(2.5), gap_tol=0, time_budget=3, cache_nu=INF)
     mp = MPOptions(approx_ratio=INF)
-    assert (o.gap_check, o.averaging, o.seed, o.solver_options.size) == (3, False, 5, 7)
+    assert (o.gap_check, o.averaging, o.seed, o.own.cache_size) == (3, False, 5, 7)
     assert type(o.gap_check) is int and type(o.averaging) is bool and type(o.seed) is int
     assert o.max_passes == 2.5 and mp.approx_ratio == INF and mp.clock == "auto"
 
@@ -188,7 +189,7 @@ def test_good_solver_options_are_kept():
 ])
 def test_preset_conflicting_with_a_given_field_raises(kw, fragment):
     with pytest.raises(ValueError, match=fragment):
-        SolverOptions(**kw)
+        options_for("bcfw", **kw)
     model, data = random_multiclass_problem(n=6)
     with pytest.raises(ValueError, match=fragment):
         fit(model, data, 0.1, max_passes=1, **kw)
@@ -196,31 +197,31 @@ def test_preset_conflicting_with_a_given_field_raises(kw, fragment):
 
 @pytest.mark.parametrize("preset", [p for p in PRESETS if p != "auto"])
 def test_preset_with_the_same_values_and_the_to_dict_reload_work(preset):
-    o = SolverOptions(preset=preset)
-    same = SolverOptions(preset=preset, sampling=o.sampling, step_rule=o.step_rule, cache=o.cache)
+    o = options_for("bcfw", preset=preset)
+    same = options_for("bcfw", preset=preset, sampling=o.sampling, step_rule=o.own.step_rule, cache=o.own.cache)
     assert same.to_dict() == o.to_dict()
-    assert SolverOptions(**o.to_dict()).to_dict() == o.to_dict()
-    assert SolverOptions.from_kwargs(**o.to_dict()).variant_name() == preset
+    assert options_for("bcfw", **o.to_dict()).to_dict() == o.to_dict()
+    assert variant_name(options_for("bcfw", **o.to_dict())) == preset
 
 
 def test_preset_auto_is_pinned_by_given_fields_and_reloads():
     model, data = random_multiclass_problem(n=10, F=3, K=3, seed=0)
-    pending = SolverOptions(preset="auto")
-    assert pending.auto_pending and pending.sampling is None and pending.variant_name() == "auto"
-    assert SolverOptions(**pending.to_dict()).auto_pending  # the reload of an unresolved "auto" stays unresolved
+    pending = options_for("bcfw", preset="auto")
+    assert auto_pending(pending) and pending.sampling is None and variant_name(pending) == "auto"
+    assert auto_pending(options_for("bcfw", **pending.to_dict()))  # the reload of an unresolved "auto" stays so
     # the multiclass oracle is cheap (auto would choose plain BCFW), but cache=True was given: it is kept
     r = fit(model, data, 0.1, preset="auto", cache=True, max_passes=1)
-    assert r.options.variant_name() == "gap-pairwise-cache" and "auto" not in r.options.extra
+    assert variant_name(r.options) == "gap-pairwise-cache" and "auto" not in r.options.extra
     cheap = fit(model, data, 0.1, preset="auto", max_passes=1)
-    assert cheap.options.variant_name() == "uniform-fw" and cheap.options.extra["auto"]["chosen"] == "uniform-fw"
-    assert options_for("bcfw", **cheap.options.to_dict()).variant_name() == "uniform-fw"  # resolved: stays resolved
-    fixed = SolverOptions(preset="auto", step="fixed")  # FW steps without the cache, gap or uniform sampling
-    assert fixed.auto_pending and fixed.auto_fits() == ["gap-fw", "uniform-fw"]
-    assert SolverOptions(preset="auto", cache=True).variant_name() == "gap-pairwise-cache" == AUTO_CHOICES[0]
-    pairwise = SolverOptions(preset="auto", sampling="gap", step_rule="pairwise")  # with or without the cache
-    assert pairwise.auto_pending and pairwise.auto_fits() == ["gap-pairwise-cache", "gap-pairwise"]
-    assert pairwise.sampling == "gap" and pairwise.step_rule == "pairwise" and pairwise.cache is None
-    assert fit(model, data, 0.1, preset="auto", step_rule="pairwise", max_passes=1).options.variant_name() == \
+    assert variant_name(cheap.options) == "uniform-fw" and cheap.options.extra["auto"]["chosen"] == "uniform-fw"
+    assert variant_name(options_for("bcfw", **cheap.options.to_dict())) == "uniform-fw"  # resolved: stays resolved
+    fixed = options_for("bcfw", preset="auto", step="fixed")  # FW steps without the cache, gap or uniform sampling
+    assert auto_pending(fixed) and auto_fits(fixed) == ["gap-fw", "uniform-fw"]
+    assert variant_name(options_for("bcfw", preset="auto", cache=True)) == "gap-pairwise-cache" == AUTO_CHOICES[0]
+    pairwise = options_for("bcfw", preset="auto", sampling="gap", step_rule="pairwise")  # with or without the cache
+    assert auto_pending(pairwise) and auto_fits(pairwise) == ["gap-pairwise-cache", "gap-pairwise"]
+    assert pairwise.sampling == "gap" and pairwise.own.step_rule == "pairwise" and pairwise.own.cache is None
+    assert variant_name(fit(model, data, 0.1, preset="auto", step_rule="pairwise", max_passes=1).options) == \
         "gap-pairwise"  # a cheap multiclass oracle: no cache
 
 

@@ -16,6 +16,7 @@ import torch
 
 from conftest import random_chain_problem, shared_data
 from torch_bcfw import FitResult, cli, fit
+from torch_bcfw.io.tree_file import save_tree
 
 ROOT = Path(__file__).resolve().parents[1]
 MANIFEST = "checkpoint.shards.json"
@@ -32,7 +33,7 @@ def _sharded_folder(tmp_path, manifest=True) -> Path:
     folder.mkdir()
     (folder / "config.yaml").write_text("data: {name: ocr}\nlam: 0.01\n")
     for r in range(2):
-        (folder / f"checkpoint.rank{r}-of-2.w120.pt").write_bytes(b"member")
+        (folder / f"checkpoint.rank{r}-of-2.w120.safetensors").write_bytes(b"member")
     if manifest:
         (folder / MANIFEST).write_text(json.dumps({"format": "torch_bcfw.shards/1", "world_size": 2, "work": 120}))
     return folder
@@ -67,9 +68,9 @@ def test_a_nan_counter_is_refused_on_load_naming_it(tmp_path):
     model, data = random_chain_problem(n=4, seed=1)
     d = fit(model, data, 0.1, max_passes=1).to_dict()
     d["counters"]["work"] = float("nan")
-    torch.save(d, tmp_path / "r.pt")
+    save_tree(d, tmp_path / "r.safetensors")
     with pytest.raises(ValueError, match=r"counters\['work'\] = nan must be a whole number >= 0"):
-        FitResult.load(tmp_path / "r.pt")
+        FitResult.load(tmp_path / "r.safetensors")
 
 
 def _ocr_cfg(limit=20) -> dict:
@@ -89,9 +90,9 @@ def test_evaluate_names_a_model_file_whose_weights_were_changed(tmp_path, capsys
     d["w"] = d["w"] * 1.5
     folder = tmp_path / "run"
     folder.mkdir()
-    torch.save(d, folder / "model.pt")
+    save_tree(d, folder / "model.safetensors")
     (folder / "config.yaml").write_text(yaml.safe_dump(cfg))
-    err = _one_line_error(capsys, cli.main(["evaluate", "--model", str(folder / "model.pt")]))
+    err = _one_line_error(capsys, cli.main(["evaluate", "--model", str(folder / "model.safetensors")]))
     assert "its weights do not give its saved primal value on the data they were fitted on" in err
     assert "other training data" not in err
 
@@ -106,11 +107,11 @@ def _fit_args(out, passes=1, limit=20):
 @pytest.mark.parametrize("phase", ["load_problem", "precompile", "plot_histories"])
 def test_ctrl_c_in_each_phase_of_fit_exits_130_keeping_what_was_written(tmp_path, capsys, monkeypatch, phase):
     import torch_bcfw.cli as cli_module
-    import torch_bcfw.runtime.compilation
+    import torch_bcfw.compilation
     import torch_bcfw.datasets.registry
     import torch_bcfw.plotting
 
-    module = {"load_problem": torch_bcfw.datasets.registry, "precompile": torch_bcfw.runtime.compilation,
+    module = {"load_problem": torch_bcfw.datasets.registry, "precompile": torch_bcfw.compilation,
               "plot_histories": torch_bcfw.plotting}[phase]
 
     def interrupted(*args, **kwargs):
@@ -125,7 +126,7 @@ def test_ctrl_c_in_each_phase_of_fit_exits_130_keeping_what_was_written(tmp_path
     assert "interrupted (Ctrl-C)" in err
     assert (out / "gap.png").read_bytes() == b"the previous figure"
     if phase == "plot_histories":  # the model and checkpoint were written before the plot
-        assert (out / "model.pt").is_file() and (out / "checkpoint.pt").is_file()
+        assert (out / "model.safetensors").is_file() and (out / "checkpoint.safetensors").is_file()
 
 
 def test_ctrl_c_while_the_command_imports_exits_130(tmp_path):
@@ -149,7 +150,7 @@ def _mounted_tmpfs(path: Path, size: str) -> bool:
 @pytest.mark.heavy
 def test_a_full_disk_gives_one_line_and_still_writes_the_model(tmp_path):
     """The output folder on a small file system (a 3 MB tmpfs, filled until the model fits but the checkpoint does
-    not; without root a file-size limit): one line, rc 2, and model.pt written."""
+    not; without root a file-size limit): one line, rc 2, and model.safetensors written."""
     disk = tmp_path / "disk"
     mounted = _mounted_tmpfs(disk, "3m")
     try:
@@ -166,8 +167,8 @@ def test_a_full_disk_gives_one_line_and_still_writes_the_model(tmp_path):
                                "--checkpoint-every", "off"], cwd=ROOT, capture_output=True, text=True, timeout=600)
         err = proc.stderr.strip()
         assert proc.returncode == 2 and len(err.splitlines()) == 1, err
-        assert "cannot write" in err and "checkpoint.pt" in err and "Traceback" not in err
-        assert FitResult.load(out / "model.pt").weights is not None
+        assert "cannot write" in err and "checkpoint.safetensors" in err and "Traceback" not in err
+        assert FitResult.load(out / "model.safetensors").weights is not None
         assert not list(out.glob(".*.tmp"))  # no temporary file left behind
     finally:
         if mounted:

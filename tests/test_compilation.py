@@ -10,7 +10,7 @@ import pytest
 
 from conftest import random_chain_problem, random_multiclass_problem
 from torch_bcfw import fit
-from torch_bcfw.runtime.compilation import NOTICE, CompileTimer, precompile
+from torch_bcfw.compilation import NOTICE, CompileTimer, precompile
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -57,7 +57,7 @@ import json, sys
 sys.path.insert(0, {tests!r})
 from conftest import random_chain_problem
 from torch_bcfw import fit
-from torch_bcfw.runtime.compilation import CompileTimer, precompile
+from torch_bcfw.compilation import CompileTimer, precompile
 model, data = random_chain_problem(n=30, max_len=6, seed=0)
 said = []
 pre = precompile(model, data, 0.1, test_data=data, announce=said.append, max_passes=4, gap_check=2)

@@ -23,7 +23,7 @@ from torch_bcfw.tasks.conll import (
     pack_sentences,
 )
 from torch_bcfw.duals import ChainDualState
-from torch_bcfw.solvers.certificate import certify
+from torch_bcfw.certificate import certify
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = {"word_dim": 8, "pos_dim": 4, "char_dim": 4, "char_channels": 6, "hidden": 8, "feature_dim": 6, "dropout": 0.1}

@@ -47,3 +47,27 @@ def test_bad_lam_raises_like_fit():
     model, data = random_multiclass_problem(n=12)
     with pytest.raises(ValueError, match="lam"):
         cross_validate(model, data, torch.arange(12) % 3, lam=0.0)
+
+
+def test_choose_lam_scores_out_of_fold_predictions_and_picks_the_best():
+    from torch_bcfw.cross_validation import choose_lam
+
+    model, data = random_multiclass_problem(n=12, F=4, K=3, seed=2)
+    folds = torch.arange(12) % 3
+    seen = []
+
+    def score(pred):
+        seen.append(pred.clone())
+        return float((pred == data.y).double().mean())
+
+    lam, scores = choose_lam(model, data, (10.0, 0.01), lambda w, d: model.oracle(w, d, loss_augmented=False), score,
+                             folds=folds, max_passes=5, seed=4)
+    for candidate, pred in zip((10.0, 0.01), seen):  # each example predicted by the fit of the folds without it
+        expect = torch.empty(12, dtype=torch.long)
+        for f in cross_validate(model, data, folds, lam=candidate, max_passes=5, seed=4):
+            expect[f.test_index] = model.oracle(f.result.weights, data[f.test_index], loss_augmented=False)
+        assert torch.equal(pred, expect)
+    assert scores == {10.0: score(seen[0]), 0.01: score(seen[1])}
+    assert lam == max(scores, key=scores.get)
+    with pytest.raises(ValueError, match="at least one candidate"):
+        choose_lam(model, data, (), lambda w, d: d.y, score)

@@ -5,7 +5,7 @@ import torch
 from conftest import brute_force_max, random_chain_problem, random_multiclass_problem, requires_cuda, shared_data
 from torch_bcfw import fit
 from torch_bcfw.inference.viterbi import viterbi_packed
-from torch_bcfw.solvers.certificate import certify
+from torch_bcfw.certificate import certify
 
 pytestmark = [pytest.mark.cuda, requires_cuda]
 
@@ -67,13 +67,12 @@ def test_minibatch_rounds_on_cuda_follow_the_cpu_rounds(make):
 
 
 def test_the_round_size_on_cuda_is_measured():
-    """``batch_size="auto"`` in a BCFW on CUDA: rounds (64, 256 or 1024 blocks, at most n / 2), timed."""
-    from torch_bcfw.solvers.bcfw import BCFW
-    from torch_bcfw.solvers.options import SolverOptions
+    """``batch_size="auto"`` with the data on CUDA: rounds (64, 256 or 1024 blocks, at most n / 2), timed."""
+    from torch_bcfw.planning import measured_round_size
+    from torch_bcfw.solvers.run import options_for
 
     model, data = random_chain_problem(n=300, F=4, K=3, max_len=5, seed=1)
-    alg = BCFW(model, data.to("cuda"), 0.05, SolverOptions.from_kwargs(max_passes=2))
-    assert alg.options.batch_size in (64,)
+    assert measured_round_size(model, data.to("cuda"), 0.05, options_for("bcfw", max_passes=2)) in (64,)
 
 
 def test_fit_on_cuda_solves_where_it_is_fastest_and_reaches_the_gap_as_fast_as_the_cpu_kernel():
@@ -84,7 +83,7 @@ def test_fit_on_cuda_solves_where_it_is_fastest_and_reaches_the_gap_as_fast_as_t
 
     from torch_bcfw.datasets.ocr import load_ocr_split
     from torch_bcfw.models import Chain
-    from torch_bcfw.solvers.placement import COUNTERS
+    from torch_bcfw.planning import PLACEMENT_COUNTERS as COUNTERS
 
     train, _ = load_ocr_split(str(shared_data("ocr")), "large", 0)
     fit(Chain(128, 26), train, 0.01, max_passes=1, gap_check=1)  # compile the kernels for both runs

@@ -54,7 +54,7 @@ def test_refuses_bounds_refinements_and_other_features():
     model, data = random_multiclass_problem()
     with pytest.raises(ValueError, match="box constraints"):
         fit(model, data, LAM, "cutting-plane", bounds=(torch.zeros(model.n_features), None))
-    with pytest.raises(ValueError, match="refinements"):
+    with pytest.raises(ValueError, match="gap sampling is a BCFW refinement"):
         fit(model, data, LAM, "cutting-plane", sampling="gap")
     r = fit(model, data, LAM, "cutting-plane", max_passes=3)
     other = type(data)(data.x + 1.0, data.y)

@@ -13,7 +13,7 @@ import torch
 
 from test_distributed_layer import LAUNCH_TIMEOUT_S, _env, _run, free_port
 from torch_bcfw import fit
-from torch_bcfw.solvers.certificate import certify
+from torch_bcfw.certificate import certify
 
 WORKER = Path(__file__).resolve().parent / "distributed_fit_worker.py"
 #: the figures behind strategy="auto"'s choice, recorded in the counters
@@ -112,7 +112,7 @@ def test_a_dead_rank_stops_the_other_with_a_clear_error(tmp_path):
 
 
 def test_torchrun_command_line_fit_and_resume(tmp_path):
-    """``torchrun --nproc-per-node 2 -m torch_bcfw fit``: rank 0 writes the usual files (model.pt without the state),
+    """``torchrun --nproc-per-node 2 -m torch_bcfw fit``: rank 0 writes the usual files (model.safetensors without the state),
     each rank its shard of the state into the committed checkpoint set, and ``--resume`` continues from that."""
     from conftest import shared_data
     from torch_bcfw import FitResult
@@ -130,14 +130,14 @@ def test_torchrun_command_line_fit_and_resume(tmp_path):
         return runs[0].stdout
 
     def members():
-        found = [sorted(out.glob(f"checkpoint.rank{r}-of-2.w*.pt")) for r in range(2)]
+        found = [sorted(out.glob(f"checkpoint.rank{r}-of-2.w*.safetensors")) for r in range(2)]
         assert [len(f) for f in found] == [1, 1], found  # one committed set, the older members removed
         return [FitResult.load(f[0]) for f in found]
 
     table = launch("--config", str(cfg))
     assert "gap" in table
     first = members()
-    main = FitResult.load(out / "model.pt")
+    main = FitResult.load(out / "model.safetensors")
     assert torch.equal(first[0].w, first[1].w) and torch.equal(main.w, first[0].w)
     assert main.passes == 4 and (out / "history.csv").exists() and (out / "gap.png").exists()
     assert [f.solver_state["shard"] for f in first] == [{"rank": 0, "world_size": 2}, {"rank": 1, "world_size": 2}]
@@ -283,7 +283,7 @@ def test_sharded_checkpoints_survive_node_wide_kills_at_random_points(tmp_path):
         assert [p.returncode for p in procs] == [0, 0], errs[0][-3000:] + errs[1][-3000:]
 
     finish(start("--config", str(cfg), "--output", str(tmp_path / "whole")))
-    whole = FitResult.load(tmp_path / "whole" / "model.pt")
+    whole = FitResult.load(tmp_path / "whole" / "model.safetensors")
     out, rng, kills = tmp_path / "cut", random.Random(0), 0
     manifest = out / "checkpoint.shards.json"
     procs = start("--config", str(cfg), "--output", str(out))
@@ -304,10 +304,10 @@ def test_sharded_checkpoints_survive_node_wide_kills_at_random_points(tmp_path):
         procs = start("--resume", str(out))
     finish(procs)
     assert kills >= 5
-    cut = FitResult.load(out / "model.pt")
+    cut = FitResult.load(out / "model.safetensors")
     assert torch.equal(cut.w, whole.w) and torch.equal(cut.w_avg, whole.w_avg)
     assert _untimed([cut.history[-1].to_dict()]) == _untimed([whole.history[-1].to_dict()])
-    assert not list(out.glob("model.rank*")) and len(list(out.glob("checkpoint.rank*.pt"))) == 2
+    assert not list(out.glob("model.rank*")) and len(list(out.glob("checkpoint.rank*.safetensors"))) == 2
 
 
 @pytest.mark.parametrize("name", ["chain", "multiclass"])

@@ -22,7 +22,7 @@ from conftest import random_chain_problem, random_multiclass_problem
 from torch_bcfw.distributed import (DistributedContext, DistributedError, current_context, global_certify,
                                     init_from_env, pack_sum_buffer, shard, shard_bounds, shard_indices, shard_sizes,
                                     unpack_sum_buffer)
-from torch_bcfw.solvers.certificate import certify
+from torch_bcfw.certificate import certify
 
 WORKER = Path(__file__).resolve().parent / "distributed_worker.py"
 ROOT = Path(__file__).resolve().parents[1]
@@ -309,7 +309,7 @@ def test_a_forced_round_size_measured_much_slower_gets_a_warning():
     import warnings as _warnings
 
     from conftest import random_multiclass_problem
-    from torch_bcfw.distributed.strategy import warn_if_slow_rounds
+    from torch_bcfw.planning import warn_if_slow_rounds
     from torch_bcfw.models import Multiclass
     from torch_bcfw.solvers.options import SolverOptions
 

@@ -130,23 +130,19 @@ def _option_table() -> dict[str, str]:
 
 
 def test_option_table_matches_solver_options() -> None:
-    table = _option_table()
-    # ``extra`` is internal; ``solver_options`` holds each solver's own options (declared beside it), given flat
-    from torch_bcfw.solvers.run import ALGORITHMS
+    from torch_bcfw.solvers.run import option_defaults
 
-    fields = {f.name: f for f in dataclasses.fields(torch_bcfw.SolverOptions) if f.name not in ("extra", "solver_options")}
-    for group in {cls.Options for cls in ALGORITHMS.values() if cls.Options is not None}:
-        fields.update({f"{group.prefix}_{f.name}": f for f in dataclasses.fields(group)})
-    assert sorted(set(fields) - set(table)) == [], "options missing from the table in docs/solvers.md"
-    assert sorted(set(table) - set(fields)) == [], "options in docs/solvers.md that SolverOptions does not have"
+    table = _option_table()
+    defaults = option_defaults()  # every solver's option names, flat, with their defaults
+    assert sorted(set(defaults) - set(table)) == [], "options missing from the table in docs/solvers.md"
+    assert sorted(set(table) - set(defaults)) == [], "options in docs/solvers.md that no solver has"
     for name, cell in table.items():
-        f = fields[name]
-        default = f.default_factory() if f.default is dataclasses.MISSING else f.default
+        default = defaults[name]
         m = re.fullmatch(r"`([^`]*)`", cell)
         assert m, f"docs/solvers.md: the default of {name} must be a Python literal in backticks, got {cell!r}"
         documented = ast.literal_eval(m.group(1))
         assert documented == default and type(documented) in (type(default), int, float), (
-            f"docs/solvers.md documents {name} = {documented!r}, SolverOptions has {default!r}")
+            f"docs/solvers.md documents {name} = {documented!r}, the options have {default!r}")
 
 
 # ---------------------------------------------------------------------------- the API page
@@ -282,10 +278,11 @@ def test_every_documented_timing_says_on_what_machine_and_load() -> None:
 
 def test_the_docs_extra_formats_signatures_and_the_readme_sizes_the_checkpoint() -> None:
     """mkdocstrings formats signatures with Ruff or Black (else ``mkdocs build`` warns): the docs extra installs ruff;
-    the README says what ``checkpoint.pt`` holds and weighs next to ``model.pt``."""
+    the README says what ``checkpoint.safetensors`` holds and weighs next to ``model.safetensors``."""
     import tomllib
 
     extras = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]["optional-dependencies"]
     assert any(dep.split(">")[0].split("=")[0].strip() in ("ruff", "black") for dep in extras["docs"])
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    assert re.search(r"`checkpoint\.pt` the full state[^.]*\(with the dual state: \d+ MB for OCR-large\)", readme)
+    assert re.search(r"`checkpoint\.safetensors` the full state[^.]*\(with the dual state: \d+ MB for OCR-large\)",
+                     readme)

@@ -70,10 +70,25 @@ def test_unknown_solver_and_options():
     model, data = random_multiclass_problem()
     with pytest.raises(ValueError, match="unknown solver"):
         fit(model, data, 0.1, solver="sgd")
-    with pytest.raises(TypeError, match="unknown solver option"):
+    with pytest.raises(TypeError, match=r"unknown solver option\(s\) \['max_pases'\]; did you mean 'max_passes'\?"):
         fit(model, data, 0.1, max_pases=3)
+    with pytest.raises(TypeError, match="did you mean 'mp_max_planes'"):
+        fit(model, data, 0.1, "mp-bcfw", mp_max_plane=3)
+    with pytest.raises(TypeError, match=r"belong to solver 'mp-bcfw', not 'bcfw' \(its options: mp_\* \(mp_max_planes"):
+        fit(model, data, 0.1, mp_max_planes=3)
+    with pytest.raises(TypeError, match="belong to solver 'bcfw'"):
+        fit(model, data, 0.1, "fw", preset="gap-fw")
     with pytest.raises(ValueError, match="step must be"):
         fit(model, data, 0.1, step="armijo")
+
+
+def test_a_device_option_says_how_a_gpu_run_is_asked_for():
+    """``fit(..., device="cuda")`` answers with the way a GPU run is asked for (the data on the device), not a list of
+    option names."""
+    model, data = random_multiclass_problem()
+    with pytest.raises(TypeError, match=r"put the data on the device, data\.to\('cuda'\)$") as info:
+        fit(model, data, 0.1, device="cuda")
+    assert "max_passes" not in str(info.value)
 
 
 def test_missing_labels_for_training():

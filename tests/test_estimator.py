@@ -5,7 +5,8 @@ import torch
 
 from conftest import random_chain_problem, random_multiclass_problem, shared_data
 from torch_bcfw import SSVM, Chain, FitResult, GraphCut, Multiclass, fit
-from torch_bcfw.estimator import OPTION_NAMES, NotFittedError
+from torch_bcfw.estimator import NotFittedError
+from torch_bcfw.solvers.run import option_defaults
 
 OPTS = dict(max_passes=6, gap_check=3, seed=3)
 
@@ -24,7 +25,7 @@ def test_get_params_lists_model_lam_solver_and_every_solver_option():
     model = Chain(4, 3)
     est = SSVM(model, lam=0.5, solver="fw", max_passes=7, gap_tol=1e-3)
     params = est.get_params()
-    assert set(params) == {"model", "lam", "solver", "warm_start", *OPTION_NAMES}
+    assert set(params) == {"model", "lam", "solver", "warm_start", *option_defaults()}
     assert params["model"] is model and params["lam"] == 0.5 and params["solver"] == "fw"
     assert params["max_passes"] == 7 and params["gap_tol"] == 1e-3 and params["seed"] == 1  # default
     assert est.get_params(deep=False) == params
@@ -57,7 +58,7 @@ def test_clone():
     est.fit(xs, ys)
     fresh = sklearn_base.clone(est)
     assert not hasattr(fresh, "result_")  # a clone is unfitted
-    assert torch.equal(fresh.fit(xs, ys).coef_, est.coef_)
+    assert np.array_equal(fresh.fit(xs, ys).coef_, est.coef_)
 
 
 def _sklearn_checks():
@@ -108,12 +109,12 @@ def test_sizes_and_classes_are_learned_at_fit():
     model, data = random_multiclass_problem(n=30, F=4, K=3, seed=7)
     names = np.array(["b", "a", "c"])  # sorted: a, b, c
     est = SSVM(Multiclass(), lam=0.05, **OPTS).fit(data.x.numpy(), names[data.y.numpy()])
-    assert est.model.n_inputs is None and est.model.n_classes is None  # the parameter is not changed by fit
-    assert est.model_.config() == {"n_features": 4, "n_classes": 3, "bias": True}
+    assert est.model.n_inputs is None and est.model.n_labels is None  # the parameter is not changed by fit
+    assert est.model_.config() == {"n_features": 4, "n_labels": 3, "bias": True}
     assert est.n_features_in_ == 4 and list(est.classes_) == ["a", "b", "c"]
     codes = np.searchsorted(est.classes_, names[data.y.numpy()])
     ref = fit(Multiclass(4, 3), type(data)(data.x, torch.as_tensor(codes)), 0.05, **OPTS)
-    assert torch.equal(est.coef_, ref.weights)
+    assert torch.equal(est.result_.weights, ref.weights)
     assert list(est.predict(data.x.numpy())) == list(est.classes_[ref.predict(data).numpy()])
     # integer labels that are not 0..K-1 are class values too
     odd = SSVM(Multiclass(), lam=0.05, **OPTS).fit(data.x.numpy(), data.y.numpy() * 10 + 5)
@@ -136,7 +137,7 @@ def test_fitted_estimator_pickles():
     model, data, xs, ys = chain_lists()
     est = SSVM(model, lam=0.1, **OPTS).fit(xs, ys)
     back = pickle.loads(pickle.dumps(est))
-    assert torch.equal(back.coef_, est.coef_) and back.get_params()["lam"] == 0.1
+    assert np.array_equal(back.coef_, est.coef_) and back.get_params()["lam"] == 0.1
     assert all(np.array_equal(a, b) for a, b in zip(back.predict(xs), est.predict(xs)))
 
 
@@ -159,7 +160,7 @@ def test_pickles_hold_the_weights_unless_warm_start_keeps_the_dual_state():
     assert len(kept) > 10 * size
     again = pickle.loads(kept).fit(X, y)  # two more passes from the kept dual state
     whole = SSVM(Multiclass(), lam=0.01, max_passes=4, gap_check=1, seed=0).fit(X, y)
-    assert again.n_iter_ == 4 and torch.equal(again.coef_, whole.coef_) and again.gap_ == whole.gap_
+    assert again.n_iter_ == 4 and np.array_equal(again.coef_, whole.coef_) and again.gap_ == whole.gap_
 
 
 def test_dataframes_read_as_their_values_and_sparse_input_is_refused_or_read():
@@ -178,14 +179,14 @@ def test_dataframes_read_as_their_values_and_sparse_input_is_refused_or_read():
     chain, _, xs, ys = chain_lists(n=10, seed=3)
     dense = SSVM(chain, lam=0.1, **OPTS).fit(xs, ys)
     sp = SSVM(chain, lam=0.1, **OPTS).fit([sparse.csr_matrix(x) for x in xs], ys)
-    assert torch.allclose(sp.coef_, dense.coef_, atol=1e-12) and sp.result_.gap == pytest.approx(dense.gap_)
+    assert np.allclose(sp.coef_, dense.coef_, atol=1e-12) and sp.result_.gap == pytest.approx(dense.gap_)
     assert all(np.array_equal(a, b) for a, b in zip(sp.predict([sparse.csr_array(x) for x in xs]), dense.predict(xs)))
     with pytest.raises(ValueError, match="mixes 1 sparse and 9 dense"):
         SSVM(chain, **OPTS).fit([sparse.csr_matrix(xs[0])] + xs[1:], ys)
     pd = pytest.importorskip("pandas")
     frame = pd.DataFrame(X, columns=["a", "b", "c"])
     est = SSVM(Multiclass(), lam=0.1, **OPTS).fit(frame, pd.Series(y))
-    assert torch.equal(est.coef_, ref.coef_) and np.array_equal(est.predict(frame), ref.predict(X))
+    assert np.array_equal(est.coef_, ref.coef_) and np.array_equal(est.predict(frame), ref.predict(X))
     assert est.score(frame, pd.Series(y)) == ref.score(X, y)
 
 
@@ -195,7 +196,7 @@ def test_fit_returns_self_and_sets_the_fitted_attributes():
     est = SSVM(model, lam=0.1, **OPTS)
     assert est.fit(xs, ys) is est
     assert isinstance(est.result_, FitResult)
-    assert torch.equal(est.coef_, est.result_.weights)
+    assert np.array_equal(est.coef_, est.result_.weights.numpy())  # a chain's weights in its own layout
     assert est.gap_ == est.result_.gap and est.gap_ >= 0
     assert est.primal_ == est.result_.primal and est.primal_ > 0
     assert est.n_iter_ == est.result_.passes == 6
@@ -225,7 +226,7 @@ def test_predictions_equal_those_of_fit_on_the_same_data():
     model, data, xs, ys = chain_lists(n=10, seed=4)
     est = SSVM(model, lam=0.05, **OPTS).fit(xs, ys)
     res = fit(model, data, 0.05, **OPTS)
-    assert torch.equal(est.coef_, res.weights) and est.gap_ == res.gap
+    assert np.array_equal(est.coef_, res.weights.numpy()) and est.gap_ == res.gap
     pred = est.predict(xs)
     assert isinstance(pred, list) and len(pred) == len(xs)
     assert all(isinstance(p, np.ndarray) and p.dtype == np.int64 and p.shape == y.shape for p, y in zip(pred, ys))
@@ -233,10 +234,10 @@ def test_predictions_equal_those_of_fit_on_the_same_data():
     assert est.score(xs, ys) == pytest.approx(1 - res.evaluate(data))
     # tensors in, the same answers
     est_t = SSVM(model, lam=0.05, **OPTS).fit([torch.as_tensor(x) for x in xs], [torch.as_tensor(y) for y in ys])
-    assert torch.equal(est_t.coef_, res.weights)
+    assert np.array_equal(est_t.coef_, res.weights.numpy())
     # the data container in (Y=None), the model's decoding out
     est_d = SSVM(model, lam=0.05, **OPTS).fit(data)
-    assert torch.equal(est_d.coef_, res.weights)
+    assert np.array_equal(est_d.coef_, res.weights.numpy())
     assert torch.equal(est_d.predict(data), res.predict(data))
     assert est_d.score(data) == pytest.approx(est.score(xs, ys))
 
@@ -246,7 +247,7 @@ def test_multiclass_arrays_and_lists_of_vectors():
     X, Y = data.x.numpy(), data.y.tolist()
     res = fit(model, data, 0.1, **OPTS)
     est = SSVM(model, lam=0.1, **OPTS).fit(X, Y)
-    assert torch.equal(est.coef_, res.weights)
+    assert torch.equal(est.result_.weights, res.weights)
     pred = est.predict(X)
     assert isinstance(pred, np.ndarray) and pred.shape == (20,) and np.array_equal(pred, res.predict(data).numpy())
     assert est.score(X, Y) == pytest.approx(float((pred == np.array(Y)).mean()))
@@ -259,7 +260,7 @@ def test_refit_after_set_params_uses_the_new_parameters():
     est = SSVM(model, lam=1.0, **OPTS).fit(xs, ys)
     w1 = est.coef_
     est.set_params(lam=0.01).fit(xs, ys)
-    assert est.result_.lam == 0.01 and not torch.equal(est.coef_, w1)
+    assert est.result_.lam == 0.01 and not np.array_equal(est.coef_, w1)
 
 
 def test_grid_search_over_lam():
@@ -359,7 +360,7 @@ def test_any_hashable_labels_classes_and_decision_function():
     est = SSVM(model, lam=0.05, max_passes=5).fit(data.x.numpy(), names[y].tolist())
     ints = SSVM(model, lam=0.05, max_passes=5).fit(data.x.numpy(), y)
     assert list(est.classes_) == ["cat", "dog", "emu"] and list(ints.classes_) == [0, 1, 2]
-    assert torch.equal(est.coef_, ints.coef_)
+    assert np.array_equal(est.coef_, ints.coef_)
     assert list(est.predict(data.x.numpy())) == list(names[ints.predict(data.x.numpy())])
     assert est.score(data.x.numpy(), names[y].tolist()) == ints.score(data.x.numpy(), y)
     scores = est.decision_function(data.x.numpy())
@@ -374,6 +375,65 @@ def test_any_hashable_labels_classes_and_decision_function():
     tags = np.array(["B", "I", "O"])
     seq = SSVM(chain, **OPTS).fit(xs, [tags[y] for y in ys])
     plain = SSVM(chain, **OPTS).fit(xs, ys)
-    assert list(seq.classes_) == ["B", "I", "O"] and torch.equal(seq.coef_, plain.coef_)
+    assert list(seq.classes_) == ["B", "I", "O"] and np.array_equal(seq.coef_, plain.coef_)
     assert all(list(a) == list(tags[b]) for a, b in zip(seq.predict(xs), plain.predict(xs)))
     assert not hasattr(seq, "decision_function") and hasattr(est, "decision_function")
+
+
+# ----------------------------------------------------------------------------- the doors a newcomer meets
+def test_coef_and_intercept_have_scikit_learns_shapes():
+    """A Multiclass model's ``coef_`` is ``[K, F]`` with ``intercept_`` ``[K]`` (scikit-learn's linear models), and
+    the decision function is ``X @ coef_.T + intercept_``; two classes give ``[1, F]``, the margin of class 1."""
+    model, data = random_multiclass_problem(n=30, F=4, K=3, seed=3)
+    X, Y = data.x.numpy(), data.y.numpy()
+    est = SSVM(Multiclass(), lam=0.1, **OPTS).fit(X, Y)
+    assert isinstance(est.coef_, np.ndarray) and est.coef_.shape == (3, 4) and est.intercept_.shape == (3,)
+    assert np.allclose(est.decision_function(X), X @ est.coef_.T + est.intercept_)
+    two = SSVM(Multiclass(), lam=0.1, **OPTS).fit(X, Y % 2)
+    assert two.coef_.shape == (1, 4) and two.intercept_.shape == (1,)
+    assert np.allclose(two.decision_function(X), (X @ two.coef_.T + two.intercept_)[:, 0])
+    plain = SSVM(Multiclass(bias=False), lam=0.1, **OPTS).fit(X, Y)
+    assert plain.coef_.shape == (3, 4) and not hasattr(plain, "intercept_")
+    chain, _, xs, ys = chain_lists()
+    flat = SSVM(chain, lam=0.1, **OPTS).fit(xs, ys)
+    assert isinstance(flat.coef_, np.ndarray) and flat.coef_.shape == (chain.n_features,)
+
+
+def test_feature_names_are_recorded_and_other_columns_refused():
+    pd = pytest.importorskip("pandas")
+    model, data = random_multiclass_problem(n=20, F=3, K=3, seed=4)
+    frame = pd.DataFrame(data.x.numpy(), columns=["a", "b", "c"])
+    est = SSVM(Multiclass(), lam=0.1, **OPTS).fit(frame, data.y.numpy())
+    assert list(est.feature_names_in_) == ["a", "b", "c"] and est.feature_names_in_.dtype == object
+    assert np.array_equal(est.predict(frame), est.predict(data.x.numpy()))
+    with pytest.raises(ValueError, match=r"X has the columns \['c', 'b', 'a'\], the fit saw \['a', 'b', 'c'\]"):
+        est.predict(frame[["c", "b", "a"]])
+    with pytest.raises(ValueError, match=r"should match those that were passed during fit: X has the columns \['a', 'b', 'z'\]"):
+        est.score(frame.rename(columns={"c": "z"}), data.y.numpy())
+    with pytest.raises(ValueError, match="the fit saw"):
+        est.decision_function(frame[["a", "b"]])
+    assert not hasattr(SSVM(Multiclass(), lam=0.1, **OPTS).fit(data.x.numpy(), data.y.numpy()), "feature_names_in_")
+
+
+def test_every_option_of_every_solver_round_trips():
+    """``SSVM`` takes every solver's options by their flat names, through get_params / set_params / clone / pickle,
+    and passes them to its solver."""
+    import pickle
+
+    sklearn_base = pytest.importorskip("sklearn.base")
+    names = option_defaults()
+    assert {"mp_max_planes", "cache_size", "preset", "cp_inner_tol", "max_passes"} <= set(names)
+    est = SSVM(Chain(4, 3), solver="mp-bcfw", mp_max_planes=5)
+    assert est.get_params()["mp_max_planes"] == 5 and "mp_max_planes=5" in repr(est)
+    for copy in (sklearn_base.clone(est), pickle.loads(pickle.dumps(est)), SSVM(**est.get_params())):
+        assert copy.get_params()["mp_max_planes"] == 5 and copy.get_params().keys() == est.get_params().keys()
+    assert est.set_params(mp_max_planes=0, max_passes=4).get_params()["mp_max_planes"] == 0
+    _, _, xs, ys = chain_lists()
+    fitted = est.set_params(gap_check=2).fit(xs, ys)
+    assert fitted.result_.options.own.max_planes == 0 and fitted.result_.solver == "mp-bcfw"
+    with pytest.raises(TypeError, match="belong to solver 'mp-bcfw'"):  # another solver's option, at fit
+        SSVM(Chain(4, 3), mp_max_planes=5, **OPTS).fit(xs, ys)
+    with pytest.raises(TypeError, match="did you mean 'mp_max_planes'"):
+        SSVM(Chain(4, 3), solver="mp-bcfw", mp_max_plane=5)
+    with pytest.raises(TypeError, match=r"data\.to\('cuda'\)"):
+        SSVM(Chain(4, 3), device="cuda")

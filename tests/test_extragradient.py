@@ -340,7 +340,7 @@ def test_errors():
     with pytest.raises(ValueError, match="neither"):
         fit(model, data, LAM, "extragradient")
     model, data = random_chain_problem()
-    with pytest.raises(ValueError, match="refinements"):
+    with pytest.raises(ValueError, match="gap sampling is a BCFW refinement"):
         fit(model, data, LAM, "extragradient", sampling="gap")
     with pytest.raises(ValueError, match="box constraints"):
         fit(model, data, LAM, "extragradient", bounds=(torch.zeros(model.n_features), None))

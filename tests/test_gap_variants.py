@@ -18,7 +18,7 @@ from torch_bcfw.duals.sumtree import gap_draw, tree_sample
 from torch_bcfw.duals.working_set import WorkingSet, label_hash
 from torch_bcfw.models.table import app_c_toy
 from torch_bcfw.solvers.bcfw import BCFW
-from torch_bcfw.solvers.options import PRESETS, SolverOptions, parse_preset
+from torch_bcfw.solvers.bcfw_options import PRESETS, is_refined, parse_preset, variant_name
 from torch_bcfw.solvers.run import options_for
 from torch_bcfw.solvers.sampling import GapEstimates, GapSampler
 
@@ -35,7 +35,7 @@ def _chain():
 
 def _alg(model, data, lam, preset, fused=True, **kw):
     kw.setdefault("averaging", False)
-    alg = BCFW(model, data, lam, options_for("bcfw", preset=preset, **kw))
+    alg = BCFW(model, data, lam, options_for("bcfw", preset=preset, batch_size=1, **kw))
     alg.fused = fused
     return alg
 
@@ -64,19 +64,18 @@ def test_presets_and_options():
     assert parse_preset("gap-pairwise-cache") == {"sampling": "gap", "step_rule": "pairwise", "cache": True}
     assert parse_preset("bcpfw") == {"sampling": "uniform", "step_rule": "pairwise", "cache": False}
     assert len([p for p in PRESETS if p.endswith(("fw", "pairwise", "fw-cache", "pairwise-cache"))]) == 8
-    o = SolverOptions(preset="gap-away")
-    assert (o.sampling, o.step_rule, o.cache, o.refined) == ("gap", "away", False, True)
-    d = SolverOptions(preset="gap-pairwise-cache").to_dict()
-    assert SolverOptions(**d).variant_name() == "gap-pairwise-cache"
+    o = options_for("bcfw", preset="gap-away")
+    assert (o.sampling, o.own.step_rule, o.own.cache, is_refined(o)) == ("gap", "away", False, True)
+    d = options_for("bcfw", preset="gap-pairwise-cache").to_dict()
+    assert variant_name(options_for("bcfw", **d)) == "gap-pairwise-cache"
     defaults = options_for("bcfw")
-    cache = defaults.solver_options
-    assert (defaults.gap_check, cache.F, cache.nu, cache.size, defaults.gap_power) == (
-        10, 0.25, 0.01, 100, 1.0)
-    assert not defaults.refined  # plain BCFW stays the default
+    own = defaults.own
+    assert (defaults.gap_check, own.cache_F, own.cache_nu, own.cache_size, own.gap_power) == (10, 0.25, 0.01, 100, 1.0)
+    assert not is_refined(defaults)  # plain BCFW stays the default
     with pytest.raises(ValueError, match="unknown preset"):
-        SolverOptions(preset="gap-frank")
+        options_for("bcfw", preset="gap-frank")
     with pytest.raises(ValueError, match="line_search"):
-        SolverOptions(step_rule="pairwise", step="fixed")
+        options_for("bcfw", step_rule="pairwise", step="fixed")
     model, data = random_multiclass_problem(n=6, F=3, K=3, seed=0)
     with pytest.raises(ValueError, match="bcfw"):
         fit(model, data, 0.1, "fw", sampling="gap")
@@ -108,23 +107,23 @@ def test_auto_preset_follows_the_model_not_a_clock(tmp_path):
              for m in (model, model, SlowMulticlass(3, 3))}
     assert picks == {"uniform-fw"}  # interpreted steps, a cheap oracle: plain BCFW
     dear = fit(DearMulticlass(3, 3), data, 0.1, preset="auto", max_passes=1, gap_check=1)
-    assert dear.options.variant_name() == "gap-pairwise-cache"
+    assert variant_name(dear.options) == "gap-pairwise-cache"
     assert dear.options.extra["auto"] == {"compiled_steps": "none", "expensive_oracle": True, "rounds": False,
                                           "model": "DearMulticlass", "chosen": "gap-pairwise-cache"}
     dear.save(tmp_path / "r.pt")
     more = fit(DearMulticlass(3, 3), data, 0.1, preset="auto", max_passes=2, gap_check=1,
                init=FitResult.load(tmp_path / "r.pt"))
-    assert more.options.variant_name() == "gap-pairwise-cache"
+    assert variant_name(more.options) == "gap-pairwise-cache"
     assert [GraphCut.expensive_oracle, PoseTree.expensive_oracle, Matching.expensive_oracle] == [True] * 3
     assert (Chain.compiled_steps, GraphCut.compiled_steps, Multiclass.compiled_steps, PoseTree.compiled_steps) == (
         "all", "plain", "plain", "none")
     assert not Multiclass.expensive_oracle and not Chain.expensive_oracle
     # a chain runs every refinement compiled: gap-pairwise on the CPU; in mini-batch rounds: plain FW steps
     chain, seqs = random_chain_problem(n=10, F=3, K=3, seed=1)
-    assert fit(chain, seqs, 0.1, preset="auto", max_passes=1).options.variant_name() == "gap-pairwise"
-    assert fit(chain, seqs, 0.1, preset="auto", batch_size=4, max_passes=1).options.variant_name() == "uniform-fw"
-    assert fit(DearMulticlass(3, 3), data, 0.1, preset="auto", batch_size=4,
-               max_passes=1).options.variant_name() == "uniform-fw"
+    assert variant_name(fit(chain, seqs, 0.1, preset="auto", max_passes=1).options) == "gap-pairwise"
+    assert variant_name(fit(chain, seqs, 0.1, preset="auto", batch_size=4, max_passes=1).options) == "uniform-fw"
+    assert variant_name(fit(DearMulticlass(3, 3), data, 0.1, preset="auto", batch_size=4,
+               max_passes=1).options) == "uniform-fw"
 
 
 def test_working_set_insert_find_grow_evict_and_roundtrip():
@@ -306,7 +305,7 @@ def test_all_variants_reach_the_batch_fw_optimum(kind):
 
 
 def test_block_gaps_sum_to_the_certified_gap():
-    from torch_bcfw.solvers.certificate import certify
+    from torch_bcfw.certificate import certify
 
     for model, data in (_chain(), random_multiclass_problem(n=7, F=3, K=3, seed=1)):
         alg = _alg(model, data, 0.07, "gap-pairwise")
@@ -354,7 +353,7 @@ def test_pairwise_needs_the_dual_variables():
     st = model.dual_state(data, 0.1)
     st.run_steps(np.arange(len(data)), 0)
     with pytest.raises(ValueError, match="working set"):
-        BCFW(model, data, 0.1, SolverOptions(preset="pairwise"), state=st)
+        BCFW(model, data, 0.1, options_for("bcfw", preset="pairwise", batch_size=1), state=st)
 
 
 # ---------------------------------------------------------------------- App. C

@@ -402,7 +402,7 @@ def test_compact_state_rebinds_to_new_features_exactly():
 
     data = tiny_problem(8)
     model = GraphCut(2, 2, processes=1)
-    opts = SolverOptions.from_kwargs(max_passes=6, seed=1)
+    opts = SolverOptions(max_passes=6, seed=1, batch_size=1)
     states = []
     for make in (model.dual_state, lambda d, lam: ActiveSetDualState(model, d, lam)):
         alg = BCFW(model, data, 0.01, opts, state=make(data, 0.01))
@@ -509,3 +509,75 @@ def test_step_loop_without_a_box_raises_on_negative_pairwise_weights():
     with pytest.raises(ValueError, match="pairwise weights must be >= 0"):
         a.run_steps(np.arange(5), 0)
     assert a.k == k
+
+
+# ------------------------------------------------------------------ images at their own size
+def reference_grid8(image: torch.Tensor, scales) -> tuple[torch.Tensor, torch.Tensor]:
+    """8-connected edges of an ``[C, H, W]`` image and their features ``[1, exp(-s beta d2) per scale] / length``
+    from the definitions (every pixel pair at chessboard distance 1, ``beta = 1 / (2 mean d2)``)."""
+    C, H, W = image.shape
+    pairs = [(r * W + c, r2 * W + c2) for r in range(H) for c in range(W) for r2 in range(H) for c2 in range(W)
+             if max(abs(r - r2), abs(c - c2)) == 1 and r * W + c < r2 * W + c2]
+    edges = torch.tensor(pairs)
+    px = image.reshape(C, -1).T.double()
+    d2 = (px[edges[:, 0]] - px[edges[:, 1]]).pow(2).sum(1)
+    beta = 1 / (2 * d2.mean())
+    rows, cols = edges // W, edges % W
+    length = torch.where((rows[:, 0] != rows[:, 1]) & (cols[:, 0] != cols[:, 1]), 2 ** 0.5, 1.0).double()
+    feats = torch.stack([torch.ones_like(d2), *(torch.exp(-s * beta * d2) for s in scales)], 1)
+    return edges, feats / length[:, None]
+
+
+@pytest.mark.parametrize("loss", LOSSES)
+def test_full_resolution_cut_8_connected_with_contrast_scales_equals_brute_force(loss):
+    gen = torch.Generator().manual_seed(21)
+    scales = (0.5, 1.0, 2.0)
+    for trial in range(6):
+        feats = torch.randn(1, 2, 3, 3, generator=gen, dtype=torch.float64)
+        image = torch.rand(1, 3, 3, 3, generator=gen, dtype=torch.float64)
+        labels = torch.randint(0, 2, (1, 3, 3), generator=gen)
+        data = grid_graph_data(feats, image, labels, connectivity=8, contrast_scales=scales)
+        assert data.n_edge_inputs == 4 and data.edges.shape[0] == 20  # 12 axis + 8 diagonal
+        edges, edge_x = reference_grid8(image[0], scales)
+        got = {tuple(e): f for e, f in zip(data.edges.tolist(), data.edge_x)}
+        assert set(got) == {tuple(e) for e in edges.tolist()}
+        torch.testing.assert_close(torch.stack([got[tuple(e)] for e in edges.tolist()]), edge_x)
+        model = GraphCut(2, 4, loss=loss, processes=1)
+        w = torch.cat([torch.randn(2, generator=gen, dtype=torch.float64) * 3,
+                       torch.rand(4, generator=gen, dtype=torch.float64) * (trial + 1)])
+        x, mass, Y = data.x, torch.ones(9, dtype=torch.float64), all_labelings(9)
+        for loss_augmented in (False, True):
+            vals = reference_scores(x, edges, edge_x, mass, w, 2, Y)
+            if loss_augmented:
+                vals = vals + reference_loss(data.y, Y, mass, loss)
+            y = model.oracle(w, data, loss_augmented)
+            k = int((Y == y).all(1).nonzero()[0, 0])
+            assert float(vals[k]) == pytest.approx(float(vals.max()), abs=1e-12)
+
+
+def test_images_of_different_sizes_share_one_graph_data():
+    gen = torch.Generator().manual_seed(3)
+    sizes = [(2, 3), (4, 5), (2, 3)]
+    feats = [torch.randn(2, h, w, generator=gen, dtype=torch.float64) for h, w in sizes]
+    images = [torch.rand(3, h, w, generator=gen, dtype=torch.float64) for h, w in sizes]
+    labels = [torch.randint(0, 2, (h, w), generator=gen) for h, w in sizes]
+    data = grid_graph_data(feats, images, labels, connectivity=8, contrast_scales=(1.0, 3.0))
+    assert data.lengths.tolist() == [6, 20, 6]
+    for i, (h, w) in enumerate(sizes):
+        one = data[[i]]
+        assert torch.equal(one.edges, grid_edges(h, w, 8))
+        assert torch.equal(one.x, feats[i].permute(1, 2, 0).reshape(h * w, 2)) and torch.equal(one.y, labels[i].reshape(-1))
+        torch.testing.assert_close(one.edge_x, grid_graph_data(feats[i][None], images[i][None], None, connectivity=8,
+                                                               contrast_scales=(1.0, 3.0)).edge_x)
+    model = GraphCut(2, 3, processes=1)
+    w = torch.tensor([1.0, -0.5, 0.2, 0.3, 0.1], dtype=torch.float64)
+    packed = model.oracle(w, data, loss_augmented=False)
+    assert torch.equal(torch.cat([model.oracle(w, data[[i]], loss_augmented=False) for i in range(3)]), packed)
+    result = fit(model, data, lam=0.1, max_passes=3, seed=0)
+    assert result.gap >= -1e-9 and bool((result.weights[2:] >= 0).all())
+    with pytest.raises(ValueError, match="image 1: labels must be"):
+        grid_graph_data(feats, images, [labels[0], labels[0], labels[2]])
+    with pytest.raises(ValueError, match="one entry per image"):
+        grid_graph_data(feats, images[:2])
+    with pytest.raises(ValueError, match="connectivity must be 4 or 8"):
+        grid_edges(3, 3, 6)

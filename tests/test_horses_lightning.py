@@ -72,7 +72,7 @@ def test_callback_state_round_trip_rebinds_exactly(fitted):
     clone = BCFWCallback(lam=0.01, head_attr="head", name="potts", log_prefix="ssvm", passes_per_call=3,
                          initial_passes=0, solver_options={"step": "line_search", "averaging": True, "seed": 0})
     clone.load_state_dict(potts.state_dict())
-    state = clone._dual_state(model.head.model, data)
+    state = clone._dual_state(model.head.model, data, clone.lam, clone.dual_sd)
     assert isinstance(state, GraphCutDualState) and state.has_bounds
     torch.testing.assert_close(state.v, potts.dual_sd["w"].to(torch.float64), rtol=0, atol=1e-10)
     torch.testing.assert_close(state.w, model.head.w if potts.last_record.selected == "last" else state.w)

@@ -21,7 +21,7 @@ from torch_bcfw import cross_validate, fit
 from torch_bcfw.compare import finished_runs, plot_comparison, run_comparison, summarise, write_results
 from torch_bcfw.cross_validation import CrossValidationInterrupted
 from torch_bcfw.solvers.callbacks import Callback
-from torch_bcfw.solvers.certificate import certify
+from torch_bcfw.certificate import certify
 from torch_bcfw.solvers.path import grid_search, regularization_path
 
 ROOT = Path(__file__).resolve().parents[1]

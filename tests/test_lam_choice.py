@@ -11,7 +11,7 @@ from test_lightning import Toy, _batches, _features, _trainer
 from torch_bcfw import fit
 from torch_bcfw.duals.rebind import rebindable_state
 from torch_bcfw.lightning import BCFWCallback, LamChoice, lam_grid
-from torch_bcfw.solvers.certificate import certify, task_loss
+from torch_bcfw.certificate import certify, task_loss
 
 LAMS = [10.0, 3.0, 1.0, 0.3]
 
@@ -124,11 +124,21 @@ def test_bad_choices_are_reported():
         lam_grid(1.0, 0.1, 3)
 
 
-def test_missing_validation_loader_is_reported(tmp_path):
+class NoSplitToy(Toy):
+    """A module whose ``bcfw_val_dataloader`` says it has no validation split (as a datamodule without one)."""
+
+    def bcfw_val_dataloader(self):
+        raise ValueError("NoSplitToy has no validation split for bcfw_val_dataloader")
+
+
+@pytest.mark.parametrize("module", [Toy, NoSplitToy])
+def test_missing_validation_split_is_reported_before_training(tmp_path, module):
     train, _ = _problem()
     cb = BCFWCallback(lam_choice=LamChoice(LAMS, passes=1), passes_per_call=1)
+    trainer = _trainer(tmp_path, [cb], epochs=1)
     with pytest.raises(ValueError, match="bcfw_val_dataloader"):
-        _trainer(tmp_path, [cb], epochs=1).fit(Toy(train))
+        trainer.fit(module(train))
+    assert trainer.global_step == 0 and cb.calls == 0  # no training step, no solve
 
 
 def test_a_window_solves_the_current_choice_and_its_neighbours_only(tmp_path):
@@ -152,3 +162,27 @@ def test_a_window_solves_the_current_choice_and_its_neighbours_only(tmp_path):
         LamChoice(lams, window=0)
     with pytest.raises(ValueError, match="passes"):
         LamChoice(lams, passes=0)
+
+
+def test_the_choice_is_returned_and_kept_only_once_committed():
+    """``LamChoice.choose`` returns its pick and changes nothing (an interrupted call leaves no trace); ``commit``
+    keeps the candidates' states and the record; the callback writes its own ``lam`` and state."""
+    from torch_bcfw.planning import plan_run
+    from torch_bcfw.solvers.run import options_for
+
+    train, val = _problem()
+    module = ValToy(train, val)
+    xtr, xval = _features(module, train), _features(module, val)
+    model = module.head.model
+    choice = LamChoice(LAMS, passes=3)
+    plan = plan_run(model, xtr, LAMS[0], "bcfw", options_for("bcfw", strategy="replicate"), test_data=xval)
+    pick = choice.choose(model, plan.data, plan.test_data, "bcfw", plan.options, passes=2.0, lam=LAMS[0], state=None)
+    assert choice.states == {} and choice.history == [] and choice.val_data is None
+    assert pick.lam in LAMS and pick.state is pick.states[pick.lam] and set(pick.states) == set(LAMS)
+    best = min(pick.record["candidates"], key=lambda c: (c["val_loss"], -c["lam"]))
+    assert pick.record["lam"] == pick.lam == best["lam"]
+    choice.commit(pick, epoch=3)
+    assert choice.states is pick.states and choice.history == [{"epoch": 3, **pick.record}] and choice.val_data is xval
+    cb = BCFWCallback(lam_choice=LamChoice(LAMS, passes=3), passes_per_call=2)
+    cb.solve(None, ValToy(train, val), 2.0, log=False)
+    assert cb.lam == cb.lam_choice.history[-1]["lam"] == cb.last_record.lam

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import load_fuzz_worker as worker
+from torch_bcfw.io.tree_file import save_tree
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -24,8 +25,8 @@ def test_a_lifted_state_is_refused_or_certifies_honestly(kind, tmp_path):
         d = {k: v for k, v in base.items()}
         d["solver_state"] = dict(base["solver_state"], state=dict(base["solver_state"]["state"]))
         worker.lift(d, kind, how, random.Random(3))
-        torch.save(d, tmp_path / f"{kind}__{how}.pt")
-        outcomes[how] = worker.check(tmp_path / f"{kind}__{how}.pt", worker.reference_primal(kind))
+        save_tree(d, tmp_path / f"{kind}__{how}.safetensors")
+        outcomes[how] = worker.check(tmp_path / f"{kind}__{how}.safetensors", worker.reference_primal(kind))
         assert outcomes[how] == "ok" or outcomes[how].startswith("error: "), outcomes
     if kind in ("chain", "chain-cache", "chain-minibatch", "chain-mp", "multiclass", "active-set", "graphcut"):
         assert outcomes["lift"].startswith("error: "), outcomes  # the storage determines l_i: the lift is refused
@@ -38,6 +39,6 @@ def test_the_issue_multiclass_lift_is_refused(tmp_path):
     st = d["solver_state"]["state"]
     st["block_ell"] = st["block_ell"] + 0.3 * (1.0 / 6 - st["block_ell"])
     st["ell"] = float(st["block_ell"].sum())
-    torch.save(d, tmp_path / "multiclass__lifted.pt")
-    out = worker.check(tmp_path / "multiclass__lifted.pt", 0.0)
+    save_tree(d, tmp_path / "multiclass__lifted.safetensors")
+    out = worker.check(tmp_path / "multiclass__lifted.safetensors", 0.0)
     assert out.startswith("error: ") and "block_ell" in out and "w_i determines" in out, out

@@ -21,7 +21,7 @@ from torch_bcfw.lightning import BCFWCallback
 from torch_bcfw.duals import ActiveSetDualState
 from torch_bcfw.models import Chain, Multiclass
 from torch_bcfw.nn import StructuredHead, StructuredHingeLoss
-from torch_bcfw.solvers.certificate import certify
+from torch_bcfw.certificate import certify
 
 
 def _batches(raw, size, order=None):

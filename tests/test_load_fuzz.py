@@ -19,6 +19,7 @@ import pytest
 import torch
 
 import load_fuzz_worker as worker
+from torch_bcfw.io.tree_file import save_tree
 
 WORKER = Path(worker.__file__)
 THOROUGH = os.environ.get("TORCH_BCFW_HYPOTHESIS_PROFILE") == "thorough"
@@ -87,8 +88,8 @@ def _mutated_files(tmp_path: Path, count: int, seed: int = 0) -> list[Path]:
         for key in path[:-1]:
             node = node[key]
         node[path[-1]] = _mutate(value, how, rng)
-        name = f"{kind}__{j:04d}_{how}_{'.'.join(map(str, path[1:]))}.pt"
-        torch.save(d, tmp_path / name)
+        name = f"{kind}__{j:04d}_{how}_{'.'.join(map(str, path[1:]))}.safetensors"
+        save_tree(d, tmp_path / name)
         files.append(tmp_path / name)
     return files
 
@@ -102,8 +103,8 @@ def _lifted_files(tmp_path: Path, count: int, seed: int = 0) -> list[Path]:
         how = rng.choice(("lift", "lift-avg"))
         d = _copy(bases[kind])
         worker.lift(d, kind, how, rng)
-        torch.save(d, tmp_path / f"{kind}__{j:04d}_{how}.pt")
-        files.append(tmp_path / f"{kind}__{j:04d}_{how}.pt")
+        save_tree(d, tmp_path / f"{kind}__{j:04d}_{how}.safetensors")
+        files.append(tmp_path / f"{kind}__{j:04d}_{how}.safetensors")
     return files
 
 
@@ -127,8 +128,8 @@ def _run_worker(tmp_path: Path, files: list[Path]) -> dict:
 def test_the_unmutated_states_resume_with_a_certificate(tmp_path):
     files = []
     for kind in worker.KINDS:
-        torch.save(worker.saved_run(kind), tmp_path / f"{kind}__clean.pt")
-        files.append(tmp_path / f"{kind}__clean.pt")
+        save_tree(worker.saved_run(kind), tmp_path / f"{kind}__clean.safetensors")
+        files.append(tmp_path / f"{kind}__clean.safetensors")
     assert set(_run_worker(tmp_path, files).values()) == {"ok"}
 
 

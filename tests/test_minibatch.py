@@ -17,7 +17,7 @@ from torch_bcfw import fit
 from torch_bcfw.duals.active_set import ActiveSetDualState
 from torch_bcfw.duals.plan import StepPlan, generic_plan_steps
 from torch_bcfw.duals.stepsize import FIXED, LINE_SEARCH, fixed_block_step, minibatch_fixed_step
-from torch_bcfw.solvers.local_comm import round_sizes, share_of
+from torch_bcfw.distributed.communicators import round_sizes, share_of
 from torch_bcfw.solvers.options import SolverOptions
 from torch_bcfw.duals.sumtree import gap_draw_round, tree_build, tree_size
 from torch_bcfw.duals.working_set import block_labelings

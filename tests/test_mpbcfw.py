@@ -221,7 +221,7 @@ def _clocked(exact_cost, approx_cost, lam=0.01, **kw):
     """MP-BCFW whose clock is a cost model: ``exact_cost`` per oracle call, ``approx_cost`` per approximate
     step (block steps that called no oracle); only differences inside a pass are read."""
     base, data = random_multiclass_problem(n=10, F=3, K=4, seed=5)
-    model = _CountingMulticlass(base.n_inputs, base.n_classes)
+    model = _CountingMulticlass(base.n_inputs, base.n_labels)
     holder = {}
 
     def clock():
@@ -334,10 +334,12 @@ def test_bad_options_raise_clear_errors():
                      (dict(mp_min_gain=float("nan")), "mp_min_gain")):
         with pytest.raises(ValueError, match=msg):
             fit(model, data, 0.1, "mp-bcfw", **bad)
-    with pytest.raises(ValueError, match="refinements of solver='bcfw'"):
+    with pytest.raises(TypeError, match="belong to solver 'bcfw'"):
         fit(model, data, 0.1, "mp-bcfw", preset="gap-fw")
-    with pytest.raises(ValueError, match="refinements of solver='bcfw'"):
+    with pytest.raises(TypeError, match="belong to solver 'bcfw'"):
         fit(model, data, 0.1, "mp-bcfw", cache=True)
+    with pytest.raises(ValueError, match="refinement of solver='bcfw'"):
+        fit(model, data, 0.1, "mp-bcfw", sampling="gap")
     with pytest.raises(ValueError, match="line_search"):
         fit(model, data, 0.1, "mp-bcfw", step="fixed")
     with pytest.raises(TypeError, match="unknown solver option"):

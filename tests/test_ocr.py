@@ -70,3 +70,24 @@ def test_ocr_large_acceptance():
     assert last.test_loss <= 0.13
     letter_err = float((r.predict(test) != test.y).double().mean())
     assert letter_err <= 0.13
+
+
+def test_datamodule_serves_a_validation_fold_for_lam_choice():
+    """``OCRWordsDataModule(val_fold=1)``: fold 1 leaves training and is the validation split (the held-out data of
+    ``LamChoice``); without it there is none and ``bcfw_val_dataloader`` says how to get one."""
+    pytest.importorskip("lightning", reason="the [lightning] extra is not installed")
+    from torch_bcfw.tasks.ocr import OCRWordsDataModule
+
+    dm = OCRWordsDataModule(shared_data("ocr"), val_fold=1, eval_batch_size=1000)
+    dm.setup()
+    words = load_ocr(shared_data("ocr"))
+    assert (len(dm.train), len(dm.val), len(dm.test)) == (6251 - 704, 704, 626)
+    held = torch.cat([b[1] for b in dm.bcfw_val_dataloader()])
+    assert torch.equal(held, words.subset(words.folds == 1).y)
+    plain = OCRWordsDataModule(shared_data("ocr"))
+    plain.setup()
+    assert plain.val is None and len(plain.train) == 6251
+    with pytest.raises(ValueError, match="no validation split"):
+        plain.bcfw_val_dataloader()
+    with pytest.raises(ValueError, match="not both"):
+        OCRWordsDataModule(shared_data("ocr"), val_fold=1, validate_on_test=True)

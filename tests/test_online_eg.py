@@ -57,8 +57,10 @@ def test_errors():
     with pytest.raises(ValueError, match="expectation"):
         fit(model, data, LAM, "online-eg")
     model, data = random_chain_problem()
-    with pytest.raises(ValueError, match="refinements"):
+    with pytest.raises(TypeError, match="belong to solver 'bcfw'"):
         fit(model, data, LAM, "online-eg", cache=True)
+    with pytest.raises(ValueError, match="gap sampling is a BCFW refinement"):
+        fit(model, data, LAM, "online-eg", sampling="gap")
     for bad in ({"eg_step0": 0}, {"eg_max_halvings": -1}, {"eg_step_growth": float("nan")}):
         with pytest.raises(ValueError, match="eg_"):
             fit(model, data, LAM, "online-eg", **bad)

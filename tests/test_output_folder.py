@@ -1,5 +1,5 @@
 """One run per output folder: a second ``torch-bcfw fit`` into a folder held by a live run refuses in one line naming
-it (and deletes none of its files); a finished ``model.pt`` is replaced only with ``--overwrite``."""
+it (and deletes none of its files); a finished ``model.safetensors`` is replaced only with ``--overwrite``."""
 from __future__ import annotations
 
 import json
@@ -28,7 +28,7 @@ def _fit(out, *extra, passes=2, popen=False):
 
 def test_a_second_claim_names_the_live_owner(tmp_path):
     """In-process: the lock refuses a second holder (a real second process is the heavy test below), a finished
-    model.pt needs ``overwrite`` (or ``resume``), and the folder is free again once the first claim ends."""
+    model.safetensors needs ``overwrite`` (or ``resume``), and the folder is free again once the first claim ends."""
     holder = subprocess.Popen([sys.executable, "-c", (  # a second process holding the lock as claim_output does
         "import fcntl, json, os, sys, time\n"
         f"fd = os.open(sys.argv[1] + '/{LOCK_NAME}', os.O_RDWR | os.O_CREAT)\n"
@@ -43,7 +43,7 @@ def test_a_second_claim_names_the_live_owner(tmp_path):
     finally:
         holder.kill()
         holder.wait()
-    (tmp_path / "model.pt").write_bytes(b"x")
+    (tmp_path / "model.safetensors").write_bytes(b"x")
     with pytest.raises(FileExistsError, match="holds a finished run: pass --overwrite"):
         with claim_output(tmp_path):
             pass
@@ -58,11 +58,11 @@ def test_two_complete_runs_into_one_folder(tmp_path):
     out = tmp_path / "run"
     first = _fit(out)
     assert first.returncode == 0, first.stderr
-    before = (out / "model.pt").read_bytes()
+    before = (out / "model.safetensors").read_bytes()
     second = _fit(out, passes=3)
     assert second.returncode == 2 and len(second.stderr.strip().splitlines()) == 1, second.stderr
-    assert "model.pt holds a finished run: pass --overwrite" in second.stderr
-    assert (out / "model.pt").read_bytes() == before
+    assert "model.safetensors holds a finished run: pass --overwrite" in second.stderr
+    assert (out / "model.safetensors").read_bytes() == before
     third = _fit(out, "--overwrite", passes=3)
     assert third.returncode == 0, third.stderr
     assert json.loads((out / "history.json").read_text())["history"][-1]["passes"] == 3.0
@@ -76,7 +76,7 @@ def test_a_concurrent_start_refuses_and_leaves_the_live_run_alone(tmp_path):
     live = _fit(out, "--checkpoint-every", "1p", passes=400, popen=True)
     try:
         deadline = time.monotonic() + 120
-        while not (out / "checkpoint.pt").exists():  # the live run is saving
+        while not (out / "checkpoint.safetensors").exists():  # the live run is saving
             assert live.poll() is None and time.monotonic() < deadline, live.communicate()
             time.sleep(0.2)
         second = _fit(out, passes=2)
@@ -87,4 +87,4 @@ def test_a_concurrent_start_refuses_and_leaves_the_live_run_alone(tmp_path):
         live.send_signal(2)  # Ctrl-C: it saves and exits 130
         _, err = live.communicate(timeout=120)
     assert live.returncode == 130, err
-    assert (out / "model.pt").is_file() and (out / "checkpoint.pt").is_file()
+    assert (out / "model.safetensors").is_file() and (out / "checkpoint.safetensors").is_file()

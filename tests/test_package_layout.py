@@ -35,20 +35,20 @@ def _imported_modules(path: Path, package: str) -> set[str]:
     return {m for m in out if m.startswith("torch_bcfw")}
 
 
-#: the floors of the package, lowest first (a top-level module or subpackage of ``torch_bcfw`` per name, or a module
-#: of a subpackage whose modules stand on different floors, as ``io.checkpoint``): a module imports, at module level
-#: or inside a function, only from its own floor or a lower one
+#: the floors of the package, lowest first (a top-level module or subpackage of ``torch_bcfw`` per name, a whole
+#: subpackage on one floor): a module imports, at module level or inside a function, only from its own floor or a
+#: lower one
 FLOORS = (
-    ("runtime.kernel_cache", "runtime.threads", "runtime.signals", "runtime.progress", "checks", "convert",
-     "plotting", "io.serialization", "io.standalone_head", "io", "runtime"),  # foundations; two namespaces
+    ("runtime", "io", "checks", "convert", "plotting"),  # foundations: the process, files, argument checks, plots
     ("data", "inference"),  # data containers and decoders
     ("head_ops", "metrics"),  # decoding heads; task metrics from data the caller passes
     ("duals",),  # dual states and their step loops
     ("models",),  # joint features, losses, oracles
+    ("certificate", "distributed"),  # primal, dual and gap; process groups and the communicators of a run
     ("solvers",),  # the BCFW family and the baselines
-    ("distributed",),  # process groups
-    ("io.checkpoint", "fit", "runtime.compilation", "cross_validation", "estimator", "io.export"),  # the front doors
-    ("nn", "features", "backbones"),  # torch modules under a structured head; feature extraction; pretrained backbones
+    ("planning",),  # a run's "auto" choices, resolved once before any solver exists
+    ("checkpoint", "head_solve", "fit", "compilation", "cross_validation", "estimator", "export"),  # the front doors
+    ("nn", "features", "vision"),  # torch modules under a structured head; feature extraction; image backbones
     ("datasets",),  # loaders of the real data and their task glue
     ("tasks", "lightning", "compare"),  # Lightning tasks and callback; solver comparisons
     ("cli", "__main__", "__init__"),  # the command line and the package's own namespace
@@ -85,11 +85,10 @@ def _import_graph() -> dict[str, set[str]]:
 
 
 def _floor(module: str) -> int:
-    parts = module.split(".")
-    for unit in (".".join(parts[1:3]), parts[1] if len(parts) > 1 else "__init__"):
-        for k, floor in enumerate(FLOORS):
-            if unit in floor:
-                return k
+    unit = module.split(".")[1] if "." in module else "__init__"
+    for k, floor in enumerate(FLOORS):
+        if unit in floor:
+            return k
     raise AssertionError(f"{module} is on no floor of FLOORS: place it")
 
 
@@ -108,6 +107,73 @@ def test_no_import_of_another_modules_private_name():
             private += [f"{path.relative_to(PACKAGE)}:{node.lineno} {n}" for n in names
                         if n.startswith("_") and not n.startswith("__")]
     assert private == []
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.endswith("__")
+
+
+def _class_privates(cls: ast.ClassDef) -> set[str]:
+    """The private attributes class ``cls`` defines: its methods, its class-level names and what its own methods
+    store on ``self`` / ``cls`` (nested classes left out: they are other classes)."""
+    out, todo = set(), list(cls.body)
+    while todo:
+        node = todo.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node in cls.body:
+            out.add(node.name)
+        if isinstance(node, (ast.Assign, ast.AnnAssign)) and node in cls.body:
+            out.update(t.id for t in (node.targets if isinstance(node, ast.Assign) else [node.target])
+                       if isinstance(t, ast.Name))
+        if (isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store) and isinstance(node.value, ast.Name)
+                and node.value.id in ("self", "cls")):
+            out.add(node.attr)
+        if not isinstance(node, ast.ClassDef):
+            todo.extend(ast.iter_child_nodes(node))
+    return {n for n in out if _private(n)}
+
+
+def _chain_root(node: ast.expr) -> ast.expr:
+    """The first name of an attribute chain (``a`` of ``a.b(c)[0].d``)."""
+    while isinstance(node, (ast.Attribute, ast.Call, ast.Subscript)):
+        node = node.func if isinstance(node, ast.Call) else node.value
+    return node
+
+
+def test_no_use_of_another_objects_private_attribute():
+    """``x._name`` names a private attribute of the package's own objects only on ``self`` / ``cls`` / ``super()``,
+    inside the class that defines it (another instance of that class), or on this module's own classes: what another
+    object offers is public, with a name that says what it is.  A private attribute no class of the package defines
+    belongs to another library's object (``os._exit``, a named tuple's ``_replace``, numba's cache locators) and is
+    not the package's to name; one reached through an import of a package module always counts."""
+    trees = {path: ast.parse(path.read_text(encoding="utf-8")) for path in sorted(PACKAGE.rglob("*.py"))}
+    classes = {c: _class_privates(c) for t in trees.values() for c in ast.walk(t) if isinstance(c, ast.ClassDef)}
+    own = set().union(*classes.values())
+    uses = []
+    for path, tree in trees.items():
+        package_imports = {a.asname or a.name.partition(".")[0] for node in ast.walk(tree)
+                           if isinstance(node, ast.Import) for a in node.names if a.name.startswith("torch_bcfw")}
+        package_imports |= {a.asname or a.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+                            and (node.level or (node.module or "").startswith("torch_bcfw")) for a in node.names}
+        module_names = {n.name for n in tree.body if isinstance(n, ast.ClassDef)}
+
+        def visit(node, cls):
+            for child in ast.iter_child_nodes(node):
+                visit(child, child if isinstance(child, ast.ClassDef) else cls)
+            if not (isinstance(node, ast.Attribute) and _private(node.attr)):
+                return
+            value, root = node.value, _chain_root(node.value)
+            if isinstance(value, ast.Name) and value.id in ("self", "cls") or (
+                    isinstance(value, ast.Call) and isinstance(value.func, ast.Name) and value.func.id == "super"):
+                return
+            if cls is not None and node.attr in classes[cls]:
+                return
+            if isinstance(value, ast.Name) and value.id in module_names:
+                return
+            if node.attr in own or isinstance(root, ast.Name) and root.id in package_imports:
+                uses.append(f"{path.relative_to(PACKAGE)}:{node.lineno} {ast.unparse(node)}")
+
+        visit(tree, None)
+    assert not uses, "\n".join(uses)
 
 
 def test_no_import_points_up_a_floor():

@@ -11,7 +11,7 @@ from torch_bcfw import fit
 from torch_bcfw.duals.active_set import ActiveSetDualState
 from torch_bcfw.duals.stepsize import LINE_SEARCH
 from torch_bcfw.models import Multiclass
-from torch_bcfw.solvers.certificate import certify, task_loss
+from torch_bcfw.certificate import certify, task_loss
 from torch_bcfw.solvers.path import RegularizationPath, grid_search, regularization_path
 
 
@@ -52,9 +52,9 @@ def test_rescaling_keeps_w_and_the_dual_feasible_and_moves_the_gap_linearly(kind
         res = fit(model, data, lam, preset="uniform-pairwise", max_passes=8, averaging=False)
         state = model.dual_state(data, lam)
         from torch_bcfw.solvers.bcfw import BCFW
-        from torch_bcfw.solvers.options import SolverOptions
+        from torch_bcfw.solvers.run import options_for
 
-        BCFW(model, data, lam, SolverOptions(preset="uniform-pairwise"), state=state).load_state_dict(res.solver_state)
+        BCFW(model, data, lam, options_for("bcfw", preset="uniform-pairwise", batch_size=1), state=state).load_state_dict(res.solver_state)
     else:
         state = ActiveSetDualState(model, data, lam) if kind == "multiclass-active" else model.dual_state(data, lam)
         state.run_steps(np.random.default_rng(1).integers(0, len(data), 40), LINE_SEARCH)

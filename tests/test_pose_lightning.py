@@ -181,6 +181,18 @@ def test_lsp_datamodule_fields(tmp_path) -> None:
     with pytest.raises(ValueError, match="no image"):
         LSPPoseDataModule(str(LSP_ROOT), size=64, grid_size=16, limit=10, test_limit=4, cache_dir=str(tmp_path),
                           head_holdout=10).setup("fit")
+    # holdout: the last images are the validation split, out of both trainings (and of bcfw_val_dataloader)
+    with pytest.raises(ValueError, match="no validation split"):
+        again.bcfw_val_dataloader()
+    val = LSPPoseDataModule(str(LSP_ROOT), size=64, grid_size=16, limit=10, test_limit=4, cache_dir=str(tmp_path),
+                            holdout=3, head_holdout=2)
+    val.setup("fit")
+    assert len(val.train) == 7 and len(val.val) == 3
+    assert torch.equal(next(iter(val.bcfw_val_dataloader()))["joints"], again.train.fields["joints"][7:])
+    assert torch.equal(next(iter(val.bcfw_dataloader()))["joints"], again.train.fields["joints"][5:7])
+    with pytest.raises(ValueError, match="no training image"):
+        LSPPoseDataModule(str(LSP_ROOT), size=64, grid_size=16, limit=10, test_limit=4, cache_dir=str(tmp_path),
+                          holdout=10).setup("fit")
 
 
 @pytest.mark.parametrize("type_features", [False, True])

@@ -12,11 +12,11 @@ import torch
 from torch import nn
 
 from torch_bcfw.datasets.lsp import frame_to_original, load_lsp_extended, lsp_split_ids
-from torch_bcfw.metrics.segmentation import iou_difference, segmentation_counts, segmentation_summary
+from torch_bcfw.io.tree_file import load_tree
+from torch_bcfw.metrics.segmentation import boundary_band, iou_difference, segmentation_counts, segmentation_summary
 from torch_bcfw.tasks.pose import soft_targets
-from torch_bcfw.tasks.pose_pretrained import flip_back
 from torch_bcfw.tasks.lsp_data import FLIP_PERMUTATION
-from torch_bcfw.tasks.pretrained import PretrainedTrunk, cache_features
+from torch_bcfw.vision import PretrainedTrunk, cache_features, stored_features
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
@@ -52,7 +52,7 @@ def test_pose_example_end_to_end(tmp_path, monkeypatch):
     pred = json.loads((out / "predictions.json").read_text())
     assert pred["images"] == list(range(1501, 1507))
     assert np.asarray(pred["tree"]).shape == np.asarray(pred["argmax"]).shape == (6, 14, 2)
-    heat = torch.load(out / "heatmaps.pt", weights_only=True)
+    heat = load_tree(out / "heatmaps.safetensors")
     assert heat["held_out_images"] == [9, 10, 11, 12] and heat["test_images"] == list(range(1501, 1507))
     assert heat["held_out"].shape == (4, 14, 8, 8) and heat["test"].shape == (6, 14, 8, 8)
     # log-softmax heatmaps over the grid; their argmax is the argmax prediction (frame pixels -> grid cells)
@@ -64,17 +64,21 @@ def test_horses_example_end_to_end(tmp_path, monkeypatch):
     Image = pytest.importorskip("PIL.Image")
     _need(DATA / "weizmann_horse" / "rgb")
     out = tmp_path / "horses"
-    monkeypatch.setattr(sys, "argv", ["horse_segmentation.py", "--data", str(DATA / "weizmann_horse"), "--input-size",
-                                      "32", "32", "--size", "16", "16", "--epochs", "1", "--limit", "6",
-                                      "--test-limit", "4", "--seeds", "0", "--lams", "0.01", "--passes", "2",
-                                      "--threads", "1", "--processes", "1", "--output", str(out)])
-    _example("horse_segmentation").main()
+    _example("horse_segmentation").main(["--data", str(DATA / "weizmann_horse"), "--input-size", "32", "32", "--size",
+                                         "16", "16", "--epochs", "1", "--limit", "6", "--val-limit", "6",
+                                         "--test-limit", "4", "--seeds", "0", "--lams", "0.01,0.1", "--passes", "2",
+                                         "--contrast-scales", "0.5,2", "--threads", "1", "--output", str(out)])
     report = json.loads((out / "report.json").read_text())
     run = report["seeds"][0]
-    assert report["test_images"] == 4 and run["gap"] >= -1e-9
-    g = run["graphcut_minus_cnn_iou"]
-    assert g["diff"] == pytest.approx(run["graphcut/iou"] - run["cnn/iou"], abs=1e-9)
-    for method in ("cnn", "graphcut"):  # native-size PNGs whose IoU is the one reported
+    assert report["test_images"] == 4 and report["val_images"] == 6
+    assert run["gap"] >= -1e-9 and run["unary"]["gap"] >= -1e-9
+    assert len(run["head_weights"]) == 17 + 3 and min(run["head_weights"][17:]) >= 0
+    assert len(run["unary"]["head_weights"]) == 17 and set(run["unary"]["lam_cv_iou"]) == {"0.01", "0.1"}
+    for a, b in (("graphcut", "cnn"), ("graphcut", "unary"), ("unary", "cnn")):
+        g = run[f"{a}_minus_{b}_iou"]
+        assert g["diff"] == pytest.approx(run[f"{a}/iou"] - run[f"{b}/iou"], abs=1e-9)
+        assert g["ci95"][0] <= g["diff"] <= g["ci95"][1]
+    for method in ("cnn", "unary", "graphcut"):  # PNGs at each image's own size whose IoU is the one reported
         counts = []
         for k in range(229, 233):
             with Image.open(out / "masks" / method / f"horse{k}.png") as f:
@@ -83,8 +87,8 @@ def test_horses_example_end_to_end(tmp_path, monkeypatch):
                 truth = np.asarray(f.convert("L")) > 127
             assert pred.shape == truth.shape and set(np.unique(pred)) <= {0, 255}
             counts.append(segmentation_counts(torch.from_numpy(pred > 0)[None], torch.from_numpy(truth)[None]))
-        iou = segmentation_summary(torch.cat(counts))["iou"]
-        assert iou == pytest.approx(report["native_resolution_last_seed"][method]["iou"])
+        assert segmentation_summary(torch.cat(counts))["iou"] == pytest.approx(run[f"{method}/iou"])
+        assert 0 <= run[f"{method}/band_iou"] <= 1
 
 
 def test_frame_to_original_inverts_the_loader():
@@ -104,6 +108,7 @@ def test_flip_back_mirrors_and_swaps_the_joints():
     mirrored = joints[:, list(FLIP_PERMUTATION)].clone()
     mirrored[..., 0] = S - mirrored[..., 0]
     grid = lambda j: j.flip(-1) * (G / S) - 0.5  # noqa: E731 - joints_to_grid
+    flip_back = _example("pose_lsp").flip_back
     torch.testing.assert_close(flip_back(soft_targets(grid(mirrored), G, 1.0)), soft_targets(grid(joints), G, 1.0))
 
 
@@ -141,3 +146,50 @@ def test_iou_difference_and_its_interval():
     assert iou_difference(ca, ca)["diff"] == 0 and iou_difference(ca, ca)["high"] == 0
     with pytest.raises(ValueError, match="4"):
         iou_difference(ca[:, :3], cb[:, :3])
+
+
+def test_a_module_without_the_split_protocol_is_refused_a_split(tmp_path):
+    backbone = nn.Conv2d(3, 4, 3, 2, 1)
+    with pytest.raises(TypeError, match="SplittableBackbone"):
+        PretrainedTrunk(backbone, 2, train_from=3)
+    with pytest.raises(TypeError, match="SplittableBackbone"):
+        cache_features(backbone, torch.zeros(1, 3, 8, 8), train_from=3)
+
+
+def test_stored_features_are_safetensors_read_back_exactly(tmp_path):
+    from safetensors.torch import load_file
+
+    torch.manual_seed(0)
+    backbone = nn.Conv2d(3, 5, 3, 2, 1)
+    images = (torch.rand(3, 3, 16, 16) * 255).to(torch.uint8)
+    lines = []
+    first = stored_features(tmp_path, "toy", backbone, images, log=lines.append)
+    (path,) = tmp_path.glob("features_toy_Conv2d_*.safetensors")
+    stored = load_file(path)
+    assert set(stored) == {"map0"} and stored["map0"].dtype == torch.float16 and lines
+    kept = backbone.weight.detach().clone()
+    with torch.no_grad():
+        backbone.weight.add_(1.0)  # the file answers only for the weights it was computed with
+    assert not torch.equal(stored_features(tmp_path, "toy", backbone, images)[0], first[0])
+    with torch.no_grad():
+        backbone.weight.copy_(kept)
+    torch.testing.assert_close(stored_features(tmp_path, "toy", backbone, images)[0], first[0], rtol=0, atol=0)
+
+
+def test_boundary_band_iou_by_hand():
+    truth = torch.zeros(1, 6, 7, dtype=torch.long)
+    truth[0, 1:4, 1:4] = 1  # a 3 x 3 square
+    band = boundary_band(truth, 1)
+    # boundary: the square and the ring around it (rows and columns 0-4) but the centre -> 24 pixels; within 1 px of
+    # it: rows 0-5 (all), columns 0-5
+    assert boundary_band(truth, 0).sum() == 24 and not boundary_band(truth, 0)[0, 2, 2]
+    assert band[0, :, :6].all() and not band[0, :, 6].any()
+    pred = torch.zeros_like(truth)
+    pred[0, 1:4, 1:5] = 1  # one column too many: 3 false positives, at column 4 (inside the band)
+    pred[0, 5, 6] = 1  # far from the boundary: outside the band
+    c = segmentation_counts(pred, truth, band)
+    assert c.tolist() == [[9, 3, 0, 36 - 12]]
+    assert segmentation_summary(c)["iou"] == pytest.approx(9 / 12)
+    assert segmentation_summary(segmentation_counts(pred, truth))["iou"] == pytest.approx(9 / 13)
+    with pytest.raises(ValueError, match="one shape"):
+        segmentation_counts(pred, truth, band[:, :3])

@@ -52,6 +52,7 @@ from conftest import brute_force_primal, enumerate_labelings
 from torch_bcfw import FitResult, fit
 from torch_bcfw.data import GraphData, MulticlassData, SequenceData
 from torch_bcfw.models import Chain, GraphCut, Multiclass
+from torch_bcfw.solvers.bcfw_options import variant_name
 from torch_bcfw.solvers.callbacks import Callback
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -379,7 +380,7 @@ def test_warm_start_on_perturbed_features(data):
     if options.get("preset") == "auto":
         # "auto" measures the oracle again in the second call and may choose another combination, whose state
         # cannot continue this one (documented): give the combination the first call chose
-        options["preset"] = first.options.variant_name()
+        options["preset"] = variant_name(first.options)
     second = fit(problem.model, other.data, problem.lam, solver, max_passes=second_passes, init=first, **options)
     new = second.history[len(first.history):]
     assert new, "the warm start certified nothing on the new data"

@@ -64,7 +64,7 @@ def test_mp_bcfw_identical_seeds_give_identical_runs():
             _with_clock(_noisy(0), lambda: _mp_run(model, data)),
             _with_clock(_noisy(1), lambda: _mp_run(model, data, mp_clock="work"))]
     ref = runs[0]
-    assert ref.options.solver_options.clock == "auto" and ref.history[-1].approx_passes > 3  # the rule is at work
+    assert ref.options.own.clock == "auto" and ref.history[-1].approx_passes > 3  # the rule is at work
     for r in runs[1:]:
         assert torch.equal(r.w, ref.w) and torch.equal(r.w_avg, ref.w_avg)
         assert _records(r.history) == _records(ref.history)
@@ -82,7 +82,7 @@ def test_mp_bcfw_wall_clock_rule_still_reads_the_clock():
     for r in (a, b, c):  # and every run is still a valid MP-BCFW run
         duals = [h.dual for h in r.history]
         assert all(h.gap_last >= -1e-12 for h in r.history) and duals == sorted(duals)  # line search: dual ascent
-        assert r.options.solver_options.clock == "wall"
+        assert r.options.own.clock == "wall"
 
 
 class _SlowOracle(Multiclass):
@@ -96,7 +96,7 @@ class _SlowOracle(Multiclass):
 
 def test_mp_bcfw_wall_clock_buys_approximate_passes_for_a_costly_oracle_and_work_does_not_look():
     base, data = random_multiclass_problem(n=10, F=3, K=4, seed=5)
-    slow, fast = _SlowOracle(base.n_inputs, base.n_classes), Multiclass(base.n_inputs, base.n_classes)
+    slow, fast = _SlowOracle(base.n_inputs, base.n_labels), Multiclass(base.n_inputs, base.n_labels)
     kw = dict(max_passes=4, gap_check=2, mp_max_approx_passes=30)
     wall = [fit(m, data, 0.01, "mp-bcfw", mp_clock="wall", **kw).history[-1].approx_passes for m in (slow, fast)]
     assert wall[0] > wall[1]  # the real (wall) rule: a costly oracle makes approximate passes worth more

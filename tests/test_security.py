@@ -1,5 +1,6 @@
-"""Nothing read from a file runs code: crafted model files and dataset pickles are refused, and the
-marker file the payload would write never appears."""
+"""Nothing read from a file runs code: model files are safetensors (a pickle is refused with the command that converts
+it), the conversion of a pickle refuses crafted ones, dataset pickles are checked, and the marker file a payload would
+write never appears."""
 from __future__ import annotations
 
 import os
@@ -13,7 +14,8 @@ import torch
 from conftest import random_chain_problem
 from torch_bcfw import Chain, FitResult, fit, register_model
 from torch_bcfw.datasets.ocr import load_ocr
-from torch_bcfw.io.serialization import UnsafeFileError
+from torch_bcfw.io.pickle_stream import UnsafeFileError, load_pickle_file
+from torch_bcfw.io.tree_file import save_tree
 
 
 class _Payload:
@@ -40,8 +42,10 @@ def test_pickled_call_in_a_model_file_is_refused_and_not_run(tmp_path):
     d = _valid_dict()
     d["history"] = [_Payload(_touch(marker))]
     torch.save(d, tmp_path / "evil.pt")
-    with pytest.raises(UnsafeFileError, match="nothing was run"):
+    with pytest.raises(ValueError, match=r"is a pickle file .*torch-bcfw convert .*evil\.pt .*evil\.safetensors"):
         FitResult.load(tmp_path / "evil.pt")
+    with pytest.raises(UnsafeFileError, match="nothing was run"):  # the conversion checks it
+        load_pickle_file(tmp_path / "evil.pt")
     assert not marker.exists()
 
 
@@ -50,9 +54,9 @@ def test_model_class_naming_a_function_is_refused_and_not_called(tmp_path):
     d = _valid_dict()
     d["model_class"] = "subprocess.run"
     d["model_config"] = {"args": _touch(marker), "shell": True}
-    torch.save(d, tmp_path / "evil.pt")  # tensors and plain containers only: weights_only=True accepts it
+    save_tree(d, tmp_path / "evil.safetensors")  # tensors and plain values only: the file format accepts it
     with pytest.raises(ValueError, match="not a registered model"):
-        FitResult.load(tmp_path / "evil.pt")
+        FitResult.load(tmp_path / "evil.safetensors")
     assert not marker.exists()
 
 
@@ -63,13 +67,17 @@ def test_cli_evaluate_refuses_both_crafted_files(tmp_path):
     torch.save(d, tmp_path / "pickled.pt")
     d = _valid_dict()
     d["model_class"], d["model_config"] = "os.system", {"command": _touch(marker)}
+    save_tree(d, tmp_path / "named.safetensors")
     torch.save(d, tmp_path / "named.pt")
-    for name in ("pickled.pt", "named.pt"):
-        proc = subprocess.run([sys.executable, "-m", "torch_bcfw", "evaluate", "--model", str(tmp_path / name)],
-                              capture_output=True, text=True, timeout=120)
+    for command in (["evaluate", "--model", str(tmp_path / "pickled.pt")],
+                    ["evaluate", "--model", str(tmp_path / "named.safetensors")],
+                    ["convert", str(tmp_path / "pickled.pt"), str(tmp_path / "out.safetensors")],
+                    ["convert", str(tmp_path / "named.pt"), str(tmp_path / "out.safetensors")]):
+        proc = subprocess.run([sys.executable, "-m", "torch_bcfw", *command], capture_output=True, text=True,
+                              timeout=120)
         assert proc.returncode == 2, proc.stderr
-        assert proc.stderr.startswith("torch-bcfw: error:") and "Traceback" not in proc.stderr
-    assert not marker.exists()
+        assert proc.stderr.startswith("torch-bcfw: error:") and len(proc.stderr.strip().splitlines()) == 1
+    assert not marker.exists() and not (tmp_path / "out.safetensors").exists()
 
 
 def test_ocr_pickle_with_a_payload_is_refused_and_not_run(tmp_path):
@@ -108,22 +116,22 @@ def test_ocr_pickle_of_the_wrong_shape_is_refused(tmp_path):
 def test_every_field_is_validated(tmp_path, field, value, message):
     d = _valid_dict()
     d[field] = value
-    torch.save(d, tmp_path / "bad.pt")
+    save_tree(d, tmp_path / "bad.safetensors")
     with pytest.raises(ValueError, match=message):
-        FitResult.load(tmp_path / "bad.pt")
+        FitResult.load(tmp_path / "bad.safetensors")
 
 
 def test_missing_and_extra_fields_and_junk_files(tmp_path):
     d = _valid_dict()
     del d["w"]
-    torch.save(d, tmp_path / "missing.pt")
+    save_tree(d, tmp_path / "missing.safetensors")
     with pytest.raises(ValueError, match=r"missing field\(s\) \['w'\]"):
-        FitResult.load(tmp_path / "missing.pt")
-    (tmp_path / "junk.pt").write_bytes(b"\x00not a torch file")
+        FitResult.load(tmp_path / "missing.safetensors")
+    (tmp_path / "junk.safetensors").write_bytes(b"\x00not a torch file")
     with pytest.raises(ValueError, match="not a readable"):
-        FitResult.load(tmp_path / "junk.pt")
+        FitResult.load(tmp_path / "junk.safetensors")
     with pytest.raises(FileNotFoundError, match="not found"):
-        FitResult.load(tmp_path / "absent.pt")
+        FitResult.load(tmp_path / "absent.safetensors")
 
 
 def test_user_models_round_trip_once_registered(tmp_path):
@@ -133,22 +141,28 @@ def test_user_models_round_trip_once_registered(tmp_path):
     model, data = random_chain_problem()
     r = fit(MyChain(model.n_inputs, model.n_labels), data, 0.1, max_passes=2)
     with pytest.raises(ValueError, match="not registered"):
-        r.save(tmp_path / "m.pt")
+        r.save(tmp_path / "m.safetensors")
     register_model(MyChain, name="tests.MyChain")
-    r.save(tmp_path / "m.pt")
-    back = FitResult.load(tmp_path / "m.pt")
+    r.save(tmp_path / "m.safetensors")
+    back = FitResult.load(tmp_path / "m.safetensors")
     assert type(back.model) is MyChain and torch.equal(back.w, r.w) and back.gap == r.gap
     with pytest.raises(ValueError, match="already registered"):
         register_model(Chain, name="tests.MyChain")
 
 
-def test_saved_results_load_with_weights_only_for_every_solver(tmp_path):
+def test_saved_results_are_plain_safetensors_for_every_solver(tmp_path):
+    import json
+
+    from safetensors import safe_open
+
     model, data = random_chain_problem()
     for solver, kw in [("bcfw", {"preset": "gap-pairwise-cache"}), ("fw", {}), ("ssg", {}), ("mp-bcfw", {})]:
         r = fit(model, data, 0.1, solver, max_passes=3, **kw)
-        r.save(tmp_path / "r.pt")
-        torch.load(tmp_path / "r.pt", weights_only=True)  # raises if anything but tensors / containers
-        back = FitResult.load(tmp_path / "r.pt")
+        r.save(tmp_path / "r.safetensors")
+        with safe_open(str(tmp_path / "r.safetensors"), framework="pt") as f:  # the safetensors library alone
+            tree = json.loads(f.metadata()["torch_bcfw"])
+            assert torch.equal(f.get_tensor(tree["w"]["$tensor"]), r.w) and tree["lam"] == r.lam
+        back = FitResult.load(tmp_path / "r.safetensors")
         cont = fit(model, data, 0.1, solver, max_passes=2, init=back, **kw)
         ref = fit(model, data, 0.1, solver, max_passes=2, init=r, **kw)
         assert torch.equal(cont.w, ref.w)
@@ -203,29 +217,65 @@ def _rezip(src, dst, replace=None, compression=None):
             out.writestr(info.filename, replace(info.filename, data) if replace else data)
 
 
-def test_files_that_expand_beyond_their_bytes_are_refused(tmp_path):
-    """A model file may not need far more memory than its size: a weight vector viewing 10^11 elements of 8 bytes of
-    storage, compressed records, 300,000 references to one history record, deep nesting."""
+def test_pickles_that_expand_beyond_their_bytes_are_refused_by_the_conversion(tmp_path):
+    """A pickle to convert may not need far more memory than its size: a weight vector viewing 10^11 elements of 8
+    bytes of storage, compressed records, 300,000 references to one history record, deep nesting."""
     d = _saved_dict(tmp_path)
     state = dict(d["solver_state"]["state"], w=torch.zeros(1, dtype=torch.float64).expand(10 ** 11))
     torch.save(dict(d, solver_state=dict(d["solver_state"], state=state)), tmp_path / "view.pt")
     with pytest.raises(ValueError, match="views more elements than its storage"):
-        FitResult.load(tmp_path / "view.pt")
+        load_pickle_file(tmp_path / "view.pt")
     torch.save(d, tmp_path / "ok.pt")
     _rezip(tmp_path / "ok.pt", tmp_path / "deflated.pt", compression=__import__("zipfile").ZIP_DEFLATED)
     with pytest.raises(ValueError, match="compressed"):
-        FitResult.load(tmp_path / "deflated.pt")
+        load_pickle_file(tmp_path / "deflated.pt")
     torch.save(dict(d, history=[d["history"][-1]] * 300_000), tmp_path / "shared.pt")
     assert (tmp_path / "shared.pt").stat().st_size < 2_000_000
     with pytest.raises(ValueError, match="more entries than a file"):
-        FitResult.load(tmp_path / "shared.pt")
+        load_pickle_file(tmp_path / "shared.pt")
     nested = []
     for _ in range(200):
         nested = [nested]
     torch.save(dict(d, counters=nested), tmp_path / "deep.pt")
     with pytest.raises(ValueError, match="nested deeper"):
-        FitResult.load(tmp_path / "deep.pt")
-    FitResult.load(tmp_path / "ok.pt")  # the genuine file still loads
+        load_pickle_file(tmp_path / "deep.pt")
+    FitResult.from_dict(load_pickle_file(tmp_path / "ok.pt"))  # the genuine file still converts
+
+
+def test_a_deep_or_dangling_tree_file_is_refused_in_one_line(tmp_path):
+    """A safetensors file whose JSON nests deeper than the cap, names a tensor it does not hold, holds a tensor no
+    field names, or declares a header beyond the file."""
+    import json
+    import struct
+
+    from safetensors.torch import save_file
+
+    d = _saved_dict(tmp_path)
+    nested = []
+    for _ in range(200):
+        nested = [nested]
+    save_tree(dict(d, counters=nested), tmp_path / "deep.safetensors")
+    cases = {"deep.safetensors": "nested deeper than 32 levels"}
+    w = torch.zeros(3, dtype=torch.float64)
+    for name, tree, tensors, message in (
+        ("dangling", {"w": {"$tensor": "v"}}, {"w": w}, "names the tensor 'v', which the file does not hold"),
+        ("twice", {"w": {"$tensor": "w"}, "v": {"$tensor": "w"}}, {"w": w}, "another field names too"),
+        ("unnamed", {"w": {"$tensor": "w"}}, {"w": w, "x": w.clone()}, "holds tensors no field names \\('x'\\)"),
+        ("marked", {"w": {"$tensor": "w", "$bytes": "00"}}, {"w": w}, "neither a tensor reference nor bytes"),
+        ("complex", {"w": {"$tensor": "w"}}, {"w": torch.zeros(2, dtype=torch.complex64)}, "has dtype 'C64'"),
+    ):
+        save_file(tensors, tmp_path / name, metadata={"torch_bcfw": json.dumps(tree)})
+        cases[name] = message
+    save_file({"w": w}, tmp_path / "foreign", metadata={"other": "x"})
+    cases["foreign"] = "no 'torch_bcfw' entry"
+    (tmp_path / "long").write_bytes(struct.pack("<Q", 10**12) + b"{}")
+    cases["long"] = "its header declares 1000000000000 bytes"
+    (tmp_path / "notjson").write_bytes(struct.pack("<Q", 8) + b"{{{{{{{{")
+    cases["notjson"] = "its header is not JSON"
+    for name, message in cases.items():
+        with pytest.raises(ValueError, match=message) as err:
+            FitResult.load(tmp_path / name)
+        assert "\n" not in str(err.value) and name in str(err.value), err.value
 
 
 @pytest.mark.parametrize("body, message", [
@@ -238,3 +288,21 @@ def test_ocr_pickle_cannot_allocate_what_it_does_not_hold(tmp_path, body, messag
     (tmp_path / "letters.pickle").write_bytes(b"\x80\x02" + body + b".")
     with pytest.raises(ValueError, match=message):
         load_ocr(tmp_path)
+
+
+def test_a_header_length_whose_first_byte_looks_like_a_pickle_still_loads(tmp_path):
+    """A safetensors header of 128 + 256 k bytes starts the file with 0x80, a pickle's first byte: it still loads
+    (and a real pickle is still named as one)."""
+    from torch_bcfw.io.tree_file import load_tree
+
+    seen = 0
+    for k in range(64):
+        path = tmp_path / f"t{k}.safetensors"
+        save_tree({"w": torch.arange(3.0), "pad": "x" * k}, path)
+        if path.read_bytes()[:1] == b"\x80":
+            seen += 1
+            assert load_tree(path)["pad"] == "x" * k
+    assert seen >= 1
+    torch.save({"w": torch.zeros(2)}, tmp_path / "old.pt")
+    with pytest.raises(ValueError, match="is a pickle file.*torch-bcfw convert"):
+        load_tree(tmp_path / "old.pt")

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import copy
 import importlib
-import io
 import json
 
 import pytest
 import torch
 
 from conftest import random_chain_problem, random_multiclass_problem
-from torch_bcfw import CheckRecord, FitResult, fit
+from torch_bcfw import CheckRecord, FitResult, fit, head_solve
+from torch_bcfw.io.tree_file import load_tree, save_tree
 from torch_bcfw.solvers import run as run_mod
 from torch_bcfw.solvers.bcfw import BCFW
 from torch_bcfw.solvers.options import SolverOptions
@@ -36,7 +36,8 @@ def test_one_solver_table():
     assert DUAL_STATE_SOLVERS == ("bcfw", "fw", "mp-bcfw")
     fit_mod = importlib.import_module("torch_bcfw.fit")  # (the package's ``fit`` attribute is the function)
 
-    assert fit_mod.SolverRun is SolverRun and not hasattr(fit_mod, "_ALGORITHMS")
+    assert fit_mod.HeadSolve is head_solve.HeadSolve and head_solve.SolverRun is SolverRun
+    assert not hasattr(fit_mod, "_ALGORITHMS")
     with pytest.raises(ValueError, match="unknown solver 'nope'"):
         SolverRun(*_chain(), LAM, "nope")
 
@@ -48,7 +49,7 @@ def test_fit_and_the_callback_build_their_algorithm_through_the_run(tmp_path, mo
     from torch_bcfw.lightning import BCFWCallback
     from torch_bcfw.lightning import callback as cb_mod
 
-    assert cb_mod.SolverRun is SolverRun and not hasattr(cb_mod, "_ALGORITHMS")
+    assert cb_mod.HeadSolve is head_solve.HeadSolve and not hasattr(cb_mod, "_ALGORITHMS")
     built = []
 
     class Spy(BCFW):
@@ -78,10 +79,8 @@ def test_callback_checkpoint_holds_plain_dicts_and_loads_records(tmp_path):
     _, raw = _chain()
     cb = BCFWCallback(lam=LAM, passes_per_call=2)
     cb.solve(None, Toy(raw), 2.0, log=False)
-    buf = io.BytesIO()
-    torch.save(cb.state_dict(), buf)
-    buf.seek(0)
-    sd = torch.load(buf, weights_only=True)
+    save_tree(cb.state_dict(), tmp_path / "callback.safetensors")  # tensors and JSON only
+    sd = load_tree(tmp_path / "callback.safetensors")
     assert all(type(h) is dict for h in sd["history"]) and sd["history"][0]["stale"] == 0.0
     again = BCFWCallback(lam=LAM, passes_per_call=2)
     again.load_state_dict(sd)
@@ -91,7 +90,7 @@ def test_callback_checkpoint_holds_plain_dicts_and_loads_records(tmp_path):
 # ---------------------------------------------------------------------- the run object
 def test_run_resumes_from_its_state_dict_bit_for_bit():
     model, data = random_multiclass_problem(n=9, F=3, K=4, seed=2)
-    opts = SolverOptions(max_passes=2, gap_check=1, preset="gap-pairwise", seed=3)
+    opts = run_mod.options_for("bcfw", max_passes=2, gap_check=1, preset="gap-pairwise", seed=3, batch_size=1)
     whole = SolverRun(model, data, LAM, "bcfw", opts)
     whole.run(4)
     first = SolverRun(model, data, LAM, "bcfw", opts)
@@ -109,13 +108,13 @@ def test_run_resumes_from_its_state_dict_bit_for_bit():
 
 def test_run_refuses_another_solver_lam_or_sampling():
     model, data = random_multiclass_problem(n=6, F=3, K=3, seed=0)
-    saved = SolverRun(model, data, LAM, "bcfw", SolverOptions(max_passes=1)).state_dict()
+    saved = SolverRun(model, data, LAM, "bcfw", SolverOptions(max_passes=1, batch_size=1)).state_dict()
     with pytest.raises(ValueError, match="cannot warm-start solver 'fw'"):
         SolverRun(model, data, LAM, "fw", saved=saved)
     with pytest.raises(ValueError, match="cannot warm-start at lam"):
         SolverRun(model, data, 2 * LAM, "bcfw", saved=saved)
     with pytest.raises(ValueError, match="cannot warm-start with"):
-        SolverRun(model, data, LAM, "bcfw", SolverOptions(sampling="perm"), saved=saved)
+        SolverRun(model, data, LAM, "bcfw", SolverOptions(sampling="perm", batch_size=1), saved=saved)
 
 
 # ---------------------------------------------------------------------- the check record
@@ -167,17 +166,17 @@ def test_history_json_is_the_format_of_plain_dicts(tmp_path):
 def test_saved_result_round_trip_and_a_history_with_absent_columns(tmp_path):
     model, data = _chain()
     r = fit(model, data, LAM, max_passes=2, gap_check=1)
-    r.save(tmp_path / "r.pt")
-    raw = torch.load(tmp_path / "r.pt", weights_only=True)
+    r.save(tmp_path / "r.safetensors")
+    raw = load_tree(tmp_path / "r.safetensors")
     assert all(type(h) is dict for h in raw["history"])
-    back = FitResult.load(tmp_path / "r.pt")
+    back = FitResult.load(tmp_path / "r.safetensors")
     assert back.history == r.history and all(isinstance(h, CheckRecord) for h in back.history)
     assert back.gap == r.gap and back.primal == r.primal and back.selected == r.selected
     # a history of plain dicts with some columns absent
     old = [{k: v for k, v in h.items() if k not in ("cache_hits", "gap_oracle_calls")} for h in raw["history"]]
     raw["history"] = old
-    torch.save(raw, tmp_path / "old.pt")
-    loaded = FitResult.load(tmp_path / "old.pt")
+    save_tree(raw, tmp_path / "old.safetensors")
+    loaded = FitResult.load(tmp_path / "old.safetensors")
     assert [h.to_dict() for h in loaded.history] == old and "cache_hits" not in loaded.history[-1].to_dict()
     assert loaded.history[-1].cache_hits is None and loaded.history[-1].cache_hits is None
     assert FitResult.to_dict(loaded)["history"] == old  # saved again as it was
@@ -221,7 +220,7 @@ def test_a_new_solver_is_its_module_and_one_table_entry(monkeypatch):
     monkeypatch.setitem(ALGORITHMS, "constant-step", ns["ConstantStepSubgradient"])
     model, data = random_multiclass_problem(n=6, F=3, K=3, seed=2)
     r = fit(model, data, LAM, "constant-step", cs_step=0.05, max_passes=20, gap_check=10)
-    assert r.options.solver_options == ns["ConstantStepOptions"](step=0.05) and r.gap is None
+    assert r.options.own == ns["ConstantStepOptions"](step=0.05) and r.gap is None
     assert r.primal == pytest.approx(brute_force_primal(model, data, r.w, LAM), abs=1e-12)
     with pytest.raises(TypeError, match="belong to solver 'constant-step', not 'bcfw'"):
         fit(model, data, LAM, "bcfw", cs_step=0.05)

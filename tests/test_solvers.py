@@ -11,7 +11,7 @@ from torch_bcfw.duals import ChainDualState, DenseDualState
 from torch_bcfw.duals.plan import StepPlan, generic_plan_steps
 from torch_bcfw.duals.stepsize import FIXED, LINE_SEARCH
 from torch_bcfw.solvers.callbacks import Callback
-from torch_bcfw.solvers.certificate import certify
+from torch_bcfw.certificate import certify
 
 
 def _labels_of(data, y, i):
@@ -334,18 +334,18 @@ def test_batch_methods_refuse_a_fractional_number_of_passes(solver):
 
 def test_the_device_choice_of_a_fit_on_a_gpu_is_measured():
     """``fit`` with its data on a GPU solves where one-block BCFW steps are measured fastest
-    (:mod:`torch_bcfw.solvers.placement`): the rule takes the cheaper device (the CPU on a tie), the timing runs on
-    any device, and data already on the CPU (or a forced round size) is left alone with nothing recorded."""
+    (:func:`torch_bcfw.planning.solver_placement`): the rule takes the cheaper device (the CPU on a tie), the timing
+    runs on any device, and data already on the CPU (or a forced round size) is left alone with nothing recorded."""
+    from torch_bcfw.planning import faster_device, plain_seconds_per_block, plan_run
     from torch_bcfw.solvers.options import SolverOptions
-    from torch_bcfw.solvers.placement import block_seconds, faster_device, solver_placement
 
     assert faster_device(1e-5, 5.8e-3) == "cpu" and faster_device(1e-3, 1e-4) == "cuda"
     assert faster_device(1e-4, 1e-4) == "cpu"
     model, data = random_chain_problem(n=20, F=4, K=3, max_len=4, seed=2)
-    opts = SolverOptions.from_kwargs(max_passes=1)
-    assert 0 < block_seconds(model, data, 0.1, opts, 8) < 1
-    assert solver_placement(model, data, None, 0.1, "bcfw", opts) == (data, None, {})
-    forced = SolverOptions.from_kwargs(batch_size=4)
-    assert solver_placement(model, data, None, 0.1, "bcfw", forced)[2] == {}
+    opts = SolverOptions(max_passes=1)
+    assert 0 < plain_seconds_per_block(model, data, 0.1, opts, 1, 8) < 1
+    plan = plan_run(model, data, 0.1, "bcfw", opts)
+    assert plan.data is data and plan.placement == {} and plan.round_size == 1
+    assert plan_run(model, data, 0.1, "bcfw", SolverOptions(batch_size=4)).placement == {}
     r = fit(model, data, 0.1, max_passes=2)
     assert not any(k.startswith("placement_") for k in r.counters)

@@ -9,7 +9,8 @@ import torch
 from conftest import random_chain_problem, random_multiclass_problem
 from torch_bcfw import fit
 from torch_bcfw.duals.stepsize import LINE_SEARCH
-from torch_bcfw.solvers.certificate import certify
+from torch_bcfw.certificate import certify
+from torch_bcfw.solvers.bcfw_options import variant_name
 
 LAM = 0.1
 
@@ -18,11 +19,10 @@ def _reference(model, data, lam: float, r: int, passes: int, seed: int) -> torch
     """The split-oracle iteration written out on the dual state's one-block primitives: per pass, rounds of ``r``
     blocks cut at the multiples of ``r``; each round decoded (``block_oracle``) before the previous round's steps
     (``block_step``, in the drawn order); the pass ends with its last round's steps."""
-    from torch_bcfw.solvers.options import SolverOptions
-    from torch_bcfw.solvers.run import make_algorithm
+    from torch_bcfw.solvers.run import make_algorithm, options_for
     from torch_bcfw.solvers.sampling import make_sampler
 
-    alg = make_algorithm("bcfw", model, data, lam, SolverOptions(progress=False, preset="uniform-fw", seed=seed))
+    alg = make_algorithm("bcfw", model, data, lam, options_for("bcfw", progress=False, preset="uniform-fw", seed=seed, batch_size=1))
     st, n = alg.state, len(data)
     sampler = make_sampler("uniform", n, seed)
     for _ in range(passes):
@@ -46,18 +46,17 @@ def test_split_rounds_follow_the_written_out_iteration_bit_for_bit(r):
     re-sums ``w`` from the blocks)."""
     model, data = random_multiclass_problem(n=14, F=4, K=4, seed=2)
     res = fit(model, data, LAM, max_passes=5, gap_check=10, seed=4, strategy="split-oracle", batch_size=r)
-    assert res.options.strategy == "split-oracle" and res.options.variant_name() == "uniform-fw"
+    assert res.options.strategy == "split-oracle" and variant_name(res.options) == "uniform-fw"
     assert torch.equal(res.w, _reference(model, data, LAM, r, 5, seed=4))
 
 
 def test_the_compiled_chain_steps_towards_given_corners_equal_the_generic_steps():
     """The chain's ``corner_steps`` (one call of the compiled loop with the given answers) against the generic
     one-block steps of the same state run in torch (``block_step``), on answers decoded at an earlier ``w``."""
-    from torch_bcfw.solvers.options import SolverOptions
-    from torch_bcfw.solvers.run import make_algorithm
+    from torch_bcfw.solvers.run import make_algorithm, options_for
 
     model, data = random_chain_problem(n=12, F=3, K=3, max_len=5, seed=4)
-    states = [make_algorithm("bcfw", model, data, LAM, SolverOptions(progress=False, preset="uniform-fw")).state
+    states = [make_algorithm("bcfw", model, data, LAM, options_for("bcfw", progress=False, preset="uniform-fw", batch_size=1)).state
               for _ in range(2)]
     rng = np.random.default_rng(0)
     for _ in range(6):
@@ -104,7 +103,7 @@ def test_the_chains_compiled_oracle_answers_as_the_model_decodes():
     from torch_bcfw.solvers.run import make_algorithm
 
     model, data = random_chain_problem(n=20, F=4, K=5, max_len=6, seed=7)
-    st = make_algorithm("bcfw", model, data, LAM, SolverOptions(progress=False)).state
+    st = make_algorithm("bcfw", model, data, LAM, SolverOptions(progress=False, batch_size=1)).state
     g = torch.Generator().manual_seed(3)
     st.v.copy_(torch.randn(st.v.shape, generator=g, dtype=torch.float64))
     st._sync_w()

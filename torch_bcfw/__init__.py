@@ -23,7 +23,7 @@ from .runtime import kernel_cache as _kernel_cache  # noqa: E402 - before any ke
 _kernel_cache.install()
 
 from .convert import lam_from_pystruct_C, lam_from_svmstruct_C, pystruct_C_from_lam, svmstruct_C_from_lam
-from .io.checkpoint import Checkpoint
+from .checkpoint import Checkpoint
 from .cross_validation import CrossValidationInterrupted, FoldFit, cross_validate
 from .data import GraphData, MatchingData, MulticlassData, PoseData, SequenceData, StructuredData
 from .fit import FitResult, fit

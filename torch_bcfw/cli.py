@@ -1,4 +1,4 @@
-"""Command line: ``torch-bcfw fit``, ``evaluate``, ``export``, ``compare`` (:mod:`torch_bcfw.compare`), ``path``
+"""Command line: ``torch-bcfw fit``, ``evaluate``, ``export``, ``convert``, ``compare`` (:mod:`torch_bcfw.compare`), ``path``
 (:mod:`torch_bcfw.solvers.path`) and ``train`` (Lightning, :mod:`torch_bcfw.lightning.cli`).
 
 A config is a YAML file::
@@ -9,8 +9,9 @@ A config is a YAML file::
     options: {max_passes: 100, gap_check: 10, gap_tol: 0.01}
     output: runs/ocr
 
-Any entry can be overridden with ``--set key.sub=value`` (parsed as YAML).  ``fit`` writes ``model.pt`` (without
-the dual state), ``checkpoint.pt`` (what ``--resume`` continues), ``history.csv``, ``history.json`` and ``gap.png``.
+Any entry can be overridden with ``--set key.sub=value`` (parsed as YAML).  ``fit`` writes ``model.safetensors``
+(without the dual state), ``checkpoint.safetensors`` (what ``--resume`` continues), ``history.csv``, ``history.json``
+and ``gap.png`` (``docs/formats.md``).
 """
 from __future__ import annotations
 
@@ -27,6 +28,9 @@ from pathlib import Path
 import yaml
 
 from .checks import check_known
+
+#: the files of a run in its output folder: the model (no dual state) and the checkpoint ``--resume`` continues
+MODEL_FILE, CHECKPOINT_FILE = "model.safetensors", "checkpoint.safetensors"
 
 __all__ = ["main", "load_config"]
 
@@ -179,22 +183,22 @@ def _resume_source(folder: Path, ctx=None) -> Path:
     """The newest complete state of the run in ``folder``: its checkpoint, or in a sharded run this rank's member of
     the newest committed set."""
     if ctx is not None:  # a sharded run's committed set first
-        from .io.checkpoint import newest_sharded
+        from .checkpoint import newest_sharded
 
-        mine = newest_sharded([folder / "checkpoint.pt"], ctx)
+        mine = newest_sharded([folder / CHECKPOINT_FILE], ctx)
         if mine is not None:
             return mine
-    if (folder / "checkpoint.pt").is_file():  # a single-process or replicated run's file (rank 0 wrote it)
-        return folder / "checkpoint.pt"
+    if (folder / CHECKPOINT_FILE).is_file():  # a single-process or replicated run's file (rank 0 wrote it)
+        return folder / CHECKPOINT_FILE
     raise _nothing_to_resume(folder, 1 if ctx is None else ctx.world_size)
 
 
 def _nothing_to_resume(folder: Path, world_size: int = 1) -> Exception:
     """The error of a ``--resume`` that finds nothing this launch can continue: what the folder holds instead (a sharded
     set and how to resume it), or that nothing was saved."""
-    from .io.checkpoint import manifest_path, read_manifest, sharded_sets
+    from .checkpoint import manifest_path, read_manifest, sharded_sets
 
-    ckpt = folder / "checkpoint.pt"
+    ckpt = folder / CHECKPOINT_FILE
     committed = read_manifest(ckpt)
     again = f"torchrun --nproc-per-node {{k}} -m torch_bcfw fit --resume {folder}"
     if committed is not None and committed[0] != world_size:
@@ -210,9 +214,13 @@ def _nothing_to_resume(folder: Path, world_size: int = 1) -> Exception:
                           f"another set): if every rank's file is there, write the manifest "
                           f'{{"format": "torch_bcfw.shards/1", "world_size": {k}, "work": {work}}} and resume with '
                           + again.format(k=k))
+    if (folder / "checkpoint.pt").is_file():
+        return ValueError(f"--resume {folder}: its checkpoint.pt is a pickle file (torch.save), which torch_bcfw does "
+                          f"not load: if you trust it, convert it once with `torch-bcfw convert "
+                          f"{folder / 'checkpoint.pt'} {ckpt}` and resume again")
     return FileNotFoundError(f"--resume {folder}: nothing to resume there (looked for {ckpt} and a sharded set; "
-                             f"model.pt holds no dual state); the run was stopped before its first checkpoint: start "
-                             "it again")
+                             f"{MODEL_FILE} holds no dual state); the run was stopped before its first checkpoint: "
+                             "start it again")
 
 
 def _resumed_options(options: dict, init, n: int) -> dict | None:
@@ -237,7 +245,7 @@ def _resumed_options(options: dict, init, n: int) -> dict | None:
         out["time_budget"] = out["time_budget"] - spent
     if out.get("preset") == "auto":  # measured once, at the start: keep the resolved combination
         out.pop("preset")
-        out.update(sampling=init.options.sampling, step_rule=init.options.step_rule, cache=init.options.cache)
+        out.update(sampling=init.options.sampling, step_rule=init.options.own.step_rule, cache=init.options.own.cache)
     return out
 
 
@@ -294,7 +302,7 @@ class _TerminateAsInterrupt:
 
 
 def cmd_fit(args) -> int:
-    from .io.checkpoint import parse_interval
+    from .checkpoint import parse_interval
     from .io.output_lock import claim_output
 
     interval = parse_interval(args.checkpoint_every)
@@ -306,7 +314,7 @@ def cmd_fit(args) -> int:
         if not (folder / "config.yaml").is_file():
             raise FileNotFoundError(f"--resume {folder}: no config.yaml there (is it the output folder of a fit?)")
         world = int(os.environ.get("WORLD_SIZE", "1") or "1")
-        if not (folder / "checkpoint.pt").is_file() and (world <= 1 or not any(folder.glob("checkpoint*.pt"))):
+        if not (folder / CHECKPOINT_FILE).is_file() and (world <= 1 or not any(folder.glob("checkpoint*.safetensors"))):
             raise _nothing_to_resume(folder, world)  # before the data is loaded
         cfg = load_config(folder / "config.yaml", args.set)
         out = folder
@@ -318,7 +326,8 @@ def cmd_fit(args) -> int:
     lam, solver, options = _fit_settings(cfg)
     check_output_folder(out)
     first = int(os.environ.get("RANK", "0") or "0") == 0  # a torchrun launch: its rank 0 holds the folder
-    claim = claim_output(out, overwrite=args.overwrite, resume=bool(args.resume)) if first else contextlib.nullcontext()
+    claim = (claim_output(out, overwrite=args.overwrite, resume=bool(args.resume), finished=MODEL_FILE) if first
+             else contextlib.nullcontext())
     with claim:
         return _fit_into(args, cfg, out, interval, first, (lam, solver, options))
 
@@ -327,10 +336,10 @@ def _fit_into(args, cfg: dict, out: Path, interval: dict, first: bool, settings:
     """The rest of :func:`cmd_fit`, in the output folder ``out`` this process holds (rank 0 of a launch)."""
     from .datasets.registry import load_problem
     from .fit import FitResult, fit
-    from .io.checkpoint import Checkpoint
+    from .checkpoint import Checkpoint
     from .io.serialization import atomic_write_text
     from .plotting import plot_histories
-    from .runtime.compilation import precompile, print_notice
+    from .compilation import precompile, print_notice
     from .solvers.record import plain_history
 
     lam, solver, options = settings
@@ -355,15 +364,15 @@ def _fit_into(args, cfg: dict, out: Path, interval: dict, first: bool, settings:
     elif main:
         atomic_write_text(out / "config.yaml", yaml.safe_dump(cfg, sort_keys=False))
     options.setdefault("progress", not args.quiet)
-    ckpt = Checkpoint(out / "checkpoint.pt", **interval) if interval else None
+    ckpt = Checkpoint(out / CHECKPOINT_FILE, **interval) if interval else None
     compiled = precompile(model, train, lam, solver, test_data=test,
                           announce=None if args.quiet or not main else print_notice, **options)
     with _TerminateAsInterrupt() as signals:
         result = fit(model, train, lam, solver, test_data=test, init=init, checkpoint=ckpt, **options)
     if ctx is not None and result.options.strategy == "shard":  # every rank's shard in one committed set
-        from .io.checkpoint import save_sharded
+        from .checkpoint import save_sharded
 
-        save_sharded(result, out / "checkpoint.pt", ctx)
+        save_sharded(result, out / CHECKPOINT_FILE, ctx)
     if not main:  # rank 0's files are the run's (the weights are the same on every rank)
         return 0
     failed = []  # a full disk: each file that still fits is written, the model (the smallest) first
@@ -374,9 +383,9 @@ def _fit_into(args, cfg: dict, out: Path, interval: dict, first: bool, settings:
         except OSError as exc:
             failed.append(str(exc))
 
-    write(lambda: result.save(out / "model.pt", state=False))
+    write(lambda: result.save(out / MODEL_FILE, state=False))
     if ctx is None or result.options.strategy != "shard":
-        write(lambda: result.save(out / "checkpoint.pt"))
+        write(lambda: result.save(out / CHECKPOINT_FILE))
     write(lambda: result.write_history_csv(out / "history.csv"))
     write(lambda: result.write_history_json(out / "history.json"))
     write(lambda: plot_histories({f"{result.solver} lam={result.lam:g}": plain_history(result.history)},
@@ -398,7 +407,7 @@ def _fit_into(args, cfg: dict, out: Path, interval: dict, first: bool, settings:
                     f"{state:g} passes (a second signal cut its check; the resumed run checks that state first)")
         else:
             held = "the model of the last check with its certificate"
-        print(f"torch-bcfw: interrupted by {how}: {out / 'checkpoint.pt'} holds {held}; continue with: "
+        print(f"torch-bcfw: interrupted by {how}: {out / CHECKPOINT_FILE} holds {held}; continue with: "
               f"torch-bcfw fit --resume {out}", file=sys.stderr)
         return 143 if how == "SIGTERM" else 130
     return 0
@@ -447,7 +456,7 @@ def cmd_compare(args) -> int:
 def cmd_path(args) -> int:
     """The eps-approximate regularization path (and optional grid searches) with model selection; JSON + PNG."""
     from .datasets.registry import load_problem_with_validation
-    from .solvers.certificate import task_loss
+    from .certificate import task_loss
     from .solvers.path import grid_search, plot_sweep, regularization_path
 
     cfg = load_config(args.config, args.set)
@@ -550,7 +559,7 @@ def cmd_evaluate(args) -> int:
     model, train, test = load_problem(cfg["data"], progress=True)
     if model.n_features != result.model.n_features:
         raise ValueError(f"the saved model has d = {result.model.n_features} but the data gives d = {model.n_features}")
-    from .solvers.certificate import primal_value
+    from .certificate import primal_value
 
     # the file's certificate is shown only where its primal value holds again on the training data
     train_primal, _ = primal_value(result.model, train, result.weights, result.lam)
@@ -585,7 +594,7 @@ def _same_examples(result, train) -> bool:
 
 
 def cmd_export(args) -> int:
-    from .io.export import export_head, lightning_heads
+    from .export import export_head, lightning_heads
     from .fit import FitResult
 
     if str(args.model).endswith(".ckpt"):  # a Lightning checkpoint: the head a BCFWCallback solved
@@ -605,7 +614,35 @@ def cmd_export(args) -> int:
     result = FitResult.load(args.model)
     path = export_head(result, args.output)
     print(f"wrote {path} and {path.parent / 'head.py'} (the {result.selected} iterate, certified gap "
-          f"{_fmt(result.gap)}); load it with torch alone: from head import load_head; load_head({str(path)!r})")
+          f"{_fmt(result.gap)}); load it without torch_bcfw: from head import load_head; load_head({str(path)!r})")
+    return 0
+
+
+def cmd_convert(args) -> int:
+    """``OLD`` (a pickle of ``torch.save``: a saved FitResult or an exported head), read once through the checks of
+    :func:`~torch_bcfw.io.pickle_stream.load_pickle_file` and validated as it is when loaded, written to ``NEW``."""
+    from .export import write_head
+    from .fit import FORMAT, FitResult
+    from .io.pickle_stream import load_pickle_file
+    from .io.standalone_head import FORMAT as HEAD_FORMAT, check_head
+
+    if str(args.old).endswith(".ckpt"):
+        raise ValueError(f"{args.old}: a Lightning checkpoint stays in Lightning's format; export its head with "
+                         f"torch-bcfw export --model {args.old} --output DIR")
+    old = load_pickle_file(args.old, what="file to convert")
+    fmt = old.get("format") if isinstance(old, dict) else None
+    if fmt == FORMAT:
+        result = FitResult.from_dict(old, source=str(args.old))
+        result.save(args.new)
+        what = "checkpoint" if result.has_state else "model file"
+    elif fmt == "torch_bcfw.head/1":
+        metadata = {"format": HEAD_FORMAT, "kind": old.get("kind")}
+        kind, tensors = check_head(metadata, old.get("tensors"), args.old)
+        write_head(kind, tensors, Path(args.new))
+        what = f"exported {kind} head, with head.py beside it"
+    else:
+        raise ValueError(f"{args.old}: neither a saved FitResult nor an exported head (format {str(fmt)[:60]!r})")
+    print(f"wrote {args.new} ({what}) from {args.old}")
     return 0
 
 
@@ -627,25 +664,32 @@ def build_parser() -> argparse.ArgumentParser:
     f = sub.add_parser("fit", help="train a model from a YAML config")
     _run_args(f, "the YAML config (required unless --resume)", "no progress bar")
     f.add_argument("--checkpoint-every", default="60s", metavar="INTERVAL",
-                   help="save the run to OUTPUT/checkpoint.pt this often: '60s' (default), '5m', '10p' (passes) or 'off'")
+                   help=f"save the run to OUTPUT/{CHECKPOINT_FILE} this often: '60s' (default), '5m', '10p' (passes) "
+                        "or 'off'")
     f.add_argument("--resume", metavar="DIR", help="continue the run saved in the output folder DIR (after Ctrl-C, "
                                                    "SIGTERM, kill or a finished max_passes raised with --set)")
     f.add_argument("--overwrite", action="store_true",
-                   help="replace the finished run in the output folder (without it, a model.pt there is refused)")
+                   help=f"replace the finished run in the output folder (without it, a {MODEL_FILE} there is refused)")
     f.set_defaults(func=cmd_fit)
     e = sub.add_parser("evaluate", help="evaluate a saved model on a config's data")
-    e.add_argument("--model", required=True, help="model.pt written by 'fit'")
+    e.add_argument("--model", required=True, help=f"{MODEL_FILE} written by 'fit'")
     e.add_argument("--config", help="config whose 'data' section names the data (default: config.yaml beside --model)")
     e.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     e.add_argument("--json", help="also write the figures to this JSON file")
     e.set_defaults(func=cmd_evaluate)
-    x = sub.add_parser("export", help="write a trained head as plain torch modules (head.pt + head.py) that load "
-                                      "without torch_bcfw")
-    x.add_argument("--model", required=True, help="model.pt written by 'fit', or a Lightning .ckpt written with a "
-                                                  "BCFWCallback")
+    x = sub.add_parser("export", help="write a trained head as plain torch modules (head.safetensors + head.py) that "
+                                      "load without torch_bcfw")
+    x.add_argument("--model", required=True, help=f"{MODEL_FILE} written by 'fit', or a Lightning .ckpt written with "
+                                                  "a BCFWCallback")
     x.add_argument("--head", help="which head of a Lightning checkpoint (its attribute name; default: the only one)")
-    x.add_argument("--output", required=True, help="folder for head.pt and head.py")
+    x.add_argument("--output", required=True, help="folder for head.safetensors and head.py")
     x.set_defaults(func=cmd_export)
+    v = sub.add_parser("convert", help="rewrite a file saved with torch.save (pickle) by an earlier version as "
+                                       "safetensors; for files you trust")
+    v.add_argument("old", help="a saved FitResult (model.pt, checkpoint.pt) or an exported head.pt")
+    v.add_argument("new", help="the safetensors file to write (model.safetensors, checkpoint.safetensors, "
+                               "head.safetensors: head.py is written beside it)")
+    v.set_defaults(func=cmd_convert)
     c = sub.add_parser("compare", help="run several solvers x seeds on one problem; JSON of the histories and "
                                        "gap plots (median and min-max band over seeds)")
     _run_args(c, quiet="no per-run log lines")

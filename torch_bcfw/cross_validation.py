@@ -15,9 +15,12 @@ a partial list is never returned, so no estimate is computed over a cut fit or f
         fits = torch_bcfw.cross_validate(model, data, folds, lam=0.01)
     except torch_bcfw.cross_validation.CrossValidationInterrupted as stop:
         fits = stop.folds        # finished folds only (stop.interrupted: the cut one, or None)
+
+:func:`choose_lam` picks the candidate ``lam`` whose out-of-fold predictions score best.
 """
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -25,7 +28,7 @@ from torch import Tensor
 
 from .fit import FitResult, fit
 
-__all__ = ["FoldFit", "cross_validate", "CrossValidationInterrupted"]
+__all__ = ["FoldFit", "choose_lam", "cross_validate", "CrossValidationInterrupted"]
 
 
 @dataclass
@@ -99,3 +102,27 @@ def cross_validate(model, data, folds, lam: float, solver: str = "bcfw", **optio
     except KeyboardInterrupt as exc:  # outside a fit: between two folds, or while one is set up
         raise CrossValidationInterrupted(out) from exc
     return out
+
+
+def choose_lam(model, data, lams: Sequence[float], predict: Callable[[Tensor, object], Tensor],
+               score: Callable[[Tensor], float], folds=None, solver: str = "bcfw",
+               **options) -> tuple[float, dict[float, float]]:
+    """The ``lam`` of ``lams`` whose out-of-fold predictions score highest: ``(lam, {lam: score})``.
+
+    For every candidate, :func:`cross_validate` (``folds``: fold id per example, ``[n]``; default 2 folds,
+    ``arange(n) % 2``); ``predict(weights, data[test_index])`` -> predictions ``[m, ...]`` of a fold's fit on its
+    held-out examples, gathered in ``data``'s order into ``[n, ...]`` and passed to ``score`` (higher is better).
+    Ties go to the earlier candidate.
+    """
+    if not lams:
+        raise ValueError("choose_lam needs at least one candidate lam")
+    folds = torch.arange(len(data)) % 2 if folds is None else folds
+    scores = {}
+    for lam in lams:
+        pred = None
+        for f in cross_validate(model, data, folds, lam, solver, **options):
+            p = predict(f.result.weights, data[f.test_index])
+            pred = p.new_empty((len(data), *p.shape[1:])) if pred is None else pred
+            pred[f.test_index] = p
+        scores[lam] = float(score(pred))
+    return max(scores, key=scores.get), scores

@@ -10,7 +10,8 @@
     est.score(X_test, Y_test)     # 1 - mean task loss (per-letter accuracy for OCR words)
     est.gap_, est.coef_           # certified duality gap and weights of the fitted model
 
-Its parameters (the model, ``lam``, ``solver`` and every field of :class:`~torch_bcfw.SolverOptions`) follow
+Its parameters (the model, ``lam``, ``solver`` and every option of every solver by its flat name,
+:func:`~torch_bcfw.solvers.run.option_defaults`: ``SSVM(model, solver="mp-bcfw", mp_max_planes=5)``) follow
 scikit-learn's ``get_params`` / ``set_params``, so ``clone``, ``GridSearchCV`` and ``cross_val_score`` work
 (scikit-learn stays optional).  Inputs:
 
@@ -45,13 +46,9 @@ from .fit import FitResult, fit
 from .models.base import StructuredModel
 from .models.chain import Chain
 from .models.multiclass import Multiclass
-from .solvers.options import SolverOptions
+from .solvers.run import check_option_names, option_defaults
 
-__all__ = ["SSVM", "NotFittedError", "OPTION_NAMES"]
-
-#: the solver options an :class:`SSVM` takes as parameters (the fields of :class:`SolverOptions`)
-OPTION_NAMES = tuple(f.name for f in dataclasses.fields(SolverOptions) if f.name != "extra")
-_OPTION_DEFAULTS = {f.name: f.default for f in dataclasses.fields(SolverOptions) if f.name != "extra"}
+__all__ = ["SSVM", "NotFittedError"]
 
 
 class NotFittedError(ValueError, AttributeError):
@@ -80,7 +77,12 @@ _RAW_TYPES = (list, tuple, np.ndarray, Tensor)
 def _is_container(X) -> bool:
     """A data container of the library (``SequenceData``, ``GraphData``...) rather than raw arrays."""
     return (not isinstance(X, _RAW_TYPES) and hasattr(X, "__len__") and not isinstance(X, (str, bytes, dict))
-            and not _is_sparse(X) and not type(X).__module__.startswith("pandas.") and not hasattr(X, "__array__"))
+            and not _is_sparse(X) and not _is_pandas(X) and not hasattr(X, "__array__"))
+
+
+def _is_pandas(v) -> bool:
+    """A pandas object (``DataFrame``, ``Series``; pandas is not imported for this)."""
+    return type(v).__module__.split(".")[0] == "pandas"
 
 
 def _is_sparse(v) -> bool:
@@ -91,11 +93,27 @@ def _is_sparse(v) -> bool:
 def _values(v):
     """A pandas ``DataFrame`` / ``Series`` as its values (a numpy array, as scikit-learn reads it); anything else
     as it is."""
-    if type(v).__module__.startswith("pandas.") and hasattr(v, "to_numpy") and hasattr(v, "ndim"):
+    if _is_pandas(v) and hasattr(v, "to_numpy") and hasattr(v, "ndim"):
         return v.to_numpy()
     if not isinstance(v, (*_RAW_TYPES, str, bytes, dict)) and hasattr(v, "__array__") and not _is_sparse(v):
         return np.asarray(v)  # array-likes (numpy's protocol)
     return v
+
+
+def _column_names(X) -> np.ndarray | None:
+    """The column names of a pandas ``DataFrame`` whose names are all strings (an object array, scikit-learn's
+    ``feature_names_in_``), else ``None``."""
+    columns = X.columns if _is_pandas(X) and hasattr(X, "columns") else None
+    if columns is None or not all(isinstance(c, str) for c in columns):
+        return None
+    return np.asarray(columns, dtype=object)
+
+
+def _check_column_names(fitted: np.ndarray | None, given: np.ndarray | None) -> None:
+    """``ValueError`` when a frame's columns ``given`` differ from those seen at fit (other names or another order)."""
+    if fitted is not None and given is not None and not np.array_equal(fitted, given):
+        raise ValueError(f"The feature names should match those that were passed during fit: X has the columns "
+                         f"{list(given)}, the fit saw {list(fitted)} (the same names in the same order)")
 
 
 def _no_sparse(v, what: str):
@@ -260,10 +278,6 @@ def _multiclass_data(model: Multiclass, X, Y) -> MulticlassData:
     return MulticlassData(x, y)
 
 
-def _n_labels(model) -> int:
-    return model.n_labels if isinstance(model, Chain) else model.n_classes
-
-
 def _flat_labels(Y, per_sequence: bool) -> list:
     if per_sequence:
         return [v for y in Y for v in (np.asarray(y).reshape(-1).tolist())]
@@ -344,36 +358,42 @@ class SSVM:
             the weights and history only (kilobytes); ``True``: the fitted estimator keeps its dual state in its
             pickles too (``16 n d`` bytes for a Multiclass model), and the next ``fit`` on the same data continues
             from it exactly (``fit`` with ``max_passes=10`` twice = once with ``max_passes=20``).
-        **options: fields of :class:`~torch_bcfw.SolverOptions` (an unknown name raises ``TypeError``; values are
+        **options: the options of every solver by their flat names (:func:`~torch_bcfw.solvers.run.option_defaults`;
+            an unknown name raises ``TypeError``; values, and options of a solver other than :attr:`solver`, are
             checked by :meth:`fit`).
 
     Fitted attributes:
         result_: the :class:`~torch_bcfw.FitResult` (history, dual state, ``save``...).
         model_: the fitted model (:attr:`model` itself, or the model sized by the data when :attr:`model` has no
             sizes, e.g. ``Multiclass()``).
-        coef_: ``Tensor[d]`` float64, the model's weights (``result_.weights``).
+        coef_: the weights as a float64 numpy array: for a :class:`~torch_bcfw.Multiclass` model scikit-learn's
+            ``[K, F]`` (``[1, F]`` for two classes: class 1's weights minus class 0's, as ``LinearSVC``), with the
+            biases in ``intercept_`` (``[K]``, ``[1]``; only with ``bias=True``); for the other models ``[d]`` in the
+            model's layout (``result_.weights``; ``Chain.unpack`` splits a chain's).
         gap_: certified duality gap of :attr:`coef_` (``None`` for ``solver="ssg"``).
         primal_: primal objective of :attr:`coef_`.
         n_iter_: effective passes over the data.
         stopped_by_: why the solver stopped (``"max_passes"``, ``"gap_tol"``, ...).
         n_features_in_: the input feature dimension ``F`` (token / example features).
+        feature_names_in_: the column names of a pandas ``DataFrame`` ``X`` (string names only); ``predict`` /
+            ``score`` then refuse a frame with other or reordered columns.
         classes_: the class labels of raw inputs (``classes_[k]`` is the model's label ``k``).
     """
 
     def __init__(self, model, lam: float = 0.01, solver: str = "bcfw", warm_start: bool = False, **options):
-        unknown = sorted(set(options) - set(OPTION_NAMES))
-        if unknown:
-            raise TypeError(f"SSVM got unknown solver option(s) {unknown}; valid options: {sorted(OPTION_NAMES)}")
+        defaults = option_defaults()
+        if set(options) - set(defaults):  # no option of any solver
+            check_option_names(solver, set(options) - set(defaults), who="SSVM")
         self.model = model
         self.lam = lam
         self.solver = solver
         self.warm_start = warm_start
-        for name in OPTION_NAMES:
-            setattr(self, name, options.get(name, _OPTION_DEFAULTS[name]))
+        for name, default in defaults.items():
+            setattr(self, name, options.get(name, default))
 
     @classmethod
     def _param_names(cls) -> list[str]:
-        return ["model", "lam", "solver", "warm_start", *OPTION_NAMES]
+        return ["model", "lam", "solver", "warm_start", *option_defaults()]
 
     def get_params(self, deep: bool = True) -> dict:
         """The estimator's parameters: ``model``, ``lam``, ``solver`` and every solver option (``deep`` is
@@ -392,11 +412,10 @@ class SSVM:
         return self
 
     def _options(self) -> dict:
-        """The solver options that differ from :class:`SolverOptions`' defaults."""
+        """The solver options that differ from their defaults."""
         out = {}
-        for name in OPTION_NAMES:
+        for name, d in option_defaults().items():
             v = getattr(self, name)
-            d = _OPTION_DEFAULTS[name]
             if not (v is d or (type(v) is type(d) and v == d)):
                 out[name] = v
         return out
@@ -479,26 +498,27 @@ class SSVM:
         if isinstance(model, Multiclass) and not model.is_sized:
             _check_length(_no_sparse(X, "X"), Y)
             X = _multiclass_x(_no_sparse(X, "X"), model.n_inputs)
-            if model.n_classes is None:
+            if model.n_labels is None:
                 classes, Y = _learn_classes(Y)
             else:
-                classes, Y = _encode_labels(Y, model.n_classes, False)
+                classes, Y = _encode_labels(Y, model.n_labels, False)
             return model.sized(X.shape[1], len(classes)), classes, X, Y
-        classes, Y = _encode_labels(Y, _n_labels(model), isinstance(model, Chain))
+        classes, Y = _encode_labels(Y, model.n_labels, isinstance(model, Chain))
         return model, classes, X, Y
 
     def fit(self, X, y=None) -> "SSVM":
         """Train on ``X`` (features, or a data container with its labels) and ``Y`` (labels). Returns ``self``.
 
-        Sizes are learned at fit: a ``Multiclass()`` without ``n_features`` / ``n_classes`` takes ``F`` from ``X``
+        Sizes are learned at fit: a ``Multiclass()`` without ``n_features`` / ``n_labels`` takes ``F`` from ``X``
         and its classes from the distinct labels (:attr:`model_`, :attr:`classes_`).  A pandas ``DataFrame`` /
         ``Series`` reads as its values.  ``warm_start=True``: continue from the previous fit's dual state (``max_passes``
         more passes; the same data and ``lam``), exactly as :func:`~torch_bcfw.fit` with ``init=``."""
         Y = y
         previous = self.__dict__.get("result_") if self.warm_start else None
-        for name in ("result_", "model_", "coef_", "gap_", "primal_", "n_iter_", "stopped_by_", "n_features_in_",
-                     "classes_"):
+        for name in ("result_", "model_", "coef_", "intercept_", "gap_", "primal_", "n_iter_", "stopped_by_",
+                     "n_features_in_", "feature_names_in_", "classes_"):
             self.__dict__.pop(name, None)  # a failed refit leaves the estimator unfitted, not half-updated
+        names = _column_names(X)
         if not _is_container(X):
             X, Y = _values(X), _values(Y)
         model, classes, X, Y = self._sized_model(X, Y)
@@ -512,7 +532,7 @@ class SSVM:
         result = fit(model, data, self.lam, self.solver, init=init, **self._options())
         self.result_ = result
         self.model_ = model
-        self.coef_ = result.weights
+        self._set_coef(model, result.weights)
         self.gap_ = result.gap
         self.primal_ = result.primal
         self.n_iter_ = result.passes
@@ -520,9 +540,24 @@ class SSVM:
         n_in = self._n_features_in(data)
         if n_in is not None:
             self.n_features_in_ = n_in
+        if names is not None:
+            self.feature_names_in_ = names
         if classes is not None:
             self.classes_ = classes
         return self
+
+    def _set_coef(self, model, w: Tensor) -> None:
+        """:attr:`coef_` and (a Multiclass model with a bias) :attr:`intercept_` of the weights ``w``."""
+        w = w.detach().cpu().numpy()
+        if not isinstance(model, Multiclass):
+            self.coef_ = w
+            return
+        table = w.reshape(model.n_labels, -1)
+        if model.n_labels == 2:  # scikit-learn's binary convention: the margin of class 1 over class 0
+            table = table[1:] - table[:1]
+        self.coef_ = table[:, :model.n_inputs]
+        if model.bias:
+            self.intercept_ = table[:, model.n_inputs]
 
     def _check_fitted(self, method: str) -> FitResult:
         result = self.__dict__.get("result_")
@@ -579,9 +614,11 @@ class SSVM:
         return s[:, 1] - s[:, 0] if s.shape[1] == 2 else s
 
     def _input(self, X):
-        """``X`` as its values (a DataFrame), with the width the fit saw (scikit-learn's message otherwise)."""
-        if _is_container(X) and not type(X).__module__.startswith("pandas."):
+        """``X`` as its values (a DataFrame, with the columns the fit saw), with the width the fit saw
+        (scikit-learn's messages otherwise)."""
+        if _is_container(X) and not _is_pandas(X):
             return X
+        _check_column_names(self.__dict__.get("feature_names_in_"), _column_names(X))
         X = _values(X)
         F = self.__dict__.get("n_features_in_")
         if F is not None and isinstance(self.model, Multiclass):
@@ -596,7 +633,7 @@ def _explicit_signature() -> inspect.Signature:
     params = [P("self", P.POSITIONAL_OR_KEYWORD), P("model", P.POSITIONAL_OR_KEYWORD),
               P("lam", P.POSITIONAL_OR_KEYWORD, default=0.01), P("solver", P.POSITIONAL_OR_KEYWORD, default="bcfw"),
               P("warm_start", P.POSITIONAL_OR_KEYWORD, default=False)]
-    params += [P(name, P.KEYWORD_ONLY, default=_OPTION_DEFAULTS[name]) for name in OPTION_NAMES]
+    params += [P(name, P.KEYWORD_ONLY, default=d) for name, d in option_defaults().items()]
     return inspect.Signature(params)
 
 

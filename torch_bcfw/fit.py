@@ -10,19 +10,19 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from .io.checkpoint import Checkpoint, manifest_path, newest_sharded, save_sharded
+from .checkpoint import Checkpoint, manifest_path, newest_sharded
 from .models.base import StructuredModel
 from .checks import check_lam
 from .models.registry import model_from_config, model_name
-from .io.serialization import atomic_save, atomic_write_text, load_checked, to_plain
-from .runtime.signals import deferred_signals
+from .io.serialization import atomic_write_text
+from .io.tree_file import load_tree, save_tree, to_plain
 from .solvers.callbacks import Callback
-from .solvers.certificate import squared_norm
+from .certificate import squared_norm
 from .solvers.options import SolverOptions
-from .solvers.placement import solver_placement
 from .solvers.record import CheckRecord, as_records, plain_history
-from .solvers.run import SOLVERS, WEAK_DUALITY_TOL, RunOutput, SolverRun, options_for
-from .distributed.strategy import continued_strategy, resolve_strategy
+from .solvers.run import SOLVERS, WEAK_DUALITY_TOL, RunOutput, options_for
+from .head_solve import HeadSolve
+from .planning import continued_strategy, plan_run
 
 __all__ = ["fit", "FitResult", "HISTORY_COLUMNS"]
 
@@ -137,6 +137,9 @@ class FitResult:
         solver_state: the algorithm's latest state (dual blocks, sampler, counters) for warm starts; past
             :attr:`w` only when a second Ctrl-C cut the final check.
         counters: cumulative solver time, gap-check time and gap-check oracle calls.
+        trust: what certifies in :attr:`solver_state` when this process computed it
+            (:meth:`~torch_bcfw.duals.base.DualState.trust_marks`): a warm start from this object trusts it again;
+            ``None`` for a result read from a file.
     """
 
     model: StructuredModel
@@ -149,6 +152,7 @@ class FitResult:
     stopped_by: str = ""
     solver_state: dict = field(default_factory=dict, repr=False)
     counters: dict = field(default_factory=dict)
+    trust: tuple | None = field(default=None, repr=False, compare=False)
 
     @property
     def selected(self) -> str:
@@ -197,7 +201,7 @@ class FitResult:
         return float(self.model.loss(data, self.predict(data)).mean())
 
     def to_dict(self, state: bool = True) -> dict:
-        """Everything as tensors and plain containers (loads with ``weights_only=True``); the model as its
+        """Everything as tensors and plain values (what :meth:`save` writes); the model as its
         registered name and ``config()``.  ``state=False``: without the dual state (see :meth:`save`)."""
         return to_plain({
             "format": FORMAT,
@@ -215,11 +219,12 @@ class FitResult:
         })
 
     def save(self, path, state: bool = True) -> None:
-        """Save everything (weights, history, dual state) atomically.
+        """Save everything (weights, history, dual state) atomically, as one safetensors file
+        (:func:`~torch_bcfw.io.tree_file.save_tree`; ``docs/formats.md``).
 
         ``state=False`` writes the *model file*: everything but the dual state (for OCR-large 70 KB instead of
         54 MB); it predicts and evaluates like the full file but cannot be continued (:attr:`has_state`)."""
-        atomic_save(self.to_dict(state=state), path)
+        save_tree(self.to_dict(state=state), path)
 
     @property
     def has_state(self) -> bool:
@@ -227,16 +232,18 @@ class FitResult:
         return bool(self.solver_state)
 
     @classmethod
-    def load(cls, path, map_location="cpu") -> "FitResult":
-        """Load a result written by :meth:`save`.  Safe on untrusted files: read with ``weights_only=True``, the
-        model built only from a registered class, every field checked (``ValueError`` naming the field)."""
-        d = load_checked(path, map_location=map_location, what="saved FitResult")
+    def load(cls, path) -> "FitResult":
+        """Load a result written by :meth:`save` (tensors on the CPU).  Safe on untrusted files: a safetensors file
+        read within bounds (:func:`~torch_bcfw.io.tree_file.load_tree`; a pickle is refused with the command that
+        converts it), the model built only from a registered class, every field checked (``ValueError`` naming the
+        file and the field)."""
+        d = load_tree(path, what="saved FitResult")
         return cls.from_dict(d, source=str(path))
 
     @classmethod
-    def load_sharded(cls, path, map_location="cpu") -> "FitResult":
+    def load_sharded(cls, path) -> "FitResult":
         """In a sharded run (every rank calls it): this rank's shard of the newest complete set saved at ``path`` by
-        a sharded :class:`~torch_bcfw.io.checkpoint.Checkpoint` (``FileNotFoundError`` when no set is committed)."""
+        a sharded :class:`~torch_bcfw.checkpoint.Checkpoint` (``FileNotFoundError`` when no set is committed)."""
         from .distributed import current_context
 
         ctx = current_context()
@@ -247,7 +254,7 @@ class FitResult:
         if mine is None:
             raise FileNotFoundError(f"no committed set of a sharded save at {path} (no {manifest_path(path)} for "
                                     f"{ctx.world_size} processes)")
-        return cls.load(mine, map_location=map_location)
+        return cls.load(mine)
 
     @classmethod
     def from_dict(cls, d, source: str = "the saved result") -> "FitResult":
@@ -344,7 +351,7 @@ def _check_inputs(model, data, test_data, init, checkpoint) -> None:
     if init is not None and not isinstance(init, FitResult):
         raise TypeError(f"init must be a FitResult (e.g. FitResult.load(path)), got {type(init).__name__}")
     if checkpoint is not None and not isinstance(checkpoint, Checkpoint):
-        raise TypeError(f"checkpoint must be a torch_bcfw.io.checkpoint.Checkpoint, got {type(checkpoint).__name__}")
+        raise TypeError(f"checkpoint must be a torch_bcfw.checkpoint.Checkpoint, got {type(checkpoint).__name__}")
     if init is not None and not init.has_state:
         raise ValueError("init holds no dual state (a model file, saved with state=False): continue from the full "
                          "save of the run, e.g. the checkpoint.pt of its output folder")
@@ -359,51 +366,39 @@ class _Snapshots:
     """The :class:`FitResult` of a run at a point of it: the weights of the last check (the warm start's when this run
     completed none), the algorithm's state and the counters."""
 
-    def __init__(self, run: SolverRun, model, lam: float, solver: str, init):
-        self.run, self.model, self.lam, self.solver, self.init = run, model, lam, solver, init
+    def __init__(self, head: HeadSolve, init):
+        self.head, self.init = head, init
 
     def __call__(self, out: RunOutput, final: bool = False) -> FitResult:
-        alg, init = self.run.algorithm, self.init
-        if out.checked_weights is not None:
-            w, w_avg = out.checked_weights
-        elif init is not None and init.history:
+        run, init = self.head.run, self.init
+        if out.checked_weights is None and init is not None and init.history:
             w, w_avg = init.w, init.w_avg
         else:
-            w, avg = alg.iterate()[0], alg.averaged()
-            w_avg = None if avg is None else avg[0]
-        if final and hasattr(self.run.state, "move_storage_on_save"):
-            self.run.state.move_storage_on_save = True  # the state is dropped when fit returns: its storage goes over
+            w, w_avg = self.head.iterates(out)
+        if final and hasattr(run.state, "move_storage_on_save"):
+            run.state.move_storage_on_save = True  # the state is dropped when fit returns: its storage goes over
         # state_dict() returns copies or handed-over storage: no deep copy
-        res = FitResult(
-            model=self.model, lam=self.lam, solver=self.solver, options=self.run.options, w=w.clone(),
+        return FitResult(
+            model=run.model, lam=run.lam, solver=run.solver, options=run.options, w=w.clone(),
             w_avg=None if w_avg is None else w_avg.clone(), history=out.history if final else list(out.history),
-            stopped_by=out.stopped_by if final else "", solver_state=alg.state_dict(), counters=dict(self.run.counters),
+            stopped_by=out.stopped_by if final else "", solver_state=run.algorithm.state_dict(),
+            counters=dict(run.counters), trust=self.head.trust_marks(),
         )
-        # what this process computed itself: a warm start from this object (not from a file) trusts it again
-        res._trust = alg.state.trust_marks() if hasattr(alg, "state") else None
-        return res
 
 
 class _Saves:
-    """A run's saves to its :class:`~torch_bcfw.io.checkpoint.Checkpoint`: a snapshot whenever one is due (called after
-    every chunk of steps) and the final result (:meth:`save`)."""
+    """A run's saves to its :class:`~torch_bcfw.checkpoint.Checkpoint`: a snapshot whenever one is due (called after
+    every chunk of steps); the final result is the caller's to save."""
 
-    def __init__(self, checkpoint: Checkpoint, plan, run: SolverRun, snapshot: _Snapshots):
-        self.checkpoint, self.plan, self.alg, self.snapshot = checkpoint, plan, run.algorithm, snapshot
+    def __init__(self, checkpoint: Checkpoint, head: HeadSolve, snapshot: _Snapshots):
+        self.checkpoint, self.head, self.alg, self.snapshot = checkpoint, head, head.run.algorithm, snapshot
         checkpoint.start(self.alg.work / self.alg.n)
-
-    def save(self, res: FitResult) -> None:
-        with deferred_signals():  # a Ctrl-C / SIGTERM inside torch.save would break its zip writer
-            if self.plan.sharded:  # one set of every rank's shard, committed by a manifest once complete
-                save_sharded(res, self.checkpoint.path, self.plan.group)
-            elif self.plan.group is None or self.plan.group.is_main:  # a replicated run: one file, rank 0's
-                res.save(self.checkpoint.path)
 
     def __call__(self, out: RunOutput) -> None:
         # sharded: the ranks decide together (each saves its member at the same point); replicated: rank 0 alone
         alg = self.alg
         if self.checkpoint.due(alg.work / alg.n, agree=alg.comm.any if alg.comm.sharded else None):
-            self.save(self.snapshot(out))
+            self.head.save(self.snapshot(out), self.checkpoint.path)
 
 
 def fit(
@@ -435,14 +430,14 @@ def fit(
         bounds: box constraints ``(lower, upper)`` on the weights (``Tensor[d]`` each, +-inf where free, or
             ``None``) for ``"bcfw"`` and ``"fw"`` (Osokin et al. 2016, App. H); default: the model's
             :meth:`~torch_bcfw.models.base.StructuredModel.weight_bounds`.  The certified gap is the constrained one.
-        checkpoint: a :class:`~torch_bcfw.io.checkpoint.Checkpoint`: save the run there periodically and at the end;
+        checkpoint: a :class:`~torch_bcfw.checkpoint.Checkpoint`: save the run there periodically and at the end;
             ``fit(..., init=FitResult.load(path), max_passes=<the rest>)`` continues it exactly.  A sharded run
             saves one set of every rank's shard (each rank resumes from ``FitResult.load_sharded(path)``).
         distributed: use the initialised ``torch.distributed`` process group (every rank passes the full ``data``)
             as the option ``strategy`` says: ``"replicate"`` (the same solve on every rank), ``"shard"`` (each rank
             keeps its share of the examples and dual blocks; ``solver="bcfw"``), ``"split-oracle"`` (each round's
             oracle calls split over the ranks; ``solver="bcfw"``) or ``"auto"``
-            (:func:`~torch_bcfw.distributed.strategy.choose_strategy`).  The same result on every rank.
+            (:func:`~torch_bcfw.planning.choose_strategy`).  The same result on every rank.
             ``None`` (default): when a group of more than one rank is initialised; ``False``: never.
         **options: fields of :class:`~torch_bcfw.solvers.options.SolverOptions` (``max_passes``, ``gap_tol``,
             ``preset``...; ``preset="gap-pairwise-cache"`` or ``"auto"``: the refinements of Osokin et al. 2016), and
@@ -455,30 +450,21 @@ def fit(
     lam = check_lam(lam)
     opts = options_for(solver, **options)
     _check_inputs(model, data, test_data, init, checkpoint)
-    group = _process_group(distributed)
-    # with the data on a GPU, solve where block steps are measured cheaper (solvers/placement.py)
-    data, test_data, placement = solver_placement(model, data, test_data, lam, solver, opts, group=group, init=init,
-                                                  bounds=bounds)
     saved = None if init is None else continued_strategy("shard" in init.solver_state, True, init.options.strategy)
-    plan = resolve_strategy(model, data, lam, solver, opts, group, saved=saved,
-                            saved_round_size=None if init is None else init.options.batch_size)
-    run = SolverRun(model, plan.data_here(data), lam, solver, plan.options, bounds=bounds, comm=plan.comm)
-    if init is not None:
-        run.load_state_dict({"solver": init.solver, "lam": init.lam, "options": init.options,
-                             "solver_state": init.solver_state, "counters": init.counters, "history": init.history})
-        if getattr(init, "_trust", None) is not None and hasattr(run.algorithm, "state"):  # made by fit here
-            run.algorithm.state.restore_trust(init._trust)
-    run.counters.update(placement)
-    snapshot = _Snapshots(run, model, lam, solver, init)
-    saves = _Saves(checkpoint, plan, run, snapshot) if checkpoint is not None else None
-    out = run.run(test_data=test_data, callbacks=callbacks, after_iteration=saves,
-                  certify_first=init is not None and init.check_was_cut)
-    run.counters.update(plan.record())  # the calibration's figures, a sharded run's all-reduce time
+    plan = plan_run(model, data, lam, solver, opts, _process_group(distributed), test_data=test_data, bounds=bounds,
+                    saved=saved, saved_round_size=None if init is None else init.options.batch_size)
+    head = HeadSolve(model, lam, solver, plan, bounds=bounds, trust=None if init is None else init.trust, saved=None
+                     if init is None else {"solver": init.solver, "lam": init.lam, "options": init.options,
+                                           "solver_state": init.solver_state, "counters": init.counters,
+                                           "history": init.history})
+    head.run.counters.update(plan.placement)
+    snapshot = _Snapshots(head, init)
+    saves = _Saves(checkpoint, head, snapshot) if checkpoint is not None else None
+    out = head.run.run(test_data=plan.test_data, callbacks=callbacks, after_iteration=saves,
+                       certify_first=init is not None and init.check_was_cut)
+    head.run.counters.update(plan.record())  # the calibration's figures, a sharded run's all-reduce time
     res = snapshot(out, final=True)
-    if plan.group is not None and not plan.sharded and out.stopped_by != "interrupted":  # signals reach the ranks
-        from .distributed import assert_replicated  # at different moments
-
-        assert_replicated(res.w, plan.group, name="the replicated head w")
-    if saves is not None:
-        saves.save(res)
+    head.check_replicated(res.weights, out, "the replicated head")
+    if checkpoint is not None:
+        head.save(res, checkpoint.path)
     return res

@@ -87,11 +87,11 @@ class MulticlassHeadOps:
     def __init__(self, model):
         self.model = model
         self.n_inputs = model.n_inputs
-        self.n_labels = model.n_classes
+        self.n_labels = model.n_labels
 
     def class_scores(self, w: Tensor, x: Tensor) -> Tensor:
-        """``[B, n_classes]`` scores, differentiable in ``w`` and ``x``."""
-        W = w.view(self.model.n_classes, -1)
+        """``[B, n_labels]`` scores, differentiable in ``w`` and ``x``."""
+        W = w.view(self.model.n_labels, -1)
         s = x @ W[:, : self.n_inputs].T
         return s + W[:, self.n_inputs] if self.model.bias else s
 
@@ -99,7 +99,7 @@ class MulticlassHeadOps:
         """Arg-max classes ``[B]`` (loss-augmented against ``y`` when given)."""
         s = self.class_scores(w, x)
         if y is not None:
-            s = s + 1.0 - nn.functional.one_hot(y, self.model.n_classes).to(s.dtype)
+            s = s + 1.0 - nn.functional.one_hot(y, self.model.n_labels).to(s.dtype)
         return s.argmax(1)
 
     def scores(self, w: Tensor, x: Tensor, offsets, y: Tensor) -> Tensor:

@@ -208,7 +208,7 @@ def staleness(problem: str = "ocr-small", lam: float = 0.01, seeds=None, passes=
     import torch
 
     from torch_bcfw.solvers.bcfw import BCFW
-    from torch_bcfw.solvers.options import SolverOptions
+    from torch_bcfw.solvers.run import options_for
 
     seeds = list(range(1, (seeds or (2 if tiny else 5)) + 1))
     passes = int(passes or (4 if tiny else 150))
@@ -220,7 +220,7 @@ def staleness(problem: str = "ocr-small", lam: float = 0.01, seeds=None, passes=
     for label, preset, every in STALENESS:
         runs[label] = {}
         for seed in seeds:
-            alg = BCFW(prob.model, prob.train, lam, SolverOptions(preset=preset, averaging=False, seed=seed))
+            alg = BCFW(prob.model, prob.train, lam, options_for("bcfw", preset=preset, averaging=False, seed=seed, batch_size=1))
             refreshes, recs = 0, []
             radius = torch.zeros(n, dtype=torch.float64)  # R_i: the largest ||psi_i(y)|| seen so far
             for p in range(1, passes + 1):

@@ -164,7 +164,7 @@ def choose_lam(prob: Problem, lams, passes: float, **options) -> tuple[float, li
     """The ``lam`` of ``lams`` with the lowest task loss on the held-out ``prob.val`` after ``passes`` passes of
     BCFW (gap sampling, the returned model), with the table of every candidate."""
     from torch_bcfw import fit
-    from torch_bcfw.solvers.certificate import task_loss
+    from torch_bcfw.certificate import task_loss
 
     rows = []
     for lam in lams:

@@ -185,24 +185,27 @@ class GraphData:
         """``LongTensor[n]``: edges per graph."""
         return self.edge_offsets[1:] - self.edge_offsets[:-1]
 
-    def _cached(self, name: str, make):
+    def cached(self, name: str, make):
+        """``make()``, computed once per ``name`` for these graphs (a model keeps its per-data quantities here; a
+        name starting with ``gc_`` holds a list with one entry per graph, which :meth:`__getitem__` and :meth:`to`
+        carry along)."""
         if name not in self._cache:
             self._cache[name] = make()
         return self._cache[name]
 
     def node_graph(self) -> Tensor:
         """``LongTensor[N_tot]``: the graph of every node."""
-        return self._cached("node_graph", lambda: torch.repeat_interleave(
+        return self.cached("node_graph", lambda: torch.repeat_interleave(
             torch.arange(len(self), device=self.device), self.lengths))
 
     def edge_graph(self) -> Tensor:
         """``LongTensor[M_tot]``: the graph of every edge."""
-        return self._cached("edge_graph", lambda: torch.repeat_interleave(
+        return self.cached("edge_graph", lambda: torch.repeat_interleave(
             torch.arange(len(self), device=self.device), self.edge_counts))
 
     def global_edges(self) -> Tensor:
         """``LongTensor[M_tot, 2]``: edge endpoints as indices into the packed nodes."""
-        return self._cached("global_edges", lambda: self.edges + self.offsets[:-1][self.edge_graph()][:, None])
+        return self.cached("global_edges", lambda: self.edges + self.offsets[:-1][self.edge_graph()][:, None])
 
     def mass(self) -> Tensor:
         """``Tensor[n]`` (float64): total node mass of every graph (the node count without ``node_weight``)."""
@@ -211,28 +214,28 @@ class GraphData:
                 return self.lengths.to(torch.float64)
             out = torch.zeros(len(self), dtype=torch.float64, device=self.device)
             return out.index_add_(0, self.node_graph(), self.node_weight.to(torch.float64))
-        return self._cached("mass", make)
+        return self.cached("mass", make)
 
     def node_mass(self) -> Tensor:
         """``Tensor[N_tot]`` (float64): ``node_weight`` (or 1) per node."""
-        return self._cached("node_mass", lambda: torch.ones(self.n_nodes, dtype=torch.float64, device=self.device)
+        return self.cached("node_mass", lambda: torch.ones(self.n_nodes, dtype=torch.float64, device=self.device)
                             if self.node_weight is None else self.node_weight.to(torch.float64))
 
     def x64(self) -> Tensor:
         """``x`` as float64 (cached)."""
-        return self._cached("x64", lambda: self.x.to(torch.float64).contiguous())
+        return self.cached("x64", lambda: self.x.to(torch.float64).contiguous())
 
     def edge_x64(self) -> Tensor:
         """``edge_x`` as float64 (cached)."""
-        return self._cached("edge_x64", lambda: self.edge_x.to(torch.float64).contiguous())
+        return self.cached("edge_x64", lambda: self.edge_x.to(torch.float64).contiguous())
 
     def node_scale(self) -> Tensor:
         """``a_p / Z_i`` per node (``Tensor[N_tot]`` float64, cached): node mass over its graph's mass."""
-        return self._cached("node_scale", lambda: self.node_mass() / self.mass()[self.node_graph()])
+        return self.cached("node_scale", lambda: self.node_mass() / self.mass()[self.node_graph()])
 
     def edge_scale(self) -> Tensor:
         """``1 / Z_i`` per edge (``Tensor[M_tot]`` float64, cached)."""
-        return self._cached("edge_scale", lambda: 1.0 / self.mass()[self.edge_graph()])
+        return self.cached("edge_scale", lambda: 1.0 / self.mass()[self.edge_graph()])
 
     def cpu_graphs(self) -> list[tuple[np.ndarray, np.ndarray]]:
         """Per graph ``(edges int32[M_i, 2], edge_x float64[M_i, E])`` as CPU numpy arrays (for the min-cut);
@@ -248,7 +251,7 @@ class GraphData:
                 same = shared.setdefault((ei.shape[0], hash(ei.tobytes())), ei)
                 out.append((same if np.array_equal(same, ei) else ei, np.ascontiguousarray(ex[eo[i]:eo[i + 1]])))
             return out
-        return self._cached("cpu_graphs", make)
+        return self.cached("cpu_graphs", make)
 
     def graph_keys(self) -> list[bytes]:
         """A content key per graph: a 16-byte BLAKE2b digest of ``(N_i, edges_i, edge_x_i)`` (equal keys: a worker
@@ -262,7 +265,7 @@ class GraphData:
                 h.update(ex.tobytes())
                 keys.append(h.digest())
             return keys
-        return self._cached("graph_keys", make)
+        return self.cached("graph_keys", make)
 
     def __getitem__(self, idx) -> "GraphData":
         """The graphs ``idx`` (an int, a slice, a list or a ``LongTensor``; repeats allowed) as a new ``GraphData``."""
@@ -328,50 +331,61 @@ def _per_graph(cache_key: str) -> bool:
     return cache_key in ("cpu_graphs", "graph_keys") or cache_key.startswith("gc_")
 
 
-def grid_graph_data(features: Tensor, images: Tensor, labels: Tensor | None = None, beta: float | None = None,
-                    contrast: bool = True) -> GraphData:
-    """Graphs of ``B`` same-size images on their 4-connected pixel grids (:func:`grid_edges`; pixel ``(r, c)`` is
-    node ``r * W + c``).
+def grid_graph_data(features, images, labels=None, beta: float | None = None, contrast: bool = True,
+                    connectivity: int = 4, contrast_scales: Sequence[float] = (1.0,)) -> GraphData:
+    """Graphs of ``B`` images on their pixel grids (:func:`grid_edges`; pixel ``(r, c)`` is node ``r * W_i + c``).
 
     Args:
-        features: ``Tensor[B, F, H, W]`` per-pixel node features.
-        images: ``Tensor[B, C, H, W]`` the images of the contrast edge features.
-        labels: optional ``LongTensor[B, H, W]`` in ``{0, 1}``.
+        features: ``Tensor[B, F, H, W]`` per-pixel node features, or a sequence of ``B`` tensors ``[F, H_i, W_i]``
+            (images of different sizes).
+        images: ``Tensor[B, C, H, W]`` (or ``B`` tensors ``[C, H_i, W_i]``), the images of the contrast features.
+        labels: optional ``LongTensor[B, H, W]`` (or ``B`` tensors ``[H_i, W_i]``) in ``{0, 1}``.
         beta: contrast scale of :func:`edge_features` (default: per image).
-        contrast: edge features ``[1, exp(-beta ||I_p - I_q||^2)]`` (``E = 2``); ``False``: ``[1]`` (Potts, ``E = 1``).
+        contrast: edge features ``[1, exp(-s beta ||I_p - I_q||^2) for s in contrast_scales]``
+            (``E = 1 + len(contrast_scales)``); ``False``: ``[1]`` (Potts, ``E = 1``).
+        connectivity: 4, or 8 (diagonal edges too; every edge's features divided by its length, 1 or sqrt 2).
     """
     for name, t in (("features", features), ("images", images), ("labels", labels)):
-        check_not_meta(t, name)
-    if features.dim() != 4 or images.dim() != 4 or features.shape[0] != images.shape[0] \
-            or features.shape[2:] != images.shape[2:]:
-        raise ValueError(f"features [B, F, H, W] and images [B, C, H, W] must agree, got {tuple(features.shape)} "
-                         f"and {tuple(images.shape)}")
-    B, F, H, W = features.shape
-    if labels is not None and tuple(labels.shape) != (B, H, W):
-        raise ValueError(f"labels must be [B, H, W] = {(B, H, W)}, got {tuple(labels.shape)}")
-    edges = grid_edges(H, W).to(features.device)
-    ex = []
-    for b in range(B):
-        f = edge_features(images[b].to(torch.float64), edges, beta=beta, layout="chw")
-        ex.append(f if contrast else f[:, :1])
-    M = edges.shape[0]
-    offsets = torch.arange(B + 1, device=features.device) * (H * W)
-    edge_offsets = torch.arange(B + 1, device=features.device) * M
-    x = features.permute(0, 2, 3, 1).reshape(B * H * W, F)
-    y = None if labels is None else labels.reshape(-1)
-    if y is not None and y.dtype == torch.bool:  # a binary mask; float labels are rejected by GraphData
-        y = y.long()
-    return GraphData(x, y, offsets, edges.repeat(B, 1), torch.cat(ex), edge_offsets)
+        for part in ([] if t is None else [t] if isinstance(t, Tensor) else t):
+            check_not_meta(part, name)
+    if isinstance(features, Tensor) and features.dim() != 4:
+        raise ValueError(f"features must be [B, F, H, W] or a sequence of [F, H, W], got {tuple(features.shape)}")
+    if len(images) != len(features) or (labels is not None and len(labels) != len(features)):
+        raise ValueError(f"features, images and labels must hold one entry per image, got {len(features)}, "
+                         f"{len(images)} and {'-' if labels is None else len(labels)}")
+    xs, ex, grids = [], [], {}
+    for b, (f, image) in enumerate(zip(features, images)):
+        if f.dim() != 3 or image.dim() != 3 or f.shape[1:] != image.shape[1:]:
+            raise ValueError(f"image {b}: features [F, H, W] and images [C, H, W] must agree, got "
+                             f"{tuple(f.shape)} and {tuple(image.shape)}")
+        H, W = f.shape[1:]
+        if labels is not None and tuple(labels[b].shape) != (H, W):
+            raise ValueError(f"image {b}: labels must be [H, W] = {(H, W)}, got {tuple(labels[b].shape)}")
+        if (H, W) not in grids:
+            edges = grid_edges(H, W, connectivity).to(f.device)
+            axis = H * (W - 1) + W * (H - 1)  # the 4-connected edges come first
+            grids[H, W] = edges, torch.cat([torch.ones(axis), torch.full((len(edges) - axis,), 2 ** 0.5)])
+        edges, length = grids[H, W]
+        e = edge_features(image.to(torch.float64), edges, beta=beta, layout="chw", scales=contrast_scales)
+        e = e if contrast else e[:, :1]
+        ex.append(e if connectivity == 4 else e / length.to(e)[:, None])
+        xs.append(f.permute(1, 2, 0).reshape(H * W, f.shape[0]))
+    ys = None if labels is None else [y.long() if y.dtype == torch.bool else y for y in labels]
+    return GraphData.from_graphs(xs, [grids[tuple(f.shape[1:])][0] for f in features], ex, ys)
 
 
 # ----------------------------------------------------------------------------- graphs of pixel grids
-def grid_edges(height: int, width: int) -> Tensor:
-    """4-connected edges of an ``height x width`` pixel grid, nodes numbered ``r * width + c``: ``LongTensor[M, 2]``,
-    ``M = height (width - 1) + width (height - 1)``, all horizontal edges (row-major) then all vertical ones."""
+def grid_edges(height: int, width: int, connectivity: int = 4) -> Tensor:
+    """Edges of an ``height x width`` pixel grid, nodes numbered ``r * width + c``: ``LongTensor[M, 2]``, all
+    horizontal edges (row-major), then all vertical ones (``M = height (width - 1) + width (height - 1)``), then
+    with ``connectivity=8`` the diagonals ``(r, c)-(r+1, c+1)`` and then ``(r, c+1)-(r+1, c)``."""
+    if connectivity not in (4, 8):
+        raise ValueError(f"connectivity must be 4 or 8, got {connectivity}")
     ids = torch.arange(height * width).reshape(height, width)
-    horizontal = torch.stack([ids[:, :-1].reshape(-1), ids[:, 1:].reshape(-1)], dim=1)
-    vertical = torch.stack([ids[:-1, :].reshape(-1), ids[1:, :].reshape(-1)], dim=1)
-    return torch.cat([horizontal, vertical], dim=0)
+    pairs = [(ids[:, :-1], ids[:, 1:]), (ids[:-1, :], ids[1:, :])]
+    if connectivity == 8:
+        pairs += [(ids[:-1, :-1], ids[1:, 1:]), (ids[:-1, 1:], ids[1:, :-1])]
+    return torch.cat([torch.stack([a.reshape(-1), b.reshape(-1)], dim=1) for a, b in pairs], dim=0)
 
 
 def _pixels(image: Tensor, layout: str) -> Tensor:
@@ -397,18 +411,19 @@ def _pixels(image: Tensor, layout: str) -> Tensor:
     return image.reshape(-1, image.shape[2])
 
 
-def edge_features(
-    image: Tensor, edges: Tensor, beta: float | None = None, layout: str = "auto"
-) -> Tensor:
+def edge_features(image: Tensor, edges: Tensor, beta: float | None = None, layout: str = "auto",
+                  scales: Sequence[float] = (1.0,)) -> Tensor:
     """Contrast-sensitive Potts edge features (GrabCut, Rother et al. 2004).
 
     Args:
         image: ``Tensor[H, W, C]``, ``Tensor[C, H, W]`` or ``Tensor[H, W]`` (``layout``: see :func:`_pixels`).
         edges: ``LongTensor[M, 2]`` of pixel indices ``r * W + c``.
         beta: contrast scale; default ``1 / (2 mean_pq ||I_p - I_q||^2)`` over ``edges`` (0 for a constant image).
+        scales: multiples of ``beta``, one contrast feature each.
 
     Returns:
-        ``Tensor[M, 2]`` (``image``'s floating dtype, float32 for integers): ``[1, exp(-beta ||I_p - I_q||^2)]``.
+        ``Tensor[M, 1 + len(scales)]`` (``image``'s floating dtype, float32 for integers):
+        ``[1, exp(-s beta ||I_p - I_q||^2) for s in scales]``.
     """
     pixels = _pixels(image, layout)
     if not pixels.dtype.is_floating_point:
@@ -417,4 +432,4 @@ def edge_features(
     if beta is None:
         mean = float(sq_dist.mean()) if sq_dist.numel() else 0.0
         beta = 1.0 / (2.0 * mean) if mean > 0 else 0.0
-    return torch.stack([torch.ones_like(sq_dist), torch.exp(-beta * sq_dist)], dim=1)
+    return torch.stack([torch.ones_like(sq_dist), *(torch.exp(-(s * beta) * sq_dist) for s in scales)], dim=1)

@@ -322,7 +322,7 @@ class MulticlassData:
 
     Attributes:
         x: ``Tensor[n, F]`` features (floating point).
-        y: ``LongTensor[n]`` labels in ``[0, n_classes)``; may be ``None`` for prediction-only data.
+        y: ``LongTensor[n]`` labels in ``[0, n_labels)``; may be ``None`` for prediction-only data.
     """
 
     x: Tensor

@@ -1,8 +1,8 @@
 """Distributed BCFW over ``torch.distributed`` (launched by ``torchrun``): the process context, the sharding of the
-examples, the collectives, the exact certificate over all ranks and the communicators of sharded and replicated runs.
+examples, the collectives, the exact certificate over all ranks and the communicators of a run (single-process,
+sharded, replicated and split-oracle).
 """
-from .certificate import global_certify
-from .shard_comm import ShardComm
+from .communicators import ShardComm, global_certify
 from .collectives import (all_gather_int64, all_gather_parts, all_reduce_packed, all_reduce_sum, assert_replicated,
                           broadcast_from_rank0, collective, pack_sum_buffer, unpack_sum_buffer)
 from .context import DEFAULT_TIMEOUT_S, DistributedContext, current_context, init_from_env

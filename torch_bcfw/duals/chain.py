@@ -27,7 +27,7 @@ from .plan import MP_EXACT, NEED_GAP_PASS, PlanResult, RoundStep, StepPlan, comp
 from .stepsize import TOTALS, lazy_weight, minibatch_step_size
 from .working_set import FREE, Pool
 
-__all__ = ["ChainDualState", "chain_kernel_features", "sequence_grams"]
+__all__ = ["ChainDualState", "chain_kernel_features", "sequence_grams", "transitions_decompose"]
 
 
 def _marginal_scores(U: Tensor, trans: Tensor, data, M: Tensor, T: Tensor) -> Tensor:
@@ -120,7 +120,7 @@ class ChainDualState(DualState):
         U = self.model.unary_scores(self.w, blk)
         trans = self.model.unpack(self.w)[4]
         s_mu = float((U * self.mu[self._tokens(i)]).sum() + (self.T[i] * trans).sum())
-        s_true = float(self.model._score_from_unary(U, trans, blk, blk.y)[0])
+        s_true = float(self.model.score_from_unary(U, trans, blk, blk.y)[0])
         return float(self.block_ell[i]) + (s_mu - s_true) / self.n_total
 
     def block_gaps(self) -> tuple[Tensor, Tensor, Tensor]:
@@ -131,14 +131,14 @@ class ChainDualState(DualState):
         U = model.unary_scores(w, data)
         trans = model.unpack(w)[4]
         y_star, _ = viterbi_packed(U + model.loss_unaries(data, U.dtype), data.offsets, trans)
-        s_true = model._score_from_unary(U, trans, data, data.y)
-        H = model.loss(data, y_star) + model._score_from_unary(U, trans, data, y_star) - s_true
+        s_true = model.score_from_unary(U, trans, data, data.y)
+        H = model.loss(data, y_star) + model.score_from_unary(U, trans, data, y_star) - s_true
         return H / self.n_total - (self.block_ell - self._dots_from(U, trans, s_true)), H, y_star
 
     def _block_dots(self) -> Tensor:
         U = self.model.unary_scores(self.w, self.data)
         trans = self.model.unpack(self.w)[4]
-        return self._dots_from(U, trans, self.model._score_from_unary(U, trans, self.data, self.data.y))
+        return self._dots_from(U, trans, self.model.score_from_unary(U, trans, self.data, self.data.y))
 
     def _dots_from(self, U: Tensor, trans: Tensor, s_true: Tensor) -> Tensor:
         """``lam <w_i, w>`` of every block from the unary scores ``U`` and transitions of ``w`` and the true
@@ -171,7 +171,7 @@ class ChainDualState(DualState):
         U = self.model.unary_scores(self.w, sub)
         trans = self.model.unpack(self.w)[4]
         s_mu = _marginal_scores(U, trans, sub, self.mu[self._token_index(idx)], self.T[idx])
-        s_true = self.model._score_from_unary(U, trans, sub, sub.y)
+        s_true = self.model.score_from_unary(U, trans, sub, sub.y)
         return self.block_ell[idx] + (s_mu - s_true) / self.n_total
 
     def _subset_block_gaps(self, idx: Tensor, sub, parts) -> Tensor:
@@ -381,8 +381,8 @@ class ChainDualState(DualState):
 
     def _check_dual_variables(self) -> None:
         """The marginals of a distribution over each block's labelings: every token's ``mu_t`` on the simplex, every
-        ``T_i >= 0`` summing to ``L_i - 1`` with the token marginals as its row and column sums, and ``l_i`` the
-        expected loss under ``mu``."""
+        ``T_i >= 0`` summing to ``L_i - 1`` with the token marginals as its row and column sums and a sum of
+        per-position tables (:func:`transitions_decompose`), and ``l_i`` the expected loss under ``mu``."""
         mu, T, lengths = self.mu, self.T, self.data.lengths.to(self.mu.device)
         tol = LOAD_TOL
         if bool((mu < -tol).any()) or not bool(torch.allclose(mu.sum(1), torch.ones_like(mu[:, 0]), atol=tol)):
@@ -400,10 +400,138 @@ class ChainDualState(DualState):
         if not (torch.allclose(T.sum(2), rows, atol=tol * (1 + float(lengths.max()))) and
                 torch.allclose(T.sum(1), cols, atol=tol * (1 + float(lengths.max())))):
             raise ValueError("state storage T: the transition marginals disagree with the token marginals mu")
+        bad = transitions_decompose(mu.cpu().numpy(), T.cpu().numpy(), off.cpu().numpy(),
+                                    tol * (1 + float(lengths.max())))
+        if bad >= 0:
+            raise ValueError(f"state storage T: sequence {bad}'s transition marginals are no sum of per-position "
+                             "tables with its token marginals mu (no distribution over its labelings has them)")
         ell = torch.zeros(self.n, dtype=torch.float64, device=mu.device)
         ell.index_add_(0, seq, (mu * self.model.loss_unaries(self.data, torch.float64)).sum(1))
         if not torch.allclose(self.block_ell, ell / self.n_total, rtol=tol, atol=tol / self.n_total):
             raise ValueError("state block_ell is not the expected loss of the marginals mu")
+
+
+@njit(cache=True)
+def transitions_decompose(mu, T, offsets, tol) -> int:
+    """The first block whose expected transition counts ``T[i]`` (``float64[n, K, K]``) are no sum ``sum_t P_t`` of
+    per-position tables ``P_t >= 0`` with the token marginals ``mu`` (``float64[N_tok, K]``) as row and column sums
+    (``-1``: none; ``tol`` the absolute tolerance of the sums).  On a chain such tables are the pairwise marginals of
+    a distribution over the block's labelings, so this is the exact test that a state's marginals are feasible.  The
+    tables' entries are solved for one constraint at a time (a row, a column or a total with one unknown entry left);
+    the entries this leaves open, a few in a plain BCFW state, go to :func:`_feasible`."""
+    K = T.shape[1]
+    for i in range(offsets.shape[0] - 1):
+        s, L = offsets[i], offsets[i + 1] - offsets[i]
+        if L < 2:
+            continue
+        # the entries: P_t[a, b] with mu_t[a], mu_{t+1}[b] and T[a, b] all positive
+        n_var = 0
+        for t in range(L - 1):
+            for a in range(K):
+                if mu[s + t, a] > 0.0:
+                    for b in range(K):
+                        if mu[s + t + 1, b] > 0.0 and T[i, a, b] > 0.0:
+                            n_var += 1
+        var = np.empty((n_var, 3), dtype=np.int64)  # its row, column and total constraint
+        # constraints: rows (t, a) at t * K + a, columns (t, b) at (L - 1 + t) * K + b, totals (a, b) at 2 (L - 1) K
+        n_con = 2 * (L - 1) * K + K * K
+        rhs = np.empty(n_con)
+        for t in range(L - 1):
+            for a in range(K):
+                rhs[t * K + a] = mu[s + t, a]
+                rhs[(L - 1 + t) * K + a] = mu[s + t + 1, a]
+        for a in range(K):
+            for b in range(K):
+                rhs[2 * (L - 1) * K + a * K + b] = T[i, a, b]
+        unknown = np.zeros(n_con, dtype=np.int64)
+        j = 0
+        for t in range(L - 1):
+            for a in range(K):
+                if mu[s + t, a] > 0.0:
+                    for b in range(K):
+                        if mu[s + t + 1, b] > 0.0 and T[i, a, b] > 0.0:
+                            var[j, 0], var[j, 1] = t * K + a, (L - 1 + t) * K + b
+                            var[j, 2] = 2 * (L - 1) * K + a * K + b
+                            for c in range(3):
+                                unknown[var[j, c]] += 1
+                            j += 1
+        value = np.full(n_var, np.nan)
+        open_vars = n_var
+        changed = True
+        while changed:  # an entry alone unknown in one of its constraints is that constraint's rest
+            changed = False
+            for j in range(n_var):
+                if not np.isnan(value[j]):
+                    continue
+                for c in range(3):
+                    if unknown[var[j, c]] == 1:
+                        v = rhs[var[j, c]]
+                        value[j] = v
+                        for c2 in range(3):
+                            rhs[var[j, c2]] -= v
+                            unknown[var[j, c2]] -= 1
+                        open_vars -= 1
+                        changed = True
+                        break
+        bad = False
+        for j in range(n_var):
+            if value[j] < -tol:
+                bad = True
+        for c in range(n_con):
+            if unknown[c] == 0 and abs(rhs[c]) > tol:
+                bad = True
+        if not bad and open_vars:
+            bad = not _feasible(var, value, rhs, unknown, tol)
+        if bad:
+            return i
+    return -1
+
+
+@njit(cache=True)
+def _feasible(var, value, rhs, unknown, tol) -> bool:
+    """Whether the open entries (``value`` NaN) can be ``>= 0`` with each open constraint's sum ``rhs`` (``unknown > 0``
+    of them): phase 1 of the simplex method, Bland's rule, on a dense tableau."""
+    cols = np.flatnonzero(np.isnan(value))
+    rows = np.flatnonzero(unknown > 0)
+    where = np.full(unknown.shape[0], -1, dtype=np.int64)
+    for r in range(rows.shape[0]):
+        where[rows[r]] = r
+    m, nx = rows.shape[0], cols.shape[0]
+    tab = np.zeros((m + 1, nx + m + 1))
+    for k in range(nx):
+        for c in range(3):
+            tab[where[var[cols[k], c]], k] = 1.0
+    for r in range(m):
+        tab[r, -1] = rhs[rows[r]]
+        if tab[r, -1] < 0.0:
+            tab[r, :nx] *= -1.0
+            tab[r, -1] *= -1.0
+        tab[r, nx + r] = 1.0
+        tab[m, :nx] -= tab[r, :nx]
+        tab[m, -1] -= tab[r, -1]
+    basis = np.arange(nx, nx + m)
+    for _ in range(50 * (nx + m) + 100):
+        enter = -1
+        for k in range(nx + m):
+            if tab[m, k] < -1e-12:
+                enter = k
+                break
+        if enter < 0:
+            break
+        leave, best = -1, np.inf
+        for r in range(m):
+            if tab[r, enter] > 1e-12:
+                q = tab[r, -1] / tab[r, enter]
+                if q < best or (q == best and basis[r] < basis[leave]):
+                    leave, best = r, q
+        if leave < 0:
+            break
+        tab[leave] /= tab[leave, enter]
+        for r in range(m + 1):
+            if r != leave and tab[r, enter] != 0.0:
+                tab[r] -= tab[r, enter] * tab[leave]
+        basis[leave] = enter
+    return -tab[m, -1] <= tol * (1.0 + m)
 
 
 class _RoundContext(NamedTuple):

@@ -30,7 +30,7 @@ def multiclass_plain_steps(order, x, y, bias, w_blocks, w_blocks_acc, w, block_e
     ``j``."""
     n_feat = x.shape[1]
     fp = n_feat + (1 if bias else 0)
-    n_classes = w.shape[0] // fp
+    n_labels = w.shape[0] // fp
     scale = 1.0 / (lam * n_total)
     d = w.shape[0]
     direction = np.empty(d)
@@ -40,7 +40,7 @@ def multiclass_plain_steps(order, x, y, bias, w_blocks, w_blocks_acc, w, block_e
         # the oracle: argmax_c <w_c, [x_i, 1]> + [c != y_i] (the first maximum)
         best = -np.inf
         ys = 0
-        for c in range(n_classes):
+        for c in range(n_labels):
             s = 0.0
             base = c * fp
             for f in range(n_feat):
@@ -104,7 +104,7 @@ class MulticlassDualState(DenseDualState):
         ``l_i`` is then any value in its bounds, each the loss of some ``alpha_i``)."""
         if not self.n:
             return
-        K, scale = self.model.n_classes, self.lam * self.n_total
+        K, scale = self.model.n_labels, self.lam * self.n_total
         W = self.w_blocks.view(self.n, K, -1)  # [n, K, F']
         zeros = torch.zeros_like(self.data.y)
         x = self.model.joint_feature(self.data, zeros).to(self.w_blocks).view(self.n, K, -1)[:, 0]  # [n, F']: x~_i

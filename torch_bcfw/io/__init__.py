@@ -1,3 +1,5 @@
-"""Files: atomic saves and checked loads (:mod:`~torch_bcfw.io.serialization`), periodic checkpoints of a run
-(:mod:`~torch_bcfw.io.checkpoint`), and a trained head exported as plain torch modules
-(:mod:`~torch_bcfw.io.export`, which copies :mod:`~torch_bcfw.io.standalone_head` beside the weights)."""
+"""Files, with no knowledge of models: nested tensors and plain values in one safetensors file
+(:mod:`~torch_bcfw.io.tree_file`), atomic writes (:mod:`~torch_bcfw.io.serialization`), pickles of ``torch.save`` read
+once under checks for conversion (:mod:`~torch_bcfw.io.pickle_stream`), one run per output folder
+(:mod:`~torch_bcfw.io.output_lock`), and the decoder copied beside an exported head
+(:mod:`~torch_bcfw.io.standalone_head`)."""

@@ -35,7 +35,7 @@ def _owner_text(raw: str) -> str:
 
 
 @contextlib.contextmanager
-def claim_output(folder, overwrite: bool = False, resume: bool = False, finished: str = "model.pt"):
+def claim_output(folder, overwrite: bool = False, resume: bool = False, finished: str = "model.safetensors"):
     """Hold ``folder`` for this process while the ``with`` block runs.
 
     Raises:

@@ -1,10 +1,11 @@
-"""A structured SVM head trained by torch_bcfw, as plain torch modules: this file needs only ``torch``.
+"""A structured SVM head trained by torch_bcfw, as plain torch modules: this file needs only ``torch`` and
+``safetensors``.
 
-:func:`torch_bcfw.io.export.export_head` copies this file beside the exported weights (``head.pt``), so that a
+:func:`torch_bcfw.export.export_head` copies this file beside the exported weights (``head.safetensors``), so that a
 deployment loads the head without torch_bcfw installed::
 
     from head import load_head              # this file, copied as head.py
-    head = load_head("head.pt")             # a torch.nn.Module in eval mode
+    head = load_head("head.safetensors")    # a torch.nn.Module in eval mode
     labels = head(x, lengths)               # chain: x [N_tok, F] (the words' tokens one after the other)
     labels = head(x)                        # multiclass: x [n, F]
 
@@ -13,12 +14,13 @@ Its decoders (Viterbi, argmax) are a second implementation of the package's, che
 from __future__ import annotations
 
 import torch
+from safetensors import SafetensorError, safe_open
 from torch import Tensor, nn
 
-__all__ = ["ChainHead", "MulticlassHead", "load_head", "check_head", "HEAD_TENSORS", "FORMAT"]
+__all__ = ["ChainHead", "MulticlassHead", "load_head", "read_head", "check_head", "HEAD_TENSORS", "FORMAT"]
 
-#: the ``format`` entry of a ``head.pt`` this file reads
-FORMAT = "torch_bcfw.head/1"
+#: the ``format`` entry of the metadata of a head file this file reads
+FORMAT = "torch_bcfw.head/2"
 
 #: entries of the ``[K, K, words]`` table of moves the Viterbi forward pass builds at once (about 6 MB of float64;
 #: measured on a 2-core x86 VM: faster than a max over the previous label in ``K`` steps at every word count)
@@ -129,13 +131,29 @@ class MulticlassHead(nn.Module):
         return s.argmax(1)
 
 
-def load_head(path, map_location="cpu") -> nn.Module:
-    """The head saved in ``path`` (a ``head.pt`` written by ``torch_bcfw.io.export.export_head``), in eval mode.
-    The file is read with ``weights_only=True``: nothing in it runs code; its contents are checked by
-    :func:`check_head` (``ValueError`` naming the file and the entry)."""
-    d = torch.load(path, map_location=map_location, weights_only=True)
-    kind, tensors = check_head(d, path)
+def load_head(path) -> nn.Module:
+    """The head saved in ``path`` (a ``head.safetensors`` written by ``torch_bcfw.export.export_head``), in eval
+    mode (:func:`read_head`)."""
+    kind, tensors = read_head(path)
     return {"chain": ChainHead, "multiclass": MulticlassHead}[kind](**tensors).eval()
+
+
+def read_head(path) -> tuple[str, dict]:
+    """``(kind, tensors)`` of the head file at ``path``: a safetensors file (nothing in it runs code) whose metadata
+    names the format and the kind, holding exactly the tensors of that kind, checked by :func:`check_head`
+    (``ValueError`` in one line naming the file and the entry)."""
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            metadata = f.metadata() or {}
+            spec = HEAD_TENSORS.get(metadata.get("kind"), {})
+            unknown = sorted(set(f.keys()) - set(spec))
+            if unknown and spec:
+                raise ValueError(f"{path}: a {metadata['kind']} head holds the tensors {sorted(spec)}, this file "
+                                 f"also {unknown}")
+            tensors = {name: f.get_tensor(name) for name in f.keys() if name in spec}
+    except (SafetensorError, OSError) as exc:
+        raise ValueError(f"{path}: not a readable head file ({str(exc).strip().splitlines()[0][:200]})") from None
+    return check_head(metadata, {**dict.fromkeys(spec), **tensors}, path)
 
 
 #: the tensors of each kind of head: name -> shape in the letters ``K`` (labels) and ``F`` (features); ``?``: may be
@@ -146,16 +164,17 @@ HEAD_TENSORS = {
 }
 
 
-def check_head(d, path="head file") -> tuple[str, dict]:
-    """``(kind, tensors)`` of a loaded head file ``d`` once its format, kind, tensor names, shapes (consistent sizes
-    ``K`` and ``F``), dtypes (one floating dtype) and values (finite) are those :data:`HEAD_TENSORS` lists, else
-    ``ValueError`` (one line naming ``path`` and what is wrong)."""
-    if not isinstance(d, dict) or d.get("format") != FORMAT:
+def check_head(metadata: dict, tensors, path="head file") -> tuple[str, dict]:
+    """``(kind, tensors)`` of a head file's ``metadata`` (``format`` and ``kind``) and ``tensors`` (name -> tensor,
+    ``None`` for an absent optional one) once its format, kind, tensor names, shapes (consistent sizes ``K`` and
+    ``F``), dtypes (one floating dtype) and values (finite) are those :data:`HEAD_TENSORS` lists, else ``ValueError``
+    (one line naming ``path`` and what is wrong)."""
+    if not isinstance(metadata, dict) or metadata.get("format") != FORMAT:
         raise ValueError(f"{path}: not a head file of format {FORMAT!r}")
-    kind = d.get("kind")
+    kind = metadata.get("kind")
     if not isinstance(kind, str) or kind not in HEAD_TENSORS:
         raise ValueError(f"{path}: unknown head kind {kind!r}; expected one of {sorted(HEAD_TENSORS)}")
-    spec, tensors = HEAD_TENSORS[kind], d.get("tensors")
+    spec = HEAD_TENSORS[kind]
     if not isinstance(tensors, dict) or set(tensors) != set(spec):
         got = sorted(tensors) if isinstance(tensors, dict) else type(tensors).__name__
         raise ValueError(f"{path}: a {kind} head holds the tensors {sorted(spec)}, this file {got}")
@@ -164,6 +183,8 @@ def check_head(d, path="head file") -> tuple[str, dict]:
         t = tensors[name]
         if t is None and dims.endswith("?"):
             continue
+        if t is None:
+            raise ValueError(f"{path}: head tensor {name!r} is missing")
         if not isinstance(t, Tensor) or t.layout != torch.strided:
             raise ValueError(f"{path}: head tensor {name!r} is not a dense tensor ({type(t).__name__})")
         if t.dtype not in (torch.float32, torch.float64) or (dtype is not None and t.dtype != dtype):

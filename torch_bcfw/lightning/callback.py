@@ -4,7 +4,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
-import difflib
 import inspect
 import math
 import signal
@@ -22,16 +21,17 @@ from ..duals.rebind import rebindable_state, rebound_state
 from ..models.chain import Chain
 from ..nn import StructuredHead
 from ..runtime.signals import deferred_signals
-from ..solvers.options import SolverOptions
 from ..solvers.record import CheckRecord, as_records, plain_history
-from ..solvers.run import DUAL_STATE_SOLVERS, SolverRun, options_for
+from ..head_solve import HeadSolve
+from ..planning import continued_strategy, plan_run
+from ..solvers.run import DUAL_STATE_SOLVERS, check_option_names, options_for
 
 __all__ = ["BCFWCallback", "collect_features"]
 
 
 def ddp_context(trainer):
     """The process group of a multi-process Lightning run (DDP), or ``None``."""
-    if trainer is None or getattr(trainer, "world_size", 1) <= 1:
+    if trainer is None or trainer.world_size <= 1:
         return None
     from ..distributed import current_context
 
@@ -78,7 +78,7 @@ def container_hint(model, data) -> str:
 
 def find_protocol_method(trainer, pl_module, name: str):
     """The method ``name`` of the feature protocol on the LightningModule, else on its datamodule, else ``None``."""
-    for owner in (pl_module, getattr(trainer, "datamodule", None)):
+    for owner in (pl_module, None if trainer is None else trainer.datamodule):
         if callable(getattr(owner, name, None)):
             return getattr(owner, name)
     return None
@@ -182,7 +182,7 @@ class BCFWCallback(Callback):
     **DDP.**  Under a multi-process Trainer every rank computes the features of its share of the batches and the
     parts are gathered (:func:`collect_features`); the solve then replicates, splits each round's oracle calls over
     the ranks, or shards the rounds, as the option ``strategy`` says (``"auto"``, the default: the first solve
-    calibrates with :func:`~torch_bcfw.distributed.strategy.choose_strategy`, :attr:`strategy` keeps the choice).
+    calibrates with :func:`~torch_bcfw.planning.choose_strategy`, :attr:`strategy` keeps the choice).
     One head, identical on every rank.
 
     **Ctrl-C.**  An interrupted solve is discarded whole and the ``KeyboardInterrupt`` raised again (ending the
@@ -207,8 +207,10 @@ class BCFWCallback(Callback):
             ``0``: none; default ``passes_per_call``).  Skipped when resuming from a checkpoint.
         solver: ``"bcfw"`` (default), ``"fw"`` (batch Frank-Wolfe) or ``"mp-bcfw"`` (multi-plane BCFW; its
             working sets survive the rebind, its averages restart at every call).
-        device: where the solver runs (``"cpu"``, default, uses the compiled chain kernel;
-            ``None``: the module's device).  A CUDA device on a machine without CUDA raises ``ValueError`` here.
+        device: where the features go (``"cpu"``, default, the compiled chain kernel; ``None``: the module's
+            device).  On a GPU the first solve moves them to the CPU when block steps are measured cheaper there, and
+            later solves follow (:func:`~torch_bcfw.planning.plan_run`).  A CUDA device on a machine without CUDA
+            raises ``ValueError`` here.
         log_prefix: prefix of the logged names; give every instance its own.
         name: distinguishes several instances in one Trainer (part of :attr:`state_key`; default:
             ``head_attr``).
@@ -216,8 +218,8 @@ class BCFWCallback(Callback):
         save_dual_state: keep the dual state (and the solver's sampler state) in Lightning checkpoints (default
             True: a resumed ``trainer.fit`` continues the head's solve exactly).  ``False``: only the history and
             counters are kept, and a resumed run re-solves the head from a fresh dual state at its next call.
-        solver_options: :class:`~torch_bcfw.solvers.options.SolverOptions` fields (``step``,
-            ``sampling``, ``averaging``, ``gap_check``, ``gap_tol``, ``time_budget``, ``seed`` ...);
+        solver_options: the solver's options by name, as ``fit`` takes them (``step``, ``sampling``, ``gap_tol``,
+            ``seed``, ``mp_max_planes`` ...: :func:`~torch_bcfw.solvers.run.option_defaults`), for a YAML config;
             also accepted as keyword arguments.  ``max_passes`` is ``passes_per_call``.
         lam_choice: a :class:`~torch_bcfw.lightning.lam_choice.LamChoice`: ``lam`` chosen on held-out data at every
             call instead of a fixed ``lam``.
@@ -250,10 +252,11 @@ class BCFWCallback(Callback):
             if bad in opts:
                 raise ValueError(f"BCFWCallback sets {bad!r} itself; use {use!r}")
         opts.setdefault("gap_check", max(1, math.ceil(passes_per_call)))
-        self._check_option_names(solver, opts)
+        own = [n for n in inspect.signature(type(self).__init__).parameters if n not in ("self", "options")]
+        check_option_names(solver, opts, arguments=own, taken=self._SET_BY_CALLBACK, who="BCFWCallback")
         check_solver_device(device)
         self.options = options_for(solver, max_passes=passes_per_call, **opts)  # another solver's option: TypeError
-        if lam_choice is not None and getattr(self.options, "strategy", "auto") not in ("auto", "replicate"):
+        if lam_choice is not None and self.options.strategy not in ("auto", "replicate"):
             raise ValueError(f"BCFWCallback: with lam_choice the solves replicate under DDP; strategy "
                              f"{self.options.strategy!r} is not available")
         if initial_passes:
@@ -273,32 +276,12 @@ class BCFWCallback(Callback):
     #: solver options the callback sets itself, and the argument that sets each
     _SET_BY_CALLBACK = {"max_passes": "passes_per_call", "progress": "verbose"}
 
-    @classmethod
-    def _check_option_names(cls, solver: str, opts: dict) -> None:
-        """``TypeError`` for a name that is neither an argument of the callback nor an option of any solver: lists the
-        callback's arguments and ``solver``'s options, and suggests the closest (another solver's option is
-        :func:`~torch_bcfw.solvers.run.options_for`'s to report)."""
-        from ..solvers.run import ALGORITHMS
-
-        shared = {f.name for f in dataclasses.fields(SolverOptions)} - {"extra", "solver_options", *cls._SET_BY_CALLBACK}
-        own_group = ALGORITHMS[solver].Options
-        mine = shared | set(own_group.flat_names() if own_group is not None else ())
-        known = mine | {n for c in ALGORITHMS.values() if c.Options is not None for n in c.Options.flat_names()}
-        own = [n for n in inspect.signature(cls.__init__).parameters if n not in ("self", "options")]
-        unknown = sorted(set(opts) - known)
-        if unknown:
-            close = difflib.get_close_matches(unknown[0], [*own, *mine, *cls._SET_BY_CALLBACK], n=1)
-            close = [cls._SET_BY_CALLBACK.get(c, c) for c in close]
-            hint = f"did you mean {close[0]!r}? " if close else ""
-            raise TypeError(f"BCFWCallback got unknown argument(s) {unknown}; {hint}its arguments: {own}; options of "
-                            f"solver {solver!r}: {sorted(mine)}")
-
     def _compile_notice(self, trainer):
         """Around the first solve: announce (rank 0) when numba starts compiling the kernels (20-60 s, once; cached
         on disk afterwards), so that the first epoch does not look hung."""
         if self.calls or (trainer is not None and not trainer.is_global_zero):
             return contextlib.nullcontext()
-        from ..runtime.compilation import CompileTimer
+        from ..compilation import CompileTimer
 
         return CompileTimer(announce=lambda notice: rank_zero_info(f"[{self.log_prefix}] {notice}"))
 
@@ -316,8 +299,9 @@ class BCFWCallback(Callback):
         self._state_type = None  # the class of the dual state (rebindable_state's choice for the head's model)
         self.shards = None  # under DDP, sharded: (dual state, solver state) of every rank, in rank order
         self.strategy = None  # under DDP: "replicate", "split-oracle" or "shard", decided by the first solve
-        self.round_size = None  # a sharded or split-oracle run's round size (the calibration's, batch_size="auto")
-        self.calibration = {}  # the figures behind strategy="auto"'s choice (calibration_* counters)
+        self.round_size = None  # the round size the first solve planned (batch_size="auto": the calibration's, ...)
+        self.solve_device = None  # the device the first solve planned (placement_* counters: measured)
+        self.calibration = {}  # the figures behind the first solve's choices (placement_* and calibration_* counters)
 
     @property
     def state_key(self) -> str:
@@ -343,6 +327,13 @@ class BCFWCallback(Callback):
         if find_protocol_method(trainer, pl_module, "bcfw_dataloader") is None:
             raise ValueError(f"BCFWCallback: neither {type(pl_module).__name__} nor its datamodule defines "
                              "bcfw_dataloader() (all training examples in a fixed order)")
+        if self.lam_choice is not None and self.lam_choice.holdout is None:
+            held_out = find_protocol_method(trainer, pl_module, "bcfw_val_dataloader")
+            if held_out is None:
+                raise ValueError(f"BCFWCallback(lam_choice=...): neither {type(pl_module).__name__} nor its datamodule "
+                                 "defines bcfw_val_dataloader() (the held-out examples); give the datamodule a "
+                                 "validation split or use LamChoice(holdout=<fraction>)")
+            held_out()  # a datamodule without a validation split says so now, before training
         mine = [c for c in trainer.callbacks if isinstance(c, BCFWCallback)]
         keys = [c.state_key for c in mine]
         prefixes = [c.log_prefix for c in mine]
@@ -370,38 +361,39 @@ class BCFWCallback(Callback):
             self.solve(trainer, pl_module, self.passes_per_call, log=True)
             self.solved_epoch = trainer.current_epoch
 
-    def training_data(self, trainer, pl_module) -> StructuredData:
-        """The current training data (float64 features on the solver's device) via the feature protocol; under DDP
-        each rank computes the features of its share of the batches and every rank gets all of them
-        (:func:`collect_features` with the process group)."""
-        loader = find_protocol_method(trainer, pl_module, "bcfw_dataloader")
-        device = self.device if self.device is not None else pl_module.device
+    def training_data(self, trainer, pl_module, loader: str = "bcfw_dataloader") -> StructuredData:
+        """The examples of the feature protocol's ``loader`` (the training data; ``"bcfw_val_dataloader"``: the held-out
+        data), float64 features on the solver's device; under DDP each rank computes the features of its share of the
+        batches and every rank gets all of them (:func:`collect_features` with the process group)."""
+        batches = find_protocol_method(trainer, pl_module, loader)
+        if batches is None:
+            raise ValueError(f"BCFWCallback: neither {type(pl_module).__name__} nor its datamodule defines {loader}()"
+                             + ("; or give LamChoice(holdout=<fraction>)" if loader == "bcfw_val_dataloader" else ""))
+        device = self.solve_device or self.device or pl_module.device
         to_device = trainer.strategy.batch_to_device if trainer is not None else None
-        data = collect_features(pl_module, loader(), device=device, to_device=to_device, ctx=ddp_context(trainer))
-        head = self._head(pl_module)
+        data = collect_features(pl_module, batches(), device=device, to_device=to_device, ctx=ddp_context(trainer))
+        model = self._head(pl_module).model
         try:
-            head.model.check_data(data)
+            model.check_data(data)
         except (TypeError, ValueError) as exc:
             raise type(exc)(f"BCFWCallback: the data from bcfw_features does not fit head {self.head_attr!r} "
-                            f"({type(head.model).__name__}): {exc}{container_hint(head.model, data)}") from exc
+                            f"({type(model).__name__}): {exc}{container_hint(model, data)}") from exc
         return data
 
-    def _dual_state(self, model, data, n_total=None):
-        if self.dual_sd is None or self._state_type is None:
-            state = rebindable_state(model, data, self.lam, n_total)
+    def _dual_state(self, model, data, lam: float, saved: dict | None, n_total=None):
+        """A new dual state for the head's model, or the ``saved`` state dict re-bound to ``data``."""
+        if saved is None or self._state_type is None:
+            state = rebindable_state(model, data, lam, n_total)
             self._state_type = type(state)
-            if self.dual_sd is None:
+            if saved is None:
                 return state
         try:
-            state = rebound_state(model, data, self.lam, self.dual_sd, (self._state_type,))
+            return rebound_state(model, data, lam, saved, (self._state_type,))
         except ValueError as exc:
             raise ValueError(
                 f"BCFWCallback: {exc} (head {self.head_attr!r}); bcfw_dataloader must yield the same training examples "
                 "in the same order on every call (no shuffling, no dropped batches)"
             ) from exc
-        if self.dual_trust is not None:
-            state.restore_trust(self.dual_trust)
-        return state
 
     # validation hooks run under torch.inference_mode: keep the solver's tensors ordinary ones
     @torch.inference_mode(False)
@@ -414,32 +406,36 @@ class BCFWCallback(Callback):
 
     def _solve(self, trainer, pl_module, passes: float, log: bool) -> CheckRecord:
         t0 = time.perf_counter()
-        head = self._head(pl_module)
-        model = head.model
-        data = self.training_data(trainer, pl_module)
-        undo = None
+        module_head = self._head(pl_module)
+        model = module_head.model
+        data, val = self.training_data(trainer, pl_module), None
         if self.lam_choice is not None:  # held-out data chooses lam and the state to continue (lam_choice.py)
-            data, undo = self.lam_choice.choose(self, trainer, pl_module, data)
+            held = None if self.lam_choice.holdout is not None else self.training_data(
+                trainer, pl_module, "bcfw_val_dataloader")
+            data, val = self.lam_choice.held_out(data, held)
         t_feat = time.perf_counter() - t0
         ctx = ddp_context(trainer)
-        opts = dataclasses.replace(self.options, max_passes=passes)
-        plan = self._strategy(ctx, model, data, opts)
-        mine = plan.data_here(data)
-        if plan.sharded:  # each rank solves on its contiguous share, rounds all-reduced
-            if self.shards is not None:
-                self.dual_sd, self.alg_sd = self.shards[ctx.rank]
-        state = self._dual_state(model, mine, len(data) if plan.sharded else None)
+        plan = self._plan(ctx, model, data, val, passes)
+        lam, saved, pick = self.lam, (self.dual_sd, self.alg_sd), None
+        if self.lam_choice is not None:
+            pick = self.lam_choice.choose(model, plan.data, plan.test_data, self.solver, plan.options,
+                                          passes=self.passes_per_call, lam=lam,
+                                          state=None if self.dual_sd is None else saved)
+            lam, saved = pick.lam, pick.state
+        if plan.sharded and self.shards is not None:  # each rank solves on its contiguous share, rounds all-reduced
+            saved = self.shards[ctx.rank]
+        dual_sd, alg_sd = saved
+        state = self._dual_state(model, plan.data_here(), lam, dual_sd, len(plan.data) if plan.sharded else None)
         stale = 0.0
-        if self.dual_sd is not None:
-            stale = float((state.w - self.dual_sd["w"].to(state.w.device)).abs().max()) if state.d else 0.0
-        run = SolverRun(model, mine, self.lam, self.solver, plan.options, state=state, comm=plan.comm)
+        if dual_sd is not None:
+            stale = float((state.w - dual_sd["w"].to(state.w.device)).abs().max()) if state.d else 0.0
+        head = HeadSolve(model, lam, self.solver, plan, state=state,
+                         trust=None if dual_sd is None else self.dual_trust)
         # the run works on copies of the counters and history: an interrupted call leaves no trace
-        run.load_progress(self.alg_sd, {**self.counters, **self.calibration}, self.history)
-        out = run.run()
+        head.run.load_progress(alg_sd, {**self.counters, **self.calibration}, self.history)
+        out = head.run.run()
         if out.stopped_by == "interrupted":
             self.interrupted = True
-            if undo is not None:
-                undo()
             if self.verbose:
                 rank_zero_info(f"[{self.log_prefix}] solve interrupted (Ctrl-C): discarded; the head keeps the "
                                f"weights of the last finished call ({self.calls} finished)")
@@ -447,38 +443,29 @@ class BCFWCallback(Callback):
                 f"BCFWCallback {self.name!r}: the solve was interrupted; the head keeps the weights of the last "
                 "finished call"
             )
-        alg, history = run.algorithm, run.history
+        history = head.run.history
         rec = history[-1]
         del history[len(self.history):-1]  # keep one record per call
-        w, _ = alg.iterate()
-        if rec.selected == "averaged":
-            w = alg.averaged()[0]
+        w = head.head_weights(out)
         epoch = trainer.current_epoch if trainer is not None else None
         rec.update(epoch=epoch, stale=stale, call=self.calls, feature_time=t_feat, wall=time.perf_counter() - t0)
-        if self.lam_choice is not None:
-            rec.update(self.lam_choice.figures(model, w))
-        if ctx is not None and not plan.sharded:
-            from ..distributed import assert_replicated
-
-            assert_replicated(w, ctx, name="BCFWCallback's replicated head")
-        sd = alg.state_dict()
+        if pick is not None:
+            rec.update(self.lam_choice.figures(pick, model, w))
+        head.check_replicated(w, out, "BCFWCallback's replicated head")
+        sd = head.run.algorithm.state_dict()
         dual_sd, alg_sd = checkpoint_safe(sd.pop("state")), checkpoint_safe(sd)
-        shards = None
-        if plan.sharded:  # every rank keeps every rank's state, so that any rank's checkpoint resumes all
-            from ..distributed import collective
-
-            shards = [None] * ctx.world_size
-            with collective("BCFWCallback shard states", ctx):
-                torch.distributed.all_gather_object(shards, (dual_sd, alg_sd))
+        shards = head.every_rank((dual_sd, alg_sd))  # sharded: any rank's checkpoint resumes all
         with deferred_signals((signal.SIGINT,)):  # the head and the callback's state change together
-            head.set_weights(w)
-            self.dual_sd, self.alg_sd = dual_sd, alg_sd
-            self.dual_trust = alg.state.trust_marks() if hasattr(alg, "state") else None  # computed here
+            module_head.set_weights(w)
+            if pick is not None:
+                self.lam_choice.commit(pick, epoch)
+            self.lam, self.dual_sd, self.alg_sd = lam, dual_sd, alg_sd
+            self.dual_trust = head.trust_marks()  # computed here
             self.shards = shards
-            self.counters, self.history = run.counters, history
+            self.counters, self.history = head.run.counters, history
             self.calls += 1
             self.last_record = rec
-            self.last_data = data
+            self.last_data = plan.data
             if log:
                 self._log(pl_module, rec)
         if self.verbose:
@@ -504,32 +491,36 @@ class BCFWCallback(Callback):
             pl_module.log(f"{self.log_prefix}/{k}", torch.tensor(float(v), dtype=torch.float64),
                           on_step=False, on_epoch=True, prog_bar=(k == "gap"), add_dataloader_idx=False)
 
-    def _strategy(self, ctx, model, data, opts: SolverOptions):
-        """This solve's :class:`~torch_bcfw.distributed.strategy.RunStrategy`: the first solve under DDP decides
-        (:func:`~torch_bcfw.distributed.strategy.resolve_strategy`, logged once), later ones and a resumed checkpoint
-        continue the decision (:func:`~torch_bcfw.distributed.strategy.continued_strategy`)."""
-        from ..distributed.strategy import continued_strategy, resolve_strategy
-
+    def _plan(self, ctx, model, data, val, passes: float):
+        """This solve's :class:`~torch_bcfw.planning.RunPlan` (:func:`~torch_bcfw.planning.plan_run`): the first solve
+        decides (its calibration logged once), later ones and a resumed checkpoint continue the decision
+        (:func:`~torch_bcfw.planning.continued_strategy`) and its round size on the device it chose.  With
+        ``lam_choice`` the solves replicate."""
         if self.shards is not None and (ctx is None or len(self.shards) != ctx.world_size):
             raise ValueError(f"BCFWCallback: the checkpoint holds the dual states of a sharded run of "
                              f"{len(self.shards)} processes: resume it under DDP with {len(self.shards)} processes")
+        opts = dataclasses.replace(self.options, max_passes=passes)
+        if self.lam_choice is not None:
+            opts = dataclasses.replace(opts, strategy="replicate")
         saved = continued_strategy(self.shards is not None, self.dual_sd is not None, self.strategy)
         try:
-            plan = resolve_strategy(model, data, self.lam, self.solver, opts, ctx, saved=saved,
-                                    saved_round_size=self.round_size, check_data=False)
+            plan = plan_run(model, data, self.lam, self.solver, opts, ctx, test_data=val, saved=saved,
+                            saved_round_size=self.round_size, check_data=False)
         except ValueError as exc:
             raise ValueError(f"BCFWCallback: {exc}") from exc
+        self.round_size, self.solve_device = plan.round_size, str(plan.data.device)
         if ctx is not None:
-            self.strategy, self.round_size = plan.strategy, plan.round_size
+            self.strategy = plan.strategy
+        if plan.calibration is not None or plan.placement:
+            self.calibration = {**plan.placement, **plan.record(rounds=False)}
         if plan.calibration is not None:
-            self.calibration = plan.record(rounds=False)
             rank_zero_info(f"[{self.log_prefix}] {plan.describe()} (given {opts.strategy!r})")
         return plan
 
     def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:
         """Record the head's model (registered name and config) in the checkpoint, so that ``torch-bcfw export``
-        builds the head from the checkpoint alone (:func:`torch_bcfw.io.export.lightning_heads`)."""
-        from ..io.export import HEADS_KEY
+        builds the head from the checkpoint alone (:func:`torch_bcfw.export.lightning_heads`)."""
+        from ..export import HEADS_KEY
         from ..models.registry import model_name
 
         model = self._head(pl_module).model
@@ -550,6 +541,7 @@ class BCFWCallback(Callback):
             "shards": copy.deepcopy(self.shards) if self.save_dual_state else None,
             "strategy": self.strategy,
             "round_size": self.round_size,
+            "solve_device": self.solve_device,
             "calibration": dict(self.calibration),
             "lam_choice": self.lam_choice.state_dict() if self.lam_choice is not None else None,
         }
@@ -576,6 +568,7 @@ class BCFWCallback(Callback):
         self.shards = state_dict.get("shards")
         self.strategy = state_dict.get("strategy")
         self.round_size = state_dict.get("round_size", state_dict.get("shard_batch_size"))  # the older key
+        self.solve_device = state_dict.get("solve_device")
         self.calibration = dict(state_dict.get("calibration", {}))
         self.solved_epoch = state_dict.get("solved_epoch")
         self.last_record = self.history[-1] if self.history else None

@@ -33,7 +33,7 @@ from ..checks import check_lam
 from ..duals.rebind import rebindable_state, rebound_state
 from ..solvers.run import SolverRun
 
-__all__ = ["LamChoice", "lam_grid"]
+__all__ = ["LamChoice", "LamPick", "lam_grid"]
 
 
 def lam_grid(lam_min: float, lam_max: float, num: int) -> list[float]:
@@ -58,6 +58,25 @@ class Candidate:
     primal: float
     val_loss: float
     passes: float
+
+
+@dataclass
+class LamPick:
+    """One call's choice (:meth:`LamChoice.choose`), before it is committed.
+
+    Attributes:
+        lam: the chosen ``lam``.
+        state: its candidate's ``(dual state dict, progress dict)``, which the callback's solve continues.
+        states: every candidate's state after this call (``lam`` -> state).
+        val_data: the held-out examples.
+        record: the call's entry of :attr:`LamChoice.history` (without its ``epoch``).
+    """
+
+    lam: float
+    state: tuple
+    states: dict
+    val_data: object
+    record: dict
 
 
 class LamChoice:
@@ -116,72 +135,61 @@ class LamChoice:
         return self.lams[max(0, i - self.window): i + self.window + 1]
 
     # ------------------------------------------------------------------ the callback's hook
-    def choose(self, callback, trainer, pl_module, data):
-        """Held-out data, the candidates' solves and the choice at the current features ``data``.
-
-        Sets ``callback.lam`` and the callback's dual state and solver progress to the chosen candidate's; returns
-        ``(training data, undo)``: the examples the head is solved on, and a function restoring the callback and
-        this object as they were (for a call that is then interrupted)."""
-        from .callback import collect_features, ddp_context, find_protocol_method
-
-        saved = (callback.lam, callback.dual_sd, callback.alg_sd, dict(self.states), list(self.history),
-                 self.val_data)
-
-        def undo():
-            callback.lam, callback.dual_sd, callback.alg_sd, self.states, self.history, self.val_data = saved
-
+    def held_out(self, data, val=None):
+        """``(train, val)``: the examples the head is solved on and the held-out ones; ``val`` are those of
+        ``bcfw_val_dataloader()`` (``holdout=None``), else the last ``holdout`` fraction of ``data``."""
         if self.holdout is None:
-            loader = find_protocol_method(trainer, pl_module, "bcfw_val_dataloader")
-            if loader is None:
-                raise ValueError(f"LamChoice: neither {type(pl_module).__name__} nor its datamodule defines "
-                                 "bcfw_val_dataloader() (held-out labelled examples); or give holdout=<fraction>")
-            device = callback.device if callback.device is not None else pl_module.device
-            to_device = trainer.strategy.batch_to_device if trainer is not None else None
-            val = collect_features(pl_module, loader(), device=device, to_device=to_device, ctx=ddp_context(trainer))
-            callback._head(pl_module).model.check_data(val)
-            train = data
-        else:
-            n_val = math.ceil(self.holdout * len(data))
-            if not 0 < n_val < len(data):
-                raise ValueError(f"LamChoice: holdout {self.holdout} of {len(data)} examples leaves no training or no "
-                                 "held-out example")
-            train, val = data[list(range(len(data) - n_val))], data[list(range(len(data) - n_val, len(data)))]
-        model = callback._head(pl_module).model
-        if callback.dual_sd is not None:  # the previous call's polished state of the lam it chose
-            self.states[callback.lam] = (callback.dual_sd, callback.alg_sd)
-        passes = callback.options.max_passes if self.passes is None else self.passes
-        opts = dataclasses.replace(callback.options, max_passes=passes, gap_check=max(1, math.ceil(passes)),
-                                   strategy="replicate")
-        cands, new_states = [], {}
-        try:
-            for lam in self.candidates(callback.lam if self.history else None):
-                cand, new_states[lam] = self._solve(callback, model, train, val, lam, opts)
-                cands.append(cand)
-        except KeyboardInterrupt:
-            undo()
-            raise
-        best = min(cands, key=lambda c: (c.val_loss, -c.lam))  # ties: the larger lam
-        self.states.update(new_states)
-        epoch = trainer.current_epoch if trainer is not None else None
-        self.history.append({"epoch": epoch, "lam": best.lam, "val_loss": best.val_loss,
-                             "candidates": [dataclasses.asdict(c) for c in cands]})
-        self.val_data = val
-        callback.lam = best.lam
-        callback.dual_sd, callback.alg_sd = self.states[best.lam]
-        return train, undo
+            return data, val
+        n_val = math.ceil(self.holdout * len(data))
+        if not 0 < n_val < len(data):
+            raise ValueError(f"LamChoice: holdout {self.holdout} of {len(data)} examples leaves no training or no "
+                             "held-out example")
+        return data[list(range(len(data) - n_val))], data[list(range(len(data) - n_val, len(data)))]
 
-    def _solve(self, callback, model, train, val, lam: float, opts):
-        """``passes`` passes at ``lam`` from the candidate's state of the previous call (re-bound to ``train``):
-        its :class:`Candidate` and its new ``(dual state dict, progress dict)``."""
+    def choose(self, model, train, val, solver: str, options, *, passes: float, lam: float,
+               state: tuple | None) -> LamPick:
+        """The candidates' solves at the current features and the choice, committed by nobody: the callback continues
+        the pick and then :meth:`commit` s it (an interrupted call leaves this object as it was).
+
+        Args:
+            model, train, val: the head's model, the examples it is solved on, the held-out ones.
+            solver, options: the run's solver and planned options (:func:`torch_bcfw.planning.plan_run`).
+            passes: the passes of a candidate when :attr:`passes` is ``None`` (the callback's ``passes_per_call``).
+            lam, state: the callback's current ``lam`` and its ``(dual state dict, progress dict)`` (``None``: no
+                solve yet), the polished state of the candidate it chose at the previous call.
+        """
+        states = dict(self.states)
+        if state is not None:
+            states[lam] = state
+        passes = passes if self.passes is None else self.passes
+        opts = dataclasses.replace(options, max_passes=passes, gap_check=max(1, math.ceil(passes)),
+                                   strategy="replicate")
+        cands = []
+        for cand_lam in self.candidates(lam if self.history else None):
+            cand, states[cand_lam] = self._solve(model, train, val, cand_lam, solver, opts, states.get(cand_lam))
+            cands.append(cand)
+        best = min(cands, key=lambda c: (c.val_loss, -c.lam))  # ties: the larger lam
+        return LamPick(lam=best.lam, state=states[best.lam], states=states, val_data=val,
+                       record={"lam": best.lam, "val_loss": best.val_loss,
+                               "candidates": [dataclasses.asdict(c) for c in cands]})
+
+    def commit(self, pick: LamPick, epoch: int | None) -> None:
+        """Keep the candidates' states, the held-out data and the record (with ``epoch``) of a finished call."""
+        self.states, self.val_data = pick.states, pick.val_data
+        self.history.append({"epoch": epoch, **pick.record})
+
+    def _solve(self, model, train, val, lam: float, solver: str, opts, saved: tuple | None):
+        """``passes`` passes at ``lam`` from the candidate's ``saved`` state of the previous call (re-bound to
+        ``train``): its :class:`Candidate` and its new ``(dual state dict, progress dict)``."""
         from .callback import checkpoint_safe
 
-        sd, progress = self.states.get(lam, (None, None))
+        sd, progress = (None, None) if saved is None else saved
         if sd is None or self._state_type is None:
             state = rebindable_state(model, train, lam)
             self._state_type = type(state)
         if sd is not None:
             state = rebound_state(model, train, lam, sd, (self._state_type,))
-        run = SolverRun(model, train, lam, callback.solver, opts, state=state)
+        run = SolverRun(model, train, lam, solver, opts, state=state)
         run.load_progress(progress, {}, [])
         out = run.run(test_data=val)
         if out.stopped_by == "interrupted":
@@ -193,12 +201,12 @@ class LamChoice:
                          passes=float(rec.passes))
         return cand, (dual, checkpoint_safe(sd))
 
-    def figures(self, model, w) -> dict:
+    @staticmethod
+    def figures(pick: LamPick, model, w) -> dict:
         """The chosen ``lam`` and the held-out task loss of the head's weights ``w`` (the record's extra columns)."""
-        from ..solvers.certificate import task_loss
+        from ..certificate import task_loss
 
-        return {"lam": float(self.history[-1]["lam"]),
-                "val_loss": task_loss(model, self.val_data, w.to(self.val_data.device))}
+        return {"lam": float(pick.lam), "val_loss": task_loss(model, pick.val_data, w.to(pick.val_data.device))}
 
     # ------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict:

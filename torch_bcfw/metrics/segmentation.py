@@ -1,4 +1,5 @@
-"""Binary segmentation scores: pixel accuracy and foreground IoU (over all pixels and per image).
+"""Binary segmentation scores: pixel accuracy and foreground IoU (over all pixels and per image), also within a
+band around the true boundary (:func:`boundary_band`), where a structured decoder changes the most pixels.
 
 Foreground is label 1.  An image with no foreground in either the prediction or the truth has IoU 1.
 """
@@ -6,14 +7,32 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor
+from torch.nn import functional as F
 
-__all__ = ["iou_difference", "segmentation_counts", "segmentation_metrics", "segmentation_summary"]
+__all__ = ["boundary_band", "iou_difference", "segmentation_counts", "segmentation_metrics", "segmentation_summary"]
 
 
-def segmentation_counts(pred: Tensor, truth: Tensor) -> Tensor:
-    """Per-image ``[tp, fp, fn, tn]`` counts of binary masks ``pred, truth: [B, H, W]``: ``LongTensor[B, 4]``."""
+def segmentation_counts(pred: Tensor, truth: Tensor, region: Tensor | None = None) -> Tensor:
+    """Per-image ``[tp, fp, fn, tn]`` counts of binary masks ``pred, truth: [B, H, W]``: ``LongTensor[B, 4]``;
+    with ``region`` (bool ``[B, H, W]``, e.g. :func:`boundary_band`), of the pixels inside it only."""
     p, t = pred.bool().flatten(1), truth.bool().flatten(1)
-    return torch.stack([(p & t).sum(1), (p & ~t).sum(1), (~p & t).sum(1), (~p & ~t).sum(1)], 1)
+    r = torch.ones_like(p) if region is None else region.bool().flatten(1)
+    if r.shape != p.shape or t.shape != p.shape:
+        raise ValueError(f"pred, truth and region must have one shape, got {tuple(pred.shape)}, {tuple(truth.shape)}"
+                         f" and {tuple(r.shape)}")
+    return torch.stack([(p & t & r).sum(1), (p & ~t & r).sum(1), (~p & t & r).sum(1), (~p & ~t & r).sum(1)], 1)
+
+
+def boundary_band(truth: Tensor, radius: int) -> Tensor:
+    """The pixels within ``radius`` pixels (chessboard distance) of the boundary of binary masks ``truth
+    [B, H, W]``: bool ``[B, H, W]``.  A boundary pixel has a pixel of the other label among its 8 neighbours (the
+    image border is no boundary); ``radius = 0``: the boundary pixels only."""
+    if truth.dim() != 3 or int(radius) < 0:
+        raise ValueError(f"need masks [B, H, W] and radius >= 0, got {tuple(truth.shape)} and {radius}")
+    m = truth.bool().float()[:, None]
+    edge = F.max_pool2d(m, 3, 1, 1) != -F.max_pool2d(-m, 3, 1, 1)
+    k = 2 * int(radius) + 1
+    return F.max_pool2d(edge.float(), k, 1, int(radius))[:, 0] > 0
 
 
 def segmentation_summary(counts: Tensor) -> dict[str, float]:

@@ -112,7 +112,7 @@ class Chain(StructuredModel):
         out.index_add_(0, data.token_sequence_ids(), 1.0 - right)
         return out / data.lengths.to(torch.float64)
 
-    def _score_from_unary(self, U: Tensor, trans: Tensor, data: SequenceData, y: Tensor) -> Tensor:
+    def score_from_unary(self, U: Tensor, trans: Tensor, data: SequenceData, y: Tensor) -> Tensor:
         """Per-sequence ``<w, phi(x_i, y_i)>`` from unary scores ``U [N_tok, K]`` and ``trans [K, K]``."""
         per_tok = U.gather(1, y[:, None])[:, 0]
         j = self._pairs(data)
@@ -125,7 +125,7 @@ class Chain(StructuredModel):
     def score(self, w: Tensor, data: SequenceData, y: Tensor) -> Tensor:
         y = self._flat_labels(data, y, data.n_tokens, "token labels")
         w = w.to(torch.float64)
-        return self._score_from_unary(self.unary_scores(w, data), self.unpack(w)[4], data, y)
+        return self.score_from_unary(self.unary_scores(w, data), self.unpack(w)[4], data, y)
 
     def hinge_terms(self, w: Tensor, data: SequenceData) -> tuple[Tensor, Tensor]:
         """As :meth:`StructuredModel.hinge_terms`, computing the unary scores once."""
@@ -133,7 +133,7 @@ class Chain(StructuredModel):
         U = self.unary_scores(w, data)
         trans = self.unpack(w)[4]
         y_star, _ = viterbi_packed(U + self.loss_unaries(data, U.dtype), data.offsets, trans)
-        H = self.loss(data, y_star) + self._score_from_unary(U, trans, data, y_star) - self._score_from_unary(U, trans, data, data.y)
+        H = self.loss(data, y_star) + self.score_from_unary(U, trans, data, y_star) - self.score_from_unary(U, trans, data, data.y)
         return y_star, H
 
     def loss(self, data: SequenceData, y: Tensor) -> Tensor:

@@ -157,7 +157,7 @@ class GraphCut(StructuredModel):
 
     def loss_weights(self, data: GraphData) -> Tensor:
         """``omega: Tensor[N_tot]`` float64 with ``L_i(y) = sum_{p in i} omega_p [y_p != y_i,p]`` (cached on ``data``)."""
-        return data._cached(f"omega_{self.loss_name}", lambda: _loss_weights(data, self.loss_name == "balanced"))
+        return data.cached(f"omega_{self.loss_name}", lambda: _loss_weights(data, self.loss_name == "balanced"))
 
     def loss(self, data: GraphData, y: Tensor) -> Tensor:
         y = self._labels(data, y)
@@ -181,7 +181,7 @@ class GraphCut(StructuredModel):
         if data.y is None:
             raise ValueError("loss-augmented decoding needs labels (y is None)")
         w64 = w.to(torch.float64)
-        truth = data._cached(f"phi_true_{self.pairwise}", lambda: self.joint_feature(data, data.y))
+        truth = data.cached(f"phi_true_{self.pairwise}", lambda: self.joint_feature(data, data.y))
         if not self.pairwise or type(self).oracle is not GraphCut.oracle:  # e.g. a subclass with its own oracle
             y_star = self.oracle(w64, data, loss_augmented=True)
             return y_star, self.loss(data, y_star) + self.score(w64, data, y_star) - truth @ w64
@@ -196,7 +196,7 @@ class GraphCut(StructuredModel):
         if loss_augmented:
             if data.y is None:
                 raise ValueError("loss-augmented decoding needs labels (y is None)")
-            gain = gain + data._cached(f"aug_{self.loss_name}",
+            gain = gain + data.cached(f"aug_{self.loss_name}",
                                        lambda: self.loss_weights(data) * (1.0 - 2.0 * data.y.to(torch.float64)))
         return gain
 
@@ -241,7 +241,7 @@ class GraphCut(StructuredModel):
     def graph_records(self, data: GraphData) -> list:
         """Per graph a :data:`~torch_bcfw.inference.graphcut_pool.GraphRecord` (CPU numpy views; cached on
         ``data`` per loss)."""
-        return data._cached(f"gc_records_{self.loss_name}", lambda: _graph_records(self, data))
+        return data.cached(f"gc_records_{self.loss_name}", lambda: _graph_records(self, data))
 
     def record_keys(self, data: GraphData) -> list[bytes]:
         """A content key per graph record (BLAKE2b of the graph key and record arrays; cached on ``data``): the
@@ -255,7 +255,7 @@ class GraphCut(StructuredModel):
                 h.update(np.array([rec.inv_z]).tobytes())
                 keys.append(h.digest())
             return keys
-        return data._cached(f"gc_keys_{self.loss_name}", make)
+        return data.cached(f"gc_keys_{self.loss_name}", make)
 
     def _processes(self) -> int:
         """The pool's processes: ``processes``, never more than the CPUs this process may run on."""

@@ -17,7 +17,7 @@ _installed = False
 
 
 def _is_the_command() -> bool:
-    argv = list(getattr(sys, "orig_argv", []))
+    argv = sys.orig_argv
     if "-m" in argv[:-1] and argv[argv.index("-m") + 1] == "torch_bcfw":
         return True
     return bool(sys.argv) and os.path.basename(sys.argv[0]) == "torch-bcfw"

@@ -9,8 +9,8 @@ from torch import Tensor
 from ..checks import saved_int
 from ..duals.plan import generic_plan_steps
 from ..duals.stepsize import FIXED, LINE_SEARCH
-from .certificate import Certificate
-from .local_comm import LOCAL
+from ..certificate import Certificate
+from ..distributed.communicators import LOCAL
 
 __all__ = ["Algorithm", "DualAlgorithm", "normalise_bounds"]
 
@@ -35,9 +35,7 @@ class Algorithm:
     Options = None
 
     def __init__(self, model, data, lam: float, options, comm=None):
-        if self.Options is not None and options.solver_options is None:
-            options = dataclasses.replace(options, solver_options=self.own_options(options))
-        self.own_options(options)  # a solver refuses another solver's options
+        options = self.with_own_options(options)
         self.model, self.data, self.lam, self.options = model, data, lam, options
         self.comm = LOCAL if comm is None else comm
         #: the problem's number of examples (all processes); ``data`` holds this process' ``len(data)`` of them
@@ -48,19 +46,19 @@ class Algorithm:
         self.converged = False
 
     @classmethod
-    def own_options(cls, options):
-        """This solver's options in ``options`` (:attr:`Options`; its defaults when none are given); ``ValueError``
+    def with_own_options(cls, options):
+        """``options`` holding this solver's own (:attr:`Options`; its defaults when none are given); ``ValueError``
         for the options of another solver."""
-        own = options.solver_options
+        own = options.own
         if cls.Options is None:
             if own is not None:
                 raise ValueError(f"solver {cls.name!r} has no options of its own, got {type(own).__name__}")
-            return None
+            return options
         if own is None:
-            return cls.Options()
+            return dataclasses.replace(options, own=cls.Options())
         if not isinstance(own, cls.Options):
             raise ValueError(f"solver {cls.name!r} takes {cls.Options.__name__}, got {type(own).__name__}")
-        return own
+        return options
 
     @property
     def work(self) -> int:
@@ -72,10 +70,10 @@ class Algorithm:
         return self.n - self.work % self.n
 
     def refuse_bcfw_extras(self, bounds, refinements: bool = True) -> None:
-        """Refuse (``ValueError``) the BCFW refinements (unless ``refinements=False``) and box constraints (``bounds``
-        or the model's ``weight_bounds``), which only BCFW / FW support."""
-        if refinements and self.options.refined:
-            raise ValueError("gap sampling, pairwise / away steps and caching are BCFW refinements (solver='bcfw')")
+        """Refuse (``ValueError``) gap sampling, a BCFW refinement (unless ``refinements=False``), and box constraints
+        (``bounds`` or the model's ``weight_bounds``), which only BCFW / FW support."""
+        if refinements and self.options.sampling == "gap":
+            raise ValueError("gap sampling is a BCFW refinement (solver='bcfw')")
         if normalise_bounds(bounds, self.model) is not None:
             raise ValueError("box constraints (here the model's weight_bounds, if none were given) are supported by "
                              f"solver='bcfw' and solver='fw', not by {self.name!r}")

@@ -6,11 +6,6 @@ rule) that the state runs (:meth:`~torch_bcfw.duals.base.DualState.run_plan`; se
 """
 from __future__ import annotations
 
-import dataclasses
-import time
-from dataclasses import dataclass
-from typing import ClassVar
-
 import numpy as np
 import torch
 
@@ -18,120 +13,12 @@ from ..checks import saved_float, saved_int
 from ..duals.plan import CacheTest, StepPlan, WorkingSetUse
 from ..duals.stepsize import FW_RULE, STEP_RULES
 from .algorithm import DualAlgorithm
-from .certificate import Certificate, squared_norm, with_dual
-from .local_comm import pass_rounds
-from .options import OptionGroup, SolverOptions, check_int, check_real, parse_preset
+from ..certificate import Certificate, squared_norm, with_dual
+from ..distributed.communicators import pass_rounds
+from .bcfw_options import BCFWOptions, auto_pending, is_refined, variant_name
 from .sampling import GapEstimates, GapSampler, make_sampler
 
-__all__ = ["seconds_per_block", "round_costs", "measured_round_size", "round_size_candidates", "chosen_round_size",
-           "resolve_batch_size", "BCFW", "CacheOptions", "resolve_auto_preset"]
-
-
-def resolve_auto_preset(model, data, options, rounds: bool = False):
-    """``preset="auto"``: the first of :data:`~torch_bcfw.solvers.options.AUTO_CHOICES` fitting the given fields, in
-    an order set by properties of the problem, never a clock (``docs/results/presets.md``): ``uniform-fw`` for
-    ``rounds`` (``batch_size > 1``, sharded blocks or ``strategy="split-oracle"``); ``gap-pairwise`` when the
-    model's :attr:`~torch_bcfw.models.base.StructuredModel.compiled_steps` is ``"all"`` (a chain on the CPU);
-    ``uniform-fw`` for ``"plain"`` or a cheap oracle; else ``gap-pairwise-cache`` (an
-    :attr:`~torch_bcfw.models.base.StructuredModel.expensive_oracle`, Osokin et al. 2016, Sec. 5.1).
-
-    Returns the resolved options with ``extra["auto"]`` recording the choice and its reasons; resolved options are
-    returned unchanged."""
-    if not options.auto_pending:
-        return options
-    expensive = bool(model.expensive_oracle)
-    compiled = model.compiled_steps if data.device.type == "cpu" else "none"
-    if rounds:
-        order = ("uniform-fw", "gap-fw", "gap-pairwise", "gap-pairwise-cache")
-    elif compiled == "all":
-        order = ("gap-pairwise", "gap-fw", "uniform-fw", "gap-pairwise-cache")
-    elif compiled == "plain" or not expensive:
-        order = ("uniform-fw", "gap-fw", "gap-pairwise", "gap-pairwise-cache")
-    else:
-        order = ("gap-pairwise-cache", "gap-pairwise", "gap-fw", "uniform-fw")
-    fits = options.auto_fits()
-    name = next(n for n in order if n in fits)
-    extra = dict(options.extra)
-    extra["auto"] = {"compiled_steps": compiled, "expensive_oracle": expensive, "rounds": bool(rounds),
-                     "model": type(model).__name__, "chosen": name}
-    return dataclasses.replace(options, **parse_preset(name), extra=extra)
-
-
-#: the round sizes :func:`measured_round_size` times, and the slack within which it prefers the smaller one
-ROUND_SIZE_CANDIDATES, ROUND_SIZE_SLACK = (64, 256, 1024), 2.0
-
-
-def seconds_per_block(alg, m: int) -> float:
-    """Seconds per block iteration of the scratch algorithm ``alg``: the second of two chunks of ``m`` iterations."""
-    alg.advance(m)
-    t0, work = time.perf_counter(), alg.work
-    alg.advance(m)
-    return (time.perf_counter() - t0) / max(1, alg.work - work)
-
-
-def round_costs(model, data, lam: float, options: SolverOptions, sizes) -> dict[int, float]:
-    """Seconds per block of plain BCFW in rounds of each size of ``sizes`` (:func:`seconds_per_block`)."""
-    return {tau: seconds_per_block(BCFW(model, data, lam, dataclasses.replace(
-        options, batch_size=tau, progress=False, sampling="uniform", step_rule="fw", cache=False, preset=None)), tau)
-        for tau in sizes}
-
-
-def measured_round_size(model, data, lam: float, options: SolverOptions) -> int:
-    """``batch_size="auto"`` with the data off the CPU: the :func:`chosen_round_size` of the timed
-    :func:`round_size_candidates` (docs/results/gpu.md)."""
-    return chosen_round_size(round_costs(model, data, lam, options, round_size_candidates(len(data))))
-
-
-def round_size_candidates(n: int) -> list[int]:
-    """The round sizes ``batch_size="auto"`` times: those of ``ROUND_SIZE_CANDIDATES`` up to ``n / 2``."""
-    return [t for t in ROUND_SIZE_CANDIDATES if t <= n // 2] or [max(1, n // 2)]
-
-
-def chosen_round_size(cost: dict[int, float]) -> int:
-    """The smallest round size whose cost per block is within ``ROUND_SIZE_SLACK`` of the cheapest."""
-    best = min(cost.values())
-    return min(t for t, c in cost.items() if c <= ROUND_SIZE_SLACK * best)
-
-
-def resolve_batch_size(options: SolverOptions, solver: str, model, data, lam: float, *, sharded: bool = False,
-                       planned: int | None = None) -> SolverOptions:
-    """``options`` with ``batch_size="auto"`` resolved (the one place it is): a given integer stays; else ``planned``
-    (the round size of a distributed strategy's calibration, or of the saved run being continued); else ``1`` for a
-    solver other than ``"bcfw"``, for data on the CPU and for a ``sharded`` run's blocks; else (data on a GPU)
-    :func:`measured_round_size`."""
-    if options.batch_size != "auto":
-        return options
-    if planned is not None:
-        size = planned
-    elif solver != "bcfw" or sharded or data.device.type == "cpu":
-        size = 1
-    else:
-        size = measured_round_size(model, data, lam, options)
-    return dataclasses.replace(options, batch_size=size)
-
-
-@dataclass
-class CacheOptions(OptionGroup):
-    """The options of BCFW's cache (``cache=True``, Osokin et al. 2016, Alg. 5), given as ``cache_size``, ``cache_F``
-    and ``cache_nu``: keep a working set of past oracle answers per block and use its best labeling instead of the
-    oracle when ``g_hat_i >= max(F g_i, nu / n g_global)``.
-
-    Attributes:
-        size: maximum labelings per block, an integer >= 1 (default 100); the inactive one with the lowest score is
-            evicted, active ones never.
-        F: local factor ``F`` of the cache-hit test, > 0 (default 0.25; ``inf`` allowed).
-        nu: global factor ``nu`` of the cache-hit test, > 0 (default 0.01); ``inf`` disables hits.
-    """
-
-    prefix: ClassVar[str] = "cache"
-    size: int = 100
-    F: float = 0.25
-    nu: float = 0.01
-
-    def __post_init__(self) -> None:
-        self.size = check_int("cache_size", self.size, 1)
-        self.F = float(check_real("cache_F", self.F, positive=True, finite=False))
-        self.nu = float(check_real("cache_nu", self.nu, positive=True, finite=False))
+__all__ = ["BCFW"]
 
 
 class BCFW(DualAlgorithm):
@@ -145,29 +32,29 @@ class BCFW(DualAlgorithm):
     """
 
     name = "bcfw"
-    Options = CacheOptions
+    Options = BCFWOptions
 
     def __init__(self, model, data, lam, options, state=None, bounds=None, comm=None):
-        options = resolve_batch_size(options, self.name, model, data, lam, sharded=comm is not None and comm.sharded)
-        if options.preset == "auto":
-            options = resolve_auto_preset(model, data, options, rounds=options.batch_size > 1 or options.strategy ==
-                                          "split-oracle" or (comm is not None and comm.sharded))
+        options = self.with_own_options(options)
+        if options.batch_size == "auto" or auto_pending(options):
+            raise ValueError(f"BCFW takes options with nothing left on 'auto' (batch_size={options.batch_size!r}, "
+                             f"preset={options.own.preset!r}): torch_bcfw.planning.plan_run resolves them, as fit does")
         super().__init__(model, data, lam, options, state, bounds, comm)
         self.batch_size = options.batch_size
         self.split_oracle = options.strategy == "split-oracle"
-        if self.split_oracle and (options.refined or options.step_rule != "fw" or self.comm.sharded):
+        if self.split_oracle and (is_refined(options) or self.comm.sharded):
             raise ValueError("strategy='split-oracle' runs plain BCFW rounds (uniform or perm sampling, FW steps, no "
-                             f"cache) on a replicated state (got {options.variant_name()!r})")
+                             f"cache) on a replicated state (got {variant_name(options)!r})")
         self.minibatch = (self.batch_size > 1 and not self.split_oracle) or self.comm.sharded
-        if self.minibatch and options.step_rule != "fw":
+        if self.minibatch and options.own.step_rule != "fw":
             raise ValueError(
                 "mini-batch BCFW (batch_size > 1) and BCFW over several processes take joint FW steps (with any "
                 f"sampling and the cache); pairwise / away steps are one-block refinements (got "
-                f"{options.variant_name()!r})")
+                f"{variant_name(options)!r})")
         if self.batch_size > self.n:
             raise ValueError(f"batch_size = {self.batch_size} exceeds the number of examples n = {self.n}")
-        self.rule = STEP_RULES[options.step_rule]
-        self.refined = options.refined
+        self.rule = STEP_RULES[options.own.step_rule]
+        self.refined = is_refined(options)
         self.steps = 0
         self.last_block_gaps = self.last_blocks = None
         self.glob_gap = np.inf
@@ -177,10 +64,10 @@ class BCFW(DualAlgorithm):
         self._resume_point = None  # the sampling state before an unscheduled certificate (see state_dict)
         n_here = len(data)
         seed = options.seed if not self.comm.sharded else np.random.SeedSequence([options.seed, self.comm.rank])
-        self.estimates = GapEstimates(n_here, options.gap_power) if self.refined else None
+        self.estimates = GapEstimates(n_here, options.own.gap_power) if self.refined else None
         self.sampler = make_sampler(options.sampling, n_here, seed, self.estimates)
         if self.refined:
-            self.use_ws = options.cache or self.rule != FW_RULE
+            self.use_ws = options.own.cache or self.rule != FW_RULE
             if self.use_ws:
                 self.state.ensure_working_set()
             st = self.state
@@ -197,14 +84,14 @@ class BCFW(DualAlgorithm):
 
     def _refine(self, plan: StepPlan) -> StepPlan:
         """Add the refinements to ``plan``: the gap estimates, the working set and the cache test."""
-        o, c = self.options, self.options.solver_options
+        o = self.options.own
         plan.estimates = self.estimates
         if self.use_ws:
             cache = None
             if o.cache:
                 g = self.glob_gap
-                cache = CacheTest(c.F, np.inf if (c.nu == np.inf or g == np.inf) else c.nu / self.n * g)
-            plan.working_set = WorkingSetUse(keep_inactive=o.cache, max_size=c.size if o.cache else 0, cache=cache)
+                cache = CacheTest(o.cache_F, np.inf if (o.cache_nu == np.inf or g == np.inf) else o.cache_nu / self.n * g)
+            plan.working_set = WorkingSetUse(keep_inactive=o.cache, max_size=o.cache_size if o.cache else 0, cache=cache)
         return plan
 
     def _plan(self, m: int) -> StepPlan:
@@ -233,20 +120,25 @@ class BCFW(DualAlgorithm):
         self._end_chunk(res, res.steps)
 
     def _end_chunk(self, res, done: int) -> None:
-        """Count the ``done`` block iterations of the chunk ``res`` and take up its request of an exact gap pass."""
+        """Count the ``done`` block iterations of the chunk ``res`` and take up its request of an exact gap pass, or
+        request one when the gap estimates sum to ``<= early_gap_check * gap_tol``."""
         self.steps += done
         self.last_block_gaps, self.last_blocks = res.gaps, res.blocks
         if res.need_gap_pass:
             if self._since_refresh == 0 and done == 0:
                 self.converged = True  # the exact block gaps just computed are all zero: optimal
             self.check_requested = True
+        early, tol = self.options.own.early_gap_check, self.options.gap_tol
+        if early is not None and tol is not None and not self.check_requested:
+            est = self.estimated_gap()
+            self.check_requested = est is not None and est <= early * tol
         if self._since_refresh >= 0:
             self._since_refresh += done
 
     def _advance_rounds(self, m: int) -> None:
         """At least ``m`` block iterations (all processes) in whole rounds of about ``batch_size`` distinct blocks, one
         joint step each.  A pass is always cut into the same rounds
-        (:func:`~torch_bcfw.solvers.local_comm.pass_rounds`), so a run split at a pass boundary continues exactly."""
+        (:func:`~torch_bcfw.distributed.communicators.pass_rounds`), so a run split at a pass boundary continues exactly."""
         local, total = pass_rounds(self.n, self.batch_size, self.comm)
         ends = np.cumsum(total)
         pos = self.steps % self.n
@@ -271,7 +163,7 @@ class BCFW(DualAlgorithm):
             self.sampler.consumed(res.steps, plan.m)
         if self.refined:
             hits = res.cache_hits
-            if self.comm.sharded and self.options.cache:
+            if self.comm.sharded and self.options.own.cache:
                 hits = int(self.comm.sum_scalar(res.cache_hits))  # every process' hits
             self.oracle_calls += res.oracle_calls + res.cache_hits - hits
             self.cache_hits += hits
@@ -281,7 +173,7 @@ class BCFW(DualAlgorithm):
 
     def _advance_split_oracle(self, m: int) -> None:
         """At least ``m`` block iterations in whole rounds of ``batch_size`` blocks (cut at its multiples).  Each round
-        is decoded at the current ``w`` (:meth:`~torch_bcfw.solvers.local_comm.LocalComm.start_corners`) before the
+        is decoded at the current ``w`` (:meth:`~torch_bcfw.distributed.communicators.LocalComm.start_corners`) before the
         previous round takes its one-block FW steps in order (:meth:`~torch_bcfw.duals.base.DualState.corner_steps`): an
         older corner is still a corner, so every step keeps the dual feasible and never decreases it."""
         done, pending = 0, None

@@ -115,7 +115,7 @@ class CuttingPlane(Algorithm):
         K, b = self.K.cpu().numpy(), self.b.cpu().numpy()
         beta = self.beta.cpu().numpy()
         dual = float(beta @ b) - 0.5 * self.lam * float(beta @ (K @ beta))
-        cp = self.options.solver_options
+        cp = self.options.own
         tol = cp.inner_tol * max(1.0, abs(dual))
         beta, its, _ = solve_simplex_qp(K, b, self.lam, beta, tol, cp.inner_iters)
         self.beta = torch.from_numpy(beta).to(self.a.device)

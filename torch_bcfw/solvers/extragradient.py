@@ -96,7 +96,7 @@ class Extragradient(Algorithm):
         super().__init__(model, data, lam, options)
         self.refuse_bcfw_extras(bounds)
         model.check_data(data)
-        xg = self.options.solver_options
+        xg = self.options.own
         self.geo = _geometry(model, data, lam, xg)
         self.geometry = self.geo.kind
         self.sigma = self.geo.sigma()

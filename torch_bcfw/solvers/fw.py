@@ -16,8 +16,8 @@ class FrankWolfe(DualAlgorithm):
     whole_passes = True
 
     def __init__(self, model, data, lam, options, state=None, bounds=None):
-        if options.refined:
-            raise ValueError("gap sampling, pairwise / away steps and caching are BCFW refinements (solver='bcfw')")
+        if options.sampling == "gap":
+            raise ValueError("gap sampling is a BCFW refinement (solver='bcfw')")
         super().__init__(model, data, lam, options, state, bounds)
         self.iteration = 0
 

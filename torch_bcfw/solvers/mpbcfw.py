@@ -23,7 +23,7 @@ from torch import Tensor
 from ..checks import saved_float, saved_int, saved_tensor
 from ..duals.plan import MP_APPROX, MP_EXACT, StepPlan
 from ..duals.stepsize import line_search_step
-from .certificate import squared_norm
+from ..certificate import squared_norm
 from .algorithm import DualAlgorithm
 from .callbacks import Callback
 from .options import OptionGroup, check_int, check_real
@@ -180,12 +180,11 @@ class MPBCFW(DualAlgorithm):
     Options = MPOptions
 
     def __init__(self, model, data, lam, options, state=None, bounds=None, clock=None):
-        if options.preset is not None or options.refined:
-            raise ValueError(
-                "mp-bcfw takes FW steps with uniform or perm sampling: gap sampling, pairwise / away steps, the "
-                "cache and presets are refinements of solver='bcfw' (Osokin et al. 2016)"
-            )
-        mp = self.own_options(options)
+        if options.sampling == "gap":
+            raise ValueError("mp-bcfw takes FW steps with uniform or perm sampling: gap sampling is a refinement of "
+                             "solver='bcfw' (Osokin et al. 2016)")
+        options = self.with_own_options(options)
+        mp = options.own
         if mp.max_planes > 0 and options.step != "line_search":
             raise ValueError("mp-bcfw with a working set (mp_max_planes > 0) needs step='line_search'")
         super().__init__(model, data, lam, options, state, bounds)
@@ -244,7 +243,7 @@ class MPBCFW(DualAlgorithm):
         self.last_approx_passes = 0
         if self.M == 0:
             return
-        o = self.options.solver_options
+        o = self.options.own
         k = self.iteration
         cutoff = float(k - self.T) if self.T > 0 else -math.inf
         dual = self.dual_value()

@@ -68,7 +68,7 @@ class OnlineEG(Algorithm):
         K, dev = model.n_labels, data.device
         self.theta_node = torch.zeros(data.n_tokens, K, dtype=torch.float64)  # CPU: the per-block steps
         self.theta_trans = torch.zeros(self.n, K, K, dtype=torch.float64)
-        self.eta = np.full(self.n, self.options.solver_options.step0)
+        self.eta = np.full(self.n, self.options.own.step0)
         self.steps = 0
         self.sampler = make_sampler(options.sampling, self.n, options.seed)
         self._offsets = data.offsets.cpu()
@@ -105,7 +105,7 @@ class OnlineEG(Algorithm):
         th_node, th_trans = self.theta_node[s:e].numpy(), self.theta_trans[i].numpy()
         w0, ell0 = st.w, float(st.block_ell[i])
         sq0 = float(w0 @ w0)
-        eg = self.options.solver_options
+        eg = self.options.own
         halvings = eg.max_halvings_first if self.steps < self.n else eg.max_halvings
         eta = float(self.eta[i])
         for trial in range(halvings + 1):
@@ -124,7 +124,7 @@ class OnlineEG(Algorithm):
                 break
             if trial < halvings:
                 eta *= 0.5
-        self.eta[i] = eta * self.options.solver_options.step_growth
+        self.eta[i] = eta * self.options.own.step_growth
         self.steps += 1
 
     def advance(self, m: int) -> None:

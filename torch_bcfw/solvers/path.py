@@ -30,7 +30,7 @@ import torch
 from torch import Tensor
 
 from .bcfw import BCFW
-from .certificate import Certificate, certify, task_loss
+from ..certificate import Certificate, certify, task_loss
 from .run import run_solver, options_for
 from .options import SolverOptions
 
@@ -207,7 +207,8 @@ class RegularizationPath(LambdaSweep):
 # ----------------------------------------------------------------------------------------------- drivers
 def path_options(target: float, **options) -> SolverOptions:
     """The inner BCFW's options of a path or grid search, ``gap_tol = target``: no averaging (the rescaling needs the
-    iterate's dual variables), ``early_gap_check = 0.8``, ``preset="gap-fw"`` unless the combination is given."""
+    iterate's dual variables), ``early_gap_check = 0.8``, ``preset="gap-fw"`` unless the combination is given,
+    one-block steps unless a ``batch_size`` is."""
     for k in ("gap_tol", "averaging", "check_averaged"):
         if k in options:
             raise ValueError(f"the path sets {k!r} itself (gap_tol = kappa * eps, no averaging)")
@@ -215,6 +216,7 @@ def path_options(target: float, **options) -> SolverOptions:
         options["preset"] = "gap-fw"
     options.setdefault("early_gap_check", 0.8)
     options.setdefault("max_passes", 1000)
+    options.setdefault("batch_size", 1)
     options.setdefault("track_train_loss", False)
     return options_for("bcfw", gap_tol=float(target), averaging=False, check_averaged=False, **options)
 

@@ -10,15 +10,16 @@ exact certificate of the model it returns.  The check runs every ``gap_check`` p
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
 import time
 from dataclasses import dataclass, field
 
 from ..runtime.signals import deferred_signals
 from .algorithm import Algorithm, DualAlgorithm
-from .bcfw import BCFW, resolve_batch_size
+from .bcfw import BCFW
 from .callbacks import ProgressBar
-from .certificate import task_loss
+from ..certificate import task_loss
 from .cutting_plane import CuttingPlane
 from .extragradient import Extragradient
 from .fw import FrankWolfe
@@ -28,7 +29,8 @@ from .options import SolverOptions
 from .record import CheckRecord, as_records, plain_history
 from .ssg import SSG
 
-__all__ = ["SolverRun", "ALGORITHMS", "SOLVERS", "DUAL_STATE_SOLVERS", "options_for", "make_algorithm",
+__all__ = ["SolverRun", "ALGORITHMS", "SOLVERS", "DUAL_STATE_SOLVERS", "NOT_OPTIONS", "option_defaults",
+           "check_option_names", "options_for", "make_algorithm",
            "run_solver", "RunOutput"]
 
 
@@ -164,10 +166,6 @@ def run_solver(alg, options, test_data=None, callbacks=(), counters: dict | None
             passes = alg.work / n
             for cb in callbacks:
                 cb.on_chunk(passes - start_work / n, time.perf_counter() - wall0)
-            early = getattr(options, "early_gap_check", None)
-            if early is not None and options.gap_tol is not None and not alg.check_requested:
-                est = alg.estimated_gap()
-                alg.check_requested = est is not None and est <= early * options.gap_tol
             if alg.work % (options.gap_check * n) == 0 or alg.check_requested:
                 alg.check_requested = False
                 last_rec = _check_here(alg, options, test_data, counters, out, callbacks, scheduled=True)
@@ -214,20 +212,60 @@ DUAL_STATE_SOLVERS = tuple(name for name, cls in ALGORITHMS.items() if issubclas
 _STATE_OPTIONS = ("sampling", "step_rule", "cache")
 
 
-def options_for(solver: str, **kwargs) -> SolverOptions:
-    """The options of a run of ``solver`` from keyword arguments (``fit``'s, a config's ``options``): the shared
-    options of :class:`~torch_bcfw.solvers.options.SolverOptions` and, flat, the solver's own (its ``Options``, e.g.
-    ``mp_max_planes`` for ``"mp-bcfw"``).  ``ValueError`` for an unknown solver, ``TypeError`` for an unknown option or
-    another solver's."""
+#: names given as options that are none, and what to do instead
+NOT_OPTIONS = {"device": "a run solves where its data is: for a GPU run put the data on the device, data.to('cuda')"}
+
+
+def option_defaults(solver: str | None = None) -> dict:
+    """The option names ``solver`` takes, with their defaults: the shared options of
+    :class:`~torch_bcfw.solvers.options.SolverOptions` and, flat, the solver's own (its ``Options``, e.g.
+    ``mp_max_planes`` for ``"mp-bcfw"``); ``None``: those of every solver.  The one list of option names."""
+    groups = [ALGORITHMS[solver].Options] if solver is not None else [cls.Options for cls in ALGORITHMS.values()]
+    out = {f.name: f.default for f in dataclasses.fields(SolverOptions) if f.name in SolverOptions.shared_names()}
+    for group in groups:
+        if group is not None:
+            out.update(zip(group.flat_names(), (f.default for f in dataclasses.fields(group))))
+    return out
+
+
+def check_option_names(solver: str, names, arguments=(), taken=None, who: str = "") -> None:
+    """``TypeError`` for the first name of ``names`` that is no option of ``solver`` (nor one of the caller's
+    ``arguments``, nor of ``taken``: options the caller sets itself, to the argument that sets each): another solver's
+    option names that solver and its group; a name of :data:`NOT_OPTIONS` says what to do instead; any other gets the
+    closest valid name ("did you mean").  ``who``: the caller, e.g. ``"BCFWCallback"``."""
     if solver not in ALGORITHMS:
         raise ValueError(f"unknown solver {solver!r}; choose from {list(SOLVERS)}")
+    taken = taken or {}
+    mine = [k for k in option_defaults(solver) if k not in taken]
+    unknown = sorted(set(names) - set(mine) - set(arguments) - set(taken))
+    if not unknown:
+        return
+    name, head = unknown[0], f"{who} got " if who else ""
+    owner = next((other for other, cls in ALGORITHMS.items() if cls.Options is not None
+                  and name in cls.Options.flat_names()), None)
+    if owner is not None:
+        raise TypeError(f"{head}option(s) {unknown} belong to solver {owner!r}, not {solver!r} (its options: "
+                        f"{ALGORITHMS[owner].Options.described()})")
+    if name in NOT_OPTIONS:
+        raise TypeError(f"{head}unknown solver option {name!r}: {NOT_OPTIONS[name]}")
+    close = [taken.get(c, c) for c in difflib.get_close_matches(name, [*arguments, *mine, *taken], n=1)]
     group = ALGORITHMS[solver].Options
-    owners = {name: other for other, cls in ALGORITHMS.items() if cls.Options not in (None, group)
-              for name in cls.Options.flat_names()}
-    foreign = sorted(set(kwargs) & set(owners))
-    if foreign:
-        raise TypeError(f"option(s) {foreign} belong to solver {owners[foreign[0]]!r}, not {solver!r}")
-    return SolverOptions.from_kwargs(group, **kwargs)
+    raise TypeError(
+        f"{head}unknown {'argument' if arguments else 'solver option'}(s) {unknown}; "
+        + (f"did you mean {close[0]!r}? " if close else "")
+        + (f"its arguments: {list(arguments)}; " if arguments else "")
+        + f"options of solver {solver!r}: {[k for k in SolverOptions.shared_names() if k not in taken]}"
+        + (f" and its own {group.described()}" if group is not None else ""))
+
+
+def options_for(solver: str, **kwargs) -> SolverOptions:
+    """The options of a run of ``solver`` from keyword arguments (``fit``'s, a config's ``options``): the names of
+    :func:`option_defaults`.  ``ValueError`` for an unknown solver or a bad value, ``TypeError`` for a name that is no
+    option of ``solver`` (:func:`check_option_names`)."""
+    check_option_names(solver, kwargs)
+    group = ALGORITHMS[solver].Options
+    own = {k: kwargs.pop(k) for k in group.flat_names() if k in kwargs} if group is not None else {}
+    return SolverOptions(**kwargs, own=group.from_flat(own) if group is not None else None)
 
 
 def make_algorithm(solver: str, model, data, lam: float, options: SolverOptions, *, state=None,
@@ -235,13 +273,14 @@ def make_algorithm(solver: str, model, data, lam: float, options: SolverOptions,
     """The algorithm ``solver`` on ``(model, data, lam)``, on the dual state ``state`` (default: a new one) with box
     constraints ``bounds`` (default: the model's); ``comm``: a :class:`torch_bcfw.distributed.ShardComm` when
     ``data`` is this process' shard (``"bcfw"`` only), or a replica's
-    :class:`~torch_bcfw.distributed.strategy.ReplicaComm`."""
+    :class:`~torch_bcfw.distributed.communicators.ReplicaComm`.  ``options`` leave nothing on ``"auto"``
+    (:func:`torch_bcfw.planning.plan_run` resolves it)."""
     if solver not in ALGORITHMS:
         raise ValueError(f"unknown solver {solver!r}; choose from {list(SOLVERS)}")
-    options = resolve_batch_size(options, solver, model, data, lam, sharded=comm is not None and comm.sharded)
     if solver != "bcfw" and options.batch_size != 1:
-        raise ValueError(f"batch_size = {options.batch_size}: mini-batch rounds (Wang et al. 2016) are a mode of "
-                         f"solver='bcfw'; solver {solver!r} takes no batch_size")
+        raise ValueError(f"batch_size = {options.batch_size!r}: mini-batch rounds (Wang et al. 2016) are a mode of "
+                         f"solver='bcfw'; solver {solver!r} takes no batch_size (1; torch_bcfw.planning.plan_run "
+                         "resolves 'auto')")
     if comm is not None and comm.sharded:
         if solver != "bcfw":
             raise ValueError(f"solver {solver!r} does not shard its examples; over several processes use "
@@ -259,8 +298,9 @@ class SolverRun:
     Args:
         model, data, lam: the problem.
         solver: a name of :data:`ALGORITHMS`.
-        options: the :class:`~torch_bcfw.solvers.options.SolverOptions` (``max_passes`` is the length of
-            :meth:`run`).
+        options: the :class:`~torch_bcfw.solvers.options.SolverOptions`, nothing left on ``"auto"``
+            (:func:`torch_bcfw.planning.plan_run`; default: plain one-block BCFW); ``max_passes`` is the length of
+            :meth:`run`.
         state: the dual state to start from (solvers of :data:`DUAL_STATE_SOLVERS`; default: a new one).
         bounds: box constraints ``(lower, upper)`` on the weights (default: the model's ``weight_bounds``).
         saved: a :meth:`state_dict` to continue (:meth:`load_state_dict`).
@@ -268,7 +308,7 @@ class SolverRun:
 
     Attributes:
         algorithm: the :class:`~torch_bcfw.solvers.algorithm.Algorithm`.
-        options: the options it runs with (``preset="auto"`` resolved).
+        options: the options it runs with (the solver's own group filled in).
         counters: cumulative ``solver_time``, ``gap_time``, ``gap_oracle_calls`` and ``work`` (block iterations).
         history: the :class:`~torch_bcfw.solvers.record.CheckRecord` of every exact gap check.
 
@@ -278,8 +318,8 @@ class SolverRun:
     def __init__(self, model, data, lam: float, solver: str = "bcfw", options: SolverOptions | None = None, *,
                  state=None, bounds=None, saved: dict | None = None, comm=None):
         self.model, self.data, self.lam, self.solver = model, data, lam, solver
-        self.algorithm = make_algorithm(solver, model, data, lam, options if options is not None else SolverOptions(),
-                                        state=state, bounds=bounds, comm=comm)
+        options = SolverOptions(batch_size=1) if options is None else options
+        self.algorithm = make_algorithm(solver, model, data, lam, options, state=state, bounds=bounds, comm=comm)
         self.options = self.algorithm.options
         self.counters: dict = {}
         self.history: list = []
@@ -328,7 +368,7 @@ class SolverRun:
             raise ValueError(f"cannot warm-start at lam = {self.lam} from a result at lam = {sd['lam']}")
         saved_opts = sd["options"].to_dict() if isinstance(sd["options"], SolverOptions) else sd["options"]
         theirs = {k: saved_opts.get(k) for k in _STATE_OPTIONS}
-        ours = {k: getattr(self.options, k) for k in _STATE_OPTIONS}
+        ours = {k: self.options.to_dict().get(k) for k in _STATE_OPTIONS}
         if theirs != ours:
             raise ValueError(f"cannot warm-start with {ours} from a result run with {theirs}: pass the options of the "
                              f"run being continued (e.g. preset={saved_opts.get('preset')!r})")

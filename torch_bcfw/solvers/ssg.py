@@ -18,8 +18,8 @@ class SSG(Algorithm):
 
     def __init__(self, model, data, lam, options, state=None, bounds=None):
         super().__init__(model, data, lam, options)
-        if options.refined:
-            raise ValueError("gap sampling, pairwise / away steps and caching need a dual: use solver='bcfw'")
+        if options.sampling == "gap":
+            raise ValueError("gap sampling needs a dual: use solver='bcfw'")
         self.refuse_bcfw_extras(bounds, refinements=False)
         model.check_data(data)
         #: the steps (:meth:`~torch_bcfw.models.base.StructuredModel.subgradient_steps`: compiled for chains on CPU)

@@ -23,7 +23,7 @@ import torch
 from ..datasets.lsp import joints_to_grid, load_lsp_extended, reference_torso, torso_size, torso_with_fallback
 from ..inference.tree import LSP_TREE_EDGES
 from ..models.pose import impute_positions, mean_offsets, nearest_types, offset_scales, offset_types
-from ..io.serialization import atomic_save, load_checked
+from ..io.tree_file import load_tree, save_tree
 
 __all__ = ["FLIP_PERMUTATION", "LSPPoseDataModule", "PoseTensors", "augment_batch"]
 
@@ -93,6 +93,9 @@ class LSPPoseDataModule(pl.LightningDataModule):
         cross_fit: ``K >= 2``: every training image gets a ``fold`` (image ``i`` of the split in fold ``i % K``) for
             a cross-fitted :class:`~torch_bcfw.tasks.pose.PoseTreeCNN` with the same ``cross_fit``; excludes
             ``head_holdout``.  1 (default): no folds.
+        holdout: the last this many training images are the validation split (``val_dataloader``,
+            ``bcfw_val_dataloader``: held-out data for :class:`~torch_bcfw.lightning.lam_choice.LamChoice` and epoch
+            selection), out of the CNN's and the head's training and of the offsets' statistics.  0 (default): none.
         cache_dir: where to keep the preprocessed tensors (``lsp_{split}_{S}_{limit}.pt``); ``None``: no cache.
         seed: seed of the shuffling, the augmentation and the k-means initialisation.
     """
@@ -100,7 +103,7 @@ class LSPPoseDataModule(pl.LightningDataModule):
     def __init__(self, root: str, size: int = 128, grid_size: int = 32, limit: int | None = None,
                  test_limit: int | None = None, batch_size: int = 32, eval_batch_size: int = 100,
                  deformation_scale: float = 4.0, cache_dir: str | None = None, seed: int = 0, n_types: int = 1,
-                 head_holdout: int = 0, cross_fit: int = 1):
+                 head_holdout: int = 0, cross_fit: int = 1, holdout: int = 0):
         super().__init__()
         if size % grid_size:
             raise ValueError(f"size ({size}) must be a multiple of grid_size ({grid_size})")
@@ -110,30 +113,31 @@ class LSPPoseDataModule(pl.LightningDataModule):
         if not deformation_scale > 0:
             raise ValueError(f"deformation_scale must be > 0, got {deformation_scale}")
         self.deformation_scale = float(deformation_scale)
-        for name, v, least in (("n_types", n_types, 1), ("head_holdout", head_holdout, 0), ("cross_fit", cross_fit, 1)):
+        for name, v, least in (("n_types", n_types, 1), ("head_holdout", head_holdout, 0), ("cross_fit", cross_fit, 1),
+                               ("holdout", holdout, 0)):
             if int(v) < least:
                 raise ValueError(f"{name} must be >= {least}, got {v}")
         if int(cross_fit) > 1 and int(head_holdout):
             raise ValueError("cross_fit and head_holdout exclude each other (both decide which images the head "
                              "learns from): give one of them")
         self.n_types, self.head_holdout, self.cross_fit = int(n_types), int(head_holdout), int(cross_fit)
-        self.cache_dir, self.seed = cache_dir, int(seed)
-        self.train = self.test = None
+        self.cache_dir, self.seed, self.holdout = cache_dir, int(seed), int(holdout)
+        self.train = self.val = self.test = None
         self.mean_offsets = self.offset_scales = self.type_offsets = self.type_scales = None
 
     def _raw(self, split: str, limit: int | None) -> dict:
         path = None
         if self.cache_dir is not None:
-            path = Path(self.cache_dir) / f"lsp_{split}_{self.size}_{limit}.pt"
+            path = Path(self.cache_dir) / f"lsp_{split}_{self.size}_{limit}.safetensors"
             if path.is_file():
-                return load_checked(path, what="LSP cache file")
+                return load_tree(path, what="LSP cache file")
         samples = load_lsp_extended(self.root, split, size=self.size, limit=limit)
         raw = {"image": torch.stack([(s.image * 255).round().to(torch.uint8) for s in samples]),
                "joints": torch.stack([s.joints for s in samples]),
                "visible": torch.stack([s.visible for s in samples]),
                "scale": torch.tensor([s.scale for s in samples], dtype=torch.float32)}
         if path is not None:
-            atomic_save(raw, path)
+            save_tree(raw, path)
         return raw
 
     def _fields(self, raw: dict, reference: float) -> dict:
@@ -163,6 +167,11 @@ class LSPPoseDataModule(pl.LightningDataModule):
         if self.train is not None:
             return
         train, test = self._raw("train", self.limit), self._raw("test", self.test_limit)
+        n_train = len(train["image"]) - self.holdout
+        if n_train < 1:
+            raise ValueError(f"holdout ({self.holdout}) leaves no training image (of {len(train['image'])})")
+        val = {k: v[n_train:] for k, v in train.items()}
+        train = {k: v[:n_train] for k, v in train.items()}
         grid = joints_to_grid(train["joints"].to(torch.float64), self.size, self.grid_size)
         self.mean_offsets = mean_offsets(grid, train["visible"], LSP_TREE_EDGES)
         self.offset_scales = offset_scales(grid, train["visible"], LSP_TREE_EDGES) * self.deformation_scale
@@ -178,6 +187,7 @@ class LSPPoseDataModule(pl.LightningDataModule):
                                  f"{len(self.train)}")
             self.train.fields["fold"] = torch.arange(len(self.train)) % self.cross_fit
         self.test = PoseTensors(self._fields(test, self.reference_torso))
+        self.val = PoseTensors(self._fields(val, self.reference_torso)) if self.holdout else None
         if self.head_holdout >= len(self.train):
             raise ValueError(f"head_holdout ({self.head_holdout}) leaves no image to train the CNN "
                              f"({len(self.train)} training images)")
@@ -201,3 +211,13 @@ class LSPPoseDataModule(pl.LightningDataModule):
 
     def test_dataloader(self):
         return torch.utils.data.DataLoader(self.test, batch_size=self.eval_batch_size, shuffle=False)
+
+    def val_dataloader(self):
+        """The ``holdout`` validation images in a fixed order (none without ``holdout``)."""
+        return [] if self.val is None else torch.utils.data.DataLoader(self.val, batch_size=self.eval_batch_size)
+
+    def bcfw_val_dataloader(self):
+        """The validation images, the held-out data of :class:`~torch_bcfw.lightning.lam_choice.LamChoice`."""
+        if self.val is None:
+            raise ValueError("LSPPoseDataModule has no validation split for bcfw_val_dataloader: give it holdout=N")
+        return self.val_dataloader()

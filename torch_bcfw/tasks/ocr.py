@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from ..data.base import counts_to_offsets
-from ..datasets.ocr import N_LETTERS, load_ocr_split
+from ..datasets.ocr import N_LETTERS, load_ocr, ocr_split, ocr_split_with_validation
 from ..models import Chain
 from ..nn import StructuredHead, StructuredHingeLoss
 from .eval_hooks import EvalHooks, PackedLoaders, cosine_schedule, warmup_hinge_loss
@@ -45,17 +45,22 @@ class OCRWordsDataModule(PackedLoaders, pl.LightningDataModule):
         eval_batch_size: words per batch of the test loader and of ``bcfw_dataloader``.
         limit: keep only the first ``limit`` training words (quick runs); ``test_limit`` likewise.
         seed: seed of the shuffling of the training batches.
-        validate_on_test: also return the test words as the validation loader (learning curves only;
-            there is no separate validation split in the OCR protocol).
+        val_fold: hold this fold out of the training words as the validation split (``val_dataloader``,
+            ``bcfw_val_dataloader``: the held-out data of :class:`~torch_bcfw.lightning.lam_choice.LamChoice` and of
+            epoch selection); ``None`` (default): no validation split (the OCR protocol has none).
+        validate_on_test: also return the test words as the validation loader (learning curves only); not
+            together with ``val_fold``.
     """
 
     collate = staticmethod(pack_words)
 
     def __init__(self, path: str | None = None, split: str = "large", fold: int = 0, batch_size: int = 32,
                  eval_batch_size: int = 512, limit: int | None = None, test_limit: int | None = None,
-                 seed: int = 0, validate_on_test: bool = False, download: bool = False):
+                 seed: int = 0, val_fold: int | None = None, validate_on_test: bool = False, download: bool = False):
         super().__init__()
-        self.path, self.split, self.fold = path, split, int(fold)
+        if val_fold is not None and validate_on_test:
+            raise ValueError("choose one validation split: val_fold or validate_on_test, not both")
+        self.path, self.split, self.fold, self.val_fold = path, split, int(fold), val_fold
         self.batch_size, self.eval_batch_size = int(batch_size), int(eval_batch_size)
         self.limit, self.test_limit = limit, test_limit
         self.seed, self.validate_on_test, self.download = int(seed), bool(validate_on_test), bool(download)
@@ -64,7 +69,12 @@ class OCRWordsDataModule(PackedLoaders, pl.LightningDataModule):
     def setup(self, stage: str | None = None) -> None:
         if self.train is not None:
             return
-        train, test = load_ocr_split(self.path, split=self.split, fold=self.fold, download=self.download)
+        words = load_ocr(self.path, download=self.download)
+        if self.val_fold is None:
+            train, test = ocr_split(words, self.split, self.fold)
+        else:
+            train, val, test = ocr_split_with_validation(words, self.split, self.fold, int(self.val_fold))
+            self.val_data, self.val = val, _words(val)
         if self.limit is not None:
             train = train[list(range(min(int(self.limit), len(train))))]
         if self.test_limit is not None:

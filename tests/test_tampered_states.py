@@ -1,0 +1,177 @@
+"""A tampered dual state never certifies a gap below the true one, for every state kind of tests/load_fuzz_worker.py
+(chain with plain, cached, mini-batch and MP-BCFW runs, multiclass, active set, generic dense, graph cut): any tensor
+of the saved state perturbed by any amount, scaled, sign-flipped, or a chain's transition counts swapped ``(a, b),
+(c, d) -> (a, d), (c, b)`` (which keeps their sums and the token marginals' row and column sums).  The load is refused
+with a ``ValueError`` or the resumed run's certified gap is at least the primal value (enumerated) minus the optimum
+(a solve with pairwise steps to a gap of 1e-10)."""
+from __future__ import annotations
+
+import itertools
+import random
+
+import load_fuzz_worker as worker
+import pytest
+import torch
+from conftest import brute_force_primal, random_chain_problem
+
+from torch_bcfw import FitResult, fit
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+_OPTIMA: dict = {}
+
+
+def _chain_k3():
+    return random_chain_problem(n=6, F=2, K=3, max_len=3, seed=5)
+
+
+#: the state kinds of tests/load_fuzz_worker.py and a chain of three labels
+KINDS = dict(worker.KINDS, **{"chain-k3": (_chain_k3, {})})
+
+
+def _run_options(kind: str) -> tuple[str, dict]:
+    opts = dict(KINDS[kind][1])
+    return opts.pop("solver", "bcfw"), opts
+
+
+def _optimum_bound(kind: str) -> float:
+    """``P*`` from above within 1e-10: the primal value of a solve to that certified gap."""
+    problem = KINDS[kind][0]
+    if problem not in _OPTIMA:
+        model, data = problem()
+        r = fit(model, data, worker.LAM, max_passes=3000, gap_check=50, gap_tol=1e-11, step_rule="pairwise",
+                progress=False)
+        assert r.gap <= 1e-10
+        _OPTIMA[problem] = float(r.primal)
+    return _OPTIMA[problem]
+
+
+def _tensors(st: dict):
+    """The float tensors of a saved dual state, with a setter each."""
+    out = [("block_ell", st, "block_ell")]
+    out += [(f"storage {k}", st["storage"], k) for k, v in st["storage"].items()
+            if isinstance(v, torch.Tensor) and v.is_floating_point() and v.numel()]
+    return [(name, holder, key) for name, holder, key in out if holder[key].numel()]
+
+
+def _tamper(st: dict, how: str, rng: random.Random) -> None:
+    _, holder, key = rng.choice(_tensors(st))
+    t = holder[key].clone()
+    flat = t.reshape(-1)
+    j = rng.randrange(flat.numel())
+    if how == "perturb":
+        flat[j] += rng.choice([-1.0, 1.0]) * 10.0 ** rng.uniform(-6, 1)
+    elif how == "scale":
+        t = t * rng.choice([0.0, 0.5, 1.5, 3.0])
+    else:  # sign flip
+        t = -t
+    holder[key] = t
+    if key == "block_ell":  # keep l = sum_i l_i, so that only the tampered blocks can be wrong
+        st["ell"] = float(t.sum())
+
+
+def _swap(st: dict, rng: random.Random) -> bool:
+    """Move mass of one sequence's transition counts from ``(a, b), (c, d)`` to ``(a, d), (c, b)``."""
+    T = st["storage"]["T"].clone()
+    n, K, _ = T.shape
+    for _ in range(100):
+        i, a, b, c, d = rng.randrange(n), *(rng.randrange(K) for _ in range(4))
+        e = min(float(T[i, a, b]), float(T[i, c, d]))
+        if a != c and b != d and e > 1e-6:
+            e *= rng.uniform(0.3, 1.0)
+            T[i, a, b] -= e
+            T[i, c, d] -= e
+            T[i, a, d] += e
+            T[i, c, b] += e
+            st["storage"]["T"] = T
+            return True
+    return False
+
+
+def _outcome(kind: str, d: dict) -> str:
+    """Resume ``d`` (as :meth:`FitResult.from_dict` reads it, untrusted like a file) for two passes: ``"error: ..."``
+    for a refusal, ``"ok"`` when the certificate holds, else what is wrong."""
+    model, data = KINDS[kind][0]()
+    solver, opts = _run_options(kind)
+    try:
+        out = fit(model, data, worker.LAM, solver, init=FitResult.from_dict(d), max_passes=2, gap_check=1,
+                  progress=False, **opts)
+    except ValueError as exc:
+        return f"error: {exc}"
+    primal = brute_force_primal(model, data, out.weights, worker.LAM)
+    if abs(primal - out.primal) > 1e-9 * (1 + abs(primal)):
+        return f"LIE: primal {out.primal!r}, enumerated {primal!r}"
+    best = _optimum_bound(kind)  # the certificate: P(w) - P* <= gap, a lie when P(w) - gap > P* (<= best)
+    if out.gap is not None and primal - out.gap > best + 1e-9:
+        return f"LIE: certified gap {out.gap!r}, true gap >= {primal - best!r}"
+    return "ok"
+
+
+def _copy(base: dict) -> dict:
+    d = dict(base)
+    sd = base["solver_state"]
+    state = dict(sd["state"], storage=dict(sd["state"]["storage"]))
+    d["solver_state"] = dict(sd, state=state)
+    return d
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_a_tampered_state_is_refused_or_certifies_honestly(kind):
+    model, data = KINDS[kind][0]()
+    solver, opts = _run_options(kind)
+    base = fit(model, data, worker.LAM, solver, max_passes=3, gap_check=1, progress=False, **opts).to_dict()
+    rng = random.Random(hash(kind) % 1000)
+    outcomes = []
+    for how in ["perturb", "perturb", "scale", "negate"]:
+        d = _copy(base)
+        _tamper(d["solver_state"]["state"], how, rng)
+        outcomes.append(_outcome(kind, d))
+    if kind.startswith("chain"):
+        for _ in range(3):
+            d = _copy(base)
+            if _swap(d["solver_state"]["state"], rng):
+                outcomes.append(_outcome(kind, d))
+    assert all(o == "ok" or o.startswith("error: ") for o in outcomes), outcomes
+    assert _outcome(kind, _copy(base)) == "ok"
+
+
+def test_the_transition_swap_of_the_issue_is_refused():
+    """``0 0 0`` and ``0 1 0`` at weights 1/2 have the counts ``(0, 0): 1, (0, 1): 1/2, (1, 0): 1/2``; moving the
+    half of ``(0, 1), (1, 0)`` to ``(0, 0), (1, 1)`` keeps every row and column sum, but the first position, always
+    label 0 before a half of label 1, needs ``(0, 1)``."""
+    from torch_bcfw.duals.chain import transitions_decompose
+
+    mu = torch.tensor([[1.0, 0.0], [0.5, 0.5], [1.0, 0.0]], dtype=torch.float64)
+    off = torch.tensor([0, 3]).numpy()
+    honest = torch.tensor([[[1.0, 0.5], [0.5, 0.0]]], dtype=torch.float64)
+    swapped = torch.tensor([[[1.5, 0.0], [0.0, 0.5]]], dtype=torch.float64)
+    assert transitions_decompose(mu.numpy(), honest.numpy(), off, 1e-9) == -1
+    assert transitions_decompose(mu.numpy(), swapped.numpy(), off, 1e-9) == 0
+
+
+def test_the_swap_that_raises_the_dual_most_is_refused():
+    """Near the optimum, every sequence's transition counts swapped in the direction that raises the dual the most
+    (``w`` moved with them, so that ``w = sum_i w_i`` still holds): resumed, it certified a gap below the true one;
+    the counts decompose into no per-position tables, and the load names ``T``."""
+    kind = "chain-k3"
+    model, data = _chain_k3()
+    d = fit(model, data, worker.LAM, max_passes=300, gap_check=100, progress=False).to_dict()
+    st = d["solver_state"]["state"]
+    T, w = st["storage"]["T"].clone(), st["w"].clone()
+    trans, scale = model.unpack(w)[4], worker.LAM * len(data)  # a view: the transition block of w
+    K = T.shape[1]
+    for i in range(T.shape[0]):
+        gain, best = 0.0, None
+        for a, b, c, e in itertools.product(range(K), repeat=4):
+            amount = min(float(T[i, a, b]), float(T[i, c, e]))
+            up = float(trans[a, e] + trans[c, b] - trans[a, b] - trans[c, e]) * amount
+            if a != c and b != e and up > gain:
+                gain, best = up, (a, b, c, e, amount)
+        if best is not None:
+            a, b, c, e, amount = best
+            for (p, q), sign in (((a, b), -1), ((c, e), -1), ((a, e), 1), ((c, b), 1)):
+                T[i, p, q] += sign * amount
+                trans[p, q] -= sign * amount / scale  # w_T = (T(y) - T) / (lam n)
+    st["storage"]["T"], st["w"] = T, w
+    out = _outcome(kind, d)
+    assert out.startswith("error: ") and "state storage T" in out, out
