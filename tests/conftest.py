@@ -6,13 +6,14 @@ import os
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch: see torch_bcfw/__init__.py
 
 import itertools
+import math
 from pathlib import Path
 
 import pytest
 import torch
 
 from torch_bcfw.data import MulticlassData, SequenceData
-from torch_bcfw.models import Chain, GraphCut, Multiclass
+from torch_bcfw.models import Chain, GraphCut, Multiclass, TableModel
 
 DATA_ROOT = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
@@ -51,6 +52,27 @@ def random_multiclass_problem(n=8, F=3, K=4, seed=0):
     x = torch.randn(n, F, generator=g, dtype=torch.float64)
     y = torch.randint(0, K, (n,), generator=g)
     return Multiclass(F, K), MulticlassData(x, y)
+
+
+def app_c_toy(n: int, K: int) -> tuple[TableModel, MulticlassData, float]:
+    """The toy problem of Osokin et al. 2016, App. C, ``(model, data, lam = 1/n)``, on which gap sampling needs
+    ``O(n + t)`` oracle calls where uniform sampling needs ``O(n t)`` for ``t`` steps on the hard example.
+
+    Labels ``{0..K}`` (0 is the truth), 0-1 loss, ``phi(x_i, 0) = 0``; example 0 is *hard*:
+    ``phi(x_0, k) = -e_k / sqrt(2)``; examples ``1..n-1`` are *easy*: ``phi(x_i, k) = -e_{K+1}``
+    (coordinates ``e_1..e_K`` are indices ``0..K-1``, ``e_{K+1}`` is index ``K``).  After ``t <= K`` FW
+    steps on the hard example its block gap is ``1/(2 n t)``; the first step on any easy example closes
+    every easy gap for good.
+    """
+    d = K + 1
+    feats = torch.zeros(n, K + 1, d, dtype=torch.float64)
+    for k in range(1, K + 1):
+        feats[0, k, k - 1] = -1.0 / math.sqrt(2.0)
+        feats[1:, k, K] = -1.0
+    losses = torch.ones(n, K + 1, dtype=torch.float64)
+    losses[:, 0] = 0.0
+    model = TableModel(feats, losses)
+    return model, model.data(torch.zeros(n, dtype=torch.long)), 1.0 / n
 
 
 def enumerate_labelings(model, data, i):

@@ -11,12 +11,11 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import brute_force_primal, random_chain_problem, random_multiclass_problem
+from conftest import app_c_toy, brute_force_primal, random_chain_problem, random_multiclass_problem
 from torch_bcfw import fit, register_model
 from torch_bcfw.models import Multiclass
 from torch_bcfw.duals.sumtree import gap_draw, tree_sample
 from torch_bcfw.duals.working_set import WorkingSet, label_hash
-from torch_bcfw.models.table import app_c_toy
 from torch_bcfw.solvers.bcfw import BCFW
 from torch_bcfw.solvers.bcfw_options import PRESETS, is_refined, parse_preset, variant_name
 from torch_bcfw.solvers.run import options_for

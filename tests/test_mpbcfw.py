@@ -258,7 +258,7 @@ def test_automatic_rule_on_a_synthetic_clock():
 def test_guard_stops_when_nothing_is_gained():
     """On the toy of Osokin et al. (App. C) the optimum is reached exactly; then an approximate pass gains
     nothing and the guard stops after it although the timing rule is off (``0 < 0`` would never stop)."""
-    from torch_bcfw.models.table import app_c_toy
+    from conftest import app_c_toy
 
     model, data, lam = app_c_toy(6, 3)
     alg = MPBCFW(model, data, lam, options_for("mp-bcfw", mp_approx_ratio=INF, mp_max_approx_passes=50))

@@ -48,7 +48,8 @@ FLOORS = (
     ("solvers",),  # the BCFW family and the baselines
     ("planning",),  # a run's "auto" choices, resolved once before any solver exists
     ("checkpoint", "head_solve", "fit", "compilation", "cross_validation", "estimator", "export"),  # the front doors
-    ("nn", "features", "vision"),  # torch modules under a structured head; feature extraction; image backbones
+    ("nn", "head_optimizer", "features", "vision"),  # torch modules under a structured head, its BCFW optimizer;
+    # feature extraction; image backbones
     ("datasets",),  # loaders of the real data and their task glue
     ("tasks", "lightning", "compare"),  # Lightning tasks and callback; solver comparisons
     ("cli", "__main__", "__init__"),  # the command line and the package's own namespace

@@ -184,7 +184,7 @@ def test_gap_sampling_random_stream_does_not_depend_on_where_chunks_end():
 def test_resume_of_a_run_that_asks_for_its_own_gap_pass():
     """App. C toy: the first visits, then a gap pass requested by the step loop (every estimate zero) and the
     convergence; a warm start from any point before it reaches the same optimum at the same step."""
-    from torch_bcfw.models.table import app_c_toy
+    from conftest import app_c_toy
 
     model, data, lam = app_c_toy(6, 3)
     kw = dict(preset="gap-fw", gap_check=10, averaging=False, seed=4)

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from torch_bcfw.inference.viterbi import viterbi_numba, viterbi_packed, viterbi_packed_torch, viterbi_padded
+from torch_bcfw.inference.viterbi import viterbi_numba, viterbi_packed, viterbi_packed_torch
 
 
 def brute_force(unary, trans):
@@ -36,21 +36,6 @@ def test_packed_viterbi_equals_brute_force(seed, decoder):
         assert scores[i].item() == pytest.approx(best, abs=1e-12)
 
 
-def test_padded_matches_packed_and_pads_with_minus_one():
-    g = torch.Generator().manual_seed(3)
-    B, T, K = 5, 6, 4
-    unary = torch.randn(B, T, K, generator=g)
-    lengths = torch.tensor([6, 1, 3, 6, 2])
-    trans = torch.randn(K, K, generator=g)
-    labels, scores = viterbi_padded(unary, lengths, trans)
-    for b in range(B):
-        L = int(lengths[b])
-        best, arg = brute_force(unary[b, :L], trans)
-        assert labels[b, :L].tolist() == arg
-        assert (labels[b, L:] == -1).all()
-        assert scores[b].item() == pytest.approx(best, rel=1e-5)
-
-
 def test_viterbi_matches_torch_struct_argmax():
     torch_struct = pytest.importorskip("torch_struct")
     g = torch.Generator().manual_seed(7)
@@ -64,7 +49,8 @@ def test_viterbi_matches_torch_struct_argmax():
     edge[:, 0] += unary[:, 0, None, :]
     dist = torch_struct.LinearChainCRF(edge, lengths=lengths)
     parts = dist.argmax  # [B, N-1, C, C] one-hot edges
-    ours, score = viterbi_padded(unary, lengths, trans)
+    offsets = torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)])
+    ours, score = viterbi_packed(unary[torch.arange(N)[None] < lengths[:, None]], offsets, trans)
     for b in range(B):
         L = int(lengths[b])
         if L == 1:
@@ -74,7 +60,7 @@ def test_viterbi_matches_torch_struct_argmax():
             nz = torch.nonzero(parts[b, t])
             assert nz.shape[0] == 1
             seq[t + 1], seq[t] = int(nz[0, 0]), int(nz[0, 1])
-        assert ours[b, :L].tolist() == seq
+        assert ours[offsets[b]:offsets[b + 1]].tolist() == seq
     assert torch.allclose(dist.max, score)
 
 

@@ -14,6 +14,7 @@ import json
 import math
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -60,11 +61,17 @@ class Checkpoint:
         path: the checkpoint file (written atomically; its folder is created).
         every_passes: interval in effective passes (``None``: not by passes).
         every_seconds: interval in seconds (``None``: not by time).  Default 60.
+        guard: called before every save; raises to stop the run instead (``torch-bcfw fit`` passes
+            :meth:`~torch_bcfw.io.output_lock.OutputClaim.check`, so that a run whose output folder was taken saves
+            nothing more).
+        saved_passes: :attr:`~torch_bcfw.fit.FitResult.passes` of the last save (``None`` before the first).
     """
 
     path: str | Path
     every_passes: float | None = None
     every_seconds: float | None = 60.0
+    guard: Callable[[], None] | None = field(default=None, repr=False)
+    saved_passes: float | None = field(default=None, init=False, repr=False)
     _last_passes: float = field(default=0.0, init=False, repr=False)
     _last_time: float = field(default_factory=time.monotonic, init=False, repr=False)
 
@@ -78,6 +85,13 @@ class Checkpoint:
                 raise ValueError(f"Checkpoint.{name} must be a finite number > 0 or None, got {v!r}")
         if self.every_passes is None and self.every_seconds is None:
             raise ValueError("Checkpoint needs every_passes or every_seconds")
+
+    def save(self, save, result) -> None:
+        """``save(result, self.path)`` (the run's save function) once :attr:`guard` allows it."""
+        if self.guard is not None:
+            self.guard()
+        save(result, self.path)
+        self.saved_passes = result.passes
 
     def start(self, passes: float) -> None:
         """Start the clocks (called by ``fit`` when the run starts)."""

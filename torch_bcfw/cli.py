@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import json
 import os
 import re
@@ -303,9 +304,11 @@ class _TerminateAsInterrupt:
 
 def cmd_fit(args) -> int:
     from .checkpoint import parse_interval
-    from .io.output_lock import claim_output
+    from .io.output_lock import claim_output, overwrite_folder
 
     interval = parse_interval(args.checkpoint_every)
+    if args.resume and args.overwrite:
+        raise ValueError("--resume continues the run in its folder and --overwrite replaces it: give one of them")
     if args.resume:
         if args.config:
             raise ValueError("--resume DIR continues with the config saved in DIR (config.yaml); drop --config "
@@ -326,14 +329,17 @@ def cmd_fit(args) -> int:
     lam, solver, options = _fit_settings(cfg)
     check_output_folder(out)
     first = int(os.environ.get("RANK", "0") or "0") == 0  # a torchrun launch: its rank 0 holds the folder
-    claim = (claim_output(out, overwrite=args.overwrite, resume=bool(args.resume), finished=MODEL_FILE) if first
-             else contextlib.nullcontext())
-    with claim:
-        return _fit_into(args, cfg, out, interval, first, (lam, solver, options))
+    claim = (claim_output(out, overwrite=args.overwrite, resume=bool(args.resume), finished=MODEL_FILE,
+                          resumable="checkpoint*.safetensors") if first else contextlib.nullcontext())
+    with claim as held:
+        folder = held.folder if held else overwrite_folder(out) if args.overwrite else out
+        return _fit_into(args, cfg, (out, folder), interval, held, (lam, solver, options))
 
 
-def _fit_into(args, cfg: dict, out: Path, interval: dict, first: bool, settings: tuple) -> int:
-    """The rest of :func:`cmd_fit`, in the output folder ``out`` this process holds (rank 0 of a launch)."""
+def _fit_into(args, cfg: dict, where: tuple, interval: dict, claim, settings: tuple) -> int:
+    """The rest of :func:`cmd_fit`: the run that ``where = (out, folder)`` names ``out`` and writes into ``folder``
+    (``out`` itself, or the sibling that replaces it at the end with ``--overwrite``); ``claim``: the
+    :class:`~torch_bcfw.io.output_lock.OutputClaim` of rank 0 (``None`` on the other ranks of a launch)."""
     from .datasets.registry import load_problem
     from .fit import FitResult, fit
     from .checkpoint import Checkpoint
@@ -343,15 +349,18 @@ def _fit_into(args, cfg: dict, out: Path, interval: dict, first: bool, settings:
     from .solvers.record import plain_history
 
     lam, solver, options = settings
-    if first:  # no live run writes here: temporary files are what a killed save left
-        for stale in (*out.glob(".checkpoint*.tmp"), *out.glob(".model*.tmp")):
+    out, folder = where
+    if claim is not None:  # no live run writes here: temporary files are what a killed save left
+        for stale in (*folder.glob(".checkpoint*.tmp"), *folder.glob(".model*.tmp")):
             stale.unlink(missing_ok=True)
     model, train, test = load_problem(cfg["data"], progress=not args.quiet)
     ctx = _torchrun_context(train.device)  # torchrun with several processes: the examples are sharded over them
     main = ctx is None or ctx.is_main
-    init = None
+    init, kept = None, []  # kept: (file, passes) of the newest complete file of this run
     if args.resume:
-        init = FitResult.load(_resume_source(out, ctx))
+        source = _resume_source(out, ctx)
+        init = FitResult.load(source)
+        kept.append((source, init.passes))
         if init.solver != solver or init.lam != lam:
             raise ValueError(f"--resume {out}: the saved run has solver {init.solver!r}, lam {init.lam} but the config "
                              f"has solver {solver!r}, lam {lam}")
@@ -362,40 +371,66 @@ def _fit_into(args, cfg: dict, out: Path, interval: dict, first: bool, settings:
             print(_fit_table(init, len(train), out, cfg["data"], test))
             return 0
     elif main:
-        atomic_write_text(out / "config.yaml", yaml.safe_dump(cfg, sort_keys=False))
+        atomic_write_text(folder / "config.yaml", yaml.safe_dump(cfg, sort_keys=False))
+
+    def failed_save(exc: OSError, path: Path) -> OSError:
+        """The error of the save at ``path`` that raised ``exc``: a taken output folder (``OutputFolderBusy``)
+        first; a full disk (or a file-size limit) in one line naming the newest complete file that stays."""
+        if claim is not None:
+            claim.check()
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+            return exc
+        if folder != out:
+            stays = f"{out} keeps the run it held (--overwrite replaces it only when a run finishes)"
+        else:
+            stays = f"kept {kept[-1][0]} from pass {kept[-1][1]:g}" if kept else "nothing of this run was saved"
+        return OSError(f"disk full: cannot write {path} ({os.strerror(exc.errno)}); {stays}")
+
     options.setdefault("progress", not args.quiet)
-    ckpt = Checkpoint(out / CHECKPOINT_FILE, **interval) if interval else None
+    ckpt = (Checkpoint(folder / CHECKPOINT_FILE, guard=None if claim is None else claim.check, **interval)
+            if interval else None)
     compiled = precompile(model, train, lam, solver, test_data=test,
                           announce=None if args.quiet or not main else print_notice, **options)
-    with _TerminateAsInterrupt() as signals:
-        result = fit(model, train, lam, solver, test_data=test, init=init, checkpoint=ckpt, **options)
+    try:
+        with _TerminateAsInterrupt() as signals:
+            result = fit(model, train, lam, solver, test_data=test, init=init, checkpoint=ckpt, **options)
+    except OSError as exc:
+        if ckpt is None:
+            raise
+        if ckpt.saved_passes is not None:
+            kept.append((out / CHECKPOINT_FILE, ckpt.saved_passes))
+        raise failed_save(exc, out / CHECKPOINT_FILE) from None
     if ctx is not None and result.options.strategy == "shard":  # every rank's shard in one committed set
         from .checkpoint import save_sharded
 
-        save_sharded(result, out / CHECKPOINT_FILE, ctx)
+        save_sharded(result, folder / CHECKPOINT_FILE, ctx)
     if not main:  # rank 0's files are the run's (the weights are the same on every rank)
         return 0
     failed = []  # a full disk: each file that still fits is written, the model (the smallest) first
 
-    def write(what):
+    def write(name, what):
+        if claim is not None:
+            claim.check()
         try:
-            what()
+            what(folder / name)
+            if name == MODEL_FILE:
+                kept.append((out / name, result.passes))
         except OSError as exc:
-            failed.append(str(exc))
+            failed.append(failed_save(exc, out / name))
 
-    write(lambda: result.save(out / MODEL_FILE, state=False))
-    if ctx is None or result.options.strategy != "shard":
-        write(lambda: result.save(out / CHECKPOINT_FILE))
-    write(lambda: result.write_history_csv(out / "history.csv"))
-    write(lambda: result.write_history_json(out / "history.json"))
-    write(lambda: plot_histories({f"{result.solver} lam={result.lam:g}": plain_history(result.history)},
-                                 out / "gap.png", title=f"{cfg['data'].get('name', '')} {result.solver}",
-                                 gap_tol=result.options.gap_tol, compile_time=compiled.seconds))
+    write(MODEL_FILE, lambda path: result.save(path, state=False))
+    if ckpt is None and (ctx is None or result.options.strategy != "shard"):  # else fit saved it last
+        write(CHECKPOINT_FILE, result.save)
+    write("history.csv", result.write_history_csv)
+    write("history.json", result.write_history_json)
+    write("gap.png", lambda path: plot_histories(
+        {f"{result.solver} lam={result.lam:g}": plain_history(result.history)}, path,
+        title=f"{cfg['data'].get('name', '')} {result.solver}", gap_tol=result.options.gap_tol,
+        compile_time=compiled.seconds))
     print(_fit_table(result, len(train), out, cfg["data"], test, compile_time=compiled.seconds))
-    if failed:
+    if failed:  # with --overwrite the folder keeps the run it held
         more = f" (and {len(failed) - 1} more file(s))" if len(failed) > 1 else ""
-        print(f"torch-bcfw: error: {failed[0]}{more}", file=sys.stderr)
-        return 2
+        raise OSError(f"{failed[0]}{more}")
     if result.stopped_by == "interrupted":
         how = signals.received or "SIGINT"
         state = result.counters.get("work", 0) / len(train)
@@ -669,7 +704,8 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--resume", metavar="DIR", help="continue the run saved in the output folder DIR (after Ctrl-C, "
                                                    "SIGTERM, kill or a finished max_passes raised with --set)")
     f.add_argument("--overwrite", action="store_true",
-                   help=f"replace the finished run in the output folder (without it, a {MODEL_FILE} there is refused)")
+                   help=f"replace the run in the output folder when this one finishes (without it, a {MODEL_FILE} or "
+                        f"{CHECKPOINT_FILE} there is refused)")
     f.set_defaults(func=cmd_fit)
     e = sub.add_parser("evaluate", help="evaluate a saved model on a config's data")
     e.add_argument("--model", required=True, help=f"{MODEL_FILE} written by 'fit'")

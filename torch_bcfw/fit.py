@@ -398,7 +398,7 @@ class _Saves:
         # sharded: the ranks decide together (each saves its member at the same point); replicated: rank 0 alone
         alg = self.alg
         if self.checkpoint.due(alg.work / alg.n, agree=alg.comm.any if alg.comm.sharded else None):
-            self.head.save(self.snapshot(out), self.checkpoint.path)
+            self.checkpoint.save(self.head.save, self.snapshot(out))
 
 
 def fit(
@@ -466,5 +466,5 @@ def fit(
     res = snapshot(out, final=True)
     head.check_replicated(res.weights, out, "the replicated head")
     if checkpoint is not None:
-        head.save(res, checkpoint.path)
+        checkpoint.save(head.save, res)
     return res

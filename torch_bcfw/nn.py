@@ -19,6 +19,7 @@ Multiclass: ``x: [B, F]``, labels ``[B]``.
 from __future__ import annotations
 
 import warnings
+from typing import NamedTuple
 
 import torch
 from torch import Tensor, nn
@@ -27,7 +28,7 @@ from .checks import check_index_tensor, check_offsets
 from .data.base import counts_to_offsets
 from .models.base import StructuredModel
 
-__all__ = ["StructuredHead", "StructuredHingeLoss", "structured_hinge"]
+__all__ = ["HingeDecoding", "StructuredHead", "StructuredHingeLoss", "structured_hinge"]
 
 
 def _ops_for(model: StructuredModel):
@@ -102,12 +103,29 @@ def _check_reduction(reduction: str) -> None:
         raise ValueError(f"reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
 
 
+class HingeDecoding(NamedTuple):
+    """What :func:`structured_hinge` decoded for a batch of ``n`` examples, packed: the features ``x [N, F]``
+    (detached), labels ``y [N]``, ``offsets [n + 1]`` (``None`` for one row per example) and the loss-augmented
+    decodings ``y_star [N]`` at the weights it scored with: the BCFW oracle's answers for these examples
+    (:class:`~torch_bcfw.head_optimizer.BCFWHeadOptimizer`)."""
+
+    x: Tensor
+    y: Tensor
+    offsets: Tensor | None
+    y_star: Tensor
+
+
 def structured_hinge(model: StructuredModel, w: Tensor, x: Tensor, y: Tensor, offsets=None, lengths=None,
                      reduction: str = "mean") -> Tensor:
     """Structured hinge ``H_i = max_y [L_i(y) + <w, phi(x_i, y)>] - <w, phi(x_i, y_i)>`` of a batch, in ``x``'s
     dtype: the argmax ``y*`` is found without gradient, then ``H_i`` is differentiable in ``x`` and ``w`` (a
     subgradient).  ``reduction``: ``"mean"`` (default), ``"sum"`` or ``"none"`` (``Tensor[n]``).
     """
+    return _hinge_and_decoding(model, w, x, y, offsets, lengths, reduction)[0]
+
+
+def _hinge_and_decoding(model, w, x, y, offsets, lengths, reduction) -> tuple[Tensor, HingeDecoding]:
+    """:func:`structured_hinge` and the batch's :class:`HingeDecoding`."""
     _check_reduction(reduction)
     ops = _ops_for(model)
     x, offsets, y = _pack_labelled(ops, x, y, offsets, lengths)
@@ -117,11 +135,12 @@ def structured_hinge(model: StructuredModel, w: Tensor, x: Tensor, y: Tensor, of
     with torch.no_grad():
         y_star = ops.decode(w.detach(), x.detach(), offsets, y)
     H = ops.loss(y_star, y, offsets, x.dtype) + ops.scores(w, x, offsets, y_star) - ops.scores(w, x, offsets, y)
+    dec = HingeDecoding(x.detach(), y, offsets, y_star)
     if reduction == "mean":
-        return H.mean()
+        return H.mean(), dec
     if reduction == "sum":
-        return H.sum()
-    return H
+        return H.sum(), dec
+    return H, dec
 
 
 # ---------------------------------------------------------------------------- modules
@@ -216,6 +235,9 @@ class StructuredHingeLoss(nn.Module):
     ``loss(x, y, offsets=None, lengths=None)`` in the layouts of the module docstring; the gradient flows into
     ``x`` and, for a trainable head, into ``w``.
 
+    After every call, :attr:`last_decoding` is the batch's :class:`HingeDecoding` (its loss-augmented decodings:
+    what :class:`~torch_bcfw.head_optimizer.BCFWHeadOptimizer` steps with).
+
     At ``w = 0`` the hinge's gradient in the features is zero (every score is 0): a head whose ``w`` is a buffer
     (``trainable=False``) must be solved first (:class:`~torch_bcfw.lightning.BCFWCallback` with
     ``initial_passes > 0``, its default) or given a start with :meth:`StructuredHead.set_weights`; the first
@@ -233,6 +255,7 @@ class StructuredHingeLoss(nn.Module):
         self.lam = float(lam)
         self.reduction = reduction
         self._checked_start = False
+        self.last_decoding: HingeDecoding | None = None
 
     def _warn_if_zero_start(self, head: StructuredHead) -> None:
         """Once, at the first training call: warn when a buffer head is still at ``w = 0`` (the backbone would get
@@ -247,7 +270,7 @@ class StructuredHingeLoss(nn.Module):
         head = self.head[0]
         if not self._checked_start and x.requires_grad:
             self._warn_if_zero_start(head)
-        H = structured_hinge(head.model, head.w, x, y, offsets, lengths, reduction=self.reduction)
+        H, self.last_decoding = _hinge_and_decoding(head.model, head.w, x, y, offsets, lengths, self.reduction)
         if self.lam:
             w = head.w.to(x.device, x.dtype)
             H = H + 0.5 * self.lam * (w @ w)

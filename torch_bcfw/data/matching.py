@@ -10,7 +10,7 @@ from typing import Sequence
 import torch
 from torch import Tensor
 
-from ..checks import check_index_tensor, check_int, check_not_meta
+from ..checks import check_index_tensor, check_not_meta
 from .base import as_index, cat_field, check_cat_parts, counts_to_offsets, dense_features, segment_rows
 
 __all__ = ["MatchingData"]

@@ -128,12 +128,20 @@ class ActiveSetDualState(DenseTable):
         return (torch.tensor(blocks, dtype=torch.long), labels,
                 torch.from_numpy(np.concatenate(weights)), torch.from_numpy(np.concatenate(accs)))
 
-    def _rebuild_blocks(self, chunk: int = 4096) -> None:
+    def _rebuild_blocks(self, chunk: int = 4096, rows: Tensor | None = None) -> None:
+        """The ``w_i`` table and its accumulator from the active sets at ``self.data``'s features (``rows``: only
+        these blocks, ``LongTensor``)."""
         blocks, labels, weights, accs = self._flat()
         dev = self.w.device
         self._phi_true = None
-        self.w_blocks = torch.zeros(self.n, self.d, dtype=torch.float64, device=dev)
-        self.w_blocks_acc = torch.zeros_like(self.w_blocks)
+        if rows is None:
+            self.w_blocks = torch.zeros(self.n, self.d, dtype=torch.float64, device=dev)
+            self.w_blocks_acc = torch.zeros_like(self.w_blocks)
+        else:
+            keep = torch.isin(blocks, rows.cpu()).nonzero()[:, 0].tolist()
+            blocks, labels, weights, accs = blocks[keep], [labels[j] for j in keep], weights[keep], accs[keep]
+            self.w_blocks[rows.to(dev)] = 0.0
+            self.w_blocks_acc[rows.to(dev)] = 0.0
         scale = 1.0 / (self.lam * self.n_total)
         for s in range(0, blocks.numel(), chunk):
             idx = blocks[s : s + chunk]
@@ -143,6 +151,10 @@ class ActiveSetDualState(DenseTable):
             ii = idx.to(dev)
             self.w_blocks.index_add_(0, ii, psi * (weights[s : s + chunk].to(dev) * scale)[:, None])
             self.w_blocks_acc.index_add_(0, ii, psi * (accs[s : s + chunk].to(dev) * scale)[:, None])
+
+    def _rebind_storage(self, idx: Tensor, old, sub) -> None:
+        """The rows ``idx`` of the ``w_i`` table and its accumulator, recomputed at the blocks' new features."""
+        self._rebuild_blocks(rows=idx)
 
     def _storage_dict(self) -> dict:
         blocks, labels, weights, accs = self._flat()

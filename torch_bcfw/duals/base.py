@@ -24,6 +24,7 @@ follow every move.
 """
 from __future__ import annotations
 
+import dataclasses
 from abc import ABC, abstractmethod
 
 import numpy as np
@@ -31,6 +32,8 @@ import torch
 from torch import Tensor
 
 from ..checks import check_bounds, check_lam, check_n_total, saved_float, saved_int, saved_tensor
+from ..data.base import segment_rows
+from ..data.sequences import MulticlassData, SequenceData
 from .fingerprint import features_fingerprint, labels_fingerprint
 from .plan import PlanResult, RoundStep, StepPlan, generic_plan_steps, round_corners, run_rounds
 from .stepsize import (PAIRWISE_RULE, average_weight, clipped_step, lazy_weight, minibatch_step_size,
@@ -649,6 +652,52 @@ class DualState(ABC):
         self.__dict__.update(fresh.__dict__)
         return float((self.w - old_w).abs().max()) if self.d else 0.0
 
+    def rebind_blocks(self, idx: Tensor, sub) -> float:
+        """Move the distinct blocks ``idx`` (``LongTensor[tau]``) to new features ``sub`` (the examples ``data[idx]``
+        in that order, same labels and boundaries; a :class:`~torch_bcfw.data.sequences.SequenceData` or
+        :class:`~torch_bcfw.data.sequences.MulticlassData` with dense features): their dual variables, ``l_i``, the
+        counters and averages are kept, their ``w_i`` recomputed at ``sub``'s features and ``w`` moved by the
+        difference, so that ``w = sum_i w_i`` with every ``w_i`` at the features its block was last bound to.  The
+        state's data then holds ``sub``'s features for these blocks (written into a copy of the caller's features,
+        made at the first call).  Returns ``max |w_new - w_old|``; errors as :meth:`rebind`."""
+        self._check_rebindable()
+        idx = torch.as_tensor(idx, dtype=torch.long).reshape(-1).cpu()
+        if len(torch.unique(idx)) != len(idx) or (len(idx) and not 0 <= int(idx.min()) <= int(idx.max()) < self.n):
+            raise ValueError(f"rebind_blocks: block ids must be distinct and in [0, {self.n}), got {idx.tolist()}")
+        old = self.data[idx]
+        sub = sub.to(self.w.device, torch.float64)
+        if labels_fingerprint(sub) != labels_fingerprint(old):
+            raise ValueError("rebind_blocks: the new data has other labels or sequence boundaries than the blocks "
+                             "idx of the state's data (the examples idx in that order are required)")
+        if not isinstance(old.x, Tensor) or not isinstance(self.data, (SequenceData, MulticlassData)):
+            raise NotImplementedError("rebind_blocks moves SequenceData / MulticlassData with dense features, got "
+                                      f"{type(self.data).__name__}")
+        didx = idx.to(self.w.device)
+        before = self._subset_w(didx, old)
+        if not self.__dict__.get("_own_features"):  # never write into the caller's tensor
+            self.data = dataclasses.replace(self.data, x=self.data.x.clone())
+            self._own_features = True
+        off = getattr(self.data, "offsets", None)
+        rows = idx if off is None else segment_rows(off.cpu(), idx)[0]
+        self.data.x[rows.to(self.w.device)] = sub.x.to(self.data.x.dtype)
+        cache = self.__dict__.get("_block_cache", {})
+        for i in idx.tolist():
+            cache.pop(i, None)
+        self._rebind_storage(didx, old, sub)
+        delta = self._subset_w(didx, sub) - before
+        self.v.add_(delta)
+        self._sync_w()
+        return float(delta.abs().max()) if self.d else 0.0
+
+    def _subset_w(self, idx: Tensor, sub) -> Tensor:
+        """``sum_{i in idx} w_i`` (``Tensor[d]``) at the features of ``sub = data[idx]``.  Default: the sum of
+        :meth:`block_w`."""
+        return sum((self.block_w(i) for i in idx.tolist()), torch.zeros_like(self.v))
+
+    def _rebind_storage(self, idx: Tensor, old, sub) -> None:
+        """Storage hook of :meth:`rebind_blocks`: the blocks ``idx`` moved from the features of ``old`` to those of
+        ``sub`` (already in ``self.data``): update the feature-dependent caches (nothing by default)."""
+
     def block_data(self, i: int):
         """Example ``i`` as a one-example dataset (cached)."""
         cache = self.__dict__.setdefault("_block_cache", {})
@@ -779,9 +828,11 @@ class DualState(ABC):
             self.refresh()
         self._check_derived()
 
-    def _check_working_set(self, ws: WorkingSet) -> None:
+    def _check_working_set(self, ws: WorkingSet, chunk: int = 256) -> None:
         """The loaded working set's labelings are their blocks' (the model's loss must accept them and match the saved
-        ``L_i(y) / n``) and its weights lie on the simplex (or below it, in an ``incomplete`` block)."""
+        ``L_i(y) / n``), its weights lie on the simplex (or below it, in an ``incomplete`` block), and a complete
+        block's mixture is the block: ``sum_y alpha_i(y) psi_i(y) / (lam n) = w_i`` and ``sum_y alpha_i(y) L_i(y) / n =
+        l_i`` (so that pairwise and away steps, which move the listed weights, stay feasible)."""
         owners = np.repeat(np.arange(self.n), ws.size)
         if not len(owners):
             return
@@ -801,6 +852,24 @@ class DualState(ABC):
             if a.size and (float(a.min()) < -LOAD_TOL or total > 1 + LOAD_TOL or (
                     not ws.incomplete[i] and abs(total - 1.0) > LOAD_TOL)):
                 raise ValueError(f"state working_set: the weights of block {i} are off the simplex (sum {total})")
+        dev, scale = self.w.device, 1.0 / (self.lam * self.n_total)
+        complete = [i for i in range(self.n) if not ws.incomplete[i] and ws.size[i]]
+        for c in range(0, len(complete), chunk):
+            rows = complete[c:c + chunk]
+            planes = [(r, i, y) for r, i in enumerate(rows) for y in ws.labelings(i)]
+            rep = self.data[torch.tensor([i for _, i, _ in planes], device=dev)]
+            y = torch.cat([torch.as_tensor(y, dtype=torch.long).reshape(-1) for _, _, y in planes]).to(dev)
+            psi = self.model.joint_feature(rep, rep.y) - self.model.joint_feature(rep, y.reshape(rep.y.shape))
+            a = torch.from_numpy(np.concatenate([ws.alphas(i) for i in rows])).to(dev)
+            at = torch.tensor([r for r, _, _ in planes], device=dev)
+            mix = torch.zeros(len(rows), self.d + 1, dtype=torch.float64, device=dev)  # [w_i, l_i] of the mixture
+            mix[:, :-1].index_add_(0, at, psi * (a * scale)[:, None])
+            mix[:, -1] = torch.from_numpy(np.array([float(ws.alphas(i) @ ws.losses(i)) for i in rows])).to(dev)
+            blocks = torch.cat([torch.stack([self.block_w(i) for i in rows]), self.block_ell[rows, None]], 1)
+            off = ((mix - blocks).abs() > LOAD_TOL * (1.0 + blocks.abs().amax(1, keepdim=True))).any(1)
+            if bool(off.any()):
+                raise ValueError(f"state working_set: the weights of block {rows[int(off.nonzero()[0])]} do not give "
+                                 "back its w_i and l_i")
 
     def _mark_untrusted(self) -> None:
         """Storage hook of :meth:`load_state_dict` for a storage that does not :attr:`determine its dual variables

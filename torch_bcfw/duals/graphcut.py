@@ -6,6 +6,10 @@ only through the node marginals ``mu_p = sum_y alpha_i(y) y_p`` (``Tensor[N_tot]
 ; pw_i]) / (lam n)`` with ``U_i(mu) = sum_p a_p mu_p x_p / Z_i``.  :class:`GraphCutDualState` keeps the dense
 ``[n, d]`` table of :class:`~torch_bcfw.duals.dense.DenseTable` for the steps and moves ``(mu, pw)`` along with
 it; its saved ``(mu, pw)`` re-derive ``w_i`` exactly under new node features, in ``O(N_tot)`` memory.
+
+Whether saved ``(mu, pw)`` are the marginals of a distribution over the labelings (the marginal polytope of a graph
+with cycles) cannot be decided fast, so the blocks of a loaded state are *untrusted*, as a
+:class:`~torch_bcfw.duals.dense.DenseTable`'s: the certificate counts their loaded fraction at the ground truth.
 """
 from __future__ import annotations
 
@@ -199,10 +203,11 @@ def _fused_block_step(seg, rec, i, a, phi_true, w, blocks, avg, lam, step_code, 
 
 
 @njit(cache=True)
-def _step_loop(order, step_code, averaging, lam, graphs, w, blocks, avg, totals, gaps):
+def _step_loop(order, step_code, averaging, lam, graphs, w, blocks, avg, totals, gaps, loaded):
     """The plain BCFW steps of :meth:`GraphCutDualState.run_plan`: per step ``j`` the oracle (gains and penalties by
     :func:`~torch_bcfw.inference.graphcut_pool.cut_inputs`, the cut by PyMaxflow in object mode) and
-    :func:`_fused_block_step`; ``gaps[j]`` receives the block gap.  ``totals[0]`` (:data:`LOOP_TOTALS`) is updated
+    :func:`_fused_block_step`; ``gaps[j]`` receives the block gap, and a step of size ``gamma`` on block ``i``
+    multiplies ``loaded[i]`` by ``1 - gamma`` (``float64[n]``, or empty when no block is untrusted).  ``totals[0]`` (:data:`LOOP_TOTALS`) is updated
     after every step, so an interruption leaves it consistent.  Returns the number of steps done: fewer than
     ``len(order)`` when the unchecked pairwise weights are below ``-NEGATIVE_TOLERANCE`` (the caller raises)."""
     tot = totals[0]
@@ -227,8 +232,11 @@ def _step_loop(order, step_code, averaging, lam, graphs, w, blocks, avg, totals,
             with objmode(seg="boolean[::1]"):
                 seg = _cut(gain, edges, c)
         tot.oracle_seconds += _now(ts) - t0
-        gaps[j] = _fused_block_step(seg, rec, i, graphs.seg_off[i], graphs.phi_true[i], w, blocks, avg, lam, step_code,
-                                    totals, averaging)[0]
+        num, gamma = _fused_block_step(seg, rec, i, graphs.seg_off[i], graphs.phi_true[i], w, blocks, avg, lam,
+                                       step_code, totals, averaging)
+        gaps[j] = num
+        if loaded.shape[0]:  # the loaded fraction of alpha_i (DenseTable._shrink_untrusted)
+            loaded[i] *= 1.0 - gamma
         tot.k += 1
         tot.clock += 1
     return order.shape[0]
@@ -244,10 +252,8 @@ class GraphCutDualState(DenseTable):
 
     A checkpoint holds ``(mu, pw)`` and their accumulators (``w_i`` re-derived under any features) plus, valid
     under the same features (a fingerprint), the ``w_i`` table itself, so resuming on the same data is bit-exact.
+    Loaded blocks are untrusted (see the module docstring).
     """
-
-    #: the stored dual variables determine every ``l_i`` (:meth:`_check_dual_variables`)
-    determines_duals = True
 
     rebindable = True
 
@@ -327,13 +333,17 @@ class GraphCutDualState(DenseTable):
         order = np.ascontiguousarray(plan.order, dtype=np.int64)
         gaps = np.empty(len(order), dtype=np.float64)
         totals = np.array([(self.ell, self.avg_ell_u, 0.0, self.k, self.avg_t)], dtype=LOOP_TOTALS)
+        loaded = V[:0]
+        if self._untrusted is not None:  # capture the wholly untrusted blocks; the loop shrinks their fractions
+            self._shrink_untrusted(torch.from_numpy(np.unique(order)), 0.0)
+            loaded = self._untrusted[0].numpy()
         done = len(order)
         try:
             done = _step_loop(order, int(plan.step_code), bool(plan.averaging), self.lam, graphs,
                               GraphCutWeights(V, W, lo, hi, box),
                               GraphCutBlocks(WB, self.mu.numpy(), self.pw.numpy(), self.block_ell.numpy()),
                               GraphCutAverages(WBa, self.mu_acc.numpy(), self.pw_acc.numpy(), self.acc_w.numpy(),
-                                               self.avg_last.numpy()), totals, gaps)
+                                               self.avg_last.numpy()), totals, gaps, loaded)
         finally:  # also when interrupted: the record already holds every finished step
             tot = totals[0]
             self.k, self.avg_t = int(tot["k"]), int(tot["clock"])

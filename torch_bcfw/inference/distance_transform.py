@@ -25,7 +25,7 @@ Method = Literal["auto", "envelope", "dense"]
 #: Column order of the packed 2D coefficients of :func:`distance_transform_2d_packed`.
 PACKED_2D: tuple[str, ...] = ("a_x", "b_x", "mu_x", "a_y", "b_y", "mu_y")
 
-__all__ = ["PACKED_2D", "Method", "distance_transform_1d", "distance_transform_2d", "distance_transform_2d_packed"]
+__all__ = ["PACKED_2D", "Method", "distance_transform_2d", "distance_transform_2d_packed"]
 
 
 @numba.njit(cache=True)
@@ -85,19 +85,6 @@ def _transform_row(f: np.ndarray, a: float, b: float, mu: float, out: np.ndarray
         _linear_row(f, b, mu, out, arg)
     else:
         _envelope_row(f, a, b, mu, out, arg, v, z)
-
-
-@numba.njit(cache=True)
-def _envelope_1d(f: np.ndarray, coeffs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """1D transform of every row of ``f`` float64[R, N]; ``coeffs`` float64[R, 3] = (a, b, mu)."""
-    rows, n = f.shape
-    out = np.empty((rows, n), np.float64)
-    arg = np.empty((rows, n), np.int64)
-    v = np.empty(n, np.int64)
-    z = np.empty(n + 1, np.float64)
-    for r in range(rows):
-        _transform_row(f[r], coeffs[r, 0], coeffs[r, 1], coeffs[r, 2], out[r], arg[r], v, z)
-    return out, arg
 
 
 @numba.njit(cache=True)
@@ -192,27 +179,6 @@ def _resolve_method(method: Method, device: torch.device) -> Literal["envelope",
 
 def _numpy_f64(f: Tensor) -> np.ndarray:
     return np.ascontiguousarray(f.detach().cpu().numpy(), dtype=np.float64)
-
-
-def distance_transform_1d(f: Tensor, a: float | Tensor, b: float | Tensor = 0.0, mu: float | Tensor = 0.0,
-                          method: Method = "auto") -> tuple[Tensor, Tensor]:
-    """Batched 1D transform ``D[q] = max_p f[p] - (a d^2 + b d)``, ``d = q - p - mu``.
-
-    Args:
-        f: scores, float tensor [B, N], finite.
-        a, b, mu: quadratic coefficient(s) ``>= 0``, linear coefficient(s), offset(s): numbers or tensors [B].
-        method: ``"auto"``, ``"envelope"`` or ``"dense"`` (see the module docstring).
-
-    Returns ``(D, arg)``: ``D`` [B, N] in the dtype and on the device of ``f``, ``arg`` LongTensor [B, N] the
-    maximising ``p`` of every query ``q``.  ``ValueError`` on bad shapes, non-finite values or a negative ``a``.
-    """
-    _check_scores(f, 1)
-    coeffs = _pack(f.shape[0], a=a, b=b, mu=mu)
-    c = _check_coefficients(coeffs, f.shape[0], ("a", "b", "mu"), (0,))
-    if _resolve_method(method, f.device) == "dense":
-        return _dense_rows(f, coeffs)
-    out, arg = _envelope_1d(_numpy_f64(f), c)
-    return torch.from_numpy(out).to(device=f.device, dtype=f.dtype), torch.from_numpy(arg).to(f.device)
 
 
 def distance_transform_2d_packed(f: Tensor, coeffs: Tensor, method: Method = "auto") -> tuple[Tensor, Tensor, Tensor]:

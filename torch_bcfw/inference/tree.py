@@ -18,7 +18,6 @@ neck) hangs the head top and shoulders from the neck, each arm from its shoulder
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Sequence
 from typing import NamedTuple
 
@@ -27,7 +26,7 @@ from torch import Tensor
 
 from torch_bcfw.inference.distance_transform import Method, distance_transform_2d_packed
 
-__all__ = ["LSP_JOINTS", "LSP_ROOT", "LSP_TREE_EDGES", "TreeMaxSum", "brute_force_max_sum", "deformation_features",
+__all__ = ["LSP_JOINTS", "LSP_ROOT", "LSP_TREE_EDGES", "TreeMaxSum", "deformation_features",
            "edge_ends", "pose_loss", "pose_loss_unaries", "tree_max_sum", "tree_score"]
 
 LSP_JOINTS: tuple[str, ...] = (
@@ -194,28 +193,6 @@ def tree_score(unary: Tensor, positions: Tensor, w: Tensor, mu: Tensor, edges: E
     parents, children = edge_ends(edges, unary.device)
     feats = deformation_features(positions[:, children], positions[:, parents], mu.to(unary.dtype))
     return score - (w.to(unary.dtype) * feats).sum(dim=(1, 2))
-
-
-def brute_force_max_sum(unary: Tensor, w: Tensor, mu: Tensor, edges: Edges,
-                        max_configurations: int = 2_000_000) -> TreeMaxSum:
-    """Reference MAP by enumerating all ``P**J`` configurations (any edge list, no convexity requirement); arguments
-    and result as :func:`tree_max_sum`; ``ValueError`` if ``P**J`` exceeds ``max_configurations``."""
-    check_pose_unary(unary)
-    batch, num_nodes, gy, gx = unary.shape
-    count = (gy * gx) ** num_nodes
-    if count > max_configurations:
-        raise ValueError(f"{count} configurations exceed max_configurations={max_configurations}")
-    flat = torch.tensor(list(itertools.product(range(gy * gx), repeat=num_nodes)), dtype=torch.long,
-                        device=unary.device).reshape(count, num_nodes)
-    configs = torch.stack((flat // gx, flat % gx), dim=-1)  # [count, J, 2]
-    w, mu = _edge_parameters(w, mu, batch, len(edges))
-    best_scores, best_positions = [], []
-    for b in range(batch):
-        scores = tree_score(unary[b].expand(count, -1, -1, -1), configs, w[b], mu[b], edges)
-        value, index = scores.max(dim=0)
-        best_scores.append(value)
-        best_positions.append(configs[index])
-    return TreeMaxSum(torch.stack(best_positions), torch.stack(best_scores))
 
 
 def _check_loss_inputs(true_pos: Tensor, visible: Tensor, torso_size: Tensor) -> None:

@@ -23,10 +23,10 @@ import torch
 from torch import Tensor
 
 from .distance_transform import Method, distance_transform_2d_packed
-from .tree import (LSP_TREE_EDGES, Edges, check_convex_deformation, check_pose_unary, message_coefficients, tree_order,
-                   deformation_features, edge_ends)
+from .tree import (LSP_TREE_EDGES, Edges, check_convex_deformation, check_pose_unary, edge_ends, message_coefficients,
+                   tree_order)
 
-__all__ = ["MixtureTreeMaxSum", "mixture_tree_max_sum", "mixture_tree_score", "select_types", "type_end_scores"]
+__all__ = ["MixtureTreeMaxSum", "mixture_tree_max_sum", "select_types", "type_end_scores"]
 
 
 class MixtureTreeMaxSum(NamedTuple):
@@ -142,31 +142,3 @@ def mixture_tree_max_sum(unary: Tensor, w: Tensor, b: Tensor, mu: Tensor, edges:
         flat[:, child] = best_child[e].gather(1, at).squeeze(1)
         types[:, e] = best_type[e].gather(1, at).squeeze(1)
     return MixtureTreeMaxSum(torch.stack((flat // gx, flat % gx), dim=-1), types, score)
-
-
-def mixture_tree_score(unary: Tensor, positions: Tensor, types: Tensor, w: Tensor, b: Tensor, mu: Tensor,
-                       edges: Edges = LSP_TREE_EDGES, type_unary: Tensor | None = None) -> Tensor:
-    """Score [B] of given positions (long [B, J, 2], (y, x)) and edge types (long [B, E]); arguments as
-    :func:`mixture_tree_max_sum` (any edge list)."""
-    check_pose_unary(unary)
-    batch, num_nodes, _, gx = unary.shape
-    E = len(edges)
-    if positions.shape != (batch, num_nodes, 2):
-        raise ValueError(f"positions must have shape [{batch}, {num_nodes}, 2], got {tuple(positions.shape)}")
-    w, b, mu, K = _mixture_parameters(w, b, mu, batch, E)
-    types = torch.as_tensor(types, device=unary.device)
-    if types.shape != (batch, E) or (types.numel() and (int(types.min()) < 0 or int(types.max()) >= K)):
-        raise ValueError(f"types must be long [{batch}, {E}] with values in [0, {K}), got {tuple(types.shape)}")
-    flat = (positions[..., 0] * gx + positions[..., 1]).unsqueeze(-1)
-    score = unary.reshape(batch, num_nodes, -1).gather(2, flat).squeeze(-1).sum(dim=1)
-    parents, children = edge_ends(edges, unary.device)
-    t = types.long()
-    w_t = w.to(unary.device, unary.dtype).gather(2, t[..., None, None].expand(batch, E, 1, 4)).squeeze(2)
-    mu_t = mu.to(unary.device, unary.dtype).gather(2, t[..., None, None].expand(batch, E, 1, 2)).squeeze(2)
-    b_t = b.to(unary.device, unary.dtype).gather(2, t[..., None]).squeeze(2)
-    feats = deformation_features(positions[:, children], positions[:, parents], mu_t)
-    score = score + b_t.sum(dim=1) - (w_t * feats).sum(dim=(1, 2))
-    tu = _check_type_unary(type_unary, unary, E, K)
-    if tu is not None:
-        score = score + type_end_scores(tu, flat.squeeze(-1), t, edges).sum(dim=(1, 2))
-    return score

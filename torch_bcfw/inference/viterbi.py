@@ -1,7 +1,6 @@
-"""Batched max-plus Viterbi decoding for linear chains, packed (``offsets[n+1]``) or padded (``[B, T, K]`` plus
-``lengths``).  On CPU the compiled :func:`viterbi_numba` runs over the sequences in parallel threads; elsewhere the
-torch recursion runs once per group of equal-length sequences.  Both give the same labels, ties going to the lowest
-label index.
+"""Batched max-plus Viterbi decoding for linear chains packed by ``offsets[n+1]``.  On CPU the compiled
+:func:`viterbi_numba` runs over the sequences in parallel threads; elsewhere the torch recursion runs once per group of
+equal-length sequences.  Both give the same labels, ties going to the lowest label index.
 """
 from __future__ import annotations
 
@@ -10,7 +9,7 @@ import torch
 from numba import njit, prange
 from torch import Tensor
 
-__all__ = ["viterbi_packed", "viterbi_packed_torch", "viterbi_padded", "viterbi_numba"]
+__all__ = ["viterbi_packed", "viterbi_packed_torch", "viterbi_numba"]
 
 
 def _viterbi_same_length(unary: Tensor, transition: Tensor) -> tuple[Tensor, Tensor]:
@@ -66,25 +65,6 @@ def viterbi_packed_torch(unary: Tensor, offsets: Tensor, transition: Tensor) -> 
         labels[tok] = lab
         scores[seqs.to(unary.device)] = sc
     return labels, scores
-
-
-def viterbi_padded(unary: Tensor, lengths: Tensor, transition: Tensor) -> tuple[Tensor, Tensor]:
-    """Decode a padded batch ``unary: [B, T, K]`` with ``lengths: [B]``.
-
-    Returns ``(labels LongTensor[B, T] (-1 beyond each length), score Tensor[B])``.
-    """
-    B, T, K = unary.shape
-    lengths = torch.as_tensor(lengths, device=unary.device)
-    if lengths.is_floating_point() or lengths.is_complex() or lengths.dtype == torch.bool:
-        raise ValueError(f"lengths must hold integers, got {lengths.dtype}")
-    lengths = lengths.long()
-    mask = torch.arange(T, device=unary.device)[None, :] < lengths[:, None]
-    offsets = torch.zeros(B + 1, dtype=torch.long, device=unary.device)
-    offsets[1:] = torch.cumsum(lengths, 0)
-    packed, score = viterbi_packed(unary[mask], offsets, transition)
-    labels = torch.full((B, T), -1, dtype=torch.long, device=unary.device)
-    labels[mask] = packed
-    return labels, score
 
 
 #: up to this many sequences, :func:`viterbi_packed` decodes in one thread

@@ -76,8 +76,10 @@ def _atomic(path, write) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         reason = exc.strerror or (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise OSError(f"cannot write {path}: {reason} (is the disk full, or the file size limited?); the previous "
-                      "file, if any, is unchanged") from None
+        err = OSError(f"cannot write {path}: {reason} (is the disk full, or the file size limited?); the previous "
+                      "file, if any, is unchanged")
+        err.errno = exc.errno  # a caller tells a full disk (ENOSPC, EFBIG, EDQUOT) from other failures
+        raise err from None
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)

@@ -19,7 +19,8 @@ from ..data.base import StructuredData
 from ..data.sequences import MulticlassData, SequenceData
 from ..duals.rebind import rebindable_state, rebound_state
 from ..models.chain import Chain
-from ..nn import StructuredHead
+from ..head_optimizer import BCFWHeadOptimizer
+from ..nn import StructuredHead, StructuredHingeLoss
 from ..runtime.signals import deferred_signals
 from ..solvers.record import CheckRecord, as_records, plain_history
 from ..head_solve import HeadSolve
@@ -223,13 +224,25 @@ class BCFWCallback(Callback):
             also accepted as keyword arguments.  ``max_passes`` is ``passes_per_call``.
         lam_choice: a :class:`~torch_bcfw.lightning.lam_choice.LamChoice`: ``lam`` chosen on held-out data at every
             call instead of a fixed ``lam``.
+        mode: ``"epoch"`` (default): the head moves only at the solves; ``"step"``: besides the solves, after every
+            training step a :class:`~torch_bcfw.head_optimizer.BCFWHeadOptimizer` takes one BCFW block step per example
+            of the batch with the decodings of the module's :class:`~torch_bcfw.nn.StructuredHingeLoss` of this head
+            (a step whose hinge did not run is skipped); the batch's example ids (positions in ``bcfw_dataloader``'s
+            order) come from ``bcfw_example_ids(batch)`` of the module or its datamodule.  Fixed ``lam``, solver
+            ``"bcfw"``, one process.
     """
 
     def __init__(self, lam: float | None = None, head_attr: str = "head", every_n_epochs: int = 1, passes_per_call: float = 5.0,
                  initial_passes: float | None = None, solver: str = "bcfw", device: str | None = "cpu",
                  log_prefix: str = "ssvm", name: str | None = None, verbose: bool = False,
-                 save_dual_state: bool = True, solver_options: dict | None = None, lam_choice=None, **options):
+                 save_dual_state: bool = True, solver_options: dict | None = None, lam_choice=None,
+                 mode: str = "epoch", **options):
         super().__init__()
+        if mode not in ("epoch", "step"):
+            raise ValueError(f"BCFWCallback: mode must be 'epoch' or 'step', got {mode!r}")
+        if mode == "step" and (lam_choice is not None or solver != "bcfw"):
+            raise ValueError("BCFWCallback(mode='step') takes a fixed lam and solver='bcfw'")
+        self.mode = mode
         if (lam is None) == (lam_choice is None):
             raise ValueError("BCFWCallback needs exactly one of lam (fixed) or lam_choice (chosen on held-out data)")
         self.lam_choice = lam_choice
@@ -302,6 +315,8 @@ class BCFWCallback(Callback):
         self.round_size = None  # the round size the first solve planned (batch_size="auto": the calibration's, ...)
         self.solve_device = None  # the device the first solve planned (placement_* counters: measured)
         self.calibration = {}  # the figures behind the first solve's choices (placement_* and calibration_* counters)
+        self.head_optimizer = None  # mode="step": the BCFWHeadOptimizer since the last solve (built at the next step)
+        self.optimizer_sd = None  # mode="step": a checkpoint's head optimizer state, loaded when it is built
 
     @property
     def state_key(self) -> str:
@@ -321,6 +336,9 @@ class BCFWCallback(Callback):
         if stage != "fit":
             return
         self._head(pl_module)
+        if self.mode == "step" and trainer is not None and trainer.world_size > 1:
+            raise ValueError("BCFWCallback(mode='step') runs in one process (each rank would step other blocks of "
+                             "one head); use mode='epoch' under DDP")
         if not callable(getattr(pl_module, "bcfw_features", None)):
             raise ValueError(f"BCFWCallback: {type(pl_module).__name__} must define bcfw_features(batch) "
                              "(the head's input for one batch)")
@@ -355,6 +373,45 @@ class BCFWCallback(Callback):
 
     def on_train_epoch_end(self, trainer, pl_module) -> None:
         self._solve_if_due(trainer, pl_module)
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if self.mode == "step":
+            self._take_decoding(pl_module)  # forget a decoding of another batch (a validation step's)
+
+    @torch.no_grad()
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if self.mode != "step":
+            return
+        decoding = self._take_decoding(pl_module)
+        if decoding is None:  # the structured hinge did not run in this step (a warm-up)
+            return
+        example_ids = find_protocol_method(trainer, pl_module, "bcfw_example_ids")
+        if example_ids is None:
+            raise ValueError(f"BCFWCallback(mode='step'): neither {type(pl_module).__name__} nor its datamodule "
+                             "defines bcfw_example_ids(batch) (the positions of the batch's examples in "
+                             "bcfw_dataloader's order)")
+        if self.head_optimizer is None:
+            data = self.last_data if self.last_data is not None else self.training_data(trainer, pl_module)
+            self.head_optimizer = BCFWHeadOptimizer(self._head(pl_module), data, self.lam, self.dual_sd)
+            if self.optimizer_sd is not None:
+                self.head_optimizer.load_state_dict(self.optimizer_sd)
+                self.optimizer_sd = None
+        self.head_optimizer.step(example_ids(batch), decoding)
+
+    def _take_decoding(self, pl_module):
+        """The last :class:`~torch_bcfw.nn.HingeDecoding` of the module's structured hinge of this head (``None``:
+        none since the last call), cleared."""
+        head = self._head(pl_module)
+        losses = [m for m in pl_module.modules() if isinstance(m, StructuredHingeLoss) and m.head[0] is head]
+        if not losses:
+            raise ValueError(f"BCFWCallback(mode='step'): {type(pl_module).__name__} has no StructuredHingeLoss of "
+                             f"head {self.head_attr!r} among its submodules (its decodings are the block steps' oracle)")
+        found = [m.last_decoding for m in losses if m.last_decoding is not None]
+        for m in losses:
+            m.last_decoding = None
+        if len(found) > 1:
+            raise ValueError("BCFWCallback(mode='step'): several structured hinges of the head ran in one step")
+        return found[0] if found else None
 
     def _solve_if_due(self, trainer, pl_module) -> None:
         if (trainer.current_epoch + 1) % self.every_n_epochs == 0 and self.solved_epoch != trainer.current_epoch:
@@ -401,6 +458,9 @@ class BCFWCallback(Callback):
         """One call: features, rebind, ``passes`` solver passes, exact check, write the head, log; returns the
         record of the final check (with the extra columns ``epoch``, ``stale``, ``call``, ``feature_time``,
         ``wall``).  The first call announces the kernels' compilation (rank 0)."""
+        if self.head_optimizer is not None:  # mode="step": the solve continues the optimizer's dual state
+            self.dual_sd = checkpoint_safe(self.head_optimizer.state.state_dict())
+            self.dual_trust, self.head_optimizer = self.head_optimizer.state.trust_marks(), None
         with self._compile_notice(trainer):
             return self._solve(trainer, pl_module, passes, log)
 
@@ -544,6 +604,8 @@ class BCFWCallback(Callback):
             "solve_device": self.solve_device,
             "calibration": dict(self.calibration),
             "lam_choice": self.lam_choice.state_dict() if self.lam_choice is not None else None,
+            "head_optimizer": (self.head_optimizer.state_dict() if self.head_optimizer is not None
+                               and self.save_dual_state else None),
         }
 
     def load_state_dict(self, state_dict: dict) -> None:
@@ -572,3 +634,4 @@ class BCFWCallback(Callback):
         self.calibration = dict(state_dict.get("calibration", {}))
         self.solved_epoch = state_dict.get("solved_epoch")
         self.last_record = self.history[-1] if self.history else None
+        self.optimizer_sd = state_dict.get("head_optimizer")

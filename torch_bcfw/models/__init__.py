@@ -5,12 +5,12 @@ from .graphcut import GraphCut
 from .matching import Matching
 from .multiclass import Multiclass
 from .pose import PoseTree
-from .registry import model_from_config, model_name, register_model, registered_models
-from .table import TableModel, app_c_toy
+from .registry import model_from_config, model_name, register_model
+from .table import TableModel
 
 for _cls in (Chain, Multiclass, GraphCut, PoseTree, TableModel, Matching):
     register_model(_cls)
 del _cls
 
-__all__ = ["StructuredModel", "Chain", "Multiclass", "TableModel", "app_c_toy", "Matching", "GraphCut",
-           "PoseTree", "register_model", "registered_models", "model_name", "model_from_config"]
+__all__ = ["StructuredModel", "Chain", "Multiclass", "TableModel", "Matching", "GraphCut", "PoseTree", "register_model",
+           "model_name", "model_from_config"]

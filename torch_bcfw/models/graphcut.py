@@ -309,7 +309,9 @@ def _segment_sum(data: GraphData, values: Tensor, nodes: bool) -> Tensor:
 
 
 def _loss_weights(data: GraphData, balanced: bool) -> Tensor:
-    """Vectorised :func:`~torch_bcfw.inference.graphcut.hamming_node_weights` over all graphs of ``data``."""
+    """Node weights of the Hamming loss, ``Tensor[N_nodes]``: each node's mass over its graph's mass (normalised), or
+    ``balanced``, over the mass of its true class in its graph times the number of classes present there (each
+    present class weighs 1/#classes of the graph's loss)."""
     if data.y is None:
         raise ValueError("the task loss needs labels (y is None)")
     a, g = data.node_mass(), data.node_graph()

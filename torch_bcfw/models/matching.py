@@ -17,8 +17,6 @@ The training truth must be a matching (:func:`torch_bcfw.datasets.hansards.match
 """
 from __future__ import annotations
 
-from typing import Sequence
-
 import numpy as np
 import torch
 from torch import Tensor

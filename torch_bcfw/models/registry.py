@@ -16,7 +16,7 @@ import math
 
 from .base import StructuredModel
 
-__all__ = ["register_model", "registered_models", "model_name", "model_from_config"]
+__all__ = ["register_model", "model_name", "model_from_config"]
 
 _REGISTRY: dict[str, type] = {}
 
@@ -41,11 +41,6 @@ def register_model(cls=None, *, name: str | None = None):
         return c
 
     return add if cls is None else add(cls)
-
-
-def registered_models() -> dict[str, type]:
-    """A copy of the registry: name -> class."""
-    return dict(_REGISTRY)
 
 
 def model_name(model: StructuredModel) -> str:

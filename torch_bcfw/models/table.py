@@ -1,10 +1,8 @@
-"""A structured model given by explicit tables (tiny enumerable problems) and the toy problem of Osokin et al.
-2016, App. C (:func:`app_c_toy`).  Data is a :class:`~torch_bcfw.data.sequences.MulticlassData` whose ``x[:, 0]`` holds
-the example's row in the tables and whose ``y`` holds the ground truth (:meth:`TableModel.data`).
+"""A structured model given by explicit tables (tiny enumerable problems).  Data is a
+:class:`~torch_bcfw.data.sequences.MulticlassData` whose ``x[:, 0]`` holds the example's row in the tables and whose
+``y`` holds the ground truth (:meth:`TableModel.data`).
 """
 from __future__ import annotations
-
-import math
 
 import torch
 from torch import Tensor
@@ -12,7 +10,7 @@ from torch import Tensor
 from ..data.sequences import MulticlassData
 from .base import StructuredModel
 
-__all__ = ["TableModel", "app_c_toy"]
+__all__ = ["TableModel"]
 
 
 class TableModel(StructuredModel):
@@ -65,24 +63,3 @@ class TableModel(StructuredModel):
 
     def max_loss(self, data) -> Tensor:
         return self.losses[self._rows(data)].max(1).values
-
-
-def app_c_toy(n: int, K: int) -> tuple[TableModel, MulticlassData, float]:
-    """The toy problem of App. C, ``(model, data, lam = 1/n)``, on which gap sampling needs ``O(n + t)`` oracle
-    calls where uniform sampling needs ``O(n t)`` for ``t`` steps on the hard example.
-
-    Labels ``{0..K}`` (0 is the truth), 0-1 loss, ``phi(x_i, 0) = 0``; example 0 is *hard*:
-    ``phi(x_0, k) = -e_k / sqrt(2)``; examples ``1..n-1`` are *easy*: ``phi(x_i, k) = -e_{K+1}``
-    (coordinates ``e_1..e_K`` are indices ``0..K-1``, ``e_{K+1}`` is index ``K``).  After ``t <= K`` FW
-    steps on the hard example its block gap is ``1/(2 n t)``; the first step on any easy example closes
-    every easy gap for good.
-    """
-    d = K + 1
-    feats = torch.zeros(n, K + 1, d, dtype=torch.float64)
-    for k in range(1, K + 1):
-        feats[0, k, k - 1] = -1.0 / math.sqrt(2.0)
-        feats[1:, k, K] = -1.0
-    losses = torch.ones(n, K + 1, dtype=torch.float64)
-    losses[:, 0] = 0.0
-    model = TableModel(feats, losses)
-    return model, model.data(torch.zeros(n, dtype=torch.long)), 1.0 / n

@@ -144,10 +144,17 @@ class OnlineEG(Algorithm):
                 "steps": self.steps, "oracle_calls": self.oracle_calls, "sampler": self.sampler.state_dict()}
 
     def load_state_dict(self, sd: dict) -> None:
-        self.state.load_state_dict(sd["state"])
         for key in ("theta_node", "theta_trans"):
             old = getattr(self, key)
             setattr(self, key, saved_tensor(sd.get(key), f"online-eg {key}", tuple(old.shape)).to(old.device))
+        # every block's marginals are those of its Gibbs distribution exp(theta_i): feasible by construction
+        off, node, trans = self._offsets.tolist(), self.theta_node.numpy(), self.theta_trans.numpy()
+        parts = [self._marginals(i, node[off[i]:off[i + 1]], trans[i]) for i in range(self.n)]
+        self.state.known_marginals = (torch.cat([p[0] for p in parts]), torch.stack([p[1] for p in parts]))
+        try:
+            self.state.load_state_dict(sd["state"])
+        finally:
+            self.state.known_marginals = None
         self.eta = saved_tensor(sd.get("eta"), "online-eg eta", tuple(self.eta.shape), lo=0.0).numpy().copy()
         self.steps = saved_int(sd["steps"], "steps", 0)
         self.oracle_calls = saved_int(sd["oracle_calls"], "oracle_calls", 0)

@@ -28,10 +28,11 @@ def _words(data) -> list:
 
 
 def pack_words(items):
-    """Collate ``[(x [L, 128], y [L])]`` into ``(images [N, 1, 16, 8], labels [N], offsets [B + 1])``."""
-    xs, ys = zip(*items)
+    """Collate ``[(x [L, 128], y [L])]`` into ``(images [N, 1, 16, 8], labels [N], offsets [B + 1])``; items ``(x, y,
+    i)`` add the words' ids ``LongTensor[B]`` as a fourth element."""
+    xs, ys, *ids = zip(*items)
     offsets = counts_to_offsets(torch.tensor([x.shape[0] for x in xs], dtype=torch.long))
-    return torch.cat(xs).view(-1, 1, 16, 8), torch.cat(ys), offsets
+    return (torch.cat(xs).view(-1, 1, 16, 8), torch.cat(ys), offsets, *(torch.tensor(i) for i in ids))
 
 
 class OCRWordsDataModule(PackedLoaders, pl.LightningDataModule):
@@ -50,13 +51,16 @@ class OCRWordsDataModule(PackedLoaders, pl.LightningDataModule):
             epoch selection); ``None`` (default): no validation split (the OCR protocol has none).
         validate_on_test: also return the test words as the validation loader (learning curves only); not
             together with ``val_fold``.
+        example_ids: the training batches (and ``bcfw_dataloader``'s) carry the words' positions in the training
+            set as a fourth element ``ids [B]`` (:meth:`bcfw_example_ids`, for ``BCFWCallback(mode="step")``).
     """
 
     collate = staticmethod(pack_words)
 
     def __init__(self, path: str | None = None, split: str = "large", fold: int = 0, batch_size: int = 32,
                  eval_batch_size: int = 512, limit: int | None = None, test_limit: int | None = None,
-                 seed: int = 0, val_fold: int | None = None, validate_on_test: bool = False, download: bool = False):
+                 seed: int = 0, val_fold: int | None = None, validate_on_test: bool = False, download: bool = False,
+                 example_ids: bool = False):
         super().__init__()
         if val_fold is not None and validate_on_test:
             raise ValueError("choose one validation split: val_fold or validate_on_test, not both")
@@ -64,6 +68,7 @@ class OCRWordsDataModule(PackedLoaders, pl.LightningDataModule):
         self.batch_size, self.eval_batch_size = int(batch_size), int(eval_batch_size)
         self.limit, self.test_limit = limit, test_limit
         self.seed, self.validate_on_test, self.download = int(seed), bool(validate_on_test), bool(download)
+        self.example_ids = bool(example_ids)
         self.train = self.val = self.test = None
 
     def setup(self, stage: str | None = None) -> None:
@@ -81,6 +86,14 @@ class OCRWordsDataModule(PackedLoaders, pl.LightningDataModule):
             test = test[list(range(min(int(self.test_limit), len(test))))]
         self.train_data, self.test_data = train, test
         self.train, self.test = _words(train), _words(test)
+        if self.example_ids:
+            self.train = [(x, y, i) for i, (x, y) in enumerate(self.train)]
+
+    def bcfw_example_ids(self, batch):
+        """The positions of a training batch's words in the training set (``LongTensor[B]``)."""
+        if len(batch) < 4:
+            raise ValueError("OCRWordsDataModule: the batches carry no example ids; build it with example_ids=True")
+        return batch[3]
 
 
 class LetterCNN(nn.Module):
@@ -130,11 +143,11 @@ class OCRChainCNN(EvalHooks, pl.LightningModule):
         self._eval = []
 
     def bcfw_features(self, batch):
-        images, labels, offsets = batch
+        images, labels, offsets = batch[:3]  # a fourth element: the example ids (OCRWordsDataModule(example_ids=True))
         return self.backbone(images), labels, offsets
 
     def training_step(self, batch, batch_idx):
-        images, labels, offsets = batch
+        images, labels, offsets = batch[:3]
         return warmup_hinge_loss(self, self.backbone(images), labels, offsets, len(labels))
 
     def configure_optimizers(self):
@@ -142,7 +155,7 @@ class OCRChainCNN(EvalHooks, pl.LightningModule):
         return cosine_schedule(self, torch.optim.Adam(params, lr=self.hparams.lr))
 
     def _eval_step(self, batch):
-        images, labels, offsets = batch
+        images, labels, offsets = batch[:3]
         pred = self.head(self.backbone(images), offsets)
         wrong = (pred != labels).double()
         lengths = offsets[1:] - offsets[:-1]
