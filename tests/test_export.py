@@ -54,6 +54,36 @@ def test_an_exported_chain_head_decodes_like_the_library_without_it(tmp_path):
         r.predict(data).tolist()
 
 
+def test_the_exported_chain_head_takes_padded_words_as_the_library_head_does(tmp_path):
+    """``head(x [B, T, F], lengths)`` gives ``[B, T]`` labels with -1 past each word, as ``StructuredHead``; a wrong
+    layout is answered with the layouts it takes."""
+    import importlib.util
+
+    from torch_bcfw.nn import StructuredHead
+
+    model, data = random_chain_problem(n=9, F=4, K=5, max_len=6, seed=4, min_len=1)
+    r = fit(model, data, 0.05, max_passes=5)
+    export_head(r, tmp_path / "toy")
+    spec = importlib.util.spec_from_file_location("exported_head", tmp_path / "toy" / "head.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    head = mod.load_head(tmp_path / "toy" / "head.safetensors")
+    lengths = data.lengths
+    B, T = len(lengths), int(lengths.max())
+    padded = torch.zeros(B, T, 4, dtype=data.x.dtype)
+    padded[torch.arange(T)[None, :] < lengths[:, None]] = data.x
+    library = StructuredHead(model)
+    library.set_weights(r.weights)
+    assert torch.equal(head(padded, lengths), library(padded, lengths=lengths))
+    assert torch.equal(head(padded, lengths)[torch.arange(T)[None, :] < lengths[:, None]], r.predict(data))
+    full = padded[:, :2]
+    assert torch.equal(head(full), library(full))  # no lengths: every word of length T
+    with pytest.raises(ValueError, match=r"packed tokens \[N_tok, 4\].*padded words \[B, T, 4\]"):
+        head(padded[..., :3], lengths)
+    with pytest.raises(ValueError, match="need lengths"):
+        head(data.x)
+
+
 @pytest.mark.parametrize("table_entries", [0, 7 * 7 * 3, 10 ** 9], ids=["one-word-chunks", "three-word-chunks", "one-table"])
 def test_the_exported_viterbi_decodes_like_the_library_in_any_chunking(monkeypatch, table_entries):
     from torch_bcfw.io import standalone_head

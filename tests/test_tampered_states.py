@@ -1,9 +1,12 @@
-"""A tampered dual state never certifies a gap below the true one, for every state kind of tests/load_fuzz_worker.py
-(chain with plain, cached, mini-batch and MP-BCFW runs, multiclass, active set, generic dense, graph cut): any tensor
-of the saved state perturbed by any amount, scaled, sign-flipped, or a chain's transition counts swapped ``(a, b),
-(c, d) -> (a, d), (c, b)`` (which keeps their sums and the token marginals' row and column sums).  The load is refused
-with a ``ValueError`` or the resumed run's certified gap is at least the primal value (enumerated) minus the optimum
-(a solve with pairwise steps to a gap of 1e-10)."""
+"""A tampered dual state never certifies a gap below the true one, for every state kind: those of
+tests/load_fuzz_worker.py (chain with plain, cached, mini-batch and MP-BCFW runs, multiclass, active set, generic
+dense, graph cut), a chain of three labels, online EG's chain, graph cuts with an active pairwise weight, a matching
+and a pose tree; any tensor of the saved state perturbed by any amount, scaled, sign-flipped, or a chain's transition
+counts swapped ``(a, b), (c, d) -> (a, d), (c, b)`` (which keeps their sums and the token marginals' row and column
+sums).  The load is refused with a ``ValueError`` or the resumed run's certified gap is at least the primal value
+(enumerated) minus the optimum (a solve with pairwise steps to a gap of 1e-10).  Targeted cases: the swap that
+raises the dual most, a graph cut's expected edge cuts lowered, a working set's weight moved between planes, online
+EG's Gibbs parameters, and one shard of a problem (a state with ``n_total > n``) through the same checks."""
 from __future__ import annotations
 
 import itertools
@@ -46,12 +49,12 @@ def _matching():
 
 
 def _pose():
-    from test_pose import G, TINY, _tiny_data
+    from test_pose import TINY, _tiny_data
 
     from torch_bcfw.models.pose import PoseTree
 
     mu = torch.tensor([[0.5, -1.0], [1.0, 0.25]], dtype=torch.float64)
-    return PoseTree(G, mu, n_joints=3, n_unary=2, edges=TINY), _tiny_data(n=4, seed=4)
+    return PoseTree(2, mu, n_joints=3, n_unary=2, edges=TINY), _tiny_data(n=4, seed=4, G=2)
 
 
 #: the state kinds of tests/load_fuzz_worker.py, a chain of three labels, online EG's chain, graph cuts with an
@@ -79,13 +82,15 @@ def _run_options(kind: str) -> tuple[str, dict]:
 
 
 def _optimum_bound(kind: str) -> float:
-    """``P*`` from above within 1e-10: the primal value of a solve to that certified gap."""
+    """``P*`` from above: the primal value of a solve with pairwise steps to a certified gap of 1e-10 (the pose tree,
+    whose oracle is slower: 600 passes, a gap below 1e-2, so a lie smaller than that goes unseen there)."""
     problem = KINDS[kind][0]
+    passes, tol = (600, 1e-2) if kind == "pose" else (3000, 1e-10)
     if problem not in _OPTIMA:
         model, data = problem()
-        r = fit(model, data, worker.LAM, max_passes=3000, gap_check=50, gap_tol=1e-11, step_rule="pairwise",
+        r = fit(model, data, worker.LAM, max_passes=passes, gap_check=50, gap_tol=1e-11, step_rule="pairwise",
                 progress=False)
-        assert r.gap <= 1e-10
+        assert r.gap <= tol
         _OPTIMA[problem] = float(r.primal)
     return _OPTIMA[problem]
 
@@ -266,3 +271,54 @@ def test_a_working_set_weight_moved_between_planes_is_refused(kind):
     d["solver_state"]["state"]["working_set"] = dict(ws, fl=fl)
     out = _outcome(kind, d)
     assert out.startswith("error: ") and f"block {i} do not give back its w_i and l_i" in out, out
+
+
+def test_a_shard_state_is_checked_as_a_whole_one():
+    """A state holding one shard of a problem (``n_total > n``: one process of a sharded run) loads through the same
+    checks, so the transition swap is refused and a graph-cut shard's loaded blocks count at the ground truth (its
+    ``w``, the sum over the processes, is checked when the sharded run starts: tests/test_distributed_fit.py)."""
+    from torch_bcfw.duals.chain import transitions_decompose
+    from torch_bcfw.duals.stepsize import LINE_SEARCH
+
+    for problem in (_chain_k3, _smooth_graphs):
+        model, data = problem()
+        shard = data[torch.arange(3)]
+        state = model.dual_state(shard, worker.LAM, n_total=len(data))
+        for _ in range(3):
+            for i in range(3):
+                state.block_step(i, state.block_oracle(i), LINE_SEARCH)
+        sd = state.state_dict()
+        loaded = model.dual_state(shard, worker.LAM, n_total=len(data))
+        loaded.load_state_dict(sd)
+        if problem is _smooth_graphs:
+            assert loaded.has_untrusted_blocks() and not state.has_untrusted_blocks()
+            continue
+        refused = 0
+        for seed in range(20):  # a swap that no per-position tables give is refused
+            swapped = _copy({"solver_state": {"state": sd}})["solver_state"]["state"]
+            if not _swap(swapped, random.Random(seed)):
+                continue
+            s = swapped["storage"]
+            bad = transitions_decompose(s["mu"].numpy(), s["T"].numpy(), shard.offsets.numpy(), 1e-7) >= 0
+            try:
+                model.dual_state(shard, worker.LAM, n_total=len(data)).load_state_dict(swapped)
+            except ValueError as exc:
+                assert bad and "state storage T" in str(exc)
+                refused += 1
+            else:
+                assert not bad
+        assert refused
+
+
+def test_online_eg_marginals_are_those_of_its_gibbs_parameters():
+    """Online EG's saved marginals are checked against its saved Gibbs parameters ``theta`` (the marginals of
+    ``exp(theta_i)``: feasible by construction, and fast for dense marginals): ``theta`` moved alone is refused."""
+    model, data = KINDS["chain-eg"][0]()
+    d = fit(model, data, worker.LAM, "online-eg", max_passes=3, gap_check=1, progress=False).to_dict()
+    assert _outcome("chain-eg", _copy(d)) == "ok"
+    d["solver_state"] = dict(d["solver_state"], theta_trans=d["solver_state"]["theta_trans"] + 0.1)
+    assert _outcome("chain-eg", d) == "ok"  # a constant shift of every transition keeps each distribution
+    theta = d["solver_state"]["theta_node"].clone()
+    theta[0, 0] += 0.1
+    d["solver_state"] = dict(d["solver_state"], theta_node=theta)
+    assert "not those of the solver's saved parameters" in _outcome("chain-eg", d)

@@ -70,8 +70,9 @@ class DualState(ABC):
     #: the state can be moved to new features (:meth:`rebind`); its ``_load_storage`` must derive any feature-space
     #: cache at ``self.data``'s features.
     rebindable = True
-    #: True when the stored blocks determine each ``l_i`` (checked on load by :meth:`_check_dual_variables`); a
-    #: storage that does not must track what a loaded state contributes (:meth:`untrusted_part`)
+    #: True when a load checks that the stored blocks are feasible dual variables with their ``l_i``
+    #: (:meth:`_check_dual_variables`); a storage that cannot (a ``w_i`` table, a graph cut's marginals) must track
+    #: what a loaded state contributes (:meth:`untrusted_part`)
     determines_duals = True
 
     def __init_subclass__(cls, **kwargs) -> None:
@@ -856,12 +857,13 @@ class DualState(ABC):
         complete = [i for i in range(self.n) if not ws.incomplete[i] and ws.size[i]]
         for c in range(0, len(complete), chunk):
             rows = complete[c:c + chunk]
-            planes = [(r, i, y) for r, i in enumerate(rows) for y in ws.labelings(i)]
-            rep = self.data[torch.tensor([i for _, i, _ in planes], device=dev)]
-            y = torch.cat([torch.as_tensor(y, dtype=torch.long).reshape(-1) for _, _, y in planes]).to(dev)
-            psi = self.model.joint_feature(rep, rep.y) - self.model.joint_feature(rep, y.reshape(rep.y.shape))
+            at = torch.from_numpy(np.repeat(np.arange(len(rows)), ws.size[rows])).to(dev)
+            rep = self.data[torch.tensor(rows, device=dev)[at]]
+            y = np.concatenate([ws.plane_labels[ws.lab_start[i]:ws.lab_start[i] + ws.size[i] * ws.lab_len[i]]
+                                for i in rows])
+            y = torch.from_numpy(y.astype(np.int64)).to(dev).reshape(rep.y.shape)
+            psi = self.model.joint_feature(rep, rep.y) - self.model.joint_feature(rep, y)
             a = torch.from_numpy(np.concatenate([ws.alphas(i) for i in rows])).to(dev)
-            at = torch.tensor([r for r, _, _ in planes], device=dev)
             mix = torch.zeros(len(rows), self.d + 1, dtype=torch.float64, device=dev)  # [w_i, l_i] of the mixture
             mix[:, :-1].index_add_(0, at, psi * (a * scale)[:, None])
             mix[:, -1] = torch.from_numpy(np.array([float(ws.alphas(i) @ ws.losses(i)) for i in rows])).to(dev)

@@ -7,6 +7,7 @@ deployment loads the head without torch_bcfw installed::
     from head import load_head              # this file, copied as head.py
     head = load_head("head.safetensors")    # a torch.nn.Module in eval mode
     labels = head(x, lengths)               # chain: x [N_tok, F] (the words' tokens one after the other)
+    labels = head(x, lengths)               # chain, padded: x [B, T, F], lengths [B] (None: all T) -> [B, T], -1 pads
     labels = head(x)                        # multiclass: x [n, F]
 
 Its decoders (Viterbi, argmax) are a second implementation of the package's, checked against them in the tests.
@@ -30,7 +31,8 @@ MOVE_TABLE_ENTRIES = 3 << 18
 class ChainHead(nn.Module):
     """Linear-chain head: emission ``We [F, K]``, label bias, start and end scores ``[K]``, transitions
     ``[K, K]`` (``trans[a, b]``: label ``a`` followed by ``b``).  ``forward(x [N_tok, F], lengths [B])`` returns the
-    highest-scoring label sequence of every word (``LongTensor[N_tok]``, packed like ``x``)."""
+    highest-scoring label sequence of every word (``LongTensor[N_tok]``, packed like ``x``); padded words
+    ``forward(x [B, T, F], lengths [B] or None)`` give ``LongTensor[B, T]`` with ``-1`` past each word's length."""
 
     def __init__(self, emission: Tensor, bias: Tensor, start: Tensor, end: Tensor, transitions: Tensor):
         super().__init__()
@@ -50,7 +52,23 @@ class ChainHead(nn.Module):
         u[ends - 1] += self.end
         return u
 
-    def forward(self, x: Tensor, lengths: Tensor) -> Tensor:
+    def forward(self, x: Tensor, lengths: Tensor | None = None) -> Tensor:
+        F = self.emission.shape[0]
+        if x.dim() not in (2, 3) or x.shape[-1] != F:
+            raise ValueError(f"x must be packed tokens [N_tok, {F}] with lengths [B], or padded words [B, T, {F}] with "
+                             f"lengths [B] (or None: all of length T); got shape {tuple(x.shape)}")
+        if x.dim() == 3:
+            B, T, _ = x.shape
+            lengths = torch.full((B,), T, dtype=torch.long) if lengths is None else lengths
+            lengths = torch.as_tensor(lengths, dtype=torch.long, device=x.device)
+            if lengths.shape != (B,) or bool((lengths < 1).any()) or bool((lengths > T).any()):
+                raise ValueError(f"lengths of padded words [{B}, {T}, {F}] must be [{B}] with values in [1, {T}]")
+            mask = torch.arange(T, device=x.device)[None, :] < lengths[:, None]
+            out = torch.full((B, T), -1, dtype=torch.long, device=x.device)
+            out[mask] = self(x[mask], lengths)
+            return out
+        if lengths is None:
+            raise ValueError(f"packed tokens x [{x.shape[0]}, {F}] need lengths [B] (the words' token counts)")
         lengths = torch.as_tensor(lengths, dtype=torch.long, device=x.device)
         if lengths.dim() != 1 or bool((lengths < 1).any()) or int(lengths.sum()) != x.shape[0]:
             raise ValueError(f"lengths must be positive and sum to the {x.shape[0]} tokens of x")
