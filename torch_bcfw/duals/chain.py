@@ -445,15 +445,8 @@ def transitions_decompose(mu, T, offsets, tol) -> int:
         s, L = offsets[i], offsets[i + 1] - offsets[i]
         if L < 2:
             continue
-        # the entries: P_t[a, b] with mu_t[a], mu_{t+1}[b] and T[a, b] all positive
-        n_var = 0
-        for t in range(L - 1):
-            for a in range(K):
-                if mu[s + t, a] > 0.0:
-                    for b in range(K):
-                        if mu[s + t + 1, b] > 0.0 and T[i, a, b] > 0.0:
-                            n_var += 1
-        var = np.empty((n_var, 3), dtype=np.int64)  # its row, column and total constraint
+        # the entries: P_t[a, b] with mu_t[a], mu_{t+1}[b] and T[a, b] all positive (the first n_var rows of var)
+        var = np.empty(((L - 1) * K * K, 3), dtype=np.int64)  # its row, column and total constraint
         # constraints: rows (t, a) at t * K + a, columns (t, b) at (L - 1 + t) * K + b, totals (a, b) at 2 (L - 1) K
         n_con = 2 * (L - 1) * K + K * K
         rhs = np.empty(n_con)
@@ -476,6 +469,7 @@ def transitions_decompose(mu, T, offsets, tol) -> int:
                             for c in range(3):
                                 unknown[var[j, c]] += 1
                             j += 1
+        n_var = j
         value = np.full(n_var, np.nan)
         open_vars = n_var
         changed = True
