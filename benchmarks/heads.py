@@ -27,7 +27,15 @@ The heads:
   then the structured hinge reaches the backbone while BCFW solves the head after every epoch (``--bcfw-passes`` /
   ``--bcfw-every`` change the schedule);
 * ``bcfw-lam`` -- the same with ``lam`` chosen on the held-out data at every solve
-  (``BCFWCallback(lam_choice=LamChoice(--lam-grid, passes=--lam-passes, window=--lam-window))``).
+  (``BCFWCallback(lam_choice=LamChoice(--lam-grid, passes=--lam-passes, window=--lam-window))``);
+* ``bcfw-step`` -- BCFW as the head's optimizer (``BCFWCallback(mode="step")``, OCR only): after every training
+  step the batch's words take one BCFW block step each with the hinge's own loss-augmented decodings, so the head
+  moves at every step with no learning rate; the head is still solved (``--bcfw-passes``) and certified at epoch ends.
+
+``--bcfw-warmup`` sets the BCFW heads' epochs of cross-entropy warm-up (default 2, the examples'; 0: the structured
+hinge from the first step, after an initial solve on the untrained backbone's features, as hinge + Adam);
+``--bcfw-margin-scale s`` has the backbone's hinge score at ``s * w`` while the solved head predicts with ``w``
+(``StructuredHingeLoss(scale=s)``: the margin decoupled from the predicting head).
 
 Each run is a process of its own (its peak memory is its own). After every epoch the held-out and the test metric
 are measured, outside the clock; the clock counts training and, for the BCFW heads, the callback's solves.  **Nothing
@@ -58,7 +66,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import DATA, RESULTS, print_table, write_json  # noqa: E402
 
-HEADS = ("softmax", "crf", "hinge", "bcfw", "bcfw-lam")
+HEADS = ("softmax", "crf", "hinge", "bcfw", "bcfw-lam", "bcfw-step")
 #: per task: the head's SSVM regularisation (the example's), the epoch budget, the metric's name and direction
 TASKS = {"ocr": {"lam": 0.01, "lam_grid": "0.08,0.04,0.02,0.01,0.005", "epochs": 12, "metric": "test letter error",
                  "higher_is_better": False},
@@ -119,13 +127,14 @@ def crf_nll_and_decode(emission, transitions, offsets, labels=None):
     return (None if nll is None else nll / len(lengths)), pred
 
 
-def _module(task: str, head: str, lr: float, hinge_lam: float | None = None):
-    """The LightningModule of ``head`` on ``task`` (``hinge_lam``: the hinge head's ``lam``, default the task's)."""
+def _module(task: str, head: str, lr: float, hinge_lam: float | None = None, warmup: int = 2):
+    """The LightningModule of ``head`` on ``task`` (``hinge_lam``: the hinge head's ``lam``, default the task's;
+    ``warmup``: the BCFW heads' epochs of cross-entropy warm-up)."""
     hinge_lam = TASKS[task]["lam"] if hinge_lam is None else hinge_lam
-    return _ocr_module(head, lr, hinge_lam) if task == "ocr" else _conll_module(head, lr, hinge_lam)
+    return _ocr_module(head, lr, hinge_lam, warmup) if task == "ocr" else _conll_module(head, lr, hinge_lam, warmup)
 
 
-def _ocr_module(head: str, lr: float, hinge_lam: float):
+def _ocr_module(head: str, lr: float, hinge_lam: float, warmup: int):
     """The LightningModule of ``head`` on OCR (the BCFW head: the example's ``OCRChainCNN``)."""
     import lightning.pytorch as pl
     import torch
@@ -135,8 +144,8 @@ def _ocr_module(head: str, lr: float, hinge_lam: float):
     from torch_bcfw.nn import StructuredHead, StructuredHingeLoss
     from torch_bcfw.tasks.ocr import N_LETTERS, LetterCNN, OCRChainCNN
 
-    if head in ("bcfw", "bcfw-lam"):
-        return OCRChainCNN(feature_dim=64, channels=(32, 64), dropout=0.1, lr=lr, ce_epochs=2, ce_weight=0.0,
+    if head.startswith("bcfw"):
+        return OCRChainCNN(feature_dim=64, channels=(32, 64), dropout=0.1, lr=lr, ce_epochs=warmup, ce_weight=0.0,
                            hinge_weight=1.0)
 
     class Peer(pl.LightningModule):
@@ -175,7 +184,7 @@ def _ocr_module(head: str, lr: float, hinge_lam: float):
     return Peer()
 
 
-def _conll_module(head: str, lr: float, hinge_lam: float):
+def _conll_module(head: str, lr: float, hinge_lam: float, warmup: int):
     """The LightningModule of ``head`` on CoNLL: the example's ``ConllChainTagger`` (its encoder built from the
     datamodule's vocabulary in ``configure_model``), whose heads the peers replace."""
     import torch
@@ -185,8 +194,8 @@ def _conll_module(head: str, lr: float, hinge_lam: float):
     from torch_bcfw.nn import StructuredHead, StructuredHingeLoss
     from torch_bcfw.tasks.conll import ConllChainTagger
 
-    if head in ("bcfw", "bcfw-lam"):
-        return ConllChainTagger(encoder="bilstm", lr=lr, ce_epochs=2, ce_weight=0.0, hinge_weight=1.0)
+    if head.startswith("bcfw"):
+        return ConllChainTagger(encoder="bilstm", lr=lr, ce_epochs=warmup, ce_weight=0.0, hinge_weight=1.0)
 
     class Peer(ConllChainTagger):
         def __init__(self):
@@ -289,14 +298,22 @@ def worker(args) -> None:
         data.train_data, val_data = (words.subset(_first(mask, args.limit))
                                      for mask in ((words.folds != 0) & (words.folds != 1), words.folds == 1))
         data.train, data.val = _words(data.train_data), _words(val_data)
+        if args.head == "bcfw-step":  # the words' positions ride with the batches (BCFWCallback(mode="step"))
+            data.train, data.example_ids = [(x, y, i) for i, (x, y) in enumerate(data.train)], True
         metric = _letter_error
     else:  # the last 1000 training sentences (a tenth of them with --limit) held out
+        if args.head == "bcfw-step":
+            raise SystemExit("bcfw-step: the CoNLL datamodule's batches carry no example ids")
         holdout = max(1, args.limit // 10) if args.limit else 1000
         data = ConllChunkingDataModule(path=str(DATA / "conll2000"), batch_size=32, eval_batch_size=256,
                                        limit=args.limit, test_limit=args.limit, holdout=holdout, seed=args.seed)
         data.setup()
         metric = _chunk_f1
-    module = _module(args.task, args.head, args.lr, args.hinge_lam)
+    module = _module(args.task, args.head, args.lr, args.hinge_lam, args.bcfw_warmup)
+    if args.head.startswith("bcfw") and args.bcfw_margin_scale != 1.0:
+        from torch_bcfw.nn import StructuredHingeLoss
+
+        module.hinge = StructuredHingeLoss(module.head, scale=args.bcfw_margin_scale)
     test_loader, val_loader = data.test_dataloader(), data.val_dataloader()
     curve = []
     clock = {"spent": 0.0, "t0": None}
@@ -315,12 +332,12 @@ def worker(args) -> None:
 
     callbacks = []
     solve = None
-    if args.head in ("bcfw", "bcfw-lam"):
-        lam = {"lam": args.bcfw_lam or TASKS[args.task]["lam"]} if args.head == "bcfw" else {
+    if args.head.startswith("bcfw"):
+        lam = {"lam": args.bcfw_lam or TASKS[args.task]["lam"]} if args.head != "bcfw-lam" else {
             "lam_choice": LamChoice([float(v) for v in args.lam_grid.split(",")], passes=args.lam_passes,
                                     window=args.lam_window)}
         solve = BCFWCallback(**lam, passes_per_call=args.bcfw_passes, initial_passes=args.bcfw_passes,
-                             every_n_epochs=args.bcfw_every,
+                             every_n_epochs=args.bcfw_every, mode="step" if args.head == "bcfw-step" else "epoch",
                              solver_options={"step": "line_search", "sampling": "uniform", "averaging": True,
                                              "seed": 1})
         callbacks.append(solve)
@@ -350,9 +367,11 @@ def _run_name(task: str, head: str, lr: float, seed: int, args, hinge_lam: float
     name = f"{task}-{head}-lr{lr:g}-s{seed}-e{args.epochs}-t{args.threads}" + (f"-n{args.limit}" if args.limit else "")
     if head == "hinge":
         name += f"-lam{hinge_lam if hinge_lam is not None else TASKS[task]['lam']:g}"
-    if head in ("bcfw", "bcfw-lam"):
-        name += f"-p{args.bcfw_passes:g}-every{args.bcfw_every}"
-    if head == "bcfw" and args.bcfw_lam:
+    if head.startswith("bcfw"):
+        name += f"-p{args.bcfw_passes:g}-every{args.bcfw_every}" + (f"-warm{args.bcfw_warmup}" if args.bcfw_warmup != 2
+                                                                    else "")
+        name += f"-ms{args.bcfw_margin_scale:g}" if args.bcfw_margin_scale != 1.0 else ""
+    if head in ("bcfw", "bcfw-step") and args.bcfw_lam:
         name += f"-lam{args.bcfw_lam:g}"
     if head == "bcfw-lam":
         name += f"-grid{args.lam_grid}-lp{'head' if args.lam_passes is None else format(args.lam_passes, 'g')}"
@@ -371,7 +390,8 @@ def _launch(head: str, lr: float, seed: int, args, runs_dir: Path, hinge_lam: fl
     cmd = [sys.executable, __file__, "--worker", "--task", args.task, "--head", head, "--lr", str(lr), "--seed",
            str(seed), "--out", str(part), "--tmp", tempfile.gettempdir(), "--epochs", str(args.epochs),
            "--bcfw-passes", str(args.bcfw_passes), "--bcfw-every", str(args.bcfw_every),
-           "--lam-grid", args.lam_grid, "--threads", str(args.threads)]
+           "--lam-grid", args.lam_grid, "--threads", str(args.threads), "--bcfw-warmup", str(args.bcfw_warmup),
+           "--bcfw-margin-scale", str(args.bcfw_margin_scale)]
     if args.bcfw_lam:
         cmd += ["--bcfw-lam", str(args.bcfw_lam)]
     if args.lam_passes is not None:
@@ -560,6 +580,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--bcfw-passes", type=float, default=PASSES, help="BCFW head: passes per call (the example's 10)")
     ap.add_argument("--bcfw-every", type=int, default=1, help="BCFW head: solve every N epochs (the example's 1)")
     ap.add_argument("--bcfw-lam", type=float, default=None, help="BCFW head: its fixed lam (default: the example's)")
+    ap.add_argument("--bcfw-warmup", type=int, default=2,
+                    help="BCFW heads: epochs of cross-entropy warm-up (the examples' 2; 0: none, as the other heads)")
+    ap.add_argument("--bcfw-margin-scale", type=float, default=1.0,
+                    help="BCFW heads: the backbone's hinge scores at this multiple of the solved head's w")
     ap.add_argument("--lam-grid", default=None, help="bcfw-lam: the candidate lam values (default: the task's grid)")
     ap.add_argument("--lam-passes", type=float, default=None,
                     help="bcfw-lam: BCFW passes per candidate per call (default: --bcfw-passes, as far as the head)")

@@ -212,3 +212,11 @@ def test_callback_step_mode_moves_the_head_at_every_step(tmp_path):
     rec = cb.last_record
     assert rec.gap >= 0 and cb.calls == 3 and cb.head_optimizer is None
     assert abs(rec.model_primal - primal_value(module.head.model, final, module.head.w, LAM)[0]) <= 1e-9
+    # a hinge scoring at a multiple of w does not decode the oracle's answers at w: refused in step mode
+    scaled = Module()
+    scaled.hinge = StructuredHingeLoss(scaled.head, scale=2.0)
+    trainer = pl.Trainer(max_epochs=1, callbacks=[BCFWCallback(lam=LAM, mode="step", passes_per_call=1)], logger=False,
+                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                         default_root_dir=tmp_path)
+    with pytest.raises(ValueError, match="scale=1"):
+        trainer.fit(scaled)

@@ -51,6 +51,38 @@ def test_hinge_value_equals_enumeration(kind):
 
 
 @pytest.mark.parametrize("kind", ["chain", "multiclass"])
+def test_scaled_hinge_is_the_hinge_at_scaled_weights(kind):
+    """``StructuredHingeLoss(scale=s)`` at the head's ``w`` is the brute-force hinge at ``s * w`` (value, decodings,
+    regulariser); the head itself is untouched; a scale that is not a finite positive number is refused."""
+    model, data = _problem(kind, seed=4)
+    w, s, lam = _random_w(model, 5), 3.5, 0.2
+    head = StructuredHead(model)
+    head.set_weights(w)
+    loss_fn = StructuredHingeLoss(head, lam=lam, scale=s, reduction="none")
+    H = loss_fn(data.x, data.y, **_layout(data))
+    for i in range(len(data)):
+        best, _ = brute_force_max(model, data, s * w, i)
+        blk = data[[i]]
+        truth = float(model.joint_feature(blk, blk.y)[0] @ (s * w))
+        assert float(H[i]) == pytest.approx(best - truth + 0.5 * lam * s * s * float(w @ w), abs=1e-9)
+    plain = StructuredHead(model)
+    plain.set_weights(s * w)
+    StructuredHingeLoss(plain)(data.x, data.y, **_layout(data))
+    assert torch.equal(loss_fn.last_decoding.y_star, plain_decoding(plain, data))
+    assert torch.equal(head.w, w.to(head.w.dtype))
+    for bad in (0.0, -1.0, float("nan"), float("inf"), "2"):
+        with pytest.raises(ValueError, match="scale"):
+            StructuredHingeLoss(head, scale=bad)
+
+
+def plain_decoding(head, data):
+    """The loss-augmented decodings of ``head`` (scale 1) on ``data``."""
+    loss_fn = StructuredHingeLoss(head)
+    loss_fn(data.x, data.y, **_layout(data))
+    return loss_fn.last_decoding.y_star
+
+
+@pytest.mark.parametrize("kind", ["chain", "multiclass"])
 def test_hinge_gradient_matches_finite_differences(kind):
     model, data = _problem(kind, seed=3)
     w = _random_w(model, 4).requires_grad_(True)

@@ -18,6 +18,7 @@ Multiclass: ``x: [B, F]``, labels ``[B]``.
 """
 from __future__ import annotations
 
+import math
 import warnings
 from typing import NamedTuple
 
@@ -231,6 +232,10 @@ class StructuredHingeLoss(nn.Module):
         head: the :class:`StructuredHead` whose weights score the labelings.
         lam: regularisation added as ``lam/2 ||w||^2`` (default 0).
         reduction: ``"mean"`` (default: the SSVM objective on the batch), ``"sum"`` or ``"none"``.
+        scale: score the labelings at ``scale * w`` (default 1): the margin the backbone trains for, apart from the
+            head that predicts (a head solved by BCFW at the ``lam`` held-out data chose predicts with ``w``; the
+            backbone's hinge sees ``scale * w``: ``scale > 1`` asks for fewer violated margins, as a smaller ``lam``
+            would).  The regulariser and the decodings (:attr:`last_decoding`) are at ``scale * w`` too.
 
     ``loss(x, y, offsets=None, lengths=None)`` in the layouts of the module docstring; the gradient flows into
     ``x`` and, for a trainable head, into ``w``.
@@ -244,12 +249,15 @@ class StructuredHingeLoss(nn.Module):
     training call of such a head at ``w = 0`` warns once (``UserWarning``).
     """
 
-    def __init__(self, head: StructuredHead, lam: float = 0.0, reduction: str = "mean"):
+    def __init__(self, head: StructuredHead, lam: float = 0.0, reduction: str = "mean", scale: float = 1.0):
         super().__init__()
         if not isinstance(head, StructuredHead):
             raise TypeError(f"StructuredHingeLoss needs a StructuredHead, got {type(head).__name__}")
         if lam < 0:
             raise ValueError(f"lam must be >= 0, got {lam}")
+        if not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0):
+            raise ValueError(f"scale must be a finite number > 0, got {scale!r}")
+        self.scale = float(scale)
         _check_reduction(reduction)
         self.head = [head]  # a list: do not register the head as a submodule of the loss
         self.lam = float(lam)
@@ -270,8 +278,9 @@ class StructuredHingeLoss(nn.Module):
         head = self.head[0]
         if not self._checked_start and x.requires_grad:
             self._warn_if_zero_start(head)
-        H, self.last_decoding = _hinge_and_decoding(head.model, head.w, x, y, offsets, lengths, self.reduction)
+        w = head.w if self.scale == 1.0 else self.scale * head.w
+        H, self.last_decoding = _hinge_and_decoding(head.model, w, x, y, offsets, lengths, self.reduction)
         if self.lam:
-            w = head.w.to(x.device, x.dtype)
+            w = w.to(x.device, x.dtype)
             H = H + 0.5 * self.lam * (w @ w)
         return H

@@ -406,6 +406,10 @@ class BCFWCallback(Callback):
         if not losses:
             raise ValueError(f"BCFWCallback(mode='step'): {type(pl_module).__name__} has no StructuredHingeLoss of "
                              f"head {self.head_attr!r} among its submodules (its decodings are the block steps' oracle)")
+        scaled = [m.scale for m in losses if m.scale != 1.0]
+        if scaled:
+            raise ValueError(f"BCFWCallback(mode='step'): the structured hinge scores at {scaled[0]:g} * w, so its "
+                             "decodings are not the BCFW oracle's answers at the head's w; use scale=1 with mode='step'")
         found = [m.last_decoding for m in losses if m.last_decoding is not None]
         for m in losses:
             m.last_decoding = None
