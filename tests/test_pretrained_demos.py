@@ -14,8 +14,8 @@ from torch import nn
 from torch_bcfw.datasets.lsp import frame_to_original, load_lsp_extended, lsp_split_ids
 from torch_bcfw.io.tree_file import load_tree
 from torch_bcfw.metrics.segmentation import boundary_band, iou_difference, segmentation_counts, segmentation_summary
-from torch_bcfw.tasks.pose import soft_targets
-from torch_bcfw.tasks.lsp_data import FLIP_PERMUTATION
+from torch_bcfw.datasets.lsp import FLIP_PERMUTATION
+from torch_bcfw.vision.heatmaps import soft_targets
 from torch_bcfw.vision import PretrainedTrunk, cache_features, stored_features
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
@@ -49,12 +49,34 @@ def test_pose_example_end_to_end(tmp_path, monkeypatch):
     assert d["ci95"][0] <= d["diff"] <= d["ci95"][1]
     assert report["ssvm"]["gap"] >= -1e-9 and report["ssvm"]["lam"] in (0.01, 0.1)
     assert set(report["ssvm"]["lam_cv_pck"]) == {"0.01", "0.1"}
+    # K (relation types per edge) and lam chosen together on the held-out images: the best cross-validated PCK
+    types = report["types"]
+    assert types["candidates"] == [1, 3, 4, 5, 6, 7, 8] and types["K"] in types["candidates"]
+    table = types["held_out_cv_pck@0.2"]
+    assert set(table) == {str(k) for k in types["candidates"]} and all(set(v) == {"0.01", "0.1"} for v in table.values())
+    assert table[str(types["K"])][str(report["ssvm"]["lam"])] == max(p for v in table.values() for p in v.values())
+    assert report["ssvm"]["lam_cv_pck"] == table[str(types["K"])]
+    # the sub-cell rule chosen by held-out argmax PCK; the cell centres' figures beside it
+    by_rule = report["held_out_argmax_pck@0.2_by_subcell_rule"]
+    assert set(by_rule) == {"none", "quarter", "parabola"} and report["subcell_rule"] in ("quarter", "parabola")
+    assert by_rule[report["subcell_rule"]] == max(by_rule["quarter"], by_rule["parabola"])
+    cells = report["cell_centres"]
+    assert cells["pck@0.2/tree_minus_argmax"]["diff"] == pytest.approx(
+        cells["pck@0.2/tree"] - cells["pck@0.2/argmax"], abs=1e-6)
     pred = json.loads((out / "predictions.json").read_text())
     assert pred["images"] == list(range(1501, 1507))
     assert np.asarray(pred["tree"]).shape == np.asarray(pred["argmax"]).shape == (6, 14, 2)
     heat = load_tree(out / "heatmaps.safetensors")
     assert heat["held_out_images"] == [9, 10, 11, 12] and heat["test_images"] == list(range(1501, 1507))
     assert heat["held_out"].shape == (4, 14, 8, 8) and heat["test"].shape == (6, 14, 8, 8)
+    # the held-out images' type maps for every K (to redo the choice of K), the test images' for the chosen K
+    assert set(heat["held_out_types"]) == {str(k) for k in range(3, 9)}
+    for k, maps in heat["held_out_types"].items():
+        assert maps.shape == (4, 13, int(k), 8, 8) and maps.dtype == torch.float16
+        assert torch.allclose(maps.float().exp().sum(2), torch.ones(4, 13, 8, 8), atol=1e-2)
+        assert heat["type_offsets"][k].shape == heat["type_scales"][k].shape == (13, int(k), 2)
+    K = types["K"]
+    assert set(heat["test_types"]) == ({str(K)} if K > 1 else set())
     # log-softmax heatmaps over the grid; their argmax is the argmax prediction (frame pixels -> grid cells)
     assert torch.allclose(heat["test"].float().exp().sum(dim=(-2, -1)), torch.ones(6, 14), atol=2e-2)
 

@@ -24,11 +24,13 @@ import numpy as np
 import torch
 from torch import Tensor
 
-__all__ = ["NUM_JOINTS", "LSPSample", "frame_to_original", "grid_to_joints", "joints_to_grid", "letterbox_geometry",
+__all__ = ["FLIP_PERMUTATION", "NUM_JOINTS", "LSPSample", "frame_to_original", "grid_to_joints", "joints_to_grid", "letterbox_geometry",
            "load_lsp_extended", "lsp_split_ids",
            "reference_torso", "torso_size", "torso_with_fallback"]
 
 NUM_JOINTS = 14
+#: joint order after a horizontal flip (left and right swap): LSP_JOINTS[FLIP_PERMUTATION[j]] mirrors joint j
+FLIP_PERMUTATION = (5, 4, 3, 2, 1, 0, 11, 10, 9, 8, 7, 6, 12, 13)
 _SPLITS = {"train": range(1, 1501), "test": range(1501, 2001), "all": range(1, 2001)}
 _RIGHT_HIP, _LEFT_HIP, _RIGHT_SHOULDER, _LEFT_SHOULDER = 2, 3, 8, 9
 _HOW_TO_GET = ("download lspet_dataset.zip from http://sam.johnson.io/research/lspet.html "
@@ -217,7 +219,8 @@ def joints_to_grid(joints: Tensor, size: int, grid_size: int) -> Tensor:
 
 
 def grid_to_joints(positions: Tensor, size: int, grid_size: int) -> Tensor:
-    """Inverse of :func:`joints_to_grid`: (y, x) grid positions [..., 2] to (x, y) frame coordinates [..., 2]."""
+    """Inverse of :func:`joints_to_grid`: (y, x) grid positions [..., 2] (integer cells, or float sub-cell positions
+    as of :func:`~torch_bcfw.inference.subcell.refine_cells`) to (x, y) frame coordinates [..., 2]."""
     if not positions.is_floating_point():
         positions = positions.to(torch.get_default_dtype())
     return (positions.flip(-1) + 0.5) * (size / grid_size)

@@ -20,15 +20,12 @@ from pathlib import Path
 import lightning.pytorch as pl
 import torch
 
-from ..datasets.lsp import joints_to_grid, load_lsp_extended, reference_torso, torso_size, torso_with_fallback
+from ..datasets.lsp import FLIP_PERMUTATION, joints_to_grid, load_lsp_extended, reference_torso, torso_size, torso_with_fallback
 from ..inference.tree import LSP_TREE_EDGES
 from ..models.pose import impute_positions, mean_offsets, nearest_types, offset_scales, offset_types
 from ..io.tree_file import load_tree, save_tree
 
-__all__ = ["FLIP_PERMUTATION", "LSPPoseDataModule", "PoseTensors", "augment_batch"]
-
-#: joint order after a horizontal flip (left and right swap): LSP_JOINTS[FLIP_PERMUTATION[j]] mirrors joint j
-FLIP_PERMUTATION = (5, 4, 3, 2, 1, 0, 11, 10, 9, 8, 7, 6, 12, 13)
+__all__ = ["LSPPoseDataModule", "PoseTensors", "augment_batch"]
 
 
 class PoseTensors(torch.utils.data.Dataset):

@@ -16,17 +16,18 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from ..datasets.lsp import grid_to_joints, joints_to_grid
+from ..inference.subcell import argmax_positions
 from ..inference.tree import LSP_TREE_EDGES, edge_ends
 from ..inference.tree_mixture import select_types
 from ..metrics.pck import compare_pck
 from ..models.pose import PoseTree
 from ..nn import StructuredHead
-from ..data.poses import PoseData, flat_to_positions
+from ..data.poses import PoseData
+from ..vision.heatmaps import log_heatmaps, soft_targets
 from .eval_hooks import cosine_schedule
 from .lsp_data import augment_batch
 
-__all__ = ["CrossFittedCNN", "HeatmapCNN", "PoseHead", "PoseTreeCNN", "argmax_positions", "log_heatmaps", "log_maps",
-           "soft_targets"]
+__all__ = ["CrossFittedCNN", "HeatmapCNN", "PoseHead", "PoseTreeCNN", "log_maps"]
 
 
 class _Block(nn.Module):
@@ -146,28 +147,6 @@ class CrossFittedCNN(nn.Module):
                     if o is not None:
                         o[sel] = p
         return tuple(out) if out is not None else self.maps(images)  # an empty batch
-
-
-def log_heatmaps(logits: Tensor) -> Tensor:
-    """Log-softmax over the cells of every joint map: ``[B, J, G, G]`` -> ``[B, J, G, G]``."""
-    B, J, G, _ = logits.shape
-    return F.log_softmax(logits.reshape(B, J, -1), dim=-1).reshape(B, J, G, G)
-
-
-def soft_targets(grid_pos: Tensor, grid_size: int, sigma: float) -> Tensor:
-    """Normalised Gaussians of ``sigma`` cells around ``grid_pos`` ``[B, J, 2]`` (y, x): ``[B, J, G, G]``
-    (NaN positions give NaN maps: mask them)."""
-    g = torch.arange(grid_size, dtype=grid_pos.dtype, device=grid_pos.device)
-    dy2 = (g - grid_pos[..., 0, None]).square()[..., :, None]
-    dx2 = (g - grid_pos[..., 1, None]).square()[..., None, :]
-    t = torch.exp(-(dy2 + dx2) / (2 * sigma * sigma))
-    return t / t.sum(dim=(-2, -1), keepdim=True)
-
-
-def argmax_positions(heatmaps: Tensor) -> Tensor:
-    """Per-joint argmax cells ``LongTensor[B, J, 2]`` (y, x) of ``[B, J, G, G]`` maps."""
-    B, J, G, _ = heatmaps.shape
-    return flat_to_positions(heatmaps.reshape(B, J, -1).argmax(-1), B, J, G)
 
 
 class PoseHead(StructuredHead):
