@@ -358,6 +358,8 @@ def worker(args) -> None:
             out.update(lam_grid=solve.lam_choice.lams, lam_choices=solve.lam_choice.history)
     if args.head == "hinge":
         out["hinge_lam"] = module.hinge.lam
+    if args.head.startswith("bcfw"):
+        out.update(bcfw_warmup=args.bcfw_warmup, margin_scale=args.bcfw_margin_scale)
     Path(args.out).write_text(json.dumps(out))
 
 
@@ -498,12 +500,16 @@ COLUMNS = ["head", "lr", "lam", "test_at_held_out_epoch", "held_out_min", "held_
 
 
 def _label(run: dict) -> str:
-    """The head of a run, with hinge + Adam's ``lam`` (runs at several values are different heads)."""
+    """The head of a run, with hinge + Adam's ``lam`` (runs at several values are different heads); a run read from
+    its own run file (``--combine``) is labelled by the file's name, which names every setting."""
+    if "source" in run:
+        return run["source"]
     return f"hinge lam {run['hinge_lam']:g}" if run["head"] == "hinge" and "hinge_lam" in run else run["head"]
 
 
 def _report(task: str, runs: list[dict]) -> tuple[list[dict], list[dict]]:
-    labels = sorted({_label(r) for r in runs}, key=lambda lb: (HEADS.index(lb.split()[0]), lb))
+    order = {_label(r): (HEADS.index(r["head"]), _label(r)) for r in runs}
+    labels = sorted(order, key=order.get)
     table = [{**_summary([r for r in runs if _label(r) == lb], task), "head": lb} for lb in labels]
     print(f"metric: {TASKS[task]['metric']}; epochs chosen on held-out data, never on the test split")
     print_table(table, COLUMNS)
@@ -530,7 +536,7 @@ def _load_runs(files: list[Path], task: str) -> list[dict]:
     runs = []
     for f in files:
         rep = json.loads(Path(f).read_text())
-        for r in (rep["runs"] if "runs" in rep else [rep]):
+        for r in (rep["runs"] if "runs" in rep else [{**rep, "source": Path(f).stem}]):
             if r.get("task", "ocr") != task:
                 raise SystemExit(f"{f} holds runs of task {r.get('task', 'ocr')!r}, not {task!r}")
             if "val_metric" not in r["curve"][0]:
