@@ -2,6 +2,7 @@
 
     python examples/pose_lsp.py                          # EfficientNet-Lite0, stride-16 and -32 stages fine-tuned
     python examples/pose_lsp.py --probe                  # the structured probe: backbone frozen
+    python examples/pose_lsp.py --unaries local --types 1  # local unaries: frozen blocks 0-4 (stride 8), 1x1 decoder
     python examples/pose_lsp.py --device cuda            # the same on a GPU
     python examples/pose_lsp.py --limit 40 --test-limit 20 --size 64 --epochs 1 --holdout 12   # a quick look
 
@@ -34,6 +35,13 @@ original-image pixels) and ``heatmaps.safetensors`` (float16, with their LSPET i
 heatmaps the tree head was trained on and decodes, the held-out images' type maps for every K and the test
 images' for the chosen K, and the types' offsets and scales: the tree stage can be redone on them without
 retraining the network; ``torch_bcfw.io.tree_file.load_tree``, docs/formats.md) to ``--output``.
+
+``--unaries local`` (where a tree earns most): the heatmaps see only a small image patch.  The backbone is frozen
+and cut after block ``--local-blocks`` - 1 (:class:`EarlyBlocks`; 5: blocks 0-4, the stride-8 map of 40 channels,
+a receptive field of 67 pixels of the 256-pixel frame; 3: the stride-4 map, 19 pixels), its one map is cached and
+the decoder's hidden convolutions are 1x1 (``PretrainedTrunk(kernel=1)``): each cell's joint scores are a
+function of that cell's features alone.  Everything after (epoch, sub-cell rule, K, lam, the tree head, the test)
+is as above.
 """
 from __future__ import annotations
 
@@ -44,7 +52,7 @@ import time
 from pathlib import Path
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from torch_bcfw import fit
 from torch_bcfw.cross_validation import choose_lam
@@ -83,6 +91,12 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="first EfficientNet-Lite0 block trained (0-15; earlier ones frozen and cached; 5: the "
                          "stride-16 and -32 stages, chosen over 11 by held-out PCK)")
     ap.add_argument("--probe", action="store_true", help="the backbone frozen entirely (only the decoder trained)")
+    ap.add_argument("--unaries", default="deep", choices=["deep", "local"],
+                    help="deep: the heatmaps decoded from the stride-8/16/32 maps (3x3 decoder); local: from the "
+                         "frozen blocks before --local-blocks only, by a 1x1 decoder (small receptive field)")
+    ap.add_argument("--local-blocks", type=int, default=5,
+                    help="with --unaries local: the frozen blocks 0..N-1 whose last output is the only map (5: "
+                         "stride 8, receptive field 67 px; 3: stride 4, 19 px)")
     ap.add_argument("--width", type=int, default=128, help="decoder channels")
     ap.add_argument("--epochs", type=int, default=20)
     ap.add_argument("--lr", type=float, default=1e-3, help="AdamW, one-cycle schedule")
@@ -113,7 +127,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = ap.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
         ap.error("--device cuda: no CUDA device")
-    args.train_from = None if args.probe else args.train_from
+    if not 1 <= args.local_blocks <= 16:
+        ap.error(f"--local-blocks must be in 1..16, got {args.local_blocks}")
+    local = args.unaries == "local"
+    args.train_from = None if args.probe or local else args.train_from
+    args.decoder_kernel = 1 if local else 3
     args.lams = tuple(float(v) for v in args.lams.split(","))
     try:
         types = sorted({int(v) for v in args.types.split(",")})
@@ -128,6 +146,18 @@ def parse_args(argv=None) -> argparse.Namespace:
     if not args.type_weight >= 0:
         ap.error(f"--type-weight must be >= 0, got {args.type_weight}")
     return args
+
+
+class EarlyBlocks(nn.Module):
+    """The frozen first ``blocks`` blocks of an EfficientNet-Lite0 (stem included) as a backbone of one map: their
+    last output (``--unaries local``)."""
+
+    def __init__(self, net: nn.Module, blocks: int):
+        super().__init__()
+        self.net, self.blocks = net, blocks
+
+    def forward(self, images: Tensor) -> list[Tensor]:
+        return self.net.blocks_until(images, self.blocks)[-1:]
 
 
 # ---------------------------------------------------------------- stage 2: heatmaps and type maps from the backbone
@@ -309,6 +339,9 @@ def main(argv=None) -> None:
 
     # stage 1: the backbone, the frames and their cached features
     backbone = efficientnet_lite0()
+    features = "lsp_{}"
+    if args.unaries == "local":
+        backbone, features = EarlyBlocks(backbone, args.local_blocks).eval(), f"lsp_{{}}_local{args.local_blocks}"
     data = LSPPoseDataModule(root=args.data, size=S, grid_size=G, limit=args.limit, test_limit=args.test_limit,
                              deformation_scale=args.deformation_scale, cache_dir=cache_dir, seed=args.seed)
     data.setup()
@@ -322,7 +355,7 @@ def main(argv=None) -> None:
     timings = {"load": time.perf_counter() - t0}
     t = time.perf_counter()
     torch.manual_seed(args.seed)
-    feats = {(split, flip): stored_features(cache_dir, f"lsp_{split}", backbone, f["image"], args.train_from,
+    feats = {(split, flip): stored_features(cache_dir, features.format(split), backbone, f["image"], args.train_from,
                                             device=args.device, flip=flip, log=print)
              for split, f in (("train", train), ("test", test)) for flip in (False, True)}
     timings["cache_features"] = time.perf_counter() - t
@@ -331,7 +364,8 @@ def main(argv=None) -> None:
     # stage 2: the trained blocks and the decoder of heatmaps and type maps
     t = time.perf_counter()
     channels = 14 + (type_channels(E, args.types) if args.types else 0)
-    trunk = PretrainedTrunk(backbone, channels, args.train_from, args.width).to(args.device)
+    trunk = PretrainedTrunk(backbone, channels, args.train_from, args.width, kernel=args.decoder_kernel)
+    trunk = trunk.to(args.device)
     print(f"decoder outputs: 14 heatmaps + {channels - 14} type maps (K = {list(args.types)})")
     history, best_epoch = train_heatmaps(trunk, feats["train", False], feats["train", True], train, train_index,
                                          val_index, clusters, args)
@@ -405,7 +439,9 @@ def main(argv=None) -> None:
         "ssvm": {"lam": lam, "lam_cv_pck": {str(k): v for k, v in cv_table[K].items()}, "gap": result.gap,
                  "primal": result.history[-1].primal if result.history else None, "passes": args.passes},
         "options": options, "wall_s": timings,
-        "device": args.device, "threads": args.threads, "backbone": "efficientnet-lite0 (ImageNet)"}
+        "device": args.device, "threads": args.threads, "backbone": "efficientnet-lite0 (ImageNet)"
+        + (f", blocks 0-{args.local_blocks - 1} frozen, 1x1 decoder (local unaries)"
+           if args.unaries == "local" else "")}
     ids = lsp_split_ids("test")[: len(tree)]
     predictions = {"images": list(ids), "subcell_rule": rule,
                    **{k: frame_to_original(v, args.data, ids, S).round(decimals=2).tolist()

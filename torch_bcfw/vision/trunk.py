@@ -124,16 +124,20 @@ def feature_channels(backbone: nn.Module, image_size: tuple[int, int] = (64, 64)
 
 class FeatureDecoder(nn.Module):
     """Maps ``[B, C_k, h_k, w_k]`` (finest first) -> ``[B, out_channels, H, W]``: every map projected by a 1x1
-    convolution to ``width`` channels and upsampled (bilinear) to the finest map, summed, two 3x3 convolution
-    blocks (BatchNorm, ReLU), a 1x1 output, then bilinear upsampling to the requested ``(H, W)``."""
+    convolution to ``width`` channels and upsampled (bilinear) to the finest map, summed, two ``kernel`` x
+    ``kernel`` convolution blocks (BatchNorm, ReLU; ``kernel = 1``: each output cell sees only its own input cell,
+    the receptive field stays the backbone's), a 1x1 output, then bilinear upsampling to the requested ``(H, W)``."""
 
-    def __init__(self, in_channels: list[int], out_channels: int, width: int = 128):
+    def __init__(self, in_channels: list[int], out_channels: int, width: int = 128, kernel: int = 3):
         super().__init__()
+        if kernel < 1 or kernel % 2 == 0:
+            raise ValueError(f"kernel must be odd and >= 1, got {kernel}")
         self.lateral = nn.ModuleList(nn.Conv2d(c, width, 1) for c in in_channels)
+        pad = kernel // 2
         self.body = nn.Sequential(
             nn.BatchNorm2d(width), nn.ReLU(inplace=True),
-            nn.Conv2d(width, width, 3, padding=1, bias=False), nn.BatchNorm2d(width), nn.ReLU(inplace=True),
-            nn.Conv2d(width, width, 3, padding=1, bias=False), nn.BatchNorm2d(width), nn.ReLU(inplace=True))
+            nn.Conv2d(width, width, kernel, padding=pad, bias=False), nn.BatchNorm2d(width), nn.ReLU(inplace=True),
+            nn.Conv2d(width, width, kernel, padding=pad, bias=False), nn.BatchNorm2d(width), nn.ReLU(inplace=True))
         self.out = nn.Conv2d(width, out_channels, 1)
 
     def forward(self, maps: list[Tensor], size: tuple[int, int]) -> Tensor:
@@ -157,10 +161,11 @@ class PretrainedTrunk(nn.Module):
             ``parameters_from(train_from)`` are trained here; their BatchNorm statistics stay frozen); ``None``:
             the backbone is frozen entirely.
         width: the decoder's width.
+        kernel: the size of the decoder's two hidden convolutions (3; 1: a per-cell decoder).
     """
 
     def __init__(self, backbone: nn.Module, out_channels: int, train_from: int | None = None, width: int = 128,
-                 image_size: tuple[int, int] = (64, 64)):
+                 image_size: tuple[int, int] = (64, 64), kernel: int = 3):
         super().__init__()
         self.train_from = train_from
         self.backbone = backbone if train_from is not None else None
@@ -168,7 +173,7 @@ class PretrainedTrunk(nn.Module):
             _splittable(backbone).requires_grad_(False)
             for p in backbone.parameters_from(train_from):
                 p.requires_grad_(True)
-        self.decoder = FeatureDecoder(feature_channels(backbone, image_size), out_channels, width)
+        self.decoder = FeatureDecoder(feature_channels(backbone, image_size), out_channels, width, kernel)
 
     def train(self, mode: bool = True):
         super().train(mode)
