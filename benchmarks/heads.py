@@ -54,6 +54,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import resource
 import subprocess
 import sys
@@ -501,9 +502,10 @@ COLUMNS = ["head", "lr", "lam", "test_at_held_out_epoch", "held_out_min", "held_
 
 def _label(run: dict) -> str:
     """The head of a run, with hinge + Adam's ``lam`` (runs at several values are different heads); a run read from
-    its own run file (``--combine``) is labelled by the file's name, which names every setting."""
+    its own run file (``--combine``) is labelled by the file's name, which names every setting, less the seed (the
+    seeds of one setting are one row)."""
     if "source" in run:
-        return run["source"]
+        return re.sub(r"-s\d+-", "-", run["source"])
     return f"hinge lam {run['hinge_lam']:g}" if run["head"] == "hinge" and "hinge_lam" in run else run["head"]
 
 
