@@ -70,6 +70,13 @@ def test_type_loss_equals_a_loop_and_trains_the_type_channels_only() -> None:
     assert float(none.detach()) == 0.0
     with pytest.raises(ValueError, match="expected types"):
         type_loss(logq[K], types[:, :1], ends, known)
+    bad = types.clone()
+    bad[known] = K  # a type out of range on a known edge is refused, not clamped
+    if bool(known.any()):
+        with pytest.raises(ValueError, match="known edges"):
+            type_loss(logq[K], bad, ends, known)
+    unknown = types.masked_fill(~known, -7)  # unknown edges carry no weight, whatever their type says
+    assert float(type_loss(logq[K], unknown, ends, known).detach()) == pytest.approx(float(loss.detach()), rel=1e-12)
 
 
 def test_type_targets_of_real_looking_poses() -> None:

@@ -24,9 +24,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
-__all__ = ["FLIP_PERMUTATION", "NUM_JOINTS", "LSPSample", "frame_to_original", "grid_to_joints", "joints_to_grid", "letterbox_geometry",
-           "load_lsp_extended", "lsp_split_ids",
-           "reference_torso", "torso_size", "torso_with_fallback"]
+__all__ = ["FLIP_PERMUTATION", "NUM_JOINTS", "LSPSample", "frame_to_original", "grid_to_joints", "joints_to_grid",
+           "letterbox_geometry", "load_lsp_extended", "lsp_split_ids", "reference_torso", "torso_size",
+           "torso_with_fallback"]
 
 NUM_JOINTS = 14
 #: joint order after a horizontal flip (left and right swap): LSP_JOINTS[FLIP_PERMUTATION[j]] mirrors joint j

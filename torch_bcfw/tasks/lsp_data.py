@@ -20,7 +20,14 @@ from pathlib import Path
 import lightning.pytorch as pl
 import torch
 
-from ..datasets.lsp import FLIP_PERMUTATION, joints_to_grid, load_lsp_extended, reference_torso, torso_size, torso_with_fallback
+from ..datasets.lsp import (
+    FLIP_PERMUTATION,
+    joints_to_grid,
+    load_lsp_extended,
+    reference_torso,
+    torso_size,
+    torso_with_fallback,
+)
 from ..inference.tree import LSP_TREE_EDGES
 from ..models.pose import impute_positions, mean_offsets, nearest_types, offset_scales, offset_types
 from ..io.tree_file import load_tree, save_tree

@@ -92,7 +92,10 @@ def type_loss(type_logp: Tensor, types: Tensor, end_targets: Tensor, known: Tens
     if types.shape != (B, E) or end_targets.shape != (B, E, 2, G, G) or known.shape != (B, E):
         raise ValueError(f"expected types [B, E] = [{B}, {E}], end_targets [{B}, {E}, 2, {G}, {G}] and known "
                          f"[{B}, {E}], got {tuple(types.shape)}, {tuple(end_targets.shape)}, {tuple(known.shape)}")
-    index = types.long().clamp(0, K - 1)[:, :, None, None, None].expand(B, E, 1, G, G)
+    types = types.long()
+    if bool(((types[known] < 0) | (types[known] >= K)).any()):
+        raise ValueError(f"the types of known edges must be in [0, {K}), got {types[known].unique().tolist()}")
+    index = types.where(known, 0)[:, :, None, None, None].expand(B, E, 1, G, G)  # unknown edges: weight 0
     chosen = type_logp.gather(2, index)  # [B, E, 1, G, G]: broadcasts over the two sides
     ce = -(torch.nan_to_num(end_targets) * chosen).sum(dim=(-2, -1))  # [B, E, 2]
     w = known.to(ce.dtype)[..., None]
