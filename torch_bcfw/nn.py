@@ -3,6 +3,8 @@
 * :class:`StructuredHead` holds the weights ``w`` of a linear structured model on a backbone's features
   ``x = f_theta(raw)`` and decodes (``argmax_y <w, phi(x, y)>``) on the device of the features, with the
   model's differentiable operations (:meth:`~torch_bcfw.models.base.StructuredModel.head_ops`).
+* :func:`pose_hinge` is the structured hinge of a pose tree (:class:`~torch_bcfw.models.PoseTree`) differentiable in
+  its unary maps: a heatmap network trained for the tree that decodes it.
 * :class:`StructuredHingeLoss` is the SSVM loss of a batch,
   ``1/B sum_i max_y [L_i(y) + <w, phi(x_i, y)>] - <w, phi(x_i, y_i)>`` (plus ``lam/2 ||w||^2`` when asked): the
   maximisation runs without gradient, the hinge is rebuilt with differentiable ops, so autograd gives a
@@ -27,9 +29,10 @@ from torch import Tensor, nn
 
 from .checks import check_index_tensor, check_offsets
 from .data.base import counts_to_offsets
+from .data.poses import PoseData
 from .models.base import StructuredModel
 
-__all__ = ["HingeDecoding", "StructuredHead", "StructuredHingeLoss", "structured_hinge"]
+__all__ = ["HingeDecoding", "StructuredHead", "StructuredHingeLoss", "pose_hinge", "structured_hinge"]
 
 
 def _ops_for(model: StructuredModel):
@@ -142,6 +145,51 @@ def _hinge_and_decoding(model, w, x, y, offsets, lengths, reduction) -> tuple[Te
     if reduction == "sum":
         return H.sum(), dec
     return H, dec
+
+
+def pose_hinge(model: StructuredModel, w: Tensor, data: PoseData, unary: Tensor, type_unary: Tensor | None = None,
+               reduction: str = "mean") -> Tensor:
+    """Structured hinge of a pose tree, differentiable in its unary maps (a tree trained with its unaries).
+
+    ``H_i = max_y [L_i(y) + <w, psi(u_i, y)>] - <w, psi(u_i, y_i)>`` where the unary part of ``psi`` reads the maps
+    ``u = unary`` at each joint's cell (and, with ``type_features``, ``type_unary`` at both ends of every edge).
+    The loss-augmented MAP ``y*`` is the model's exact oracle, run without gradient; ``H`` is then rebuilt from
+    ``u``, so autograd gives the subgradient ``w_U[j] (e_{y*_j} - e_{y_ij})`` in each joint's map (and the type
+    maps' counterpart).  Its value equals the hinge of ``data`` (float64).
+
+    Args:
+        model: the tree (a :class:`~torch_bcfw.models.PoseTree`, or any model of ``PoseData`` whose joint feature
+            reads the maps by indexing), ``w [d]`` its weights (e.g. a BCFW solve of the same tree; quadratic weights ``>= 0``).
+        data: labelled :class:`~torch_bcfw.data.PoseData` whose ``unary`` (and ``type_unary``) are
+            ``unary.detach()`` (and ``type_unary.detach()``): the labels, visibility, torso sizes and types.
+        unary: the maps ``[n, J, K_u, G, G]`` (or ``[n, J, G, G]``) the gradient flows into.
+        type_unary: ``[n, E, K, 2, G, G]`` for a ``type_features`` model (else ``None``).
+        reduction: ``"mean"`` (default), ``"sum"`` or ``"none"`` (``Tensor[n]``).
+    """
+    _check_reduction(reduction)
+    if not isinstance(model, StructuredModel) or not isinstance(data, PoseData):
+        raise TypeError(f"pose_hinge needs a model of PoseData (a PoseTree) and PoseData, got "
+                        f"{type(model).__name__} and {type(data).__name__}")
+    model.check_data(data, require_labels=True)
+    unary = unary.unsqueeze(2) if unary.dim() == 4 else unary
+    if unary.shape != data.unary.shape or unary.device != data.device:
+        raise ValueError(f"unary must have the shape and device of data.unary {tuple(data.unary.shape)} "
+                         f"({data.device}), got {tuple(unary.shape)} ({unary.device})")
+    if not torch.equal(unary.detach(), data.unary):
+        raise ValueError("data.unary must be unary.detach(): the decodings and the hinge would score different maps")
+    if (type_unary is None) != (data.type_unary is None):
+        raise ValueError("give type_unary exactly when data has type_unary (a PoseTree(type_features=True) head)")
+    if type_unary is not None and not torch.equal(type_unary.detach(), data.type_unary):
+        raise ValueError("data.type_unary must be type_unary.detach()")
+    with torch.no_grad():
+        y_star = model.oracle(w.detach(), data)
+    # the same labels over the live maps (validated above as equal to data's, so no second check)
+    live = PoseData(unary, data.positions, data.visible, data.torso, data.types, type_unary, check=False)
+    w = w.to(device=data.device, dtype=torch.float64)
+    H = model.loss(data, y_star) + (model.joint_feature(live, y_star) - model.joint_feature(live, data.y)) @ w
+    if reduction == "mean":
+        return H.mean()
+    return H.sum() if reduction == "sum" else H
 
 
 # ---------------------------------------------------------------------------- modules

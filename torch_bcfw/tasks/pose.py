@@ -15,17 +15,17 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
+from ..data.poses import PoseData
 from ..datasets.lsp import grid_to_joints, joints_to_grid
+from ..datasets.lsp_tensors import augment_batch
 from ..inference.subcell import argmax_positions
 from ..inference.tree import LSP_TREE_EDGES, edge_ends
 from ..inference.tree_mixture import select_types
 from ..metrics.pck import compare_pck
 from ..models.pose import PoseTree
 from ..nn import StructuredHead
-from ..data.poses import PoseData
 from ..vision.heatmaps import log_heatmaps, soft_targets
 from .eval_hooks import cosine_schedule
-from .lsp_data import augment_batch
 
 __all__ = ["CrossFittedCNN", "HeatmapCNN", "PoseHead", "PoseTreeCNN", "log_maps"]
 

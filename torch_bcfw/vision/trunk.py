@@ -23,7 +23,7 @@ from torch.nn import functional as F
 from ..io.serialization import atomic_write_stream
 
 __all__ = ["FeatureDecoder", "PretrainedTrunk", "SplittableBackbone", "cache_features", "feature_channels",
-           "stored_features"]
+           "frozen_part", "stored_features"]
 
 
 @runtime_checkable
@@ -58,8 +58,10 @@ def _as_maps(out) -> list[Tensor]:
     return maps
 
 
-def _frozen_part(backbone: nn.Module, images: Tensor, train_from: int | None) -> list[Tensor]:
-    """The cached inputs of the trained part: the taps before the split and the activation at it (or every map)."""
+def frozen_part(backbone: nn.Module, images: Tensor, train_from: int | None) -> list[Tensor]:
+    """The inputs of the trained part for float images ``[B, 3, H, W]`` in ``[0, 1]``: the taps before the split
+    and the activation at it (or, with ``train_from=None``, every map of the frozen backbone), as
+    :func:`cache_features` stores them (but in the images' dtype, with gradient unless under ``no_grad``)."""
     if train_from is None:
         return _as_maps(backbone(images))
     return _splittable(backbone).blocks_until(images, train_from)
@@ -84,7 +86,7 @@ def cache_features(backbone: nn.Module, images: Tensor, train_from: int | None =
         x = x.float() / 255.0 if x.dtype == torch.uint8 else x.float()
         if flip:
             x = x.flip(-1)
-        out.append([m.to("cpu", torch.float16) for m in _frozen_part(backbone, x, train_from)])
+        out.append([m.to("cpu", torch.float16) for m in frozen_part(backbone, x, train_from)])
         done = min(start + batch_size, len(images))
         if log is not None and done // step > start // step:
             log(f"features of {done} / {len(images)} images")
