@@ -139,7 +139,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--test-limit", type=int, default=None)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    ap.add_argument("--threads", type=int, default=2, help="torch CPU threads")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch CPU threads (on a two-core machine shared with other jobs an epoch took 30-40 s with 1 "
+                         "and 95-160 s with 2; 2 may be faster on an idle machine)")
     ap.add_argument("--output", default="runs/pose")
     args = ap.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
