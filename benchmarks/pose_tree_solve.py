@@ -2,8 +2,8 @@
 
     python benchmarks/pose_tree_solve.py --run runs/pose [--types 1,3] [--lams 0.01,0.1,1,10] [--rel-gap 0.01]
 
-Redoes stage 3 and 4 of ``examples/pose_lsp.py`` on the float16 heatmaps (and type maps) a run saved in
-``<run>/heatmaps.safetensors``, with the run's sub-cell rule and options (``<run>/report.json``): for every ``K``
+Redoes stage 3 and 4 of ``examples/pose_lsp.py`` on the float16 heatmaps (and type maps) of the heatmap-only
+network a run saved in ``<run>/heatmaps.safetensors``, with the run's sub-cell rule and options (``<run>/report.json``): for every ``K``
 of ``--types`` and ``lam`` of ``--lams``, a 2-fold cross-validated tree PCK@0.2 on the held-out images, each fold
 solved by BCFW until its certified gap is at most ``--rel-gap`` of its primal (or ``--max-passes``); the best pair
 on held-out trains the final head (same stopping rule), scored on the test images against the heatmaps' argmax
@@ -54,7 +54,9 @@ def main() -> None:
     train, test = data.train.fields, data.test.fields
     n, h = len(data.train), opt["holdout"]
     val_index = torch.arange(n - h, n)
-    heat_val, heat_test = saved["held_out"].float(), saved["test"].float()
+    # the heatmap-only network's maps (a run whose tree epochs won saved those under their own names)
+    only = "_heatmap_only" if "test_heatmap_only" in saved else ""
+    heat_val, heat_test = saved["held_out" + only].float(), saved["test" + only].float()
     types_val = {int(k): v for k, v in saved["held_out_types"].items()}
     clusters = {int(k): (saved["type_offsets"][k], saved["type_scales"][k]) for k in saved["type_offsets"]}
     ks = [int(v) for v in args.types.split(",")]

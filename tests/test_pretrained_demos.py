@@ -40,7 +40,8 @@ def test_pose_example_end_to_end(tmp_path, monkeypatch):
     out = tmp_path / "pose"
     monkeypatch.setattr(sys, "argv", ["pose_lsp.py", "--data", str(DATA / "lspet"), "--size", "32", "--epochs", "1",
                                       "--limit", "12", "--test-limit", "6", "--holdout", "4", "--lams", "0.01,0.1",
-                                      "--passes", "2", "--threads", "1", "--output", str(out)])
+                                      "--passes", "2", "--types", "3,4,5,6,7,8", "--threads", "1",
+                                      "--output", str(out)])
     _example("pose_lsp").main()
     report = json.loads((out / "report.json").read_text())
     assert report["train_images"] == 8 and report["held_out_images"] == 4 and report["test_images"] == 6
@@ -171,6 +172,9 @@ def test_pose_example_with_local_unaries(tmp_path):
     assert args.train_from is None and args.decoder_kernel == 1 and args.local_blocks == 5
     deep = pose.parse_args([])
     assert deep.unaries == "deep" and deep.train_from == 5 and deep.decoder_kernel == 3
+    # the defaults held-out data chose: warps through the frozen blocks, no relation types, four tree epochs
+    assert deep.augment and deep.types == () and deep.tree_epochs == 4 and deep.threads == 1
+    assert not pose.parse_args(["--no-augment"]).augment
     with pytest.raises(SystemExit):
         pose.parse_args(["--unaries", "local", "--local-blocks", "0"])
     # the early blocks' one map is the backbone's stride-8 map; a 1x1 decoder keeps each cell to its own features
