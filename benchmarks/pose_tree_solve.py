@@ -2,9 +2,9 @@
 
     python benchmarks/pose_tree_solve.py --run runs/pose [--types 1,3] [--lams 0.01,0.1,1,10] [--rel-gap 0.01]
 
-Redoes stage 3 and 4 of ``examples/pose_lsp.py`` on the float16 heatmaps (and type maps) of the heatmap-only
-network a run saved in ``<run>/heatmaps.safetensors``, with the run's sub-cell rule and options (``<run>/report.json``): for every ``K``
-of ``--types`` and ``lam`` of ``--lams``, a 2-fold cross-validated tree PCK@0.2 on the held-out images, each fold
+Redoes stages 3 and 4 of ``examples/pose_lsp.py`` on the float16 heatmaps (and type maps) of the heatmap-only
+network a run saved in ``<run>/heatmaps.safetensors``, with the run's sub-cell rule and options
+(``<run>/report.json``): for every ``K`` of ``--types`` and ``lam`` of ``--lams``, a 2-fold cross-validated tree PCK@0.2 on the held-out images, each fold
 solved by BCFW until its certified gap is at most ``--rel-gap`` of its primal (or ``--max-passes``); the best pair
 on held-out trains the final head (same stopping rule), scored on the test images against the heatmaps' argmax
 (95% paired image-bootstrap interval).  Prints a table and writes ``benchmarks/results/<--name>.json``.
@@ -67,7 +67,8 @@ def main() -> None:
 
     def tree_pck(pos):
         joints = grid_to_joints(pos, S, G).to(train["joints"].dtype)
-        return float(pck(joints, train["joints"][val_index], train["visible"][val_index], train["pck_torso"][val_index]))
+        return float(pck(joints, train["joints"][val_index], train["visible"][val_index],
+                         train["pck_torso"][val_index]))
 
     rows, best = [], None
     for K in ks:

@@ -16,12 +16,12 @@ LSP Extended images 1-1500 train, 1501-2000 test, letterboxed to ``--size`` pixe
    (:func:`torch_bcfw.vision.stored_features`);
 2. its later blocks and a small decoder (:class:`torch_bcfw.vision.PretrainedTrunk`) are trained on images
    1-(1500 - holdout) (random flips and, with ``--augment``, the default, a random similarity warp of every frame,
-   :func:`torch_bcfw.vision.random_similarity`, through the frozen blocks) into 14 joint heatmaps (soft-target cross-entropy per visible joint) and, for
-   every number of relation types ``K`` of ``--types`` at once, 13 x K type maps (image-dependent pairwise
-   relations, Chen & Yuille 2014: at every cell a softmax over the k-means types of each tree edge's displacement,
-   :func:`torch_bcfw.models.pose.offset_types`; cross-entropy against each edge's type at the soft targets of both
-   its joints, weight ``--type-weight``; :mod:`torch_bcfw.vision.heatmaps`); the held-out images choose the epoch
-   by the argmax PCK;
+   :func:`torch_bcfw.vision.random_similarity`, through the frozen blocks) into 14 joint heatmaps (soft-target
+   cross-entropy per visible joint) and, for every number of relation types ``K`` of ``--types`` at once, 13 x K
+   type maps (image-dependent pairwise relations, Chen & Yuille 2014: at every cell a softmax over the k-means types
+   of each tree edge's displacement, :func:`torch_bcfw.models.pose.offset_types`; cross-entropy against each edge's
+   type at the soft targets of both its joints, weight ``--type-weight``; :mod:`torch_bcfw.vision.heatmaps`); the
+   held-out images choose the epoch by the argmax PCK;
 3. on the held-out images (heatmaps averaged with their mirror's, type maps of the frame): the sub-cell rule
    (:func:`torch_bcfw.inference.subcell.refine_cells`, ``--subcell``) by argmax PCK, then ``K`` (1: no type terms,
    or one of ``--types``) and ``lam`` (``--lams``) by 2-fold cross-validated tree PCK
@@ -33,15 +33,17 @@ LSP Extended images 1-1500 train, 1501-2000 test, letterboxed to ``--size`` pixe
    held-out heatmaps after every epoch; the held-out images keep the epoch by the same cross-validated tree PCK, or
    the heatmap-only network when no epoch beats it;
 4. test: PCK@0.2 (torso-normalised, visible joints, images with an annotated torso) of the per-joint argmax of the
-   heatmap-only network's heatmaps and of the tree (on the heatmaps of the network kept in 3b), both refined by the chosen sub-cell rule on the joint's heatmap (and, beside them, at the
-   cell centres), their difference with a 95% paired image-bootstrap interval, PCK per joint and left/right swaps.
+   heatmap-only network's heatmaps and of the tree (on the heatmaps of the network kept in 3b), both refined by the
+   chosen sub-cell rule on the joint's heatmap (and, beside them, at the cell centres), their difference with a 95%
+   paired image-bootstrap interval, PCK per joint and left/right swaps.
 
-Writes ``report.json`` (with the held-out table K x lam -> cross-validated PCK), ``predictions.json`` (1-based
-LSPET image numbers and the 14 (x, y) joints of the tree and of the argmax per image, sub-cell refined, in
-original-image pixels) and ``heatmaps.safetensors`` (float16, with their LSPET image numbers: the held-out and test
-heatmaps the tree head was trained on and decodes, those of the heatmap-only network beside them when a tree epoch
-was kept, the held-out images' type maps for every K and the test images' for the chosen K, and the types' offsets and scales: the tree stage can be redone on them without
-retraining the network; ``torch_bcfw.io.tree_file.load_tree``, docs/formats.md) to ``--output``.
+Writes ``report.json`` (with the held-out table K x lam -> cross-validated PCK), ``predictions.json`` (1-based LSPET
+image numbers and the 14 (x, y) joints of the tree and of the argmax per image, sub-cell refined, in original-image
+pixels) and ``heatmaps.safetensors`` (float16, with their LSPET image numbers: the held-out and test heatmaps the
+tree head was trained on and decodes, those of the heatmap-only network beside them when a tree epoch was kept, the
+held-out images' type maps for every K and the test images' for the chosen K, and the types' offsets and scales: the
+tree stage can be redone on them without retraining the network; ``torch_bcfw.io.tree_file.load_tree``,
+docs/formats.md) to ``--output``.
 
 ``--unaries local`` (where a tree earns most): the heatmaps see only a small image patch.  The backbone is frozen
 and cut after block ``--local-blocks`` - 1 (:class:`EarlyBlocks`; 5: blocks 0-4, the stride-8 map of 40 channels,
@@ -130,7 +132,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--types", default="1",
                     help="candidate numbers K of relation types per tree edge, whose type maps the decoder predicts "
                          "(image-dependent pairwise relations, e.g. '3,4,5,6,7,8'); K = 1 (no type terms) is always a "
-                         "candidate; '1' (default): no type maps (with the deep unaries the held-out images chose K = 1 "
+                         "candidate; '1' (default): no type maps (with the deep unaries the held-out images chose "
+                         "K = 1 "
                          "over 3-8, a search of 23 min and 4 GB)")
     ap.add_argument("--type-weight", type=float, default=1.0,
                     help="weight of the type maps' cross-entropy beside the heatmap loss")
@@ -539,7 +542,8 @@ def main(argv=None) -> None:
     tree_cells = model.decode_positions(result.weights, test_data)
     # the argmax of the heatmap-only network, and (beside it) that of the network trained for the tree
     maps = {"tree": heat_tree, "argmax": heat_test, "argmax_tree_network": heat_tree}
-    cells = {"tree": tree_cells, "argmax": argmax_positions(heat_test), "argmax_tree_network": argmax_positions(heat_tree)}
+    cells = {"tree": tree_cells, "argmax": argmax_positions(heat_test),
+             "argmax_tree_network": argmax_positions(heat_tree)}
     frame = {(name, r): grid_to_joints(positions(c, maps[name], r), S, G).to(torch.float32)
              for name, c in cells.items() for r in (None, rule)}
     argmax_tree_network = float(pck(frame["argmax_tree_network", rule], test["joints"], test["visible"],
@@ -587,7 +591,8 @@ def main(argv=None) -> None:
              "test_types": {str(k): v for k, v in types_tree.items()}}
     if trunk_tree is not trunk:  # the heatmap-only network's maps (the argmax), its held-out types chose K
         saved.update({"held_out_heatmap_only": heat_val.to(torch.float16), "test_heatmap_only":
-                      heat_test.to(torch.float16), "held_out_tree_types": {str(k): v for k, v in types_tree_val.items()}})
+                      heat_test.to(torch.float16),
+                      "held_out_tree_types": {str(k): v for k, v in types_tree_val.items()}})
     save_tree({**saved,
                "type_offsets": {str(k): c for k, (c, _) in clusters.items()},
                "type_scales": {str(k): s for k, (_, s) in clusters.items()},

@@ -1,4 +1,5 @@
-"""The LSP pose splits as plain torch: importable without Lightning, and the same tensors as the Lightning datamodule."""
+"""The LSP pose splits as plain torch: importable without Lightning, and the same tensors as the Lightning
+datamodule."""
 from __future__ import annotations
 
 import subprocess

@@ -1,4 +1,5 @@
-"""random_similarity: frames and keypoints warped together (a blob follows its keypoint), identity, leaving the frame."""
+"""random_similarity: frames and keypoints warped together (a blob follows its keypoint), the identity, keypoints
+leaving the frame."""
 from __future__ import annotations
 
 import pytest

@@ -159,7 +159,8 @@ def pose_hinge(model: StructuredModel, w: Tensor, data: PoseData, unary: Tensor,
 
     Args:
         model: the tree (a :class:`~torch_bcfw.models.PoseTree`, or any model of ``PoseData`` whose joint feature
-            reads the maps by indexing), ``w [d]`` its weights (e.g. a BCFW solve of the same tree; quadratic weights ``>= 0``).
+            reads the maps by indexing).
+        w: its weights ``[d]`` (e.g. a BCFW solve of the same tree; quadratic weights ``>= 0``).
         data: labelled :class:`~torch_bcfw.data.PoseData` whose ``unary`` (and ``type_unary``) are
             ``unary.detach()`` (and ``type_unary.detach()``): the labels, visibility, torso sizes and types.
         unary: the maps ``[n, J, K_u, G, G]`` (or ``[n, J, G, G]``) the gradient flows into.

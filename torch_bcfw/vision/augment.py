@@ -37,7 +37,8 @@ def random_similarity(images: Tensor, keypoints: Tensor, visible: Tensor, genera
     if keypoints.shape[:1] != (B,) or keypoints.dim() != 3 or keypoints.shape[-1] != 2:
         raise ValueError(f"keypoints must be [B, J, 2] with B = {B}, got {tuple(keypoints.shape)}")
     if visible.shape != keypoints.shape[:2] or visible.dtype != torch.bool:
-        raise ValueError(f"visible must be bool {tuple(keypoints.shape[:2])}, got {tuple(visible.shape)} {visible.dtype}")
+        raise ValueError(f"visible must be bool {tuple(keypoints.shape[:2])}, got {tuple(visible.shape)} "
+                         f"{visible.dtype}")
     if not (0 < scale[0] <= scale[1] and 0 <= rotation <= 180 and 0 <= shift < 1):
         raise ValueError(f"need 0 < scale[0] <= scale[1], 0 <= rotation <= 180, 0 <= shift < 1, got {scale}, "
                          f"{rotation}, {shift}")
