@@ -7,33 +7,25 @@
 augmentation changes the frame at every step, so the frozen blocks must run at every step.  This times, on
 batches of 256-pixel frames (batch 16, the example's), (a) the cached step: the trained part's forward and
 backward from cached maps (plus the AdamW step), and (b) the augmented step: a random similarity warp of the
-frames (``affine_grid`` / ``grid_sample``: scale 0.75-1.25, rotation +-30 degrees, translation +-10%), the frozen
-blocks' forward without gradient, then the same trained step.  Prints a table (ms per step, seconds per epoch of
+frames and their 14 joints (:func:`torch_bcfw.vision.random_similarity`, the example's: scale 0.75-1.25, rotation
++-30 degrees, translation +-10%), the frozen blocks' forward without gradient
+(:func:`torch_bcfw.vision.frozen_part`), then the same trained step.  Prints a table (ms per step, seconds per epoch of
 1200 images, the ratio) and writes ``benchmarks/results/pose_augment_cost.json``.
 """
 from __future__ import annotations
 
 import argparse
-import math
 import time
 
 import torch
 from common import print_table, write_json
-from torch.nn import functional as F
 
-from torch_bcfw.vision import PretrainedTrunk, efficientnet_lite0
-
-
-def random_warp(images: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
-    """A random similarity transform of every frame ``[B, 3, S, S]`` (zero padding outside)."""
-    B = images.shape[0]
-    scale = torch.empty(B).uniform_(0.75, 1.25, generator=gen)
-    angle = torch.empty(B).uniform_(-math.pi / 6, math.pi / 6, generator=gen)
-    shift = torch.empty(B, 2).uniform_(-0.2, 0.2, generator=gen)
-    cos, sin = torch.cos(angle) / scale, torch.sin(angle) / scale
-    theta = torch.stack((torch.stack((cos, -sin, shift[:, 0]), 1), torch.stack((sin, cos, shift[:, 1]), 1)), 1)
-    grid = F.affine_grid(theta, list(images.shape), align_corners=False)
-    return F.grid_sample(images, grid, align_corners=False)
+from torch_bcfw.vision import (
+    PretrainedTrunk,
+    efficientnet_lite0,
+    frozen_part,
+    random_similarity,
+)
 
 
 def main() -> None:
@@ -63,11 +55,17 @@ def main() -> None:
 
     def frozen(x: torch.Tensor) -> list[torch.Tensor]:
         with torch.no_grad():
-            return [m.to(torch.float16).float() for m in backbone.blocks_until(x, args.train_from)]
+            return [m.half().float() for m in frozen_part(backbone, x, args.train_from)]
+
+    joints = torch.rand(args.batch_size, 14, 2, generator=gen) * args.size
+    visible = torch.ones(args.batch_size, 14, dtype=torch.bool)
+
+    def warp(x: torch.Tensor) -> torch.Tensor:
+        return random_similarity(x, joints, visible, gen)[0]
 
     cached = frozen(images)
     arms = {"cached (flips only)": lambda: trained_step(cached),
-            "augmented (warp + frozen blocks every step)": lambda: trained_step(frozen(random_warp(images, gen)))}
+            "augmented (warp + frozen blocks every step)": lambda: trained_step(frozen(warp(images)))}
     rows, parts = [], {}
     for name, step in arms.items():
         step()  # warm-up
@@ -78,7 +76,7 @@ def main() -> None:
         rows.append({"arm": name, "ms_per_step": ms, "s_per_epoch": ms / 1000 * args.images / args.batch_size})
     t = time.perf_counter()
     for _ in range(args.batches):
-        frozen(random_warp(images, gen))
+        frozen(warp(images))
     parts["warp_and_frozen_blocks_ms"] = (time.perf_counter() - t) / args.batches * 1000
     for r in rows:
         r["ratio_to_cached"] = r["ms_per_step"] / rows[0]["ms_per_step"]

@@ -21,7 +21,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 from common import print_table, write_json
-from pose_lsp import E, argmax_pck, head_problem, positions
+from pose_lsp import E, argmax_pck, grid_pck, head_problem, positions
 
 from torch_bcfw import fit
 from torch_bcfw.cross_validation import cross_validate
@@ -29,7 +29,7 @@ from torch_bcfw.datasets.lsp import grid_to_joints
 from torch_bcfw.datasets.lsp_tensors import LSPPoseSplits
 from torch_bcfw.inference.subcell import argmax_positions
 from torch_bcfw.io.tree_file import load_tree
-from torch_bcfw.metrics.pck import compare_pck, pck
+from torch_bcfw.metrics.pck import compare_pck
 
 
 def main() -> None:
@@ -65,11 +65,6 @@ def main() -> None:
               "sampling": "uniform", "averaging": True, "seed": 1}
     print(f"held-out argmax PCK@0.2 ({rule}): {argmax_pck(heat_val, train, val_index, S, rule):.4f}")
 
-    def tree_pck(pos):
-        joints = grid_to_joints(pos, S, G).to(train["joints"].dtype)
-        return float(pck(joints, train["joints"][val_index], train["visible"][val_index],
-                         train["pck_torso"][val_index]))
-
     rows, best = [], None
     for K in ks:
         model, head_data = head_problem(K, heat_val, types_val, train, val_index, G, data, clusters)
@@ -82,7 +77,8 @@ def main() -> None:
                 last = f.result.history[-1]
                 gaps.append(f.result.gap / last.primal)
                 passes.append(last.passes)
-            row = {"K": K, "lam": lam, "held_out_cv_pck": tree_pck(pred), "fold_rel_gap_max": max(gaps),
+            row = {"K": K, "lam": lam, "held_out_cv_pck": grid_pck(pred, train, val_index, S, G),
+                   "fold_rel_gap_max": max(gaps),
                    "fold_passes_max": max(passes), "s": time.perf_counter() - t}
             rows.append(row)
             print_table([row], list(row))

@@ -72,6 +72,8 @@ from torch_bcfw.datasets.lsp import (
     grid_to_joints,
     joints_to_grid,
     lsp_split_ids,
+    mirror_cells,
+    mirror_joints,
 )
 from torch_bcfw.datasets.lsp_tensors import LSPPoseSplits
 from torch_bcfw.inference.subcell import SUBCELL_RULES, argmax_positions, refine_cells
@@ -243,11 +245,15 @@ def positions(cells: Tensor, heat: Tensor, rule: str | None) -> Tensor:
     return cells.to(heat.dtype) if rule is None else refine_cells(cells, heat, rule)
 
 
+def grid_pck(pos: Tensor, fields: dict, index: Tensor, size: int, grid: int) -> float:
+    """PCK@0.2 of grid positions ``[N, 14, 2]`` ``(y, x)`` (cells or sub-cell) of images ``index`` of ``fields``."""
+    pred = grid_to_joints(pos, size, grid).to(fields["joints"].dtype)
+    return float(pck(pred, fields["joints"][index], fields["visible"][index], fields["pck_torso"][index]))
+
+
 def argmax_pck(heat: Tensor, fields: dict, index: Tensor, size: int, rule: str | None = None) -> float:
     """PCK@0.2 of the heatmaps' per-joint argmax (refined by ``rule``) on images ``index`` of ``fields``."""
-    pred = grid_to_joints(positions(argmax_positions(heat), heat, rule), size, heat.shape[-1])
-    return float(pck(pred.to(fields["joints"].dtype), fields["joints"][index], fields["visible"][index],
-                     fields["pck_torso"][index]))
+    return grid_pck(positions(argmax_positions(heat), heat, rule), fields, index, size, heat.shape[-1])
 
 
 def training_loss(logits: Tensor, joints: Tensor, visible: Tensor, size: int, sigma: float,
@@ -286,7 +292,9 @@ def train_epoch(trunk: PretrainedTrunk, optim, sched, feats: list[Tensor], feats
     the backbone's frozen part runs on it instead of reading the cached maps.  Returns the mean
     ``(heatmap loss, type loss, hinge)`` per image."""
     S, G, dev = args.size, args.size // 4, args.device
-    perm = torch.tensor(FLIP_PERMUTATION)
+    if tree is not None and augment is not None:
+        raise ValueError("train_epoch: the tree's hinge needs the cells of unwarped frames (tree epochs run on the "
+                         "cached features, without augment)")
     trunk.train()
     order = train_index[torch.randperm(len(train_index), generator=gen)]
     total, total_types, total_hinge, count = 0.0, 0.0, 0.0, 0
@@ -294,9 +302,8 @@ def train_epoch(trunk: PretrainedTrunk, optim, sched, feats: list[Tensor], feats
         idx = order[s : s + args.batch_size]
         flip = torch.rand(len(idx), generator=gen) < 0.5
         joints, vis, cells = fields["joints"][idx].clone(), fields["visible"][idx].clone(), fields["cells"][idx].clone()
-        joints[flip] = joints[flip][:, perm]
-        joints[flip, :, 0] = S - joints[flip, :, 0]
-        vis[flip] = vis[flip][:, perm]
+        joints[flip], vis[flip] = mirror_joints(joints[flip], vis[flip], S)
+        cells[flip] = mirror_cells(cells[flip], G)
         if augment is None:
             x = [torch.where(flip[:, None, None, None], ff[idx], f[idx]).to(dev) for f, ff in zip(feats, feats_flipped)]
         else:
@@ -305,8 +312,6 @@ def train_epoch(trunk: PretrainedTrunk, optim, sched, feats: list[Tensor], feats
             frames, joints, vis = random_similarity(frames, joints, vis, gen)
             with torch.no_grad():  # the frozen part, rounded as the cache stores it
                 x = [m.half().float() for m in frozen_part(augment, frames.to(dev), args.train_from)]
-        cells[flip] = cells[flip][:, perm]
-        cells[flip, :, 1] = G - 1 - cells[flip, :, 1]  # the mirror of cell x is G - 1 - x (joints_to_grid)
         logits = trunk(x, (G, G))
         heat_loss, types_loss = training_loss(logits, joints.to(dev), vis.to(dev), S, args.sigma, clusters,
                                               args.type_weight)
@@ -468,8 +473,7 @@ def main(argv=None) -> None:
     solver = {"max_passes": args.passes, "step": "line_search", "sampling": "uniform", "averaging": True, "seed": 1}
 
     def tree_pck(pos: Tensor) -> float:
-        joints = grid_to_joints(pos, S, G).to(train["joints"].dtype)
-        return pck(joints, train["joints"][val_index], train["visible"][val_index], train["pck_torso"][val_index])
+        return grid_pck(pos, train, val_index, S, G)
 
     def held_out_tree(heat: Tensor, type_maps: dict[int, Tensor], K: int, lams: tuple[float, ...]):
         """The tree head with ``K`` types on held-out maps: ``(lam, {lam: 2-fold CV tree PCK}, model, data)``."""

@@ -75,3 +75,19 @@ def test_splits_match_the_lightning_datamodule(tmp_path, kwargs) -> None:
         for cls in (LSPPoseSplits, LSPPoseDataModule):
             with pytest.raises(ValueError):
                 cls(**{**args, **bad})
+
+
+def test_mirrored_cells_are_the_cells_of_the_mirrored_joints():
+    """One mirror rule for frame joints and grid cells: the cells of ``mirror_joints`` are ``mirror_cells``."""
+    from torch_bcfw.datasets.lsp import FLIP_PERMUTATION, joints_to_grid, mirror_cells, mirror_joints
+
+    gen = torch.Generator().manual_seed(0)
+    S, G = 64, 16
+    joints = torch.rand(5, 14, 2, generator=gen, dtype=torch.float64) * S
+    visible = torch.rand(5, 14, generator=gen) < 0.8
+    cells = joints_to_grid(joints, S, G).round().clamp(0, G - 1).long()
+    mj, mv = mirror_joints(joints, visible, S)
+    assert torch.equal(mv, visible[:, list(FLIP_PERMUTATION)])
+    torch.testing.assert_close(mirror_joints(mj, mv, S)[0], joints)  # an involution
+    mirrored = joints_to_grid(mj, S, G).round().clamp(0, G - 1).long()
+    assert torch.equal(mirror_cells(cells, G), mirrored)

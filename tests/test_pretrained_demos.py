@@ -137,6 +137,9 @@ def test_pose_tree_epoch_trains_the_network_through_the_hinge():
     assert heat == heat_zero  # the same batches and flips, the same heatmap loss before any hinge step
     torch.testing.assert_close(zero, plain)  # a hinge weighted 0 changes nothing
     assert float((trained - plain).abs().max()) > 1e-6  # the hinge's gradient reaches the network
+    with pytest.raises(ValueError, match="unwarped"):  # warped frames would not match the hinge's cells
+        pose.train_epoch(Tiny(), None, None, feats, flipped, fields, torch.arange(n), {}, argparse.Namespace(
+            size=S, device="cpu"), torch.Generator(), tree=(model, w, 1), augment=nn.Identity())
 
 
 def test_pose_example_augmented_epoch_runs_the_frozen_blocks_on_warped_frames(tmp_path):

@@ -25,12 +25,32 @@ import torch
 from torch import Tensor
 
 __all__ = ["FLIP_PERMUTATION", "NUM_JOINTS", "LSPSample", "frame_to_original", "grid_to_joints", "joints_to_grid",
-           "letterbox_geometry", "load_lsp_extended", "lsp_split_ids", "reference_torso", "torso_size",
-           "torso_with_fallback"]
+           "letterbox_geometry", "load_lsp_extended", "lsp_split_ids", "mirror_cells", "mirror_joints",
+           "reference_torso", "torso_size", "torso_with_fallback"]
 
 NUM_JOINTS = 14
 #: joint order after a horizontal flip (left and right swap): LSP_JOINTS[FLIP_PERMUTATION[j]] mirrors joint j
 FLIP_PERMUTATION = (5, 4, 3, 2, 1, 0, 11, 10, 9, 8, 7, 6, 12, 13)
+
+
+def mirror_joints(joints: Tensor, visible: Tensor, size: int) -> tuple[Tensor, Tensor]:
+    """The joints of the horizontally mirrored ``size x size`` frame: ``(joints [..., 14, 2], visible [..., 14])``
+    from ``(x, y)`` frame coordinates ``joints [..., 14, 2]`` and ``visible [..., 14]``: left and right joints swap
+    (:data:`FLIP_PERMUTATION`) and ``x -> size - x``."""
+    perm = list(FLIP_PERMUTATION)
+    mirrored = joints[..., perm, :].clone()
+    mirrored[..., 0] = size - mirrored[..., 0]
+    return mirrored, visible[..., perm]
+
+
+def mirror_cells(cells: Tensor, grid_size: int) -> Tensor:
+    """The ``(y, x)`` grid cells ``[..., 14, 2]`` of the mirrored frame: left and right joints swap and
+    ``x -> G - 1 - x`` (the mirror of a cell under :func:`joints_to_grid`)."""
+    mirrored = cells[..., list(FLIP_PERMUTATION), :].clone()
+    mirrored[..., 1] = grid_size - 1 - mirrored[..., 1]
+    return mirrored
+
+
 _SPLITS = {"train": range(1, 1501), "test": range(1501, 2001), "all": range(1, 2001)}
 _RIGHT_HIP, _LEFT_HIP, _RIGHT_SHOULDER, _LEFT_SHOULDER = 2, 3, 8, 9
 _HOW_TO_GET = ("download lspet_dataset.zip from http://sam.johnson.io/research/lspet.html "

@@ -33,9 +33,9 @@ from ..models.pose import (
     offset_types,
 )
 from .lsp import (
-    FLIP_PERMUTATION,
     joints_to_grid,
     load_lsp_extended,
+    mirror_joints,
     reference_torso,
     torso_size,
     torso_with_fallback,
@@ -71,12 +71,9 @@ def augment_batch(batch: dict, max_shift: int, flip: bool = True, generator: tor
     """
     images, joints, visible = batch["image"].clone(), batch["joints"].clone(), batch["visible"].clone()
     B, _, S, _ = images.shape
-    perm = torch.tensor(FLIP_PERMUTATION)
     flipped = (torch.rand(B, generator=generator) < 0.5) & flip
     images[flipped] = images[flipped].flip(-1)
-    joints[flipped] = joints[flipped][:, perm]
-    joints[flipped, :, 0] = S - joints[flipped, :, 0]
-    visible[flipped] = visible[flipped][:, perm]
+    joints[flipped], visible[flipped] = mirror_joints(joints[flipped], visible[flipped], S)
     if max_shift > 0:
         pad = torch.nn.functional.pad(images, (max_shift,) * 4)
         shifts = torch.randint(-max_shift, max_shift + 1, (B, 2), generator=generator)
